@@ -1,0 +1,30 @@
+"""Typed errors: the library raises these; only the command line turns them into messages."""
+from __future__ import annotations
+
+
+class BeamPrepError(Exception):
+    """Base class of every error beam-prep raises on purpose."""
+
+
+class OptionsError(BeamPrepError):
+    """A bad option or input layout, found before any work starts."""
+
+
+class DatasetError(BeamPrepError):
+    """A prepared dataset that is missing, incomplete or inconsistent."""
+
+
+class StorageError(BeamPrepError):
+    """A path that cannot be listed, read or written (missing bucket, no permission...)."""
+
+
+class ImageError(BeamPrepError):
+    """One image that cannot become a record; it goes to the errors report, never fails a job.
+
+    ``stage`` says where it failed (read, decode, too_large, convert, resize, encode,
+    label) so a user can count failures by reason.
+    """
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(message)
+        self.stage = stage

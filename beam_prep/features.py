@@ -1,0 +1,161 @@
+"""The one record layout that the writer encodes and the reader parses.
+
+Keys follow TensorFlow's ImageNet tooling (``image/encoded``,
+``image/class/label``, ...) so existing training code reads our files.
+
+The writer side must not import TensorFlow: every Beam worker process would pay
+its multi-second import and hundreds of MB of memory for nothing. So the
+``tf.train.Example`` message is built here from its schema with protobuf alone,
+in a private descriptor pool (no clash with TensorFlow's own ``tensorflow.Example``
+when both live in one process). The bytes are the same wire format that
+``tf.io.parse_example`` reads. TensorFlow is imported only by the functions
+that the reader calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING, Any, Mapping
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+
+class FeatureKind(enum.Enum):
+    BYTES = "bytes"
+    INT64 = "int64"
+
+
+# key -> kind: the whole schema, in one place.
+ENCODED = "image/encoded"
+FORMAT = "image/format"
+HEIGHT = "image/height"
+WIDTH = "image/width"
+CHANNELS = "image/channels"
+LABEL = "image/class/label"
+LABEL_TEXT = "image/class/text"
+FILENAME = "image/filename"
+SHA256 = "image/key/sha256"
+
+SCHEMA: Mapping[str, FeatureKind] = {
+    ENCODED: FeatureKind.BYTES,
+    FORMAT: FeatureKind.BYTES,
+    HEIGHT: FeatureKind.INT64,
+    WIDTH: FeatureKind.INT64,
+    CHANNELS: FeatureKind.INT64,
+    LABEL: FeatureKind.INT64,
+    LABEL_TEXT: FeatureKind.BYTES,
+    FILENAME: FeatureKind.BYTES,
+    SHA256: FeatureKind.BYTES,
+}
+
+IMAGE_FORMATS = ("jpeg", "png", "raw")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRecord:
+    """One labelled image, ready to serialise."""
+
+    encoded: bytes
+    image_format: str
+    height: int
+    width: int
+    channels: int
+    label: int
+    label_text: str
+    filename: str
+    sha256: str
+
+    def values(self) -> dict[str, Any]:
+        return {
+            ENCODED: self.encoded,
+            FORMAT: self.image_format.encode(),
+            HEIGHT: self.height,
+            WIDTH: self.width,
+            CHANNELS: self.channels,
+            LABEL: self.label,
+            LABEL_TEXT: self.label_text.encode("utf-8"),
+            FILENAME: self.filename.encode("utf-8"),
+            SHA256: self.sha256.encode(),
+        }
+
+
+def _example_message_class():
+    """tensorflow/core/example/{example,feature}.proto, as a runtime schema."""
+    f = descriptor_pb2.FileDescriptorProto(
+        name="beam_prep/example.proto", package="tensorflow", syntax="proto3"
+    )
+    repeated = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+    optional = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+    t = descriptor_pb2.FieldDescriptorProto
+
+    def message(name: str, *fields: tuple[str, int, int, int, str]):
+        m = f.message_type.add(name=name)
+        for field_name, number, label, ftype, type_name in fields:
+            m.field.add(name=field_name, number=number, label=label, type=ftype,
+                        type_name=type_name or None)
+        return m
+
+    message("BytesList", ("value", 1, repeated, t.TYPE_BYTES, ""))
+    message("FloatList", ("value", 1, repeated, t.TYPE_FLOAT, ""))
+    message("Int64List", ("value", 1, repeated, t.TYPE_INT64, ""))
+    feature = message(
+        "Feature",
+        ("bytes_list", 1, optional, t.TYPE_MESSAGE, ".tensorflow.BytesList"),
+        ("float_list", 2, optional, t.TYPE_MESSAGE, ".tensorflow.FloatList"),
+        ("int64_list", 3, optional, t.TYPE_MESSAGE, ".tensorflow.Int64List"),
+    )
+    feature.oneof_decl.add(name="kind")
+    for field in feature.field:
+        field.oneof_index = 0
+    features = message(
+        "Features",
+        ("feature", 1, repeated, t.TYPE_MESSAGE, ".tensorflow.Features.FeatureEntry"),
+    )
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, label=optional, type=t.TYPE_STRING)
+    entry.field.add(name="value", number=2, label=optional, type=t.TYPE_MESSAGE,
+                    type_name=".tensorflow.Feature")
+    message("Example", ("features", 1, optional, t.TYPE_MESSAGE, ".tensorflow.Features"))
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+
+
+Example = _example_message_class()
+
+
+def encode_example(record: ImageRecord) -> bytes:
+    """Serialises a record as a ``tf.train.Example``."""
+    example = Example()
+    features = example.features.feature
+    for key, value in record.values().items():
+        if SCHEMA[key] is FeatureKind.BYTES:
+            features[key].bytes_list.value.append(value)
+        else:
+            features[key].int64_list.value.append(value)
+    return example.SerializeToString(deterministic=True)
+
+
+def decode_example(serialized: bytes) -> dict[str, Any]:
+    """Parses one record without TensorFlow: for tools and tests, not for training."""
+    example = Example.FromString(serialized)
+    out: dict[str, Any] = {}
+    for key, kind in SCHEMA.items():
+        feature = example.features.feature[key]
+        out[key] = (feature.bytes_list.value[0] if kind is FeatureKind.BYTES
+                    else feature.int64_list.value[0])
+    return out
+
+
+def tf_parse_spec(keys: tuple[str, ...] | None = None) -> dict[str, "tf.io.FixedLenFeature"]:
+    """The ``tf.io.parse_example`` spec for ``keys`` (default: every key)."""
+    import tensorflow as tf
+
+    dtypes = {FeatureKind.BYTES: tf.string, FeatureKind.INT64: tf.int64}
+    return {key: tf.io.FixedLenFeature([], dtypes[SCHEMA[key]])
+            for key in (keys or tuple(SCHEMA))}

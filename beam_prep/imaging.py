@@ -1,0 +1,224 @@
+"""Image bytes in, training-ready image bytes out: decode, orient, convert, resize, encode.
+
+Plain functions, no Beam and no TensorFlow, so they test alone and every runner
+(and the benchmarks' per-core limit) calls exactly the same code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+
+import numpy as np
+from PIL import ExifTags, Image, ImageOps
+
+from beam_prep.errors import ImageError
+from beam_prep.features import IMAGE_FORMATS
+
+RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")
+
+# Extensions Pillow decodes that users keep image datasets in.
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
+)
+
+DEFAULT_MAX_PIXELS = 100_000_000
+RESAMPLE = Image.Resampling.BICUBIC
+# Pillow's own thumbnail() rule: let the JPEG decoder scale down in the DCT
+# domain only while the result stays at least twice the target size, so the
+# final bicubic resize still does the filtering and quality is kept.
+DRAFT_GAP = 2.0
+
+_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
+_SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSpec:
+    """What every output image looks like. height/width are None for size-keeping modes."""
+
+    height: int | None = 224
+    width: int | None = 224
+    channels: int = 3
+    resize_mode: str = "center_crop"
+    image_format: str = "jpeg"
+    jpeg_quality: int = 90
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        if self.resize_mode not in RESIZE_MODES:
+            raise ValueError(f"resize_mode must be one of {RESIZE_MODES}, not {self.resize_mode!r}")
+        if self.image_format not in IMAGE_FORMATS:
+            raise ValueError(f"image_format must be one of {IMAGE_FORMATS}, not {self.image_format!r}")
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, not {self.channels}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality must be in 1..100, not {self.jpeg_quality}")
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be positive, not {self.max_pixels}")
+        if self.resize_mode == "none":
+            if (self.height, self.width) != (None, None):
+                raise ValueError("resize_mode 'none' keeps each image's size: give no image size")
+        elif self.height is None or self.width is None or self.height < 1 or self.width < 1:
+            raise ValueError(f"resize_mode {self.resize_mode!r} needs a positive image size")
+        if self.resize_mode == "shorter_side" and self.height != self.width:
+            raise ValueError("resize_mode 'shorter_side' takes one size (the shorter side), not HxW")
+
+    @property
+    def fixed_size(self) -> bool:
+        """Whether every output image has the same height and width."""
+        return self.resize_mode in ("center_crop", "stretch", "pad")
+
+    @property
+    def mode(self) -> str:
+        return "RGB" if self.channels == 3 else "L"
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedImage:
+    data: bytes
+    height: int
+    width: int
+    channels: int
+
+
+def is_image_name(name: str) -> bool:
+    """Chosen by extension, case-insensitively; hidden files never count."""
+    base = name.rsplit("/", 1)[-1]
+    if base.startswith("."):
+        return False
+    dot = base.rfind(".")
+    return dot > 0 and base[dot:].lower() in IMAGE_EXTENSIONS
+
+
+def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
+    """Decodes, orients, converts, resizes and encodes one image as ``spec`` says.
+
+    Raises:
+      ImageError: with the stage that failed; never anything else for bad input.
+    """
+    img = _open(data, spec.max_pixels)
+    orientation = _orientation(img)
+    if img.format == "JPEG":
+        _draft(img, spec, swapped=orientation in _SWAPPING_ORIENTATIONS)
+    try:
+        img.load()
+        if orientation != 1:
+            img = ImageOps.exif_transpose(img)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise ImageError("decode", f"cannot decode image: {e}") from e
+    try:
+        img = _convert(img, spec.mode)
+    except (OSError, ValueError) as e:
+        raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
+    img = _resize(img, spec)
+    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels)
+
+
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    try:
+        img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise ImageError("too_large", str(e)) from e
+    except (OSError, ValueError, SyntaxError) as e:
+        # UnidentifiedImageError is an OSError.
+        raise ImageError("decode", f"not a readable image: {e}") from e
+    width, height = img.size
+    if width * height > max_pixels:
+        raise ImageError(
+            "too_large",
+            f"{width}x{height} is {width * height} pixels, over --max_pixels {max_pixels}",
+        )
+    return img
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        value = img.getexif().get(ExifTags.Base.Orientation, 1)
+    except Exception:  # noqa: BLE001 - corrupt EXIF is common; the pixels may still be fine.
+        return 1
+    return value if value in range(1, 9) else 1
+
+
+def _scaled_size(width: int, height: int, spec: ImageSpec) -> tuple[float, float] | None:
+    """The size the whole (oriented) image is scaled to before any crop or pad."""
+    if spec.resize_mode == "none":
+        return None
+    if spec.resize_mode == "stretch":
+        return float(spec.width), float(spec.height)
+    if spec.resize_mode == "center_crop":
+        scale = max(spec.width / width, spec.height / height)
+    elif spec.resize_mode == "pad":
+        scale = min(spec.width / width, spec.height / height)
+    else:  # shorter_side
+        scale = spec.height / min(width, height)
+    return width * scale, height * scale
+
+
+def _draft(img: Image.Image, spec: ImageSpec, swapped: bool) -> None:
+    width, height = img.size
+    if swapped:
+        width, height = height, width
+    target = _scaled_size(width, height, spec)
+    if target is None:
+        return
+    request = (math.ceil(target[0] * DRAFT_GAP), math.ceil(target[1] * DRAFT_GAP))
+    if swapped:
+        request = request[::-1]
+    if request[0] < img.size[0] and request[1] < img.size[1]:
+        img.draft(spec.mode, request)
+
+
+def _convert(img: Image.Image, mode: str) -> Image.Image:
+    if img.mode in _SIXTEEN_BIT_MODES:
+        # Pillow's convert() clips 16-bit values at 255; scale them instead.
+        pixels = np.asarray(img, dtype=np.uint32) >> 8
+        img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "L")
+    elif img.mode == "F":
+        img = Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8), "L")
+    has_alpha = img.mode in _ALPHA_MODES or (img.mode == "P" and "transparency" in img.info)
+    if has_alpha:
+        # Transparent pixels become white, as image viewers show them.
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        background.alpha_composite(rgba)
+        img = background
+    return img if img.mode == mode else img.convert(mode)
+
+
+def _resize(img: Image.Image, spec: ImageSpec) -> Image.Image:
+    width, height = img.size
+    scaled = _scaled_size(width, height, spec)
+    if scaled is None:
+        return img
+    try:
+        if spec.resize_mode == "center_crop":
+            scale = scaled[0] / width
+            crop_w, crop_h = spec.width / scale, spec.height / scale
+            box = ((width - crop_w) / 2, (height - crop_h) / 2,
+                   (width + crop_w) / 2, (height + crop_h) / 2)
+            return img.resize((spec.width, spec.height), RESAMPLE, box=box)
+        size = (max(1, round(scaled[0])), max(1, round(scaled[1])))
+        resized = img if size == img.size else img.resize(size, RESAMPLE)
+        if spec.resize_mode != "pad":
+            return resized
+        canvas = Image.new(spec.mode, (spec.width, spec.height))
+        canvas.paste(resized, ((spec.width - size[0]) // 2, (spec.height - size[1]) // 2))
+        return canvas
+    except (OSError, ValueError) as e:
+        raise ImageError("resize", f"cannot resize {width}x{height}: {e}") from e
+
+
+def _encode(img: Image.Image, spec: ImageSpec) -> bytes:
+    if spec.image_format == "raw":
+        return img.tobytes()
+    buf = io.BytesIO()
+    try:
+        if spec.image_format == "jpeg":
+            img.save(buf, "JPEG", quality=spec.jpeg_quality)
+        else:
+            img.save(buf, "PNG")
+    except (OSError, ValueError) as e:
+        raise ImageError("encode", f"cannot encode {spec.image_format}: {e}") from e
+    return buf.getvalue()

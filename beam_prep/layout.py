@@ -1,0 +1,94 @@
+"""Names and counts of the files in an output directory.
+
+The one place that knows a shard's file name, so both sinks, the manifest and
+``--overwrite`` agree on what belongs to a dataset.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep.errors import OptionsError, StorageError
+from beam_prep.imaging import ImageSpec
+from beam_prep.listing import join
+
+MANIFEST = "manifest.json"
+LABELS = "labels.txt"
+ERRORS = "errors.jsonl"
+SHARD_SUFFIX = ".tfrecord.gz"
+SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
+WORK_DIR = ".beam-prep"
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, f"*-?????-of-?????{SHARD_SUFFIX}")
+
+# Bytes per stored sample (pixel x channel) of a 224-ish natural image, measured on
+# photographs; only used to pick a shard count near the target size.
+_BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX}"
+
+
+def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
+    if spec.height is None:
+        return mean_input_bytes  # resize_mode none: about the size of the input.
+    width = spec.width * 4 / 3 if spec.resize_mode == "shorter_side" else spec.width
+    return spec.height * width * spec.channels * _BYTES_PER_SAMPLE[spec.image_format]
+
+
+def choose_num_shards(num_examples: int, record_bytes: float, target_mb: int, multiple_of: int) -> int:
+    """Shards near ``target_mb`` each, rounded up to a multiple of the local worker count.
+
+    The local sink writes a shard per worker at a time, so fewer shards than
+    workers would leave cores idle.
+    """
+    by_size = math.ceil(num_examples * record_bytes / (target_mb * 1e6))
+    count = max(1, by_size, multiple_of)
+    return math.ceil(count / multiple_of) * multiple_of
+
+
+def existing_dataset_files(output: str) -> list[str]:
+    """Files in ``output`` that a previous run (complete or not) wrote."""
+    try:
+        metadata = FileSystems.match([join(output, "*")])[0].metadata_list
+        metadata += FileSystems.match([join(output, WORK_DIR, "*")])[0].metadata_list
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise StorageError(f"cannot list --output {output}: {e}") from e
+    owned = []
+    for m in metadata:
+        name = m.path[len(output.rstrip("/")) + 1:]
+        if name.startswith(WORK_DIR + "/") or any(fnmatch.fnmatchcase(name, p) for p in _OWNED_PATTERNS):
+            owned.append(m.path)
+    return sorted(owned)
+
+
+def check_output(output: str, overwrite: bool) -> list[str]:
+    """Refuses to mix runs: returns the old dataset's files, which only ``overwrite`` may replace."""
+    existing = existing_dataset_files(output)
+    if existing and not overwrite:
+        raise OptionsError(
+            f"--output {output} already holds a dataset ({len(existing)} files, e.g. "
+            f"{existing[0].rsplit('/', 1)[-1]}); pass --overwrite to replace it")
+    return existing
+
+
+def delete(paths: list[str], what: str) -> None:
+    if not paths:
+        return
+    try:
+        FileSystems.delete(paths)
+    except Exception as e:  # noqa: BLE001
+        raise StorageError(f"cannot remove {what}: {e}") from e
+
+
+def remove_work_dir(output: str) -> None:
+    """The listing lives in a hidden folder until the manifest is written."""
+    work = join(output, WORK_DIR)
+    if "://" in output:
+        paths = [m.path for m in FileSystems.match([join(work, "*")])[0].metadata_list]
+    else:
+        paths = [work] if os.path.isdir(work) else []
+    delete(paths, f"the work folder {work}")

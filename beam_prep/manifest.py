@@ -1,0 +1,142 @@
+"""manifest.json: what a dataset holds, written last so that its presence means complete."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import json
+import logging
+from typing import Any, Iterable, Mapping
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+import beam_prep
+from beam_prep import layout
+from beam_prep.errors import DatasetError
+from beam_prep.features import SCHEMA
+from beam_prep.listing import join, write_lines
+from beam_prep.options import PrepareConfig
+
+_LOG = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything decided before the pipeline starts, that the manifest records."""
+
+    labels: list[str]
+    num_shards: dict[str, int]  # split -> shard count, in split order
+    listed: int
+    skipped: int
+    sink: str
+
+
+def build(
+    config: PrepareConfig,
+    plan: Plan,
+    shards: Iterable[tuple[str, str, int | None]],
+    counts: Iterable[tuple[tuple[str, str], int]],
+    failures: list[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The manifest dict; checks that every listed file is written or failed.
+
+    Raises:
+      DatasetError: if the counts do not add up (a record was lost: never write a
+        manifest for such a dataset).
+    """
+    class_counts = collections.Counter()
+    for (split, label), n in counts:
+        class_counts[split, label] += n
+    shard_rows = collections.defaultdict(dict)
+    for split, name, n in shards:
+        shard_rows[split][name] = n
+    splits = {}
+    for split, count in plan.num_shards.items():
+        names = [layout.shard_name(split, i, count) for i in range(count)]
+        sizes = [shard_rows[split].get(name) for name in names]
+        entry = {
+            "num_examples": sum(class_counts[split, label] for label in plan.labels),
+            "shards": names,
+            "class_counts": {label: class_counts[split, label] for label in plan.labels},
+        }
+        if all(n is not None for n in sizes):
+            entry["shard_num_examples"] = sizes
+        splits[split] = entry
+    written = sum(s["num_examples"] for s in splits.values())
+    if written + len(failures) != plan.listed:
+        raise DatasetError(
+            f"{plan.listed} files listed but {written} written and {len(failures)} failed: "
+            "records were lost; no manifest written")
+    by_stage = collections.Counter(f["stage"] for f in failures)
+    spec = config.spec
+    return {
+        "format_version": FORMAT_VERSION,
+        "beam_prep_version": beam_prep.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "labels": plan.labels,
+        "splits": splits,
+        "image": {
+            "height": spec.height if spec.fixed_size else None,
+            "width": spec.width if spec.fixed_size else None,
+            "channels": spec.channels,
+            "format": spec.image_format,
+            "resize_mode": spec.resize_mode,
+        },
+        "compression": "GZIP",
+        "features": {key: kind.value for key, kind in SCHEMA.items()},
+        "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
+                   "skipped": plan.skipped},
+        "failed_by_stage": dict(sorted(by_stage.items())),
+        "sink": plan.sink,
+        "options": _options(config),
+    }
+
+
+def _options(config: PrepareConfig) -> dict[str, Any]:
+    options = dataclasses.asdict(config)
+    options.update(options.pop("spec"))
+    return options
+
+
+def finalize(
+    config: PrepareConfig,
+    plan: Plan,
+    shards: list[tuple[str, str, int | None]],
+    counts: list[tuple[tuple[str, str], int]],
+    failures: list[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """Completes the dataset: missing (empty) shards, errors.jsonl, labels.txt, then the manifest."""
+    reported = {(split, name) for split, name, _ in shards}
+    empty = []
+    for split, count in plan.num_shards.items():
+        for i in range(count):
+            name = layout.shard_name(split, i, count)
+            if (split, name) not in reported:
+                FileSystems.create(join(config.output, name),
+                                   compression_type=CompressionTypes.GZIP).close()
+                empty.append((split, name, 0))
+    manifest = build(config, plan, list(shards) + empty, counts, failures)
+    write_lines(join(config.output, layout.ERRORS), error_lines(failures))
+    write_lines(join(config.output, layout.LABELS), plan.labels)
+    with FileSystems.create(join(config.output, layout.MANIFEST), mime_type="application/json") as f:
+        f.write(json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
+    layout.remove_work_dir(config.output)
+    _LOG.info("wrote %s", join(config.output, layout.MANIFEST))
+    return manifest
+
+
+def error_lines(failures: Iterable[Mapping[str, Any]]) -> list[str]:
+    """errors.jsonl, one JSON object a line, sorted by path so reruns diff cleanly."""
+    return [json.dumps(f, ensure_ascii=False, sort_keys=True)
+            for f in sorted(failures, key=lambda f: f["path"])]
+
+
+def read(output: str) -> dict[str, Any]:
+    path = join(output, layout.MANIFEST)
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return json.loads(f.read().decode("utf-8"))
+    except Exception as e:  # noqa: BLE001
+        raise DatasetError(f"cannot read {path}: {e}") from e

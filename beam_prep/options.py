@@ -1,0 +1,131 @@
+"""The pipeline's options, and their validation before any work starts."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_prep.errors import OptionsError
+from beam_prep.features import IMAGE_FORMATS
+from beam_prep.imaging import DEFAULT_MAX_PIXELS, RESIZE_MODES, ImageSpec
+
+SINKS = ("auto", "streaming", "shuffle")
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_TARGET_SHARD_MB = 150
+
+
+class PrepareImagesOptions(PipelineOptions):
+    """Options of ``pipelines.prepare_images``; every other flag is Beam's."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument("--input", help="Image tree root: a local path or gs://bucket/prefix.")
+        parser.add_argument("--output", help="Where shards, labels.txt, errors.jsonl and manifest.json go.")
+        parser.add_argument(
+            "--image_size", default=None,
+            help=f"Output size: an int for a square, or HxW (default {DEFAULT_IMAGE_SIZE}).")
+        parser.add_argument("--resize_mode", default="center_crop", help=f"One of {', '.join(RESIZE_MODES)}.")
+        parser.add_argument("--channels", type=int, default=3, help="3 for RGB, 1 for grayscale.")
+        parser.add_argument("--image_format", default="jpeg", help=f"One of {', '.join(IMAGE_FORMATS)}.")
+        parser.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-100.")
+        parser.add_argument(
+            "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
+            help="Images with more pixels are reported as errors (decompression-bomb guard).")
+        parser.add_argument(
+            "--validation_percent", type=float, default=0.0,
+            help="Share of files put in the validation split, by a stable hash of their path.")
+        parser.add_argument("--labels_file", default=None, help="Label order, one name a line.")
+        parser.add_argument(
+            "--num_shards", type=int, default=0,
+            help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
+        parser.add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
+                            help="Shard size aimed at when --num_shards is 0.")
+        parser.add_argument("--overwrite", action="store_true", default=False,
+                            help="Replace a dataset already in --output.")
+        parser.add_argument(
+            "--sink", default="auto",
+            help="streaming: each worker writes whole shards, memory stays flat (local runners); "
+                 "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
+                 "auto picks by runner.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    input: str
+    output: str
+    spec: ImageSpec
+    validation_percent: float = 0.0
+    labels_file: str | None = None
+    num_shards: int = 0
+    target_shard_mb: int = DEFAULT_TARGET_SHARD_MB
+    overwrite: bool = False
+    sink: str = "auto"
+
+
+def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, int | None]:
+    if resize_mode == "none":
+        if text is not None:
+            raise OptionsError("--resize_mode none keeps each image's size: drop --image_size")
+        return None, None
+    if text is None:
+        return DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise OptionsError(f"--image_size must be an int or HxW (e.g. 224 or 240x320), not {text!r}")
+    height = int(match.group(1))
+    width = int(match.group(2) or height)
+    if height < 1 or width < 1:
+        raise OptionsError(f"--image_size must be at least 1 pixel, not {text!r}")
+    return height, width
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def _normalised(path: str) -> str:
+    return os.path.abspath(path) if _is_local(path) else path.rstrip("/")
+
+
+def config_from_options(options: PipelineOptions) -> PrepareConfig:
+    """Checks every option a user can get wrong, with a message that says what to fix.
+
+    Raises:
+      OptionsError: on the first problem found.
+    """
+    o = options.view_as(PrepareImagesOptions)
+    if not o.input:
+        raise OptionsError("--input is required: the root of the image tree (a path or gs://bucket/prefix)")
+    if not o.output:
+        raise OptionsError("--output is required: where the TFRecords go (a path or gs://bucket/prefix)")
+    if o.resize_mode not in RESIZE_MODES:
+        raise OptionsError(f"--resize_mode must be one of {', '.join(RESIZE_MODES)}, not {o.resize_mode!r}")
+    if o.image_format not in IMAGE_FORMATS:
+        raise OptionsError(f"--image_format must be one of {', '.join(IMAGE_FORMATS)}, not {o.image_format!r}")
+    if o.sink not in SINKS:
+        raise OptionsError(f"--sink must be one of {', '.join(SINKS)}, not {o.sink!r}")
+    if not 0 <= o.validation_percent < 100:
+        raise OptionsError(f"--validation_percent must be in [0, 100), not {o.validation_percent}")
+    if o.num_shards < 0:
+        raise OptionsError(f"--num_shards must be 0 (automatic) or more, not {o.num_shards}")
+    if o.target_shard_mb < 1:
+        raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
+    height, width = parse_image_size(o.image_size, o.resize_mode)
+    try:
+        spec = ImageSpec(height=height, width=width, channels=o.channels, resize_mode=o.resize_mode,
+                         image_format=o.image_format, jpeg_quality=o.jpeg_quality,
+                         max_pixels=o.max_pixels)
+    except ValueError as e:
+        raise OptionsError(f"--{str(e)}") from e
+
+    source, target = _normalised(o.input), _normalised(o.output)
+    if _is_local(source) and not os.path.isdir(source):
+        raise OptionsError(f"--input {o.input} is not a directory")
+    if target == source or target.startswith(source.rstrip("/") + "/"):
+        raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
+    return PrepareConfig(input=source, output=target, spec=spec,
+                         validation_percent=o.validation_percent, labels_file=o.labels_file,
+                         num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
+                         overwrite=o.overwrite, sink=o.sink)

@@ -1,0 +1,142 @@
+"""The image-tree-to-TFRecords job: plan in the launcher, then one Beam pipeline.
+
+Data flows one way: listing (here, before the pipeline) -> imaging -> examples ->
+sinks -> errors, labels and manifest (last).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.textio import ReadFromText
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from beam_prep import layout, manifest
+from beam_prep.listing import UNKNOWN_LABEL, Listing, join, list_tree, read_labels_file, write_lines
+from beam_prep.options import PrepareConfig
+from beam_prep.records import unknown_label_report
+from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
+
+_LOG = logging.getLogger(__name__)
+LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                           "PrismRunner", "FnApiRunner"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    manifest: dict[str, Any]
+    seconds: float
+    counters: dict[str, int]
+
+    @property
+    def images_per_second(self) -> float:
+        return self.manifest["counts"]["listed"] / max(self.seconds, 1e-9)
+
+
+def _runner_name(options: PipelineOptions) -> str | None:
+    runner = options.view_as(StandardOptions).runner
+    return runner if runner is None or isinstance(runner, str) else type(runner).__name__
+
+
+def resolve_sink(config: PrepareConfig, options: PipelineOptions) -> str:
+    if config.sink != "auto":
+        return config.sink
+    return "streaming" if _runner_name(options) in LOCAL_RUNNERS else "shuffle"
+
+
+def local_workers(options: PipelineOptions) -> int:
+    """Workers the local runner runs at once (the shard count is rounded up to a multiple)."""
+    import os
+
+    if _runner_name(options) not in LOCAL_RUNNERS:
+        return 1
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode == "in_memory":
+        return 1
+    return direct.direct_num_workers or os.cpu_count() or 1
+
+
+def local_runner(options: PipelineOptions):
+    """Beam's batch FnApiRunner, built as DirectRunner builds it, for multi-process runs.
+
+    DirectRunner first tries the Prism runner when it can download it, and Prism
+    runs Python transforms in one process: a user would silently lose every core
+    but one. Returns None where the user chose anything else.
+    """
+    direct = options.view_as(DirectOptions)
+    if _runner_name(options) != "DirectRunner" or direct.direct_running_mode != "multi_processing":
+        return None
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+def plan(config: PrepareConfig, options: PipelineOptions) -> tuple[Listing, manifest.Plan]:
+    """Lists the tree and decides shard counts; raises before any work if something is wrong."""
+    labels = read_labels_file(config.labels_file) if config.labels_file else None
+    listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels)
+    sink = resolve_sink(config, options)
+    multiple = local_workers(options) if sink == "streaming" else 1
+    mean_bytes = sum(e.size for e in listing.entries) / len(listing.entries)
+    record_bytes = layout.estimated_record_bytes(config.spec, mean_bytes)
+    num_shards = {
+        split: config.num_shards or layout.choose_num_shards(
+            n, record_bytes, config.target_shard_mb, multiple)
+        for split, n in listing.split_counts().items()
+    }
+    num_shards = {split: num_shards[split] for split in listing.splits}
+    return listing, manifest.Plan(labels=listing.labels, num_shards=num_shards,
+                                  listed=len(listing.entries), skipped=len(listing.skipped),
+                                  sink=sink)
+
+
+def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan, listing_path: str) -> None:
+    entries = (p
+               | "ReadListing" >> ReadFromText(listing_path)
+               | "ParseEntries" >> beam.ParDo(ParseEntryFn()))
+    known, unknown = entries | "CheckLabels" >> beam.Partition(
+        lambda e, _: int(e.label_id == UNKNOWN_LABEL), 2)
+    sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
+    shards, counts, failed = known | "WriteShards" >> sink(config.spec, config.output, run_plan.num_shards)
+    label_failures = unknown | "UnknownLabels" >> beam.Map(unknown_label_report)
+    failures = (failed, label_failures) | "AllFailures" >> beam.Flatten()
+    _ = (p
+         | "Once" >> beam.Create([None])
+         | "Finalize" >> beam.Map(
+             lambda _, shard_rows, count_rows, failure_rows: manifest.finalize(
+                 config, run_plan, shard_rows, count_rows, failure_rows),
+             beam.pvalue.AsList(shards), beam.pvalue.AsList(counts), beam.pvalue.AsList(failures)))
+
+
+def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
+    """Plans, runs the pipeline to completion and returns the manifest it wrote.
+
+    Raises:
+      OptionsError, StorageError: before any work starts.
+      DatasetError: if the finished dataset's counts do not add up.
+    """
+    start = time.perf_counter()
+    old_files = layout.check_output(config.output, config.overwrite)
+    listing, run_plan = plan(config, options)
+    layout.delete(old_files, f"the old dataset in {config.output}")
+    listing_path = join(config.output, layout.WORK_DIR, "listing.jsonl")
+    write_lines(listing_path, (e.to_json() for e in listing.entries))
+    _LOG.info("listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
+              run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
+              run_plan.skipped, run_plan.sink, run_plan.num_shards)
+    p = beam.Pipeline(runner=local_runner(options), options=options)
+    build(p, config, run_plan, listing_path)
+    result = p.run()
+    result.wait_until_finish()
+    counters: dict[str, int] = {}
+    for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
+        counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
+    return RunResult(manifest.read(config.output), time.perf_counter() - start, counters)

@@ -1,0 +1,173 @@
+"""Beam wiring: listing lines -> examples -> shards, with a dead-letter output for bad images.
+
+Two sinks share the same per-file step (``records.make_example``):
+
+* ``WriteShardsStreaming`` groups only the *paths* by shard, then one DoFn call
+  turns a shard's files into records and streams them into that shard's file.
+  Nothing but paths crosses a process boundary and no runner holds records in
+  memory, so local runs stay flat in memory however large the tree, and every
+  record's shard and position are a function of its path (reproducible layout).
+  Parallelism is one shard per worker at a time.
+* ``WriteShardsShuffle`` is the design's element-wise shape: Reshuffle, an image
+  DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that groups
+  records into shards is the service's, so it scales past one machine; on the
+  local runner the same grouping holds every record in memory.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Iterable, Mapping
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.tfrecordio import WriteToTFRecord, _TFRecordUtil
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
+
+from beam_prep import layout
+from beam_prep.imaging import ImageSpec
+from beam_prep.listing import FileEntry, join, order_key
+from beam_prep.records import make_example
+
+NAMESPACE = "beam_prep"
+FAILED = "failed"
+COUNTS = "counts"
+
+
+class _Counters:
+    """The counters a user watches in the runner's UI."""
+
+    def __init__(self) -> None:
+        self.written = Metrics.counter(NAMESPACE, "written")
+        self.bytes_in = Metrics.counter(NAMESPACE, "bytes_in")
+        self.bytes_out = Metrics.counter(NAMESPACE, "bytes_out")
+        self._failed: dict[str, Any] = {}
+
+    def failed(self, stage: str) -> None:
+        if stage not in self._failed:
+            self._failed[stage] = Metrics.counter(NAMESPACE, f"failed_{stage}")
+        self._failed[stage].inc()
+
+
+class ParseEntryFn(beam.DoFn):
+    def __init__(self) -> None:
+        self._listed = Metrics.counter(NAMESPACE, "listed")
+
+    def process(self, line: str) -> Iterable[FileEntry]:
+        self._listed.inc()
+        yield FileEntry.from_json(line)
+
+
+class ImageToExampleFn(beam.DoFn):
+    """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output."""
+
+    def __init__(self, spec: ImageSpec) -> None:
+        self._spec = spec
+        self._counters = _Counters()
+
+    def process(self, entry: FileEntry):
+        outcome = make_example(entry, self._spec)
+        self._counters.bytes_in.inc(outcome.bytes_in)
+        if outcome.failure is not None:
+            self._counters.failed(outcome.failure["stage"])
+            yield TaggedOutput(FAILED, outcome.failure)
+            return
+        self._counters.written.inc()
+        self._counters.bytes_out.inc(len(outcome.example))
+        yield entry.split, entry.label, outcome.example
+
+
+class WriteShardFn(beam.DoFn):
+    """Writes one whole shard, in order-key order, from the files assigned to it.
+
+    Outputs ``(split, shard_name, num_examples)``, ``((split, label), n)`` on
+    ``counts`` and failure reports on ``failed``. Rewriting a shard from scratch
+    makes a retried bundle harmless.
+    """
+
+    def __init__(self, spec: ImageSpec, output: str, num_shards: Mapping[str, int]) -> None:
+        self._spec = spec
+        self._output = output
+        self._num_shards = dict(num_shards)
+        self._counters = _Counters()
+
+    def process(self, keyed: tuple[tuple[str, int], Iterable[FileEntry]]):
+        (split, index), entries = keyed
+        name = layout.shard_name(split, index, self._num_shards[split])
+        per_label: collections.Counter[str] = collections.Counter()
+        path = join(self._output, name)
+        with FileSystems.create(path, compression_type=CompressionTypes.GZIP) as f:
+            for entry in sorted(entries, key=lambda e: order_key(e.relpath)):
+                outcome = make_example(entry, self._spec)
+                self._counters.bytes_in.inc(outcome.bytes_in)
+                if outcome.failure is not None:
+                    self._counters.failed(outcome.failure["stage"])
+                    yield TaggedOutput(FAILED, outcome.failure)
+                    continue
+                _TFRecordUtil.write_record(f, outcome.example)
+                self._counters.written.inc()
+                self._counters.bytes_out.inc(len(outcome.example))
+                per_label[entry.label] += 1
+        for label, n in per_label.items():
+            yield TaggedOutput(COUNTS, ((split, label), n))
+        yield split, name, sum(per_label.values())
+
+
+class WriteShardsStreaming(beam.PTransform):
+    """Entries -> shard files written by the workers themselves; see the module docstring."""
+
+    def __init__(self, spec: ImageSpec, output: str, num_shards: Mapping[str, int]) -> None:
+        super().__init__()
+        self._spec, self._output, self._num_shards = spec, output, dict(num_shards)
+
+    def expand(self, entries):
+        num_shards = self._num_shards
+        results = (
+            entries
+            | "KeyByShard" >> beam.Map(
+                lambda e: ((e.split, order_key(e.relpath) % num_shards[e.split]), e))
+            | "GroupPathsByShard" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(
+                WriteShardFn(self._spec, self._output, num_shards)).with_outputs(
+                    FAILED, COUNTS, main="shards"))
+        counts = results[COUNTS] | "SumCounts" >> beam.CombinePerKey(sum)
+        return results.shards, counts, results[FAILED]
+
+
+class WriteShardsShuffle(beam.PTransform):
+    """Entries -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split."""
+
+    def __init__(self, spec: ImageSpec, output: str, num_shards: Mapping[str, int]) -> None:
+        super().__init__()
+        self._spec, self._output, self._num_shards = spec, output, dict(num_shards)
+
+    def expand(self, entries):
+        splits = sorted(self._num_shards)
+        results = (
+            entries
+            | "Reshuffle" >> beam.Reshuffle()
+            | "ImageToExample" >> beam.ParDo(ImageToExampleFn(self._spec)).with_outputs(
+                FAILED, main="records"))
+        records = results.records
+        counts = (records
+                  | "KeyByLabel" >> beam.Map(lambda r: ((r[0], r[1]), 1))
+                  | "SumCounts" >> beam.CombinePerKey(sum))
+        by_split = records | "PartitionBySplit" >> beam.Partition(
+            lambda r, _: splits.index(r[0]), len(splits))
+        shard_lists = []
+        for split, part in zip(splits, by_split):
+            written = (
+                part
+                | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
+                | f"WriteToTFRecord[{split}]" >> WriteToTFRecord(
+                    join(self._output, split),
+                    file_name_suffix=layout.SHARD_SUFFIX,
+                    num_shards=self._num_shards[split],
+                    shard_name_template=layout.SHARD_TEMPLATE,
+                    compression_type=CompressionTypes.GZIP))
+            shard_lists.append(
+                written | f"ShardNames[{split}]" >> beam.Map(
+                    lambda path, s=split: (s, path.rsplit("/", 1)[-1], None)))
+        shards = tuple(shard_lists) | "AllShards" >> beam.Flatten()
+        return shards, counts, results[FAILED]

@@ -1,0 +1,296 @@
+"""Writer benchmark: beam-prep's pipeline against the seed notebook's writer and the per-core limit.
+
+On one cached corpus and the same settings (224x224 center output, JPEG q90):
+
+  (a) the seed notebook's tf.data writer, as a subprocess timed start to exit;
+  (b) the limit: beam-prep's own per-image kernel (``process_image``) in one
+      process on images already in memory, times the number of cores: no
+      pipeline on this machine can beat it by more than noise;
+  (c) beam-prep as a user runs it (``python -m pipelines.prepare_images``),
+      timed start to exit, with the peak memory of its whole process tree.
+
+Prints a markdown table for the README and writes the numbers as JSON with
+``--json``. ``--images 20000 40000`` runs (a) and (c) at both sizes to show how
+peak memory grows with the corpus.
+
+    python -m benchmarks.bench_writer --images 20000 --json bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+from beam_prep.imaging import ImageSpec, process_image
+from benchmarks import machine
+from benchmarks.corpus import Corpus, ensure_corpus
+from benchmarks.measure import Measured, directory_bytes, run_measured
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+CACHE_DIR = pathlib.Path(__file__).resolve().parent / ".cache"
+DEFAULT_IMAGES = 2000
+DEFAULT_SAMPLE = 1500
+IMAGE_SIZE = 224
+JPEG_QUALITY = 90
+WARMUP_IMAGES = 20
+GIB = 2**30
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One timed command over a whole corpus; ``error`` says why it has no throughput."""
+
+    images: int
+    seconds: float
+    peak_rss_bytes: int
+    output_bytes: int
+    error: str | None = None
+    details: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float | None:
+        return None if self.error else self.images / self.seconds
+
+    def to_json(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "images_per_s": self.images_per_s}
+
+
+@dataclasses.dataclass
+class LimitResult:
+    """The kernel's single-process rate, scaled by the cores a pipeline could use."""
+
+    sample: int
+    seconds: float
+    cores: int
+
+    @property
+    def per_core(self) -> float:
+        return self.sample / self.seconds
+
+    @property
+    def images_per_s(self) -> float:
+        return self.per_core * self.cores
+
+    def to_json(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "per_core": self.per_core, "images_per_s": self.images_per_s}
+
+
+def measure_limit(corpus: Corpus, sample: int) -> LimitResult:
+    """Times ``process_image`` on an even spread of the corpus, read into memory first.
+
+    Reading first keeps disk and page cache out of the number: it is the
+    decode/resize/encode work alone, which every writer must do.
+    """
+    files = corpus.files()
+    step = max(1, len(files) // sample)
+    blobs = [path.read_bytes() for path in files[::step][:sample]]
+    spec = ImageSpec(height=IMAGE_SIZE, width=IMAGE_SIZE, jpeg_quality=JPEG_QUALITY)
+    for data in blobs[:WARMUP_IMAGES]:
+        process_image(data, spec)
+    start = time.perf_counter()
+    for data in blobs:
+        process_image(data, spec)
+    return LimitResult(len(blobs), time.perf_counter() - start, os.cpu_count() or 1)
+
+
+def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
+    """(a): the seed notebook's writer in its own Python process."""
+    out = workdir / "seed"
+    measured = run_measured(
+        [sys.executable, "-m", "benchmarks.seed_notebook", "write",
+         "--input", str(corpus.root), "--output", str(out),
+         "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY)],
+        cwd=REPO_ROOT,
+    )
+    result = _result(corpus, measured, out)
+    if result.error is None:
+        try:
+            report = json.loads(measured.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError) as e:
+            result.error = f"no JSON report on stdout: {e!r}"
+            return result
+        result.details = report
+        if report["written"] != corpus.images:
+            result.error = f"wrote {report['written']} records for {corpus.images} images"
+    return result
+
+
+def run_ours(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
+    """(c): beam-prep's pipeline, exactly the command a user types."""
+    out = workdir / "ours"
+    measured = run_measured(
+        [sys.executable, "-m", "pipelines.prepare_images",
+         "--input", str(corpus.root), "--output", str(out),
+         "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY), "--overwrite"],
+        cwd=REPO_ROOT,
+    )
+    result = _result(corpus, measured, out)
+    if result.error is None:
+        result.error = _check_manifest(out / "manifest.json", corpus.images)
+    return result
+
+
+def _result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
+    error = None
+    if measured.returncode != 0:
+        error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
+    output_bytes = directory_bytes(out) if out.exists() else 0
+    return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error)
+
+
+def _check_manifest(path: pathlib.Path, images: int) -> str | None:
+    """The pipeline writes its manifest last: without it, or short of images, the run did not finish."""
+    try:
+        written = json.loads(path.read_text())["counts"]["written"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no usable manifest at {path.name}: {e!r}"
+    if written != images:
+        return f"manifest counts.written is {written}, corpus has {images} images"
+    return None
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(ours: RunResult, other: float | None) -> str:
+    mine = ours.images_per_s
+    return "—" if mine is None or not other else f"{mine / other:.2f}×"
+
+
+def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]]) -> str:
+    """The markdown table: (c)'s throughput over each row's, per corpus size."""
+    lines = [
+        "| run | images | wall s | images/s | (c) ÷ row | peak RSS GiB | output MB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    largest = max(runs)
+    for size, (seed, ours) in sorted(runs.items()):
+        lines.append(
+            f"| (a) seed notebook writer (tf.data, GZIP) | {size:,} | {_fmt(seed.seconds)} "
+            f"| {_fmt(seed.images_per_s) if seed.error is None else 'failed'} | {_ratio(ours, seed.images_per_s)} "
+            f"| {_fmt(seed.peak_rss_bytes / GIB, 2)} | {_fmt(seed.output_bytes / 1e6)} |"
+        )
+        if size == largest:
+            lines.append(
+                f"| (b) limit: `process_image` {limit.per_core:,.0f}/s × {limit.cores} cores "
+                f"| {limit.sample:,} | {_fmt(limit.seconds)} | {_fmt(limit.images_per_s)} "
+                f"| {_ratio(ours, limit.images_per_s)} | — | — |"
+            )
+        lines.append(
+            f"| (c) beam-prep `pipelines.prepare_images` | {size:,} | {_fmt(ours.seconds)} "
+            f"| {_fmt(ours.images_per_s) if ours.error is None else 'failed'} | — "
+            f"| {_fmt(ours.peak_rss_bytes / GIB, 2)} | {_fmt(ours.output_bytes / 1e6)} |"
+        )
+    return "\n".join(lines)
+
+
+def memory_growth(runs: dict[int, tuple[RunResult, RunResult]]) -> dict[str, float | None] | None:
+    """Peak RSS at the largest size over the smallest: ~1 means memory does not grow with the corpus."""
+    if len(runs) < 2:
+        return None
+    small, large = runs[min(runs)], runs[max(runs)]
+
+    def growth(i: int) -> float | None:
+        if small[i].error or large[i].error or not small[i].peak_rss_bytes:
+            return None
+        return large[i].peak_rss_bytes / small[i].peak_rss_bytes
+
+    return {"from_images": min(runs), "to_images": max(runs), "seed": growth(0), "ours": growth(1)}
+
+
+def _corpus_line(corpus: Corpus) -> str:
+    how = "cached; built" if corpus.cached else "built"
+    per_1000 = corpus.build_seconds / corpus.images * 1000
+    return (
+        f"Corpus: {corpus.images:,} JPEGs in {corpus.classes} classes, mean "
+        f"{corpus.mean_width:.0f}×{corpus.mean_height:.0f} px, {corpus.total_bytes / corpus.images / 1e3:.0f} KB "
+        f"({how} in {corpus.build_seconds:.1f} s with {corpus.build_processes} processes, "
+        f"{per_1000:.1f} s per 1,000 images)"
+    )
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument(
+        "--images", type=int, nargs="+", action="extend", metavar="N",
+        help=f"corpus size; give two (e.g. --images 20000 40000) to see memory growth (default {DEFAULT_IMAGES})",
+    )
+    parser.add_argument(
+        "--sample", type=int, default=DEFAULT_SAMPLE,
+        help=f"images timed for the per-core limit (b) (default {DEFAULT_SAMPLE})",
+    )
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
+    args = parser.parse_args(argv)
+    # Not a default on the argument: action="extend" would add to it.
+    args.images = sorted(set(args.images or [DEFAULT_IMAGES]))
+    if args.images[0] < 1 or args.sample < 1:
+        parser.error("--images and --sample must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    info = machine.machine_info()
+    corpora = {size: ensure_corpus(size, CACHE_DIR) for size in args.images}
+    limit = measure_limit(corpora[max(corpora)], args.sample)
+    logging.info("limit: %.0f images/s per core", limit.per_core)
+
+    runs: dict[int, tuple[RunResult, RunResult]] = {}
+    for size, corpus in corpora.items():
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=CACHE_DIR))
+        try:
+            seed = run_seed(corpus, workdir)
+            ours = run_ours(corpus, workdir)
+        finally:
+            shutil.rmtree(workdir)
+        runs[size] = (seed, ours)
+
+    print()
+    for corpus in corpora.values():
+        print(_corpus_line(corpus))
+    print(f"Settings: {IMAGE_SIZE}×{IMAGE_SIZE}, JPEG quality {JPEG_QUALITY}, GZIP TFRecords; "
+          "wall time from command start to exit, page cache warm; peak RSS summed over the process tree.")
+    print()
+    print(table(limit, runs))
+    print()
+    print(f"Machine: {machine.describe(info)}")
+    growth = memory_growth(runs)
+    if growth:
+        print(
+            f"Memory growth {growth['from_images']:,} → {growth['to_images']:,} images (peak RSS ratio): "
+            f"(c) ours {_fmt(growth['ours'], 2)}×, (a) seed {_fmt(growth['seed'], 2)}×"
+        )
+    for size, (seed, ours) in sorted(runs.items()):
+        for name, result in (("(a) seed", seed), ("(c) ours", ours)):
+            if result.error:
+                print(f"\n{name} at {size:,} images failed: {result.error}")
+
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": info,
+            "settings": {"image_size": IMAGE_SIZE, "jpeg_quality": JPEG_QUALITY},
+            "corpora": [corpus.summary() for corpus in corpora.values()],
+            "limit": limit.to_json(),
+            "runs": [
+                {"images": size, "seed": seed.to_json(), "ours": ours.to_json()}
+                for size, (seed, ours) in sorted(runs.items())
+            ],
+            "memory_growth": growth,
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

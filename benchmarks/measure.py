@@ -1,0 +1,120 @@
+"""Runs a command as a user would and measures its wall time and peak memory.
+
+Memory is the peak of the summed resident set size of the whole process tree
+(the command and every child it starts, e.g. Beam's SDK workers), sampled in a
+thread. Summing RSS counts pages shared between processes once per process, so
+it is an upper bound, and it is what a user's monitor (or an OOM killer's
+accounting of a container) adds up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Sequence
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+SAMPLE_SECONDS = 0.1
+TAIL_CHARS = 4000
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """How a finished command went; ``stdout`` whole, ``stderr_tail`` for error reports."""
+
+    seconds: float
+    peak_rss_bytes: int
+    returncode: int
+    stdout: str
+    stderr_tail: str
+
+
+class TreeMemorySampler:
+    """Keeps the peak summed RSS of a process and all its descendants."""
+
+    def __init__(self, pid: int, interval: float = SAMPLE_SECONDS) -> None:
+        self._root = psutil.Process(pid)
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self.peak_bytes = 0
+
+    def __enter__(self) -> "TreeMemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.peak_bytes = max(self.peak_bytes, self._sample())
+            if self._stop.wait(self._interval):
+                return
+
+    def _sample(self) -> int:
+        try:
+            processes = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:  # The root has exited.
+            return 0
+        total = 0
+        for process in processes:
+            try:
+                total += process.memory_info().rss
+            except psutil.Error:  # A child exited between listing and reading.
+                continue
+        return total
+
+
+def run_measured(
+    command: Sequence[str], cwd: pathlib.Path, env: dict[str, str] | None = None
+) -> Measured:
+    """Runs ``command`` to completion, timed from start to exit, sampling its tree's memory.
+
+    Output goes to temporary files rather than pipes so a chatty command can
+    never block on a full pipe while we wait for it.
+    """
+    log.info("running %s", " ".join(command))
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        process = subprocess.Popen(
+            list(command), cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err
+        )
+        try:
+            with TreeMemorySampler(process.pid) as sampler:
+                returncode = process.wait()
+            seconds = time.perf_counter() - start
+        finally:
+            if process.poll() is None:  # Interrupted: leave no workers behind.
+                _kill_tree(process.pid)
+        out.seek(0)
+        err.seek(0)
+        return Measured(seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:])
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        processes = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(processes, timeout=5)
+
+
+def directory_bytes(path: pathlib.Path) -> int:
+    """Total size of the files under ``path``: what a run wrote."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,38 @@
+"""Packaging for beam-prep.
+
+The same file stages the project onto Dataflow workers (``--setup_file``), so
+the pins here are the pins every worker runs with.
+"""
+from setuptools import find_packages, setup
+
+# Ranges checked to resolve together: Beam 2.70+ and TensorFlow 2.21 both accept
+# protobuf 6.31+, and TensorFlow 2.21 needs numpy 1.26+.
+REQUIRED = [
+    "apache-beam[gcp]>=2.70,<2.78",
+    "tensorflow>=2.21,<2.22",
+    "pillow>=11.0,<13",
+    "numpy>=1.26,<3",
+    "protobuf>=6.31,<7",
+]
+
+TEST = [
+    "pytest>=8",
+    "gcp-storage-emulator>=2024.8.3",
+    "trustme>=1.1",
+    "psutil>=5.9",
+]
+
+BENCH = [
+    "scikit-image>=0.24",
+    "psutil>=5.9",
+]
+
+setup(
+    name="beam-prep",
+    version="0.1.0",
+    description="Image folder trees to sharded GZIP TFRecords with Apache Beam, and a tf.data reader for them.",
+    python_requires=">=3.10,<3.14",
+    packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
+    install_requires=REQUIRED,
+    extras_require={"test": TEST, "bench": BENCH},
+)
