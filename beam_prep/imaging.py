@@ -10,7 +10,7 @@ import io
 import math
 
 import numpy as np
-from PIL import ExifTags, Image, ImageOps
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from beam_prep.errors import ImageError
 from beam_prep.features import IMAGE_FORMATS
@@ -121,8 +121,9 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
         raise ImageError("too_large", str(e)) from e
+    except UnidentifiedImageError as e:  # its message names an in-memory buffer: useless
+        raise ImageError("decode", "not an image in a format Pillow reads") from e
     except (OSError, ValueError, SyntaxError) as e:
-        # UnidentifiedImageError is an OSError.
         raise ImageError("decode", f"not a readable image: {e}") from e
     width, height = img.size
     if width * height > max_pixels:
@@ -174,9 +175,9 @@ def _convert(img: Image.Image, mode: str) -> Image.Image:
     if img.mode in _SIXTEEN_BIT_MODES:
         # Pillow's convert() clips 16-bit values at 255; scale them instead.
         pixels = np.asarray(img, dtype=np.uint32) >> 8
-        img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "L")
+        img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
     elif img.mode == "F":
-        img = Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8), "L")
+        img = Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8))
     has_alpha = img.mode in _ALPHA_MODES or (img.mode == "P" and "transparency" in img.info)
     if has_alpha:
         # Transparent pixels become white, as image viewers show them.
@@ -195,9 +196,10 @@ def _resize(img: Image.Image, spec: ImageSpec) -> Image.Image:
     try:
         if spec.resize_mode == "center_crop":
             scale = scaled[0] / width
-            crop_w, crop_h = spec.width / scale, spec.height / scale
-            box = ((width - crop_w) / 2, (height - crop_h) / 2,
-                   (width + crop_w) / 2, (height + crop_h) / 2)
+            # min(): the covering side's crop equals the image side up to float rounding.
+            crop_w, crop_h = min(width, spec.width / scale), min(height, spec.height / scale)
+            left, top = (width - crop_w) / 2, (height - crop_h) / 2
+            box = (left, top, left + crop_w, top + crop_h)
             return img.resize((spec.width, spec.height), RESAMPLE, box=box)
         size = (max(1, round(scaled[0])), max(1, round(scaled[1])))
         resized = img if size == img.size else img.resize(size, RESAMPLE)

@@ -5,19 +5,9 @@ import io
 import pathlib
 from typing import Iterable, Mapping
 
-import numpy as np
 from PIL import Image
 
-
-def picture(seed: int, width: int = 96, height: int = 64) -> Image.Image:
-    """A deterministic RGB picture with smooth structure (not flat, not noise)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    channels = []
-    for _ in range(3):
-        fx, fy, phase = rng.uniform(0.02, 0.15, 2).tolist() + [rng.uniform(0, 6.28)]
-        channels.append(127.5 + 127.5 * np.sin(fx * x + fy * y + phase))
-    return Image.fromarray(np.stack(channels, -1).astype(np.uint8), "RGB")
+from beam_prep.sample import picture
 
 
 def encode(img: Image.Image, fmt: str = "JPEG", **params) -> bytes:

@@ -1,0 +1,83 @@
+"""Bad options fail before any work starts, with a message that says what to fix."""
+from __future__ import annotations
+
+import pytest
+
+from pipelines import prepare_images
+from trees import make_tree
+
+
+@pytest.fixture
+def tree(tmp_path):
+    make_tree(tmp_path / "in", {"a": 2, "b": 2})
+    return tmp_path / "in"
+
+
+def fails(capsys, *argv: str) -> str:
+    assert prepare_images.main(list(argv)) == 2
+    return capsys.readouterr().err
+
+
+def test_missing_input_is_reported(capsys, tmp_path):
+    assert "--input is required" in fails(capsys, "--output", str(tmp_path / "out"))
+
+
+def test_input_that_does_not_exist_is_reported(capsys, tmp_path):
+    err = fails(capsys, "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"))
+    assert "nope is not a directory" in err
+
+
+def test_empty_tree_is_reported(capsys, tmp_path):
+    (tmp_path / "in" / "a").mkdir(parents=True)
+    err = fails(capsys, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
+    assert "no images under" in err
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--resize_mode", "squash", "--resize_mode must be one of center_crop, stretch, pad, shorter_side, none"),
+    ("--image_size", "0", "--image_size must be at least 1 pixel"),
+    ("--image_size", "big", "--image_size must be an int or HxW"),
+    ("--image_format", "gif", "--image_format must be one of jpeg, png, raw"),
+    ("--channels", "4", "--channels must be 1 or 3"),
+    ("--jpeg_quality", "101", "--jpeg_quality must be in 1..100"),
+    ("--validation_percent", "100", "--validation_percent must be in [0, 100)"),
+    ("--num_shards", "-1", "--num_shards must be 0"),
+    ("--sink", "fast", "--sink must be one of auto, streaming, shuffle"),
+])
+def test_bad_values_are_reported(capsys, tree, tmp_path, flag, value, message):
+    err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"), flag, value)
+    assert message in err
+
+
+def test_shorter_side_takes_one_size(capsys, tree, tmp_path):
+    err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"),
+                "--resize_mode", "shorter_side", "--image_size", "20x30")
+    assert "takes one size" in err
+
+
+def test_output_inside_input_is_refused(capsys, tree):
+    err = fails(capsys, "--input", str(tree), "--output", str(tree / "records"))
+    assert "is inside --input" in err
+
+
+def test_an_existing_dataset_needs_overwrite(capsys, tree, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    (out / "train-00000-of-00001.tfrecord.gz").write_bytes(b"")
+    err = fails(capsys, "--input", str(tree), "--output", str(out))
+    assert "already holds a dataset" in err and "--overwrite" in err
+    assert (out / "manifest.json").exists()
+
+
+def test_local_runs_default_to_every_core_in_worker_processes():
+    argv = prepare_images.with_local_defaults(["--input", "x"])
+    assert "--runner=DirectRunner" in argv
+    assert "--direct_running_mode=multi_processing" in argv
+    assert any(a.startswith("--direct_num_workers=") for a in argv)
+
+
+def test_a_users_own_runner_options_win():
+    argv = prepare_images.with_local_defaults(["--runner", "DirectRunner", "--direct_num_workers", "1"])
+    assert "--direct_num_workers=1" not in argv and argv.count("--direct_num_workers") == 1
+    assert prepare_images.with_local_defaults(["--runner=DataflowRunner"]) == ["--runner=DataflowRunner"]
