@@ -5,11 +5,15 @@ The one place that knows a shard's file name, so both sinks, the manifest and
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 import os
+from typing import BinaryIO, Iterator
 
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from isal import igzip
 
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.imaging import ImageSpec
@@ -23,6 +27,10 @@ SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 WORK_DIR = ".beam-prep"
 _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, f"*-?????-of-?????{SHARD_SUFFIX}")
 
+# ISA-L at level 3 compresses JPEG payloads as well as zlib's default level 6
+# (ratio 0.963 vs 0.965) about 5x faster: zlib cost ~12% of a local run's CPU.
+GZIP_LEVEL = 3
+
 # Bytes per stored sample (pixel x channel) of a 224-ish natural image, measured on
 # photographs; only used to pick a shard count near the target size.
 _BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
@@ -30,6 +38,15 @@ _BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
 
 def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX}"
+
+
+@contextlib.contextmanager
+def gzip_writer(path: str) -> Iterator[BinaryIO]:
+    """A standard GZIP stream, as Beam's GZIP sinks write, but compressed with ISA-L."""
+    with FileSystems.create(path, mime_type="application/octet-stream",
+                            compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        with igzip.IGzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL) as f:
+            yield f
 
 
 def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:

@@ -114,8 +114,8 @@ def finalize(
         for i in range(count):
             name = layout.shard_name(split, i, count)
             if (split, name) not in reported:
-                FileSystems.create(join(config.output, name),
-                                   compression_type=CompressionTypes.GZIP).close()
+                with layout.gzip_writer(join(config.output, name)):
+                    pass
                 empty.append((split, name, 0))
     manifest = build(config, plan, list(shards) + empty, counts, failures)
     write_lines(join(config.output, layout.ERRORS), error_lines(failures))

@@ -86,18 +86,20 @@ class WriteShardFn(beam.DoFn):
     makes a retried bundle harmless.
     """
 
-    def __init__(self, spec: ImageSpec, output: str, num_shards: Mapping[str, int]) -> None:
+    def __init__(self, spec: ImageSpec, output: str, split: str, num_shards: int) -> None:
         self._spec = spec
         self._output = output
-        self._num_shards = dict(num_shards)
+        self._split = split
+        self._num_shards = num_shards
         self._counters = _Counters()
 
-    def process(self, keyed: tuple[tuple[str, int], Iterable[FileEntry]]):
-        (split, index), entries = keyed
-        name = layout.shard_name(split, index, self._num_shards[split])
+    def process(self, keyed: tuple[int, Iterable[FileEntry]]):
+        index, entries = keyed
+        split = self._split
+        name = layout.shard_name(split, index, self._num_shards)
         per_label: collections.Counter[str] = collections.Counter()
         path = join(self._output, name)
-        with FileSystems.create(path, compression_type=CompressionTypes.GZIP) as f:
+        with layout.gzip_writer(path) as f:
             for entry in sorted(entries, key=lambda e: order_key(e.relpath)):
                 outcome = make_example(entry, self._spec)
                 self._counters.bytes_in.inc(outcome.bytes_in)
@@ -115,24 +117,37 @@ class WriteShardFn(beam.DoFn):
 
 
 class WriteShardsStreaming(beam.PTransform):
-    """Entries -> shard files written by the workers themselves; see the module docstring."""
+    """Entries -> shard files written by the workers themselves; see the module docstring.
+
+    One group-and-write per split: a local runner runs each as its own stage and
+    deals a stage's shards out to its workers evenly, so with a shard count that
+    is a multiple of the worker count every core has the same work.
+    """
 
     def __init__(self, spec: ImageSpec, output: str, num_shards: Mapping[str, int]) -> None:
         super().__init__()
         self._spec, self._output, self._num_shards = spec, output, dict(num_shards)
 
     def expand(self, entries):
-        num_shards = self._num_shards
-        results = (
-            entries
-            | "KeyByShard" >> beam.Map(
-                lambda e: ((e.split, order_key(e.relpath) % num_shards[e.split]), e))
-            | "GroupPathsByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(
-                WriteShardFn(self._spec, self._output, num_shards)).with_outputs(
-                    FAILED, COUNTS, main="shards"))
-        counts = results[COUNTS] | "SumCounts" >> beam.CombinePerKey(sum)
-        return results.shards, counts, results[FAILED]
+        splits = list(self._num_shards)
+        by_split = entries | "PartitionBySplit" >> beam.Partition(
+            lambda e, _: splits.index(e.split), len(splits))
+        shards, counts, failed = [], [], []
+        for split, part in zip(splits, by_split):
+            count = self._num_shards[split]
+            results = (
+                part
+                | f"KeyByShard[{split}]" >> beam.Map(lambda e, n=count: (order_key(e.relpath) % n, e))
+                | f"GroupPathsByShard[{split}]" >> beam.GroupByKey()
+                | f"WriteShards[{split}]" >> beam.ParDo(
+                    WriteShardFn(self._spec, self._output, split, count)).with_outputs(
+                        FAILED, COUNTS, main="shards"))
+            shards.append(results.shards)
+            counts.append(results[COUNTS])
+            failed.append(results[FAILED])
+        return (tuple(shards) | "AllShards" >> beam.Flatten(),
+                tuple(counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum),
+                tuple(failed) | "AllFailed" >> beam.Flatten())
 
 
 class WriteShardsShuffle(beam.PTransform):
