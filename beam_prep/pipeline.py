@@ -61,14 +61,15 @@ def local_workers(options: PipelineOptions) -> int:
 
 
 def local_runner(options: PipelineOptions):
-    """Beam's batch FnApiRunner, built as DirectRunner builds it, for multi-process runs.
+    """Beam's batch FnApiRunner, built as DirectRunner builds it, for DirectRunner jobs.
 
     DirectRunner first tries the Prism runner when it can download it, and Prism
     runs Python transforms in one process: a user would silently lose every core
-    but one. Returns None where the user chose anything else.
+    but one, and a machine without internet waits for the download to fail. The
+    FnApiRunner honours ``--direct_running_mode`` and ``--direct_num_workers``.
+    Returns None where the user chose another runner.
     """
-    direct = options.view_as(DirectOptions)
-    if _runner_name(options) != "DirectRunner" or direct.direct_running_mode != "multi_processing":
+    if _runner_name(options) not in (None, "DirectRunner"):
         return None
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner
