@@ -5,10 +5,12 @@ the pins here are the pins every worker runs with.
 """
 from setuptools import find_packages, setup
 
-# Ranges checked to resolve together: Beam 2.70+ and TensorFlow 2.21 both accept
-# protobuf 6.31+, and TensorFlow 2.21 needs numpy 1.26+.
+# Beam is pinned exactly: a Dataflow job's launcher and its workers (the Dockerfile's
+# apache/beam_python*_sdk image) must run the same SDK. The other ranges were checked
+# to resolve together: Beam 2.77 and TensorFlow 2.21 both accept protobuf 6.31+.
+BEAM_VERSION = "2.77.0"
 REQUIRED = [
-    "apache-beam[gcp]>=2.70,<2.78",
+    f"apache-beam[gcp]=={BEAM_VERSION}",
     "tensorflow>=2.21,<2.22",
     "pillow>=11.0,<13",
     "numpy>=1.26,<3",

@@ -5,7 +5,13 @@ import dataclasses
 import os
 import re
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    WorkerOptions,
+)
 
 from beam_prep.errors import OptionsError
 from beam_prep.features import IMAGE_FORMATS
@@ -89,6 +95,24 @@ def _normalised(path: str) -> str:
     return os.path.abspath(path) if _is_local(path) else path.rstrip("/")
 
 
+def _check_dataflow(options: PipelineOptions, source: str, target: str) -> None:
+    """What a Dataflow submission needs, checked before listing or staging anything."""
+    cloud = options.view_as(GoogleCloudOptions)
+    missing = [flag for flag, value in (("--project", cloud.project), ("--region", cloud.region))
+               if not value]
+    if missing:
+        raise OptionsError(f"DataflowRunner needs {' and '.join(missing)} (the GCP project and region to run in)")
+    if not (cloud.temp_location or "").startswith("gs://"):
+        raise OptionsError("DataflowRunner needs --temp_location gs://BUCKET/tmp (where Beam stages and writes temp files)")
+    for flag, path in (("--input", source), ("--output", target)):
+        if not path.startswith("gs://"):
+            raise OptionsError(f"DataflowRunner workers cannot see local paths: {flag} must be gs://, not {path}")
+    setup = options.view_as(SetupOptions)
+    if not (setup.setup_file or options.view_as(WorkerOptions).sdk_container_image):
+        raise OptionsError("DataflowRunner workers need beam-prep: pass --setup_file ./setup.py "
+                           "or --sdk_container_image with the image the Dockerfile builds")
+
+
 def config_from_options(options: PipelineOptions) -> PrepareConfig:
     """Checks every option a user can get wrong, with a message that says what to fix.
 
@@ -125,6 +149,8 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--input {o.input} is not a directory")
     if target == source or target.startswith(source.rstrip("/") + "/"):
         raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
+    if options.view_as(StandardOptions).runner in ("DataflowRunner", "TestDataflowRunner"):
+        _check_dataflow(options, source, target)
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,

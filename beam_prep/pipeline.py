@@ -13,7 +13,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.textio import ReadFromText
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import layout, manifest
 from beam_prep.listing import UNKNOWN_LABEL, Listing, join, list_tree, read_labels_file, write_lines
@@ -28,9 +28,12 @@ LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "Swi
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    manifest: dict[str, Any]
+    """A finished run; a dry run (``--dry_run``) has no manifest but the job it built."""
+
+    manifest: dict[str, Any] | None
     seconds: float
     counters: dict[str, int]
+    job: Any = None
 
     @property
     def images_per_second(self) -> float:
@@ -101,7 +104,7 @@ def plan(config: PrepareConfig, options: PipelineOptions) -> tuple[Listing, mani
 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan, listing_path: str) -> None:
     entries = (p
-               | "ReadListing" >> ReadFromText(listing_path)
+               | "ReadListing" >> ReadFromText(listing_path, validate=False)
                | "ParseEntries" >> beam.ParDo(ParseEntryFn()))
     known, unknown = entries | "CheckLabels" >> beam.Partition(
         lambda e, _: int(e.label_id == UNKNOWN_LABEL), 2)
@@ -125,17 +128,22 @@ def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
       DatasetError: if the finished dataset's counts do not add up.
     """
     start = time.perf_counter()
+    dry_run = options.view_as(TestOptions).dry_run
     old_files = layout.check_output(config.output, config.overwrite)
     listing, run_plan = plan(config, options)
-    layout.delete(old_files, f"the old dataset in {config.output}")
     listing_path = join(config.output, layout.WORK_DIR, "listing.jsonl")
-    write_lines(listing_path, (e.to_json() for e in listing.entries))
+    if not dry_run:
+        layout.delete(old_files, f"the old dataset in {config.output}")
+        write_lines(listing_path, (e.to_json() for e in listing.entries))
     _LOG.info("listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
               run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
               run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
     build(p, config, run_plan, listing_path)
     result = p.run()
+    if dry_run:
+        # The runner built the whole job and stopped before submitting it.
+        return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None))
     result.wait_until_finish()
     counters: dict[str, int] = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:

@@ -68,7 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BeamPrepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(summary(result))
+    if result.manifest is None:
+        print(f"dry run: the job was built in {result.seconds:.1f} s and not submitted")
+    else:
+        print(summary(result))
     return 0
 
 

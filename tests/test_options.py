@@ -81,3 +81,28 @@ def test_a_users_own_runner_options_win():
     argv = prepare_images.with_local_defaults(["--runner", "DirectRunner", "--direct_num_workers", "1"])
     assert "--direct_num_workers=1" not in argv and argv.count("--direct_num_workers") == 1
     assert prepare_images.with_local_defaults(["--runner=DataflowRunner"]) == ["--runner=DataflowRunner"]
+
+
+DATAFLOW = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",
+            "--temp_location", "gs://my-bucket/tmp", "--setup_file", "./setup.py",
+            "--input", "gs://my-bucket/images", "--output", "gs://my-bucket/records"]
+
+
+def without(flag: str) -> list[str]:
+    i = DATAFLOW.index(flag)
+    return DATAFLOW[:i] + DATAFLOW[i + 2:]
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--project", "DataflowRunner needs --project"),
+    ("--region", "DataflowRunner needs --region"),
+    ("--temp_location", "DataflowRunner needs --temp_location gs://"),
+    ("--setup_file", "pass --setup_file ./setup.py or --sdk_container_image"),
+])
+def test_dataflow_options_are_checked_before_submission(capsys, flag, message):
+    assert message in fails(capsys, *without(flag))
+
+
+def test_dataflow_workers_cannot_read_local_paths(capsys, tree):
+    argv = without("--input") + ["--input", str(tree)]
+    assert "--input must be gs://" in fails(capsys, *argv)
