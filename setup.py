@@ -21,6 +21,7 @@ REQUIRED = [
 
 TEST = [
     "pytest>=8",
+    "packaging>=23",
     "gcp-storage-emulator>=2024.8.3",
     "trustme>=1.1",
     "psutil>=5.9",
