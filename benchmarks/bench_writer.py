@@ -3,9 +3,10 @@
 On one cached corpus and the same settings (224x224 center output, JPEG q90):
 
   (a) the seed notebook's tf.data writer, as a subprocess timed start to exit;
-  (b) the limit: beam-prep's own per-image kernel (``process_image``) in one
-      process on images already in memory, times the number of cores: no
-      pipeline on this machine can beat it by more than noise;
+  (b) the limit: beam-prep's own per-image kernel (``process_image``) on
+      images already in memory, one process's rate times the number of cores,
+      and (b') the rate measured with one process per core at once: no
+      pipeline on this machine can beat them by more than noise;
   (c) beam-prep as a user runs it (``python -m pipelines.prepare_images``),
       timed start to exit, with the peak memory of its whole process tree.
 
@@ -21,17 +22,16 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import pathlib
 import shutil
 import sys
 import tempfile
-import time
 from typing import Sequence
 
-from beam_prep.imaging import ImageSpec, process_image
+from beam_prep.imaging import ImageSpec
 from benchmarks import machine
 from benchmarks.corpus import Corpus, ensure_corpus
+from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, directory_bytes, run_measured
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -40,8 +40,8 @@ DEFAULT_IMAGES = 2000
 DEFAULT_SAMPLE = 1500
 IMAGE_SIZE = 224
 JPEG_QUALITY = 90
-WARMUP_IMAGES = 20
 GIB = 2**30
+BUSY_WARNING_PERCENT = 10
 
 
 @dataclasses.dataclass
@@ -61,44 +61,6 @@ class RunResult:
 
     def to_json(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "images_per_s": self.images_per_s}
-
-
-@dataclasses.dataclass
-class LimitResult:
-    """The kernel's single-process rate, scaled by the cores a pipeline could use."""
-
-    sample: int
-    seconds: float
-    cores: int
-
-    @property
-    def per_core(self) -> float:
-        return self.sample / self.seconds
-
-    @property
-    def images_per_s(self) -> float:
-        return self.per_core * self.cores
-
-    def to_json(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "per_core": self.per_core, "images_per_s": self.images_per_s}
-
-
-def measure_limit(corpus: Corpus, sample: int) -> LimitResult:
-    """Times ``process_image`` on an even spread of the corpus, read into memory first.
-
-    Reading first keeps disk and page cache out of the number: it is the
-    decode/resize/encode work alone, which every writer must do.
-    """
-    files = corpus.files()
-    step = max(1, len(files) // sample)
-    blobs = [path.read_bytes() for path in files[::step][:sample]]
-    spec = ImageSpec(height=IMAGE_SIZE, width=IMAGE_SIZE, jpeg_quality=JPEG_QUALITY)
-    for data in blobs[:WARMUP_IMAGES]:
-        process_image(data, spec)
-    start = time.perf_counter()
-    for data in blobs:
-        process_image(data, spec)
-    return LimitResult(len(blobs), time.perf_counter() - start, os.cpu_count() or 1)
 
 
 def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
@@ -167,30 +129,42 @@ def _ratio(ours: RunResult, other: float | None) -> str:
 
 
 def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]]) -> str:
-    """The markdown table: (c)'s throughput over each row's, per corpus size."""
+    """The markdown table, grouped by run: (a) per size, (b), (c) per size.
+
+    "(c) ÷ row" is our throughput over the row's, at the same corpus size for
+    (a) and at the largest size for (b).
+    """
+    largest = runs[max(runs)][1]
     lines = [
         "| run | images | wall s | images/s | (c) ÷ row | peak RSS GiB | output MB |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    largest = max(runs)
-    for size, (seed, ours) in sorted(runs.items()):
-        lines.append(
-            f"| (a) seed notebook writer (tf.data, GZIP) | {size:,} | {_fmt(seed.seconds)} "
-            f"| {_fmt(seed.images_per_s) if seed.error is None else 'failed'} | {_ratio(ours, seed.images_per_s)} "
-            f"| {_fmt(seed.peak_rss_bytes / GIB, 2)} | {_fmt(seed.output_bytes / 1e6)} |"
-        )
-        if size == largest:
-            lines.append(
-                f"| (b) limit: `process_image` {limit.per_core:,.0f}/s × {limit.cores} cores "
-                f"| {limit.sample:,} | {_fmt(limit.seconds)} | {_fmt(limit.images_per_s)} "
-                f"| {_ratio(ours, limit.images_per_s)} | — | — |"
-            )
-        lines.append(
-            f"| (c) beam-prep `pipelines.prepare_images` | {size:,} | {_fmt(ours.seconds)} "
-            f"| {_fmt(ours.images_per_s) if ours.error is None else 'failed'} | — "
-            f"| {_fmt(ours.peak_rss_bytes / GIB, 2)} | {_fmt(ours.output_bytes / 1e6)} |"
-        )
+    lines += [_run_row("(a) seed notebook writer (tf.data, GZIP)", seed, ours) for seed, ours in _by_size(runs)]
+    lines.append(
+        f"| (b) limit: `process_image` {limit.per_core:,.0f}/s × {limit.cores} cores "
+        f"| {limit.sample:,} | {_fmt(limit.serial_seconds)} | {_fmt(limit.images_per_s)} "
+        f"| {_ratio(largest, limit.images_per_s)} | — | — |"
+    )
+    lines.append(
+        f"| (b′) limit measured: {limit.cores} processes at once "
+        f"| {limit.sample:,} | {_fmt(limit.parallel_seconds)} | {_fmt(limit.parallel_images_per_s)} "
+        f"| {_ratio(largest, limit.parallel_images_per_s)} | — | — |"
+    )
+    lines += [_run_row("(c) beam-prep `pipelines.prepare_images`", ours, None) for _, ours in _by_size(runs)]
     return "\n".join(lines)
+
+
+def _by_size(runs: dict[int, tuple[RunResult, RunResult]]) -> list[tuple[RunResult, RunResult]]:
+    return [runs[size] for size in sorted(runs)]
+
+
+def _run_row(name: str, result: RunResult, ours: RunResult | None) -> str:
+    rate = "failed" if result.error else _fmt(result.images_per_s)
+    ratio = "—" if ours is None else _ratio(ours, result.images_per_s)
+    return (
+        f"| {name} | {result.images:,} | {_fmt(result.seconds)} | {rate} | {ratio} "
+        f"| {_fmt(result.peak_rss_bytes / GIB, 2)} | {_fmt(result.output_bytes / 1e6)} |"
+    )
 
 
 def memory_growth(runs: dict[int, tuple[RunResult, RunResult]]) -> dict[str, float | None] | None:
@@ -244,9 +218,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     info = machine.machine_info()
+    info["busy_percent_before"] = machine.busy_percent()
     corpora = {size: ensure_corpus(size, CACHE_DIR) for size in args.images}
-    limit = measure_limit(corpora[max(corpora)], args.sample)
-    logging.info("limit: %.0f images/s per core", limit.per_core)
+    spec = ImageSpec(height=IMAGE_SIZE, width=IMAGE_SIZE, jpeg_quality=JPEG_QUALITY)
+    limit = measure_limit(corpora[max(corpora)].files(), args.sample, spec)
+    logging.info("limit: %.0f images/s per core, %.0f measured on %d cores",
+                 limit.per_core, limit.parallel_images_per_s, limit.cores)
 
     runs: dict[int, tuple[RunResult, RunResult]] = {}
     for size, corpus in corpora.items():
@@ -262,17 +239,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     for corpus in corpora.values():
         print(_corpus_line(corpus))
     print(f"Settings: {IMAGE_SIZE}×{IMAGE_SIZE}, JPEG quality {JPEG_QUALITY}, GZIP TFRecords; "
-          "wall time from command start to exit, page cache warm; peak RSS summed over the process tree.")
+          "wall time from command start to exit, page cache warm; peak RSS summed over the process tree. "
+          "(a) stretches with nearest neighbour and encodes with optimize_size, as the notebook does; "
+          "(b) and (c) centre-crop with bicubic.")
     print()
     print(table(limit, runs))
     print()
     print(f"Machine: {machine.describe(info)}")
+    if info["busy_percent_before"] > BUSY_WARNING_PERCENT:
+        print(f"WARNING: the CPUs were {info['busy_percent_before']:.0f}% busy before the benchmark started; "
+              "other work on the machine lowers and scatters these numbers.")
     growth = memory_growth(runs)
     if growth:
         print(
             f"Memory growth {growth['from_images']:,} → {growth['to_images']:,} images (peak RSS ratio): "
             f"(c) ours {_fmt(growth['ours'], 2)}×, (a) seed {_fmt(growth['seed'], 2)}×"
         )
+    for size, (seed, _) in sorted(runs.items()):
+        if seed.error is None:
+            inside = seed.details["write_seconds"]
+            print(f"(a) at {size:,} images: {inside:.1f} s in the notebook's write loop "
+                  f"({size / inside:,.0f} images/s), {seed.seconds - inside:.1f} s starting Python, "
+                  "importing TensorFlow and listing files")
+    if limit.failed:
+        print(f"\n(b) process_image rejected {limit.failed} of {limit.sample} sample images "
+              f"(timed all the same), e.g. {limit.first_error}")
     for size, (seed, ours) in sorted(runs.items()):
         for name, result in (("(a) seed", seed), ("(c) ours", ours)):
             if result.error:

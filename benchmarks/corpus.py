@@ -144,7 +144,7 @@ def _build(final: pathlib.Path, images: int, processes: int) -> Corpus:
             if done % max(1, images // 10) == 0:
                 log.info("corpus: %d/%d images", done, images)
     seconds = time.perf_counter() - start
-    n_bytes, widths, heights = (np.array(column, dtype=np.float64) for column in zip(*sizes))
+    n_bytes, widths, heights = (np.array(column, dtype=np.float64) for column in zip(*sizes, strict=True))
     info = {
         "version": CORPUS_VERSION,
         "images": images,

@@ -33,6 +33,11 @@ def machine_info() -> dict[str, object]:
     }
 
 
+def busy_percent(seconds: float = 2.0) -> float:
+    """How busy the CPUs are before we start: other work on a small machine skews every number."""
+    return psutil.cpu_percent(interval=seconds)
+
+
 def describe(info: dict[str, object]) -> str:
     """One line: ``AMD EPYC, 2 cores, 23.4 GiB RAM; Python 3.11.7; apache-beam 2.77.0, ...``."""
     packages = ", ".join(f"{name} {version}" for name, version in info["packages"].items())

@@ -47,7 +47,7 @@ class TreeMemorySampler:
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self.peak_bytes = 0
 
-    def __enter__(self) -> "TreeMemorySampler":
+    def __enter__(self) -> TreeMemorySampler:
         self._thread.start()
         return self
 

@@ -1,0 +1,119 @@
+"""The throughput limit of any writer on this machine: beam-prep's per-image kernel alone.
+
+Every writer must decode, resize and encode each image; ``process_image`` does
+exactly that, so its rate on images already in memory (no disk, no pipeline,
+no serialisation) bounds what a pipeline can reach. Two numbers:
+
+* per core × cores: the rate of one process times ``os.cpu_count()``, the
+  ceiling if the cores scaled perfectly;
+* measured in parallel: one process per core at once. On shared or
+  overcommitted virtual machines the cores do not scale perfectly, and this is
+  the ceiling a pipeline can actually hit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+import pathlib
+import threading
+import time
+from typing import Sequence
+
+from beam_prep.errors import ImageError
+from beam_prep.imaging import ImageSpec, process_image
+
+log = logging.getLogger(__name__)
+
+WARMUP_IMAGES = 20
+TASK_IMAGES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitResult:
+    """Kernel timings on ``sample`` in-memory images; ``failed`` images the kernel rejected."""
+
+    sample: int
+    cores: int
+    serial_seconds: float
+    parallel_seconds: float
+    failed: int
+    first_error: str | None
+
+    @property
+    def per_core(self) -> float:
+        return self.sample / self.serial_seconds
+
+    @property
+    def images_per_s(self) -> float:
+        """Per-core rate × cores: the ceiling with perfect scaling."""
+        return self.per_core * self.cores
+
+    @property
+    def parallel_images_per_s(self) -> float:
+        return self.sample / self.parallel_seconds
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **dataclasses.asdict(self),
+            "per_core": self.per_core,
+            "images_per_s": self.images_per_s,
+            "parallel_images_per_s": self.parallel_images_per_s,
+        }
+
+
+def measure_limit(files: Sequence[pathlib.Path], sample: int, spec: ImageSpec) -> LimitResult:
+    """Times ``process_image`` on an even spread of ``files``, read into memory first.
+
+    Reading first keeps disk and page cache out of the number.
+    """
+    step = max(1, len(files) // sample)
+    blobs = [path.read_bytes() for path in files[::step][:sample]]
+    cores = os.cpu_count() or 1
+
+    _init(blobs, spec, None)
+    start = time.perf_counter()
+    errors = _run_slice(0, len(blobs))
+    serial = time.perf_counter() - start
+    if errors:
+        log.warning("process_image rejected %d of %d sample images, e.g. %s", len(errors), len(blobs), errors[0])
+
+    # Small slices, handed to whichever process is free, so no core idles at the end.
+    slices = [(i, i + TASK_IMAGES) for i in range(0, len(blobs), TASK_IMAGES)]
+    # The workers and this process meet here once every worker is warm.
+    ready = multiprocessing.Barrier(cores + 1)
+    with multiprocessing.Pool(cores, initializer=_init, initargs=(blobs, spec, ready)) as pool:
+        ready.wait()
+        start = time.perf_counter()
+        pool.starmap(_run_slice, slices, chunksize=1)
+        parallel = time.perf_counter() - start
+    return LimitResult(len(blobs), cores, serial, parallel, len(errors), errors[0] if errors else None)
+
+
+# Per process: the sample and the spec, set once so each task sends only indices.
+_BLOBS: list[bytes] = []
+_SPEC: list[ImageSpec] = []
+
+
+def _init(blobs: list[bytes], spec: ImageSpec, ready: threading.Barrier | None) -> None:
+    """Keeps the sample and warms the kernel (imports, codec tables) before any timing."""
+    _BLOBS[:] = blobs
+    _SPEC[:] = [spec]
+    _run_slice(0, WARMUP_IMAGES)
+    if ready is not None:
+        ready.wait()
+
+
+def _run_slice(start: int, stop: int) -> list[str]:
+    """Processes sample images ``start:stop``; returns the errors.
+
+    A rejected image is reported, not fatal, so the benchmark's other runs still happen.
+    """
+    errors = []
+    for data in _BLOBS[start:stop]:
+        try:
+            process_image(data, _SPEC[0])
+        except ImageError as e:
+            errors.append(str(e))
+    return errors
