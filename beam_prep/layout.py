@@ -15,9 +15,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from isal import igzip
 
-from beam_prep.errors import OptionsError, StorageError
+from beam_prep.errors import OptionsError
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import join
+from beam_prep.storage import storage_error
 
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
@@ -73,7 +74,7 @@ def existing_dataset_files(output: str) -> list[str]:
         metadata = FileSystems.match([join(output, "*")])[0].metadata_list
         metadata += FileSystems.match([join(output, WORK_DIR, "*")])[0].metadata_list
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
-        raise StorageError(f"cannot list --output {output}: {e}") from e
+        raise storage_error("list --output", output, e) from e
     owned = []
     for m in metadata:
         name = m.path[len(output.rstrip("/")) + 1:]
@@ -98,7 +99,7 @@ def delete(paths: list[str], what: str) -> None:
     try:
         FileSystems.delete(paths)
     except Exception as e:  # noqa: BLE001
-        raise StorageError(f"cannot remove {what}: {e}") from e
+        raise storage_error("remove", what, e) from e
 
 
 def remove_work_dir(output: str) -> None:
@@ -108,4 +109,4 @@ def remove_work_dir(output: str) -> None:
         paths = [m.path for m in FileSystems.match([join(work, "*")])[0].metadata_list]
     else:
         paths = [work] if os.path.isdir(work) else []
-    delete(paths, f"the work folder {work}")
+    delete(paths, work)

@@ -18,8 +18,9 @@ from typing import Iterable, Sequence
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.errors import OptionsError, StorageError
+from beam_prep.errors import OptionsError
 from beam_prep.imaging import is_image_name
+from beam_prep.storage import storage_error
 
 _LOG = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def _match_all(root: str) -> list[FileMetadata]:
     try:
         result = FileSystems.match([join(root, "**")])[0]
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
-        raise StorageError(f"cannot list {root}: {e}") from e
+        raise storage_error("list", root, e) from e
     return result.metadata_list
 
 
@@ -173,5 +174,9 @@ def read_labels_file(path: str) -> list[str]:
 
 
 def write_lines(path: str, lines: Iterable[str]) -> None:
-    with FileSystems.create(path, mime_type="text/plain") as f:
-        f.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
+    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
+    try:
+        with FileSystems.create(path, mime_type="text/plain") as f:
+            f.write(data)
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("write", path, e) from e

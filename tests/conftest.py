@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# A real GCS server on loopback for gs:// tests (tests/gcs_emulator.py).
+pytest_plugins = ["gcs_emulator"]
 
 
 def run_prepare(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

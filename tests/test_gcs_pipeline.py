@@ -1,0 +1,137 @@
+"""gs:// for real: the pipeline reads and writes a GCS server on loopback, and Dataflow jobs build offline."""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+
+import pytest
+
+from conftest import REPO
+from trees import make_tree
+
+LABELS = {"cat": 6, "dog": 5}
+
+
+def prepare(gcs_server, *args, check=True):
+    return gcs_server.run([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO, check=check)
+
+
+@pytest.fixture(scope="module")
+def gcs_run(gcs_server, tmp_path_factory):
+    """One multi-process DirectRunner run from gs:// to gs://, as users run it."""
+    tree = tmp_path_factory.mktemp("tree")
+    make_tree(tree, LABELS)
+    (tree / "dog" / "broken.jpg").write_bytes(b"not a jpeg")
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(tree, "images")
+    result = prepare(gcs_server, "--input", bucket.url("images"), "--output", bucket.url("records"),
+                     "--image_size", "16", "--validation_percent", "50")
+    return bucket, result
+
+
+def test_pipeline_reads_and_writes_gs_paths(gcs_run):
+    bucket, result = gcs_run
+    assert "11 of 12 images written" in result.stdout
+    manifest = json.loads(bucket.read_bytes("records/manifest.json"))
+    assert manifest["counts"] == {"listed": 12, "written": 11, "failed": 1, "skipped": 0}
+    assert manifest["labels"] == ["cat", "dog"]
+    shards = [name for split in manifest["splits"].values() for name in split["shards"]]
+    assert sorted(f"records/{s}" for s in shards) == [
+        n for n in bucket.list_names("records/") if n.endswith(".tfrecord.gz")]
+    for name in shards:
+        gzip.decompress(bucket.read_bytes(f"records/{name}"))
+    assert bucket.read_bytes("records/labels.txt").decode().splitlines() == ["cat", "dog"]
+
+
+def test_errors_report_names_the_gs_path(gcs_run):
+    bucket, _ = gcs_run
+    (error,) = [json.loads(line) for line in bucket.read_bytes("records/errors.jsonl").decode().splitlines()]
+    assert error["path"] == bucket.url("images/dog/broken.jpg") and error["stage"] == "decode"
+
+
+def test_nothing_is_left_in_temporary_locations(gcs_run):
+    bucket, _ = gcs_run
+    expected = {"manifest.json", "labels.txt", "errors.jsonl"}
+    leftovers = [n for n in bucket.list_names("records/")
+                 if n.split("/", 1)[1] not in expected and not n.endswith(".tfrecord.gz")]
+    assert leftovers == []
+
+
+def test_shuffle_sink_finalises_on_gcs(gcs_server, gcs_run):
+    bucket, _ = gcs_run
+    prepare(gcs_server, "--input", bucket.url("images"), "--output", bucket.url("shuffled"),
+            "--image_size", "16", "--validation_percent", "50", "--sink", "shuffle")
+    streamed = json.loads(bucket.read_bytes("records/manifest.json"))
+    shuffled = json.loads(bucket.read_bytes("shuffled/manifest.json"))
+    assert shuffled["counts"] == streamed["counts"]
+    assert {s: v["class_counts"] for s, v in shuffled["splits"].items()} == {
+        s: v["class_counts"] for s, v in streamed["splits"].items()}
+    assert all(n.split("/", 1)[1] in ("manifest.json", "labels.txt", "errors.jsonl") or n.endswith(".tfrecord.gz")
+               for n in bucket.list_names("shuffled/"))
+
+
+def test_empty_gs_input_is_reported(gcs_server, gcs_bucket):
+    result = prepare(gcs_server, "--input", gcs_bucket.url("nothing"), "--output", gcs_bucket.url("out"),
+                     check=False)
+    assert result.returncode == 2
+    assert f"no images under {gcs_bucket.url('nothing')}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_bucket_is_reported(gcs_server, gcs_missing_bucket, gcs_bucket):
+    result = prepare(gcs_server, "--input", f"gs://{gcs_missing_bucket}/images",
+                     "--output", gcs_bucket.url("out"), check=False)
+    assert result.returncode != 0
+    assert f"gs://{gcs_missing_bucket}" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_permission_error_is_reported(gcs_server, gcs_run, gcs_forbidden_bucket):
+    bucket, _ = gcs_run
+    result = prepare(gcs_server, "--input", bucket.url("images"), "--output", gcs_forbidden_bucket.url("out"),
+                     check=False)
+    assert result.returncode != 0
+    assert f"gs://{gcs_forbidden_bucket.name}" in result.stderr and "permission" in result.stderr.lower()
+    assert "Traceback" not in result.stderr
+
+
+def test_dataflow_job_builds_offline_with_the_designed_steps(gcs_server, gcs_run, tmp_path):
+    """The Dataflow runner's own job construction, stopped before submission (--dry_run)."""
+    bucket, _ = gcs_run
+    code = f"""
+import json, sys
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_runner_api_pb2
+from beam_prep.options import config_from_options
+from beam_prep.pipeline import run
+options = PipelineOptions(sys.argv[1:])
+result = run(config_from_options(options), options)
+pipeline = result.job.proto_pipeline
+envs = [beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
+        for e in pipeline.components.environments.values()]
+deps = [beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(d.role_payload).staged_name
+        for e in pipeline.components.environments.values() for d in e.dependencies]
+transforms = {{t.unique_name: t.spec.urn for t in pipeline.components.transforms.values()}}
+json.dump({{"transforms": transforms, "images": envs, "deps": deps}}, open({str(tmp_path / 'job.json')!r}, "w"))
+"""
+    args = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "my-project",
+            "--region", "us-central1", "--temp_location", bucket.url("tmp"),
+            "--input", bucket.url("images"), "--output", bucket.url("dataflow-out"),
+            "--image_size", "16", "--validation_percent", "50"]
+    gcs_server.run([sys.executable, "-c", code, *args, "--setup_file", str(REPO / "setup.py")], cwd=REPO)
+    job = json.loads((tmp_path / "job.json").read_text())
+    names = job["transforms"]
+    for step in ("ReadListing", "ParseEntries", "CheckLabels", "UnknownLabels", "WriteShards/Reshuffle",
+                 "WriteShards/ImageToExample", "WriteShards/WriteToTFRecord[train]",
+                 "WriteShards/WriteToTFRecord[validation]", "Finalize"):
+        assert step in names, step
+    assert any(n.startswith("WriteShards/Reshuffle/") and urn == "beam:transform:group_by_key:v1"
+               for n, urn in names.items())
+    assert "workflow.tar.gz" in job["deps"]
+    assert bucket.list_names("dataflow-out/") == []  # a dry run touches nothing
+
+    image = "gcr.io/my-project/beam-prep:1"
+    gcs_server.run([sys.executable, "-c", code, *args, "--sdk_container_image", image], cwd=REPO)
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["images"] == [image]

@@ -1,0 +1,325 @@
+"""The gs:// test infrastructure serves the code paths the product really uses.
+
+Beam's FileSystems and a DirectRunner pipeline go through google-cloud-storage
+(``STORAGE_EMULATOR_HOST``); TensorFlow goes through its own libcurl GCS
+filesystem and the TLS gateway (``HTTPS_PROXY``). TF runs in a child process
+because it fixes its GCS settings when a process first touches gs://; one
+child runs every TF step, so TF is imported once for the whole module.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import pathlib
+import sys
+import textwrap
+from typing import TYPE_CHECKING
+
+import pytest
+from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystems import FileSystems
+
+if TYPE_CHECKING:  # imported by pytest as a plugin; importing it first would
+    from gcs_emulator import GcsBucket, GcsServer  # stop pytest rewriting it
+
+# Makes this module runnable before conftest.py registers the plugin; pytest
+# registers a plugin only once, so both places may name it.
+
+RECORDS = [f"record-{i:03d}".encode() for i in range(40)]
+
+# Writes RECORDS as GZIP TFRecords in two shards with Beam's DirectRunner in
+# multi_processing mode, so the env has to reach Beam's worker processes too.
+_PIPELINE = textwrap.dedent(
+    """
+    import sys
+    import apache_beam as beam
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    prefix = sys.argv[1]
+    records = [f"record-{i:03d}".encode() for i in range(40)]
+    options = PipelineOptions(
+        runner="DirectRunner", direct_running_mode="multi_processing",
+        direct_num_workers=2)
+    with beam.Pipeline(options=options) as p:
+        (p | beam.Create(records)
+           | beam.io.WriteToTFRecord(prefix, file_name_suffix=".tfrecord.gz",
+                                     num_shards=2,
+                                     compression_type=CompressionTypes.GZIP))
+    """
+)
+
+# Each step is independent; its result or its error goes into the JSON report
+# so that one test per behaviour can assert on it.
+_TF_STEPS = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+
+    bucket, records_glob, missing, forbidden, report = sys.argv[1:6]
+    root = f"gs://{bucket}"
+
+    def glob():
+        return sorted(tf.io.gfile.glob(f"{root}/tree/*/*.txt"))
+
+    def exists():
+        return [tf.io.gfile.exists(f"{root}/tree/cats/a.txt"),
+                tf.io.gfile.exists(f"{root}/tree/cats/none.txt")]
+
+    def write_read():
+        with tf.io.gfile.GFile(f"{root}/tf/written.bin", "wb") as f:
+            f.write(bytes(range(256)) * 1024)
+        with tf.io.gfile.GFile(f"{root}/tf/written.bin", "rb") as f:
+            return f.read() == bytes(range(256)) * 1024
+
+    def rename():
+        with tf.io.gfile.GFile(f"{root}/tf/old.txt", "wb") as f:
+            f.write(b"moved")
+        tf.io.gfile.rename(f"{root}/tf/old.txt", f"{root}/tf/new.txt")
+        with tf.io.gfile.GFile(f"{root}/tf/new.txt", "rb") as f:
+            return [tf.io.gfile.exists(f"{root}/tf/old.txt"), f.read().decode()]
+
+    def tfrecords():
+        files = sorted(tf.io.gfile.glob(records_glob))
+        ds = tf.data.TFRecordDataset(files, compression_type="GZIP")
+        return {"files": files,
+                "records": sorted(r.decode() for r in ds.as_numpy_iterator())}
+
+    def error_of(pattern):
+        # glob, not listdir: TF's listdir turns every failure into NotFound.
+        try:
+            tf.io.gfile.glob(pattern)
+        except tf.errors.OpError as err:
+            return type(err).__name__
+        return "no error"
+
+    steps = {"glob": glob, "exists": exists, "write_read": write_read,
+             "rename": rename, "tfrecords": tfrecords,
+             "missing_bucket": lambda: error_of(f"gs://{missing}/*"),
+             "forbidden_bucket": lambda: error_of(f"gs://{forbidden}/*")}
+    results = {}
+    for name, step in steps.items():
+        try:
+            results[name] = {"ok": step()}
+        except Exception as err:
+            results[name] = {"error": f"{type(err).__name__}: {err}"}
+    with open(report, "w") as f:
+        json.dump(results, f)
+    """
+)
+
+
+def _paths(pattern: str) -> list[str]:
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+
+
+# --- The helpers that set up and check data ---------------------------------
+
+
+def test_bucket_helpers_upload_and_download_a_tree(
+        gcs_bucket: GcsBucket, tmp_path: pathlib.Path) -> None:
+    for relative in ["cats/1.jpg", "dogs/deeper/2.jpg"]:
+        (tmp_path / "in" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / relative).write_bytes(relative.encode())
+    assert gcs_bucket.upload_tree(tmp_path / "in", "images/") == [
+        gcs_bucket.url("images/cats/1.jpg"), gcs_bucket.url("images/dogs/deeper/2.jpg")]
+    gcs_bucket.download_tree("images", tmp_path / "out")
+    assert (tmp_path / "out/dogs/deeper/2.jpg").read_bytes() == b"dogs/deeper/2.jpg"
+    assert gcs_bucket.exists("images/cats/1.jpg") and not gcs_bucket.exists("images/cats")
+
+
+# --- Beam's FileSystems against the emulator -------------------------------
+
+
+def test_beam_match_with_prefix_lists_only_objects_under_it(gcs_bucket: GcsBucket) -> None:
+    for name in ["data/a.txt", "data/b.txt", "other/c.txt"]:
+        gcs_bucket.write_bytes(name, b"x")
+    assert _paths(gcs_bucket.url("data/*")) == [gcs_bucket.url("data/a.txt"),
+                                                gcs_bucket.url("data/b.txt")]
+
+
+def test_beam_match_expands_wildcards_in_folder_and_file(
+        gcs_bucket: GcsBucket, tmp_path: pathlib.Path) -> None:
+    for relative in ["cats/1.jpg", "cats/2.jpg", "dogs/1.jpg", "dogs/deeper/3.jpg"]:
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_bytes(b"jpeg")
+    gcs_bucket.upload_tree(tmp_path, "images")
+    assert _paths(gcs_bucket.url("images/*/*")) == [
+        gcs_bucket.url(f"images/{n}") for n in ["cats/1.jpg", "cats/2.jpg", "dogs/1.jpg"]]
+
+
+def test_beam_match_reports_object_sizes(gcs_bucket: GcsBucket) -> None:
+    gcs_bucket.write_bytes("sized.bin", b"12345")
+    [metadata] = FileSystems.match([gcs_bucket.url("sized.bin")])[0].metadata_list
+    assert metadata.size_in_bytes == 5
+
+
+def test_beam_open_reads_object_contents(gcs_bucket: GcsBucket) -> None:
+    gcs_bucket.write_bytes("in.bin", bytes(range(256)) * 100)
+    with FileSystems.open(gcs_bucket.url("in.bin")) as f:
+        assert f.read() == bytes(range(256)) * 100
+
+
+def test_beam_create_writes_object_with_resumable_upload(
+        gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    data = b"z" * (3 * 1024 * 1024 + 17)
+    with FileSystems.create(gcs_bucket.url("out/new.bin")) as f:
+        f.write(data)
+    assert gcs_bucket.read_bytes("out/new.bin") == data
+    assert any("uploadType=resumable" in r.path
+               for r in gcs_server.gateway.requests_for(gcs_bucket.name))
+
+
+def test_beam_rename_moves_objects_with_batch_copy_and_delete(
+        gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    for name in ["tmp/a", "tmp/b"]:
+        gcs_bucket.write_bytes(name, name.encode())
+    FileSystems.rename([gcs_bucket.url("tmp/a"), gcs_bucket.url("tmp/b")],
+                       [gcs_bucket.url("final/a"), gcs_bucket.url("final/b")])
+    assert gcs_bucket.list_names() == ["final/a", "final/b"]
+    assert gcs_bucket.read_bytes("final/b") == b"tmp/b"
+    assert any(r.path.startswith("/batch/")
+               for r in gcs_server.gateway.requests_for(gcs_bucket.name))
+
+
+def test_beam_delete_removes_objects(gcs_bucket: GcsBucket) -> None:
+    for name in ["a", "b", "keep"]:
+        gcs_bucket.write_bytes(name, b"x")
+    FileSystems.delete([gcs_bucket.url("a"), gcs_bucket.url("b")])
+    assert gcs_bucket.list_names() == ["keep"]
+
+
+def test_beam_requests_carry_the_adc_bearer_token(
+        gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    gcs_bucket.write_bytes("a", b"x")
+    _paths(gcs_bucket.url("*"))
+    seen = gcs_server.gateway.requests_for(gcs_bucket.name)
+    assert seen and {r.authorization for r in seen} == {f"Bearer {gcs_server.access_token}"}
+
+
+def test_gateway_rejects_requests_without_the_adc_token(
+        gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", gcs_server.gateway.port, timeout=10)
+    try:
+        conn.request("GET", f"/storage/v1/b/{gcs_bucket.name}/o")
+        response = conn.getresponse()
+        assert response.status == 401
+        assert json.loads(response.read())["error"]["code"] == 401
+    finally:
+        conn.close()
+
+
+def test_beam_match_of_missing_bucket_fails_with_not_found(gcs_missing_bucket: str) -> None:
+    with pytest.raises(BeamIOError, match="NotFound"):
+        FileSystems.match([f"gs://{gcs_missing_bucket}/*"])
+
+
+def test_beam_match_of_forbidden_bucket_fails_with_forbidden(
+        gcs_forbidden_bucket: GcsBucket) -> None:
+    gcs_forbidden_bucket.write_bytes("a", b"x")
+    with pytest.raises(BeamIOError, match="Forbidden"):
+        FileSystems.match([gcs_forbidden_bucket.url("*")])
+
+
+def test_beam_credential_lookup_in_a_fresh_process_is_fast(
+        gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    gcs_bucket.write_bytes("a", b"x")
+    code = ("import sys, time; from apache_beam.io.filesystems import FileSystems as F; "
+            "t = time.monotonic(); r = F.match([sys.argv[1]]); "
+            "print(time.monotonic() - t, len(r[0].metadata_list))")
+    result = gcs_server.run([sys.executable, "-c", code, gcs_bucket.url("*")], timeout_s=60)
+    seconds, matched = result.stdout.split()
+    assert matched == "1" and float(seconds) < 5
+
+
+# --- A Beam pipeline writing GZIP TFRecords, read back by Beam and TF ------
+
+
+@pytest.fixture(scope="module")
+def beam_tfrecords(gcs_server: GcsServer,
+                   tmp_path_factory: pytest.TempPathFactory) -> GcsBucket:
+    """A bucket holding ``tree/`` (small files) and ``records/`` (RECORDS as
+    two GZIP TFRecord shards written by a Beam pipeline in a child process)."""
+    bucket = gcs_server.new_bucket()
+    for name in ["tree/cats/a.txt", "tree/cats/b.txt", "tree/dogs/c.txt"]:
+        bucket.write_bytes(name, name.encode())
+    script = tmp_path_factory.mktemp("pipeline") / "write_tfrecords.py"
+    script.write_text(_PIPELINE)
+    gcs_server.run([sys.executable, str(script), bucket.url("records/part")], timeout_s=120)
+    return bucket
+
+
+@pytest.fixture(scope="module")
+def tf_report(gcs_server: GcsServer, beam_tfrecords: GcsBucket,
+              tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Runs ``_TF_STEPS`` once in a child process and returns its report."""
+    report = tmp_path_factory.mktemp("tf") / "report.json"
+    with gcs_server.forbidden_bucket() as forbidden:
+        gcs_server.run([sys.executable, "-c", _TF_STEPS, beam_tfrecords.name,
+                        beam_tfrecords.url("records/part-*.tfrecord.gz"),
+                        gcs_server.missing_bucket_name(), forbidden.name, str(report)],
+                       extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s=120)
+    return json.loads(report.read_text())
+
+
+def test_beam_pipeline_writes_two_gzip_tfrecord_shards(beam_tfrecords: GcsBucket) -> None:
+    assert beam_tfrecords.list_names("records/") == [
+        "records/part-00000-of-00002.tfrecord.gz", "records/part-00001-of-00002.tfrecord.gz"]
+    assert beam_tfrecords.read_bytes("records/part-00000-of-00002.tfrecord.gz")[:2] == b"\x1f\x8b"
+
+
+def test_beam_reads_back_the_gzip_tfrecords_it_wrote(
+        beam_tfrecords: GcsBucket, gcs_env: dict[str, str]) -> None:
+    import apache_beam as beam
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.testing.util import assert_that, equal_to
+
+    with beam.Pipeline(runner="DirectRunner") as p:
+        read = p | beam.io.ReadFromTFRecord(
+            beam_tfrecords.url("records/part-*"), compression_type=CompressionTypes.GZIP)
+        assert_that(read, equal_to(RECORDS))
+
+
+def test_tf_gfile_glob_matches_objects(tf_report: dict, beam_tfrecords: GcsBucket) -> None:
+    assert tf_report["glob"] == {"ok": [beam_tfrecords.url(f"tree/{n}")
+                                        for n in ["cats/a.txt", "cats/b.txt", "dogs/c.txt"]]}
+
+
+def test_tf_gfile_exists_tells_present_from_absent(tf_report: dict) -> None:
+    assert tf_report["exists"] == {"ok": [True, False]}
+
+
+def test_tf_gfile_writes_with_resumable_upload_and_reads_back(
+        tf_report: dict, beam_tfrecords: GcsBucket) -> None:
+    assert tf_report["write_read"] == {"ok": True}
+    assert beam_tfrecords.read_bytes("tf/written.bin") == bytes(range(256)) * 1024
+
+
+def test_tf_gfile_rename_moves_object(tf_report: dict) -> None:
+    assert tf_report["rename"] == {"ok": [False, "moved"]}
+
+
+def test_tf_tfrecord_dataset_reads_beam_gzip_output(
+        tf_report: dict, beam_tfrecords: GcsBucket) -> None:
+    assert tf_report["tfrecords"] == {"ok": {
+        "files": [beam_tfrecords.url(f"records/part-0000{i}-of-00002.tfrecord.gz")
+                  for i in range(2)],
+        "records": [r.decode() for r in RECORDS]}}
+
+
+def test_tf_reports_missing_bucket_as_not_found(tf_report: dict) -> None:
+    assert tf_report["missing_bucket"] == {"ok": "NotFoundError"}
+
+
+def test_tf_reports_forbidden_bucket_as_permission_denied(tf_report: dict) -> None:
+    assert tf_report["forbidden_bucket"] == {"ok": "PermissionDeniedError"}
+
+
+def test_tf_fetches_its_token_through_the_proxy_and_uses_it(
+        tf_report: dict, gcs_server: GcsServer, beam_tfrecords: GcsBucket) -> None:
+    seen = gcs_server.gateway.seen()
+    assert any(r.host == "www.googleapis.com" and r.path.startswith("/oauth2/") for r in seen)
+    tf_seen = [r for r in gcs_server.gateway.requests_for(beam_tfrecords.name) if r.host]
+    assert tf_seen and {r.authorization for r in tf_seen} == {
+        f"Bearer {gcs_server.access_token}"}
+
