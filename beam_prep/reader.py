@@ -10,22 +10,25 @@ through ``tf.io.gfile`` so local paths and ``gs://`` take the same code. The
 parse spec and feature keys come from :mod:`beam_prep.features`, the module the
 writer encodes with, so the two cannot drift apart.
 
-The pipeline is laid out for throughput on a host that feeds an accelerator:
+The pipeline is laid out for throughput on a host that feeds an accelerator
+(measured by ``benchmarks/bench_reader.py``):
 
 * shard files are the unit of parallelism and of distribution: a parallel
   ``interleave`` reads several GZIP files at once (inflating is single-threaded
   per file), and each input pipeline of a distributed job reads its own files;
-* records are shuffled while still serialized (a few KB each) rather than as
-  decoded pixels (150 KB at 224x224x3), so the buffer costs little memory;
+* records are shuffled while still serialized (~20 KB for a 224x224 JPEG)
+  rather than as decoded pixels (150 KB), so the buffer costs little memory;
 * records are batched first and parsed with one vectorised
   ``tf.io.parse_example`` per batch; each batch is then decoded in a parallel
   ``map`` (``tf.map_fn`` over its images for JPEG and PNG; raw pixels need no
   decoding, one ``decode_raw`` + reshape per batch), and dtype conversion and
-  one-hot labels run once per batch. Measured in ``benchmarks/bench_reader.py``.
-* per-image augmentation takes a per-image path (parse a chunk, unbatch,
-  decode and augment each image in a parallel ``map``, batch), because a random
-  crop changes what is decoded: the built-in preset decodes only the crop of a
-  JPEG (``tf.io.decode_and_crop_jpeg``).
+  one-hot labels run once per batch. On 224x224 JPEGs this runs at the speed of
+  ``decode_jpeg`` alone on bytes held in memory;
+* the built-in random crop decodes only the crop of a JPEG
+  (``tf.io.decode_and_crop_jpeg``) inside the same batched decode; a user's
+  augmentation function takes a per-image path (parse a chunk, unbatch, decode
+  and augment each image in a parallel ``map``, batch), since it may change
+  shapes.
 
 A record that fails to decode fails the pipeline with TensorFlow's error: a
 corrupt dataset should stop training, not silently shrink it.
@@ -36,7 +39,8 @@ import dataclasses
 import json
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
 
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError, StorageError
@@ -61,11 +65,17 @@ MANIFEST = "manifest.json"
 SUPPORTED_FORMAT_VERSION = 1
 COMPRESSIONS = ("GZIP", "ZLIB", "NONE")
 
-# Serialized records held by the training shuffle. Records are shuffled before
-# decoding, so this costs about 2048 x 20 KB = 40 MB for 224x224 JPEGs (300 MB
-# for raw pixels); the writer already spreads classes over every shard in hash
-# order and files are shuffled each epoch, so a larger buffer buys little.
-DEFAULT_SHUFFLE_BUFFER = 2048
+# The training shuffle holds serialized records (before decoding), as many as
+# fit in about 64 MiB: ~2,900 records of 224x224 JPEG, ~440 of raw 224x224x3
+# pixels. Measured: a 2,048-record buffer of raw pixels (300 MB) costs a third
+# of the reader's throughput in memory traffic, one of JPEGs costs nothing. The
+# writer spreads classes over every shard in hash order and files are shuffled
+# each epoch, so a larger buffer buys little mixing.
+SHUFFLE_BUFFER_BYTES = 64 << 20
+SHUFFLE_BUFFER_RECORDS = (256, 4096)  # at least, at most
+VARYING_SIZE_SHUFFLE_BUFFER = 1024
+# Stored bytes per pixel x channel of a photograph, to size the shuffle buffer.
+_BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
 # Shard files read at once. A fixed number (not AUTOTUNE, which follows the core
 # count) keeps a deterministic read order the same on every machine; 16 GZIP
 # streams keep a 16-core host busy and hide object-store latency.
@@ -75,6 +85,12 @@ MAX_CYCLE_LENGTH = 16
 READ_BUFFER_BYTES = 4 << 20
 # Records parsed together on the per-image (augmentation) path before unbatching.
 PARSE_CHUNK = 64
+# libjpeg's accurate integer IDCT: the very pixels Pillow (and so the writer, and
+# most serving code) decodes. TensorFlow's own default is INTEGER_FAST, which is
+# off by up to 8 levels in two thirds of the pixels; at 224x224 the accurate one
+# measured 0-7% slower, within run-to-run noise.
+DEFAULT_DCT_METHOD = "INTEGER_ACCURATE"
+DCT_METHODS = ("INTEGER_ACCURATE", "INTEGER_FAST")
 
 Augment = Union[str, "RandomCropFlip", Callable[["tf.Tensor"], "tf.Tensor"]]
 
@@ -112,8 +128,16 @@ class ImageInfo:
         """Whether every stored image has the same height and width."""
         return self.height is not None
 
+    def default_shuffle_buffer(self) -> int:
+        """Records in the default training shuffle buffer: about ``SHUFFLE_BUFFER_BYTES`` of them."""
+        if not self.fixed_size:
+            return VARYING_SIZE_SHUFFLE_BUFFER
+        record = self.height * self.width * self.channels * _BYTES_PER_SAMPLE[self.format]
+        low, high = SHUFFLE_BUFFER_RECORDS
+        return int(min(high, max(low, SHUFFLE_BUFFER_BYTES // max(record, 1))))
+
     @classmethod
-    def from_manifest(cls, image: Mapping[str, Any]) -> "ImageInfo":
+    def from_manifest(cls, image: Mapping[str, Any]) -> ImageInfo:
         return cls(height=image.get("height"), width=image.get("width"),
                    channels=int(image.get("channels", 3)), format=str(image.get("format", "jpeg")))
 
@@ -256,13 +280,14 @@ class RandomCropFlip:
 
 
 def random_crop_flip(
-    encoded: "tf.Tensor",
+    encoded: tf.Tensor,
     image: ImageInfo,
     size: tuple[int, int],
     *,
     params: RandomCropFlip = RandomCropFlip(),
-    record_hw: tuple["tf.Tensor", "tf.Tensor"] | None = None,
-) -> "tf.Tensor":
+    record_hw: tuple[tf.Tensor, tf.Tensor] | None = None,
+    dct_method: str = DEFAULT_DCT_METHOD,
+) -> tf.Tensor:
     """Decodes one stored image with a random crop (and flip), resized to ``size``: uint8 [h, w, c].
 
     ``record_hw`` is the record's (height, width), needed only for raw images of
@@ -281,7 +306,7 @@ def random_crop_flip(
             use_image_if_no_bounding_boxes=True)
         return tf.stack([begin[0], begin[1], crop[0], crop[1]])
 
-    out = _resize(_decode_window(encoded, image, window, record_hw), size, image.channels)
+    out = _resize(_decode_window(encoded, image, window, record_hw, dct_method), size, image.channels)
     if params.flip:
         out = tf.image.random_flip_left_right(out)
     return out
@@ -292,13 +317,14 @@ def random_crop_flip(
 # --------------------------------------------------------------------------- #
 
 
-def _decode(encoded: "tf.Tensor", image: ImageInfo, record_hw=None) -> "tf.Tensor":
+def _decode(encoded: tf.Tensor, image: ImageInfo, record_hw=None,
+            dct_method: str = DEFAULT_DCT_METHOD) -> tf.Tensor:
     """The whole stored image, uint8 [h, w, c]; the static shape is set when sizes are fixed."""
     import tensorflow as tf
 
     c = image.channels
     if image.format == "jpeg":
-        out = tf.io.decode_jpeg(encoded, channels=c)
+        out = tf.io.decode_jpeg(encoded, channels=c, dct_method=dct_method)
     elif image.format == "png":
         out = tf.io.decode_png(encoded, channels=c, dtype=tf.uint8)
     else:
@@ -313,19 +339,21 @@ def _decode(encoded: "tf.Tensor", image: ImageInfo, record_hw=None) -> "tf.Tenso
     return out
 
 
-def _decode_window(encoded, image: ImageInfo, window_fn, record_hw=None) -> "tf.Tensor":
+def _decode_window(encoded, image: ImageInfo, window_fn, record_hw=None,
+                   dct_method: str = DEFAULT_DCT_METHOD) -> tf.Tensor:
     """Decodes the box ``window_fn(shape) -> [y, x, h, w]``; JPEG decodes only that box."""
     import tensorflow as tf
 
     if image.format == "jpeg":
         shape = tf.image.extract_jpeg_shape(encoded)[:2]
-        return tf.io.decode_and_crop_jpeg(encoded, window_fn(shape), channels=image.channels)
-    full = _decode(encoded, image, record_hw)
+        return tf.io.decode_and_crop_jpeg(encoded, window_fn(shape), channels=image.channels,
+                                          dct_method=dct_method)
+    full = _decode(encoded, image, record_hw, dct_method)
     box = window_fn(tf.shape(full)[:2])
     return tf.slice(full, [box[0], box[1], 0], [box[2], box[3], image.channels])
 
 
-def _center_window(shape: "tf.Tensor", size: tuple[int, int]) -> "tf.Tensor":
+def _center_window(shape: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     """The largest centred box of the target's aspect ratio: resizing it distorts nothing."""
     import tensorflow as tf
 
@@ -338,11 +366,20 @@ def _center_window(shape: "tf.Tensor", size: tuple[int, int]) -> "tf.Tensor":
     return tf.cast(tf.stack([y, x, crop_h, crop_w]), tf.int32)
 
 
-def _resize(image: "tf.Tensor", size: tuple[int, int], channels: int) -> "tf.Tensor":
-    """Bilinear with antialiasing (so shrinking does not alias), rounded back to uint8."""
+def _resize(image: tf.Tensor, size: tuple[int, int], channels: int) -> tf.Tensor:
+    """Bilinear, rounded back to uint8; antialiased only when shrinking.
+
+    Antialiasing stops a shrunk image from aliasing but costs about four times
+    plain bilinear, and changes nothing when enlarging (a random crop resized
+    back up, the common case), so it is chosen per image.
+    """
     import tensorflow as tf
 
-    out = tf.image.resize(image, size, method="bilinear", antialias=True)
+    shape = tf.shape(image)
+    shrinks = tf.logical_or(shape[0] > size[0], shape[1] > size[1])
+    out = tf.cond(shrinks,
+                  lambda: tf.image.resize(image, size, method="bilinear", antialias=True),
+                  lambda: tf.image.resize(image, size, method="bilinear"))
     out = tf.cast(tf.clip_by_value(tf.round(out), 0.0, 255.0), tf.uint8)
     return tf.ensure_shape(out, [size[0], size[1], channels])
 
@@ -359,6 +396,7 @@ class _Plan:
     one_hot: bool
     num_classes: int | None
     extra_keys: tuple[str, ...]
+    dct_method: str = DEFAULT_DCT_METHOD
 
     @property
     def resizes(self) -> bool:
@@ -372,20 +410,22 @@ class _Plan:
             keys += [features.HEIGHT, features.WIDTH]
         return tuple(dict.fromkeys(keys + list(self.extra_keys)))
 
-    def record_hw(self, parsed: Mapping[str, "tf.Tensor"]):
+    def record_hw(self, parsed: Mapping[str, tf.Tensor]):
         return (parsed[features.HEIGHT], parsed[features.WIDTH]) if features.HEIGHT in parsed else None
 
-    def image_of(self, parsed: Mapping[str, "tf.Tensor"]) -> "tf.Tensor":
+    def image_of(self, parsed: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """One record's uint8 image at the output size (before user augmentation and dtype)."""
         encoded = parsed[features.ENCODED]
         hw = self.record_hw(parsed)
         if self.crop_flip is not None:
-            return random_crop_flip(encoded, self.image, self.size, params=self.crop_flip, record_hw=hw)
+            return random_crop_flip(encoded, self.image, self.size, params=self.crop_flip,
+                                    record_hw=hw, dct_method=self.dct_method)
         if self.resizes:
             return _resize(_decode_window(encoded, self.image,
-                                          lambda shape: _center_window(shape, self.size), hw),
+                                          lambda shape: _center_window(shape, self.size), hw,
+                                          self.dct_method),
                            self.size, self.image.channels)
-        return _decode(encoded, self.image, hw)
+        return _decode(encoded, self.image, hw, self.dct_method)
 
 
 # --------------------------------------------------------------------------- #
@@ -408,7 +448,7 @@ def make_dataset(
     deterministic: bool | None = None,
     augment: Augment | None = None,
     resize: int | tuple[int, int] | None = None,
-    input_context: "tf.distribute.InputContext | None" = None,
+    input_context: tf.distribute.InputContext | None = None,
     num_input_pipelines: int | None = None,
     input_pipeline_id: int | None = None,
     global_batch_size: int | None = None,
@@ -417,8 +457,9 @@ def make_dataset(
     num_classes: int | None = None,
     compression: str = "GZIP",
     extra_keys: Sequence[str] = (),
-    options: "tf.data.Options | None" = None,
-) -> "tf.data.Dataset":
+    dct_method: str = DEFAULT_DCT_METHOD,
+    options: tf.data.Options | None = None,
+) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` from a beam-prep dataset.
 
     Args:
@@ -435,8 +476,9 @@ def make_dataset(
       one_hot: labels as float32 one-hot vectors (depth: the number of labels)
         instead of int64 ids.
       shuffle_buffer: serialized records in the shuffle buffer; 0 turns it off.
-        Default ``DEFAULT_SHUFFLE_BUFFER`` when training, else 0. Shard files are
-        shuffled too whenever this is on.
+        Default when training: as many as fit in about 64 MiB
+        (``ImageInfo.default_shuffle_buffer``), else 0. Shard files are shuffled
+        too whenever this is on.
       seed: seeds the file and record shuffles, so a run can be repeated (with
         ``deterministic``); each epoch still gets a new order.
       repeat: repeat forever (then the dataset has no length: give Keras
@@ -451,7 +493,8 @@ def make_dataset(
         [0, 1] float image of one fixed shape. Off unless asked for, in training
         too: what augmentation suits is a modelling decision.
       resize: output (height, width), or an int for a square: each image is
-        centre-cropped to that aspect ratio and resized (bilinear, antialiased).
+        centre-cropped to that aspect ratio and resized (bilinear, antialiased
+        when shrinking).
         Required to batch a dataset whose image sizes vary.
       input_context: from ``strategy.distribute_datasets_from_function``: this
         pipeline reads only its share of the shard files.
@@ -466,6 +509,9 @@ def make_dataset(
       extra_keys: other record features (e.g. ``features.FILENAME``) to yield as a
         third element, a dict: for evaluation and debugging (Keras ``fit`` would
         take a third element for sample weights).
+      dct_method: JPEG decoding: ``INTEGER_ACCURATE`` gives exactly the pixels
+        Pillow decodes; ``INTEGER_FAST`` (TensorFlow's default) is off by up to 8
+        levels and, at 224x224, at most a few percent faster.
       options: ``tf.data.Options`` merged over the reader's own.
 
     Returns:
@@ -488,13 +534,13 @@ def make_dataset(
     if deterministic is None:
         deterministic = not training
     if shuffle_buffer is None:
-        shuffle_buffer = DEFAULT_SHUFFLE_BUFFER if training else 0
+        shuffle_buffer = source.image.default_shuffle_buffer() if training else 0
     if shuffle_buffer < 0:
         raise OptionsError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
     batch_size = _batch_size(batch_size, global_batch_size, input_context)
     pipelines, pipeline_id = _pipelines(input_context, num_input_pipelines, input_pipeline_id)
     paths, count = _select_files(source, pipelines, pipeline_id)
-    plan = _make_plan(source, batch_size, dtype, one_hot, augment, resize, extra_keys)
+    plan = _make_plan(source, batch_size, dtype, one_hot, augment, resize, extra_keys, dct_method)
 
     _LOG.info(
         "reading %d of %d files (%s records)%s; batch %s, shuffle %d, %s order, augment %s",
@@ -502,14 +548,30 @@ def make_dataset(
         f" as input pipeline {pipeline_id} of {pipelines}" if pipelines > 1 else "",
         batch_size, shuffle_buffer, "fixed" if deterministic else "any", augment)
 
+    compression_type = _tf_compression(source.compression)
+    parse_spec = features.tf_parse_spec(plan.parse_keys)
+
+    def read_file(shard):
+        return tf.data.TFRecordDataset(shard, compression_type=compression_type,
+                                       buffer_size=READ_BUFFER_BYTES)
+
+    def parse(serialized):
+        return tf.io.parse_example(serialized, parse_spec)
+
+    def parse_and_decode_batch(serialized):
+        return _finish(plan, _decode_batch(plan, parse(serialized)))
+
+    def decode_one(parsed):
+        return _one(plan, parsed)
+
+    def finish(parsed):
+        return _finish(plan, parsed)
+
     ds = tf.data.Dataset.from_tensor_slices(list(paths))
     if shuffle_buffer and len(paths) > 1:
         ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=_tf_compression(source.compression),
-                                          buffer_size=READ_BUFFER_BYTES),
-        cycle_length=min(len(paths), MAX_CYCLE_LENGTH), block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    ds = ds.interleave(read_file, cycle_length=min(len(paths), MAX_CYCLE_LENGTH), block_length=1,
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if count is not None:
         # Checked as records stream past too: a shard with fewer or more records
         # than the manifest says fails the epoch instead of going unnoticed.
@@ -519,35 +581,37 @@ def make_dataset(
     if repeat:
         ds = ds.repeat()
 
-    parse_spec = features.tf_parse_spec(plan.parse_keys)
-    if batch_size is not None and plan.crop_flip is None and plan.user_augment is None:
+    if batch_size is not None and plan.user_augment is None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-        ds = ds.map(lambda s: _finish(plan, _decode_batch(plan, tf.io.parse_example(s, parse_spec))),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        ds = ds.map(parse_and_decode_batch, num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=deterministic)
     else:
-        ds = ds.batch(PARSE_CHUNK).map(lambda s: tf.io.parse_example(s, parse_spec),
-                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-        ds = ds.unbatch().map(lambda parsed: _one(plan, parsed),
-                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        # Per image: a user's augmentation may change shapes, so images are
+        # decoded one by one and batched after it.
+        ds = ds.batch(PARSE_CHUNK).map(parse, num_parallel_calls=tf.data.AUTOTUNE,
+                                       deterministic=deterministic)
+        ds = ds.unbatch().map(decode_one, num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=deterministic)
         if batch_size is not None:
             ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-        ds = ds.map(lambda parsed: _finish(plan, parsed))
+        ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         if count is not None and not repeat:
             n = count if batch_size is None else (
                 count // batch_size if drop_remainder else math.ceil(count / batch_size))
             ds = ds.apply(tf.data.experimental.assert_cardinality(n))  # unbatch() forgot it.
     ds = ds.prefetch(tf.data.AUTOTUNE)
 
+    # Only the order is set: the other tf.data options tried (intra-op threads,
+    # slack, map_fn parallel iterations) measured within noise of the defaults.
     opts = tf.data.Options()
     opts.deterministic = deterministic
-    opts.autotune.enabled = True
     ds = ds.with_options(opts)
     if options is not None:
         ds = ds.with_options(options)
     return ds
 
 
-def _decode_batch(plan: _Plan, parsed: dict[str, "tf.Tensor"]) -> dict[str, "tf.Tensor"]:
+def _decode_batch(plan: _Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Replaces the encoded strings of a parsed batch by their images, uint8 [b, h, w, c]."""
     import tensorflow as tf
 
@@ -569,7 +633,7 @@ def _decode_batch(plan: _Plan, parsed: dict[str, "tf.Tensor"]) -> dict[str, "tf.
     return parsed
 
 
-def _one(plan: _Plan, parsed: dict[str, "tf.Tensor"]) -> dict[str, "tf.Tensor"]:
+def _one(plan: _Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """One record on the per-image path: decode (or crop-decode), augment."""
     parsed = dict(parsed)
     image = plan.image_of(parsed)
@@ -580,7 +644,7 @@ def _one(plan: _Plan, parsed: dict[str, "tf.Tensor"]) -> dict[str, "tf.Tensor"]:
     return parsed
 
 
-def _finish(plan: _Plan, parsed: Mapping[str, "tf.Tensor"]):
+def _finish(plan: _Plan, parsed: Mapping[str, tf.Tensor]):
     """dtype, labels and output structure, once per batch."""
     import tensorflow as tf
 
@@ -593,7 +657,7 @@ def _finish(plan: _Plan, parsed: Mapping[str, "tf.Tensor"]):
         # row (or index garbage in a sparse loss): fail instead.
         checks = [tf.debugging.assert_non_negative(labels, message="negative label id"),
                   tf.debugging.assert_less(labels, tf.constant(plan.num_classes, tf.int64),
-                                           message="label id outside the dataset's labels")]
+                                           message="label id out of range of the labels")]
         with tf.control_dependencies(checks):
             labels = tf.identity(labels)
     if plan.one_hot:
@@ -710,9 +774,12 @@ def _select_files(source: _Source, pipelines: int, pipeline_id: int) -> tuple[tu
     return paths, count
 
 
-def _make_plan(source: _Source, batch_size, dtype, one_hot, augment, resize, extra_keys) -> _Plan:
+def _make_plan(source: _Source, batch_size, dtype, one_hot, augment, resize, extra_keys,
+               dct_method) -> _Plan:
     import tensorflow as tf
 
+    if dct_method not in DCT_METHODS:
+        raise OptionsError(f"dct_method must be one of {DCT_METHODS}, not {dct_method!r}")
     try:
         tf_dtype = tf.as_dtype(dtype)
     except TypeError as e:
@@ -754,4 +821,5 @@ def _make_plan(source: _Source, batch_size, dtype, one_hot, augment, resize, ext
             raise OptionsError(f"extra_keys: {key!r} is not a record feature other than the image; "
                                f"known: {', '.join(k for k in features.SCHEMA if k != features.ENCODED)}")
     return _Plan(image=source.image, size=size, crop_flip=crop_flip, user_augment=user_augment,
-                 dtype=tf_dtype, one_hot=one_hot, num_classes=source.num_classes, extra_keys=keys)
+                 dtype=tf_dtype, one_hot=one_hot, num_classes=source.num_classes, extra_keys=keys,
+                 dct_method=dct_method)

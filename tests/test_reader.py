@@ -1,0 +1,465 @@
+"""The reader (``beam_prep.reader.make_dataset``) on datasets the real pipeline wrote.
+
+Each dataset is written once per module by ``python -m pipelines.prepare_images``
+(in-memory DirectRunner: the pipeline's own tests cover its process modes) and
+checked against the records themselves, parsed by plain TensorFlow
+(``conftest.read_split``), never against the reader's own idea of them.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import pathlib
+import shutil
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from beam_prep import features
+from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.reader import ImageInfo, RandomCropFlip, load_info, make_dataset
+from conftest import read_split, run_prepare
+from trees import make_tree
+
+SIZE = 32
+COUNTS = {"cat": 7, "dog": 6, "eel": 5}
+SHARDS = 3
+
+
+def _prepare(tmp_path_factory, name: str, *flags: str, sizes=((96, 64),)) -> pathlib.Path:
+    root = tmp_path_factory.mktemp(name)
+    tree = root / "tree"
+    labels = list(COUNTS)
+    for i, size in enumerate(sizes):
+        # Several sizes: each in its own labels, so images of every size are read.
+        part = {k: n for j, (k, n) in enumerate(COUNTS.items()) if j % len(sizes) == i}
+        make_tree(tree, part, size=size)
+    out = root / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--num_shards", str(SHARDS),
+                         "--direct_running_mode=in_memory", *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(json.loads((out / "manifest.json").read_text())["labels"]) == sorted(labels)
+    return out
+
+
+@pytest.fixture(scope="module")
+def jpeg_ds(tmp_path_factory) -> pathlib.Path:
+    return _prepare(tmp_path_factory, "jpeg", "--image_size", str(SIZE), "--validation_percent", "30")
+
+
+@pytest.fixture(scope="module")
+def png_ds(tmp_path_factory) -> pathlib.Path:
+    return _prepare(tmp_path_factory, "png", "--image_size", str(SIZE), "--image_format", "png")
+
+
+@pytest.fixture(scope="module")
+def raw_ds(tmp_path_factory) -> pathlib.Path:
+    return _prepare(tmp_path_factory, "raw", "--image_size", str(SIZE), "--image_format", "raw")
+
+
+@pytest.fixture(scope="module")
+def gray_ds(tmp_path_factory) -> pathlib.Path:
+    return _prepare(tmp_path_factory, "gray", "--image_size", str(SIZE), "--channels", "1")
+
+
+@pytest.fixture(scope="module")
+def varying_ds(tmp_path_factory) -> pathlib.Path:
+    """Shorter side 24: 96x64 pictures become 36x24, 64x80 ones 24x30."""
+    return _prepare(tmp_path_factory, "varying", "--resize_mode", "shorter_side", "--image_size", "24",
+                    "--image_format", "png", sizes=((96, 64), (64, 80)))
+
+
+def _manifest(path: pathlib.Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _read_all(ds: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+    """Images, labels and filenames of a dataset made with extra_keys=(FILENAME,)."""
+    images, labels, names = [], [], []
+    for x, y, extra in ds:
+        images.append(x.numpy())
+        labels.append(y.numpy())
+        names += list(extra[features.FILENAME].numpy())
+    return np.concatenate(images), np.concatenate(labels), names
+
+
+def _stored_pixels(record: dict) -> np.ndarray:
+    """What the writer stored, decoded without TensorFlow."""
+    data = record[features.ENCODED]
+    if record[features.FORMAT] == b"raw":
+        shape = (record[features.HEIGHT], record[features.WIDTH], record[features.CHANNELS])
+        return np.frombuffer(data, np.uint8).reshape(shape)
+    image = Image.open(io.BytesIO(data))
+    if record[features.CHANNELS] == 1:
+        return np.asarray(image.convert("L"))[..., None]
+    return np.asarray(image.convert("RGB"))
+
+
+def _eval(path, **kwargs) -> tf.data.Dataset:
+    return make_dataset(str(path), training=False, extra_keys=(features.FILENAME,), **kwargs)
+
+
+# --- what comes out ---------------------------------------------------------
+
+
+def test_one_epoch_yields_every_record_exactly_once(jpeg_ds):
+    ds = make_dataset(str(jpeg_ds), "train", batch_size=4, training=True, extra_keys=(features.FILENAME,))
+    _, _, names = _read_all(ds)
+    expected = [r[features.FILENAME] for r in read_split(jpeg_ds, "train")]
+    assert sorted(names) == sorted(expected)
+    assert len(names) == len(set(names)) == _manifest(jpeg_ds)["splits"]["train"]["num_examples"]
+
+
+def test_labels_match_the_folders(jpeg_ds):
+    labels = load_info(str(jpeg_ds)).labels
+    for split in ("train", "validation"):
+        _, ids, names = _read_all(_eval(jpeg_ds, split=split, batch_size=5))
+        assert [labels[i] for i in ids] == [n.decode().split("/")[0] for n in names]
+
+
+def test_jpeg_pixels_equal_what_pillow_decodes_from_the_stored_jpeg(jpeg_ds):
+    images, _, names = _read_all(_eval(jpeg_ds, batch_size=5))
+    stored = {r[features.FILENAME]: _stored_pixels(r) for r in read_split(jpeg_ds, "train")}
+    for image, name in zip(images, names, strict=True):
+        np.testing.assert_array_equal(image, stored[name], err_msg=name.decode())
+
+
+@pytest.mark.parametrize("fmt", ["png", "raw"])
+def test_lossless_pixels_equal_what_the_writer_stored(fmt, png_ds, raw_ds):
+    path = {"png": png_ds, "raw": raw_ds}[fmt]
+    images, _, names = _read_all(_eval(path, batch_size=5))
+    records = read_split(path, "train")
+    assert {r[features.FORMAT] for r in records} == {fmt.encode()}
+    stored = {r[features.FILENAME]: _stored_pixels(r) for r in records}
+    assert len(names) == len(stored)
+    for image, name in zip(images, names, strict=True):
+        np.testing.assert_array_equal(image, stored[name], err_msg=name.decode())
+
+
+def test_grayscale_images_have_one_channel_and_the_stored_pixels(gray_ds):
+    ds = _eval(gray_ds, batch_size=5)
+    assert ds.element_spec[0].shape.as_list() == [None, SIZE, SIZE, 1]
+    images, _, names = _read_all(ds)
+    stored = {r[features.FILENAME]: _stored_pixels(r) for r in read_split(gray_ds, "train")}
+    for image, name in zip(images, names, strict=True):
+        np.testing.assert_array_equal(image, stored[name], err_msg=name.decode())
+
+
+def test_batches_are_uint8_nhwc_with_int64_labels(jpeg_ds):
+    ds = make_dataset(str(jpeg_ds), batch_size=4)
+    images_spec, labels_spec = ds.element_spec
+    assert images_spec.shape.as_list() == [None, SIZE, SIZE, 3] and images_spec.dtype == tf.uint8
+    assert labels_spec.shape.as_list() == [None] and labels_spec.dtype == tf.int64
+    n = _manifest(jpeg_ds)["splits"]["train"]["num_examples"]
+    sizes = [int(x.shape[0]) for x, _ in ds]
+    assert sizes == [4] * (n // 4) + ([n % 4] if n % 4 else [])
+
+
+def test_drop_remainder_gives_a_static_batch_size(jpeg_ds):
+    ds = make_dataset(str(jpeg_ds), batch_size=4, drop_remainder=True)
+    assert ds.element_spec[0].shape.as_list() == [4, SIZE, SIZE, 3]
+    n = _manifest(jpeg_ds)["splits"]["train"]["num_examples"]
+    assert sum(1 for _ in ds) == n // 4 == ds.cardinality().numpy()
+
+
+def test_float32_images_are_the_uint8_ones_scaled_to_unit_range(jpeg_ds):
+    as_uint8, _, names8 = _read_all(_eval(jpeg_ds, batch_size=5))
+    as_float, _, names32 = _read_all(_eval(jpeg_ds, batch_size=5, dtype="float32"))
+    assert as_float.dtype == np.float32 and names8 == names32
+    assert 0.0 <= as_float.min() and as_float.max() <= 1.0
+    np.testing.assert_allclose(as_float, as_uint8 / 255.0, atol=1e-6)
+
+
+def test_one_hot_labels_have_one_column_per_label(jpeg_ds):
+    _, ids, _ = _read_all(_eval(jpeg_ds, batch_size=5))
+    ds = make_dataset(str(jpeg_ds), training=False, batch_size=5, one_hot=True)
+    assert ds.element_spec[1].shape.as_list() == [None, len(COUNTS)]
+    one_hot = np.concatenate([y.numpy() for _, y in ds])
+    assert one_hot.dtype == np.float32 and (one_hot.sum(axis=1) == 1).all()
+    np.testing.assert_array_equal(one_hot.argmax(axis=1), ids)
+
+
+def test_single_images_when_batch_size_is_none(jpeg_ds):
+    ds = make_dataset(str(jpeg_ds), batch_size=None)
+    assert ds.element_spec[0].shape.as_list() == [SIZE, SIZE, 3]
+    assert sum(1 for _ in ds) == ds.cardinality().numpy() == _manifest(jpeg_ds)["splits"]["train"]["num_examples"]
+
+
+# --- order --------------------------------------------------------------------
+
+
+def test_evaluation_order_is_the_same_on_every_pass(jpeg_ds):
+    ds = _eval(jpeg_ds, batch_size=3)
+    first, second = _read_all(ds)[2], _read_all(ds)[2]
+    assert first == second
+    assert _read_all(_eval(jpeg_ds, batch_size=3))[2] == first
+
+
+def test_seeded_deterministic_training_order_repeats_across_runs(jpeg_ds):
+    def order():
+        ds = make_dataset(str(jpeg_ds), batch_size=3, training=True, deterministic=True, seed=7,
+                          extra_keys=(features.FILENAME,))
+        return _read_all(ds)[2]
+
+    assert order() == order()
+
+
+def test_training_shuffles_records(jpeg_ds):
+    in_file_order = _read_all(_eval(jpeg_ds, batch_size=3))[2]
+    orders = {tuple(_read_all(make_dataset(str(jpeg_ds), batch_size=3, training=True, seed=s,
+                                           extra_keys=(features.FILENAME,)))[2]) for s in range(3)}
+    assert len(orders | {tuple(in_file_order)}) > 1
+
+
+# --- distribution -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pipelines", [2, 3])
+def test_input_context_partitions_the_records_by_file(jpeg_ds, pipelines):
+    seen = []
+    for i in range(pipelines):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i,
+                                             num_replicas_in_sync=pipelines)
+        ds = make_dataset(str(jpeg_ds), batch_size=2, input_context=context,
+                          extra_keys=(features.FILENAME,))
+        names = _read_all(ds)[2]
+        assert ds.cardinality().numpy() == math.ceil(len(names) / 2)
+        seen.append(set(names))
+    everything = {r[features.FILENAME] for r in read_split(jpeg_ds, "train")}
+    assert set().union(*seen) == everything
+    assert sum(len(s) for s in seen) == len(everything)
+
+
+def test_num_input_pipelines_without_a_context_partitions_the_same_way(jpeg_ds):
+    ds = make_dataset(str(jpeg_ds), training=False, num_input_pipelines=3, input_pipeline_id=1,
+                      extra_keys=(features.FILENAME,))
+    shard = _manifest(jpeg_ds)["splits"]["train"]["shards"][1]
+    assert sorted(_read_all(ds)[2]) == sorted(
+        r[features.FILENAME] for r in read_split(jpeg_ds, "train") if r["shard"] == shard)
+
+
+def test_fewer_files_than_input_pipelines_is_a_dataset_error(jpeg_ds):
+    context = tf.distribute.InputContext(num_input_pipelines=SHARDS + 1, input_pipeline_id=0)
+    with pytest.raises(DatasetError, match=f"{SHARDS} shard files .* {SHARDS + 1} input pipelines"):
+        make_dataset(str(jpeg_ds), input_context=context)
+
+
+def test_global_batch_size_is_split_between_replicas(jpeg_ds):
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=2)
+    ds = make_dataset(str(jpeg_ds), input_context=context, global_batch_size=8)
+    assert next(iter(ds))[0].shape[0] == 4
+
+
+def test_distribute_datasets_from_function_reads_every_record(jpeg_ds):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    dist = strategy.distribute_datasets_from_function(
+        lambda context: make_dataset(str(jpeg_ds), input_context=context, global_batch_size=4))
+    total = sum(int(strategy.experimental_local_results(x)[0].shape[0]) for x, _ in dist)
+    assert total == _manifest(jpeg_ds)["splits"]["train"]["num_examples"]
+
+
+# --- length -----------------------------------------------------------------
+
+
+def test_cardinality_is_known_from_the_manifest(jpeg_ds):
+    n = _manifest(jpeg_ds)["splits"]["validation"]["num_examples"]
+    ds = make_dataset(str(jpeg_ds), "validation", batch_size=2)
+    assert ds.cardinality().numpy() == math.ceil(n / 2)
+
+
+def test_repeat_makes_an_infinite_dataset(jpeg_ds):
+    ds = make_dataset(str(jpeg_ds), batch_size=2, repeat=True)
+    assert ds.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
+
+
+def test_a_shard_shorter_than_the_manifest_says_fails_the_epoch(jpeg_ds, tmp_path):
+    copy = shutil.copytree(jpeg_ds, tmp_path / "copy")
+    manifest = _manifest(copy)
+    manifest["splits"]["train"]["num_examples"] += 1
+    manifest["splits"]["train"]["shard_num_examples"][0] += 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    claimed = manifest["splits"]["train"]["num_examples"]
+    with pytest.raises(tf.errors.FailedPreconditionError, match=f"expected to contain {claimed} elements"):
+        for _ in make_dataset(str(copy), batch_size=2):
+            pass
+
+
+# --- training -----------------------------------------------------------------
+
+
+def test_a_keras_model_fits_one_epoch(jpeg_ds):
+    import keras
+
+    num_classes = load_info(str(jpeg_ds)).num_classes
+    model = keras.Sequential([
+        keras.Input((SIZE, SIZE, 3)),
+        keras.layers.Rescaling(1 / 255),
+        keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(num_classes),
+    ])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(make_dataset(str(jpeg_ds), batch_size=4), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+@pytest.mark.parametrize("augment", ["crop_flip", RandomCropFlip(area_range=(0.3, 0.5), flip=False)])
+def test_crop_flip_keeps_the_output_shape_and_changes_pixels(jpeg_ds, png_ds, augment):
+    for path in (jpeg_ds, png_ds):
+        plain, _, names = _read_all(_eval(path, batch_size=4))
+        ds = _eval(path, batch_size=4, augment=augment)
+        assert ds.element_spec[0].shape.as_list() == [None, SIZE, SIZE, 3]
+        augmented, _, names_aug = _read_all(ds)
+        assert names_aug == names and augmented.dtype == np.uint8
+        assert (augmented != plain).any()
+
+
+def test_a_user_augmentation_sees_each_uint8_image(jpeg_ds):
+    plain, _, _ = _read_all(_eval(jpeg_ds, batch_size=4))
+
+    def invert(image):
+        assert image.dtype == tf.uint8 and image.shape.as_list() == [SIZE, SIZE, 3]
+        return 255 - image
+
+    inverted, _, _ = _read_all(_eval(jpeg_ds, batch_size=4, augment=invert))
+    np.testing.assert_array_equal(inverted, 255 - plain)
+
+
+# --- varying image sizes ---------------------------------------------------------
+
+
+def test_varying_sizes_without_a_resize_target_cannot_be_batched(varying_ds):
+    with pytest.raises(OptionsError, match="resize="):
+        make_dataset(str(varying_ds), batch_size=4)
+
+
+def test_varying_sizes_come_out_as_stored_one_by_one(varying_ds):
+    stored = {r[features.FILENAME]: _stored_pixels(r) for r in read_split(varying_ds, "train")}
+    ds = make_dataset(str(varying_ds), batch_size=None, training=False, extra_keys=(features.FILENAME,))
+    shapes = set()
+    for image, _, extra in ds:
+        np.testing.assert_array_equal(image.numpy(), stored[extra[features.FILENAME].numpy()])
+        shapes.add(tuple(image.shape))
+    assert shapes == {(24, 36, 3), (30, 24, 3)}
+
+
+def test_varying_sizes_resize_to_the_target(varying_ds):
+    ds = make_dataset(str(varying_ds), batch_size=4, resize=(16, 20))
+    assert ds.element_spec[0].shape.as_list() == [None, 16, 20, 3]
+    assert sum(int(x.shape[0]) for x, _ in ds) == _manifest(varying_ds)["splits"]["train"]["num_examples"]
+
+
+# --- errors -------------------------------------------------------------------
+
+
+def test_missing_manifest_is_a_dataset_error_naming_the_path(jpeg_ds, tmp_path):
+    copy = shutil.copytree(jpeg_ds, tmp_path / "unfinished")
+    (copy / "manifest.json").unlink()
+    with pytest.raises(DatasetError, match=f"{copy}/manifest.json"):
+        make_dataset(str(copy))
+
+
+def test_unknown_split_is_a_dataset_error_naming_the_splits(jpeg_ds):
+    with pytest.raises(DatasetError, match=r"no split 'test'.*train, validation") as e:
+        make_dataset(str(jpeg_ds), split="test")
+    assert str(jpeg_ds) in str(e.value)
+
+
+def test_a_missing_shard_is_a_dataset_error_naming_it(jpeg_ds, tmp_path):
+    copy = shutil.copytree(jpeg_ds, tmp_path / "partial")
+    shard = _manifest(copy)["splits"]["train"]["shards"][1]
+    (copy / shard).unlink()
+    with pytest.raises(DatasetError, match=f"{copy}/{shard}"):
+        make_dataset(str(copy))
+
+
+def _write_records(path: pathlib.Path, records: list[features.ImageRecord]) -> None:
+    with tf.io.TFRecordWriter(str(path), "GZIP") as writer:
+        for record in records:
+            writer.write(features.encode_example(record))
+
+
+def _record(encoded: bytes, label: int = 0, fmt: str = "jpeg") -> features.ImageRecord:
+    return features.ImageRecord(encoded, fmt, SIZE, SIZE, 3, label, "x", "x/bad.jpg", "0" * 64)
+
+
+def test_a_record_that_fails_to_decode_fails_loudly(tmp_path):
+    good = io.BytesIO()
+    Image.new("RGB", (SIZE, SIZE), (10, 20, 30)).save(good, "JPEG")
+    _write_records(tmp_path / "bad.tfrecord.gz", [_record(good.getvalue()), _record(b"not a jpeg")])
+    ds = make_dataset(files=str(tmp_path / "*.tfrecord.gz"), image=ImageInfo(SIZE, SIZE, 3, "jpeg"),
+                      batch_size=2)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        for _ in ds:
+            pass
+
+
+def test_a_label_outside_the_labels_fails_loudly(tmp_path):
+    _write_records(tmp_path / "r.tfrecord.gz", [_record(bytes(SIZE * SIZE * 3), label=5, fmt="raw")])
+    ds = make_dataset(files=str(tmp_path / "r.tfrecord.gz"), image=ImageInfo(SIZE, SIZE, 3, "raw"),
+                      num_classes=2, one_hot=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="label id out of range of the labels"):
+        next(iter(ds))
+
+
+# --- without a manifest ---------------------------------------------------------
+
+
+def test_glob_mode_reads_files_without_a_manifest(jpeg_ds):
+    ds = make_dataset(files=f"{jpeg_ds}/train-*.tfrecord.gz", image=ImageInfo(SIZE, SIZE, 3, "jpeg"),
+                      num_classes=len(COUNTS), batch_size=4, one_hot=True, extra_keys=(features.FILENAME,))
+    images, labels, names = _read_all(ds)
+    assert images.shape[1:] == (SIZE, SIZE, 3) and labels.shape[1] == len(COUNTS)
+    assert sorted(names) == sorted(r[features.FILENAME] for r in read_split(jpeg_ds, "train"))
+    assert ds.cardinality().numpy() == tf.data.UNKNOWN_CARDINALITY
+
+
+def test_glob_mode_needs_the_image_info(jpeg_ds):
+    with pytest.raises(OptionsError, match="image=ImageInfo"):
+        make_dataset(files=f"{jpeg_ds}/train-*.tfrecord.gz")
+
+
+def test_glob_matching_nothing_is_a_dataset_error(tmp_path):
+    with pytest.raises(DatasetError, match=f"no files match {tmp_path}/nothing-"):
+        make_dataset(files=f"{tmp_path}/nothing-*.tfrecord.gz", image=ImageInfo(SIZE, SIZE))
+
+
+# --- gs:// --------------------------------------------------------------------
+
+_GCS_READER = textwrap.dedent(
+    """
+    import json, sys
+    from beam_prep import features
+    from beam_prep.errors import DatasetError
+    from beam_prep.reader import make_dataset
+
+    root, missing = sys.argv[1:3]
+    names = []
+    ds = make_dataset(root, "train", batch_size=4, extra_keys=(features.FILENAME,))
+    for _, _, extra in ds:
+        names += [n.decode() for n in extra[features.FILENAME].numpy()]
+    try:
+        make_dataset(missing)
+        error = None
+    except DatasetError as e:
+        error = str(e)
+    print(json.dumps({"names": sorted(names), "cardinality": int(ds.cardinality()), "error": error}))
+    """
+)
+
+
+def test_a_gs_dataset_reads_like_a_local_one(jpeg_ds, gcs_server, gcs_bucket, repo):
+    gcs_bucket.upload_tree(jpeg_ds, "out")
+    result = gcs_server.run([sys.executable, "-c", _GCS_READER, gcs_bucket.url("out"),
+                             gcs_bucket.url("nothing-here")],
+                            cwd=repo, extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s=120)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = sorted(r[features.FILENAME].decode() for r in read_split(jpeg_ds, "train"))
+    assert report["names"] == expected
+    assert report["cardinality"] == math.ceil(len(expected) / 4)
+    assert f"{gcs_bucket.url('nothing-here')}/manifest.json" in report["error"]
