@@ -23,10 +23,15 @@ from beam_prep.storage import storage_error
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
-SHARD_SUFFIX = ".tfrecord.gz"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 WORK_DIR = ".beam-prep"
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, f"*-?????-of-?????{SHARD_SUFFIX}")
+# --compression -> (file suffix, Beam's compression type, the manifest's name for it)
+COMPRESSIONS = {
+    "gzip": (".tfrecord.gz", CompressionTypes.GZIP, "GZIP"),
+    "none": (".tfrecord", CompressionTypes.UNCOMPRESSED, "NONE"),
+}
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
+                   *(f"*-?????-of-?????{suffix}" for suffix, _, _ in COMPRESSIONS.values()))
 
 # ISA-L at level 3 compresses JPEG payloads as well as zlib's default level 6
 # (ratio 0.963 vs 0.965) about 5x faster: zlib cost ~12% of a local run's CPU.
@@ -37,15 +42,18 @@ GZIP_LEVEL = 3
 _BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
 
 
-def shard_name(split: str, index: int, count: int) -> str:
-    return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX}"
+def shard_name(split: str, index: int, count: int, compression: str) -> str:
+    return f"{split}-{index:05d}-of-{count:05d}{COMPRESSIONS[compression][0]}"
 
 
 @contextlib.contextmanager
-def gzip_writer(path: str) -> Iterator[BinaryIO]:
-    """A standard GZIP stream, as Beam's GZIP sinks write, but compressed with ISA-L."""
+def shard_writer(path: str, compression: str) -> Iterator[BinaryIO]:
+    """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L."""
     with FileSystems.create(path, mime_type="application/octet-stream",
                             compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        if compression == "none":
+            yield raw
+            return
         with igzip.IGzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL) as f:
             yield f
 

@@ -54,7 +54,7 @@ def build(
         shard_rows[split][name] = n
     splits = {}
     for split, count in plan.num_shards.items():
-        names = [layout.shard_name(split, i, count) for i in range(count)]
+        names = [layout.shard_name(split, i, count, config.compression) for i in range(count)]
         sizes = [shard_rows[split].get(name) for name in names]
         entry = {
             "num_examples": sum(class_counts[split, label] for label in plan.labels),
@@ -84,7 +84,7 @@ def build(
             "format": spec.image_format,
             "resize_mode": spec.resize_mode,
         },
-        "compression": "GZIP",
+        "compression": layout.COMPRESSIONS[config.compression][2],
         "features": {key: kind.value for key, kind in SCHEMA.items()},
         "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
                    "skipped": plan.skipped},
@@ -112,9 +112,9 @@ def finalize(
     empty = []
     for split, count in plan.num_shards.items():
         for i in range(count):
-            name = layout.shard_name(split, i, count)
+            name = layout.shard_name(split, i, count, config.compression)
             if (split, name) not in reported:
-                with layout.gzip_writer(join(config.output, name)):
+                with layout.shard_writer(join(config.output, name), config.compression):
                     pass
                 empty.append((split, name, 0))
     manifest = build(config, plan, list(shards) + empty, counts, failures)

@@ -16,6 +16,7 @@ from apache_beam.options.pipeline_options import (
 from beam_prep.errors import OptionsError
 from beam_prep.features import IMAGE_FORMATS
 from beam_prep.imaging import DEFAULT_MAX_PIXELS, RESIZE_MODES, ImageSpec
+from beam_prep.layout import COMPRESSIONS
 
 SINKS = ("auto", "streaming", "shuffle")
 DEFAULT_IMAGE_SIZE = 224
@@ -48,6 +49,10 @@ class PrepareImagesOptions(PipelineOptions):
             help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
         parser.add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
                             help="Shard size aimed at when --num_shards is 0.")
+        parser.add_argument(
+            "--compression", default="gzip",
+            help="gzip (default) or none. JPEG and PNG payloads barely compress; raw pixels do, "
+                 "but inflating them caps read speed below decoding JPEG: prefer none for raw.")
         parser.add_argument("--overwrite", action="store_true", default=False,
                             help="Replace a dataset already in --output.")
         parser.add_argument(
@@ -68,6 +73,7 @@ class PrepareConfig:
     target_shard_mb: int = DEFAULT_TARGET_SHARD_MB
     overwrite: bool = False
     sink: str = "auto"
+    compression: str = "gzip"
 
 
 def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, int | None]:
@@ -128,6 +134,8 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--resize_mode must be one of {', '.join(RESIZE_MODES)}, not {o.resize_mode!r}")
     if o.image_format not in IMAGE_FORMATS:
         raise OptionsError(f"--image_format must be one of {', '.join(IMAGE_FORMATS)}, not {o.image_format!r}")
+    if o.compression not in COMPRESSIONS:
+        raise OptionsError(f"--compression must be one of {', '.join(COMPRESSIONS)}, not {o.compression!r}")
     if o.sink not in SINKS:
         raise OptionsError(f"--sink must be one of {', '.join(SINKS)}, not {o.sink!r}")
     if not 0 <= o.validation_percent < 100:
@@ -154,4 +162,4 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
-                         overwrite=o.overwrite, sink=o.sink)
+                         overwrite=o.overwrite, sink=o.sink, compression=o.compression)

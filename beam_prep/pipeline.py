@@ -109,7 +109,8 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan, list
     known, unknown = entries | "CheckLabels" >> beam.Partition(
         lambda e, _: int(e.label_id == UNKNOWN_LABEL), 2)
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
-    shards, counts, failed = known | "WriteShards" >> sink(config.spec, config.output, run_plan.num_shards)
+    shards, counts, failed = known | "WriteShards" >> sink(
+        config.spec, config.output, config.compression, run_plan.num_shards)
     label_failures = unknown | "UnknownLabels" >> beam.Map(unknown_label_report)
     failures = (failed, label_failures) | "AllFailures" >> beam.Flatten()
     _ = (p

@@ -19,7 +19,6 @@ import collections
 from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import WriteToTFRecord, _TFRecordUtil
 from apache_beam.metrics import Metrics
@@ -86,9 +85,10 @@ class WriteShardFn(beam.DoFn):
     makes a retried bundle harmless.
     """
 
-    def __init__(self, spec: ImageSpec, output: str, split: str, num_shards: int) -> None:
+    def __init__(self, spec: ImageSpec, output: str, compression: str, split: str, num_shards: int) -> None:
         self._spec = spec
         self._output = output
+        self._compression = compression
         self._split = split
         self._num_shards = num_shards
         self._counters = _Counters()
@@ -96,10 +96,10 @@ class WriteShardFn(beam.DoFn):
     def process(self, keyed: tuple[int, Iterable[FileEntry]]):
         index, entries = keyed
         split = self._split
-        name = layout.shard_name(split, index, self._num_shards)
+        name = layout.shard_name(split, index, self._num_shards, self._compression)
         per_label: collections.Counter[str] = collections.Counter()
         path = join(self._output, name)
-        with layout.gzip_writer(path) as f:
+        with layout.shard_writer(path, self._compression) as f:
             for entry in sorted(entries, key=lambda e: order_key(e.relpath)):
                 outcome = make_example(entry, self._spec)
                 self._counters.bytes_in.inc(outcome.bytes_in)
@@ -124,9 +124,10 @@ class WriteShardsStreaming(beam.PTransform):
     is a multiple of the worker count every core has the same work.
     """
 
-    def __init__(self, spec: ImageSpec, output: str, num_shards: Mapping[str, int]) -> None:
+    def __init__(self, spec: ImageSpec, output: str, compression: str, num_shards: Mapping[str, int]) -> None:
         super().__init__()
-        self._spec, self._output, self._num_shards = spec, output, dict(num_shards)
+        self._spec, self._output, self._compression = spec, output, compression
+        self._num_shards = dict(num_shards)
 
     def expand(self, entries):
         splits = list(self._num_shards)
@@ -140,7 +141,7 @@ class WriteShardsStreaming(beam.PTransform):
                 | f"KeyByShard[{split}]" >> beam.Map(lambda e, n=count: (order_key(e.relpath) % n, e))
                 | f"GroupPathsByShard[{split}]" >> beam.GroupByKey()
                 | f"WriteShards[{split}]" >> beam.ParDo(
-                    WriteShardFn(self._spec, self._output, split, count)).with_outputs(
+                    WriteShardFn(self._spec, self._output, self._compression, split, count)).with_outputs(
                         FAILED, COUNTS, main="shards"))
             shards.append(results.shards)
             counts.append(results[COUNTS])
@@ -153,9 +154,10 @@ class WriteShardsStreaming(beam.PTransform):
 class WriteShardsShuffle(beam.PTransform):
     """Entries -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split."""
 
-    def __init__(self, spec: ImageSpec, output: str, num_shards: Mapping[str, int]) -> None:
+    def __init__(self, spec: ImageSpec, output: str, compression: str, num_shards: Mapping[str, int]) -> None:
         super().__init__()
-        self._spec, self._output, self._num_shards = spec, output, dict(num_shards)
+        self._spec, self._output, self._compression = spec, output, compression
+        self._num_shards = dict(num_shards)
 
     def expand(self, entries):
         splits = sorted(self._num_shards)
@@ -170,6 +172,7 @@ class WriteShardsShuffle(beam.PTransform):
                   | "SumCounts" >> beam.CombinePerKey(sum))
         by_split = records | "PartitionBySplit" >> beam.Partition(
             lambda r, _: splits.index(r[0]), len(splits))
+        suffix, compression_type, _ = layout.COMPRESSIONS[self._compression]
         shard_lists = []
         for split, part in zip(splits, by_split):
             written = (
@@ -177,10 +180,10 @@ class WriteShardsShuffle(beam.PTransform):
                 | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
                 | f"WriteToTFRecord[{split}]" >> WriteToTFRecord(
                     join(self._output, split),
-                    file_name_suffix=layout.SHARD_SUFFIX,
+                    file_name_suffix=suffix,
                     num_shards=self._num_shards[split],
                     shard_name_template=layout.SHARD_TEMPLATE,
-                    compression_type=CompressionTypes.GZIP))
+                    compression_type=compression_type))
             shard_lists.append(
                 written | f"ShardNames[{split}]" >> beam.Map(
                     lambda path, s=split: (s, path.rsplit("/", 1)[-1], None)))

@@ -43,6 +43,7 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--validation_percent", "100", "--validation_percent must be in [0, 100)"),
     ("--num_shards", "-1", "--num_shards must be 0"),
     ("--sink", "fast", "--sink must be one of auto, streaming, shuffle"),
+    ("--compression", "zstd", "--compression must be one of gzip, none"),
 ])
 def test_bad_values_are_reported(capsys, tree, tmp_path, flag, value, message):
     err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"), flag, value)

@@ -247,3 +247,25 @@ def test_records_parse_without_tensorflow(prepared, manifest):
     first_tf = records_of(out, "train")[0]
     first = decode_example(_TFRecordUtil.read_record(data))
     assert {k: v for k, v in first.items()} == {k: first_tf[k] for k in first}
+
+
+def test_uncompressed_raw_output_stores_exact_pixels(tmp_path):
+    tree = tmp_path / "tree"
+    make_tree(tree, {"a": 3, "b": 2}, size=(WIDTH, HEIGHT), fmt="PNG", ext=".png")
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--image_size", f"{HEIGHT}x{WIDTH}",
+                         "--image_format", "raw", "--compression", "none")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["compression"] == "NONE"
+    names = manifest["splits"]["train"]["shards"]
+    assert all(n.endswith(".tfrecord") for n in names)
+    assert (out / names[0]).read_bytes()[:2] != b"\x1f\x8b"
+    import tensorflow as tf
+
+    for name in names:
+        for serialized in tf.data.TFRecordDataset(str(out / name)):
+            r = decode_example(serialized.numpy())
+            pixels = np.frombuffer(r["image/encoded"], np.uint8).reshape(HEIGHT, WIDTH, 3)
+            source = np.asarray(Image.open(tree / r["image/filename"].decode()).convert("RGB"))
+            np.testing.assert_array_equal(pixels, source)
