@@ -35,6 +35,11 @@ class Measured:
     returncode: int
     stdout: str
     stderr_tail: str
+    started_at: float  # time.time() at start, to time files the command writes
+
+    def seconds_until_written(self, path: pathlib.Path) -> float:
+        """From command start until ``path`` was last written (its mtime)."""
+        return path.stat().st_mtime - self.started_at
 
 
 class TreeMemorySampler:
@@ -85,6 +90,7 @@ def run_measured(
     """
     log.info("running %s", " ".join(command))
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started_at = time.time()
         start = time.perf_counter()
         process = subprocess.Popen(
             list(command), cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err
@@ -98,7 +104,8 @@ def run_measured(
                 _kill_tree(process.pid)
         out.seek(0)
         err.seek(0)
-        return Measured(seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:])
+        return Measured(seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:],
+                        started_at)
 
 
 def _kill_tree(pid: int) -> None:

@@ -135,3 +135,33 @@ json.dump({{"transforms": transforms, "images": envs, "deps": deps}}, open({str(
     gcs_server.run([sys.executable, "-c", code, *args, "--sdk_container_image", image], cwd=REPO)
     job = json.loads((tmp_path / "job.json").read_text())
     assert job["images"] == [image]
+
+
+def test_reader_reads_gs_output_through_tensorflows_gcs_filesystem(gcs_server, gcs_run, tmp_path):
+    """What training code does: make_dataset on gs://, through TF's own GCS client (via the TLS proxy)."""
+    bucket, _ = gcs_run
+    code = f"""
+import json, sys
+import tensorflow as tf
+from beam_prep.reader import make_dataset
+seen = {{}}
+for split in ("train", "validation"):
+    ds = make_dataset(sys.argv[1], split=split, batch_size=4, training=False)
+    labels = [int(l) for _, batch in ds for l in batch.numpy()]
+    shapes = {{tuple(images.shape[1:]) for images, _ in ds}}
+    seen[split] = {{"labels": labels, "shapes": [list(s) for s in shapes],
+                    "cardinality": int(ds.cardinality())}}
+json.dump(seen, open({str(tmp_path / 'read.json')!r}, "w"))
+"""
+    gcs_server.run([sys.executable, "-c", code, bucket.url("records")], cwd=REPO)
+    seen = json.loads((tmp_path / "read.json").read_text())
+    manifest = json.loads(bucket.read_bytes("records/manifest.json"))
+    for split, info in manifest["splits"].items():
+        counts = info["class_counts"]
+        assert sorted(seen[split]["labels"]) == sorted(
+            manifest["labels"].index(label) for label, n in counts.items() for _ in range(n))
+        assert seen[split]["shapes"] == [[16, 16, 3]]
+        assert seen[split]["cardinality"] == -(-info["num_examples"] // 4)
+    tunnelled = [r for r in gcs_server.gateway.requests_for(bucket.name)
+                 if r.host == "storage.googleapis.com" and "/download/" in r.path and r.status in (200, 206)]
+    assert tunnelled, "the shards were not read through TensorFlow's GCS filesystem"
