@@ -16,9 +16,8 @@ read from local disk (the page cache, after the first round):
       (``from_tensor_slices(encoded).map(decode_jpeg, AUTOTUNE).batch(256)
       .prefetch``), with (a)'s decode; (c') with TensorFlow's default decode;
   (d) beam-prep's reader on the same corpus written as raw pixels
-      (``--image_format raw``), against (b); (d') the same records in
-      uncompressed shards (copied from (d)'s, since the pipeline writes GZIP
-      only), read with ``files=`` and ``compression="NONE"``: inflating raw
+      (``--image_format raw``), against (b); (d') the same records written
+      with ``--compression none``: inflating raw
       pixels costs more CPU than decoding the JPEG they came from.
 
 Every reader runs in this one process, one after another, in several rounds;
@@ -84,9 +83,10 @@ class Result:
         return statistics.median(self.cpu)
 
 
-def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str) -> pathlib.Path:
+def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str,
+                   compression: str = "gzip") -> pathlib.Path:
     """The corpus written by the real pipeline, cached; rewritten if missing or incomplete."""
-    out = CACHE_DIR / f"reader-v{DATASET_VERSION}-{images}-{image_format}"
+    out = CACHE_DIR / f"reader-v{DATASET_VERSION}-{images}-{image_format}-{compression}"
     manifest = out / "manifest.json"
     if manifest.exists():
         m = json.loads(manifest.read_text())
@@ -96,28 +96,11 @@ def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str) ->
     log.info("writing %s with pipelines.prepare_images (once; cached)", out)
     command = [sys.executable, "-m", "pipelines.prepare_images", "--input", str(corpus_root),
                "--output", str(out), "--image_size", str(IMAGE_SIZE), "--image_format", image_format,
-               "--jpeg_quality", str(JPEG_QUALITY), "--num_shards", str(NUM_SHARDS), "--overwrite"]
+               "--jpeg_quality", str(JPEG_QUALITY), "--num_shards", str(NUM_SHARDS),
+               "--compression", compression, "--overwrite"]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-    return out
-
-
-def ensure_uncompressed(raw_dir: pathlib.Path) -> pathlib.Path:
-    """(d)'s shards rewritten without compression, cached beside them."""
-    import tensorflow as tf
-
-    out = raw_dir.with_name(raw_dir.name + "-uncompressed")
-    done = out / "done"
-    if done.exists():
-        return out
-    log.info("writing %s (once; cached)", out)
-    out.mkdir(exist_ok=True)
-    for shard in sorted(raw_dir.glob("*.tfrecord.gz")):
-        with tf.io.TFRecordWriter(str(out / shard.name[:-len(".gz")])) as writer:
-            for record in tf.data.TFRecordDataset(str(shard), "GZIP"):
-                writer.write(record.numpy())
-    done.write_text("")
     return out
 
 
@@ -125,7 +108,7 @@ def readers(jpeg_dir: pathlib.Path, raw_dir: pathlib.Path, raw_plain_dir: pathli
     import tensorflow as tf
 
     from beam_prep import features
-    from beam_prep.reader import ImageInfo, load_info, make_dataset
+    from beam_prep.reader import load_info, make_dataset
     from benchmarks.seed_notebook import seed_read
 
     jpeg_files = list(load_info(str(jpeg_dir)).splits["train"].files)
@@ -154,10 +137,8 @@ def readers(jpeg_dir: pathlib.Path, raw_dir: pathlib.Path, raw_plain_dir: pathli
         Reader("c", "(c) limit: decode_jpeg from memory, dct INTEGER_ACCURATE as (a)", limit("INTEGER_ACCURATE")),
         Reader("c_fast", "(c′) limit: decode_jpeg from memory, TF default dct (INTEGER_FAST)", limit("")),
         Reader("d", "(d) beam-prep reader: raw pixels, training defaults", ours(raw_dir, training=True)),
-        Reader("d_plain", "(d′) (d) from uncompressed shards",
-               lambda: make_dataset(files=str(raw_plain_dir / "*.tfrecord"),
-                                    image=ImageInfo(IMAGE_SIZE, IMAGE_SIZE, 3, "raw"), compression="NONE",
-                                    batch_size=BATCH_SIZE, training=True, repeat=True)),
+        Reader("d_plain", "(d′) raw pixels written with --compression none",
+               ours(raw_plain_dir, training=True)),
     ]
 
 
@@ -238,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     corpus = ensure_corpus(args.images, CACHE_DIR)
     jpeg_dir = ensure_dataset(corpus.root, args.images, "jpeg")
     raw_dir = ensure_dataset(corpus.root, args.images, "raw")
-    all_readers = readers(jpeg_dir, raw_dir, ensure_uncompressed(raw_dir))
+    raw_plain_dir = ensure_dataset(corpus.root, args.images, "raw", compression="none")
+    all_readers = readers(jpeg_dir, raw_dir, raw_plain_dir)
     if args.only:
         keep = set(args.only.split(","))
         all_readers = [r for r in all_readers if r.key in keep]
@@ -253,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     info = machine.machine_info()
     jpeg_mb = _megabytes(jpeg_dir, "*.tfrecord.gz")
     raw_mb = _megabytes(raw_dir, "*.tfrecord.gz")
-    raw_plain_mb = _megabytes(raw_dir.with_name(raw_dir.name + "-uncompressed"), "*.tfrecord")
+    raw_plain_mb = _megabytes(raw_plain_dir, "*.tfrecord")
     print()
     print(f"Reader benchmark: {args.images:,} records of {IMAGE_SIZE}x{IMAGE_SIZE} JPEG q{JPEG_QUALITY} "
           f"({jpeg_mb:.0f} MB in {NUM_SHARDS} GZIP shards; raw pixels: {raw_mb:.0f} MB GZIP, "
