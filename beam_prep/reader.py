@@ -185,9 +185,15 @@ def load_info(path: str) -> DatasetInfo:
         with tf.io.gfile.GFile(manifest_path, "rb") as f:
             text = f.read()
     except tf.errors.NotFoundError as e:
+        bucket = _bucket(root)
+        if bucket and not tf.io.gfile.exists(bucket + "/"):
+            raise StorageError(f"cannot read {manifest_path}: bucket {bucket} does not exist") from e
         raise DatasetError(
             f"no {MANIFEST} at {manifest_path}: not a beam-prep dataset, or its pipeline has not "
             "finished (the manifest is written last, after every shard)") from e
+    except tf.errors.PermissionDeniedError as e:
+        raise StorageError(f"cannot read {manifest_path}: permission denied; grant the credentials "
+                           f"in use read access to {_bucket(root) or root}") from e
     except tf.errors.OpError as e:
         raise StorageError(f"cannot read {manifest_path}: {e.message}") from e
     try:
@@ -225,6 +231,11 @@ def _info_from_manifest(root: str, manifest_path: str, manifest: Any) -> Dataset
         raise DatasetError(f"{manifest_path} is incomplete or malformed: missing or bad {e}") from e
     except OptionsError as e:
         raise DatasetError(f"{manifest_path}: {e}") from e
+
+
+def _bucket(path: str) -> str | None:
+    """``gs://bucket`` of a GCS path, else None."""
+    return "gs://" + path[len("gs://"):].split("/", 1)[0] if path.startswith("gs://") else None
 
 
 def _join(root: str, name: str) -> str:

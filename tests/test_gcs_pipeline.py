@@ -165,3 +165,29 @@ json.dump(seen, open({str(tmp_path / 'read.json')!r}, "w"))
     tunnelled = [r for r in gcs_server.gateway.requests_for(bucket.name)
                  if r.host == "storage.googleapis.com" and "/download/" in r.path and r.status in (200, 206)]
     assert tunnelled, "the shards were not read through TensorFlow's GCS filesystem"
+
+
+def test_reader_reports_empty_missing_and_forbidden_gs_paths(
+        gcs_server, gcs_bucket, gcs_missing_bucket, gcs_forbidden_bucket, tmp_path):
+    gcs_forbidden_bucket.write_bytes("records/manifest.json", b"{}")
+    paths = {"empty": gcs_bucket.url("nothing-here"), "missing": f"gs://{gcs_missing_bucket}/records",
+             "forbidden": gcs_forbidden_bucket.url("records")}
+    code = f"""
+import json, sys
+from beam_prep.reader import make_dataset
+paths = json.loads(sys.argv[1])
+out = {{}}
+for case, path in paths.items():
+    try:
+        make_dataset(path)
+        out[case] = None
+    except Exception as e:
+        out[case] = [type(e).__name__, str(e)]
+json.dump(out, open({str(tmp_path / 'errors.json')!r}, "w"))
+"""
+    gcs_server.run([sys.executable, "-c", code, json.dumps(paths)], cwd=REPO)
+    errors = json.loads((tmp_path / "errors.json").read_text())
+    assert errors["empty"][0] == "DatasetError" and "no manifest.json at" in errors["empty"][1]
+    assert errors["missing"] == [
+        "StorageError", f"cannot read {paths['missing']}/manifest.json: bucket gs://{gcs_missing_bucket} does not exist"]
+    assert errors["forbidden"][0] == "StorageError" and "permission denied" in errors["forbidden"][1]
