@@ -25,6 +25,8 @@ LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 WORK_DIR = ".beam-prep"
+LISTING = "listing.jsonl"
+UNKNOWN_LABELS = "unknown-labels.jsonl"
 # --compression -> (file suffix, Beam's compression type, the manifest's name for it)
 COMPRESSIONS = {
     "gzip": (".tfrecord.gz", CompressionTypes.GZIP, "GZIP"),
@@ -40,6 +42,15 @@ GZIP_LEVEL = 3
 # Bytes per stored sample (pixel x channel) of a 224-ish natural image, measured on
 # photographs; only used to pick a shard count near the target size.
 _BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
+
+
+def work_path(output: str, name: str) -> str:
+    """Where the launcher leaves listings for the workers, until the manifest is written."""
+    return join(output, WORK_DIR, name)
+
+
+def shard_listing_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.jsonl"
 
 
 def shard_name(split: str, index: int, count: int, compression: str) -> str:

@@ -107,17 +107,8 @@ def finalize(
     counts: list[tuple[tuple[str, str], int]],
     failures: list[Mapping[str, Any]],
 ) -> dict[str, Any]:
-    """Completes the dataset: missing (empty) shards, errors.jsonl, labels.txt, then the manifest."""
-    reported = {(split, name) for split, name, _ in shards}
-    empty = []
-    for split, count in plan.num_shards.items():
-        for i in range(count):
-            name = layout.shard_name(split, i, count, config.compression)
-            if (split, name) not in reported:
-                with layout.shard_writer(join(config.output, name), config.compression):
-                    pass
-                empty.append((split, name, 0))
-    manifest = build(config, plan, list(shards) + empty, counts, failures)
+    """Completes the dataset: errors.jsonl, labels.txt, then the manifest, then removes the listings."""
+    manifest = build(config, plan, shards, counts, failures)
     write_lines(join(config.output, layout.ERRORS), error_lines(failures))
     write_lines(join(config.output, layout.LABELS), plan.labels)
     with FileSystems.create(join(config.output, layout.MANIFEST), mime_type="application/json") as f:

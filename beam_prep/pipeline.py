@@ -5,8 +5,10 @@ sinks -> errors, labels and manifest (last).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import os
 import time
 from typing import Any
 
@@ -16,7 +18,15 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import layout, manifest
-from beam_prep.listing import UNKNOWN_LABEL, Listing, join, list_tree, read_labels_file, write_lines
+from beam_prep.listing import (
+    UNKNOWN_LABEL,
+    FileEntry,
+    Listing,
+    list_tree,
+    order_key,
+    read_labels_file,
+    write_lines,
+)
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
@@ -53,8 +63,6 @@ def resolve_sink(config: PrepareConfig, options: PipelineOptions) -> str:
 
 def local_workers(options: PipelineOptions) -> int:
     """Workers the local runner runs at once (the shard count is rounded up to a multiple)."""
-    import os
-
     if _runner_name(options) not in LOCAL_RUNNERS:
         return 1
     direct = options.view_as(DirectOptions)
@@ -102,16 +110,39 @@ def plan(config: PrepareConfig, options: PipelineOptions) -> tuple[Listing, mani
                                   sink=sink)
 
 
-def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan, listing_path: str) -> None:
-    entries = (p
-               | "ReadListing" >> ReadFromText(listing_path, validate=False)
-               | "ParseEntries" >> beam.ParDo(ParseEntryFn()))
-    known, unknown = entries | "CheckLabels" >> beam.Partition(
-        lambda e, _: int(e.label_id == UNKNOWN_LABEL), 2)
+def write_work_files(listing: Listing, run_plan: manifest.Plan, output: str) -> None:
+    """The listings the sinks read: one per shard (streaming) or one in all (shuffle).
+
+    Files under a label missing from --labels_file go to their own listing, to be
+    reported, never dropped.
+    """
+    known = [e for e in listing.entries if e.label_id != UNKNOWN_LABEL]
+    write_lines(layout.work_path(output, layout.UNKNOWN_LABELS),
+                (e.to_json() for e in listing.unknown_label_entries))
+    if run_plan.sink == "shuffle":
+        write_lines(layout.work_path(output, layout.LISTING), (e.to_json() for e in known))
+        return
+    by_shard: dict[tuple[str, int], list[tuple[int, FileEntry]]] = collections.defaultdict(list)
+    for e in known:
+        key = order_key(e.relpath)
+        by_shard[e.split, key % run_plan.num_shards[e.split]].append((key, e))
+    for split, count in run_plan.num_shards.items():
+        for index in range(count):
+            rows = sorted(by_shard[split, index], key=lambda row: row[0])
+            write_lines(layout.work_path(output, layout.shard_listing_name(split, index)),
+                        (e.to_json() for _, e in rows))
+
+
+def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan) -> None:
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
-    shards, counts, failed = known | "WriteShards" >> sink(
+    shards, counts, failed = p | "WriteShards" >> sink(
         config.spec, config.output, config.compression, run_plan.num_shards)
-    label_failures = unknown | "UnknownLabels" >> beam.Map(unknown_label_report)
+    label_failures = (
+        p
+        | "ReadUnknownLabels" >> ReadFromText(layout.work_path(config.output, layout.UNKNOWN_LABELS),
+                                              validate=False)
+        | "ParseUnknownLabels" >> beam.ParDo(ParseEntryFn())
+        | "UnknownLabels" >> beam.Map(unknown_label_report))
     failures = (failed, label_failures) | "AllFailures" >> beam.Flatten()
     _ = (p
          | "Once" >> beam.Create([None])
@@ -132,15 +163,15 @@ def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
     dry_run = options.view_as(TestOptions).dry_run
     old_files = layout.check_output(config.output, config.overwrite)
     listing, run_plan = plan(config, options)
-    listing_path = join(config.output, layout.WORK_DIR, "listing.jsonl")
     if not dry_run:
         layout.delete(old_files, f"the old dataset in {config.output}")
-        write_lines(listing_path, (e.to_json() for e in listing.entries))
+        write_work_files(listing, run_plan, config.output)
+    del listing  # the workers read the listings from files: keep no copy here
     _LOG.info("listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
               run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
               run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
-    build(p, config, run_plan, listing_path)
+    build(p, config, run_plan)
     result = p.run()
     if dry_run:
         # The runner built the whole job and stopped before submitting it.

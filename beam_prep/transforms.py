@@ -1,17 +1,19 @@
-"""Beam wiring: listing lines -> examples -> shards, with a dead-letter output for bad images.
+"""Beam wiring: listings -> examples -> shards, with a dead-letter output for bad images.
 
-Two sinks share the same per-file step (``records.make_example``):
+Two sinks share the same per-file step (``records.make_example``) and read the
+listing files the launcher wrote (``layout.work_path``):
 
-* ``WriteShardsStreaming`` groups only the *paths* by shard, then one DoFn call
-  turns a shard's files into records and streams them into that shard's file.
-  Nothing but paths crosses a process boundary and no runner holds records in
-  memory, so local runs stay flat in memory however large the tree, and every
-  record's shard and position are a function of its path (reproducible layout).
-  Parallelism is one shard per worker at a time.
-* ``WriteShardsShuffle`` is the design's element-wise shape: Reshuffle, an image
-  DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that groups
-  records into shards is the service's, so it scales past one machine; on the
-  local runner the same grouping holds every record in memory.
+* ``WriteShardsStreaming``: the launcher has already assigned every file to its
+  shard and written one small listing per shard, so the pipeline moves only
+  shard numbers: ``Create -> Reshuffle -> WriteShardFn``, and one DoFn call turns a
+  shard's files into records and streams them into that shard's file. No runner
+  holds records, or even paths, in memory, so local runs stay flat in memory
+  however large the tree, and every record's shard and position are a function
+  of its path (reproducible layout). Parallelism is one shard per worker at a time.
+* ``WriteShardsShuffle`` is the element-wise shape: read the listing, Reshuffle,
+  an image DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that
+  groups records into shards is the service's, so it scales past one machine; on
+  the local runner the same grouping holds every record in memory.
 """
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.textio import ReadFromText
 from apache_beam.io.tfrecordio import WriteToTFRecord, _TFRecordUtil
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
 from beam_prep import layout
 from beam_prep.imaging import ImageSpec
-from beam_prep.listing import FileEntry, join, order_key
+from beam_prep.listing import FileEntry, join
 from beam_prep.records import make_example
 
 NAMESPACE = "beam_prep"
@@ -78,7 +82,7 @@ class ImageToExampleFn(beam.DoFn):
 
 
 class WriteShardFn(beam.DoFn):
-    """Writes one whole shard, in order-key order, from the files assigned to it.
+    """Writes one whole shard from its listing (already in order-key order).
 
     Outputs ``(split, shard_name, num_examples)``, ``((split, label), n)`` on
     ``counts`` and failure reports on ``failed``. Rewriting a shard from scratch
@@ -92,15 +96,19 @@ class WriteShardFn(beam.DoFn):
         self._split = split
         self._num_shards = num_shards
         self._counters = _Counters()
+        self._listed = Metrics.counter(NAMESPACE, "listed")
 
-    def process(self, keyed: tuple[int, Iterable[FileEntry]]):
-        index, entries = keyed
+    def process(self, index: int):
         split = self._split
         name = layout.shard_name(split, index, self._num_shards, self._compression)
         per_label: collections.Counter[str] = collections.Counter()
-        path = join(self._output, name)
-        with layout.shard_writer(path, self._compression) as f:
-            for entry in sorted(entries, key=lambda e: order_key(e.relpath)):
+        with FileSystems.open(layout.work_path(self._output, layout.shard_listing_name(split, index)),
+                              compression_type=CompressionTypes.UNCOMPRESSED) as listing:
+            lines = listing.read().decode("utf-8").splitlines()
+        with layout.shard_writer(join(self._output, name), self._compression) as f:
+            for line in lines:
+                entry = FileEntry.from_json(line)
+                self._listed.inc()
                 outcome = make_example(entry, self._spec)
                 self._counters.bytes_in.inc(outcome.bytes_in)
                 if outcome.failure is not None:
@@ -117,11 +125,11 @@ class WriteShardFn(beam.DoFn):
 
 
 class WriteShardsStreaming(beam.PTransform):
-    """Entries -> shard files written by the workers themselves; see the module docstring.
+    """Shard numbers -> shard files written by the workers themselves; see the module docstring.
 
-    One group-and-write per split: a local runner runs each as its own stage and
-    deals a stage's shards out to its workers evenly, so with a shard count that
-    is a multiple of the worker count every core has the same work.
+    One stage per split: a local runner deals a stage's shards out to its
+    workers evenly, so with a shard count that is a multiple of the worker count
+    every core has the same work.
     """
 
     def __init__(self, spec: ImageSpec, output: str, compression: str, num_shards: Mapping[str, int]) -> None:
@@ -129,17 +137,13 @@ class WriteShardsStreaming(beam.PTransform):
         self._spec, self._output, self._compression = spec, output, compression
         self._num_shards = dict(num_shards)
 
-    def expand(self, entries):
-        splits = list(self._num_shards)
-        by_split = entries | "PartitionBySplit" >> beam.Partition(
-            lambda e, _: splits.index(e.split), len(splits))
+    def expand(self, pbegin):
         shards, counts, failed = [], [], []
-        for split, part in zip(splits, by_split):
-            count = self._num_shards[split]
+        for split, count in self._num_shards.items():
             results = (
-                part
-                | f"KeyByShard[{split}]" >> beam.Map(lambda e, n=count: (order_key(e.relpath) % n, e))
-                | f"GroupPathsByShard[{split}]" >> beam.GroupByKey()
+                pbegin
+                | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
+                | f"Reshuffle[{split}]" >> beam.Reshuffle()
                 | f"WriteShards[{split}]" >> beam.ParDo(
                     WriteShardFn(self._spec, self._output, self._compression, split, count)).with_outputs(
                         FAILED, COUNTS, main="shards"))
@@ -152,17 +156,19 @@ class WriteShardsStreaming(beam.PTransform):
 
 
 class WriteShardsShuffle(beam.PTransform):
-    """Entries -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split."""
+    """Listing -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split."""
 
     def __init__(self, spec: ImageSpec, output: str, compression: str, num_shards: Mapping[str, int]) -> None:
         super().__init__()
         self._spec, self._output, self._compression = spec, output, compression
         self._num_shards = dict(num_shards)
 
-    def expand(self, entries):
+    def expand(self, pbegin):
         splits = sorted(self._num_shards)
         results = (
-            entries
+            pbegin
+            | "ReadListing" >> ReadFromText(layout.work_path(self._output, layout.LISTING), validate=False)
+            | "ParseEntries" >> beam.ParDo(ParseEntryFn())
             | "Reshuffle" >> beam.Reshuffle()
             | "ImageToExample" >> beam.ParDo(ImageToExampleFn(self._spec)).with_outputs(
                 FAILED, main="records"))

@@ -122,9 +122,9 @@ json.dump({{"transforms": transforms, "images": envs, "deps": deps}}, open({str(
     gcs_server.run([sys.executable, "-c", code, *args, "--setup_file", str(REPO / "setup.py")], cwd=REPO)
     job = json.loads((tmp_path / "job.json").read_text())
     names = job["transforms"]
-    for step in ("ReadListing", "ParseEntries", "CheckLabels", "UnknownLabels", "WriteShards/Reshuffle",
+    for step in ("WriteShards/ReadListing", "WriteShards/ParseEntries", "WriteShards/Reshuffle",
                  "WriteShards/ImageToExample", "WriteShards/WriteToTFRecord[train]",
-                 "WriteShards/WriteToTFRecord[validation]", "Finalize"):
+                 "WriteShards/WriteToTFRecord[validation]", "ReadUnknownLabels", "UnknownLabels", "Finalize"):
         assert step in names, step
     assert any(n.startswith("WriteShards/Reshuffle/") and urn == "beam:transform:group_by_key:v1"
                for n, urn in names.items())
