@@ -21,8 +21,8 @@ import collections
 from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.textio import ReadFromText
 from apache_beam.io.tfrecordio import WriteToTFRecord, _TFRecordUtil
 from apache_beam.metrics import Metrics
