@@ -16,6 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from isal import igzip
 
 from beam_prep.errors import OptionsError
+from beam_prep.features import BYTES_PER_SAMPLE
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import join
 from beam_prep.storage import storage_error
@@ -38,10 +39,6 @@ _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
 # ISA-L at level 3 compresses JPEG payloads as well as zlib's default level 6
 # (ratio 0.963 vs 0.965) about 5x faster: zlib cost ~12% of a local run's CPU.
 GZIP_LEVEL = 3
-
-# Bytes per stored sample (pixel x channel) of a 224-ish natural image, measured on
-# photographs; only used to pick a shard count near the target size.
-_BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
 
 
 def work_path(output: str, name: str) -> str:
@@ -73,7 +70,7 @@ def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
     if spec.height is None:
         return mean_input_bytes  # resize_mode none: about the size of the input.
     width = spec.width * 4 / 3 if spec.resize_mode == "shorter_side" else spec.width
-    return spec.height * width * spec.channels * _BYTES_PER_SAMPLE[spec.image_format]
+    return spec.height * width * spec.channels * BYTES_PER_SAMPLE[spec.image_format]
 
 
 def choose_num_shards(num_examples: int, record_bytes: float, target_mb: int, multiple_of: int) -> int:

@@ -74,8 +74,6 @@ COMPRESSIONS = ("GZIP", "ZLIB", "NONE")
 SHUFFLE_BUFFER_BYTES = 64 << 20
 SHUFFLE_BUFFER_RECORDS = (256, 4096)  # at least, at most
 VARYING_SIZE_SHUFFLE_BUFFER = 1024
-# Stored bytes per pixel x channel of a photograph, to size the shuffle buffer.
-_BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
 # Shard files read at once. A fixed number (not AUTOTUNE, which follows the core
 # count) keeps a deterministic read order the same on every machine; 16 GZIP
 # streams keep a 16-core host busy and hide object-store latency.
@@ -132,7 +130,7 @@ class ImageInfo:
         """Records in the default training shuffle buffer: about ``SHUFFLE_BUFFER_BYTES`` of them."""
         if not self.fixed_size:
             return VARYING_SIZE_SHUFFLE_BUFFER
-        record = self.height * self.width * self.channels * _BYTES_PER_SAMPLE[self.format]
+        record = self.height * self.width * self.channels * features.BYTES_PER_SAMPLE[self.format]
         low, high = SHUFFLE_BUFFER_RECORDS
         return int(min(high, max(low, SHUFFLE_BUFFER_BYTES // max(record, 1))))
 
