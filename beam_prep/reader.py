@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Union
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError, StorageError
 from beam_prep.features import IMAGE_FORMATS
+from beam_prep.storage import bucket_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
@@ -183,7 +184,7 @@ def load_info(path: str) -> DatasetInfo:
         with tf.io.gfile.GFile(manifest_path, "rb") as f:
             text = f.read()
     except tf.errors.NotFoundError as e:
-        bucket = _bucket(root)
+        bucket = bucket_of(root)
         if bucket and not tf.io.gfile.exists(bucket + "/"):
             raise StorageError(f"cannot read {manifest_path}: bucket {bucket} does not exist") from e
         raise DatasetError(
@@ -191,7 +192,7 @@ def load_info(path: str) -> DatasetInfo:
             "finished (the manifest is written last, after every shard)") from e
     except tf.errors.PermissionDeniedError as e:
         raise StorageError(f"cannot read {manifest_path}: permission denied; grant the credentials "
-                           f"in use read access to {_bucket(root) or root}") from e
+                           f"in use read access to {bucket_of(root) or root}") from e
     except tf.errors.OpError as e:
         raise StorageError(f"cannot read {manifest_path}: {e.message}") from e
     try:
@@ -229,11 +230,6 @@ def _info_from_manifest(root: str, manifest_path: str, manifest: Any) -> Dataset
         raise DatasetError(f"{manifest_path} is incomplete or malformed: missing or bad {e}") from e
     except OptionsError as e:
         raise DatasetError(f"{manifest_path}: {e}") from e
-
-
-def _bucket(path: str) -> str | None:
-    """``gs://bucket`` of a GCS path, else None."""
-    return "gs://" + path[len("gs://"):].split("/", 1)[0] if path.startswith("gs://") else None
 
 
 def _join(root: str, name: str) -> str:

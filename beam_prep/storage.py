@@ -30,8 +30,9 @@ def _code(error: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
-def _bucket(path: str) -> str:
-    return "gs://" + path[len("gs://"):].split("/", 1)[0] if path.startswith("gs://") else path
+def bucket_of(path: str) -> str | None:
+    """``gs://bucket`` of a GCS path, else None."""
+    return "gs://" + path[len("gs://"):].split("/", 1)[0] if path.startswith("gs://") else None
 
 
 def storage_error(action: str, path: str, error: BaseException) -> StorageError:
@@ -40,7 +41,7 @@ def storage_error(action: str, path: str, error: BaseException) -> StorageError:
     names = {type(e).__name__ for e in _causes(error)}
     if 403 in codes or "Forbidden" in names or "PermissionError" in names:
         return StorageError(f"cannot {action} {path}: permission denied; grant the credentials in use "
-                            f"access to {_bucket(path)} (roles/storage.objectAdmin for output)")
+                            f"access to {bucket_of(path) or path} (roles/storage.objectAdmin for output)")
     if path.startswith("gs://") and (404 in codes or "NotFound" in names):
-        return StorageError(f"cannot {action} {path}: bucket {_bucket(path)} does not exist")
+        return StorageError(f"cannot {action} {path}: bucket {bucket_of(path)} does not exist")
     return StorageError(f"cannot {action} {path}: {error}")

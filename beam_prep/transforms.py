@@ -31,7 +31,7 @@ from apache_beam.pvalue import TaggedOutput
 from beam_prep import layout
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry, join
-from beam_prep.records import make_example
+from beam_prep.records import Outcome, make_example
 
 NAMESPACE = "beam_prep"
 FAILED = "failed"
@@ -47,10 +47,18 @@ class _Counters:
         self.bytes_out = Metrics.counter(NAMESPACE, "bytes_out")
         self._failed: dict[str, Any] = {}
 
-    def failed(self, stage: str) -> None:
-        if stage not in self._failed:
-            self._failed[stage] = Metrics.counter(NAMESPACE, f"failed_{stage}")
-        self._failed[stage].inc()
+    def count(self, outcome: Outcome) -> bool:
+        """Counts one file's outcome; True if it became a record."""
+        self.bytes_in.inc(outcome.bytes_in)
+        if outcome.failure is not None:
+            stage = outcome.failure["stage"]
+            if stage not in self._failed:
+                self._failed[stage] = Metrics.counter(NAMESPACE, f"failed_{stage}")
+            self._failed[stage].inc()
+            return False
+        self.written.inc()
+        self.bytes_out.inc(len(outcome.example))
+        return True
 
 
 class ParseEntryFn(beam.DoFn):
@@ -71,13 +79,9 @@ class ImageToExampleFn(beam.DoFn):
 
     def process(self, entry: FileEntry):
         outcome = make_example(entry, self._spec)
-        self._counters.bytes_in.inc(outcome.bytes_in)
-        if outcome.failure is not None:
-            self._counters.failed(outcome.failure["stage"])
+        if not self._counters.count(outcome):
             yield TaggedOutput(FAILED, outcome.failure)
             return
-        self._counters.written.inc()
-        self._counters.bytes_out.inc(len(outcome.example))
         yield entry.split, entry.label, outcome.example
 
 
@@ -110,14 +114,10 @@ class WriteShardFn(beam.DoFn):
                 entry = FileEntry.from_json(line)
                 self._listed.inc()
                 outcome = make_example(entry, self._spec)
-                self._counters.bytes_in.inc(outcome.bytes_in)
-                if outcome.failure is not None:
-                    self._counters.failed(outcome.failure["stage"])
+                if not self._counters.count(outcome):
                     yield TaggedOutput(FAILED, outcome.failure)
                     continue
                 _TFRecordUtil.write_record(f, outcome.example)
-                self._counters.written.inc()
-                self._counters.bytes_out.inc(len(outcome.example))
                 per_label[entry.label] += 1
         for label, n in per_label.items():
             yield TaggedOutput(COUNTS, ((split, label), n))

@@ -43,18 +43,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from benchmarks import machine
+from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import ensure_corpus
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-CACHE_DIR = pathlib.Path(__file__).resolve().parent / ".cache"
 # Bump when the way the benchmark datasets are written changes: cached ones are rebuilt.
 DATASET_VERSION = 1
 DEFAULT_IMAGES = 2000
-IMAGE_SIZE = 224
-JPEG_QUALITY = 90
 NUM_SHARDS = 8
 BATCH_SIZE = 256
 WARMUP_SECONDS = 1.0

@@ -29,17 +29,13 @@ import tempfile
 from typing import Sequence
 
 from beam_prep.imaging import ImageSpec
-from benchmarks import machine
+from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, directory_bytes, run_measured
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-CACHE_DIR = pathlib.Path(__file__).resolve().parent / ".cache"
 DEFAULT_IMAGES = 2000
 DEFAULT_SAMPLE = 1500
-IMAGE_SIZE = 224
-JPEG_QUALITY = 90
 GIB = 2**30
 BUSY_WARNING_PERCENT = 10
 
