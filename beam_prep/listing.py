@@ -1,10 +1,10 @@
 """Listing an image tree: which files, which label, which split, in which order.
 
 Runs in the launching process, before the pipeline: the label map, the split
-layout, the shard count and every fail-fast check need the whole listing, and one
-recursive ``FileSystems.match`` is the cheapest way to get it from local disk and
-GCS alike. Every decision here is a pure function of a file's path relative to the
-root, so reruns and workers agree without coordination.
+layout, the shard count and every fail-fast check need the whole listing: one
+recursive ``FileSystems.match`` on GCS, ``os.scandir`` on local disk. Every
+decision here is a pure function of a file's path relative to the root, so
+reruns and workers agree without coordination.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 from typing import Iterable, Sequence
 
-from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import OptionsError
@@ -61,7 +61,8 @@ class FileEntry:
     size: int
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+        # vars(), not dataclasses.asdict(): its deep copy was half the launcher's listing time.
+        return json.dumps(vars(self), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, line: str) -> "FileEntry":
@@ -87,12 +88,36 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
-def _match_all(root: str) -> list[FileMetadata]:
+def _match_all(root: str) -> list[tuple[str, int]]:
+    """Every file under ``root`` as (path, size in bytes)."""
     try:
-        result = FileSystems.match([join(root, "**")])[0]
+        if "://" not in root:
+            return _walk_local(root)
+        return [(m.path, m.size_in_bytes) for m in FileSystems.match([join(root, "**")])[0].metadata_list]
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("list", root, e) from e
-    return result.metadata_list
+
+
+def _walk_local(root: str) -> list[tuple[str, int]]:
+    """``os.scandir`` takes a quarter of the time of Beam's local ``match`` (which stats each file twice).
+
+    Unlike ``os.walk`` (which Beam's match uses), an unreadable folder raises
+    rather than being skipped, and a broken link is listed, so that its read
+    fails and is reported: no image is lost without a word. Linked folders are
+    not followed, as in Beam.
+    """
+    found: list[tuple[str, int]] = []
+    folders = [root]
+    while folders:
+        with os.scandir(folders.pop()) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                elif entry.is_file():
+                    found.append((entry.path, entry.stat().st_size))
+                elif entry.is_symlink() and not entry.is_dir():
+                    found.append((entry.path, 0))
+    return found
 
 
 def list_tree(
@@ -115,7 +140,7 @@ def list_tree(
       StorageError: the root cannot be listed.
     """
     root = root.rstrip("/")
-    files = sorted((m.path, m.size_in_bytes) for m in _match_all(root))
+    files = sorted(_match_all(root))
     rel = [(path[len(root) + 1:], path, size) for path, size in files if path.startswith(root + "/")]
 
     top_folders = {r.split("/", 1)[0] for r, _, _ in rel if "/" in r}

@@ -26,7 +26,14 @@ class Outcome(NamedTuple):
 
 
 def read_file(path: str) -> bytes:
+    """Local files are read directly: Beam's filesystem dispatch costs 0.044 ms a call.
+
+    That is 2% of an image's CPU time, and it holds the GIL that the image threads share.
+    """
     try:
+        if "://" not in path:
+            with open(path, "rb") as f:
+                return f.read()
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return f.read()
     except Exception as e:  # noqa: BLE001 - local and GCS raise different types.

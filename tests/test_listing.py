@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from beam_prep.errors import OptionsError
-from beam_prep.listing import UNKNOWN_LABEL, list_tree, read_labels_file, split_for
+from beam_prep.listing import UNKNOWN_LABEL, FileEntry, list_tree, read_labels_file, split_for
 from trees import make_tree
 
 
@@ -89,3 +89,30 @@ def test_empty_tree_is_refused_with_the_expected_layout(tmp_path):
     (tmp_path / "a" / "readme.txt").write_text("x")
     with pytest.raises(OptionsError, match="no images under .*<label>/<image>"):
         list_tree(str(tmp_path))
+
+
+def test_sizes_come_from_the_files(tmp_path):
+    make_tree(tmp_path, {"a": 2, "b": 1})
+    listing = list_tree(str(tmp_path))
+    assert {e.relpath: e.size for e in listing.entries} == {
+        e.relpath: (tmp_path / e.relpath).stat().st_size for e in listing.entries}
+
+
+def test_a_broken_link_is_listed_so_that_its_read_is_reported(tmp_path):
+    make_tree(tmp_path, {"a": 1})
+    (tmp_path / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    listing = list_tree(str(tmp_path))
+    assert sorted(e.relpath for e in listing.entries) == ["a/gone.jpg", "a/img_000.jpg"]
+
+
+def test_linked_folders_are_not_followed(tmp_path):
+    make_tree(tmp_path / "root", {"a": 1})
+    make_tree(tmp_path / "elsewhere", {"b": 2})
+    (tmp_path / "root" / "b").symlink_to(tmp_path / "elsewhere" / "b", target_is_directory=True)
+    listing = list_tree(str(tmp_path / "root"))
+    assert [e.relpath for e in listing.entries] == ["a/img_000.jpg"]
+
+
+def test_a_file_entry_survives_its_json_line():
+    entry = FileEntry(path="/d/é/x.jpg", relpath="é/x.jpg", split="train", label="é", label_id=3, size=10)
+    assert FileEntry.from_json(entry.to_json()) == entry
