@@ -37,7 +37,7 @@ def stable_hash(text: str, salt: str) -> int:
 
 
 def order_key(relpath: str) -> int:
-    """Where a file goes: its shard is ``order_key % num_shards`` and shards are written in key order.
+    """A file's place in its split: files are dealt to shards in key order and written in it.
 
     A hash, not the path, so classes are interleaved in every shard.
     """

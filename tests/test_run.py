@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep import manifest
+from beam_prep import layout, manifest
 from beam_prep.errors import DatasetError
 from beam_prep.imaging import ImageSpec
 from beam_prep.options import PrepareConfig
-from beam_prep.pipeline import run
+from beam_prep.listing import FileEntry, list_tree, order_key
+from beam_prep.pipeline import run, write_work_files
 from trees import make_tree
 
 
@@ -31,3 +32,17 @@ def test_a_manifest_is_never_built_when_records_are_missing():
     shards = [("train", "train-00000-of-00001.tfrecord.gz", 1)]
     with pytest.raises(DatasetError, match="3 files listed but 1 written and 1 failed"):
         manifest.build(config, plan, shards, [(("train", "a"), 1)], [{"stage": "decode", "path": "x"}])
+
+
+def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
+    make_tree(tmp_path / "in", {"a": 37, "b": 26}, size=(8, 8))
+    listing = list_tree(str(tmp_path / "in"))
+    plan = manifest.Plan(labels=listing.labels, num_shards={"train": 4}, listed=63, skipped=0,
+                         sink="streaming")
+    write_work_files(listing, plan, str(tmp_path / "out"))
+    shards = [[FileEntry.from_json(line).relpath for line in
+               (tmp_path / "out" / layout.WORK_DIR / layout.shard_listing_name("train", i)).read_text().splitlines()]
+              for i in range(4)]
+    assert sorted(len(s) for s in shards) == [15, 16, 16, 16]
+    assert sorted(sum(shards, [])) == sorted(e.relpath for e in listing.entries)
+    assert all(s == sorted(s, key=order_key) for s in shards)
