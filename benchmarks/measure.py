@@ -89,6 +89,9 @@ def run_measured(
     never block on a full pipe while we wait for it.
     """
     log.info("running %s", " ".join(command))
+    # The previous run's output is still being written back to disk: flush it now,
+    # so that its writeback does not take CPU from (and time away from) this run.
+    os.sync()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started_at = time.time()
         start = time.perf_counter()
