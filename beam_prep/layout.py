@@ -19,7 +19,7 @@ from beam_prep.errors import OptionsError
 from beam_prep.features import BYTES_PER_SAMPLE
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import join
-from beam_prep.storage import storage_error
+from beam_prep.storage import is_local, storage_error
 
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
@@ -121,8 +121,8 @@ def delete(paths: list[str], what: str) -> None:
 def remove_work_dir(output: str) -> None:
     """The listing lives in a hidden folder until the manifest is written."""
     work = join(output, WORK_DIR)
-    if "://" in output:
-        paths = [m.path for m in FileSystems.match([join(work, "*")])[0].metadata_list]
-    else:
+    if is_local(output):
         paths = [work] if os.path.isdir(work) else []
+    else:
+        paths = [m.path for m in FileSystems.match([join(work, "*")])[0].metadata_list]
     delete(paths, work)

@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import OptionsError
 from beam_prep.imaging import is_image_name
-from beam_prep.storage import storage_error
+from beam_prep.storage import is_local, storage_error
 
 _LOG = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def join(root: str, *parts: str) -> str:
 def _match_all(root: str) -> list[tuple[str, int]]:
     """Every file under ``root`` as (path, size in bytes)."""
     try:
-        if "://" not in root:
+        if is_local(root):
             return _walk_local(root)
         return [(m.path, m.size_in_bytes) for m in FileSystems.match([join(root, "**")])[0].metadata_list]
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.

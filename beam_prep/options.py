@@ -17,6 +17,7 @@ from beam_prep.errors import OptionsError
 from beam_prep.features import IMAGE_FORMATS
 from beam_prep.imaging import DEFAULT_MAX_PIXELS, RESIZE_MODES, ImageSpec
 from beam_prep.layout import COMPRESSIONS
+from beam_prep.storage import is_local
 
 SINKS = ("auto", "streaming", "shuffle")
 DEFAULT_IMAGE_SIZE = 224
@@ -93,12 +94,8 @@ def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, in
     return height, width
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path
-
-
 def _normalised(path: str) -> str:
-    return os.path.abspath(path) if _is_local(path) else path.rstrip("/")
+    return os.path.abspath(path) if is_local(path) else path.rstrip("/")
 
 
 def _check_dataflow(options: PipelineOptions, source: str, target: str) -> None:
@@ -153,7 +150,7 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--{str(e)}") from e
 
     source, target = _normalised(o.input), _normalised(o.output)
-    if _is_local(source) and not os.path.isdir(source):
+    if is_local(source) and not os.path.isdir(source):
         raise OptionsError(f"--input {o.input} is not a directory")
     if target == source or target.startswith(source.rstrip("/") + "/"):
         raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")

@@ -15,6 +15,7 @@ from beam_prep.errors import ImageError
 from beam_prep.features import ImageRecord, encode_example
 from beam_prep.imaging import ImageSpec, process_image
 from beam_prep.listing import FileEntry
+from beam_prep.storage import is_local
 
 
 class Outcome(NamedTuple):
@@ -28,7 +29,7 @@ class Outcome(NamedTuple):
 def read_file(path: str) -> bytes:
     """Local files are read directly: Beam's filesystem dispatch costs 0.044 ms a call, 2% of an image's CPU."""
     try:
-        if "://" not in path:
+        if is_local(path):
             with open(path, "rb") as f:
                 return f.read()
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:

@@ -10,6 +10,11 @@ from typing import Iterator
 from beam_prep.errors import StorageError
 
 
+def is_local(path: str) -> bool:
+    """A path on this machine's disk, as opposed to a ``scheme://`` URL (gs://)."""
+    return "://" not in path
+
+
 def _causes(error: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     stack = [error]
