@@ -8,8 +8,8 @@ listing files the launcher wrote (``layout.work_path``):
   shard numbers: ``Create -> Reshuffle -> WriteShardFn``, and one DoFn call turns a
   shard's files into records and streams them into that shard's file. No runner
   holds records, or even paths, in memory, so local runs stay flat in memory
-  however large the tree, and every record's shard and position are a function
-  of its path (reproducible layout). Parallelism is one shard per worker at a time.
+  however large the tree, and every record's shard and position follow from the
+  listing alone (reproducible layout). Parallelism is one shard per worker at a time.
 * ``WriteShardsShuffle`` is the element-wise shape: read the listing, Reshuffle,
   an image DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that
   groups records into shards is the service's, so it scales past one machine; on
