@@ -61,7 +61,8 @@ class FileEntry:
     size: int
 
     def to_json(self) -> str:
-        # vars(), not dataclasses.asdict(): its deep copy was half the launcher's listing time.
+        # vars(), not dataclasses.asdict(), which deep-copies every field: the launcher
+        # writes one line per listed file, so this runs once per image.
         return json.dumps(vars(self), ensure_ascii=False)
 
     @classmethod
