@@ -17,11 +17,17 @@ from beam_prep.errors import OptionsError
 from beam_prep.features import IMAGE_FORMATS
 from beam_prep.imaging import DEFAULT_MAX_PIXELS, RESIZE_MODES, ImageSpec
 from beam_prep.layout import COMPRESSIONS
+from beam_prep.readahead import ReadConfig
 from beam_prep.storage import is_local
 
 SINKS = ("auto", "streaming", "shuffle")
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_TARGET_SHARD_MB = 150
+# Reads in flight per worker for remote input: chosen with the writer benchmark's gs:// mode
+# (see the README's Performance section).
+DEFAULT_REMOTE_READ_CONCURRENCY = 32
+DEFAULT_READ_AHEAD_MB = 64
+MAX_READ_CONCURRENCY = 256
 
 
 class PrepareImagesOptions(PipelineOptions):
@@ -57,6 +63,13 @@ class PrepareImagesOptions(PipelineOptions):
         parser.add_argument("--overwrite", action="store_true", default=False,
                             help="Replace a dataset already in --output.")
         parser.add_argument(
+            "--read_concurrency", type=int, default=None,
+            help=f"Files each worker reads ahead of its work at once. Default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
+                 "for gs:// input (hides round trips), 0 for local disk (each file read when its turn comes).")
+        parser.add_argument(
+            "--read_ahead_mb", type=int, default=DEFAULT_READ_AHEAD_MB,
+            help="Cap on the bytes a worker's read-ahead holds, on top of --read_concurrency's cap on files.")
+        parser.add_argument(
             "--sink", default="auto",
             help="streaming: each worker writes whole shards, memory stays flat (local runners); "
                  "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
@@ -75,6 +88,7 @@ class PrepareConfig:
     overwrite: bool = False
     sink: str = "auto"
     compression: str = "gzip"
+    reads: ReadConfig = ReadConfig()
 
 
 def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, int | None]:
@@ -141,6 +155,11 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--num_shards must be 0 (automatic) or more, not {o.num_shards}")
     if o.target_shard_mb < 1:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
+    if o.read_concurrency is not None and not 0 <= o.read_concurrency <= MAX_READ_CONCURRENCY:
+        raise OptionsError(f"--read_concurrency must be in [0, {MAX_READ_CONCURRENCY}] "
+                           f"(0 reads each file when its turn comes), not {o.read_concurrency}")
+    if o.read_ahead_mb < 1:
+        raise OptionsError(f"--read_ahead_mb must be at least 1, not {o.read_ahead_mb}")
     height, width = parse_image_size(o.image_size, o.resize_mode)
     try:
         spec = ImageSpec(height=height, width=width, channels=o.channels, resize_mode=o.resize_mode,
@@ -156,7 +175,11 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
     if options.view_as(StandardOptions).runner in ("DataflowRunner", "TestDataflowRunner"):
         _check_dataflow(options, source, target)
+    concurrency = o.read_concurrency
+    if concurrency is None:
+        concurrency = 0 if is_local(source) else DEFAULT_REMOTE_READ_CONCURRENCY
+    reads = ReadConfig(concurrency=concurrency, max_bytes=o.read_ahead_mb * 2**20)
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
-                         overwrite=o.overwrite, sink=o.sink, compression=o.compression)
+                         overwrite=o.overwrite, sink=o.sink, compression=o.compression, reads=reads)

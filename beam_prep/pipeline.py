@@ -137,7 +137,7 @@ def write_work_files(listing: Listing, run_plan: manifest.Plan, output: str) -> 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan) -> None:
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
     shards, counts, failed = p | "WriteShards" >> sink(
-        config.spec, config.output, config.compression, run_plan.num_shards)
+        config.spec, config.reads, config.output, config.compression, run_plan.num_shards)
     label_failures = (
         p
         | "ReadUnknownLabels" >> ReadFromText(layout.work_path(config.output, layout.UNKNOWN_LABELS),

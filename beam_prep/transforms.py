@@ -18,6 +18,7 @@ listing files the launcher wrote (``layout.work_path``):
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
@@ -27,11 +28,13 @@ from apache_beam.io.textio import ReadFromText
 from apache_beam.io.tfrecordio import WriteToTFRecord, _TFRecordUtil
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_prep import layout
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry, join
-from beam_prep.records import Outcome, make_example
+from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
+from beam_prep.records import FileReader, Outcome, make_example
 
 NAMESPACE = "beam_prep"
 FAILED = "failed"
@@ -70,31 +73,81 @@ class ParseEntryFn(beam.DoFn):
         yield FileEntry.from_json(line)
 
 
+class _Reading:
+    """A worker's file reader and read-ahead threads, made in ``setup``: neither can be pickled."""
+
+    def __init__(self, config: ReadConfig) -> None:
+        self.config = config
+        self._reader: FileReader | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def setup(self) -> None:
+        self._reader = FileReader(connections=max(1, self.config.concurrency))
+        self._pool = thread_pool(self.config)
+
+    def window(self) -> ReadAhead:
+        return ReadAhead(self._reader, self.config, self._pool)
+
+    def teardown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output."""
+    """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output.
 
-    def __init__(self, spec: ImageSpec) -> None:
+    Reads run ahead across the elements of a bundle (``ReadAhead``): a runner
+    that gives each worker one thread (Dataflow's Python batch workers) still
+    keeps ``reads.concurrency`` reads in flight. An element's outputs leave
+    when its read is done, later than its own ``process`` call, so they carry
+    their own timestamp and window.
+    """
+
+    def __init__(self, spec: ImageSpec, reads: ReadConfig) -> None:
         self._spec = spec
+        self._reading = _Reading(reads)
         self._counters = _Counters()
+        self._window: ReadAhead | None = None
 
-    def process(self, entry: FileEntry):
-        outcome = make_example(entry, self._spec)
+    def setup(self) -> None:
+        self._reading.setup()
+
+    def start_bundle(self) -> None:
+        self._window = self._reading.window()
+
+    def process(self, entry: FileEntry, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+        for fetched in self._window.push((entry, timestamp, window), entry.path, entry.size):
+            yield from self._convert(fetched)
+
+    def finish_bundle(self):
+        for fetched in self._window.drain():
+            yield from self._convert(fetched)
+
+    def teardown(self) -> None:
+        self._reading.teardown()
+
+    def _convert(self, fetched: Fetched):
+        entry, timestamp, window = fetched.item
+        outcome = make_example(entry, self._spec, fetched.error or fetched.data)
         if not self._counters.count(outcome):
-            yield TaggedOutput(FAILED, outcome.failure)
+            yield TaggedOutput(FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
-        yield entry.split, entry.label, outcome.example
+        yield WindowedValue((entry.split, entry.label, outcome.example), timestamp, (window,))
 
 
 class WriteShardFn(beam.DoFn):
     """Writes one whole shard from its listing (already in order-key order).
 
-    Outputs ``(split, shard_name, num_examples)``, ``((split, label), n)`` on
-    ``counts`` and failure reports on ``failed``. Rewriting a shard from scratch
-    makes a retried bundle harmless.
+    The next files' reads run ahead of the work (``ReadAhead``), and records
+    are written in listing order all the same. Outputs ``(split, shard_name,
+    num_examples)``, ``((split, label), n)`` on ``counts`` and failure reports
+    on ``failed``. Rewriting a shard from scratch makes a retried bundle harmless.
     """
 
-    def __init__(self, spec: ImageSpec, output: str, compression: str, split: str, num_shards: int) -> None:
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, output: str, compression: str, split: str,
+                 num_shards: int) -> None:
         self._spec = spec
+        self._reading = _Reading(reads)
         self._output = output
         self._compression = compression
         self._split = split
@@ -102,18 +155,25 @@ class WriteShardFn(beam.DoFn):
         self._counters = _Counters()
         self._listed = Metrics.counter(NAMESPACE, "listed")
 
+    def setup(self) -> None:
+        self._reading.setup()
+
+    def teardown(self) -> None:
+        self._reading.teardown()
+
     def process(self, index: int):
         split = self._split
         name = layout.shard_name(split, index, self._num_shards, self._compression)
         per_label: collections.Counter[str] = collections.Counter()
         with FileSystems.open(layout.work_path(self._output, layout.shard_listing_name(split, index)),
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
-            lines = listing.read().decode("utf-8").splitlines()
-        with layout.shard_writer(join(self._output, name), self._compression) as f:
-            for line in lines:
-                entry = FileEntry.from_json(line)
+            entries = [FileEntry.from_json(line) for line in listing.read().decode("utf-8").splitlines()]
+        with layout.shard_writer(join(self._output, name), self._compression) as f, \
+                self._reading.window() as window:
+            for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
+                entry = fetched.item
                 self._listed.inc()
-                outcome = make_example(entry, self._spec)
+                outcome = make_example(entry, self._spec, fetched.error or fetched.data)
                 if not self._counters.count(outcome):
                     yield TaggedOutput(FAILED, outcome.failure)
                     continue
@@ -132,9 +192,10 @@ class WriteShardsStreaming(beam.PTransform):
     every core has the same work.
     """
 
-    def __init__(self, spec: ImageSpec, output: str, compression: str, num_shards: Mapping[str, int]) -> None:
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, output: str, compression: str,
+                 num_shards: Mapping[str, int]) -> None:
         super().__init__()
-        self._spec, self._output, self._compression = spec, output, compression
+        self._spec, self._reads, self._output, self._compression = spec, reads, output, compression
         self._num_shards = dict(num_shards)
 
     def expand(self, pbegin):
@@ -145,7 +206,7 @@ class WriteShardsStreaming(beam.PTransform):
                 | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
                 | f"Reshuffle[{split}]" >> beam.Reshuffle()
                 | f"WriteShards[{split}]" >> beam.ParDo(
-                    WriteShardFn(self._spec, self._output, self._compression, split, count)).with_outputs(
+                    WriteShardFn(self._spec, self._reads, self._output, self._compression, split, count)).with_outputs(
                         FAILED, COUNTS, main="shards"))
             shards.append(results.shards)
             counts.append(results[COUNTS])
@@ -158,9 +219,10 @@ class WriteShardsStreaming(beam.PTransform):
 class WriteShardsShuffle(beam.PTransform):
     """Listing -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split."""
 
-    def __init__(self, spec: ImageSpec, output: str, compression: str, num_shards: Mapping[str, int]) -> None:
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, output: str, compression: str,
+                 num_shards: Mapping[str, int]) -> None:
         super().__init__()
-        self._spec, self._output, self._compression = spec, output, compression
+        self._spec, self._reads, self._output, self._compression = spec, reads, output, compression
         self._num_shards = dict(num_shards)
 
     def expand(self, pbegin):
@@ -170,7 +232,7 @@ class WriteShardsShuffle(beam.PTransform):
             | "ReadListing" >> ReadFromText(layout.work_path(self._output, layout.LISTING), validate=False)
             | "ParseEntries" >> beam.ParDo(ParseEntryFn())
             | "Reshuffle" >> beam.Reshuffle()
-            | "ImageToExample" >> beam.ParDo(ImageToExampleFn(self._spec)).with_outputs(
+            | "ImageToExample" >> beam.ParDo(ImageToExampleFn(self._spec, self._reads)).with_outputs(
                 FAILED, main="records"))
         records = results.records
         counts = (records

@@ -166,6 +166,8 @@ _NOT_FORWARDED = frozenset({
 # and in the request lines of a batch body. Object names are %2F-escaped by
 # every client, so they cannot contain the pattern.
 _BUCKET_IN_PATH = re.compile(r"/b/([-.\w]+)")
+# An object in a JSON API path: /storage/v1/b/NAME/o/OBJ and /download/storage/v1/b/NAME/o/OBJ.
+_OBJECT_IN_PATH = re.compile(r"/b/([-.\w]+)/o/([^/?]+)")
 
 
 def _free_port() -> int:
@@ -291,6 +293,9 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
     """Serves one client connection for ``GcsGateway``."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as GCS clients expect
+    # Headers and body go out in separate writes: with Nagle on, a keep-alive client
+    # waits for the delayed ACK (40 ms) before each response's body.
+    disable_nagle_algorithm = True
     timeout = _CLIENT_IDLE_TIMEOUT_S
     server: _GatewayHTTPServer
 
@@ -344,6 +349,11 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         body = self._read_body()
+        with self.server.gateway._in_flight():
+            time.sleep(self.server.gateway.latency_s)  # concurrent requests wait side by side
+            self._serve_request(body)
+
+    def _serve_request(self, body: bytes) -> None:
         url = urllib.parse.urlsplit(self.path)
         path, query = url.path, url.query
         if self.command == "POST" and path in _TOKEN_PATHS:
@@ -395,6 +405,10 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
                 HTTPStatus.FORBIDDEN, "forbidden",
                 f"{PROJECT}@example.com does not have storage access to the Google "
                 f"Cloud Storage bucket {denied[0]}. Permission denied on resource.")
+        fault = gateway._take_fault(target)
+        if fault is not None:
+            return fault, HTTPStatus(fault).phrase, json_type, _gcs_error(
+                HTTPStatus(fault), "backendError", f"injected by the test gateway: HTTP {fault}")
         forwarded = [(k, v) for k, v in self.headers.items() if k.lower() not in _NOT_FORWARDED]
         if body or self.command in ("POST", "PUT", "PATCH"):
             forwarded.append(("Content-Length", str(len(body))))
@@ -498,6 +512,11 @@ class GcsGateway:
         self._forbidden: set[str] = set()
         self._open: set[socket.socket] = set()
         self._seen: collections.deque[SeenRequest] = collections.deque(maxlen=100_000)
+        self._faults: dict[tuple[str, str], list[int | None]] = {}
+        self._active = 0
+        self.max_in_flight = 0
+        #: Seconds added to every request before it is answered; see ``set_latency``.
+        self.latency_s = 0.0
 
     @property
     def port(self) -> int:
@@ -520,6 +539,50 @@ class GcsGateway:
             with contextlib.suppress(OSError):  # the client closed it meanwhile
                 sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=5)
+
+    def set_latency(self, seconds: float) -> None:
+        """Adds ``seconds`` to every request from now on, as a distant server would.
+
+        The wait happens in the request's own handler thread, before the
+        emulator sees it, so concurrent requests wait side by side, as they do
+        on a real network, and the one-at-a-time emulator is not held meanwhile.
+        """
+        self.latency_s = seconds
+
+    def fail(self, bucket: str, name: str, status: int, times: int | None = None) -> None:
+        """Answers the next ``times`` requests for object ``name`` with ``status`` (every one if None)."""
+        with self._state_lock:
+            self._faults[(bucket, name)] = [status] * times if times is not None else [None, status]
+
+    def reset_in_flight(self) -> None:
+        """Starts a new count of ``max_in_flight``: the most requests handled at once."""
+        with self._state_lock:
+            self.max_in_flight = self._active
+
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        with self._state_lock:
+            self._active += 1
+            self.max_in_flight = max(self.max_in_flight, self._active)
+        try:
+            yield
+        finally:
+            with self._state_lock:
+                self._active -= 1
+
+    def _take_fault(self, target: str) -> int | None:
+        """The status to inject for this request, if a ``fail`` names its object."""
+        match = _OBJECT_IN_PATH.search(urllib.parse.urlsplit(target).path)
+        if match is None:
+            return None
+        key = (match.group(1), urllib.parse.unquote(match.group(2)))
+        with self._state_lock:
+            planned = self._faults.get(key)
+            if not planned:
+                return None
+            if planned[0] is None:  # failing for ever
+                return planned[1]
+            return planned.pop(0)
 
     def forbid(self, bucket: str) -> None:
         """From now on, requests naming ``bucket`` get 403 Forbidden."""
@@ -761,10 +824,9 @@ def _tls_context(ca: trustme.CA) -> ssl.SSLContext:
     return context
 
 
-@pytest.fixture(scope="session")
-def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsServer]:
-    """Starts the emulator process and the gateway for the whole session."""
-    workdir = tmp_path_factory.mktemp("gcs")
+@contextlib.contextmanager
+def running_gcs_server(workdir: pathlib.Path) -> Iterator[GcsServer]:
+    """The emulator process and the gateway, for the block: for the tests and the benchmarks."""
     ca = trustme.CA()
     ca_bundle = workdir / "test-ca.pem"
     ca.cert_pem.write_to_path(str(ca_bundle))
@@ -783,6 +845,13 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsServer]:
             gateway.stop()
     finally:
         emulator.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsServer]:
+    """Starts the emulator process and the gateway for the whole session."""
+    with running_gcs_server(tmp_path_factory.mktemp("gcs")) as server:
+        yield server
 
 
 @pytest.fixture

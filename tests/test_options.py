@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_prep.options import DEFAULT_REMOTE_READ_CONCURRENCY, config_from_options
 from pipelines import prepare_images
 from trees import make_tree
 
@@ -44,6 +47,9 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--num_shards", "-1", "--num_shards must be 0"),
     ("--sink", "fast", "--sink must be one of auto, streaming, shuffle"),
     ("--compression", "zstd", "--compression must be one of gzip, none"),
+    ("--read_concurrency", "-1", "--read_concurrency must be in [0, 256]"),
+    ("--read_concurrency", "1000", "--read_concurrency must be in [0, 256]"),
+    ("--read_ahead_mb", "0", "--read_ahead_mb must be at least 1"),
 ])
 def test_bad_values_are_reported(capsys, tree, tmp_path, flag, value, message):
     err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"), flag, value)
@@ -107,3 +113,14 @@ def test_dataflow_options_are_checked_before_submission(capsys, flag, message):
 def test_dataflow_workers_cannot_read_local_paths(capsys, tree):
     argv = without("--input") + ["--input", str(tree)]
     assert "--input must be gs://" in fails(capsys, *argv)
+
+
+@pytest.mark.parametrize("source,given,expected", [
+    ("local", None, 0), ("gs", None, DEFAULT_REMOTE_READ_CONCURRENCY), ("gs", "4", 4), ("local", "8", 8)])
+def test_reads_run_ahead_by_default_only_for_remote_input(tree, tmp_path, source, given, expected):
+
+    root = str(tree) if source == "local" else "gs://bucket/images"
+    argv = ["--input", root, "--output", "gs://bucket/out" if source == "gs" else str(tmp_path / "out"),
+            *(["--read_concurrency", given] if given else []), "--read_ahead_mb", "16"]
+    reads = config_from_options(PipelineOptions(argv)).reads
+    assert reads.concurrency == expected and reads.max_bytes == 16 * 2**20

@@ -1,0 +1,134 @@
+"""Images read from gs:// as the pipeline reads them: one request each, retried, reported, overlapped.
+
+Against the GCS server on loopback (``tests/gcs_emulator.py``), whose gateway
+can add latency to every request and fail chosen objects with chosen statuses.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import urllib.parse
+
+import pytest
+
+from beam_prep.errors import ImageError, StorageError
+from beam_prep.gcs import GcsReader, RetryPolicy
+from beam_prep.records import FileReader
+from conftest import REPO, read_split
+from trees import make_tree
+
+FAST_RETRY = RetryPolicy(attempts=3, first_delay_s=0.01, max_delay_s=0.05)
+
+
+def object_gets(gcs_server, bucket, name: str, since: int = 0) -> list:
+    """The requests for object ``name`` (metadata and media alike) the gateway saw after the first ``since``."""
+    quoted = urllib.parse.quote(name, safe="")
+    return [r for r in gcs_server.gateway.seen()[since:]
+            if bucket.name in r.buckets and f"/o/{quoted}" in r.path]
+
+
+def test_an_object_is_read_in_one_request(gcs_server, gcs_bucket):
+    url = gcs_bucket.write_bytes("images/cat/a b.jpg", b"x" * 5000)
+    assert GcsReader().read(url) == b"x" * 5000
+    (request,) = object_gets(gcs_server, gcs_bucket, "images/cat/a b.jpg")
+    assert request.method == "GET" and "alt=media" in request.path and request.status == 200
+
+
+def test_a_read_that_fails_twice_with_503_is_retried_and_succeeds(gcs_server, gcs_bucket):
+    url = gcs_bucket.write_bytes("flaky.jpg", b"payload")
+    gcs_server.gateway.fail(gcs_bucket.name, "flaky.jpg", 503, times=2)
+    assert GcsReader(retry=FAST_RETRY).read(url) == b"payload"
+    assert [r.status for r in object_gets(gcs_server, gcs_bucket, "flaky.jpg")] == [503, 503, 200]
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_read_that_keeps_failing_gives_up_after_its_attempts(gcs_server, gcs_bucket, status):
+    url = gcs_bucket.write_bytes("down.jpg", b"payload")
+    gcs_server.gateway.fail(gcs_bucket.name, "down.jpg", status)
+    with pytest.raises(StorageError, match=rf"cannot read {url}: HTTP {status}.*gave up after 3 attempts"):
+        GcsReader(retry=FAST_RETRY).read(url)
+    assert len(object_gets(gcs_server, gcs_bucket, "down.jpg")) == 3
+
+
+def test_a_missing_object_is_reported_at_once(gcs_server, gcs_bucket):
+    url = gcs_bucket.url("gone.jpg")
+    with pytest.raises(ImageError, match="no such object") as error:
+        FileReader()(url)
+    assert error.value.stage == "read"
+    assert len(object_gets(gcs_server, gcs_bucket, "gone.jpg")) == 1
+
+
+def test_a_forbidden_bucket_is_reported_as_such(gcs_server, gcs_forbidden_bucket):
+    url = gcs_forbidden_bucket.write_bytes("a.jpg", b"payload")
+    with pytest.raises(StorageError, match="permission denied"):
+        GcsReader(retry=FAST_RETRY).read(url)
+
+
+def test_many_reads_share_one_reader_across_threads(gcs_server, gcs_bucket):
+    from concurrent.futures import ThreadPoolExecutor
+
+    urls = [gcs_bucket.write_bytes(f"many/{i}.jpg", bytes([i]) * 1000) for i in range(40)]
+    reader = GcsReader(connections=8)
+    gcs_server.gateway.set_latency(0.05)
+    gcs_server.gateway.reset_in_flight()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            data = list(pool.map(reader.read, urls))
+    finally:
+        gcs_server.gateway.set_latency(0.0)
+    assert data == [bytes([i]) * 1000 for i in range(40)]
+    assert gcs_server.gateway.max_in_flight >= 6
+
+
+# --- the pipeline from gs://, both sinks -------------------------------------------
+
+LABELS = {"cat": 8, "dog": 8}
+
+
+@pytest.fixture(scope="module")
+def image_bucket(gcs_server, tmp_path_factory):
+    tree = tmp_path_factory.mktemp("tree")
+    make_tree(tree, LABELS)
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(tree, "images")
+    return bucket
+
+
+@pytest.mark.parametrize("sink", ["streaming", "shuffle"])
+def test_reads_overlap_and_faults_are_retried_or_reported(gcs_server, image_bucket, sink, tmp_path):
+    """One worker, 40 ms a request: with read-ahead, many reads are in flight at once.
+
+    cat/img_001 fails twice with 503 and is written; dog/img_002 always fails
+    and is reported at stage read; every other image is asked for exactly once.
+    """
+    gateway = gcs_server.gateway
+    gateway.fail(image_bucket.name, "images/cat/img_001.jpg", 503, times=2)
+    gateway.fail(image_bucket.name, "images/dog/img_002.jpg", 503)
+    out = tmp_path / "out"
+    gateway.set_latency(0.04)
+    gateway.reset_in_flight()
+    since = len(gateway.seen())
+    try:
+        result = gcs_server.run(
+            [sys.executable, "-m", "pipelines.prepare_images", "--input", image_bucket.url("images"),
+             "--output", str(out), "--image_size", "16", "--sink", sink, "--read_concurrency", "8",
+             "--direct_num_workers", "1"], cwd=REPO)
+    finally:
+        gateway.set_latency(0.0)
+        gateway.fail(image_bucket.name, "images/dog/img_002.jpg", 503, times=0)
+    assert "15 of 16 images written" in result.stdout
+    assert gateway.max_in_flight >= 6  # one worker process: only read-ahead explains it
+
+    names = sorted(r["image/filename"].decode() for r in read_split(out, "train"))
+    assert "cat/img_001.jpg" in names and "dog/img_002.jpg" not in names and len(names) == 15
+    (error,) = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert error["relpath"] == "dog/img_002.jpg" and error["stage"] == "read"
+    assert "HTTP 503" in error["message"] and "gave up" in error["message"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"] == {"listed": 16, "written": 15, "failed": 1, "skipped": 0}
+    for label, n in LABELS.items():
+        for i in range(n):
+            name = f"images/{label}/img_{i:03d}.jpg"
+            gets = [r for r in object_gets(gcs_server, image_bucket, name, since)
+                    if r.method == "GET" and r.status == 200]
+            assert len(gets) == (0 if name.endswith("dog/img_002.jpg") else 1), name
