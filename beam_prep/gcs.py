@@ -1,4 +1,4 @@
-"""Reading whole GCS objects: one request each, checked, retried with back-off.
+"""GCS for the pipeline's own hot paths: listing a tree, and reading whole objects.
 
 A worker reads every image once, whole, and most are small, so what costs is
 the number of round trips and the client's own CPU per request, not bandwidth.
@@ -14,12 +14,20 @@ figures.
 Every read is checked against the CRC32C that GCS sends in ``x-goog-hash``, and
 transient failures (429, 5xx, dropped or timed-out connections, a checksum
 mismatch) are retried with exponential back-off and full jitter; the final
-failure raises ``StorageError`` naming the object and the reason.
+failure raises ``GcsError`` naming the object and the reason.
+
+Listing goes the same way. GCS returns at most 1,000 names a page, one page
+after another, so a serial listing of a large bucket (Beam's ``match``) waits
+a round trip per thousand objects and parses every object's full metadata.
+``GcsClient.list`` asks only for names and sizes, finds the tree's folders
+with one delimited listing and lists them concurrently.
 """
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -32,7 +40,7 @@ import urllib3
 
 from beam_prep.errors import StorageError
 
-__all__ = ["GcsReader", "RetryPolicy", "split_gs_path"]
+__all__ = ["GcsClient", "GcsError", "RetryPolicy", "split_gs_path"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -41,6 +49,17 @@ DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 # Statuses GCS documents as retryable; 401 is retried once after a token refresh.
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TIMEOUT = urllib3.Timeout(connect=20.0, read=120.0)
+LIST_THREADS = 16
+_LIST_FIELDS = "items(name,size),prefixes,nextPageToken"
+PAGE_SIZE = 1000  # the most GCS returns a page
+
+
+class GcsError(StorageError):
+    """A GCS request that failed for good; ``code`` is its HTTP status, if it got one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +80,12 @@ class RetryPolicy:
             yield random.uniform(0, min(self.max_delay_s, self.first_delay_s * 2**n))
 
 
-def split_gs_path(path: str) -> tuple[str, str]:
+def split_gs_path(path: str, object_optional: bool = False) -> tuple[str, str]:
     """``gs://bucket/name`` -> ``("bucket", "name")``."""
     if not path.startswith("gs://"):
         raise ValueError(f"not a gs:// path: {path}")
     bucket, _, name = path[len("gs://"):].partition("/")
-    if not bucket or not name:
+    if not bucket or not (name or object_optional):
         raise ValueError(f"not a gs:// object path: {path}")
     return bucket, name
 
@@ -74,79 +93,127 @@ def split_gs_path(path: str) -> tuple[str, str]:
 class _Transient(Exception):
     """A failure worth another attempt."""
 
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
-class GcsReader:
-    """Reads whole objects; thread-safe, so one reader serves a worker's read-ahead threads.
+
+class GcsClient:
+    """Reads whole objects and lists trees; thread-safe, so one client serves a worker's read threads.
 
     Args:
-      connections: connections kept open to GCS: as many as reads run at once.
+      connections: connections kept open to GCS: as many as requests run at once.
       retry: the retry policy for transient failures.
       endpoint: the server; ``STORAGE_EMULATOR_HOST`` (as google-cloud-storage
         honours it) or GCS itself by default.
     """
 
-    def __init__(self, connections: int = 10, retry: RetryPolicy = RetryPolicy(),
+    def __init__(self, connections: int = LIST_THREADS, retry: RetryPolicy = RetryPolicy(),
                  endpoint: str | None = None) -> None:
         endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or DEFAULT_ENDPOINT
         if "://" not in endpoint:
             endpoint = "http://" + endpoint
-        self._endpoint = endpoint.rstrip("/")
         self._retry = retry
-        self._pool = urllib3.PoolManager(num_pools=4, maxsize=max(1, connections), retries=False,
-                                         timeout=_TIMEOUT)
+        # One host, so one pool, asked with paths: a PoolManager would parse each URL again.
+        self._pool = urllib3.connection_from_url(endpoint, maxsize=max(1, connections), retries=False,
+                                                 timeout=_TIMEOUT)
         self._credentials = _default_credentials()
         self._auth_lock = threading.Lock()
 
-    def url(self, path: str) -> str:
+    @staticmethod
+    def request_path(path: str) -> str:
+        """The JSON API's media download of ``gs://bucket/name``: the object's bytes, no metadata."""
         bucket, name = split_gs_path(path)
-        return (f"{self._endpoint}/download/storage/v1/b/{bucket}/o/"
-                f"{urllib.parse.quote(name, safe='')}?alt=media")
+        return f"/download/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
 
     def read(self, path: str) -> bytes:
-        """The object's bytes.
+        """The object's bytes, in one request.
 
         Raises:
-          StorageError: the object is missing or forbidden, or every attempt failed.
+          GcsError: the object is missing or forbidden, or every attempt failed.
         """
-        url = self.url(path)
+        return self._get(f"read {path}", self.request_path(path), checked=True)
+
+    def list(self, root: str, threads: int = LIST_THREADS) -> list[tuple[str, int]]:
+        """Every object under the folder ``root`` (``gs://bucket/prefix``) as ``(gs:// path, size)``.
+
+        One delimited listing finds the folders (one level further down where
+        there are fewer than ``threads``, as in a ``train/``, ``validation/``
+        tree); each folder is then listed whole, ``threads`` at a time.
+
+        Raises:
+          GcsError: the bucket is missing or forbidden, or a page failed for good.
+        """
+        bucket, prefix = split_gs_path(root.rstrip("/") + "/", object_optional=True)
+        prefix = prefix.lstrip("/")
+        found, folders = self._list_pages(bucket, prefix, "/")
+        with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="beam-prep-list") as pool:
+            if 0 < len(folders) < threads:
+                deeper = []
+                for objects, subfolders in pool.map(lambda f: self._list_pages(bucket, f, "/"), folders):
+                    found += objects
+                    deeper += subfolders
+                folders = deeper
+            for objects, _ in pool.map(lambda f: self._list_pages(bucket, f, None), folders):
+                found += objects
+        return [(f"gs://{bucket}/{name}", size) for name, size in found]
+
+    def _list_pages(self, bucket: str, prefix: str, delimiter: str | None) -> tuple[list[tuple[str, int]], list[str]]:
+        """Objects and (with a delimiter) sub-folders directly under ``prefix``, every page."""
+        objects: list[tuple[str, int]] = []
+        folders: list[str] = []
+        query = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(PAGE_SIZE)}
+        if delimiter:
+            query["delimiter"] = delimiter
+        while True:
+            url = f"/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"
+            page = json.loads(self._get(f"list gs://{bucket}/{prefix}", url, checked=False))
+            objects += [(item["name"], int(item["size"])) for item in page.get("items", ())]
+            folders += page.get("prefixes", ())
+            if not page.get("nextPageToken"):
+                return objects, folders
+            query["pageToken"] = page["nextPageToken"]
+
+    def _get(self, what: str, url: str, checked: bool) -> bytes:
         refreshed = False
         delays = self._retry.delays()
         while True:
             try:
-                return self._get(path, url)
+                return self._attempt(what, url, checked)
             except _Unauthorized as e:
                 if refreshed:
-                    raise StorageError(f"cannot read {path}: {e}") from e
+                    raise GcsError(f"cannot {what}: {e}", 401) from e
                 refreshed = True
                 self._refresh()
             except _Transient as e:
                 delay = next(delays, None)
                 if delay is None:
-                    raise StorageError(f"cannot read {path}: {e} "
-                                       f"(gave up after {self._retry.attempts} attempts)") from e
-                _LOG.debug("retrying %s in %.2f s: %s", path, delay, e)
+                    raise GcsError(f"cannot {what}: {e} (gave up after {self._retry.attempts} attempts)",
+                                   e.code) from e
+                _LOG.debug("retrying %s in %.2f s: %s", what, delay, e)
                 time.sleep(delay)
 
-    def _get(self, path: str, url: str) -> bytes:
+    def _attempt(self, what: str, url: str, checked: bool) -> bytes:
         try:
-            response = self._pool.request("GET", url, headers=self._headers(), decode_content=False)
+            response = self._pool.urlopen("GET", url, headers=self._headers(), decode_content=False)
         except urllib3.exceptions.HTTPError as e:  # reset, refused, timed out, cut short
             raise _Transient(f"{type(e).__name__}: {e}") from e
         status = response.status
         if status == 200:
             data = response.data
-            _check_crc32c(response.headers, data)
+            if checked:
+                _check_crc32c(response.headers, data)
             return data
         if status == 401:
             raise _Unauthorized(f"HTTP 401 {_reason(response)}")
         if status in TRANSIENT_STATUS:
-            raise _Transient(f"HTTP {status} {_reason(response)}")
+            raise _Transient(f"HTTP {status} {_reason(response)}", status)
         if status == 404:
-            raise StorageError(f"cannot read {path}: no such object (HTTP 404)")
+            raise GcsError(f"cannot {what}: not found (HTTP 404)", 404)
         if status == 403:
-            raise StorageError(f"cannot read {path}: permission denied (HTTP 403); grant the "
-                               "credentials in use read access to the bucket")
-        raise StorageError(f"cannot read {path}: HTTP {status} {_reason(response)}")
+            raise GcsError(f"cannot {what}: permission denied (HTTP 403); grant the credentials in "
+                           "use access to the bucket", 403)
+        raise GcsError(f"cannot {what}: HTTP {status} {_reason(response)}", status)
 
     def _headers(self) -> dict[str, str]:
         if self._credentials is None:

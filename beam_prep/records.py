@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.features import ImageRecord, encode_example
-from beam_prep.gcs import GcsReader
+from beam_prep.gcs import GcsClient
 from beam_prep.imaging import ImageSpec, process_image
 from beam_prep.listing import FileEntry
 from beam_prep.storage import is_local
@@ -32,7 +32,7 @@ class FileReader:
     """Reads a listed file whole, by where it lives; one per worker, shared by its read threads.
 
     Local files are read with ``open()`` (Beam's filesystem dispatch costs more
-    than the read); gs:// objects with one request each (``gcs.GcsReader``);
+    than the read); gs:// objects with one request each (``gcs.GcsClient``);
     any other scheme through Beam's ``FileSystems``. Every failure is an
     ``ImageError`` at stage ``read``, naming the reason.
 
@@ -42,7 +42,7 @@ class FileReader:
 
     def __init__(self, connections: int = 1) -> None:
         self._connections = connections
-        self._gcs: GcsReader | None = None
+        self._gcs: GcsClient | None = None
         self._lock = threading.Lock()
 
     def __call__(self, path: str) -> bytes:
@@ -51,7 +51,7 @@ class FileReader:
                 with open(path, "rb") as f:
                     return f.read()
             if path.startswith("gs://"):
-                return self._gcs_reader().read(path)
+                return self._gcs_client().read(path)
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 return f.read()
         except StorageError as e:
@@ -59,10 +59,10 @@ class FileReader:
         except Exception as e:  # noqa: BLE001 - local and remote filesystems raise different types.
             raise ImageError("read", f"cannot read file: {e}") from e
 
-    def _gcs_reader(self) -> GcsReader:
+    def _gcs_client(self) -> GcsClient:
         with self._lock:  # made on first use: a worker reading only local files never needs credentials
             if self._gcs is None:
-                self._gcs = GcsReader(connections=self._connections)
+                self._gcs = GcsClient(connections=self._connections)
             return self._gcs
 
 

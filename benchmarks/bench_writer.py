@@ -15,6 +15,9 @@ Prints a markdown table for the README and writes the numbers as JSON with
 peak memory grows with the corpus.
 
     python -m benchmarks.bench_writer --images 20000 --json bench.json
+
+``--gcs`` runs the gs:// mode instead (``benchmarks/writer_gcs.py``): the same
+corpus from local disk and from the test GCS server at added latencies, both sinks.
 """
 from __future__ import annotations
 
@@ -231,6 +234,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--gcs" in argv:
+        from benchmarks import writer_gcs
+
+        writer_gcs.main(argv)
+        return
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     info = machine.machine_info()

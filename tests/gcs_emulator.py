@@ -29,6 +29,9 @@ There is no Google Cloud here, so every gs:// test talks to real servers on
     instead of the Application Default Credentials the product relies on.
   - It answers 403 for chosen buckets: the emulator has no permission model,
     and the product must report a permission error clearly.
+  - It makes the network and GCS's manners testable: a fixed delay on every
+    request (as a distant bucket has), injected 429/5xx answers for chosen
+    objects, paged listings, and a count of the requests in flight at once.
 
 Credentials
 -----------
@@ -98,6 +101,7 @@ Fixtures
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import http.client
 import http.server
@@ -166,6 +170,11 @@ _NOT_FORWARDED = frozenset({
 # and in the request lines of a batch body. Object names are %2F-escaped by
 # every client, so they cannot contain the pattern.
 _BUCKET_IN_PATH = re.compile(r"/b/([-.\w]+)")
+# A list request: GET /storage/v1/b/NAME/o
+_LIST_PATH = re.compile(r"/storage/v1/b/[-.\w]+/o")
+# GCS answers a list request with at most this many items and prefixes, and a token for the rest.
+_MAX_PAGE = 1000
+_KEPT_PAGE_TOKENS = 256
 # An object in a JSON API path: /storage/v1/b/NAME/o/OBJ and /download/storage/v1/b/NAME/o/OBJ.
 _OBJECT_IN_PATH = re.compile(r"/b/([-.\w]+)/o/([^/?]+)")
 
@@ -182,6 +191,44 @@ def _gcs_error(status: HTTPStatus, reason: str, message: str) -> bytes:
     error = {"code": status.value, "message": message,
              "errors": [{"domain": "global", "reason": reason, "message": message}]}
     return json.dumps({"error": error}).encode()
+
+
+# ``python -m gcp_storage_emulator`` with two costs taken out that real GCS does not have:
+# * after every write the emulator re-serialises the metadata of every object it holds
+#   (indented JSON, into its own store), which it reads back only when it starts:
+#   loading N objects cost O(N^2), hours for a benchmark corpus. Here the hook only
+#   marks the object table as changed;
+# * every list request scanned every object of the bucket for its prefix. Here it
+#   is answered from a sorted index of names, rebuilt after a change.
+_EMULATOR_LAUNCHER = """
+import bisect, sys
+from gcp_storage_emulator import storage
+from gcp_storage_emulator.__main__ import main
+
+changes = [0]
+index = {}
+
+def changed(self):
+    changes[0] += 1
+
+def live_candidates(self, bucket_name, prefix=None):
+    objects = self.objects.get(bucket_name, {})
+    version, names = index.get(bucket_name, (None, None))
+    if version != changes[0]:
+        names = sorted(objects)
+        index[bucket_name] = (changes[0], names)
+    prefix = prefix or ""
+    found = []
+    for i in range(bisect.bisect_left(names, prefix), len(names)):
+        if not names[i].startswith(prefix):
+            break
+        found.append((names[i], objects[names[i]]))
+    return found
+
+storage.Storage._write_config_to_file = changed
+storage.Storage._list_live_candidates = live_candidates
+main(sys.argv[1:])
+"""
 
 
 class EmulatorProcess:
@@ -202,6 +249,10 @@ class EmulatorProcess:
         return f"http://{LOOPBACK}:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def log_path(self) -> pathlib.Path:
         return self._workdir / "gcp-storage-emulator.log"
 
@@ -210,7 +261,7 @@ class EmulatorProcess:
         port = _free_port()
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gcp_storage_emulator", "start",
+                [sys.executable, "-c", _EMULATOR_LAUNCHER, "start",
                  "--host", LOOPBACK, "--port", str(port), "--in-memory"],
                 cwd=self._workdir, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT)
@@ -409,6 +460,10 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
         if fault is not None:
             return fault, HTTPStatus(fault).phrase, json_type, _gcs_error(
                 HTTPStatus(fault), "backendError", f"injected by the test gateway: HTTP {fault}")
+        listing = _LIST_PATH.fullmatch(urllib.parse.urlsplit(target).path) and self.command == "GET"
+        page_token = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query).get("pageToken", [None])[0]
+        if listing and page_token is not None:
+            return gateway._next_page(page_token, target)
         forwarded = [(k, v) for k, v in self.headers.items() if k.lower() not in _NOT_FORWARDED]
         if body or self.command in ("POST", "PUT", "PATCH"):
             forwarded.append(("Content-Length", str(len(body))))
@@ -428,6 +483,8 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
                 # the client must come back through the tunnel.
                 value = re.sub(r"^http://", "https://", value)
             kept.append((name, value))
+        if listing and status == HTTPStatus.OK:
+            data = gateway._first_page(data, target)
         return status, reason, kept, data
 
     def _read_body(self) -> bytes:
@@ -493,7 +550,12 @@ class GcsGateway:
     * answers 401 without the test bearer token, 403 for forbidden buckets;
     * decodes chunked request bodies and forwards them with Content-Length;
     * rewrites ``Location`` to https for tunnelled clients;
-    * records what it handled, see ``seen``.
+    * records what it handled, see ``seen``;
+    * pages list answers as GCS does (at most 1,000 names, then a
+      ``nextPageToken``; the emulator answers in one page);
+    * on request, adds a fixed latency to every request (``set_latency``),
+      fails chosen objects with chosen statuses (``fail``), and counts the
+      most requests in flight at once (``max_in_flight``).
 
     The emulator serves one request at a time with a listen backlog of five,
     so the gateway forwards one at a time too, each on a fresh connection
@@ -513,6 +575,8 @@ class GcsGateway:
         self._open: set[socket.socket] = set()
         self._seen: collections.deque[SeenRequest] = collections.deque(maxlen=100_000)
         self._faults: dict[tuple[str, str], list[int | None]] = {}
+        # The rest of a paged listing, by page token (the emulator itself answers in one page).
+        self._pages: collections.OrderedDict[str, tuple[list, list]] = collections.OrderedDict()
         self._active = 0
         self.max_in_flight = 0
         #: Seconds added to every request before it is answered; see ``set_latency``.
@@ -569,6 +633,40 @@ class GcsGateway:
         finally:
             with self._state_lock:
                 self._active -= 1
+
+    def _first_page(self, data: bytes, target: str) -> bytes:
+        """Pages the emulator's one-page answer as GCS does; the rest waits under a token."""
+        answer = json.loads(data)
+        return self._page(answer.get("items") or [], answer.get("prefixes") or [], target)
+
+    def _next_page(self, token: str, target: str) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        json_type = [("Content-Type", "application/json; charset=UTF-8")]
+        with self._state_lock:
+            rest = self._pages.pop(token, None)
+        if rest is None:
+            return HTTPStatus.BAD_REQUEST, "Bad Request", json_type, _gcs_error(
+                HTTPStatus.BAD_REQUEST, "invalid", f"unknown or used page token {token}")
+        return HTTPStatus.OK, "OK", json_type, self._page(*rest, target)
+
+    def _page(self, items: list, prefixes: list, target: str) -> bytes:
+        """One page of at most maxResults (and at most 1000) items and prefixes, in name order."""
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+        size = min(int(query.get("maxResults", [_MAX_PAGE])[0]), _MAX_PAGE)
+        entries = sorted([(item["name"], item, None) for item in items] + [(p, None, p) for p in prefixes],
+                         key=lambda e: e[0])
+        page, rest = entries[:size], entries[size:]
+        answer: dict[str, object] = {"kind": "storage#objects",
+                                     "items": [e[1] for e in page if e[1] is not None],
+                                     "prefixes": [e[2] for e in page if e[2] is not None]}
+        if rest:
+            token = uuid.uuid4().hex
+            answer["nextPageToken"] = token
+            with self._state_lock:
+                self._pages[token] = ([e[1] for e in rest if e[1] is not None],
+                                      [e[2] for e in rest if e[2] is not None])
+                while len(self._pages) > _KEPT_PAGE_TOKENS:
+                    self._pages.popitem(last=False)
+        return json.dumps(answer).encode()
 
     def _take_fault(self, target: str) -> int | None:
         """The status to inject for this request, if a ``fail`` names its object."""
@@ -668,19 +766,23 @@ class GcsBucket:
         """Object names starting with ``prefix``, sorted."""
         return sorted(blob.name for blob in self._bucket.list_blobs(prefix=prefix or None))
 
-    def upload_tree(self, root: pathlib.Path, prefix: str = "") -> list[str]:
+    def upload_tree(self, root: pathlib.Path, prefix: str = "", threads: int = 1) -> list[str]:
         """Copies every file under ``root`` to ``gs://NAME/prefix/<relative path>``.
 
-        Returns the gs:// URLs written, sorted.
+        ``threads`` uploads run at once (for large trees). Returns the gs:// URLs written, sorted.
         """
         base = prefix.strip("/")
-        urls = []
+        names = {}
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             relative = path.relative_to(root).as_posix()
-            name = f"{base}/{relative}" if base else relative
-            self._bucket.blob(name).upload_from_filename(str(path))
-            urls.append(self.url(name))
-        return urls
+            names[f"{base}/{relative}" if base else relative] = path
+
+        def upload(name: str) -> str:
+            self._bucket.blob(name).upload_from_filename(str(names[name]))
+            return self.url(name)
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(upload, names))
 
     def download_tree(self, prefix: str, dest: pathlib.Path) -> list[pathlib.Path]:
         """Copies every object under folder ``prefix`` to ``dest/<rest of its name>``."""

@@ -1,4 +1,5 @@
-"""Images read from gs:// as the pipeline reads them: one request each, retried, reported, overlapped.
+"""gs:// as the pipeline lists and reads it: folders listed concurrently, one request an image,
+retries, reports, and reads that overlap the work.
 
 Against the GCS server on loopback (``tests/gcs_emulator.py``), whose gateway
 can add latency to every request and fail chosen objects with chosen statuses.
@@ -12,7 +13,7 @@ import urllib.parse
 import pytest
 
 from beam_prep.errors import ImageError, StorageError
-from beam_prep.gcs import GcsReader, RetryPolicy
+from beam_prep.gcs import GcsClient, RetryPolicy
 from beam_prep.records import FileReader
 from conftest import REPO, read_split
 from trees import make_tree
@@ -29,7 +30,7 @@ def object_gets(gcs_server, bucket, name: str, since: int = 0) -> list:
 
 def test_an_object_is_read_in_one_request(gcs_server, gcs_bucket):
     url = gcs_bucket.write_bytes("images/cat/a b.jpg", b"x" * 5000)
-    assert GcsReader().read(url) == b"x" * 5000
+    assert GcsClient().read(url) == b"x" * 5000
     (request,) = object_gets(gcs_server, gcs_bucket, "images/cat/a b.jpg")
     assert request.method == "GET" and "alt=media" in request.path and request.status == 200
 
@@ -37,7 +38,7 @@ def test_an_object_is_read_in_one_request(gcs_server, gcs_bucket):
 def test_a_read_that_fails_twice_with_503_is_retried_and_succeeds(gcs_server, gcs_bucket):
     url = gcs_bucket.write_bytes("flaky.jpg", b"payload")
     gcs_server.gateway.fail(gcs_bucket.name, "flaky.jpg", 503, times=2)
-    assert GcsReader(retry=FAST_RETRY).read(url) == b"payload"
+    assert GcsClient(retry=FAST_RETRY).read(url) == b"payload"
     assert [r.status for r in object_gets(gcs_server, gcs_bucket, "flaky.jpg")] == [503, 503, 200]
 
 
@@ -46,13 +47,13 @@ def test_a_read_that_keeps_failing_gives_up_after_its_attempts(gcs_server, gcs_b
     url = gcs_bucket.write_bytes("down.jpg", b"payload")
     gcs_server.gateway.fail(gcs_bucket.name, "down.jpg", status)
     with pytest.raises(StorageError, match=rf"cannot read {url}: HTTP {status}.*gave up after 3 attempts"):
-        GcsReader(retry=FAST_RETRY).read(url)
+        GcsClient(retry=FAST_RETRY).read(url)
     assert len(object_gets(gcs_server, gcs_bucket, "down.jpg")) == 3
 
 
 def test_a_missing_object_is_reported_at_once(gcs_server, gcs_bucket):
     url = gcs_bucket.url("gone.jpg")
-    with pytest.raises(ImageError, match="no such object") as error:
+    with pytest.raises(ImageError, match=r"not found \(HTTP 404\)") as error:
         FileReader()(url)
     assert error.value.stage == "read"
     assert len(object_gets(gcs_server, gcs_bucket, "gone.jpg")) == 1
@@ -61,14 +62,14 @@ def test_a_missing_object_is_reported_at_once(gcs_server, gcs_bucket):
 def test_a_forbidden_bucket_is_reported_as_such(gcs_server, gcs_forbidden_bucket):
     url = gcs_forbidden_bucket.write_bytes("a.jpg", b"payload")
     with pytest.raises(StorageError, match="permission denied"):
-        GcsReader(retry=FAST_RETRY).read(url)
+        GcsClient(retry=FAST_RETRY).read(url)
 
 
 def test_many_reads_share_one_reader_across_threads(gcs_server, gcs_bucket):
     from concurrent.futures import ThreadPoolExecutor
 
     urls = [gcs_bucket.write_bytes(f"many/{i}.jpg", bytes([i]) * 1000) for i in range(40)]
-    reader = GcsReader(connections=8)
+    reader = GcsClient(connections=8)
     gcs_server.gateway.set_latency(0.05)
     gcs_server.gateway.reset_in_flight()
     try:
@@ -78,6 +79,59 @@ def test_many_reads_share_one_reader_across_threads(gcs_server, gcs_bucket):
         gcs_server.gateway.set_latency(0.0)
     assert data == [bytes([i]) * 1000 for i in range(40)]
     assert gcs_server.gateway.max_in_flight >= 6
+
+
+# --- listing ---------------------------------------------------------------------
+
+def test_a_tree_is_listed_whole_with_sizes(gcs_server, gcs_bucket):
+    names = ["root/loose.jpg", "root/cat/a.jpg", "root/cat/b.jpg", "root/dog/deep/c.jpg",
+             "root/train/cat/d.jpg", "rootless/e.jpg"]
+    for i, name in enumerate(names):
+        gcs_bucket.write_bytes(name, b"x" * (i + 1))
+    listed = GcsClient().list(gcs_bucket.url("root"))
+    assert sorted(listed) == sorted((gcs_bucket.url(n), i + 1) for i, n in enumerate(names)
+                                    if n.startswith("root/"))
+
+
+def test_split_folders_are_listed_a_level_deeper(gcs_server, gcs_bucket):
+    names = [f"t/{split}/{label}/{i}.jpg" for split in ("train", "validation")
+             for label in ("a", "b", "c") for i in range(2)]
+    for name in names:
+        gcs_bucket.write_bytes(name, b"x")
+    since = len(gcs_server.gateway.seen())
+    assert sorted(p for p, _ in GcsClient().list(gcs_bucket.url("t"))) == sorted(map(gcs_bucket.url, names))
+    prefixes = sorted(urllib.parse.parse_qs(urllib.parse.urlsplit(r.path).query)["prefix"][0]
+                      for r in gcs_server.gateway.seen()[since:])
+    assert prefixes == ["t/", "t/train/", "t/train/a/", "t/train/b/", "t/train/c/", "t/validation/",
+                        "t/validation/a/", "t/validation/b/", "t/validation/c/"]
+
+
+def test_pages_are_followed_to_the_end(gcs_server, gcs_bucket, monkeypatch):
+    monkeypatch.setattr("beam_prep.gcs.PAGE_SIZE", 4)
+    names = [f"p/cat/{i:02d}.jpg" for i in range(10)] + [f"p/{label}/x.jpg" for label in "abcdefg"]
+    for name in names:
+        gcs_bucket.write_bytes(name, b"x")
+    since = len(gcs_server.gateway.seen())
+    assert sorted(p for p, _ in GcsClient().list(gcs_bucket.url("p"))) == sorted(map(gcs_bucket.url, names))
+    assert len([r for r in gcs_server.gateway.seen()[since:] if "pageToken=" in r.path]) >= 3
+
+
+def test_folders_are_listed_concurrently(gcs_server, gcs_bucket):
+    for label in range(24):
+        gcs_bucket.write_bytes(f"c/label{label:02d}/img.jpg", b"x")
+    gcs_server.gateway.set_latency(0.05)
+    gcs_server.gateway.reset_in_flight()
+    try:
+        assert len(GcsClient().list(gcs_bucket.url("c"))) == 24
+    finally:
+        gcs_server.gateway.set_latency(0.0)
+    assert gcs_server.gateway.max_in_flight >= 8
+
+
+def test_listing_a_missing_bucket_says_so(gcs_server, gcs_missing_bucket):
+    with pytest.raises(StorageError, match="not found") as error:
+        GcsClient().list(f"gs://{gcs_missing_bucket}/images")
+    assert error.value.code == 404
 
 
 # --- the pipeline from gs://, both sinks -------------------------------------------

@@ -1,0 +1,95 @@
+"""The reader benchmark's gs:// mode: the same shards from local disk and from gs:// at added latencies.
+
+``python -m benchmarks.bench_reader --gcs`` copies the benchmark's JPEG dataset
+(written by the pipeline, 8 GZIP shards) into the test GCS server
+(``tests/gcs_emulator.py``) and times reader (a), ``make_dataset(path,
+"train", batch_size=256, training=True, repeat=True)``, from local disk and
+from gs:// with 0 and 30 ms added to every request. gs:// goes through
+TensorFlow's own GCS filesystem, as training does, and the gateway's TLS. Each
+source runs in a fresh process (TensorFlow fixes its GCS settings once per
+process) while this one serves GCS; the table gives the median images/s and the
+ratios to gs:// at 0 ms and to local disk.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Callable, Sequence
+
+from benchmarks import CACHE_DIR, REPO_ROOT, machine
+
+log = logging.getLogger(__name__)
+
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from gcs_emulator import running_gcs_server  # noqa: E402
+
+_CHILD = """
+import json, sys
+from beam_prep.reader import make_dataset
+from benchmarks.bench_reader import BATCH_SIZE, Reader, time_reader
+path, seconds, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+reader = Reader("a", "", lambda: make_dataset(path, "train", batch_size=BATCH_SIZE, training=True, repeat=True))
+print(json.dumps([time_reader(reader, seconds)[0] for _ in range(rounds)]))
+"""
+
+
+def main(argv: Sequence[str] | None, dataset_of: Callable[[int], pathlib.Path]) -> None:
+    """``dataset_of(images)``: the benchmark's local JPEG dataset of that many records."""
+    from benchmarks.bench_reader import DEFAULT_IMAGES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gcs", action="store_true")
+    parser.add_argument("--images", type=int, default=DEFAULT_IMAGES)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latencies", type=int, nargs="+", default=[0, 30], metavar="MS")
+    parser.add_argument("--json", type=pathlib.Path)
+    args = parser.parse_args(argv)
+    images, dataset = args.images, dataset_of(args.images)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="reader-gcs-", dir=CACHE_DIR))
+    rates: dict[str, list[float]] = {}
+    try:
+        with running_gcs_server(workdir) as server:
+            bucket = server.new_bucket()
+            bucket.upload_tree(dataset, "dataset", threads=3)
+            sources = [("local disk", str(dataset), None)] + [
+                (f"gs:// {ms} ms", bucket.url("dataset"), ms) for ms in args.latencies]
+            for name, path, ms in sources:
+                server.gateway.set_latency((ms or 0) / 1e3)
+                try:
+                    done = subprocess.run(
+                        [sys.executable, "-c", _CHILD, path, str(args.seconds), str(args.rounds)],
+                        cwd=REPO_ROOT, env=server.subprocess_env({"TF_CPP_MIN_LOG_LEVEL": "2"}),
+                        capture_output=True, text=True)
+                finally:
+                    server.gateway.set_latency(0.0)
+                if done.returncode != 0:
+                    raise SystemExit(f"reader from {name} failed:\n{done.stderr[-3000:]}")
+                rates[name] = json.loads(done.stdout.strip().splitlines()[-1])
+                log.info("%s: %s images/s", name, [round(r) for r in rates[name]])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    medians = {name: statistics.median(r) for name, r in rates.items()}
+    zero = medians.get("gs:// 0 ms")
+    local = medians["local disk"]
+    print()
+    print(f"Reader (a) from gs://: {images:,} records of the benchmark's JPEG dataset, training defaults, "
+          f"batch 256; median of {args.rounds} rounds of {args.seconds:g} s, each source in a fresh process")
+    print()
+    print("| source | images/s | ÷ gs:// at 0 ms | ÷ local disk |")
+    print("|---|---:|---:|---:|")
+    for name, rate in medians.items():
+        vs_zero = "—" if zero is None or name == "local disk" else f"{rate / zero:.2f}×"
+        vs_local = "—" if name == "local disk" else f"{rate / local:.2f}×"
+        print(f"| {name} | {rate:,.0f} | {vs_zero} | {vs_local} |")
+    print()
+    print(f"Machine: {machine.describe(machine.machine_info())}")
+    if args.json:
+        args.json.write_text(json.dumps({"rates": rates}, indent=2))

@@ -1,0 +1,222 @@
+"""The writer benchmark's gs:// mode: the same corpus from local disk and from gs:// at added latencies.
+
+``python -m benchmarks.bench_writer --gcs`` loads the cached corpus into the
+test GCS server (``tests/gcs_emulator.py``: gcp-storage-emulator behind the
+gateway that every client goes through) and runs ``python -m
+pipelines.prepare_images`` on it, as a user would, with the output on local
+disk:
+
+  * from local disk, then from gs:// with 0, 30 and 100 ms added to every
+    request (a bucket seen from a VM in its region answers a small read in
+    roughly 20-50 ms; from a laptop, 100 ms and more);
+  * with both sinks: ``streaming`` (the local default) and ``shuffle`` (the
+    Dataflow path; on the local runner each worker process runs one bundle at a
+    time, as a Dataflow Python worker gives each vCPU one thread).
+
+Each row reports images/s from command start to ``manifest.json`` written, its
+ratio to the same sink at 0 ms and from local disk, the peak memory of the
+pipeline's process tree, and the CPU the storage server spent per image
+(emulator process plus the gateway's threads in this process): on a 2-core
+machine that CPU is taken from the pipeline, which no real GCS would do.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Iterator, Sequence
+
+import psutil
+
+from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
+from benchmarks.corpus import Corpus, ensure_corpus
+from benchmarks.measure import run_measured
+
+log = logging.getLogger(__name__)
+
+# The GCS server lives with the tests (it is their fixture); the benchmark starts the same one.
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from gcs_emulator import GcsServer, running_gcs_server  # noqa: E402
+
+LATENCIES_MS = (0, 30, 100)
+SINKS = ("streaming", "shuffle")
+# The emulator serves one request at a time with a listen backlog of five: more
+# uploaders than that time out connecting.
+UPLOAD_THREADS = 3
+GIB = 2**30
+
+
+@dataclasses.dataclass
+class GcsRun:
+    sink: str
+    source: str  # "local" or "gs"
+    latency_ms: int
+    images: int
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    server_cpu_s: float = 0.0
+    error: str | None = None
+    all_seconds: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        return self.sink, self.source, self.latency_ms, self.images
+
+    @property
+    def images_per_s(self) -> float | None:
+        return None if self.error else self.images / self.seconds
+
+    @property
+    def server_ms_per_image(self) -> float | None:
+        return None if self.source == "local" else self.server_cpu_s / self.images * 1e3
+
+    def to_json(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "images_per_s": self.images_per_s,
+                "server_ms_per_image": self.server_ms_per_image}
+
+
+@contextlib.contextmanager
+def serving(corpora: Sequence[Corpus], workdir: pathlib.Path) -> Iterator[tuple[GcsServer, dict[int, str]]]:
+    """The GCS server holding each corpus under its own prefix; yields it and the gs:// roots by size."""
+    with running_gcs_server(workdir) as server:
+        bucket = server.new_bucket()
+        roots = {}
+        for corpus in corpora:
+            start = time.perf_counter()
+            bucket.upload_tree(corpus.root, f"corpus-{corpus.images}", threads=UPLOAD_THREADS)
+            log.info("uploaded %d images in %.0f s", corpus.images, time.perf_counter() - start)
+            roots[corpus.images] = bucket.url(f"corpus-{corpus.images}")
+        yield server, roots
+
+
+def run_one(server: GcsServer, run: GcsRun, source: str, workdir: pathlib.Path) -> GcsRun:
+    out = workdir / "out"
+    server.gateway.set_latency(run.latency_ms / 1e3)
+    emulator = psutil.Process(server.emulator.pid)
+    here = psutil.Process()
+    cpu_before = sum(emulator.cpu_times()[:2]) + sum(here.cpu_times()[:2])
+    try:
+        measured = run_measured(
+            [sys.executable, "-m", "pipelines.prepare_images", "--input", source, "--output", str(out),
+             "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY), "--sink", run.sink,
+             "--overwrite"],
+            cwd=REPO_ROOT, env=server.env())
+    finally:
+        server.gateway.set_latency(0.0)
+    server_cpu = sum(emulator.cpu_times()[:2]) + sum(here.cpu_times()[:2]) - cpu_before
+    result = dataclasses.replace(run, peak_rss_bytes=measured.peak_rss_bytes, server_cpu_s=server_cpu)
+    if measured.returncode != 0:
+        result.error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
+        return result
+    written = json.loads((out / "manifest.json").read_text())["counts"]["written"]
+    if written != run.images:
+        result.error = f"wrote {written} of {run.images} images"
+    result.seconds = measured.seconds_until_written(out / "manifest.json")
+    shutil.rmtree(out)
+    return result
+
+
+def median(runs: list[GcsRun]) -> GcsRun:
+    ok = sorted((r for r in runs if r.error is None), key=lambda r: r.seconds)
+    if not ok:
+        return runs[0]
+    chosen = ok[len(ok) // 2]
+    chosen.all_seconds = [round(r.seconds, 2) for r in ok]
+    return chosen
+
+
+def table(results: dict[tuple, GcsRun]) -> str:
+    lines = [
+        "| sink | input | added latency | images | wall s | images/s | ÷ same at 0 ms | ÷ local disk "
+        "| peak RSS GiB | server CPU ms/image |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key in sorted(results, key=lambda k: (SINKS.index(k[0]), k[3], k[1] != "local", k[2])):
+        r = results[key]
+        zero = results.get((r.sink, "gs", 0, r.images))
+        local = results.get((r.sink, "local", 0, r.images))
+
+        def ratio(base: GcsRun | None) -> str:
+            if r.source == "local" or base is None or base.images_per_s is None or r.images_per_s is None:
+                return "—"
+            return f"{r.images_per_s / base.images_per_s:.2f}×"
+
+        rate = "failed" if r.error else f"{r.images_per_s:,.1f}"
+        server = "—" if r.server_ms_per_image is None else f"{r.server_ms_per_image:.2f}"
+        lines.append(
+            f"| {r.sink} | {'gs://' if r.source == 'gs' else 'local disk'} "
+            f"| {'—' if r.source == 'local' else f'{r.latency_ms} ms'} | {r.images:,} "
+            f"| {r.seconds:.1f} | {rate} | {ratio(zero)} | {ratio(local)} "
+            f"| {r.peak_rss_bytes / GIB:.2f} | {server} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gcs", action="store_true", help="this mode (as bench_writer passes it)")
+    parser.add_argument("--images", type=int, nargs="+", default=[20000], metavar="N",
+                        help="corpus sizes for the streaming sink (default 20000)")
+    parser.add_argument("--shuffle_images", type=int, default=5000, metavar="N",
+                        help="corpus size for the shuffle sink, which holds every record in the local "
+                             "runner's memory (default 5000; 0 skips it)")
+    parser.add_argument("--latencies", type=int, nargs="+", default=list(LATENCIES_MS), metavar="MS")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds, taking turns; rows are medians")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    info = machine.machine_info()
+    plan = [(sink, size) for size in args.images for sink in ("streaming",)]
+    if args.shuffle_images:
+        plan.append(("shuffle", args.shuffle_images))
+    sizes = sorted({size for _, size in plan})
+    corpora = {size: ensure_corpus(size, CACHE_DIR) for size in sizes}
+    attempts: dict[tuple, list[GcsRun]] = {}
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="gcs-", dir=CACHE_DIR))
+    try:
+        with serving(list(corpora.values()), workdir) as (server, roots):
+            for _ in range(args.repeat):
+                for sink, size in plan:
+                    runs = [GcsRun(sink, "local", 0, size)]
+                    runs += [GcsRun(sink, "gs", ms, size) for ms in args.latencies]
+                    for run in runs:
+                        source = str(corpora[size].root) if run.source == "local" else roots[size]
+                        result = run_one(server, run, source, workdir)
+                        log.info("%s: %s images/s%s", run.key, result.images_per_s,
+                                 f" ({result.error})" if result.error else "")
+                        attempts.setdefault(run.key, []).append(result)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results = {key: median(runs) for key, runs in attempts.items()}
+    print()
+    for corpus in corpora.values():
+        print(f"Corpus: {corpus.images:,} JPEGs in {corpus.classes} classes, "
+              f"{corpus.total_bytes / corpus.images / 1e3:.0f} KB on average")
+    print(f"Settings: {IMAGE_SIZE}×{IMAGE_SIZE}, JPEG q{JPEG_QUALITY}, GZIP, output on local disk, default "
+          "read options; wall time from command start to manifest.json written; medians of "
+          f"{args.repeat} run(s) taking turns.")
+    print()
+    print(table(results))
+    print()
+    print(f"Machine: {machine.describe(info)}")
+    for r in results.values():
+        if r.error:
+            print(f"\n{r.key} failed: {r.error}")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": info, "runs": [r.to_json() for r in results.values()]},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()
