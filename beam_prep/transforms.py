@@ -14,6 +14,11 @@ listing files the launcher wrote (``layout.work_path``):
   an image DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that
   groups records into shards is the service's, so it scales past one machine; on
   the local runner the same grouping holds every record in memory.
+
+In both, a worker's reads run ahead of its work (``readahead.ReadAhead``,
+``--read_concurrency`` files and ``--read_ahead_mb`` at most): over a shard's
+listing in the streaming sink, across a bundle's elements in the shuffle sink,
+so a worker never waits a round trip per image, and records keep their order.
 """
 from __future__ import annotations
 

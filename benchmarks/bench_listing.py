@@ -9,8 +9,9 @@ Fills the test GCS server (``tests/gcs_emulator.py``, which pages listings
       beam-prep used before, as the baseline;
   (b) ``listing.list_tree``, as the launcher runs it (folders listed concurrently).
 
-It reports the wall time after imports, the requests the gateway saw, and the
-emulator's own CPU, which on a 2-core machine is taken from the client.
+It reports the wall time after imports, the lister's own CPU, the requests the
+gateway saw, and the emulator's CPU, which on a 2-core machine is taken from
+the lister (the gateway's, in this process, is not counted).
 
     python -m benchmarks.bench_listing [--objects 100000] [--labels 1000] [--latencies 0 30]
 """
@@ -21,57 +22,41 @@ import json
 import logging
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-import psutil
-
-from benchmarks import CACHE_DIR, REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-from gcs_emulator import running_gcs_server  # noqa: E402
+from benchmarks import CACHE_DIR
+from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, run_child, running_gcs_server
 
 log = logging.getLogger(__name__)
-
-# The emulator serves one request at a time with a listen backlog of five.
-UPLOAD_THREADS = 3
 _CHILDREN = {
     "(a) Beam FileSystems.match": """
 import json, sys, time
 from apache_beam.io.filesystems import FileSystems
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 files = FileSystems.match([sys.argv[1] + "/**"])[0].metadata_list
-print(json.dumps({"seconds": time.perf_counter() - start, "files": len(files)}))
+print(json.dumps({"seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
+                  "files": len(files)}))
 """,
     "(b) beam-prep list_tree": """
 import json, sys, time
 from beam_prep.listing import list_tree
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 listing = list_tree(sys.argv[1])
-print(json.dumps({"seconds": time.perf_counter() - start, "files": len(listing.entries)}))
+print(json.dumps({"seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
+                  "files": len(listing.entries)}))
 """,
 }
 
 
-def _time_child(server, emulator: psutil.Process, name: str, code: str, root: str, ms: int,
-                expected: int) -> dict[str, object]:
-    server.gateway.set_latency(ms / 1e3)
-    seen = len(server.gateway.seen())
-    cpu = sum(emulator.cpu_times()[:2])
-    try:
-        done = subprocess.run([sys.executable, "-c", code, root], cwd=REPO_ROOT, env=server.subprocess_env(),
-                              capture_output=True, text=True, check=True)
-    finally:
-        server.gateway.set_latency(0.0)
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    if report["files"] != expected:
-        raise RuntimeError(f"{name} listed {report['files']} of {expected} objects")
-    row = {"lister": name, "latency_ms": ms, **report, "requests": len(server.gateway.seen()) - seen,
-           "emulator_cpu_s": sum(emulator.cpu_times()[:2]) - cpu}
+def _time_child(server: GcsServer, name: str, code: str, root: str, ms: int, expected: int) -> dict[str, object]:
+    run = run_child(server, code, [root], ms)
+    if run.report["files"] != expected:
+        raise RuntimeError(f"{name} listed {run.report['files']} of {expected} objects")
+    row = {"lister": name, "latency_ms": ms, **run.report, "requests": run.requests,
+           "emulator_cpu_s": run.emulator_cpu_s}
     log.info("%s", row)
     return row
 
@@ -98,23 +83,21 @@ def main(argv: Sequence[str] | None = None) -> None:
             with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
                 list(pool.map(lambda name: bucket.write_bytes(name, b"x"), names))
             log.info("uploaded %d objects in %.0f s", len(names), time.perf_counter() - start)
-            emulator = psutil.Process(server.emulator.pid)
             for _ in range(args.repeat):
                 for ms in args.latencies:
                     for name, code in _CHILDREN.items():
-                        rows.append(_time_child(server, emulator, name, code, bucket.url("images"), ms,
-                                                args.objects))
+                        rows.append(_time_child(server, name, code, bucket.url("images"), ms, args.objects))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print(f"Listing {args.objects:,} objects in {args.labels:,} label folders (`listing.list_tree`, "
           "a fresh process, after its imports):")
     print()
-    print("| lister | added latency | seconds | requests | emulator CPU s |")
-    print("|---|---:|---:|---:|---:|")
+    print("| lister | added latency | seconds | lister CPU s | requests | emulator CPU s |")
+    print("|---|---:|---:|---:|---:|---:|")
     for row in sorted(rows, key=lambda r: (r["latency_ms"], r["lister"])):
-        print(f"| {row['lister']} | {row['latency_ms']} ms | {row['seconds']:.2f} | {row['requests']:,} "
-              f"| {row['emulator_cpu_s']:.2f} |")
+        print(f"| {row['lister']} | {row['latency_ms']} ms | {row['seconds']:.2f} | {row['cpu_s']:.2f} "
+              f"| {row['requests']:,} | {row['emulator_cpu_s']:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -7,8 +7,10 @@
 from gs:// with 0 and 30 ms added to every request. gs:// goes through
 TensorFlow's own GCS filesystem, as training does, and the gateway's TLS. Each
 source runs in a fresh process (TensorFlow fixes its GCS settings once per
-process) while this one serves GCS; the table gives the median images/s and the
-ratios to gs:// at 0 ms and to local disk.
+process) while this one serves GCS; the table gives the median images/s, the
+ratios to gs:// at 0 ms and to local disk, and how many cores the storage
+server (emulator, and the gateway that terminates TLS in Python) kept busy
+meanwhile, on the same machine as the reader.
 """
 from __future__ import annotations
 
@@ -18,17 +20,13 @@ import logging
 import pathlib
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from typing import Callable, Sequence
 
-from benchmarks import CACHE_DIR, REPO_ROOT, machine
+from benchmarks import CACHE_DIR, machine
+from benchmarks.gcs_server import UPLOAD_THREADS, run_child, running_gcs_server
 
 log = logging.getLogger(__name__)
-
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-from gcs_emulator import running_gcs_server  # noqa: E402
 
 _CHILD = """
 import json, sys
@@ -36,7 +34,7 @@ from beam_prep.reader import make_dataset
 from benchmarks.bench_reader import BATCH_SIZE, Reader, time_reader
 path, seconds, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 reader = Reader("a", "", lambda: make_dataset(path, "train", batch_size=BATCH_SIZE, training=True, repeat=True))
-print(json.dumps([time_reader(reader, seconds)[0] for _ in range(rounds)]))
+print(json.dumps({"rates": [time_reader(reader, seconds)[0] for _ in range(rounds)]}))
 """
 
 
@@ -55,24 +53,17 @@ def main(argv: Sequence[str] | None, dataset_of: Callable[[int], pathlib.Path]) 
     images, dataset = args.images, dataset_of(args.images)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="reader-gcs-", dir=CACHE_DIR))
     rates: dict[str, list[float]] = {}
+    server_cores: dict[str, float] = {}
     try:
         with running_gcs_server(workdir) as server:
             bucket = server.new_bucket()
-            bucket.upload_tree(dataset, "dataset", threads=3)
+            bucket.upload_tree(dataset, "dataset", threads=UPLOAD_THREADS)
             sources = [("local disk", str(dataset), None)] + [
                 (f"gs:// {ms} ms", bucket.url("dataset"), ms) for ms in args.latencies]
             for name, path, ms in sources:
-                server.gateway.set_latency((ms or 0) / 1e3)
-                try:
-                    done = subprocess.run(
-                        [sys.executable, "-c", _CHILD, path, str(args.seconds), str(args.rounds)],
-                        cwd=REPO_ROOT, env=server.subprocess_env({"TF_CPP_MIN_LOG_LEVEL": "2"}),
-                        capture_output=True, text=True)
-                finally:
-                    server.gateway.set_latency(0.0)
-                if done.returncode != 0:
-                    raise SystemExit(f"reader from {name} failed:\n{done.stderr[-3000:]}")
-                rates[name] = json.loads(done.stdout.strip().splitlines()[-1])
+                run = run_child(server, _CHILD, [path, str(args.seconds), str(args.rounds)], ms or 0)
+                rates[name] = run.report["rates"]
+                server_cores[name] = run.server_cpu_s / run.seconds
                 log.info("%s: %s images/s", name, [round(r) for r in rates[name]])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -83,12 +74,13 @@ def main(argv: Sequence[str] | None, dataset_of: Callable[[int], pathlib.Path]) 
     print(f"Reader (a) from gs://: {images:,} records of the benchmark's JPEG dataset, training defaults, "
           f"batch 256; median of {args.rounds} rounds of {args.seconds:g} s, each source in a fresh process")
     print()
-    print("| source | images/s | ÷ gs:// at 0 ms | ÷ local disk |")
-    print("|---|---:|---:|---:|")
+    print("| source | images/s | ÷ gs:// at 0 ms | ÷ local disk | server CPU, cores busy |")
+    print("|---|---:|---:|---:|---:|")
     for name, rate in medians.items():
         vs_zero = "—" if zero is None or name == "local disk" else f"{rate / zero:.2f}×"
         vs_local = "—" if name == "local disk" else f"{rate / local:.2f}×"
-        print(f"| {name} | {rate:,.0f} | {vs_zero} | {vs_local} |")
+        cores = "—" if name == "local disk" else f"{server_cores[name]:.2f}"
+        print(f"| {name} | {rate:,.0f} | {vs_zero} | {vs_local} | {cores} |")
     print()
     print(f"Machine: {machine.describe(machine.machine_info())}")
     if args.json:

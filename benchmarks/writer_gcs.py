@@ -28,7 +28,6 @@ import json
 import logging
 import pathlib
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -38,19 +37,13 @@ import psutil
 
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import Corpus, ensure_corpus
+from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, running_gcs_server
 from benchmarks.measure import run_measured
 
 log = logging.getLogger(__name__)
 
-# The GCS server lives with the tests (it is their fixture); the benchmark starts the same one.
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-from gcs_emulator import GcsServer, running_gcs_server  # noqa: E402
-
 LATENCIES_MS = (0, 30, 100)
 SINKS = ("streaming", "shuffle")
-# The emulator serves one request at a time with a listen backlog of five: more
-# uploaders than that time out connecting.
-UPLOAD_THREADS = 3
 GIB = 2**30
 
 
@@ -60,6 +53,7 @@ class GcsRun:
     source: str  # "local" or "gs"
     latency_ms: int
     images: int
+    concurrency: int | None = None  # --read_concurrency, None for the default
     seconds: float = 0.0
     peak_rss_bytes: int = 0
     server_cpu_s: float = 0.0
@@ -67,8 +61,8 @@ class GcsRun:
     all_seconds: list[float] = dataclasses.field(default_factory=list)
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
-        return self.sink, self.source, self.latency_ms, self.images
+    def key(self) -> tuple[str, str, int, int, int]:
+        return self.sink, self.source, self.latency_ms, self.images, self.concurrency or 0
 
     @property
     def images_per_s(self) -> float | None:
@@ -100,18 +94,17 @@ def serving(corpora: Sequence[Corpus], workdir: pathlib.Path) -> Iterator[tuple[
 def run_one(server: GcsServer, run: GcsRun, source: str, workdir: pathlib.Path) -> GcsRun:
     out = workdir / "out"
     server.gateway.set_latency(run.latency_ms / 1e3)
-    emulator = psutil.Process(server.emulator.pid)
-    here = psutil.Process()
-    cpu_before = sum(emulator.cpu_times()[:2]) + sum(here.cpu_times()[:2])
+    here = psutil.Process()  # the gateway's threads
+    cpu_before = emulator_cpu_s(server) + sum(here.cpu_times()[:2])
     try:
         measured = run_measured(
             [sys.executable, "-m", "pipelines.prepare_images", "--input", source, "--output", str(out),
              "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY), "--sink", run.sink,
-             "--overwrite"],
+             "--overwrite", *(["--read_concurrency", str(run.concurrency)] if run.concurrency is not None else [])],
             cwd=REPO_ROOT, env=server.env())
     finally:
         server.gateway.set_latency(0.0)
-    server_cpu = sum(emulator.cpu_times()[:2]) + sum(here.cpu_times()[:2]) - cpu_before
+    server_cpu = emulator_cpu_s(server) + sum(here.cpu_times()[:2]) - cpu_before
     result = dataclasses.replace(run, peak_rss_bytes=measured.peak_rss_bytes, server_cpu_s=server_cpu)
     if measured.returncode != 0:
         result.error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
@@ -135,14 +128,14 @@ def median(runs: list[GcsRun]) -> GcsRun:
 
 def table(results: dict[tuple, GcsRun]) -> str:
     lines = [
-        "| sink | input | added latency | images | wall s | images/s | ÷ same at 0 ms | ÷ local disk "
-        "| peak RSS GiB | server CPU ms/image |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| sink | input | added latency | reads in flight | images | wall s | images/s | ÷ same at 0 ms "
+        "| ÷ local disk | peak RSS GiB | server CPU ms/image |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for key in sorted(results, key=lambda k: (SINKS.index(k[0]), k[3], k[1] != "local", k[2])):
+    for key in sorted(results, key=lambda k: (SINKS.index(k[0]), k[3], k[1] != "local", k[2], k[4])):
         r = results[key]
-        zero = results.get((r.sink, "gs", 0, r.images))
-        local = results.get((r.sink, "local", 0, r.images))
+        zero = results.get((r.sink, "gs", 0, r.images, 0))
+        local = results.get((r.sink, "local", 0, r.images, 0))
 
         def ratio(base: GcsRun | None) -> str:
             if r.source == "local" or base is None or base.images_per_s is None or r.images_per_s is None:
@@ -153,7 +146,8 @@ def table(results: dict[tuple, GcsRun]) -> str:
         server = "—" if r.server_ms_per_image is None else f"{r.server_ms_per_image:.2f}"
         lines.append(
             f"| {r.sink} | {'gs://' if r.source == 'gs' else 'local disk'} "
-            f"| {'—' if r.source == 'local' else f'{r.latency_ms} ms'} | {r.images:,} "
+            f"| {'—' if r.source == 'local' else f'{r.latency_ms} ms'} "
+            f"| {'default' if r.concurrency is None else r.concurrency} | {r.images:,} "
             f"| {r.seconds:.1f} | {rate} | {ratio(zero)} | {ratio(local)} "
             f"| {r.peak_rss_bytes / GIB:.2f} | {server} |")
     return "\n".join(lines)
@@ -168,6 +162,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="corpus size for the shuffle sink, which holds every record in the local "
                              "runner's memory (default 5000; 0 skips it)")
     parser.add_argument("--latencies", type=int, nargs="+", default=list(LATENCIES_MS), metavar="MS")
+    parser.add_argument("--sweep", type=int, nargs="+", default=[], metavar="N",
+                        help="also run the streaming sink from gs:// at the largest latency with each "
+                             "--read_concurrency N, at the first --images size")
     parser.add_argument("--repeat", type=int, default=1, help="rounds, taking turns; rows are medians")
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     return parser.parse_args(argv)
@@ -190,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for sink, size in plan:
                     runs = [GcsRun(sink, "local", 0, size)]
                     runs += [GcsRun(sink, "gs", ms, size) for ms in args.latencies]
+                    if sink == "streaming" and size == args.images[0]:
+                        runs += [GcsRun(sink, "gs", max(args.latencies), size, n) for n in args.sweep]
                     for run in runs:
                         source = str(corpora[size].root) if run.source == "local" else roots[size]
                         result = run_one(server, run, source, workdir)

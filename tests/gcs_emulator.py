@@ -576,7 +576,7 @@ class GcsGateway:
         self._seen: collections.deque[SeenRequest] = collections.deque(maxlen=100_000)
         self._faults: dict[tuple[str, str], list[int | None]] = {}
         # The rest of a paged listing, by page token (the emulator itself answers in one page).
-        self._pages: collections.OrderedDict[str, tuple[list, list]] = collections.OrderedDict()
+        self._pages: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._active = 0
         self.max_in_flight = 0
         #: Seconds added to every request before it is answered; see ``set_latency``.
@@ -637,7 +637,9 @@ class GcsGateway:
     def _first_page(self, data: bytes, target: str) -> bytes:
         """Pages the emulator's one-page answer as GCS does; the rest waits under a token."""
         answer = json.loads(data)
-        return self._page(answer.get("items") or [], answer.get("prefixes") or [], target)
+        entries = sorted([(item["name"], item, None) for item in answer.get("items") or []]
+                         + [(p, None, p) for p in answer.get("prefixes") or []], key=lambda e: e[0])
+        return self._page(entries, target)
 
     def _next_page(self, token: str, target: str) -> tuple[int, str, list[tuple[str, str]], bytes]:
         json_type = [("Content-Type", "application/json; charset=UTF-8")]
@@ -646,14 +648,12 @@ class GcsGateway:
         if rest is None:
             return HTTPStatus.BAD_REQUEST, "Bad Request", json_type, _gcs_error(
                 HTTPStatus.BAD_REQUEST, "invalid", f"unknown or used page token {token}")
-        return HTTPStatus.OK, "OK", json_type, self._page(*rest, target)
+        return HTTPStatus.OK, "OK", json_type, self._page(rest, target)
 
-    def _page(self, items: list, prefixes: list, target: str) -> bytes:
-        """One page of at most maxResults (and at most 1000) items and prefixes, in name order."""
+    def _page(self, entries: list, target: str) -> bytes:
+        """One page of at most maxResults (and at most 1000) of ``entries``: (name, item, prefix), sorted."""
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
         size = min(int(query.get("maxResults", [_MAX_PAGE])[0]), _MAX_PAGE)
-        entries = sorted([(item["name"], item, None) for item in items] + [(p, None, p) for p in prefixes],
-                         key=lambda e: e[0])
         page, rest = entries[:size], entries[size:]
         answer: dict[str, object] = {"kind": "storage#objects",
                                      "items": [e[1] for e in page if e[1] is not None],
@@ -662,8 +662,7 @@ class GcsGateway:
             token = uuid.uuid4().hex
             answer["nextPageToken"] = token
             with self._state_lock:
-                self._pages[token] = ([e[1] for e in rest if e[1] is not None],
-                                      [e[2] for e in rest if e[2] is not None])
+                self._pages[token] = rest
                 while len(self._pages) > _KEPT_PAGE_TOKENS:
                     self._pages.popitem(last=False)
         return json.dumps(answer).encode()

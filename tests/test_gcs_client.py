@@ -134,6 +134,13 @@ def test_listing_a_missing_bucket_says_so(gcs_server, gcs_missing_bucket):
     assert error.value.code == 404
 
 
+def test_listing_a_forbidden_bucket_says_so(gcs_server, gcs_forbidden_bucket):
+    gcs_forbidden_bucket.write_bytes("images/cat/a.jpg", b"x")
+    with pytest.raises(StorageError, match="permission denied") as error:
+        GcsClient(retry=FAST_RETRY).list(gcs_forbidden_bucket.url("images"))
+    assert error.value.code == 403
+
+
 # --- the pipeline from gs://, both sinks -------------------------------------------
 
 LABELS = {"cat": 8, "dog": 8}
