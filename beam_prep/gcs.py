@@ -64,7 +64,7 @@ class GcsError(StorageError):
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently a read is retried after a transient failure.
+    """How often and how patiently a request (a read, a list page) is retried after a transient failure.
 
     The delays grow as ``first_delay_s * 2**n`` up to ``max_delay_s``, each drawn
     uniformly below that bound (full jitter), so that many workers throttled at
@@ -158,7 +158,8 @@ class GcsClient:
                 found += objects
         return [(f"gs://{bucket}/{name}", size) for name, size in found]
 
-    def _list_pages(self, bucket: str, prefix: str, delimiter: str | None) -> tuple[list[tuple[str, int]], list[str]]:
+    def _list_pages(self, bucket: str, prefix: str,
+                    delimiter: str | None) -> tuple[list[tuple[str, int]], list[str]]:
         """Objects and (with a delimiter) sub-folders directly under ``prefix``, every page."""
         objects: list[tuple[str, int]] = []
         folders: list[str] = []

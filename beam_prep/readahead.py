@@ -84,7 +84,8 @@ class ReadAhead(Generic[T]):
         self._bytes += size
         return done
 
-    def stream(self, items: Iterable[T], path: Callable[[T], str], size: Callable[[T], int]) -> Iterator[Fetched[T]]:
+    def stream(self, items: Iterable[T], path: Callable[[T], str],
+               size: Callable[[T], int]) -> Iterator[Fetched[T]]:
         """Every item of ``items``, read, in their order."""
         for item in items:
             yield from self.push(item, path(item), size(item))

@@ -211,8 +211,8 @@ class WriteShardsStreaming(beam.PTransform):
                 | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
                 | f"Reshuffle[{split}]" >> beam.Reshuffle()
                 | f"WriteShards[{split}]" >> beam.ParDo(
-                    WriteShardFn(self._spec, self._reads, self._output, self._compression, split, count)).with_outputs(
-                        FAILED, COUNTS, main="shards"))
+                    WriteShardFn(self._spec, self._reads, self._output, self._compression, split, count)
+                ).with_outputs(FAILED, COUNTS, main="shards"))
             shards.append(results.shards)
             counts.append(results[COUNTS])
             failed.append(results[FAILED])

@@ -100,7 +100,8 @@ def run_one(server: GcsServer, run: GcsRun, source: str, workdir: pathlib.Path) 
         measured = run_measured(
             [sys.executable, "-m", "pipelines.prepare_images", "--input", source, "--output", str(out),
              "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY), "--sink", run.sink,
-             "--overwrite", *(["--read_concurrency", str(run.concurrency)] if run.concurrency is not None else [])],
+             "--overwrite",
+             *(["--read_concurrency", str(run.concurrency)] if run.concurrency is not None else [])],
             cwd=REPO_ROOT, env=server.env())
     finally:
         server.gateway.set_latency(0.0)
