@@ -75,7 +75,7 @@ class ReadAhead(Generic[T]):
 
     def push(self, item: T, path: str, size: int) -> list[Fetched[T]]:
         if not self._config.concurrency:
-            return [self._fetched(item, self._read, path)]
+            return [self._fetched(item, lambda: self._read(path))]
         done = []
         while self._window and (len(self._window) >= self._config.concurrency
                                 or self._bytes + size > self._config.max_bytes):
@@ -111,12 +111,12 @@ class ReadAhead(Generic[T]):
     def _pop(self) -> Fetched[T]:
         item, size, future = self._window.popleft()
         self._bytes -= size
-        return self._fetched(item, lambda _: future.result(), None)
+        return self._fetched(item, future.result)
 
     @staticmethod
-    def _fetched(item: T, get: Callable[[str | None], bytes], path: str | None) -> Fetched[T]:
+    def _fetched(item: T, get: Callable[[], bytes]) -> Fetched[T]:
         try:
-            return Fetched(item, get(path), None)
+            return Fetched(item, get(), None)
         except ImageError as e:
             return Fetched(item, None, e)
 

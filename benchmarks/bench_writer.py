@@ -96,7 +96,7 @@ def run_ours(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     )
     result = _result(corpus, measured, out)
     if result.error is None:
-        result.error = _check_manifest(out / "manifest.json", corpus.images)
+        result.error = check_manifest(out / "manifest.json", corpus.images)
     if result.error is None:
         # Issue 5 times (c) from command start to the manifest written (the dataset is
         # complete); the process exits about a second later, once Beam stops its workers.
@@ -113,7 +113,7 @@ def _result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
     return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error)
 
 
-def _check_manifest(path: pathlib.Path, images: int) -> str | None:
+def check_manifest(path: pathlib.Path, images: int) -> str | None:
     """The pipeline writes its manifest last: without it, or short of images, the run did not finish."""
     try:
         written = json.loads(path.read_text())["counts"]["written"]

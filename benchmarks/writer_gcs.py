@@ -36,6 +36,7 @@ from typing import Iterator, Sequence
 import psutil
 
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
+from benchmarks.bench_writer import check_manifest
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, running_gcs_server
 from benchmarks.measure import run_measured
@@ -110,10 +111,9 @@ def run_one(server: GcsServer, run: GcsRun, source: str, workdir: pathlib.Path) 
     if measured.returncode != 0:
         result.error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
         return result
-    written = json.loads((out / "manifest.json").read_text())["counts"]["written"]
-    if written != run.images:
-        result.error = f"wrote {written} of {run.images} images"
-    result.seconds = measured.seconds_until_written(out / "manifest.json")
+    result.error = check_manifest(out / "manifest.json", run.images)
+    if result.error is None:
+        result.seconds = measured.seconds_until_written(out / "manifest.json")
     shutil.rmtree(out)
     return result
 
