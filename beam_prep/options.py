@@ -17,7 +17,7 @@ from beam_prep.errors import OptionsError
 from beam_prep.features import IMAGE_FORMATS
 from beam_prep.imaging import DEFAULT_MAX_PIXELS, RESIZE_MODES, ImageSpec
 from beam_prep.layout import COMPRESSIONS
-from beam_prep.readahead import ReadConfig
+from beam_prep.readahead import DEFAULT_MAX_BYTES, ReadConfig
 from beam_prep.storage import is_local
 
 SINKS = ("auto", "streaming", "shuffle")
@@ -26,7 +26,7 @@ DEFAULT_TARGET_SHARD_MB = 150
 # Reads in flight per worker for remote input: chosen with the writer benchmark's gs:// mode
 # (see the README's Performance section).
 DEFAULT_REMOTE_READ_CONCURRENCY = 32
-DEFAULT_READ_AHEAD_MB = 64
+DEFAULT_READ_AHEAD_MB = DEFAULT_MAX_BYTES // 2**20
 MAX_READ_CONCURRENCY = 256
 
 

@@ -172,7 +172,8 @@ class WriteShardFn(beam.DoFn):
         per_label: collections.Counter[str] = collections.Counter()
         with FileSystems.open(layout.work_path(self._output, layout.shard_listing_name(split, index)),
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
-            entries = [FileEntry.from_json(line) for line in listing.read().decode("utf-8").splitlines()]
+            lines = listing.read().decode("utf-8").splitlines()
+        entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
         with layout.shard_writer(join(self._output, name), self._compression) as f, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):

@@ -18,13 +18,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pathlib
-import shutil
-import tempfile
 from typing import Sequence
 
-from benchmarks import CACHE_DIR
-from benchmarks.gcs_server import run_child, running_gcs_server
+from benchmarks.gcs_server import run_child, scratch_server
 
 log = logging.getLogger(__name__)
 OBJECT_BYTES = 55_000
@@ -64,21 +60,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--objects", type=int, default=500)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="gcs-read-", dir=CACHE_DIR))
     rows = []
-    try:
-        with running_gcs_server(workdir) as server:
-            bucket = server.new_bucket()
-            urls = [bucket.write_bytes(f"images/{i}.jpg", os.urandom(OBJECT_BYTES)) for i in range(args.objects)]
-            for name, code in _READS.items():
-                run = run_child(server, code + _TIMER.format(size=OBJECT_BYTES), urls)
-                row = {"client": name, **run.report, "requests": run.requests / args.objects,
-                       "emulator_cpu_ms": run.emulator_cpu_s / args.objects * 1e3}
-                log.info("%s", row)
-                rows.append(row)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with scratch_server("gcs-read-") as (server, _):
+        bucket = server.new_bucket()
+        urls = [bucket.write_bytes(f"images/{i}.jpg", os.urandom(OBJECT_BYTES)) for i in range(args.objects)]
+        for name, code in _READS.items():
+            run = run_child(server, code + _TIMER.format(size=OBJECT_BYTES), urls)
+            row = {"client": name, **run.report, "requests": run.requests / args.objects,
+                   "emulator_cpu_ms": run.emulator_cpu_s / args.objects * 1e3}
+            log.info("%s", row)
+            rows.append(row)
     print()
     print(f"One thread reading {args.objects} objects of {OBJECT_BYTES // 1000} KB from the test GCS server, "
           "per object:")

@@ -21,14 +21,11 @@ import argparse
 import json
 import logging
 import pathlib
-import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from benchmarks import CACHE_DIR
-from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, run_child, running_gcs_server
+from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, run_child, scratch_server
 
 log = logging.getLogger(__name__)
 _CHILDREN = {
@@ -70,25 +67,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="listing-", dir=CACHE_DIR))
     rows = []
-    try:
-        with running_gcs_server(workdir) as server:
-            bucket = server.new_bucket()
-            labels = [f"n{i:08d}" for i in range(args.labels)]
-            names = [f"images/{labels[i % args.labels]}/{labels[i % args.labels]}_{i}.JPEG"
-                     for i in range(args.objects)]
-            start = time.perf_counter()
-            with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-                list(pool.map(lambda name: bucket.write_bytes(name, b"x"), names))
-            log.info("uploaded %d objects in %.0f s", len(names), time.perf_counter() - start)
-            for _ in range(args.repeat):
-                for ms in args.latencies:
-                    for name, code in _CHILDREN.items():
-                        rows.append(_time_child(server, name, code, bucket.url("images"), ms, args.objects))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with scratch_server("listing-") as (server, _):
+        bucket = server.new_bucket()
+        labels = [f"n{i:08d}" for i in range(args.labels)]
+        names = [f"images/{labels[i % args.labels]}/{labels[i % args.labels]}_{i}.JPEG"
+                 for i in range(args.objects)]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+            list(pool.map(lambda name: bucket.write_bytes(name, b"x"), names))
+        log.info("uploaded %d objects in %.0f s", len(names), time.perf_counter() - start)
+        for _ in range(args.repeat):
+            for ms in args.latencies:
+                for name, code in _CHILDREN.items():
+                    rows.append(_time_child(server, name, code, bucket.url("images"), ms, args.objects))
     print()
     print(f"Listing {args.objects:,} objects in {args.labels:,} label folders (`listing.list_tree`, "
           "a fresh process, after its imports):")

@@ -6,21 +6,25 @@ one, so what they measure is what the tests check.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import psutil
 
-from benchmarks import REPO_ROOT
+from benchmarks import CACHE_DIR, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 from gcs_emulator import GcsServer, running_gcs_server  # noqa: E402
 
-__all__ = ["GcsServer", "ChildRun", "UPLOAD_THREADS", "run_child", "running_gcs_server"]
+__all__ = ["GcsServer", "ChildRun", "UPLOAD_THREADS", "run_child", "scratch_server"]
 
 # The emulator serves one request at a time with a listen backlog of five:
 # more uploaders than that time out connecting.
@@ -34,6 +38,19 @@ class ChildRun:
     emulator_cpu_s: float
     server_cpu_s: float  # the emulator's and the gateway's (threads of this process)
     seconds: float
+
+
+@contextlib.contextmanager
+def scratch_server(prefix: str) -> Iterator[tuple[GcsServer, pathlib.Path]]:
+    """The server, and a scratch folder under the benchmarks' cache that it and the caller
+    may write to; both go at the end of the block."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=CACHE_DIR))
+    try:
+        with running_gcs_server(workdir) as server:
+            yield server, workdir
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def emulator_cpu_s(server: GcsServer) -> float:

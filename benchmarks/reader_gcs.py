@@ -18,13 +18,11 @@ import argparse
 import json
 import logging
 import pathlib
-import shutil
 import statistics
-import tempfile
 from typing import Callable, Sequence
 
-from benchmarks import CACHE_DIR, machine
-from benchmarks.gcs_server import UPLOAD_THREADS, run_child, running_gcs_server
+from benchmarks import machine
+from benchmarks.gcs_server import UPLOAD_THREADS, run_child, scratch_server
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +49,18 @@ def main(argv: Sequence[str] | None, dataset_of: Callable[[int], pathlib.Path]) 
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
     images, dataset = args.images, dataset_of(args.images)
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="reader-gcs-", dir=CACHE_DIR))
     rates: dict[str, list[float]] = {}
     server_cores: dict[str, float] = {}
-    try:
-        with running_gcs_server(workdir) as server:
-            bucket = server.new_bucket()
-            bucket.upload_tree(dataset, "dataset", threads=UPLOAD_THREADS)
-            sources = [("local disk", str(dataset), None)] + [
-                (f"gs:// {ms} ms", bucket.url("dataset"), ms) for ms in args.latencies]
-            for name, path, ms in sources:
-                run = run_child(server, _CHILD, [path, str(args.seconds), str(args.rounds)], ms or 0)
-                rates[name] = run.report["rates"]
-                server_cores[name] = run.server_cpu_s / run.seconds
-                log.info("%s: %s images/s", name, [round(r) for r in rates[name]])
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with scratch_server("reader-gcs-") as (server, _):
+        bucket = server.new_bucket()
+        bucket.upload_tree(dataset, "dataset", threads=UPLOAD_THREADS)
+        sources = [("local disk", str(dataset), None)] + [
+            (f"gs:// {ms} ms", bucket.url("dataset"), ms) for ms in args.latencies]
+        for name, path, ms in sources:
+            run = run_child(server, _CHILD, [path, str(args.seconds), str(args.rounds)], ms or 0)
+            rates[name] = run.report["rates"]
+            server_cores[name] = run.server_cpu_s / run.seconds
+            log.info("%s: %s images/s", name, [round(r) for r in rates[name]])
     medians = {name: statistics.median(r) for name, r in rates.items()}
     zero = medians.get("gs:// 0 ms")
     local = medians["local disk"]

@@ -22,23 +22,21 @@ machine that CPU is taken from the pipeline, which no real GCS would do.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging
 import pathlib
 import shutil
 import sys
-import tempfile
 import time
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import psutil
 
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.bench_writer import check_manifest
 from benchmarks.corpus import Corpus, ensure_corpus
-from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, running_gcs_server
+from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, scratch_server
 from benchmarks.measure import run_measured
 
 log = logging.getLogger(__name__)
@@ -78,18 +76,16 @@ class GcsRun:
                 "server_ms_per_image": self.server_ms_per_image}
 
 
-@contextlib.contextmanager
-def serving(corpora: Sequence[Corpus], workdir: pathlib.Path) -> Iterator[tuple[GcsServer, dict[int, str]]]:
-    """The GCS server holding each corpus under its own prefix; yields it and the gs:// roots by size."""
-    with running_gcs_server(workdir) as server:
-        bucket = server.new_bucket()
-        roots = {}
-        for corpus in corpora:
-            start = time.perf_counter()
-            bucket.upload_tree(corpus.root, f"corpus-{corpus.images}", threads=UPLOAD_THREADS)
-            log.info("uploaded %d images in %.0f s", corpus.images, time.perf_counter() - start)
-            roots[corpus.images] = bucket.url(f"corpus-{corpus.images}")
-        yield server, roots
+def upload(server: GcsServer, corpora: Sequence[Corpus]) -> dict[int, str]:
+    """Loads each corpus under its own prefix; returns the gs:// roots by size."""
+    bucket = server.new_bucket()
+    roots = {}
+    for corpus in corpora:
+        start = time.perf_counter()
+        bucket.upload_tree(corpus.root, f"corpus-{corpus.images}", threads=UPLOAD_THREADS)
+        log.info("uploaded %d images in %.0f s", corpus.images, time.perf_counter() - start)
+        roots[corpus.images] = bucket.url(f"corpus-{corpus.images}")
+    return roots
 
 
 def run_one(server: GcsServer, run: GcsRun, source: str, workdir: pathlib.Path) -> GcsRun:
@@ -181,23 +177,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = sorted({size for _, size in plan})
     corpora = {size: ensure_corpus(size, CACHE_DIR) for size in sizes}
     attempts: dict[tuple, list[GcsRun]] = {}
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="gcs-", dir=CACHE_DIR))
-    try:
-        with serving(list(corpora.values()), workdir) as (server, roots):
-            for _ in range(args.repeat):
-                for sink, size in plan:
-                    runs = [GcsRun(sink, "local", 0, size)]
-                    runs += [GcsRun(sink, "gs", ms, size) for ms in args.latencies]
-                    if sink == "streaming" and size == args.images[0]:
-                        runs += [GcsRun(sink, "gs", max(args.latencies), size, n) for n in args.sweep]
-                    for run in runs:
-                        source = str(corpora[size].root) if run.source == "local" else roots[size]
-                        result = run_one(server, run, source, workdir)
-                        log.info("%s: %s images/s%s", run.key, result.images_per_s,
-                                 f" ({result.error})" if result.error else "")
-                        attempts.setdefault(run.key, []).append(result)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with scratch_server("gcs-") as (server, workdir):
+        roots = upload(server, list(corpora.values()))
+        for _ in range(args.repeat):
+            for sink, size in plan:
+                runs = [GcsRun(sink, "local", 0, size)]
+                runs += [GcsRun(sink, "gs", ms, size) for ms in args.latencies]
+                if sink == "streaming" and size == args.images[0]:
+                    runs += [GcsRun(sink, "gs", max(args.latencies), size, n) for n in args.sweep]
+                for run in runs:
+                    source = str(corpora[size].root) if run.source == "local" else roots[size]
+                    result = run_one(server, run, source, workdir)
+                    log.info("%s: %s images/s%s", run.key, result.images_per_s,
+                             f" ({result.error})" if result.error else "")
+                    attempts.setdefault(run.key, []).append(result)
     results = {key: median(runs) for key, runs in attempts.items()}
     print()
     for corpus in corpora.values():
