@@ -56,14 +56,23 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
 
 @contextlib.contextmanager
 def shard_writer(path: str, compression: str) -> Iterator[BinaryIO]:
-    """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L."""
-    with FileSystems.create(path, mime_type="application/octet-stream",
-                            compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-        if compression == "none":
-            yield raw
-            return
-        with igzip.IGzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL) as f:
-            yield f
+    """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L.
+
+    The GZIP header holds no time and no file name (as zlib's, which Beam's
+    sink uses), so a rerun writes byte-identical files. A failed write raises
+    StorageError naming the file: the job's one-line error says which.
+    """
+    try:
+        with FileSystems.create(path, mime_type="application/octet-stream",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+            if compression == "none":
+                yield raw
+                return
+            with igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL,
+                                 mtime=0) as f:
+                yield f
+    except OSError as e:
+        raise storage_error("write", path, e) from e
 
 
 def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
