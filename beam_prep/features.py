@@ -80,7 +80,7 @@ class ImageRecord:
             CHANNELS: self.channels,
             LABEL: self.label,
             LABEL_TEXT: self.label_text.encode("utf-8"),
-            FILENAME: self.filename.encode("utf-8"),
+            FILENAME: self.filename.encode("utf-8", "surrogateescape"),  # a name's own bytes
             SHA256: self.sha256.encode(),
         }
 

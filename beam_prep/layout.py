@@ -1,14 +1,27 @@
-"""Names and counts of the files in an output directory.
+"""Names and counts of the files in an output directory, and how a run's files get there.
 
 The one place that knows a shard's file name, so both sinks, the manifest and
 ``--overwrite`` agree on what belongs to a dataset.
+
+A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
+the listings the workers read and the shards, under their final names. Only
+when every shard is complete and the counts add up does ``publish`` move the
+shards to ``OUTPUT`` (the old dataset's manifest removed first, its other files
+after), then labels.txt, errors.jsonl and manifest.json are written. So a
+killed run leaves no partial shard among a dataset's files, an ``--overwrite``
+run leaves the old dataset readable until the new one is complete, and no run
+reads or removes another run's work files.
 """
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fnmatch
+import logging
 import math
 import os
+import secrets
+import shutil
 from typing import BinaryIO, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -21,6 +34,7 @@ from beam_prep.imaging import ImageSpec
 from beam_prep.listing import join
 from beam_prep.storage import is_local, storage_error
 
+_LOG = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
@@ -41,9 +55,15 @@ _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
 GZIP_LEVEL = 3
 
 
-def work_path(output: str, name: str) -> str:
-    """Where the launcher leaves listings for the workers, until the manifest is written."""
-    return join(output, WORK_DIR, name)
+def new_run_id() -> str:
+    """A run's name: sortable by start time, unique among runs started in the same second."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return f"run-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def run_folder(output: str, run_id: str) -> str:
+    """Where a run keeps its listings and shards until it publishes them."""
+    return join(output, WORK_DIR, run_id)
 
 
 def shard_listing_name(split: str, index: int) -> str:
@@ -83,39 +103,89 @@ def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
 
 
 def choose_num_shards(num_examples: int, record_bytes: float, target_mb: int, multiple_of: int) -> int:
-    """Shards near ``target_mb`` each, rounded up to a multiple of the local worker count.
+    """Shards near ``target_mb`` each, never more than the examples, rounded up to a
+    multiple of the local worker count.
 
     The local sink writes a shard per worker at a time, so fewer shards than
     workers would leave cores idle.
     """
-    by_size = math.ceil(num_examples * record_bytes / (target_mb * 1e6))
+    by_size = min(math.ceil(num_examples * record_bytes / (target_mb * 1e6)), num_examples)
     count = max(1, by_size, multiple_of)
     return math.ceil(count / multiple_of) * multiple_of
 
 
 def existing_dataset_files(output: str) -> list[str]:
-    """Files in ``output`` that a previous run (complete or not) wrote."""
+    """Files in ``output`` that make up a dataset (complete or not), by their names."""
     try:
         metadata = FileSystems.match([join(output, "*")])[0].metadata_list
-        metadata += FileSystems.match([join(output, WORK_DIR, "*")])[0].metadata_list
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("list --output", output, e) from e
     owned = []
     for m in metadata:
         name = m.path[len(output.rstrip("/")) + 1:]
-        if name.startswith(WORK_DIR + "/") or any(fnmatch.fnmatchcase(name, p) for p in _OWNED_PATTERNS):
+        if any(fnmatch.fnmatchcase(name, p) for p in _OWNED_PATTERNS):
             owned.append(m.path)
     return sorted(owned)
 
 
-def check_output(output: str, overwrite: bool) -> list[str]:
-    """Refuses to mix runs: returns the old dataset's files, which only ``overwrite`` may replace."""
+def unfinished_runs(output: str, claim_name: str) -> list[str]:
+    """Run folders left in ``output`` by runs that ended without publishing (killed, or failed uncleanly).
+
+    Call it only while holding the output's claim: then none of them is running.
+    """
+    work = join(output, WORK_DIR)
+    try:
+        if is_local(output):
+            names = sorted(os.listdir(work)) if os.path.isdir(work) else []
+        else:
+            paths = [m.path for m in FileSystems.match([join(work, "**")])[0].metadata_list]
+            names = sorted({p[len(work) + 1:].split("/", 1)[0] for p in paths})
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("list", work, e) from e
+    return [name for name in names if name != claim_name]
+
+
+def check_output(output: str, overwrite: bool, leftovers: list[str]) -> None:
+    """Refuses to mix runs: a dataset, or an unfinished run's files, may only be replaced with ``overwrite``.
+
+    Raises:
+      OptionsError: what the folder holds, and what to pass.
+    """
+    if overwrite:
+        return
     existing = existing_dataset_files(output)
-    if existing and not overwrite:
-        raise OptionsError(
-            f"--output {output} already holds a dataset ({len(existing)} files, e.g. "
-            f"{existing[0].rsplit('/', 1)[-1]}); pass --overwrite to replace it")
-    return existing
+    names = [p.rsplit("/", 1)[-1] for p in existing]
+    held = []
+    if MANIFEST in names:
+        held.append(f"a dataset ({len(existing)} files)")
+    elif existing:
+        held.append(f"part of a dataset without its {MANIFEST} ({len(existing)} files, e.g. {names[0]})")
+    if leftovers:
+        held.append(f"the files of unfinished run {', '.join(leftovers)} (stopped before it completed)")
+    if held:
+        raise OptionsError(f"--output {output} already holds {' and '.join(held)}; "
+                           "pass --overwrite to replace it")
+
+
+def publish(output: str, run_id: str, shard_names: list[str]) -> None:
+    """Moves a complete run's shards from its folder to ``output``, replacing the old dataset.
+
+    The old manifest goes first, so that no reader takes a half-replaced folder
+    for a dataset; the new manifest is written after this, by the caller.
+    """
+    old = set(existing_dataset_files(output))
+    old_manifest = join(output, MANIFEST)
+    if old_manifest in old:
+        delete([old_manifest], old_manifest)
+    folder = run_folder(output, run_id)
+    sources = [join(folder, name) for name in shard_names]
+    targets = [join(output, name) for name in shard_names]
+    try:
+        FileSystems.rename(sources, targets)
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("move shards to", output, e) from e
+    delete(sorted(old - set(targets) - {old_manifest, join(output, LABELS), join(output, ERRORS)}),
+           f"the old dataset in {output}")
 
 
 def delete(paths: list[str], what: str) -> None:
@@ -127,11 +197,16 @@ def delete(paths: list[str], what: str) -> None:
         raise storage_error("remove", what, e) from e
 
 
-def remove_work_dir(output: str) -> None:
-    """The listing lives in a hidden folder until the manifest is written."""
-    work = join(output, WORK_DIR)
-    if is_local(output):
-        paths = [work] if os.path.isdir(work) else []
-    else:
-        paths = [m.path for m in FileSystems.match([join(work, "*")])[0].metadata_list]
-    delete(paths, work)
+def remove_run_folder(output: str, run_id: str) -> None:
+    """Removes a run's folder and everything in it (its listings, and shards not published)."""
+    folder = run_folder(output, run_id)
+    try:
+        if is_local(output):
+            if os.path.isdir(folder):
+                shutil.rmtree(folder)
+        else:
+            paths = [m.path for m in FileSystems.match([join(folder, "**")])[0].metadata_list]
+            if paths:
+                FileSystems.delete(paths)
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("remove", folder, e) from e

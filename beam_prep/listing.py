@@ -14,11 +14,12 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from typing import Iterable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.errors import OptionsError
+from beam_prep.errors import OptionsError, StorageError
 from beam_prep.gcs import GcsClient
 from beam_prep.imaging import is_image_name
 from beam_prep.storage import is_local, storage_error
@@ -29,11 +30,40 @@ SPLIT_NAMES = ("train", "validation", "val", "test")
 DEFAULT_SPLIT = "train"
 VALIDATION_SPLIT = "validation"
 UNKNOWN_LABEL = -1
+# Folders and files that operating systems, archivers and notebooks leave in a tree;
+# skipped wherever they are, as are names starting with a dot.
+JUNK_NAMES = frozenset({"__MACOSX", "@eaDir", "Thumbs.db", "desktop.ini", "$RECYCLE.BIN",
+                        "System Volume Information", "lost+found"})
+
+# Why a file was skipped: the manifest counts each reason.
+SKIP_HIDDEN = "hidden or system file"
+SKIP_NOT_IMAGE = "not an image file"
+SKIP_DEPTH = "image outside the label folders"
+SKIP_SPECIAL = "not a regular file"
+SKIP_SEEN_FOLDER = "link to a folder listed already"
+
+
+def raw_name(text: str) -> bytes:
+    """A path's bytes as the filesystem holds them.
+
+    Python gives an undecodable byte of a local file name as a lone surrogate
+    (PEP 383); encoding it back gives the original bytes, and valid UTF-8 names
+    are unchanged.
+    """
+    return text.encode("utf-8", "surrogateescape")
+
+
+def printable(text: str) -> str:
+    """A path fit for messages, JSON and logs: undecodable bytes shown as ``\\xff``."""
+    return raw_name(text).decode("utf-8", "backslashreplace")
 
 
 def stable_hash(text: str, salt: str) -> int:
-    """A 64-bit hash that is the same on every machine, process and run."""
-    digest = hashlib.sha256(f"{salt}:{text}".encode("utf-8")).digest()
+    """A 64-bit hash that is the same on every machine, process and run.
+
+    Hashes the name's raw bytes, so a file name that is not UTF-8 hashes too.
+    """
+    digest = hashlib.sha256(salt.encode() + b":" + raw_name(text)).digest()
     return int.from_bytes(digest[:8], "big")
 
 
@@ -63,8 +93,9 @@ class FileEntry:
 
     def to_json(self) -> str:
         # vars(), not dataclasses.asdict(), which deep-copies every field: the launcher
-        # writes one line per listed file, so this runs once per image.
-        return json.dumps(vars(self), ensure_ascii=False)
+        # writes one line per listed file, so this runs once per image. ASCII escapes
+        # carry a non-UTF-8 name's lone surrogates through the file unchanged.
+        return json.dumps(vars(self))
 
     @classmethod
     def from_json(cls, line: str) -> "FileEntry":
@@ -76,11 +107,14 @@ class Listing:
     entries: list[FileEntry]
     labels: list[str]
     splits: list[str]
-    skipped: list[str]
+    skipped: dict[str, str]  # printable relative path -> why it was skipped
 
     @property
     def unknown_label_entries(self) -> list[FileEntry]:
         return [e for e in self.entries if e.label_id == UNKNOWN_LABEL]
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        return dict(sorted(collections.Counter(self.skipped.values()).items()))
 
     def split_counts(self) -> dict[str, int]:
         return dict(collections.Counter(e.split for e in self.entries if e.label_id != UNKNOWN_LABEL))
@@ -90,8 +124,8 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
-def _match_all(root: str) -> list[tuple[str, int]]:
-    """Every file under ``root`` as (path, size in bytes).
+def _match_all(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """Every file under ``root`` as (path, size in bytes), and the paths passed over, with why.
 
     gs:// trees are listed folder by folder, concurrently (``GcsClient.list``);
     other schemes through Beam's ``FileSystems.match``.
@@ -100,32 +134,95 @@ def _match_all(root: str) -> list[tuple[str, int]]:
         if is_local(root):
             return _walk_local(root)
         if root.startswith("gs://"):
-            return GcsClient().list(root)
-        return [(m.path, m.size_in_bytes) for m in FileSystems.match([join(root, "**")])[0].metadata_list]
+            return GcsClient().list(root), {}
+        return [(m.path, m.size_in_bytes) for m in FileSystems.match([join(root, "**")])[0].metadata_list], {}
+    except StorageError:
+        raise
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("list", root, e) from e
 
 
-def _walk_local(root: str) -> list[tuple[str, int]]:
-    """``os.scandir`` takes a quarter of the time of Beam's local ``match`` (which stats each file twice).
+def _walk_local(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
+    """Walks a local tree with ``os.scandir`` (a quarter of the time of Beam's ``match``).
 
-    Unlike ``os.walk`` (which Beam's match uses), an unreadable folder raises
-    rather than being skipped, and a broken link is listed, so that its read
-    fails and is reported: no image is lost without a word. Linked folders are
-    not followed, as in Beam.
+    Links are followed, files and folders alike, since datasets are often
+    assembled from linked class folders. A folder reached a second time (a
+    loop, or two links to one folder) is listed once, in a walk order that does
+    not depend on the filesystem: breadth first, by name. A link that cannot
+    be resolved (broken, or pointing at itself) is listed, so that its read
+    fails and is reported: no image is lost without a word. Pipes, sockets and
+    devices are passed over: reading one could block forever. An unreadable
+    folder raises, naming that folder.
     """
     found: list[tuple[str, int]] = []
-    folders = [root]
+    passed: dict[str, str] = {}
+    seen = {_folder_key(os.stat(root)): root}
+    folders = collections.deque([root])
     while folders:
-        with os.scandir(folders.pop()) as it:
-            for entry in it:
-                if entry.is_dir(follow_symlinks=False):
+        folder = folders.popleft()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            raise storage_error("list", folder, e) from e
+        for entry in entries:
+            try:
+                info = entry.stat()  # follows links
+            except OSError:  # broken, a loop of links, or a target we may not see
+                found.append((entry.path, 0))
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                key = _folder_key(info)
+                if key in seen:
+                    passed[entry.path] = SKIP_SEEN_FOLDER
+                    _LOG.warning("%s links to %s, which is listed already: listed once",
+                                 printable(entry.path), printable(seen[key]))
+                else:
+                    seen[key] = entry.path
                     folders.append(entry.path)
-                elif entry.is_file():
-                    found.append((entry.path, entry.stat().st_size))
-                elif entry.is_symlink() and not entry.is_dir():
-                    found.append((entry.path, 0))
-    return found
+            elif stat.S_ISREG(info.st_mode):
+                found.append((entry.path, info.st_size))
+            else:
+                passed[entry.path] = SKIP_SPECIAL
+    return found, passed
+
+
+def _folder_key(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
+
+
+def _is_junk(part: str) -> bool:
+    return part.startswith(".") or part in JUNK_NAMES
+
+
+def _has_split_folders(rel: Sequence[tuple[str, str, int]]) -> bool:
+    """True when a split-named top folder holds images at ``<split>/<label>/<image>``.
+
+    Decided by where the images are, not by which folders exist, so a stray
+    folder or file beside ``train/`` and ``validation/`` cannot switch the
+    layout (its files are skipped with their reason instead).
+    """
+    for relpath, _, _ in rel:
+        parts = relpath.split("/")
+        if len(parts) == 3 and parts[0] in SPLIT_NAMES and is_image_name(relpath):
+            return True
+    return False
+
+
+def check_label_name(name: str, where: str) -> None:
+    """Refuses a label folder name that labels.txt (one label a line, the line number its id) cannot hold.
+
+    Raises:
+      OptionsError: naming the folder and what to change.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise OptionsError(f"label folder {printable(where)} has a name that is not UTF-8: "
+                           "labels.txt and the records hold label names as UTF-8; rename it") from None
+    if name.splitlines() != [name] or name.strip() != name:
+        raise OptionsError(f"label folder {where!r} has a line break or edge spaces in its name: "
+                           "labels.txt holds one label a line, its line number the id; rename it")
 
 
 def list_tree(
@@ -136,6 +233,11 @@ def list_tree(
 ) -> Listing:
     """Lists ``root/<label>/<file>`` or ``root/<split>/<label>/<file>``.
 
+    Every file found ends in the listing or in ``skipped`` with its reason:
+    hidden and system files (names starting with a dot, ``JUNK_NAMES``, at any
+    depth), files that are not images, images outside a label folder, and
+    special files.
+
     Args:
       root: local path or gs:// prefix.
       validation_percent: share of files put in "validation" when the tree has no splits.
@@ -144,30 +246,41 @@ def list_tree(
         pipeline reports them instead of dropping them.
 
     Raises:
-      OptionsError: an empty tree, or a split tree with ``validation_percent``.
-      StorageError: the root cannot be listed.
+      OptionsError: an empty tree, a split tree with ``validation_percent``, or a
+        label folder name that labels.txt cannot hold.
+      StorageError: the root or a folder under it cannot be listed.
     """
     root = root.rstrip("/")
-    files = sorted(_match_all(root))
-    rel = [(path[len(root) + 1:], path, size) for path, size in files if path.startswith(root + "/")]
+    found, passed = _match_all(root)
+    skipped = {printable(path[len(root) + 1:]): reason for path, reason in passed.items()}
+    rel = []
+    for path, size in sorted(found):
+        if not path.startswith(root + "/"):
+            continue
+        relpath = path[len(root) + 1:]
+        if any(_is_junk(part) for part in relpath.split("/")):
+            skipped[printable(relpath)] = SKIP_HIDDEN
+        else:
+            rel.append((relpath, path, size))
 
-    top_folders = {r.split("/", 1)[0] for r, _, _ in rel if "/" in r}
-    split_layout = bool(top_folders) and top_folders <= set(SPLIT_NAMES)
+    split_layout = _has_split_folders(rel)
     if split_layout and validation_percent:
+        split_folders = sorted({r.split("/", 1)[0] for r, _, _ in rel} & set(SPLIT_NAMES))
         raise OptionsError(
-            f"{root} already has split folders ({', '.join(sorted(top_folders))}); "
+            f"{root} already has split folders ({', '.join(split_folders)}); "
             "drop --validation_percent")
     depth = 3 if split_layout else 2
 
     candidates: list[tuple[str, str, str, str, int]] = []  # split, label, relpath, path, size
-    skipped: list[str] = []
     for relpath, path, size in rel:
         parts = relpath.split("/")
-        if any(p.startswith(".") for p in parts) or not is_image_name(relpath) or len(parts) != depth:
-            skipped.append(relpath)
-            continue
-        split = parts[0] if split_layout else split_for(relpath, validation_percent)
-        candidates.append((split, parts[-2], relpath, path, size))
+        if not is_image_name(relpath):
+            skipped[printable(relpath)] = SKIP_NOT_IMAGE
+        elif len(parts) != depth or (split_layout and parts[0] not in SPLIT_NAMES):
+            skipped[printable(relpath)] = SKIP_DEPTH
+        else:
+            split = parts[0] if split_layout else split_for(relpath, validation_percent)
+            candidates.append((split, parts[-2], relpath, path, size))
 
     if not candidates:
         layout = "ROOT/<label>/<image> or ROOT/<split>/<label>/<image>"
@@ -175,15 +288,18 @@ def list_tree(
             f"no images under {root}: expected {layout} with image files "
             f"({len(skipped)} other files skipped)")
 
+    for label, folder in {c[1]: c[2].rsplit("/", 1)[0] for c in candidates}.items():
+        check_label_name(label, join(root, folder))
     names = list(labels) if labels is not None else sorted({c[1] for c in candidates})
     ids = {name: i for i, name in enumerate(names)}
     entries = [FileEntry(path, relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
                for split, label, relpath, path, size in candidates]
     splits = sorted({e.split for e in entries if e.label_id != UNKNOWN_LABEL}, key=_split_rank)
-    if skipped:
-        _LOG.warning("skipped %d files that are not images in label folders, e.g. %s",
-                     len(skipped), skipped[0])
-    return Listing(entries=entries, labels=names, splits=splits, skipped=skipped)
+    listing = Listing(entries=entries, labels=names, splits=splits, skipped=dict(sorted(skipped.items())))
+    for reason, count in listing.skipped_by_reason().items():
+        example = next(p for p, r in listing.skipped.items() if r == reason)
+        _LOG.warning("skipped %d files: %s (e.g. %s)", count, reason, example)
+    return listing
 
 
 def _split_rank(name: str) -> tuple[int, str]:

@@ -31,6 +31,8 @@ class Plan:
     listed: int
     skipped: int
     sink: str
+    skipped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
+    run_id: str = ""  # the run's folder under OUTPUT/.beam-prep until it publishes
 
 
 def build(
@@ -89,6 +91,7 @@ def build(
         "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
                    "skipped": plan.skipped},
         "failed_by_stage": dict(sorted(by_stage.items())),
+        "skipped_by_reason": dict(plan.skipped_by_reason),
         "sink": plan.sink,
         "options": _options(config),
     }
@@ -107,13 +110,16 @@ def finalize(
     counts: list[tuple[tuple[str, str], int]],
     failures: list[Mapping[str, Any]],
 ) -> dict[str, Any]:
-    """Completes the dataset: errors.jsonl, labels.txt, then the manifest, then removes the listings."""
+    """Completes the dataset: checks the counts, publishes the shards, writes errors.jsonl,
+    labels.txt, then the manifest, then removes the run's folder."""
     manifest = build(config, plan, shards, counts, failures)
+    layout.publish(config.output, plan.run_id,
+                   [name for split in manifest["splits"].values() for name in split["shards"]])
     write_lines(join(config.output, layout.ERRORS), error_lines(failures))
     write_lines(join(config.output, layout.LABELS), plan.labels)
     with FileSystems.create(join(config.output, layout.MANIFEST), mime_type="application/json") as f:
         f.write(json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
-    layout.remove_work_dir(config.output)
+    layout.remove_run_folder(config.output, plan.run_id)
     _LOG.info("wrote %s", join(config.output, layout.MANIFEST))
     return manifest
 

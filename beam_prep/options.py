@@ -28,6 +28,9 @@ DEFAULT_TARGET_SHARD_MB = 150
 DEFAULT_REMOTE_READ_CONCURRENCY = 32
 DEFAULT_READ_AHEAD_MB = DEFAULT_MAX_BYTES // 2**20
 MAX_READ_CONCURRENCY = 256
+# The largest output side: 16384x16384 RGB is 805 MB of pixels a record, about where
+# decoders, protobuf (2 GB a message) and accelerators give out.
+MAX_IMAGE_SIDE = 16384
 
 
 class PrepareImagesOptions(PipelineOptions):
@@ -105,11 +108,20 @@ def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, in
     width = int(match.group(2) or height)
     if height < 1 or width < 1:
         raise OptionsError(f"--image_size must be at least 1 pixel, not {text!r}")
+    if max(height, width) > MAX_IMAGE_SIDE:
+        raise OptionsError(f"--image_size must be at most {MAX_IMAGE_SIDE} a side, not {text!r}")
     return height, width
 
 
 def _normalised(path: str) -> str:
     return os.path.abspath(path) if is_local(path) else path.rstrip("/")
+
+
+def _inside(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or under it, links resolved: an output reached through a link counts."""
+    if is_local(path) and is_local(folder):
+        path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _check_dataflow(options: PipelineOptions, source: str, target: str) -> None:
@@ -171,7 +183,7 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
     source, target = _normalised(o.input), _normalised(o.output)
     if is_local(source) and not os.path.isdir(source):
         raise OptionsError(f"--input {o.input} is not a directory")
-    if target == source or target.startswith(source.rstrip("/") + "/"):
+    if _inside(target, source):
         raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
     if options.view_as(StandardOptions).runner in ("DataflowRunner", "TestDataflowRunner"):
         _check_dataflow(options, source, target)

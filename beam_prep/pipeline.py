@@ -18,10 +18,12 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import layout, manifest
+from beam_prep.errors import StorageError
 from beam_prep.listing import (
     UNKNOWN_LABEL,
     FileEntry,
     Listing,
+    join,
     list_tree,
     order_key,
     read_labels_file,
@@ -32,6 +34,7 @@ from beam_prep.records import unknown_label_report
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
 
 _LOG = logging.getLogger(__name__)
+CLAIM_NAME = "claim.json"
 LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "PrismRunner", "FnApiRunner"})
 
@@ -91,7 +94,7 @@ def local_runner(options: PipelineOptions):
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
-def plan(config: PrepareConfig, options: PipelineOptions) -> tuple[Listing, manifest.Plan]:
+def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "") -> tuple[Listing, manifest.Plan]:
     """Lists the tree and decides shard counts; raises before any work if something is wrong."""
     labels = read_labels_file(config.labels_file) if config.labels_file else None
     listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels)
@@ -107,20 +110,20 @@ def plan(config: PrepareConfig, options: PipelineOptions) -> tuple[Listing, mani
     num_shards = {split: num_shards[split] for split in listing.splits}
     return listing, manifest.Plan(labels=listing.labels, num_shards=num_shards,
                                   listed=len(listing.entries), skipped=len(listing.skipped),
-                                  sink=sink)
+                                  sink=sink, skipped_by_reason=listing.skipped_by_reason(), run_id=run_id)
 
 
-def write_work_files(listing: Listing, run_plan: manifest.Plan, output: str) -> None:
-    """The listings the sinks read: one per shard (streaming) or one in all (shuffle).
+def write_work_files(listing: Listing, run_plan: manifest.Plan, work: str) -> None:
+    """The listings the sinks read, in the run's folder ``work``: one per shard (streaming)
+    or one in all (shuffle).
 
     Files under a label missing from --labels_file go to their own listing, to be
     reported, never dropped.
     """
     known = [e for e in listing.entries if e.label_id != UNKNOWN_LABEL]
-    write_lines(layout.work_path(output, layout.UNKNOWN_LABELS),
-                (e.to_json() for e in listing.unknown_label_entries))
+    write_lines(join(work, layout.UNKNOWN_LABELS), (e.to_json() for e in listing.unknown_label_entries))
     if run_plan.sink == "shuffle":
-        write_lines(layout.work_path(output, layout.LISTING), (e.to_json() for e in known))
+        write_lines(join(work, layout.LISTING), (e.to_json() for e in known))
         return
     by_split: dict[str, list[FileEntry]] = collections.defaultdict(list)
     for e in known:
@@ -130,18 +133,18 @@ def write_work_files(listing: Listing, run_plan: manifest.Plan, output: str) -> 
         # finishes its shards long before another (hash % count left 5% between shards).
         ordered = sorted(by_split[split], key=lambda e: order_key(e.relpath))
         for index in range(count):
-            write_lines(layout.work_path(output, layout.shard_listing_name(split, index)),
+            write_lines(join(work, layout.shard_listing_name(split, index)),
                         (e.to_json() for e in ordered[index::count]))
 
 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan) -> None:
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
+    work = layout.run_folder(config.output, run_plan.run_id)
     shards, counts, failed = p | "WriteShards" >> sink(
-        config.spec, config.reads, config.output, config.compression, run_plan.num_shards)
+        config.spec, config.reads, work, config.compression, run_plan.num_shards)
     label_failures = (
         p
-        | "ReadUnknownLabels" >> ReadFromText(layout.work_path(config.output, layout.UNKNOWN_LABELS),
-                                              validate=False)
+        | "ReadUnknownLabels" >> ReadFromText(join(work, layout.UNKNOWN_LABELS), validate=False)
         | "ParseUnknownLabels" >> beam.ParDo(ParseEntryFn())
         | "UnknownLabels" >> beam.Map(unknown_label_report))
     failures = (failed, label_failures) | "AllFailures" >> beam.Flatten()
@@ -162,23 +165,39 @@ def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
     """
     start = time.perf_counter()
     dry_run = options.view_as(TestOptions).dry_run
-    old_files = layout.check_output(config.output, config.overwrite)
-    listing, run_plan = plan(config, options)
+    run_id = layout.new_run_id()
+    leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
+    layout.check_output(config.output, config.overwrite, leftovers)
+    listing, run_plan = plan(config, options, run_id)
     if not dry_run:
-        layout.delete(old_files, f"the old dataset in {config.output}")
-        write_work_files(listing, run_plan, config.output)
+        for old in leftovers:
+            _LOG.info("removing the files of unfinished run %s", old)
+            layout.remove_run_folder(config.output, old)
+        write_work_files(listing, run_plan, layout.run_folder(config.output, run_id))
     del listing  # the workers read the listings from files: keep no copy here
-    _LOG.info("listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
-              run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
+    _LOG.info("run %s: listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
+              run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
               run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
     build(p, config, run_plan)
-    result = p.run()
     if dry_run:
-        # The runner built the whole job and stopped before submitting it.
+        result = p.run()  # the runner builds the whole job and stops before submitting it
         return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None))
-    result.wait_until_finish()
+    try:
+        result = p.run()
+        result.wait_until_finish()
+    except BaseException:
+        _remove_quietly(config.output, run_id)
+        raise
     counters: dict[str, int] = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
     return RunResult(manifest.read(config.output), time.perf_counter() - start, counters)
+
+
+def _remove_quietly(output: str, run_id: str) -> None:
+    """A failed run's files go with it; if they cannot, the next run reports them as unfinished."""
+    try:
+        layout.remove_run_folder(output, run_id)
+    except StorageError as e:
+        _LOG.warning("could not remove the failed run's files: %s", e)

@@ -16,7 +16,7 @@ from beam_prep.errors import ImageError, StorageError
 from beam_prep.features import ImageRecord, encode_example
 from beam_prep.gcs import GcsClient
 from beam_prep.imaging import ImageSpec, process_image
-from beam_prep.listing import FileEntry
+from beam_prep.listing import FileEntry, printable
 from beam_prep.storage import is_local
 
 
@@ -70,8 +70,8 @@ def failure_report(entry: FileEntry, error: ImageError) -> dict[str, Any]:
     """A line of errors.jsonl: which file, at which stage, and why."""
     cause = error.__cause__
     return {
-        "path": entry.path,
-        "relpath": entry.relpath,
+        "path": printable(entry.path),
+        "relpath": printable(entry.relpath),
         "label": entry.label,
         "stage": error.stage,
         "error_type": type(cause).__name__ if cause is not None else type(error).__name__,

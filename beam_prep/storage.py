@@ -44,6 +44,9 @@ def storage_error(action: str, path: str, error: BaseException) -> StorageError:
     """A StorageError that names ``path`` and says what to fix."""
     codes = {_code(e) for e in _causes(error)}
     names = {type(e).__name__ for e in _causes(error)}
+    if is_local(path) and "PermissionError" in names:
+        return StorageError(f"cannot {action} {path}: permission denied; make it readable to this user "
+                            "(chmod/chown), or move it out of the tree")
     if 403 in codes or "Forbidden" in names or "PermissionError" in names:
         return StorageError(f"cannot {action} {path}: permission denied; grant the credentials in use "
                             f"access to {bucket_of(path) or path} (roles/storage.objectAdmin for output)")

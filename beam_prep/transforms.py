@@ -1,7 +1,8 @@
 """Beam wiring: listings -> examples -> shards, with a dead-letter output for bad images.
 
 Two sinks share the same per-file step (``records.make_example``) and read the
-listing files the launcher wrote (``layout.work_path``):
+listing files the launcher wrote in the run's folder (``layout.run_folder``), and
+write their shards there, for the manifest step to publish when all are complete:
 
 * ``WriteShardsStreaming``: the launcher has already assigned every file to its
   shard and written one small listing per shard, so the pipeline moves only
@@ -149,11 +150,11 @@ class WriteShardFn(beam.DoFn):
     on ``failed``. Rewriting a shard from scratch makes a retried bundle harmless.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, output: str, compression: str, split: str,
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str, split: str,
                  num_shards: int) -> None:
         self._spec = spec
         self._reading = _Reading(reads)
-        self._output = output
+        self._work = work
         self._compression = compression
         self._split = split
         self._num_shards = num_shards
@@ -170,11 +171,11 @@ class WriteShardFn(beam.DoFn):
         split = self._split
         name = layout.shard_name(split, index, self._num_shards, self._compression)
         per_label: collections.Counter[str] = collections.Counter()
-        with FileSystems.open(layout.work_path(self._output, layout.shard_listing_name(split, index)),
+        with FileSystems.open(join(self._work, layout.shard_listing_name(split, index)),
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
             lines = listing.read().decode("utf-8").splitlines()
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
-        with layout.shard_writer(join(self._output, name), self._compression) as f, \
+        with layout.shard_writer(join(self._work, name), self._compression) as f, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
@@ -198,10 +199,10 @@ class WriteShardsStreaming(beam.PTransform):
     every core has the same work.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, output: str, compression: str,
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
                  num_shards: Mapping[str, int]) -> None:
         super().__init__()
-        self._spec, self._reads, self._output, self._compression = spec, reads, output, compression
+        self._spec, self._reads, self._work, self._compression = spec, reads, work, compression
         self._num_shards = dict(num_shards)
 
     def expand(self, pbegin):
@@ -212,7 +213,7 @@ class WriteShardsStreaming(beam.PTransform):
                 | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
                 | f"Reshuffle[{split}]" >> beam.Reshuffle()
                 | f"WriteShards[{split}]" >> beam.ParDo(
-                    WriteShardFn(self._spec, self._reads, self._output, self._compression, split, count)
+                    WriteShardFn(self._spec, self._reads, self._work, self._compression, split, count)
                 ).with_outputs(FAILED, COUNTS, main="shards"))
             shards.append(results.shards)
             counts.append(results[COUNTS])
@@ -225,17 +226,17 @@ class WriteShardsStreaming(beam.PTransform):
 class WriteShardsShuffle(beam.PTransform):
     """Listing -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split."""
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, output: str, compression: str,
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
                  num_shards: Mapping[str, int]) -> None:
         super().__init__()
-        self._spec, self._reads, self._output, self._compression = spec, reads, output, compression
+        self._spec, self._reads, self._work, self._compression = spec, reads, work, compression
         self._num_shards = dict(num_shards)
 
     def expand(self, pbegin):
         splits = sorted(self._num_shards)
         results = (
             pbegin
-            | "ReadListing" >> ReadFromText(layout.work_path(self._output, layout.LISTING), validate=False)
+            | "ReadListing" >> ReadFromText(join(self._work, layout.LISTING), validate=False)
             | "ParseEntries" >> beam.ParDo(ParseEntryFn())
             | "Reshuffle" >> beam.Reshuffle()
             | "ImageToExample" >> beam.ParDo(ImageToExampleFn(self._spec, self._reads)).with_outputs(
@@ -253,7 +254,7 @@ class WriteShardsShuffle(beam.PTransform):
                 part
                 | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
                 | f"WriteToTFRecord[{split}]" >> WriteToTFRecord(
-                    join(self._output, split),
+                    join(self._work, split),
                     file_name_suffix=suffix,
                     num_shards=self._num_shards[split],
                     shard_name_template=layout.SHARD_TEMPLATE,

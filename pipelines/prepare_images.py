@@ -44,11 +44,13 @@ def summary(result: RunResult) -> str:
     counts = m["counts"]
     lines = [f"beam-prep: {counts['written']} of {counts['listed']} images written in "
              f"{result.seconds:.1f} s ({result.images_per_second:.0f} images/s); "
-             f"{counts['failed']} failed, {counts['skipped']} non-image files skipped"]
+             f"{counts['failed']} failed, {counts['skipped']} skipped"]
     for split, s in m["splits"].items():
         lines.append(f"  {split}: {s['num_examples']} examples in {len(s['shards'])} shards")
     for stage, n in m["failed_by_stage"].items():
         lines.append(f"  failed at {stage}: {n} (see errors.jsonl)")
+    for reason, n in m.get("skipped_by_reason", {}).items():
+        lines.append(f"  skipped, {reason}: {n}")
     return "\n".join(lines)
 
 

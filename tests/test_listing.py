@@ -1,10 +1,30 @@
 """Which files, which label, which split: all decided from paths, the same on every run."""
 from __future__ import annotations
 
+import hashlib
+import os
+import ctypes
+import subprocess
+import sys
+
 import pytest
 
-from beam_prep.errors import OptionsError
-from beam_prep.listing import UNKNOWN_LABEL, FileEntry, list_tree, read_labels_file, split_for
+from beam_prep.errors import OptionsError, StorageError
+from beam_prep.listing import (
+    SKIP_DEPTH,
+    SKIP_HIDDEN,
+    SKIP_NOT_IMAGE,
+    SKIP_SEEN_FOLDER,
+    SKIP_SPECIAL,
+    UNKNOWN_LABEL,
+    FileEntry,
+    list_tree,
+    printable,
+    read_labels_file,
+    split_for,
+    stable_hash,
+)
+from conftest import REPO
 from trees import make_tree
 
 
@@ -62,7 +82,33 @@ def test_hidden_and_non_image_files_are_skipped_and_counted(tmp_path):
     (tmp_path / "loose.jpg").write_bytes(b"x")
     listing = list_tree(str(tmp_path))
     assert len(listing.entries) == 2
-    assert sorted(listing.skipped) == [".git/x.jpg", "a/.DS_Store", "a/notes.txt", "loose.jpg"]
+    assert listing.skipped == {".git/x.jpg": SKIP_HIDDEN, "a/.DS_Store": SKIP_HIDDEN,
+                               "a/notes.txt": SKIP_NOT_IMAGE, "loose.jpg": SKIP_DEPTH}
+    assert listing.skipped_by_reason() == {SKIP_HIDDEN: 2, SKIP_DEPTH: 1, SKIP_NOT_IMAGE: 1}
+
+
+@pytest.mark.parametrize("junk", [".ipynb_checkpoints", "__MACOSX", "@eaDir"])
+def test_junk_folders_beside_the_splits_keep_the_split_layout(tmp_path, junk):
+    make_tree(tmp_path, {"cat": 2, "dog": 1}, splits=["train", "validation"])
+    make_tree(tmp_path / junk, {"train": 1})  # junk/train/img_000.jpg: images at split depth
+    (tmp_path / junk / "x.txt").write_text("x")
+    listing = list_tree(str(tmp_path))
+    assert listing.splits == ["train", "validation"]
+    assert listing.labels == ["cat", "dog"]
+    assert listing.split_counts() == {"train": 3, "validation": 3}
+    assert listing.skipped == {f"{junk}/train/img_000.jpg": SKIP_HIDDEN, f"{junk}/x.txt": SKIP_HIDDEN}
+
+
+def test_a_stray_image_beside_the_splits_is_skipped_as_misplaced(tmp_path):
+    make_tree(tmp_path, {"cat": 2, "dog": 1}, splits=["train", "validation"])
+    make_tree(tmp_path, {"stray": 1})  # ROOT/stray/img_000.jpg: a label folder outside the splits
+    (tmp_path / "Thumbs.db").write_bytes(b"x")
+    (tmp_path / "loose.jpg").write_bytes(b"x")
+    listing = list_tree(str(tmp_path))
+    assert listing.split_counts() == {"train": 3, "validation": 3}
+    assert listing.labels == ["cat", "dog"]
+    assert listing.skipped == {"Thumbs.db": SKIP_HIDDEN, "loose.jpg": SKIP_DEPTH,
+                               "stray/img_000.jpg": SKIP_DEPTH}
 
 
 def test_labels_file_sets_the_ids_and_flags_unlisted_folders(tmp_path):
@@ -105,12 +151,100 @@ def test_a_broken_link_is_listed_so_that_its_read_is_reported(tmp_path):
     assert sorted(e.relpath for e in listing.entries) == ["a/gone.jpg", "a/img_000.jpg"]
 
 
-def test_linked_folders_are_not_followed(tmp_path):
-    make_tree(tmp_path / "root", {"a": 1})
-    make_tree(tmp_path / "elsewhere", {"b": 2})
-    (tmp_path / "root" / "b").symlink_to(tmp_path / "elsewhere" / "b", target_is_directory=True)
+def test_linked_folders_and_files_are_followed(tmp_path):
+    make_tree(tmp_path / "root", {"real": 2})
+    make_tree(tmp_path / "elsewhere", {"cats": 3, "one": 1})
+    (tmp_path / "root" / "cats").symlink_to(tmp_path / "elsewhere" / "cats", target_is_directory=True)
+    (tmp_path / "root" / "real" / "linked.jpg").symlink_to(tmp_path / "elsewhere" / "one" / "img_000.jpg")
     listing = list_tree(str(tmp_path / "root"))
+    assert listing.labels == ["cats", "real"]
+    assert sorted(e.relpath for e in listing.entries) == [
+        "cats/img_000.jpg", "cats/img_001.jpg", "cats/img_002.jpg",
+        "real/img_000.jpg", "real/img_001.jpg", "real/linked.jpg"]
+    linked = next(e for e in listing.entries if e.relpath == "real/linked.jpg")
+    assert linked.size == (tmp_path / "elsewhere" / "one" / "img_000.jpg").stat().st_size
+    assert listing.skipped == {}
+
+
+def test_a_folder_reached_twice_is_listed_once_and_reported(tmp_path):
+    make_tree(tmp_path, {"cats": 2})
+    (tmp_path / "cats" / "loop").symlink_to(tmp_path / "cats", target_is_directory=True)
+    (tmp_path / "copycats").symlink_to(tmp_path / "cats", target_is_directory=True)
+    listing = list_tree(str(tmp_path))
+    assert sorted(e.relpath for e in listing.entries) == ["cats/img_000.jpg", "cats/img_001.jpg"]
+    assert listing.skipped == {"cats/loop": SKIP_SEEN_FOLDER, "copycats": SKIP_SEEN_FOLDER}
+
+
+def test_a_link_to_itself_is_listed_so_that_its_read_is_reported(tmp_path):
+    make_tree(tmp_path, {"a": 1})
+    (tmp_path / "a" / "self.jpg").symlink_to("self.jpg")
+    listing = list_tree(str(tmp_path))
+    assert sorted(e.relpath for e in listing.entries) == ["a/img_000.jpg", "a/self.jpg"]
+
+
+def test_pipes_are_passed_over(tmp_path):
+    make_tree(tmp_path, {"a": 1})
+    os.mkfifo(tmp_path / "a" / "pipe.jpg")
+    listing = list_tree(str(tmp_path))
     assert [e.relpath for e in listing.entries] == ["a/img_000.jpg"]
+    assert listing.skipped == {"a/pipe.jpg": SKIP_SPECIAL}
+
+
+def test_a_name_that_is_not_utf8_is_listed_and_hashed_by_its_bytes(tmp_path):
+    make_tree(tmp_path, {"a": 1})
+    raw = os.fsencode(str(tmp_path / "a")) + b"/bad\xff\xfe.jpg"
+    with open(raw, "wb") as f:
+        f.write((tmp_path / "a" / "img_000.jpg").read_bytes())
+    listing = list_tree(str(tmp_path), validation_percent=50)
+    bad = next(e for e in listing.entries if e.relpath != "a/img_000.jpg")
+    assert os.fsencode(bad.relpath) == b"a/bad\xff\xfe.jpg"
+    assert FileEntry.from_json(bad.to_json()) == bad
+    # The hash of a valid name is unchanged by hashing bytes; an invalid one hashes too.
+    assert stable_hash("a/é.jpg", "split") == int.from_bytes(
+        hashlib.sha256("split:a/é.jpg".encode()).digest()[:8], "big")
+    assert stable_hash(bad.relpath, "split") == int.from_bytes(
+        hashlib.sha256(b"split:a/bad\xff\xfe.jpg").digest()[:8], "big")
+    assert printable(bad.relpath) == "a/bad\\xff\\xfe.jpg"
+
+
+@pytest.mark.parametrize("name", ["two\nlines", "car\rriage", " padded", "tab\x0bbed"])
+def test_label_names_labels_txt_cannot_hold_are_refused(tmp_path, name):
+    make_tree(tmp_path, {"fine": 1, name: 1})
+    with pytest.raises(OptionsError, match="line break or edge spaces") as e:
+        list_tree(str(tmp_path))
+    assert repr(str(tmp_path / name)) in str(e.value)
+
+
+def test_a_label_folder_name_that_is_not_utf8_is_refused(tmp_path):
+    make_tree(tmp_path, {"fine": 1})
+    folder = os.fsencode(str(tmp_path)) + b"/caf\xe9"
+    os.mkdir(folder)
+    with open(folder + b"/x.jpg", "wb") as f:
+        f.write((tmp_path / "fine" / "img_000.jpg").read_bytes())
+    with pytest.raises(OptionsError, match=r"caf\\xe9.*not UTF-8"):
+        list_tree(str(tmp_path))
+
+
+def _without_root_file_access() -> None:
+    """In a child before exec: drop root's power to read any folder, so permissions apply."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_an_unreadable_folder_is_named_with_local_advice(tmp_path):
+    make_tree(tmp_path, {"a": 1, "b": 1})
+    (tmp_path / "b").chmod(0)
+    code = ("import sys\nfrom beam_prep.listing import list_tree\n"
+            "try:\n    list_tree(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True,
+                              text=True, timeout=120, preexec_fn=_without_root_file_access)
+    finally:
+        (tmp_path / "b").chmod(0o755)
+    assert done.stdout.startswith(f"StorageError cannot list {tmp_path / 'b'}: permission denied"), done
+    assert "chmod" in done.stdout and "roles/" not in done.stdout
 
 
 def test_a_file_entry_survives_its_json_line():

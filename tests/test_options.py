@@ -40,6 +40,8 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--resize_mode", "squash", "--resize_mode must be one of center_crop, stretch, pad, shorter_side, none"),
     ("--image_size", "0", "--image_size must be at least 1 pixel"),
     ("--image_size", "big", "--image_size must be an int or HxW"),
+    ("--image_size", "100000", "--image_size must be at most 16384 a side"),
+    ("--image_size", "64x16385", "--image_size must be at most 16384 a side"),
     ("--image_format", "gif", "--image_format must be one of jpeg, png, raw"),
     ("--channels", "4", "--channels must be 1 or 3"),
     ("--jpeg_quality", "101", "--jpeg_quality must be in 1..100"),
@@ -64,6 +66,12 @@ def test_shorter_side_takes_one_size(capsys, tree, tmp_path):
 
 def test_output_inside_input_is_refused(capsys, tree):
     err = fails(capsys, "--input", str(tree), "--output", str(tree / "records"))
+    assert "is inside --input" in err
+
+
+def test_output_reaching_into_input_through_a_link_is_refused(capsys, tree, tmp_path):
+    (tmp_path / "out").symlink_to(tree / "a", target_is_directory=True)
+    err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out" / "records"))
     assert "is inside --input" in err
 
 

@@ -39,10 +39,17 @@ def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
     listing = list_tree(str(tmp_path / "in"))
     plan = manifest.Plan(labels=listing.labels, num_shards={"train": 4}, listed=63, skipped=0,
                          sink="streaming")
-    write_work_files(listing, plan, str(tmp_path / "out"))
+    write_work_files(listing, plan, str(tmp_path / "work"))
     shards = [[FileEntry.from_json(line).relpath for line in
-               (tmp_path / "out" / layout.WORK_DIR / layout.shard_listing_name("train", i)).read_text().splitlines()]
+               (tmp_path / "work" / layout.shard_listing_name("train", i)).read_text().splitlines()]
               for i in range(4)]
     assert sorted(len(s) for s in shards) == [15, 16, 16, 16]
     assert sorted(sum(shards, [])) == sorted(e.relpath for e in listing.entries)
     assert all(s == sorted(s, key=order_key) for s in shards)
+
+
+def test_never_more_shards_than_examples():
+    # 2 huge records would fill 11 shards of 150 MB by size; one worker each is plenty.
+    assert layout.choose_num_shards(2, 805e6, 150, multiple_of=1) == 2
+    assert layout.choose_num_shards(2, 805e6, 150, multiple_of=4) == 4
+    assert layout.choose_num_shards(1000, 1e6, 150, multiple_of=1) == 7

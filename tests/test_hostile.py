@@ -1,0 +1,114 @@
+"""A tree as a hostile or unlucky user makes it, and runs that are killed or overlap.
+
+Each case once went wrong without a word: images dropped, a run refused, a
+folder left holding half a dataset. Every file must end in a shard, in
+errors.jsonl or in a skipped count with its reason, and the counts must add up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from beam_prep.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE, SKIP_SEEN_FOLDER, SKIP_SPECIAL
+from conftest import REPO, read_split, run_prepare
+from trees import make_tree
+
+ARGS = ("--image_size", "16", "--max_pixels", "100000")
+
+
+def hostile_tree(tmp_path: pathlib.Path) -> pathlib.Path:
+    """train/ and validation/ beside junk, links, a loop, a pipe and names a label or a file cannot have."""
+    root = tmp_path / "tree"
+    make_tree(root, {"cat": 3, "dog": 2}, splits=["train", "validation"], size=(24, 20))
+    make_tree(tmp_path / "elsewhere", {"owl": 2, "one": 1}, size=(24, 20))
+    owl = tmp_path / "elsewhere" / "owl"
+    (root / "train" / "owl").symlink_to(owl, target_is_directory=True)         # followed: 2 images
+    (root / "train" / "owl" / "again").symlink_to(owl, target_is_directory=True)  # a loop: listed once
+    (root / "train" / "cat" / "linked.jpg").symlink_to(tmp_path / "elsewhere" / "one" / "img_000.jpg")
+    (root / "train" / "cat" / "self.jpg").symlink_to("self.jpg")                # errors.jsonl, stage read
+    with open(os.fsencode(str(root / "train" / "dog")) + b"/bad\xff\xfe.jpg", "wb") as f:
+        f.write((root / "train" / "dog" / "img_000.jpg").read_bytes())          # prepared by its bytes
+    os.mkfifo(root / "train" / "dog" / "pipe.jpg")                              # never read: it would block
+    make_tree(root / ".ipynb_checkpoints", {"train": 1}, size=(24, 20))         # junk at the split depth
+    make_tree(root / "__MACOSX", {"train": 1}, size=(24, 20))
+    (root / "train" / "cat" / "Thumbs.db").write_bytes(b"x")
+    make_tree(root, {"stray": 1}, size=(24, 20))                               # a label folder outside the splits
+    (root / "README.md").write_text("notes")
+    return root
+
+
+def test_a_hostile_tree_loses_nothing_and_counts_everything(tmp_path):
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(hostile_tree(tmp_path)), "--output", str(out), *ARGS)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["labels"] == ["cat", "dog", "owl"]
+    assert manifest["counts"] == {"listed": 15, "written": 14, "failed": 1, "skipped": 7}
+    assert manifest["skipped_by_reason"] == {SKIP_DEPTH: 1, SKIP_HIDDEN: 3, SKIP_SEEN_FOLDER: 1,
+                                             SKIP_NOT_IMAGE: 1, SKIP_SPECIAL: 1}
+    assert {s: info["class_counts"] for s, info in manifest["splits"].items()} == {
+        "train": {"cat": 4, "dog": 3, "owl": 2}, "validation": {"cat": 3, "dog": 2, "owl": 0}}
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(e["relpath"], e["stage"]) for e in errors] == [("train/cat/self.jpg", "read")]
+    assert "Too many levels of symbolic links" in errors[0]["message"]
+    names = {r["image/filename"] for r in read_split(out, "train")}
+    assert b"train/dog/bad\xff\xfe.jpg" in names and b"train/owl/img_001.jpg" in names
+    assert (out / "labels.txt").read_text().splitlines() == manifest["labels"]
+    assert "skipped, image outside the label folders: 1" in result.stdout
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for(pattern: str, folder: pathlib.Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(folder.glob(pattern)):
+        assert proc.poll() is None, f"the run ended before {pattern} appeared: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {pattern} after {timeout} s"
+        time.sleep(0.01)
+
+
+def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"a": 3, "b": 2}, size=(24, 20))
+    assert run_prepare("--input", str(tree), "--output", str(out), *ARGS).returncode == 0
+    old = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    make_tree(tree, {"c": 400}, size=(96, 64))
+
+    run = _start("--input", str(tree), "--output", str(out), "--overwrite", "--num_shards", "1",
+                 "--direct_running_mode", "in_memory", *ARGS)
+    try:
+        _wait_for(".beam-prep/run-*/train-*.tfrecord.gz", out, run)
+        os.killpg(run.pid, signal.SIGKILL)
+    finally:
+        run.wait()
+    # The new run's shard was never under a dataset's name: the old dataset is as it was.
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == old
+    assert len(read_split(out, "train")) == 5
+
+    refused = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
+    assert refused.returncode == 2
+    assert "already holds a dataset" in refused.stderr and "unfinished run run-" in refused.stderr
+    assert run_prepare("--input", str(tree), "--output", str(out), "--overwrite", *ARGS).returncode == 0
+    assert len(read_split(out, "train")) == 405
+    assert [p.name for p in out.iterdir() if p.is_dir()] == []
+
+
+def test_a_failed_run_removes_its_own_files(tmp_path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"a": 2}, size=(24, 20))
+    out.mkdir()
+    (out / "train-00000-of-00001.tfrecord.gz").mkdir()  # publishing cannot put a shard here
+    result = run_prepare("--input", str(tree), "--output", str(out), "--overwrite", "--num_shards", "1", *ARGS)
+    assert result.returncode == 1, result.stderr
+    assert not list(out.glob(".beam-prep/run-*"))
