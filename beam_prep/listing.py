@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.errors import OptionsError, StorageError
+from beam_prep.errors import OptionsError
 from beam_prep.gcs import GcsClient
 from beam_prep.imaging import is_image_name
 from beam_prep.storage import is_local, storage_error
@@ -130,14 +130,12 @@ def _match_all(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
     gs:// trees are listed folder by folder, concurrently (``GcsClient.list``);
     other schemes through Beam's ``FileSystems.match``.
     """
+    if is_local(root):
+        return _walk_local(root)
     try:
-        if is_local(root):
-            return _walk_local(root)
         if root.startswith("gs://"):
             return GcsClient().list(root), {}
         return [(m.path, m.size_in_bytes) for m in FileSystems.match([join(root, "**")])[0].metadata_list], {}
-    except StorageError:
-        raise
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("list", root, e) from e
 
@@ -156,11 +154,12 @@ def _walk_local(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
     """
     found: list[tuple[str, int]] = []
     passed: dict[str, str] = {}
-    seen = {_folder_key(os.stat(root)): root}
+    seen: dict[tuple[int, int], str] = {}
     folders = collections.deque([root])
     while folders:
         folder = folders.popleft()
         try:
+            seen.setdefault(_folder_key(os.stat(folder)), folder)
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as e:
