@@ -5,7 +5,8 @@
 With no ``--runner`` it runs on Beam's DirectRunner with one worker process per
 core. The same module is what Dataflow jobs are submitted with
 (``--runner DataflowRunner --setup_file ./setup.py ...``). Exit codes: 0 done,
-2 bad options or input (nothing was started), 1 the job failed.
+2 bad options or input, unknown flags included (nothing was started), 1 the job
+failed.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Sequence
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.errors import BeamPrepError, OptionsError
+from beam_prep.flags import check_flags
 from beam_prep.options import config_from_options
 from beam_prep.pipeline import RunResult, run
 
@@ -57,9 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("beam_prep").setLevel(logging.INFO)
     # Workers relay that they cannot parse our options (they only need Beam's): noise.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
-    argv = with_local_defaults(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        options = PipelineOptions(argv)
+        check_flags(argv)
+        options = PipelineOptions(with_local_defaults(argv))
         config = config_from_options(options)
         result = run(config, options)
     except OptionsError as e:
