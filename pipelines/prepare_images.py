@@ -23,20 +23,31 @@ from beam_prep.options import config_from_options
 from beam_prep.pipeline import RunResult, run
 
 
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag v`` or ``--flag=v``), None if it is not given."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    return None
+
+
 def with_local_defaults(argv: Sequence[str]) -> list[str]:
-    """Every core busy by default: multi-process DirectRunner unless the user chose otherwise."""
+    """Every core busy by default: multi-process DirectRunner unless the user chose otherwise.
+
+    A worker count is added only where workers run in parallel: the in-memory
+    mode runs one and warns about any other count.
+    """
     argv = list(argv)
-    named = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    if "--runner" not in named:
+    runner = flag_value(argv, "--runner")
+    if runner is None:
         argv.append("--runner=DirectRunner")
         runner = "DirectRunner"
-    else:
-        i = next(i for i, a in enumerate(argv) if a.split("=", 1)[0] == "--runner")
-        runner = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
     if runner == "DirectRunner":
-        if "--direct_running_mode" not in named:
+        mode = flag_value(argv, "--direct_running_mode")
+        if mode is None:
             argv.append("--direct_running_mode=multi_processing")
-        if "--direct_num_workers" not in named:
+        if flag_value(argv, "--direct_num_workers") is None and mode != "in_memory":
             argv.append(f"--direct_num_workers={os.cpu_count() or 1}")
     return argv
 
