@@ -120,7 +120,7 @@ def test_a_failed_job_ends_with_one_line_and_leaves_its_log(tree, tmp_path, tmpd
     lines = result.stderr.splitlines()
     assert result.returncode == 1, result.stderr
     assert len(lines) < 10 and "Traceback" not in result.stderr, result.stderr
-    assert re.match(r"error: cannot write \S+/out/train-00000-of-00001\.tfrecord\.gz: \[Errno 27\] "
+    assert re.match(r"error: cannot write \S+/train-00000-of-00001\.tfrecord\.gz: \[Errno 27\] "
                     r"File too large \(full log: ", lines[-1]), lines[-1]
     assert "while running" not in lines[-1]
     log = log_named_in(lines[-1])
