@@ -77,6 +77,10 @@ class PrepareImagesOptions(PipelineOptions):
             help="streaming: each worker writes whole shards, memory stays flat (local runners); "
                  "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
                  "auto picks by runner.")
+        parser.add_argument(
+            "--verbose", action="store_true", default=False,
+            help="Show Beam's log and a failed job's full traceback on stderr, instead of "
+                 "a one-line error that names a log file holding them.")
 
 
 @dataclasses.dataclass(frozen=True)

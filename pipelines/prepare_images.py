@@ -5,36 +5,54 @@
 With no ``--runner`` it runs on Beam's DirectRunner with one worker process per
 core. The same module is what Dataflow jobs are submitted with
 (``--runner DataflowRunner --setup_file ./setup.py ...``). Exit codes: 0 done,
-2 bad options or input (nothing was started), 1 the job failed.
+2 bad options or input, unknown flags included (nothing was started), 1 the job
+failed. A failed job ends with one line on stderr, its cause and the log file
+that holds Beam's records and the full traceback (``--verbose`` prints them).
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import traceback
 from typing import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.errors import BeamPrepError, OptionsError
-from beam_prep.options import config_from_options
+from beam_prep.flags import check_flags
+from beam_prep.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
+from beam_prep.options import PrepareConfig, PrepareImagesOptions, config_from_options
 from beam_prep.pipeline import RunResult, run
+
+CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag v`` or ``--flag=v``), None if it is not given."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    return None
 
 
 def with_local_defaults(argv: Sequence[str]) -> list[str]:
-    """Every core busy by default: multi-process DirectRunner unless the user chose otherwise."""
+    """Every core busy by default: multi-process DirectRunner unless the user chose otherwise.
+
+    A worker count is added only where workers run in parallel: the in-memory
+    mode runs one and warns about any other count.
+    """
     argv = list(argv)
-    named = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    if "--runner" not in named:
+    runner = flag_value(argv, "--runner")
+    if runner is None:
         argv.append("--runner=DirectRunner")
         runner = "DirectRunner"
-    else:
-        i = next(i for i, a in enumerate(argv) if a.split("=", 1)[0] == "--runner")
-        runner = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
     if runner == "DirectRunner":
-        if "--direct_running_mode" not in named:
+        mode = flag_value(argv, "--direct_running_mode")
+        if mode is None:
             argv.append("--direct_running_mode=multi_processing")
-        if "--direct_num_workers" not in named:
+        if flag_value(argv, "--direct_num_workers") is None and mode != "in_memory":
             argv.append(f"--direct_num_workers={os.cpu_count() or 1}")
     return argv
 
@@ -54,16 +72,52 @@ def summary(result: RunResult) -> str:
     return "\n".join(lines)
 
 
+def run_verbose(config: PrepareConfig, options: PipelineOptions) -> RunResult:
+    """Beam's log on stderr as it comes; a failed job's traceback too, then its cause."""
+    try:
+        return run(config, options)
+    except Exception as e:
+        if not is_job_failure(e):
+            raise
+        traceback.print_exception(e, file=sys.stderr)
+        raise JobFailed(root_cause(e)) from e
+
+
+def run_logged(config: PrepareConfig, options: PipelineOptions) -> RunResult:
+    """Beam's log and workers' stderr go to a log file; a failed job becomes one line naming it."""
+    try:
+        log = JobLog(new_log_path(), logging.Formatter(CONSOLE_FORMAT))
+    except OSError as e:
+        print(f"beam-prep: cannot create a log file ({e}); Beam's log goes to stderr", file=sys.stderr)
+        return run_verbose(config, options)
+    try:
+        with log:
+            try:
+                return run(config, options)
+            except Exception as e:
+                if not is_job_failure(e):
+                    raise
+                log.record_failure(e)
+                where = "full log" if log.complete else "log, cut short as it could not be written"
+                raise JobFailed(f"{root_cause(e)} ({where}: {log.path})") from e
+    finally:
+        if log.kept and not log.failure_recorded:
+            print(f"beam-prep: Beam logged warnings or errors ({log.hidden_warnings}), see {log.path}",
+                  file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
     logging.getLogger("beam_prep").setLevel(logging.INFO)
     # Workers relay that they cannot parse our options (they only need Beam's): noise.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
-    argv = with_local_defaults(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        options = PipelineOptions(argv)
+        check_flags(argv)
+        options = PipelineOptions(with_local_defaults(argv))
         config = config_from_options(options)
-        result = run(config, options)
+        verbose = options.view_as(PrepareImagesOptions).verbose
+        result = (run_verbose if verbose else run_logged)(config, options)
     except OptionsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -92,6 +92,14 @@ def test_local_runs_default_to_every_core_in_worker_processes():
     assert any(a.startswith("--direct_num_workers=") for a in argv)
 
 
+def test_the_in_memory_mode_gets_no_worker_count():
+    """It runs one worker, and Beam warns about any other count."""
+    argv = prepare_images.with_local_defaults(["--direct_running_mode=in_memory"])
+    assert not any(a.startswith("--direct_num_workers") for a in argv)
+    argv = prepare_images.with_local_defaults(["--direct_running_mode", "multi_threading"])
+    assert any(a.startswith("--direct_num_workers=") for a in argv)
+
+
 def test_a_users_own_runner_options_win():
     argv = prepare_images.with_local_defaults(["--runner", "DirectRunner", "--direct_num_workers", "1"])
     assert "--direct_num_workers=1" not in argv and argv.count("--direct_num_workers") == 1

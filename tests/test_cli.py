@@ -1,0 +1,206 @@
+"""What the command line says when a flag is unknown or a job fails, and where the rest goes."""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from beam_prep.errors import OptionsError, StorageError
+from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
+from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
+from conftest import REPO, run_prepare
+from pipelines import prepare_images
+from trees import make_tree
+
+# Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
+# limit, while the launcher's listings (<1 KB) and the job's log (~30 KB) fit.
+MAX_FILE_BYTES = 60_000
+FAILING = ("--image_format", "raw", "--image_size", "64", "--num_shards", "1")
+
+
+@pytest.fixture
+def tree(tmp_path):
+    make_tree(tmp_path / "in", {"a": 4, "b": 4}, size=(64, 64), fmt="PNG", ext=".png")
+    return tmp_path / "in"
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path):
+    """The job's log lands in the test's own folder: TMPDIR is where it goes."""
+    (tmp_path / "tmp").mkdir()
+    return {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+
+
+def run_with_file_limit(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """run_prepare in a process that cannot write a file past MAX_FILE_BYTES (EFBIG, "File too large")."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+
+    return subprocess.run([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+
+
+# Unknown flags.
+
+def test_a_misspelled_flag_is_named_with_the_nearest_known_one():
+    with pytest.raises(OptionsError, match=r"^unknown option --image-size; did you mean --image_size\?$"):
+        check_flags(["--input", "x", "--image-size", "64"])
+
+
+def test_every_unknown_flag_is_named():
+    with pytest.raises(OptionsError) as raised:
+        check_flags(["--validation_perc=10", "--image-size", "64", "--frobnicate"])
+    assert str(raised.value) == ("unknown options --validation_perc (did you mean --validation_percent?), "
+                                 "--image-size (did you mean --image_size?), --frobnicate")
+
+
+def test_values_after_an_unknown_flag_are_not_flags():
+    assert unknown_flags(["--image-size", "64", "--foo=1", "--bar", "-5", "--", "--after-the-end"]) \
+        == ["--image-size", "--foo", "--bar"]
+
+
+def test_dashes_and_underscores_count_alike_in_suggestions():
+    known = known_flags()
+    assert nearest_flag("--image-size", known) == "--image_size"
+    assert nearest_flag("--Direct-Num-Workers", known) == "--direct_num_workers"
+    assert nearest_flag("--zzzzzz", known) is None
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--runner", "DirectRunner"), ("--direct_num_workers", "2"), ("--direct_running_mode", "in_memory"),
+    ("--temp_location", "gs://bucket/tmp"), ("--project", "my-project"), ("--region", "us-central1"),
+    ("--experiments", "use_runner_v2"), ("--setup_file", "./setup.py"), ("--dry_run", "true"),
+    ("--sdk_container_image", "gcr.io/p/i"), ("--image_size", "64"), ("--verbose", None),
+])
+def test_beams_flags_and_ours_are_known_in_both_forms(flag, value):
+    forms = [[flag]] if value is None else [[flag, value], [f"{flag}={value}"]]
+    for argv in forms:
+        assert unknown_flags(argv) == [], argv
+        check_flags(argv)
+
+
+def test_a_bad_value_is_an_options_error_not_an_exit():
+    with pytest.raises(OptionsError, match="--channels: invalid int value: 'three'"):
+        check_flags(["--channels", "three"])
+
+
+def test_unknown_flags_are_refused_before_the_input_is_looked_at(capsys, tmp_path):
+    argv = ["--input", str(tmp_path / "missing"), "--output", str(tmp_path / "out"), "--validation_perc=10"]
+    assert prepare_images.main(argv) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: unknown option --validation_perc; did you mean --validation_percent?"
+
+
+def test_the_command_stops_on_an_unknown_flag_with_nothing_written(tree, tmp_path):
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--image-size", "64",
+                         "--direct_running_mode", "in_memory")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == "error: unknown option --image-size; did you mean --image_size?"
+    assert not out.exists() and result.stdout == ""
+
+
+# A job that fails.
+
+def log_named_in(line: str) -> str:
+    match = re.search(r"\(full log: (.+)\)$", line)
+    assert match, line
+    return match.group(1)
+
+
+def test_a_failed_job_ends_with_one_line_and_leaves_its_log(tree, tmp_path, tmpdir_env):
+    """On the multi-process runner, where worker processes write tracebacks to their stderr."""
+    result = run_with_file_limit("--input", str(tree), "--output", str(tmp_path / "out"), *FAILING,
+                                 "--direct_running_mode", "multi_processing", "--direct_num_workers", "1",
+                                 env=tmpdir_env)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1, result.stderr
+    assert len(lines) < 10 and "Traceback" not in result.stderr, result.stderr
+    assert re.match(r"error: cannot write \S+/train-00000-of-00001\.tfrecord\.gz: \[Errno 27\] "
+                    r"File too large \(full log: ", lines[-1]), lines[-1]
+    assert "while running" not in lines[-1]
+    log = log_named_in(lines[-1])
+    assert os.path.dirname(log) == tmpdir_env["TMPDIR"]
+    text = open(log, encoding="utf-8").read()
+    assert "Traceback (most recent call last):" in text and "StorageError: cannot write" in text
+    assert "Error processing instruction" in text  # a worker's own report, not on stderr
+
+
+def test_verbose_shows_the_traceback_then_the_cause(tree, tmp_path, tmpdir_env):
+    result = run_with_file_limit("--input", str(tree), "--output", str(tmp_path / "out"), *FAILING,
+                                 "--direct_running_mode", "in_memory", "--verbose", env=tmpdir_env)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback (most recent call last):" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("error: cannot write ") and last.endswith("File too large"), last
+    assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
+
+
+def test_a_good_run_keeps_its_output_and_no_log(tree, tmp_path, tmpdir_env):
+    result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image_size", "16",
+                         "--direct_running_mode", "in_memory", env=tmpdir_env)
+    assert result.returncode == 0, result.stderr
+    assert "INFO beam_prep.pipeline: listed 8 images" in result.stderr
+    assert result.stdout.startswith("beam-prep: 8 of 8 images written")
+    assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
+
+
+REMOTE = """Traceback (most recent call last):
+  File "beam_prep/layout.py", line 66, in shard_writer
+OSError: [Errno 27] File too large
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "apache_beam/runners/common.py", line 1512, in process
+beam_prep.errors.StorageError: cannot write out/train-00000-of-00002.tfrecord.gz: [Errno 27] File too large \
+[while running 'WriteShards/WriteShards[train]/ParDo(WriteShardFn)']
+"""
+
+
+def test_the_cause_is_the_last_exception_of_a_workers_traceback():
+    assert root_cause(RuntimeError(REMOTE)) == \
+        "cannot write out/train-00000-of-00002.tfrecord.gz: [Errno 27] File too large"
+    try:
+        try:
+            raise RuntimeError(REMOTE.replace("beam_prep.errors.StorageError", "ZeroDivisionError"))
+        except RuntimeError as e:
+            raise RuntimeError("Pipeline failed") from e
+    except RuntimeError as outer:
+        assert root_cause(outer) == \
+            "ZeroDivisionError: cannot write out/train-00000-of-00002.tfrecord.gz: [Errno 27] File too large"
+
+
+def test_an_error_raised_in_this_process_is_its_own_cause():
+    in_step = StorageError("cannot write x: disk full [while running 'WriteShards/W[train]/ParDo(F)']")
+    assert root_cause(in_step) == "cannot write x: disk full"
+    assert root_cause(ValueError("bad")) == "ValueError: bad"
+
+
+def test_only_errors_from_the_running_job_are_job_failures():
+    assert is_job_failure(RuntimeError(REMOTE))
+    assert is_job_failure(StorageError("cannot write x: disk full [while running 'Write']"))
+    assert not is_job_failure(StorageError("cannot list gs://b: bucket b does not exist"))
+    assert not is_job_failure(OptionsError("--input is required"))
+
+
+CHILD_WRITES_STDERR = [sys.executable, "-c", "import sys; sys.stderr.write('a worker traceback\\n')"]
+
+
+def test_processes_started_in_a_job_log_write_their_stderr_to_it(tmp_path):
+    with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
+        subprocess.run(CHILD_WRITES_STDERR, check=True)
+        log.record_failure(RuntimeError("the job failed"))
+    assert os.path.basename(log.path).startswith("beam-prep-") and log.kept
+    text = open(log.path, encoding="utf-8").read()
+    assert "a worker traceback" in text and "RuntimeError: the job failed" in text
+
+
+def test_a_job_log_with_nothing_worth_keeping_is_removed(tmp_path):
+    with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
+        prepare_images.logging.getLogger("beam_prep.test").warning("shown on the console, not kept")
+    assert not log.kept and os.listdir(tmp_path) == []
