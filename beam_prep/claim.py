@@ -85,8 +85,9 @@ _LOG = logging.getLogger(__name__)
 CLAIM_NAME = "claim.json"
 DEFAULT_HEARTBEAT_S = 30.0
 DEFAULT_STALE_AFTER_S = 300.0
-# Tries at a claim that keeps changing under us (released, taken over) before giving up.
-_ATTEMPTS = 8
+# Tries at a claim that keeps changing under us (released, taken over) before giving up;
+# each failed try means another run got through.
+_ATTEMPTS = 50
 # A busy local claim's file may be read while its holder writes it.
 _READ_TRIES = 20
 _READ_PAUSE_S = 0.01
@@ -293,10 +294,13 @@ def _claim_local(output: str, holder: Holder) -> Claim:
 
 
 def _open_claim_file(path: str) -> int | None:
+    """The claim file, created if need be; None if a release removed its folder meanwhile."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except FileNotFoundError:
+    except (FileNotFoundError, FileExistsError):
+        # makedirs raises FileExistsError too when the folder it found existing is removed
+        # before it checks that it is a folder.
         return None
     except OSError as e:
         raise storage_error("create the claim", path, e) from e

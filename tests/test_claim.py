@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Iterator
 
@@ -208,6 +209,41 @@ def test_two_runs_racing_for_a_folder_never_both_hold_it(agents, tmp_path):
         holder = winners[0]
         loser = replies[1 - agents.index(holder)]
         assert f"is in use by run racer-{agents.index(holder)} " in loser["busy"]
+
+
+def test_claims_and_releases_in_a_tight_loop_never_overlap(tmp_path):
+    """Threads stand in for processes here (each claim opens the file anew, and flock is per
+    open file), to hit the moment a release unlinks the file that a claim has just opened."""
+    out = str(tmp_path / "out")
+    guard = threading.Lock()
+    state = {"holding": 0, "most": 0, "wins": 0}
+    errors: list[BaseException] = []
+
+    def contend() -> None:
+        try:
+            for _ in range(300):
+                try:
+                    claim = claim_output(out)
+                except OutputBusy:
+                    continue
+                with guard:
+                    state["holding"] += 1
+                    state["most"] = max(state["most"], state["holding"])
+                    state["wins"] += 1
+                time.sleep(0)
+                with guard:
+                    state["holding"] -= 1
+                claim.release()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=contend) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert state["most"] == 1 and state["wins"] > 0
 
 
 def test_elsewhere_a_claim_is_kept_unless_its_run_is_gone_here(tmp_path):
