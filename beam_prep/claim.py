@@ -41,8 +41,9 @@ gs:// folders
     The numbers: a renewal every 30 s costs one write (2,880 a day, a
     fraction of a cent) and stays far below GCS's limit of one write a
     second per object. A claim is stale after 300 s, ten missed renewals:
-    long enough to ride out a renewal's own retries (GcsClient's back-off
-    spans about 8 s), a slow or throttled GCS, a pause of the process or a
+    long enough to ride out a renewal's own retries (six attempts of at
+    most 30 s each, the claim client's timeouts, and about 8 s of back-off:
+    about 190 s at worst), a throttled GCS, a pause of the process or a
     clock a few seconds off, and short enough that a run started after a
     crash elsewhere waits minutes, not hours. A holder paused for longer
     than that (a suspended laptop, a preempted VM) loses its claim, which
@@ -54,6 +55,11 @@ Other schemes (through Beam's ``FileSystems``)
     so only a holder that ran on this machine and is gone is taken over; a
     claim left by a run that died elsewhere must be deleted by hand, as the
     error says.
+
+The claim shares ``.beam-prep`` with the run's work files, so code that lists
+or removes that folder must leave ``claim.json`` to the claim: deleting it
+under a live run lets a second run in (a local holder then reports
+``Claim.lost``). A release removes the folder once it is empty.
 """
 from __future__ import annotations
 
@@ -69,6 +75,7 @@ import threading
 import time
 from typing import Callable, TypeVar
 
+import urllib3
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import BeamPrepError, OptionsError, StorageError
@@ -92,6 +99,8 @@ _ATTEMPTS = 50
 _READ_TRIES = 20
 _READ_PAUSE_S = 0.01
 _UNKNOWN = "unknown"
+# The claim is tiny: an answer slower than this is a hung request, better retried.
+_GCS_TIMEOUT = urllib3.Timeout(connect=10.0, read=20.0)
 _T = TypeVar("_T")
 
 
@@ -430,7 +439,7 @@ class _GcsClaim(Claim):
 
 def _claim_gcs(output: str, holder: Holder, stale_after_s: float,
                heartbeat_s: float | None) -> Claim:
-    client = GcsClient(connections=2)
+    client = GcsClient(connections=2, timeout=_GCS_TIMEOUT)  # a renewal and a release at once
     path = claim_path(output)
     data = holder.to_json()
     taken_over = None

@@ -145,17 +145,19 @@ class GcsClient:
       retry: the retry policy for transient failures.
       endpoint: the server; ``STORAGE_EMULATOR_HOST`` (as google-cloud-storage
         honours it) or GCS itself by default.
+      timeout: how long to wait to connect, and between bytes of an answer;
+        a request that times out is retried.
     """
 
     def __init__(self, connections: int = LIST_THREADS, retry: RetryPolicy = RetryPolicy(),
-                 endpoint: str | None = None) -> None:
+                 endpoint: str | None = None, timeout: urllib3.Timeout = _TIMEOUT) -> None:
         endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or DEFAULT_ENDPOINT
         if "://" not in endpoint:
             endpoint = "http://" + endpoint
         self._retry = retry
         # One host, so one pool, asked with paths: a PoolManager would parse each URL again.
         self._pool = urllib3.connection_from_url(endpoint, maxsize=max(1, connections), retries=False,
-                                                 timeout=_TIMEOUT)
+                                                 timeout=timeout)
         self._read_auth = _Auth(_default_credentials(READ_SCOPE, "reading"))
         self._write_auth: _Auth | None = None  # made at the first write
         self._write_auth_lock = threading.Lock()

@@ -193,6 +193,19 @@ def test_release_removes_the_claim_and_its_empty_folder(tmp_path):
     assert sorted(p.name for p in (out / ".beam-prep").iterdir()) == ["listing.jsonl"]
 
 
+def test_a_claim_whose_file_was_removed_knows_it_and_spares_the_next_one(tmp_path):
+    """As when something deletes the work folder under a live run."""
+    out = str(tmp_path / "out")
+    first = claim_output(out, "run-a")
+    os.unlink(claim_path(out))
+    assert first.lost
+    with claim_output(out, "run-b") as second:
+        first.release()  # must not remove run-b's claim
+        with open(claim_path(out), "rb") as f:
+            assert json.loads(f.read())["run_id"] == "run-b"
+        assert not second.lost
+
+
 def test_two_runs_racing_for_a_folder_never_both_hold_it(agents, tmp_path):
     """Even rounds: both claim a free folder at once. Odd rounds: the holder releases and
     claims again at the very instant the other claims (the unlink race)."""
