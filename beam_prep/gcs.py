@@ -21,6 +21,14 @@ after another, so a serial listing of a large bucket (Beam's ``match``) waits
 a round trip per thousand objects and parses every object's full metadata.
 ``GcsClient.list`` asks only for names and sizes, finds the tree's folders
 with one delimited listing and lists them concurrently.
+
+A few small writes serve the output folder's claim (``beam_prep.claim``):
+``create``, ``stat`` and ``delete`` with GCS's generation preconditions
+(``ifGenerationMatch``), which GCS checks and applies atomically, so two runs
+racing for one object cannot both win. A failed precondition raises
+``GcsPreconditionFailed``. Writes ask for the read-write scope, with
+credentials of their own made at the first write; reads keep the read-only
+scope, so a job that only reads never asks for more.
 """
 from __future__ import annotations
 
@@ -40,11 +48,12 @@ import urllib3
 
 from beam_prep.errors import StorageError
 
-__all__ = ["GcsClient", "GcsError", "RetryPolicy", "split_gs_path"]
+__all__ = ["GcsClient", "GcsError", "GcsPreconditionFailed", "ObjectInfo", "RetryPolicy", "split_gs_path"]
 
 _LOG = logging.getLogger(__name__)
 
 READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 # Statuses GCS documents as retryable; 401 is retried once after a token refresh.
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -52,6 +61,7 @@ _TIMEOUT = urllib3.Timeout(connect=20.0, read=120.0)
 LIST_THREADS = 16
 _LIST_FIELDS = "items(name,size),prefixes,nextPageToken"
 PAGE_SIZE = 1000  # the most GCS returns a page
+_STAT_FIELDS = "generation,updated,size"
 
 
 class GcsError(StorageError):
@@ -60,6 +70,33 @@ class GcsError(StorageError):
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class GcsPreconditionFailed(GcsError):
+    """HTTP 412: the object's generation was not the one a write or delete required.
+
+    ``after_retry`` says an earlier attempt of the same call had failed in a
+    way that leaves unknown whether GCS applied it (a dropped connection, a
+    5xx): the 412 may then answer our own earlier success.
+    """
+
+    def __init__(self, message: str, after_retry: bool = False) -> None:
+        super().__init__(message, 412)
+        self.after_retry = after_retry
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    """What ``stat`` and ``create`` tell of an object.
+
+    ``generation`` changes with every write of the object (GCS's version
+    number, the value preconditions compare); ``updated`` is GCS's RFC 3339
+    time of that write.
+    """
+
+    generation: int
+    updated: str
+    size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,40 +136,127 @@ class _Transient(Exception):
 
 
 class GcsClient:
-    """Reads whole objects and lists trees; thread-safe, so one client serves a worker's read threads.
+    """Reads whole objects, lists trees, and makes small conditional writes (a run's claim).
+
+    Thread-safe, so one client serves a worker's read threads.
 
     Args:
       connections: connections kept open to GCS: as many as requests run at once.
       retry: the retry policy for transient failures.
       endpoint: the server; ``STORAGE_EMULATOR_HOST`` (as google-cloud-storage
         honours it) or GCS itself by default.
+      timeout: how long to wait to connect, and between bytes of an answer;
+        a request that times out is retried.
     """
 
     def __init__(self, connections: int = LIST_THREADS, retry: RetryPolicy = RetryPolicy(),
-                 endpoint: str | None = None) -> None:
+                 endpoint: str | None = None, timeout: urllib3.Timeout = _TIMEOUT) -> None:
         endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or DEFAULT_ENDPOINT
         if "://" not in endpoint:
             endpoint = "http://" + endpoint
         self._retry = retry
         # One host, so one pool, asked with paths: a PoolManager would parse each URL again.
         self._pool = urllib3.connection_from_url(endpoint, maxsize=max(1, connections), retries=False,
-                                                 timeout=_TIMEOUT)
-        self._credentials = _default_credentials()
-        self._auth_lock = threading.Lock()
+                                                 timeout=timeout)
+        self._read_auth = _Auth(_default_credentials(READ_SCOPE, "reading"))
+        self._write_auth: _Auth | None = None  # made at the first write
+        self._write_auth_lock = threading.Lock()
 
     @staticmethod
-    def request_path(path: str) -> str:
+    def request_path(path: str, generation: int | None = None) -> str:
         """The JSON API's media download of ``gs://bucket/name``: the object's bytes, no metadata."""
-        bucket, name = split_gs_path(path)
-        return f"/download/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
+        pinned = f"&generation={generation}" if generation is not None else ""
+        return f"/download{_object_url(path)}?alt=media{pinned}"
 
-    def read(self, path: str) -> bytes:
-        """The object's bytes, in one request.
+    def read(self, path: str, generation: int | None = None) -> bytes:
+        """The object's bytes, in one request; with ``generation``, that version's or 404.
 
         Raises:
           GcsError: the object is missing or forbidden, or every attempt failed.
         """
-        return self._get(f"read {path}", self.request_path(path), checked=True)
+        return self._call(f"read {path}", "GET", self.request_path(path, generation), checked=True)
+
+    def stat(self, path: str) -> ObjectInfo | None:
+        """The object's generation, update time and size; None if there is no such object.
+
+        Raises:
+          GcsError: the bucket is missing or forbidden, or every attempt failed.
+        """
+        url = f"{_object_url(path)}?fields={_STAT_FIELDS}"
+        try:
+            return _object_info(self._call(f"stat {path}", "GET", url))
+        except GcsError as e:
+            if e.code == 404 and not isinstance(e, GcsPreconditionFailed):
+                return None
+            raise
+
+    def create(self, path: str, data: bytes, if_generation_match: int | None = 0,
+               content_type: str = "application/octet-stream") -> ObjectInfo:
+        """Writes ``data`` as the object, only if its generation is ``if_generation_match``.
+
+        0, the default, means only if there is no such object; a generation
+        means only if that version is the current one (a compare-and-swap);
+        None writes whatever is there. GCS checks and writes atomically.
+
+        A call retried after a failure that may have been applied (a dropped
+        connection, a 5xx) can meet its own first write and get 412: then the
+        object is read back, and if it holds exactly ``data`` that write is
+        taken as this call's. Callers whose racing writers may write the same
+        bytes should make the bytes unique (a run id in them).
+
+        Raises:
+          GcsPreconditionFailed: the object's generation was not the one asked for.
+          GcsError: the bucket is missing or forbidden, or every attempt failed.
+        """
+        bucket, name = split_gs_path(path)
+        query = {"uploadType": "media", "name": name, "fields": _STAT_FIELDS}
+        if if_generation_match is not None:
+            query["ifGenerationMatch"] = str(if_generation_match)
+        url = f"/upload/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"
+        try:
+            answer = self._call(f"write {path}", "POST", url, body=data,
+                                headers={"Content-Type": content_type})
+        except GcsPreconditionFailed as e:
+            ours = self._written_by_us(path, data) if e.after_retry else None
+            if ours is None:
+                raise
+            _LOG.debug("write %s: a retried attempt found its first one applied", path)
+            return ours
+        return _object_info(answer)
+
+    def delete(self, path: str, if_generation_match: int | None = None) -> bool:
+        """Deletes the object, only if its generation is ``if_generation_match`` (any, if None).
+
+        Returns False if there was no such object (as a retried delete whose
+        first attempt was applied also finds).
+
+        Raises:
+          GcsPreconditionFailed: the object's generation was not the one asked for.
+          GcsError: the bucket is missing or forbidden, or every attempt failed.
+        """
+        url = _object_url(path)
+        if if_generation_match is not None:
+            url += f"?ifGenerationMatch={if_generation_match}"
+        try:
+            self._call(f"delete {path}", "DELETE", url)
+        except GcsError as e:
+            if e.code == 404 and not isinstance(e, GcsPreconditionFailed):
+                return False
+            raise
+        return True
+
+    def _written_by_us(self, path: str, data: bytes) -> ObjectInfo | None:
+        """The object's info if it now holds exactly ``data``, else None."""
+        info = self.stat(path)
+        if info is None:
+            return None
+        try:
+            current = self.read(path, generation=info.generation)
+        except GcsError as e:
+            if e.code == 404:  # replaced meanwhile, so not ours any more
+                return None
+            raise
+        return info if current == data else None
 
     def list(self, root: str, threads: int = LIST_THREADS) -> list[tuple[str, int]]:
         """Every object under the folder ``root`` (``gs://bucket/prefix``) as ``(gs:// path, size)``.
@@ -168,45 +292,56 @@ class GcsClient:
             query["delimiter"] = delimiter
         while True:
             url = f"/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"
-            page = json.loads(self._get(f"list gs://{bucket}/{prefix}", url, checked=False))
+            page = json.loads(self._call(f"list gs://{bucket}/{prefix}", "GET", url))
             objects += [(item["name"], int(item["size"])) for item in page.get("items", ())]
             folders += page.get("prefixes", ())
             if not page.get("nextPageToken"):
                 return objects, folders
             query["pageToken"] = page["nextPageToken"]
 
-    def _get(self, what: str, url: str, checked: bool) -> bytes:
+    def _call(self, what: str, method: str, url: str, body: bytes | None = None,
+              headers: dict[str, str] | None = None, checked: bool = False) -> bytes:
+        """One request with retries: the answer's body, or GcsError."""
+        auth = self._read_auth if method == "GET" else self._auth_for_writes()
         refreshed = False
+        retried = False
         delays = self._retry.delays()
         while True:
             try:
-                return self._attempt(what, url, checked)
+                return self._attempt(what, method, url, body, {**(headers or {}), **auth.headers()},
+                                     checked)
             except _Unauthorized as e:
                 if refreshed:
                     raise GcsError(f"cannot {what}: {e}", 401) from e
                 refreshed = True
-                self._refresh()
+                auth.refresh()
+            except _PreconditionFailed as e:
+                raise GcsPreconditionFailed(f"cannot {what}: {e}", after_retry=retried) from e
             except _Transient as e:
                 delay = next(delays, None)
                 if delay is None:
                     raise GcsError(f"cannot {what}: {e} (gave up after {self._retry.attempts} attempts)",
                                    e.code) from e
                 _LOG.debug("retrying %s in %.2f s: %s", what, delay, e)
+                retried = True
                 time.sleep(delay)
 
-    def _attempt(self, what: str, url: str, checked: bool) -> bytes:
+    def _attempt(self, what: str, method: str, url: str, body: bytes | None,
+                 headers: dict[str, str], checked: bool) -> bytes:
         try:
-            response = self._pool.urlopen("GET", url, headers=self._headers(), decode_content=False)
+            response = self._pool.urlopen(method, url, body=body, headers=headers, decode_content=False)
         except urllib3.exceptions.HTTPError as e:  # reset, refused, timed out, cut short
             raise _Transient(f"{type(e).__name__}: {e}") from e
         status = response.status
-        if status == 200:
+        if status in (200, 204):
             data = response.data
             if checked:
                 _check_crc32c(response.headers, data)
             return data
         if status == 401:
             raise _Unauthorized(f"HTTP 401 {_reason(response)}")
+        if status == 412:
+            raise _PreconditionFailed("the object's generation was not the one required (HTTP 412)")
         if status in TRANSIENT_STATUS:
             raise _Transient(f"HTTP {status} {_reason(response)}", status)
         if status == 404:
@@ -216,17 +351,31 @@ class GcsClient:
                            "use access to the bucket", 403)
         raise GcsError(f"cannot {what}: HTTP {status} {_reason(response)}", status)
 
-    def _headers(self) -> dict[str, str]:
+    def _auth_for_writes(self) -> _Auth:
+        with self._write_auth_lock:
+            if self._write_auth is None:
+                self._write_auth = _Auth(_default_credentials(WRITE_SCOPE, "writing"))
+            return self._write_auth
+
+
+class _Auth:
+    """One set of credentials (None: anonymous) and the lock that guards their refresh."""
+
+    def __init__(self, credentials) -> None:
+        self._credentials = credentials
+        self._lock = threading.Lock()
+
+    def headers(self) -> dict[str, str]:
         if self._credentials is None:
             return {}
-        with self._auth_lock:
+        with self._lock:
             if not self._credentials.valid:
                 self._refresh_locked()
             return {"Authorization": f"Bearer {self._credentials.token}"}
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         if self._credentials is not None:
-            with self._auth_lock:
+            with self._lock:
                 self._refresh_locked()
 
     def _refresh_locked(self) -> None:
@@ -239,15 +388,30 @@ class _Unauthorized(Exception):
     """401: the token may have expired; refresh it once, then give up."""
 
 
-def _default_credentials():
-    """The Application Default Credentials, or None (anonymous: public buckets) if there are none."""
+class _PreconditionFailed(Exception):
+    """412: never retried; the caller decides what a lost race means."""
+
+
+def _object_url(path: str) -> str:
+    """The JSON API's metadata path of ``gs://bucket/name``."""
+    bucket, name = split_gs_path(path)
+    return f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+
+
+def _object_info(answer: bytes) -> ObjectInfo:
+    resource = json.loads(answer)
+    return ObjectInfo(int(resource["generation"]), resource["updated"], int(resource.get("size", 0)))
+
+
+def _default_credentials(scope: str, purpose: str):
+    """The Application Default Credentials for ``scope``, or None (anonymous: public buckets) if there are none."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 
     try:
-        credentials, _ = google.auth.default(scopes=[READ_SCOPE])
+        credentials, _ = google.auth.default(scopes=[scope])
     except DefaultCredentialsError as e:
-        _LOG.warning("no Google credentials found (%s); reading gs:// anonymously", e)
+        _LOG.warning("no Google credentials found (%s); %s gs:// anonymously", e, purpose)
         return None
     return credentials
 

@@ -31,7 +31,30 @@ There is no Google Cloud here, so every gs:// test talks to real servers on
     and the product must report a permission error clearly.
   - It makes the network and GCS's manners testable: a fixed delay on every
     request (as a distant bucket has), injected 429/5xx answers for chosen
-    objects, paged listings, and a count of the requests in flight at once.
+    objects (before the emulator sees the request, or after it carried a
+    write out, as when an answer is lost), paged listings, and a count of
+    the requests in flight at once.
+  - It forwards a media upload of JSON (``Content-Type: application/json``)
+    as the equivalent multipart upload: the emulator would parse the body as
+    JSON metadata and fail (a run's claim is such an upload).
+  - It enforces generation preconditions, which the emulator ignores: an
+    upload (media, multipart, or the start of a resumable one) or an object
+    delete with ``ifGenerationMatch=N`` gets GCS's 412 ``conditionNotMet``
+    unless the object's current generation is N (0: the object must not
+    exist; a delete of a missing object stays the emulator's 404). The check
+    and the write happen under the lock that already makes the gateway
+    forward one request at a time, so no other request lands between them:
+    atomic, as on GCS. A resumable upload is checked when it starts, not
+    again when its last chunk arrives; preconditions inside batch bodies and
+    ``ifGenerationNotMatch``/``ifMetageneration*`` are not enforced.
+
+Generations
+-----------
+The emulator gives every write a new generation, its ``time.time_ns()``, and
+reports it with a new ``updated`` time in the upload's answer and in the
+object's metadata, as GCS does; ``test_gcs_client.py`` checks this, since
+the preconditions above rely on it. The numbers only ever grow while the
+clock does.
 
 Credentials
 -----------
@@ -103,6 +126,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import email
 import http.client
 import http.server
 import json
@@ -177,6 +201,8 @@ _MAX_PAGE = 1000
 _KEPT_PAGE_TOKENS = 256
 # An object in a JSON API path: /storage/v1/b/NAME/o/OBJ and /download/storage/v1/b/NAME/o/OBJ.
 _OBJECT_IN_PATH = re.compile(r"/b/([-.\w]+)/o/([^/?]+)")
+# GCS's answer to a write or delete whose ifGenerationMatch does not hold.
+_CONDITION_NOT_MET = "At least one of the pre-conditions you specified did not hold."
 
 
 def _free_port() -> int:
@@ -456,7 +482,11 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
                 HTTPStatus.FORBIDDEN, "forbidden",
                 f"{PROJECT}@example.com does not have storage access to the Google "
                 f"Cloud Storage bucket {denied[0]}. Permission denied on resource.")
-        fault = gateway._take_fault(target)
+        expected = _generation_precondition(self.command, target)
+        # Bodies are parsed for a name only where a precondition needs it: uploads can be large.
+        obj = _object_named(self.command, target, body if expected is not None else b"",
+                            self.headers.get("Content-Type", ""))
+        fault = gateway._take_fault(obj, gateway._faults)
         if fault is not None:
             return fault, HTTPStatus(fault).phrase, json_type, _gcs_error(
                 HTTPStatus(fault), "backendError", f"injected by the test gateway: HTTP {fault}")
@@ -465,10 +495,17 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
         if listing and page_token is not None:
             return gateway._next_page(page_token, target)
         forwarded = [(k, v) for k, v in self.headers.items() if k.lower() not in _NOT_FORWARDED]
+        upstream = target
+        if obj is not None and _is_json_media_upload(self.command, target, self.headers):
+            upstream, forwarded, body = _as_multipart_upload(target, forwarded, body, obj[1])
         if body or self.command in ("POST", "PUT", "PATCH"):
             forwarded.append(("Content-Length", str(len(body))))
         try:
-            status, reason, headers, data = gateway._forward(self.command, target, forwarded, body)
+            if obj is not None and expected is not None:
+                status, reason, headers, data = gateway._forward_if_generation(
+                    self.command, upstream, forwarded, body, obj, expected)
+            else:
+                status, reason, headers, data = gateway._forward(self.command, upstream, forwarded, body)
         except OSError as err:
             _log.warning("gateway: emulator unreachable for %s %s: %s", self.command, target, err)
             return HTTPStatus.BAD_GATEWAY, "Bad Gateway", json_type, _gcs_error(
@@ -485,6 +522,11 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
             kept.append((name, value))
         if listing and status == HTTPStatus.OK:
             data = gateway._first_page(data, target)
+        lost = gateway._take_fault(obj, gateway._lost_answers)
+        if lost is not None:
+            return lost, HTTPStatus(lost).phrase, json_type, _gcs_error(
+                HTTPStatus(lost), "backendError",
+                f"injected by the test gateway after the emulator answered {status}: HTTP {lost}")
         return status, reason, kept, data
 
     def _read_body(self) -> bytes:
@@ -521,6 +563,80 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def _object_named(method: str, target: str, body: bytes, content_type: str) -> tuple[str, str] | None:
+    """(bucket, object name) a request is about: from its path, or an upload's ``name``.
+
+    An upload names its object in the query, or (multipart, or the start of a
+    resumable upload without ``name``) in the JSON metadata of its body.
+    """
+    url = urllib.parse.urlsplit(target)
+    match = _OBJECT_IN_PATH.search(url.path)
+    if match is not None:
+        return match.group(1), urllib.parse.unquote(match.group(2))
+    bucket = _BUCKET_IN_PATH.search(url.path)
+    if method != "POST" or not url.path.startswith("/upload/") or bucket is None:
+        return None
+    query = urllib.parse.parse_qs(url.query)
+    if "name" in query:
+        return bucket.group(1), query["name"][0]
+    name = _name_in_upload_body(body, content_type)
+    return (bucket.group(1), name) if name else None
+
+
+def _name_in_upload_body(body: bytes, content_type: str) -> str | None:
+    """The ``name`` in a multipart upload's metadata part, or in a resumable upload's JSON body."""
+    try:
+        if content_type.startswith("multipart/"):
+            message = email.message_from_bytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+            metadata = message.get_payload()[0].get_payload(decode=True)
+        else:
+            metadata = body
+        name = json.loads(metadata or b"{}").get("name")
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _is_json_media_upload(method: str, target: str, headers: Mapping[str, str]) -> bool:
+    """A media upload of a JSON object, which the emulator would parse as JSON and fail on."""
+    url = urllib.parse.urlsplit(target)
+    return (method == "POST" and url.path.startswith("/upload/")
+            and urllib.parse.parse_qs(url.query).get("uploadType") == ["media"]
+            and headers.get("Content-Type", "").startswith("application/json"))
+
+
+def _as_multipart_upload(target: str, headers: list[tuple[str, str]], body: bytes,
+                         name: str) -> tuple[str, list[tuple[str, str]], bytes]:
+    """The same upload as a multipart one, which the emulator stores as GCS does.
+
+    The emulator reads the metadata from the first part, and the object's
+    bytes and content type from the second.
+    """
+    url = urllib.parse.urlsplit(target)
+    query = [(k, "multipart" if k == "uploadType" else v) for k, v in urllib.parse.parse_qsl(url.query)]
+    target = f"{url.path}?{urllib.parse.urlencode(query)}"
+    content_type = {k.lower(): v for k, v in headers}["content-type"]
+    boundary = uuid.uuid4().hex
+    metadata = json.dumps({"name": name, "contentType": content_type}).encode()
+    multipart = b"".join([
+        f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(), metadata,
+        f"\r\n--{boundary}\r\nContent-Type: {content_type}\r\n\r\n".encode(), body,
+        f"\r\n--{boundary}--\r\n".encode()])
+    kept = [(k, v) for k, v in headers if k.lower() != "content-type"]
+    return target, kept + [("Content-Type", f"multipart/related; boundary={boundary}")], multipart
+
+
+def _generation_precondition(method: str, target: str) -> int | None:
+    """``ifGenerationMatch`` of an upload or a delete, which the gateway enforces; else None."""
+    url = urllib.parse.urlsplit(target)
+    query = urllib.parse.parse_qs(url.query)
+    if "ifGenerationMatch" not in query or "upload_id" in query:
+        return None
+    if not (method == "DELETE" or (method == "POST" and url.path.startswith("/upload/"))):
+        return None
+    return int(query["ifGenerationMatch"][0])
+
+
 def _xml_read_to_json_download(method: str, path: str) -> str | None:
     """Maps TF's object read, ``GET storage.googleapis.com/BUCKET/OBJECT``
     with a Range header, to the emulator's JSON API media download.
@@ -553,9 +669,13 @@ class GcsGateway:
     * records what it handled, see ``seen``;
     * pages list answers as GCS does (at most 1,000 names, then a
       ``nextPageToken``; the emulator answers in one page);
+    * enforces ``ifGenerationMatch`` on uploads and deletes, atomically
+      (see the module docstring), and forwards media uploads of JSON as
+      multipart ones, which the emulator can store;
     * on request, adds a fixed latency to every request (``set_latency``),
-      fails chosen objects with chosen statuses (``fail``), and counts the
-      most requests in flight at once (``max_in_flight``).
+      fails chosen objects with chosen statuses (``fail``), carries out a
+      request but answers it with a failure (``lose_answers``), and counts
+      the most requests in flight at once (``max_in_flight``).
 
     The emulator serves one request at a time with a listen backlog of five,
     so the gateway forwards one at a time too, each on a fresh connection
@@ -575,6 +695,7 @@ class GcsGateway:
         self._open: set[socket.socket] = set()
         self._seen: collections.deque[SeenRequest] = collections.deque(maxlen=100_000)
         self._faults: dict[tuple[str, str], list[int | None]] = {}
+        self._lost_answers: dict[tuple[str, str], list[int | None]] = {}
         # The rest of a paged listing, by page token (the emulator itself answers in one page).
         self._pages: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._active = 0
@@ -617,6 +738,15 @@ class GcsGateway:
         """Answers the next ``times`` requests for object ``name`` with ``status`` (every one if None)."""
         with self._state_lock:
             self._faults[(bucket, name)] = [status] * times if times is not None else [None, status]
+
+    def lose_answers(self, bucket: str, name: str, status: int, times: int = 1) -> None:
+        """The next ``times`` requests for object ``name`` are carried out, then answered with ``status``.
+
+        As when GCS applied a write but the answer was lost or came back as a
+        5xx: a client that retries meets its own first attempt's result.
+        """
+        with self._state_lock:
+            self._lost_answers[(bucket, name)] = [status] * times
 
     def reset_in_flight(self) -> None:
         """Starts a new count of ``max_in_flight``: the most requests handled at once."""
@@ -667,14 +797,14 @@ class GcsGateway:
                     self._pages.popitem(last=False)
         return json.dumps(answer).encode()
 
-    def _take_fault(self, target: str) -> int | None:
-        """The status to inject for this request, if a ``fail`` names its object."""
-        match = _OBJECT_IN_PATH.search(urllib.parse.urlsplit(target).path)
-        if match is None:
+    def _take_fault(self, key: tuple[str, str] | None,
+                    faults: dict[tuple[str, str], list[int | None]]) -> int | None:
+        """The status to inject for a request about object ``key``, if ``faults`` (planned by
+        ``fail`` or ``lose_answers``) names it."""
+        if key is None:
             return None
-        key = (match.group(1), urllib.parse.unquote(match.group(2)))
         with self._state_lock:
-            planned = self._faults.get(key)
+            planned = faults.get(key)
             if not planned:
                 return None
             if planned[0] is None:  # failing for ever
@@ -718,19 +848,49 @@ class GcsGateway:
     def _forward(self, method: str, target: str, headers: Sequence[tuple[str, str]],
                  body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
         with self._upstream_lock:
-            conn = http.client.HTTPConnection(LOOPBACK, self._upstream_port,
-                                              timeout=_UPSTREAM_TIMEOUT_S)
-            try:
-                # Host passes through: the emulator builds Location and
-                # mediaLink URLs from it, so they lead back to the gateway.
-                conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-                for name, value in headers:
-                    conn.putheader(name, value)
-                conn.endheaders(body or None)
-                response = conn.getresponse()
-                return response.status, response.reason, response.getheaders(), response.read()
-            finally:
-                conn.close()
+            return self._forward_locked(method, target, headers, body)
+
+    def _forward_if_generation(self, method: str, target: str, headers: Sequence[tuple[str, str]],
+                               body: bytes, obj: tuple[str, str],
+                               expected: int) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        """Forwards the request only if ``obj``'s generation is ``expected`` (0: absent), else 412.
+
+        The upstream lock is held from the check to the end of the write, so
+        nothing else reaches the emulator in between.
+        """
+        with self._upstream_lock:
+            current = self._generation_locked(*obj)
+            if current != expected and not (method == "DELETE" and current == 0):
+                return HTTPStatus.PRECONDITION_FAILED, "Precondition Failed", [
+                    ("Content-Type", "application/json; charset=UTF-8")], _gcs_error(
+                    HTTPStatus.PRECONDITION_FAILED, "conditionNotMet", _CONDITION_NOT_MET)
+            return self._forward_locked(method, target, headers, body)
+
+    def _generation_locked(self, bucket: str, name: str) -> int:
+        """The object's current generation in the emulator, 0 if there is none."""
+        path = f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+        status, _, _, data = self._forward_locked(
+            "GET", path, [("Host", f"{LOOPBACK}:{self._upstream_port}")], b"")
+        if status == HTTPStatus.NOT_FOUND:
+            return 0
+        if status != HTTPStatus.OK:
+            raise OSError(f"metadata of gs://{bucket}/{name} for a precondition: HTTP {status}")
+        return int(json.loads(data)["generation"])
+
+    def _forward_locked(self, method: str, target: str, headers: Sequence[tuple[str, str]],
+                        body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        conn = http.client.HTTPConnection(LOOPBACK, self._upstream_port, timeout=_UPSTREAM_TIMEOUT_S)
+        try:
+            # Host passes through: the emulator builds Location and
+            # mediaLink URLs from it, so they lead back to the gateway.
+            conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            for name, value in headers:
+                conn.putheader(name, value)
+            conn.endheaders(body or None)
+            response = conn.getresponse()
+            return response.status, response.reason, response.getheaders(), response.read()
+        finally:
+            conn.close()
 
 
 class GcsBucket:

@@ -1,19 +1,21 @@
 """gs:// as the pipeline lists and reads it: folders listed concurrently, one request an image,
-retries, reports, and reads that overlap the work.
+retries, reports, and reads that overlap the work; and the conditional writes of a run's claim.
 
 Against the GCS server on loopback (``tests/gcs_emulator.py``), whose gateway
 can add latency to every request and fail chosen objects with chosen statuses.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import sys
+import threading
 import urllib.parse
 
 import pytest
 
 from beam_prep.errors import ImageError, StorageError
-from beam_prep.gcs import GcsClient, RetryPolicy
+from beam_prep.gcs import GcsClient, GcsPreconditionFailed, RetryPolicy
 from beam_prep.records import FileReader
 from conftest import REPO, read_split
 from trees import make_tree
@@ -193,3 +195,100 @@ def test_reads_overlap_and_faults_are_retried_or_reported(gcs_server, image_buck
             gets = [r for r in object_gets(gcs_server, image_bucket, name, since)
                     if r.method == "GET" and r.status == 200]
             assert len(gets) == (0 if name.endswith("dog/img_002.jpg") else 1), name
+
+
+# --- conditional writes, as a run's claim makes them ---------------------------------------
+
+def test_create_only_if_absent_refuses_a_second_create(gcs_server, gcs_bucket):
+    url = gcs_bucket.url("o/claim.json")
+    client = GcsClient()
+    assert client.stat(url) is None
+    first = client.create(url, b"first")
+    with pytest.raises(GcsPreconditionFailed) as error:
+        client.create(url, b"second")
+    assert error.value.code == 412 and not error.value.after_retry
+    assert gcs_bucket.read_bytes("o/claim.json") == b"first"
+    assert client.stat(url) == first
+
+
+def test_every_write_gets_a_new_generation_and_update_time(gcs_server, gcs_bucket):
+    """The emulator's generations and ``updated`` times behave as GCS's; preconditions rely on it."""
+    url = gcs_bucket.url("o/claim.json")
+    client = GcsClient()
+    first = client.create(url, b"first")
+    second = client.create(url, b"second", if_generation_match=first.generation)
+    assert second.generation > first.generation and second.updated > first.updated
+    assert client.stat(url) == second and client.read(url) == b"second"
+    with pytest.raises(GcsPreconditionFailed):  # the old version is no longer current
+        client.create(url, b"third", if_generation_match=first.generation)
+
+
+def test_delete_with_a_wrong_generation_is_refused(gcs_server, gcs_bucket):
+    url = gcs_bucket.url("o/claim.json")
+    client = GcsClient()
+    info = client.create(url, b"data")
+    with pytest.raises(GcsPreconditionFailed):
+        client.delete(url, if_generation_match=info.generation + 1)
+    with pytest.raises(GcsPreconditionFailed):
+        client.delete(url, if_generation_match=0)
+    assert gcs_bucket.exists("o/claim.json")
+    assert client.delete(url, if_generation_match=info.generation) is True
+    assert not gcs_bucket.exists("o/claim.json")
+    assert client.delete(url, if_generation_match=info.generation) is False
+
+
+def test_a_retried_create_that_meets_its_own_first_write_succeeds(gcs_server, gcs_bucket):
+    """The first attempt is written but answered 503; the retry gets 412 and reads back its own bytes."""
+    url = gcs_bucket.url("o/claim.json")
+    gcs_server.gateway.lose_answers(gcs_bucket.name, "o/claim.json", 503)
+    since = len(gcs_server.gateway.seen())
+    info = GcsClient(retry=FAST_RETRY).create(url, b"ours")
+    assert info == GcsClient().stat(url)
+    uploads = [r.status for r in gcs_server.gateway.seen()[since:]
+               if gcs_bucket.name in r.buckets and r.path.startswith("/upload/")]
+    assert uploads == [503, 412]
+
+
+def test_a_retried_create_that_meets_another_write_fails(gcs_server, gcs_bucket):
+    url = gcs_bucket.url("o/claim.json")
+    gcs_bucket.write_bytes("o/claim.json", b"theirs")
+    gcs_server.gateway.fail(gcs_bucket.name, "o/claim.json", 503, times=1)
+    with pytest.raises(GcsPreconditionFailed) as error:
+        GcsClient(retry=FAST_RETRY).create(url, b"ours")
+    assert error.value.after_retry
+    assert gcs_bucket.read_bytes("o/claim.json") == b"theirs"
+
+
+def test_of_racing_creates_exactly_one_wins(gcs_server, gcs_bucket):
+    """The gateway checks and writes under one lock, as GCS does atomically."""
+    url = gcs_bucket.url("o/race.json")
+    client = GcsClient(connections=8)
+    start = threading.Barrier(8)
+
+    def create(i: int) -> bool:
+        start.wait()
+        try:
+            client.create(url, f"writer {i}".encode())
+        except GcsPreconditionFailed:
+            return False
+        return True
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(create, range(8)))
+    assert won.count(True) == 1
+    assert gcs_bucket.read_bytes("o/race.json") == f"writer {won.index(True)}".encode()
+
+
+def test_a_multipart_upload_with_a_precondition_is_checked(gcs_server, gcs_bucket):
+    """google-cloud-storage names the object in the body of a multipart upload, not the query."""
+    import google.auth
+    from google.api_core.exceptions import PreconditionFailed
+    from google.cloud import storage
+
+    credentials, project = google.auth.default()  # as Beam does: with the emulator host set,
+    client = storage.Client(project=project, credentials=credentials)  # the default is anonymous
+    blob = client.bucket(gcs_bucket.name).blob("o/multi.json")
+    blob.upload_from_string(b"first", if_generation_match=0)
+    with pytest.raises(PreconditionFailed):
+        blob.upload_from_string(b"second", if_generation_match=0)
+    assert gcs_bucket.read_bytes("o/multi.json") == b"first"
