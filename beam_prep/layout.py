@@ -15,12 +15,9 @@ reads or removes another run's work files.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fnmatch
-import logging
 import math
 import os
-import secrets
 import shutil
 from typing import BinaryIO, Iterator
 
@@ -34,7 +31,6 @@ from beam_prep.imaging import ImageSpec
 from beam_prep.listing import join
 from beam_prep.storage import is_local, storage_error
 
-_LOG = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
@@ -53,12 +49,6 @@ _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
 # ISA-L at level 3 compresses JPEG payloads as well as zlib's default level 6
 # (ratio 0.963 vs 0.965) about 5x faster: zlib cost ~12% of a local run's CPU.
 GZIP_LEVEL = 3
-
-
-def new_run_id() -> str:
-    """A run's name: sortable by start time, unique among runs started in the same second."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return f"run-{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
 def run_folder(output: str, run_id: str) -> str:

@@ -18,7 +18,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import layout, manifest
-from beam_prep.errors import StorageError
+from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
+from beam_prep.errors import DatasetError, StorageError
 from beam_prep.listing import (
     UNKNOWN_LABEL,
     FileEntry,
@@ -34,7 +35,6 @@ from beam_prep.records import unknown_label_report
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
 
 _LOG = logging.getLogger(__name__)
-CLAIM_NAME = "claim.json"
 LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "PrismRunner", "FnApiRunner"})
 
@@ -157,19 +157,46 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan) -> N
 
 
 def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
-    """Plans, runs the pipeline to completion and returns the manifest it wrote.
+    """Claims the output folder, plans, runs the pipeline to completion and returns the manifest it wrote.
 
     Raises:
+      OutputBusy: another run holds the output folder.
       OptionsError, StorageError: before any work starts.
-      DatasetError: if the finished dataset's counts do not add up.
+      DatasetError: if the finished dataset's counts do not add up, or another
+        run took the output folder over while this one ran.
     """
     start = time.perf_counter()
-    dry_run = options.view_as(TestOptions).dry_run
-    run_id = layout.new_run_id()
+    if options.view_as(TestOptions).dry_run:
+        # The runner builds the whole job and stops before submitting it: nothing is
+        # written, so no claim is needed.
+        _, p = _prepare(config, options, new_run_id(), write=False)
+        result = p.run()
+        return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None))
+    with claim_output(config.output, new_run_id()) as claim:
+        run_id, p = _prepare(config, options, claim.run_id, write=True)
+        try:
+            result = p.run()
+            result.wait_until_finish()
+        except BaseException:
+            _remove_quietly(config.output, run_id)
+            raise
+        if claim.lost:
+            raise DatasetError(f"another run took {config.output} over while run {run_id} ran, so the "
+                               "folder may hold both runs' files: run again with --overwrite")
+    counters: dict[str, int] = {}
+    for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
+        counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
+    return RunResult(manifest.read(config.output), time.perf_counter() - start, counters)
+
+
+def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
+             write: bool) -> tuple[str, beam.Pipeline]:
+    """Checks the output folder, lists and plans; with ``write``, clears unfinished runs and
+    writes this run's listings. Returns the run id and the pipeline, built."""
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
     layout.check_output(config.output, config.overwrite, leftovers)
     listing, run_plan = plan(config, options, run_id)
-    if not dry_run:
+    if write:
         for old in leftovers:
             _LOG.info("removing the files of unfinished run %s", old)
             layout.remove_run_folder(config.output, old)
@@ -180,19 +207,7 @@ def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
               run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
     build(p, config, run_plan)
-    if dry_run:
-        result = p.run()  # the runner builds the whole job and stops before submitting it
-        return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None))
-    try:
-        result = p.run()
-        result.wait_until_finish()
-    except BaseException:
-        _remove_quietly(config.output, run_id)
-        raise
-    counters: dict[str, int] = {}
-    for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
-        counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
-    return RunResult(manifest.read(config.output), time.perf_counter() - start, counters)
+    return run_id, p
 
 
 def _remove_quietly(output: str, run_id: str) -> None:

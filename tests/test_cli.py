@@ -144,7 +144,7 @@ def test_a_good_run_keeps_its_output_and_no_log(tree, tmp_path, tmpdir_env):
     result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image_size", "16",
                          "--direct_running_mode", "in_memory", env=tmpdir_env)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"INFO beam_prep.pipeline: run run-\S+: listed 8 images", result.stderr)
+    assert re.search(r"INFO beam_prep.pipeline: run \S+: listed 8 images", result.stderr)
     assert result.stdout.startswith("beam-prep: 8 of 8 images written")
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
 

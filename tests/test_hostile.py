@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import time
 
-import pytest
 
 from beam_prep.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE, SKIP_SEEN_FOLDER, SKIP_SPECIAL
 from conftest import REPO, read_split, run_prepare
@@ -88,7 +88,7 @@ def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path):
     run = _start("--input", str(tree), "--output", str(out), "--overwrite", "--num_shards", "1",
                  "--direct_running_mode", "in_memory", *ARGS)
     try:
-        _wait_for(".beam-prep/run-*/train-*.tfrecord.gz", out, run)
+        _wait_for(".beam-prep/*/train-*.tfrecord.gz", out, run)
         os.killpg(run.pid, signal.SIGKILL)
     finally:
         run.wait()
@@ -98,7 +98,8 @@ def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path):
 
     refused = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
     assert refused.returncode == 2
-    assert "already holds a dataset" in refused.stderr and "unfinished run run-" in refused.stderr
+    assert re.search(r"already holds a dataset \(\d+ files\) and the files of unfinished run \d{8}T\d{6}Z-",
+                     refused.stderr), refused.stderr
     assert run_prepare("--input", str(tree), "--output", str(out), "--overwrite", *ARGS).returncode == 0
     assert len(read_split(out, "train")) == 405
     assert [p.name for p in out.iterdir() if p.is_dir()] == []
@@ -111,4 +112,23 @@ def test_a_failed_run_removes_its_own_files(tmp_path):
     (out / "train-00000-of-00001.tfrecord.gz").mkdir()  # publishing cannot put a shard here
     result = run_prepare("--input", str(tree), "--output", str(out), "--overwrite", "--num_shards", "1", *ARGS)
     assert result.returncode == 1, result.stderr
-    assert not list(out.glob(".beam-prep/run-*"))
+    assert not (out / ".beam-prep").exists()
+
+
+def test_a_run_into_a_folder_another_run_holds_is_refused(tmp_path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"a": 2}, size=(24, 20))
+    hold = ("import sys\nfrom beam_prep.claim import claim_output\n"
+            "with claim_output(sys.argv[1], 'run-elsewhere'):\n    print('held', flush=True)\n    sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        refused = run_prepare("--input", str(tree), "--output", str(out), "--overwrite", *ARGS)
+    finally:
+        holder.communicate("", timeout=60)
+    assert refused.returncode == 2
+    assert re.search(rf"--output {re.escape(str(out))} is in use by run run-elsewhere \(pid {holder.pid} on "
+                     r".*\) since \d{4}-\d\d-\d\dT.*wait for it to end", refused.stderr), refused.stderr
+    assert not out.joinpath(".beam-prep").exists() and not list(out.glob("*.tfrecord.gz"))
+    assert run_prepare("--input", str(tree), "--output", str(out), *ARGS).returncode == 0

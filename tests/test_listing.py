@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from beam_prep.errors import OptionsError, StorageError
+from beam_prep.errors import OptionsError
 from beam_prep.listing import (
     SKIP_DEPTH,
     SKIP_HIDDEN,
