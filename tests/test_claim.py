@@ -374,7 +374,10 @@ def test_gcs_only_one_run_wins_a_takeover_race(agents, gcs_server, gcs_bucket):
         replies = race(agents, out, env=gcs_server.env())
         winners = [i for i, reply in enumerate(replies) if "won" in reply]
         assert len(winners) == 1, (round_, replies)
-        assert replies[winners[0]]["taken_over"]["run_id"] == f"gone-{round_}"
+        # The winner took the stale claim over, or came after the loser had deleted it and
+        # found the folder free: either way, one run holds it.
+        taken = replies[winners[0]]["taken_over"]
+        assert taken is None or taken["run_id"] == f"gone-{round_}", replies
         assert f"is in use by run racer-{winners[0]} " in replies[1 - winners[0]]["busy"]
         for agent in agents:
             agent.ask("release")
