@@ -68,6 +68,12 @@ def gray_ds(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
+def plain_ds(tmp_path_factory) -> pathlib.Path:
+    """Uncompressed shards: ``--compression none``, manifest compression NONE."""
+    return _prepare(tmp_path_factory, "plain", "--image_size", str(SIZE), "--compression", "none")
+
+
+@pytest.fixture(scope="module")
 def varying_ds(tmp_path_factory) -> pathlib.Path:
     """Shorter side 24: 96x64 pictures become 36x24, 64x80 ones 24x30."""
     return _prepare(tmp_path_factory, "varying", "--resize_mode", "shorter_side", "--image_size", "24",
@@ -277,15 +283,111 @@ def test_repeat_makes_an_infinite_dataset(jpeg_ds):
     assert ds.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
 
 
-def test_a_shard_shorter_than_the_manifest_says_fails_the_epoch(jpeg_ds, tmp_path):
+def test_a_shard_shorter_than_the_manifest_says_fails_naming_it(jpeg_ds, tmp_path):
     copy = shutil.copytree(jpeg_ds, tmp_path / "copy")
     manifest = _manifest(copy)
     manifest["splits"]["train"]["num_examples"] += 1
     manifest["splits"]["train"]["shard_num_examples"][0] += 1
     (copy / "manifest.json").write_text(json.dumps(manifest))
+    shard = f"{copy}/{manifest['splits']['train']['shards'][0]}"
+    claimed = manifest["splits"]["train"]["shard_num_examples"][0]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f"shard file {shard} is damaged .* ends before the {claimed} records"):
+        for _ in make_dataset(str(copy), batch_size=2):
+            pass
+
+
+def test_without_shard_counts_a_short_split_still_fails_the_epoch(jpeg_ds, tmp_path):
+    copy = shutil.copytree(jpeg_ds, tmp_path / "copy")
+    manifest = _manifest(copy)
+    manifest["splits"]["train"]["num_examples"] += 1
+    del manifest["splits"]["train"]["shard_num_examples"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
     claimed = manifest["splits"]["train"]["num_examples"]
     with pytest.raises(tf.errors.FailedPreconditionError, match=f"expected to contain {claimed} elements"):
         for _ in make_dataset(str(copy), batch_size=2):
+            pass
+
+
+# --- damaged shard files ---------------------------------------------------------
+
+
+def _damage(path: pathlib.Path, how: str) -> None:
+    """Cut the file mid-record, or flip 8 bytes in its middle (inside the GZIP stream or a record)."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    if how == "truncate":
+        del data[middle + 3:]
+    else:
+        data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    path.write_bytes(bytes(data))
+
+
+def _damaged_copy(path: pathlib.Path, tmp_path: pathlib.Path, how: str,
+                  index: int = 1) -> tuple[pathlib.Path, str]:
+    """A copy of the dataset with train shard ``index`` damaged; and that shard's full path."""
+    copy = shutil.copytree(path, tmp_path / "damaged")
+    shard = copy / _manifest(copy)["splits"]["train"]["shards"][index]
+    _damage(shard, how)
+    return copy, str(shard)
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip"])
+@pytest.mark.parametrize("compression", ["GZIP", "NONE"])
+def test_a_damaged_shard_fails_the_epoch_naming_its_file(compression, how, jpeg_ds, plain_ds, tmp_path):
+    source = {"GZIP": jpeg_ds, "NONE": plain_ds}[compression]
+    assert _manifest(source)["compression"] == compression
+    copy, shard = _damaged_copy(source, tmp_path, how)
+    # TensorFlow's own error (DataLossError, or nothing at all for a plain file
+    # cut short) does not say which file; this one does, whichever way it is read.
+    for training in (True, False):
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            for _ in make_dataset(str(copy), batch_size=2, training=training):
+                pass
+        assert f"shard file {shard} is damaged or could not be read" in error.value.message
+        others = [s for s in _manifest(copy)["splits"]["train"]["shards"] if f"{copy}/{s}" != shard]
+        assert not any(s in error.value.message for s in others)
+
+
+@pytest.mark.parametrize("source", ["jpeg", "plain"])
+def test_the_sound_shards_of_a_damaged_dataset_yield_every_record(source, jpeg_ds, plain_ds, tmp_path):
+    path = {"jpeg": jpeg_ds, "plain": plain_ds}[source]
+    copy, _ = _damaged_copy(path, tmp_path, "flip", index=1)
+    manifest = _manifest(copy)
+    for i in (0, 2):
+        ds = make_dataset(str(copy), training=False, batch_size=3, num_input_pipelines=SHARDS,
+                          input_pipeline_id=i, extra_keys=(features.FILENAME,))
+        stored = _filenames_in(copy / manifest["splits"]["train"]["shards"][i], manifest["compression"])
+        assert len(stored) == manifest["splits"]["train"]["shard_num_examples"][i] > 0
+        assert sorted(_read_all(ds)[2]) == sorted(stored)
+
+
+def _filenames_in(shard: pathlib.Path, compression: str) -> list[bytes]:
+    """The records' filenames, read by plain TensorFlow (``conftest.read_split`` reads GZIP only)."""
+    spec = features.tf_parse_spec((features.FILENAME,))
+    records = tf.data.TFRecordDataset(str(shard), "" if compression == "NONE" else compression)
+    return [tf.io.parse_single_example(r, spec)[features.FILENAME].numpy() for r in records]
+
+
+def test_model_fit_on_a_damaged_shard_fails_naming_its_file(jpeg_ds, tmp_path):
+    import keras
+
+    copy, shard = _damaged_copy(jpeg_ds, tmp_path, "truncate")
+    model = keras.Sequential([keras.Input((SIZE, SIZE, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(len(COUNTS))])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"shard file {shard} is damaged"):
+        model.fit(make_dataset(str(copy), batch_size=2), epochs=1, verbose=0)
+
+
+def test_without_record_counts_a_damaged_shard_fails_with_tensorflows_error(jpeg_ds, tmp_path):
+    # files= has no manifest, so no record counts to check a shard against: the
+    # file is read as it is, and TensorFlow's error still stops the epoch.
+    copy, _ = _damaged_copy(jpeg_ds, tmp_path, "flip")
+    ds = make_dataset(files=f"{copy}/train-*.tfrecord.gz", image=ImageInfo(SIZE, SIZE, 3, "jpeg"),
+                      batch_size=2)
+    with pytest.raises(tf.errors.DataLossError):
+        for _ in ds:
             pass
 
 
