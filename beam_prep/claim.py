@@ -79,7 +79,7 @@ import urllib3
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import BeamPrepError, OptionsError, StorageError
-from beam_prep.gcs import GcsClient, GcsError, GcsPreconditionFailed
+from beam_prep.gcs import GcsClient, GcsPreconditionFailed
 from beam_prep.layout import WORK_DIR
 from beam_prep.listing import join
 from beam_prep.storage import is_local, storage_error
@@ -471,15 +471,10 @@ def _claim_gcs(output: str, holder: Holder, stale_after_s: float,
 
 def _read_gcs_claim(client: GcsClient, path: str) -> _Seen | None:
     """The claim now on GCS, None if there is none; the bytes are those of the version stat saw."""
-    info = client.stat(path)
-    if info is None:
+    current = client.read_current(path)
+    if current is None:
         return None
-    try:
-        data = client.read(path, generation=info.generation)
-    except GcsError as e:
-        if e.code == 404:
-            return None  # replaced or removed since the stat
-        raise
+    info, data = current
     return _Seen(_parse_holder(data), info.generation, info.updated)
 
 

@@ -245,18 +245,25 @@ class GcsClient:
             raise
         return True
 
-    def _written_by_us(self, path: str, data: bytes) -> ObjectInfo | None:
-        """The object's info if it now holds exactly ``data``, else None."""
+    def read_current(self, path: str) -> tuple[ObjectInfo, bytes] | None:
+        """The object's info and the bytes of that very version; None if there is none.
+
+        A version replaced or removed between the two requests counts as none.
+        """
         info = self.stat(path)
         if info is None:
             return None
         try:
-            current = self.read(path, generation=info.generation)
+            return info, self.read(path, generation=info.generation)
         except GcsError as e:
-            if e.code == 404:  # replaced meanwhile, so not ours any more
+            if e.code == 404:
                 return None
             raise
-        return info if current == data else None
+
+    def _written_by_us(self, path: str, data: bytes) -> ObjectInfo | None:
+        """The object's info if it now holds exactly ``data``, else None."""
+        current = self.read_current(path)
+        return current[0] if current is not None and current[1] == data else None
 
     def list(self, root: str, threads: int = LIST_THREADS) -> list[tuple[str, int]]:
         """Every object under the folder ``root`` (``gs://bucket/prefix``) as ``(gs:// path, size)``.
