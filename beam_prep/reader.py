@@ -39,15 +39,15 @@ count (see :func:`_read_shard`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from beam_prep import features
+from beam_prep.dataset import (MANIFEST, READ_COMPRESSIONS, DatasetInfo, ImageInfo, SplitInfo,
+                               join as _join, parse_manifest)
 from beam_prep.errors import DatasetError, OptionsError, StorageError
-from beam_prep.features import IMAGE_FORMATS
 from beam_prep.storage import bucket_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,9 +65,6 @@ __all__ = [
 
 _LOG = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-SUPPORTED_FORMAT_VERSION = 1
-COMPRESSIONS = ("GZIP", "ZLIB", "NONE")
 
 # The training shuffle holds serialized records (before decoding), as many as
 # fit in about 64 MiB: ~2,900 records of 224x224 JPEG, ~440 of raw 224x224x3
@@ -102,71 +99,13 @@ Augment = Union[str, "RandomCropFlip", Callable[["tf.Tensor"], "tf.Tensor"]]
 # --------------------------------------------------------------------------- #
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageInfo:
-    """How images are stored: the manifest's ``image`` section, or given for bare files.
-
-    ``height`` and ``width`` are None when images keep varying sizes
-    (``resize_mode`` shorter_side or none); every image has ``channels``.
-    """
-
-    height: int | None
-    width: int | None
-    channels: int = 3
-    format: str = "jpeg"
-
-    def __post_init__(self) -> None:
-        if self.format not in IMAGE_FORMATS:
-            raise OptionsError(f"image format must be one of {IMAGE_FORMATS}, not {self.format!r}")
-        if self.channels not in (1, 3):
-            raise OptionsError(f"image channels must be 1 or 3, not {self.channels}")
-        if (self.height is None) != (self.width is None):
-            raise OptionsError("image height and width are both sizes or both None (sizes vary)")
-        if self.height is not None and (self.height < 1 or self.width < 1):
-            raise OptionsError(f"image size must be positive, not {self.height}x{self.width}")
-
-    @property
-    def fixed_size(self) -> bool:
-        """Whether every stored image has the same height and width."""
-        return self.height is not None
-
-    def default_shuffle_buffer(self) -> int:
-        """Records in the default training shuffle buffer: about ``SHUFFLE_BUFFER_BYTES`` of them."""
-        if not self.fixed_size:
-            return VARYING_SIZE_SHUFFLE_BUFFER
-        record = self.height * self.width * self.channels * features.BYTES_PER_SAMPLE[self.format]
-        low, high = SHUFFLE_BUFFER_RECORDS
-        return int(min(high, max(low, SHUFFLE_BUFFER_BYTES // max(record, 1))))
-
-    @classmethod
-    def from_manifest(cls, image: Mapping[str, Any]) -> ImageInfo:
-        return cls(height=image.get("height"), width=image.get("width"),
-                   channels=int(image.get("channels", 3)), format=str(image.get("format", "jpeg")))
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitInfo:
-    """One split: its shard files (full paths) and, when the writer knew them, their record counts."""
-
-    name: str
-    files: tuple[str, ...]
-    num_examples: int
-    shard_num_examples: tuple[int, ...] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-    """A dataset's manifest, checked: what :func:`make_dataset` reads."""
-
-    root: str
-    labels: tuple[str, ...]
-    splits: Mapping[str, SplitInfo]
-    image: ImageInfo
-    compression: str = "GZIP"
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.labels)
+def default_shuffle_buffer(image: ImageInfo) -> int:
+    """Records in the default training shuffle buffer: about ``SHUFFLE_BUFFER_BYTES`` of them."""
+    if not image.fixed_size:
+        return VARYING_SIZE_SHUFFLE_BUFFER
+    record = image.height * image.width * image.channels * features.BYTES_PER_SAMPLE[image.format]
+    low, high = SHUFFLE_BUFFER_RECORDS
+    return int(min(high, max(low, SHUFFLE_BUFFER_BYTES // max(record, 1))))
 
 
 def load_info(path: str) -> DatasetInfo:
@@ -198,45 +137,7 @@ def load_info(path: str) -> DatasetInfo:
                            f"in use read access to {bucket_of(root) or root}") from e
     except tf.errors.OpError as e:
         raise StorageError(f"cannot read {manifest_path}: {e.message}") from e
-    try:
-        manifest = json.loads(text)
-    except ValueError as e:
-        raise DatasetError(f"{manifest_path} is not valid JSON: {e}") from e
-    return _info_from_manifest(root, manifest_path, manifest)
-
-
-def _info_from_manifest(root: str, manifest_path: str, manifest: Any) -> DatasetInfo:
-    try:
-        version = manifest["format_version"]
-        if version > SUPPORTED_FORMAT_VERSION:
-            raise DatasetError(
-                f"{manifest_path} has format_version {version}; this beam-prep reads up to "
-                f"{SUPPORTED_FORMAT_VERSION}: upgrade beam-prep")
-        splits = {}
-        for name, s in manifest["splits"].items():
-            counts = s.get("shard_num_examples")
-            if counts is not None and len(counts) != len(s["shards"]):
-                raise DatasetError(
-                    f"{manifest_path}: split {name!r} lists {len(s['shards'])} shards but "
-                    f"{len(counts)} shard_num_examples")
-            splits[name] = SplitInfo(
-                name=name,
-                files=tuple(_join(root, shard) for shard in s["shards"]),
-                num_examples=int(s["num_examples"]),
-                shard_num_examples=tuple(int(n) for n in counts) if counts is not None else None)
-        compression = str(manifest.get("compression", "GZIP")).upper()
-        if compression not in COMPRESSIONS:
-            raise DatasetError(f"{manifest_path}: unknown compression {compression!r}")
-        return DatasetInfo(root=root, labels=tuple(manifest["labels"]), splits=splits,
-                           image=ImageInfo.from_manifest(manifest["image"]), compression=compression)
-    except (KeyError, TypeError, AttributeError) as e:
-        raise DatasetError(f"{manifest_path} is incomplete or malformed: missing or bad {e}") from e
-    except OptionsError as e:
-        raise DatasetError(f"{manifest_path}: {e}") from e
-
-
-def _join(root: str, name: str) -> str:
-    return f"{root.rstrip('/')}/{name}"
+    return DatasetInfo.from_json(parse_manifest(text, manifest_path), root, manifest_path)
 
 
 def _check_files_exist(root: str, split: SplitInfo) -> None:
@@ -485,7 +386,7 @@ def make_dataset(
         instead of int64 ids.
       shuffle_buffer: serialized records in the shuffle buffer; 0 turns it off.
         Default when training: as many as fit in about 64 MiB
-        (``ImageInfo.default_shuffle_buffer``), else 0. Shard files are shuffled
+        (``default_shuffle_buffer``), else 0. Shard files are shuffled
         too whenever this is on.
       seed: seeds the file and record shuffles, so a run can be repeated (with
         ``deterministic``); each epoch still gets a new order.
@@ -552,7 +453,7 @@ def make_dataset(
     if deterministic is None:
         deterministic = not training
     if shuffle_buffer is None:
-        shuffle_buffer = source.image.default_shuffle_buffer() if training else 0
+        shuffle_buffer = default_shuffle_buffer(source.image) if training else 0
     if shuffle_buffer < 0:
         raise OptionsError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
     batch_size = _batch_size(batch_size, global_batch_size, input_context)
@@ -816,8 +717,8 @@ def _resolve_source(path, split, files, image, num_classes, compression) -> _Sou
     if num_classes is not None and num_classes < 1:
         raise OptionsError(f"num_classes must be positive, not {num_classes}")
     compression = str(compression).upper()
-    if compression not in COMPRESSIONS:
-        raise OptionsError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
+    if compression not in READ_COMPRESSIONS:
+        raise OptionsError(f"compression must be one of {READ_COMPRESSIONS}, not {compression!r}")
     patterns = [files] if isinstance(files, str) else list(files)
     matched: list[str] = []
     for pattern in patterns:
