@@ -482,6 +482,25 @@ def test_a_missing_shard_is_a_dataset_error_naming_it(jpeg_ds, tmp_path):
         make_dataset(str(copy))
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"global_batch_size": 8}, "global_batch_size= goes with input_context="),
+    ({"num_input_pipelines": 2}, "go together"),
+    ({"num_input_pipelines": 2, "input_pipeline_id": 2}, r"input_pipeline_id must be in \[0, 2\)"),
+    ({"shuffle_buffer": -1}, "shuffle_buffer must be 0"),
+    ({"dct_method": "FLOAT"}, "dct_method must be one of"),
+])
+def test_reader_config_refuses_knobs_that_do_not_fit_together_when_made(kwargs, match):
+    with pytest.raises(OptionsError, match=match):
+        ReaderConfig(**kwargs)
+
+
+def test_reader_config_takes_an_input_context_or_its_numbers_not_both():
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1)
+    assert ReaderConfig(input_context=context).pipelines() == (2, 1)
+    with pytest.raises(OptionsError, match="not both"):
+        ReaderConfig(input_context=context, num_input_pipelines=2, input_pipeline_id=1)
+
+
 def _write_records(path: pathlib.Path, records: list[features.ImageRecord]) -> None:
     with tf.io.TFRecordWriter(str(path), "GZIP") as writer:
         for record in records:
