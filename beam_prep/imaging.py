@@ -12,6 +12,7 @@ import math
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
+from beam_prep.dataset import ImageInfo
 from beam_prep.errors import ImageError
 from beam_prep.features import IMAGE_FORMATS
 
@@ -72,6 +73,14 @@ class ImageSpec:
     def fixed_size(self) -> bool:
         """Whether every output image has the same height and width."""
         return self.resize_mode in ("center_crop", "stretch", "pad")
+
+    @property
+    def info(self) -> ImageInfo:
+        """The images this spec makes, as the manifest records them and the reader reads them."""
+        return ImageInfo(height=self.height if self.fixed_size else None,
+                         width=self.width if self.fixed_size else None,
+                         channels=self.channels, format=self.image_format,
+                         resize_mode=self.resize_mode)
 
     @property
     def mode(self) -> str:

@@ -25,24 +25,19 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from isal import igzip
 
+from beam_prep.dataset import COMPRESSIONS, MANIFEST
 from beam_prep.errors import OptionsError
 from beam_prep.features import BYTES_PER_SAMPLE
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import join
 from beam_prep.storage import is_local, storage_error
 
-MANIFEST = "manifest.json"
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 WORK_DIR = ".beam-prep"
 LISTING = "listing.jsonl"
 UNKNOWN_LABELS = "unknown-labels.jsonl"
-# --compression -> (file suffix, Beam's compression type, the manifest's name for it)
-COMPRESSIONS = {
-    "gzip": (".tfrecord.gz", CompressionTypes.GZIP, "GZIP"),
-    "none": (".tfrecord", CompressionTypes.UNCOMPRESSED, "NONE"),
-}
 _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
                    *(f"*-?????-of-?????{suffix}" for suffix, _, _ in COMPRESSIONS.values()))
 

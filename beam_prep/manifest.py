@@ -13,13 +13,16 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
 from beam_prep import layout
+from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo,
+                               parse_manifest)
 from beam_prep.errors import DatasetError
 from beam_prep.features import SCHEMA
 from beam_prep.listing import join, write_lines
 from beam_prep.options import PrepareConfig
 
+__all__ = ["FORMAT_VERSION", "Plan", "build", "error_lines", "finalize", "read"]
+
 _LOG = logging.getLogger(__name__)
-FORMAT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,37 +59,28 @@ def build(
         shard_rows[split][name] = n
     splits = {}
     for split, count in plan.num_shards.items():
-        names = [layout.shard_name(split, i, count, config.compression) for i in range(count)]
-        sizes = [shard_rows[split].get(name) for name in names]
-        entry = {
-            "num_examples": sum(class_counts[split, label] for label in plan.labels),
-            "shards": names,
-            "class_counts": {label: class_counts[split, label] for label in plan.labels},
-        }
-        if all(n is not None for n in sizes):
-            entry["shard_num_examples"] = sizes
-        splits[split] = entry
-    written = sum(s["num_examples"] for s in splits.values())
+        names = tuple(layout.shard_name(split, i, count, config.compression) for i in range(count))
+        sizes = tuple(shard_rows[split].get(name) for name in names)
+        splits[split] = SplitInfo(
+            name=split, shards=names,
+            num_examples=sum(class_counts[split, label] for label in plan.labels),
+            shard_num_examples=sizes if all(n is not None for n in sizes) else None,
+            class_counts={label: class_counts[split, label] for label in plan.labels},
+            root=config.output)
+    written = sum(s.num_examples for s in splits.values())
     if written + len(failures) != plan.listed:
         raise DatasetError(
             f"{plan.listed} files listed but {written} written and {len(failures)} failed: "
             "records were lost; no manifest written")
+    info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
+                       image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name)
+    dataset = info.to_json()
     by_stage = collections.Counter(f["stage"] for f in failures)
-    spec = config.spec
     return {
-        "format_version": FORMAT_VERSION,
+        "format_version": dataset.pop("format_version"),
         "beam_prep_version": beam_prep.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "labels": plan.labels,
-        "splits": splits,
-        "image": {
-            "height": spec.height if spec.fixed_size else None,
-            "width": spec.width if spec.fixed_size else None,
-            "channels": spec.channels,
-            "format": spec.image_format,
-            "resize_mode": spec.resize_mode,
-        },
-        "compression": layout.COMPRESSIONS[config.compression][2],
+        **dataset,
         "features": {key: kind.value for key, kind in SCHEMA.items()},
         "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
                    "skipped": plan.skipped},
@@ -117,10 +111,10 @@ def finalize(
                    [name for split in manifest["splits"].values() for name in split["shards"]])
     write_lines(join(config.output, layout.ERRORS), error_lines(failures))
     write_lines(join(config.output, layout.LABELS), plan.labels)
-    with FileSystems.create(join(config.output, layout.MANIFEST), mime_type="application/json") as f:
+    with FileSystems.create(join(config.output, MANIFEST), mime_type="application/json") as f:
         f.write(json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
     layout.remove_run_folder(config.output, plan.run_id)
-    _LOG.info("wrote %s", join(config.output, layout.MANIFEST))
+    _LOG.info("wrote %s", join(config.output, MANIFEST))
     return manifest
 
 
@@ -131,9 +125,17 @@ def error_lines(failures: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def read(output: str) -> dict[str, Any]:
-    path = join(output, layout.MANIFEST)
+    """The whole manifest (the dataset and the run's record), checked as the reader checks it.
+
+    Raises:
+      DatasetError: it cannot be read, or the reader could not use it.
+    """
+    path = join(output, MANIFEST)
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return json.loads(f.read().decode("utf-8"))
+            text = f.read()
     except Exception as e:  # noqa: BLE001
         raise DatasetError(f"cannot read {path}: {e}") from e
+    manifest = parse_manifest(text, path)
+    DatasetInfo.from_json(manifest, output, path)
+    return manifest

@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import (
 from beam_prep.errors import OptionsError
 from beam_prep.features import IMAGE_FORMATS
 from beam_prep.imaging import DEFAULT_MAX_PIXELS, RESIZE_MODES, ImageSpec
-from beam_prep.layout import COMPRESSIONS
+from beam_prep.dataset import COMPRESSIONS
 from beam_prep.readahead import DEFAULT_MAX_BYTES, ReadConfig
 from beam_prep.storage import is_local
 

@@ -7,7 +7,7 @@ read from local disk (the page cache, after the first round):
   (a) beam-prep's reader with typical training settings: ``make_dataset(path,
       "train", batch_size=256, training=True, repeat=True)``, i.e. file and
       record shuffle, any order, uint8 images, int64 labels, no augmentation;
-      (a') the same with ``dct_method="INTEGER_FAST"``, TensorFlow's default
+      (a') the same with ``ReaderConfig(dct_method="INTEGER_FAST")``, TensorFlow's default
       JPEG decode; also with ``augment="crop_flip"`` and in evaluation mode;
   (b) the seed notebook's reader (``benchmarks.seed_notebook.seed_read``):
       interleave of GZIP TFRecordDatasets, ``parse_single_example``,
@@ -107,7 +107,7 @@ def readers(jpeg_dir: pathlib.Path, raw_dir: pathlib.Path, raw_plain_dir: pathli
     import tensorflow as tf
 
     from beam_prep import features
-    from beam_prep.reader import load_info, make_dataset
+    from beam_prep.reader import ReaderConfig, load_info, make_dataset
     from benchmarks.seed_notebook import seed_read
 
     jpeg_files = list(load_info(str(jpeg_dir)).splits["train"].files)
@@ -127,7 +127,7 @@ def readers(jpeg_dir: pathlib.Path, raw_dir: pathlib.Path, raw_plain_dir: pathli
     return [
         Reader("a", "(a) beam-prep reader: JPEG, training defaults", ours(jpeg_dir, training=True)),
         Reader("a_fast", "(a′) beam-prep reader: JPEG, training defaults, dct INTEGER_FAST",
-               ours(jpeg_dir, training=True, dct_method="INTEGER_FAST")),
+               ours(jpeg_dir, training=True, config=ReaderConfig(dct_method="INTEGER_FAST"))),
         Reader("a_eval", "(a) in evaluation mode (fixed order, no shuffle)", ours(jpeg_dir, training=False)),
         Reader("a_crop", "(a) with augment=\"crop_flip\"", ours(jpeg_dir, training=True, augment="crop_flip")),
         Reader("b", "(b) seed notebook reader: JPEG, batch(1), float32",

@@ -22,7 +22,7 @@ from PIL import Image
 
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.reader import ImageInfo, RandomCropFlip, load_info, make_dataset
+from beam_prep.reader import ImageInfo, RandomCropFlip, ReaderConfig, RecordFiles, load_info, make_dataset
 from conftest import read_split, run_prepare
 from trees import make_tree
 
@@ -208,8 +208,8 @@ def test_evaluation_order_is_the_same_on_every_pass(jpeg_ds):
 
 def test_seeded_deterministic_training_order_repeats_across_runs(jpeg_ds):
     def order():
-        ds = make_dataset(str(jpeg_ds), batch_size=3, training=True, deterministic=True, seed=7,
-                          extra_keys=(features.FILENAME,))
+        ds = make_dataset(str(jpeg_ds), batch_size=3, training=True, extra_keys=(features.FILENAME,),
+                          config=ReaderConfig(deterministic=True, seed=7))
         return _read_all(ds)[2]
 
     assert order() == order()
@@ -217,8 +217,9 @@ def test_seeded_deterministic_training_order_repeats_across_runs(jpeg_ds):
 
 def test_training_shuffles_records(jpeg_ds):
     in_file_order = _read_all(_eval(jpeg_ds, batch_size=3))[2]
-    orders = {tuple(_read_all(make_dataset(str(jpeg_ds), batch_size=3, training=True, seed=s,
-                                           extra_keys=(features.FILENAME,)))[2]) for s in range(3)}
+    orders = {tuple(_read_all(make_dataset(str(jpeg_ds), batch_size=3, training=True,
+                                           extra_keys=(features.FILENAME,),
+                                           config=ReaderConfig(seed=s)))[2]) for s in range(3)}
     assert len(orders | {tuple(in_file_order)}) > 1
 
 
@@ -231,8 +232,8 @@ def test_input_context_partitions_the_records_by_file(jpeg_ds, pipelines):
     for i in range(pipelines):
         context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i,
                                              num_replicas_in_sync=pipelines)
-        ds = make_dataset(str(jpeg_ds), batch_size=2, input_context=context,
-                          extra_keys=(features.FILENAME,))
+        ds = make_dataset(str(jpeg_ds), batch_size=2, extra_keys=(features.FILENAME,),
+                          config=ReaderConfig(input_context=context))
         names = _read_all(ds)[2]
         assert ds.cardinality().numpy() == math.ceil(len(names) / 2)
         seen.append(set(names))
@@ -242,8 +243,8 @@ def test_input_context_partitions_the_records_by_file(jpeg_ds, pipelines):
 
 
 def test_num_input_pipelines_without_a_context_partitions_the_same_way(jpeg_ds):
-    ds = make_dataset(str(jpeg_ds), training=False, num_input_pipelines=3, input_pipeline_id=1,
-                      extra_keys=(features.FILENAME,))
+    ds = make_dataset(str(jpeg_ds), training=False, extra_keys=(features.FILENAME,),
+                      config=ReaderConfig(num_input_pipelines=3, input_pipeline_id=1))
     shard = _manifest(jpeg_ds)["splits"]["train"]["shards"][1]
     assert sorted(_read_all(ds)[2]) == sorted(
         r[features.FILENAME] for r in read_split(jpeg_ds, "train") if r["shard"] == shard)
@@ -252,19 +253,20 @@ def test_num_input_pipelines_without_a_context_partitions_the_same_way(jpeg_ds):
 def test_fewer_files_than_input_pipelines_is_a_dataset_error(jpeg_ds):
     context = tf.distribute.InputContext(num_input_pipelines=SHARDS + 1, input_pipeline_id=0)
     with pytest.raises(DatasetError, match=f"{SHARDS} shard files .* {SHARDS + 1} input pipelines"):
-        make_dataset(str(jpeg_ds), input_context=context)
+        make_dataset(str(jpeg_ds), config=ReaderConfig(input_context=context))
 
 
 def test_global_batch_size_is_split_between_replicas(jpeg_ds):
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=2)
-    ds = make_dataset(str(jpeg_ds), input_context=context, global_batch_size=8)
+    ds = make_dataset(str(jpeg_ds), config=ReaderConfig(input_context=context, global_batch_size=8))
     assert next(iter(ds))[0].shape[0] == 4
 
 
 def test_distribute_datasets_from_function_reads_every_record(jpeg_ds):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     dist = strategy.distribute_datasets_from_function(
-        lambda context: make_dataset(str(jpeg_ds), input_context=context, global_batch_size=4))
+        lambda context: make_dataset(str(jpeg_ds),
+                                     config=ReaderConfig(input_context=context, global_batch_size=4)))
     total = sum(int(strategy.experimental_local_results(x)[0].shape[0]) for x, _ in dist)
     assert total == _manifest(jpeg_ds)["splits"]["train"]["num_examples"]
 
@@ -355,8 +357,8 @@ def test_the_sound_shards_of_a_damaged_dataset_yield_every_record(source, jpeg_d
     copy, _ = _damaged_copy(path, tmp_path, "flip", index=1)
     manifest = _manifest(copy)
     for i in (0, 2):
-        ds = make_dataset(str(copy), training=False, batch_size=3, num_input_pipelines=SHARDS,
-                          input_pipeline_id=i, extra_keys=(features.FILENAME,))
+        ds = make_dataset(str(copy), training=False, batch_size=3, extra_keys=(features.FILENAME,),
+                          config=ReaderConfig(num_input_pipelines=SHARDS, input_pipeline_id=i))
         stored = _filenames_in(copy / manifest["splits"]["train"]["shards"][i], manifest["compression"])
         assert len(stored) == manifest["splits"]["train"]["shard_num_examples"][i] > 0
         assert sorted(_read_all(ds)[2]) == sorted(stored)
@@ -381,10 +383,10 @@ def test_model_fit_on_a_damaged_shard_fails_naming_its_file(jpeg_ds, tmp_path):
 
 
 def test_without_record_counts_a_damaged_shard_fails_with_tensorflows_error(jpeg_ds, tmp_path):
-    # files= has no manifest, so no record counts to check a shard against: the
+    # RecordFiles have no manifest, so no record counts to check a shard against: the
     # file is read as it is, and TensorFlow's error still stops the epoch.
     copy, _ = _damaged_copy(jpeg_ds, tmp_path, "flip")
-    ds = make_dataset(files=f"{copy}/train-*.tfrecord.gz", image=ImageInfo(SIZE, SIZE, 3, "jpeg"),
+    ds = make_dataset(RecordFiles(f"{copy}/train-*.tfrecord.gz", ImageInfo(SIZE, SIZE, 3, "jpeg")),
                       batch_size=2)
     with pytest.raises(tf.errors.DataLossError):
         for _ in ds:
@@ -480,6 +482,25 @@ def test_a_missing_shard_is_a_dataset_error_naming_it(jpeg_ds, tmp_path):
         make_dataset(str(copy))
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"global_batch_size": 8}, "global_batch_size= goes with input_context="),
+    ({"num_input_pipelines": 2}, "go together"),
+    ({"num_input_pipelines": 2, "input_pipeline_id": 2}, r"input_pipeline_id must be in \[0, 2\)"),
+    ({"shuffle_buffer": -1}, "shuffle_buffer must be 0"),
+    ({"dct_method": "FLOAT"}, "dct_method must be one of"),
+])
+def test_reader_config_refuses_knobs_that_do_not_fit_together_when_made(kwargs, match):
+    with pytest.raises(OptionsError, match=match):
+        ReaderConfig(**kwargs)
+
+
+def test_reader_config_takes_an_input_context_or_its_numbers_not_both():
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1)
+    assert ReaderConfig(input_context=context).pipelines() == (2, 1)
+    with pytest.raises(OptionsError, match="not both"):
+        ReaderConfig(input_context=context, num_input_pipelines=2, input_pipeline_id=1)
+
+
 def _write_records(path: pathlib.Path, records: list[features.ImageRecord]) -> None:
     with tf.io.TFRecordWriter(str(path), "GZIP") as writer:
         for record in records:
@@ -494,7 +515,7 @@ def test_a_record_that_fails_to_decode_fails_loudly(tmp_path):
     good = io.BytesIO()
     Image.new("RGB", (SIZE, SIZE), (10, 20, 30)).save(good, "JPEG")
     _write_records(tmp_path / "bad.tfrecord.gz", [_record(good.getvalue()), _record(b"not a jpeg")])
-    ds = make_dataset(files=str(tmp_path / "*.tfrecord.gz"), image=ImageInfo(SIZE, SIZE, 3, "jpeg"),
+    ds = make_dataset(RecordFiles(str(tmp_path / "*.tfrecord.gz"), ImageInfo(SIZE, SIZE, 3, "jpeg")),
                       batch_size=2)
     with pytest.raises(tf.errors.InvalidArgumentError):
         for _ in ds:
@@ -503,8 +524,8 @@ def test_a_record_that_fails_to_decode_fails_loudly(tmp_path):
 
 def test_a_label_outside_the_labels_fails_loudly(tmp_path):
     _write_records(tmp_path / "r.tfrecord.gz", [_record(bytes(SIZE * SIZE * 3), label=5, fmt="raw")])
-    ds = make_dataset(files=str(tmp_path / "r.tfrecord.gz"), image=ImageInfo(SIZE, SIZE, 3, "raw"),
-                      num_classes=2, one_hot=True)
+    ds = make_dataset(RecordFiles(str(tmp_path / "r.tfrecord.gz"), ImageInfo(SIZE, SIZE, 3, "raw"),
+                                  num_classes=2), one_hot=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="label id out of range of the labels"):
         next(iter(ds))
 
@@ -513,8 +534,9 @@ def test_a_label_outside_the_labels_fails_loudly(tmp_path):
 
 
 def test_glob_mode_reads_files_without_a_manifest(jpeg_ds):
-    ds = make_dataset(files=f"{jpeg_ds}/train-*.tfrecord.gz", image=ImageInfo(SIZE, SIZE, 3, "jpeg"),
-                      num_classes=len(COUNTS), batch_size=4, one_hot=True, extra_keys=(features.FILENAME,))
+    ds = make_dataset(RecordFiles(f"{jpeg_ds}/train-*.tfrecord.gz", ImageInfo(SIZE, SIZE, 3, "jpeg"),
+                                  num_classes=len(COUNTS)),
+                      batch_size=4, one_hot=True, extra_keys=(features.FILENAME,))
     images, labels, names = _read_all(ds)
     assert images.shape[1:] == (SIZE, SIZE, 3) and labels.shape[1] == len(COUNTS)
     assert sorted(names) == sorted(r[features.FILENAME] for r in read_split(jpeg_ds, "train"))
@@ -523,12 +545,12 @@ def test_glob_mode_reads_files_without_a_manifest(jpeg_ds):
 
 def test_glob_mode_needs_the_image_info(jpeg_ds):
     with pytest.raises(OptionsError, match="image=ImageInfo"):
-        make_dataset(files=f"{jpeg_ds}/train-*.tfrecord.gz")
+        make_dataset(RecordFiles(f"{jpeg_ds}/train-*.tfrecord.gz"))
 
 
 def test_glob_matching_nothing_is_a_dataset_error(tmp_path):
     with pytest.raises(DatasetError, match=f"no files match {tmp_path}/nothing-"):
-        make_dataset(files=f"{tmp_path}/nothing-*.tfrecord.gz", image=ImageInfo(SIZE, SIZE))
+        make_dataset(RecordFiles(f"{tmp_path}/nothing-*.tfrecord.gz", ImageInfo(SIZE, SIZE)))
 
 
 # --- gs:// --------------------------------------------------------------------

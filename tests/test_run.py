@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep import layout, manifest
+from beam_prep import dataset, layout, manifest
 from beam_prep.errors import DatasetError
 from beam_prep.imaging import ImageSpec
 from beam_prep.options import PrepareConfig
@@ -32,6 +33,21 @@ def test_a_manifest_is_never_built_when_records_are_missing():
     shards = [("train", "train-00000-of-00001.tfrecord.gz", 1)]
     with pytest.raises(DatasetError, match="3 files listed but 1 written and 1 failed"):
         manifest.build(config, plan, shards, [(("train", "a"), 1)], [{"stage": "decode", "path": "x"}])
+
+
+def test_the_manifest_is_the_dataset_model_and_reads_back_as_it():
+    config = PrepareConfig(input="in", output="out", spec=ImageSpec(height=8, width=8), compression="none")
+    plan = manifest.Plan(labels=["a", "b"], num_shards={"train": 1}, listed=3, skipped=0, sink="streaming")
+    shards = [("train", "train-00000-of-00001.tfrecord", 3)]
+    built = manifest.build(config, plan, shards, [(("train", "a"), 2), (("train", "b"), 1)], [])
+    info = dataset.DatasetInfo.from_json(built, "out", "out/manifest.json")
+    assert {k: built[k] for k in info.to_json()} == info.to_json()
+    assert built["image"] == {"height": 8, "width": 8, "channels": 3, "format": "jpeg",
+                              "resize_mode": "center_crop"}
+    assert info.splits["train"].files == ("out/train-00000-of-00001.tfrecord",)
+    assert (info.compression, info.splits["train"].shard_num_examples) == ("NONE", (3,))
+    assert (dataset.COMPRESSIONS["gzip"].beam_type, dataset.COMPRESSIONS["none"].beam_type) == (
+        CompressionTypes.GZIP, CompressionTypes.UNCOMPRESSED)
 
 
 def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):

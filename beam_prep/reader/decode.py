@@ -1,0 +1,147 @@
+"""Stored image bytes to uint8 pixels in TensorFlow: whole, a window of them, resized, randomly cropped.
+
+Per-image functions, traced inside the reader's ``tf.data`` maps. A JPEG is
+decoded only as far as needed: a centre crop or a random crop decodes just
+that window (``tf.io.decode_and_crop_jpeg``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from beam_prep.dataset import ImageInfo
+from beam_prep.errors import OptionsError
+from beam_prep.reader.config import DEFAULT_DCT_METHOD
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+__all__ = ["RandomCropFlip", "center_window", "decode", "decode_window", "random_crop_flip", "resize"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomCropFlip:
+    """The built-in training augmentation: a random crop, resized back, and a random left-right flip.
+
+    The crop box is drawn as in Inception/ResNet training
+    (``tf.image.sample_distorted_bounding_box``): ``area_range`` of the image's
+    area, with width/height in ``aspect_ratio_range``; it is resized to the
+    output size so batches keep one shape. JPEG records decode only the crop.
+    ``augment="crop_flip"`` is ``RandomCropFlip()``.
+    """
+
+    area_range: tuple[float, float] = (0.25, 1.0)
+    aspect_ratio_range: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = True
+    max_attempts: int = 10
+
+    def __post_init__(self) -> None:
+        low, high = self.area_range
+        if not 0 < low <= high <= 1:
+            raise OptionsError(f"area_range must satisfy 0 < low <= high <= 1, not {self.area_range}")
+        low, high = self.aspect_ratio_range
+        if not 0 < low <= high:
+            raise OptionsError(f"aspect_ratio_range must satisfy 0 < low <= high, not {self.aspect_ratio_range}")
+
+
+def random_crop_flip(
+    encoded: tf.Tensor,
+    image: ImageInfo,
+    size: tuple[int, int],
+    *,
+    params: RandomCropFlip = RandomCropFlip(),
+    record_hw: tuple[tf.Tensor, tf.Tensor] | None = None,
+    dct_method: str = DEFAULT_DCT_METHOD,
+) -> tf.Tensor:
+    """Decodes one stored image with a random crop (and flip), resized to ``size``: uint8 [h, w, c].
+
+    ``record_hw`` is the record's (height, width), needed only for raw images of
+    varying size.
+    """
+    import tensorflow as tf
+
+    def window(shape: tf.Tensor) -> tf.Tensor:
+        begin, crop, _ = tf.image.sample_distorted_bounding_box(
+            tf.concat([shape, [image.channels]], 0),
+            bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+            min_object_covered=params.area_range[0],
+            aspect_ratio_range=params.aspect_ratio_range,
+            area_range=params.area_range,
+            max_attempts=params.max_attempts,
+            use_image_if_no_bounding_boxes=True)
+        return tf.stack([begin[0], begin[1], crop[0], crop[1]])
+
+    out = resize(decode_window(encoded, image, window, record_hw, dct_method), size, image.channels)
+    if params.flip:
+        out = tf.image.random_flip_left_right(out)
+    return out
+
+
+
+def decode(encoded: tf.Tensor, image: ImageInfo, record_hw=None,
+            dct_method: str = DEFAULT_DCT_METHOD) -> tf.Tensor:
+    """The whole stored image, uint8 [h, w, c]; the static shape is set when sizes are fixed."""
+    import tensorflow as tf
+
+    c = image.channels
+    if image.format == "jpeg":
+        out = tf.io.decode_jpeg(encoded, channels=c, dct_method=dct_method)
+    elif image.format == "png":
+        out = tf.io.decode_png(encoded, channels=c, dtype=tf.uint8)
+    else:
+        if image.fixed_size:
+            hw = (image.height, image.width)
+        else:
+            hw = tuple(tf.cast(v, tf.int32) for v in record_hw)
+        out = tf.reshape(tf.io.decode_raw(encoded, tf.uint8), [hw[0], hw[1], c])
+    if image.fixed_size:
+        # A runtime check too: a record of another size fails loudly here.
+        out = tf.ensure_shape(out, [image.height, image.width, c])
+    return out
+
+
+def decode_window(encoded, image: ImageInfo, window_fn, record_hw=None,
+                   dct_method: str = DEFAULT_DCT_METHOD) -> tf.Tensor:
+    """Decodes the box ``window_fn(shape) -> [y, x, h, w]``; JPEG decodes only that box."""
+    import tensorflow as tf
+
+    if image.format == "jpeg":
+        shape = tf.image.extract_jpeg_shape(encoded)[:2]
+        return tf.io.decode_and_crop_jpeg(encoded, window_fn(shape), channels=image.channels,
+                                          dct_method=dct_method)
+    full = decode(encoded, image, record_hw, dct_method)
+    box = window_fn(tf.shape(full)[:2])
+    return tf.slice(full, [box[0], box[1], 0], [box[2], box[3], image.channels])
+
+
+def center_window(shape: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
+    """The largest centred box of the target's aspect ratio: resizing it distorts nothing."""
+    import tensorflow as tf
+
+    h = tf.cast(shape[0], tf.float64)
+    w = tf.cast(shape[1], tf.float64)
+    crop_h = tf.maximum(tf.minimum(h, tf.round(w * size[0] / size[1])), 1.0)
+    crop_w = tf.maximum(tf.minimum(w, tf.round(h * size[1] / size[0])), 1.0)
+    y = tf.math.floordiv(h - crop_h, 2.0)
+    x = tf.math.floordiv(w - crop_w, 2.0)
+    return tf.cast(tf.stack([y, x, crop_h, crop_w]), tf.int32)
+
+
+def resize(image: tf.Tensor, size: tuple[int, int], channels: int) -> tf.Tensor:
+    """Bilinear, rounded back to uint8; antialiased only when shrinking.
+
+    Antialiasing stops a shrunk image from aliasing but costs about four times
+    plain bilinear, and changes nothing when enlarging (a random crop resized
+    back up, the common case), so it is chosen per image.
+    """
+    import tensorflow as tf
+
+    shape = tf.shape(image)
+    shrinks = tf.logical_or(shape[0] > size[0], shape[1] > size[1])
+    out = tf.cond(shrinks,
+                  lambda: tf.image.resize(image, size, method="bilinear", antialias=True),
+                  lambda: tf.image.resize(image, size, method="bilinear"))
+    out = tf.cast(tf.clip_by_value(tf.round(out), 0.0, 255.0), tf.uint8)
+    return tf.ensure_shape(out, [size[0], size[1], channels])
+
+

@@ -1,0 +1,194 @@
+"""What one record turns into (``Plan``), decided once in Python before tracing, and the maps that do it.
+
+``make_plan`` checks the output arguments against the dataset; the batched
+path decodes a parsed batch at once (``decode_batch``), the per-image path
+(a user's augmentation) one record at a time (``decode_one``); ``finish``
+sets the dtype, labels and output structure once per batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from beam_prep import features
+from beam_prep.dataset import ImageInfo
+from beam_prep.errors import OptionsError
+from beam_prep.reader.config import DEFAULT_DCT_METHOD
+from beam_prep.reader.decode import (RandomCropFlip, center_window, decode, decode_window,
+                                    random_crop_flip, resize)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+__all__ = ["Augment", "Plan", "decode_batch", "decode_one", "finish", "make_plan"]
+
+Augment = Union[str, RandomCropFlip, Callable[["tf.Tensor"], "tf.Tensor"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one record turns into; decided once, in Python, before tracing."""
+
+    image: ImageInfo
+    size: tuple[int, int] | None  # output height, width; None: as stored (varying)
+    crop_flip: RandomCropFlip | None
+    user_augment: Callable | None
+    dtype: Any
+    one_hot: bool
+    num_classes: int | None
+    extra_keys: tuple[str, ...]
+    dct_method: str = DEFAULT_DCT_METHOD
+
+    @property
+    def resizes(self) -> bool:
+        return self.size is not None and (not self.image.fixed_size
+                                          or self.size != (self.image.height, self.image.width))
+
+    @property
+    def parse_keys(self) -> tuple[str, ...]:
+        keys = [features.ENCODED, features.LABEL]
+        if self.image.format == "raw" and not self.image.fixed_size:
+            keys += [features.HEIGHT, features.WIDTH]
+        return tuple(dict.fromkeys(keys + list(self.extra_keys)))
+
+    def record_hw(self, parsed: Mapping[str, tf.Tensor]):
+        return (parsed[features.HEIGHT], parsed[features.WIDTH]) if features.HEIGHT in parsed else None
+
+    def image_of(self, parsed: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """One record's uint8 image at the output size (before user augmentation and dtype)."""
+        encoded = parsed[features.ENCODED]
+        hw = self.record_hw(parsed)
+        if self.crop_flip is not None:
+            return random_crop_flip(encoded, self.image, self.size, params=self.crop_flip,
+                                    record_hw=hw, dct_method=self.dct_method)
+        if self.resizes:
+            window = decode_window(encoded, self.image, lambda shape: center_window(shape, self.size),
+                                   hw, self.dct_method)
+            return resize(window, self.size, self.image.channels)
+        return decode(encoded, self.image, hw, self.dct_method)
+
+
+
+def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None, dtype: Any,
+              one_hot: bool, augment: Augment | None, resize_to: int | tuple[int, int] | None,
+              extra_keys: Sequence[str], dct_method: str = DEFAULT_DCT_METHOD) -> Plan:
+    """Checks ``make_dataset``'s output arguments against the dataset, and fixes what each record becomes.
+
+    Raises:
+      OptionsError: an argument of the wrong kind, or one the dataset cannot meet.
+    """
+    if one_hot and num_classes is None:
+        raise OptionsError("one_hot=True needs RecordFiles(num_classes=) when reading files without a manifest")
+    size = _output_size(image, resize_to)
+    crop_flip, user_augment = _augmentation(augment)
+    if size is None and (batch_size is not None or crop_flip is not None):
+        what = "batch" if batch_size is not None else "crop and resize back"
+        raise OptionsError(
+            f"this dataset's image sizes vary (no height/width in its manifest): to {what}, pass "
+            "resize=(height, width), or batch_size=None for single images of their own size")
+    return Plan(image=image, size=size, crop_flip=crop_flip, user_augment=user_augment,
+                dtype=_dtype(dtype), one_hot=one_hot, num_classes=num_classes,
+                extra_keys=_extra_keys(extra_keys), dct_method=dct_method)
+
+
+def _dtype(dtype: Any) -> tf.DType:
+    import tensorflow as tf
+
+    try:
+        tf_dtype = tf.as_dtype(dtype)
+    except TypeError as e:
+        raise OptionsError(f"dtype must be uint8 or a float dtype, not {dtype!r}") from e
+    if tf_dtype != tf.uint8 and not tf_dtype.is_floating:
+        raise OptionsError(f"dtype must be uint8 or a float dtype, not {tf_dtype.name}")
+    return tf_dtype
+
+
+def _output_size(image: ImageInfo, resize_to: int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``resize``'s (height, width); else the stored size; None when sizes vary."""
+    if resize_to is None:
+        return (image.height, image.width) if image.fixed_size else None
+    size = (resize_to, resize_to) if isinstance(resize_to, int) else tuple(resize_to)
+    if len(size) != 2 or min(size) < 1:
+        raise OptionsError(f"resize must be a positive int or (height, width), not {resize_to!r}")
+    return int(size[0]), int(size[1])
+
+
+def _augmentation(augment: Augment | None) -> tuple[RandomCropFlip | None, Callable | None]:
+    """(the built-in crop and flip, a user's function): at most one of them."""
+    wrong = f"augment must be 'crop_flip', a RandomCropFlip or a function, not {augment!r}"
+    if isinstance(augment, str):
+        if augment != "crop_flip":
+            raise OptionsError(wrong)
+        return RandomCropFlip(), None
+    if isinstance(augment, RandomCropFlip):
+        return augment, None
+    if augment is not None and not callable(augment):
+        raise OptionsError(wrong)
+    return None, augment
+
+
+def _extra_keys(extra_keys: Sequence[str]) -> tuple[str, ...]:
+    keys = tuple(extra_keys)
+    for key in keys:
+        if key not in features.SCHEMA or key == features.ENCODED:
+            raise OptionsError(f"extra_keys: {key!r} is not a record feature other than the image; "
+                               f"known: {', '.join(k for k in features.SCHEMA if k != features.ENCODED)}")
+    return keys
+
+
+def decode_batch(plan: Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Replaces the encoded strings of a parsed batch by their images, uint8 [b, h, w, c]."""
+    import tensorflow as tf
+
+    encoded = parsed.pop(features.ENCODED)
+    info = plan.image
+    if info.format == "raw" and info.fixed_size and not plan.resizes:
+        # Raw pixels of one size: a single vectorised decode for the whole batch.
+        flat = tf.io.decode_raw(encoded, tf.uint8)
+        parsed["image"] = tf.reshape(flat, [-1, info.height, info.width, info.channels])
+        return parsed
+    height, width = plan.size or (info.height, info.width)
+    elems = {features.ENCODED: encoded}
+    if features.HEIGHT in parsed:
+        elems[features.HEIGHT] = parsed[features.HEIGHT]
+        elems[features.WIDTH] = parsed[features.WIDTH]
+    parsed["image"] = tf.map_fn(
+        plan.image_of, elems,
+        fn_output_signature=tf.TensorSpec([height, width, info.channels], tf.uint8))
+    return parsed
+
+
+def decode_one(plan: Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """One record on the per-image path: decode (or crop-decode), augment."""
+    parsed = dict(parsed)
+    image = plan.image_of(parsed)
+    if plan.user_augment is not None:
+        image = plan.user_augment(image)
+    del parsed[features.ENCODED]
+    parsed["image"] = image
+    return parsed
+
+
+def finish(plan: Plan, parsed: Mapping[str, tf.Tensor]):
+    """dtype, labels and output structure, once per batch."""
+    import tensorflow as tf
+
+    image = parsed["image"]
+    if image.dtype != plan.dtype:
+        image = tf.image.convert_image_dtype(image, plan.dtype, saturate=True)
+    labels = parsed[features.LABEL]
+    if plan.num_classes is not None:
+        # An id outside the label list would silently become an all-zero one-hot
+        # row (or index garbage in a sparse loss): fail instead.
+        checks = [tf.debugging.assert_non_negative(labels, message="negative label id"),
+                  tf.debugging.assert_less(labels, tf.constant(plan.num_classes, tf.int64),
+                                           message="label id out of range of the labels")]
+        with tf.control_dependencies(checks):
+            labels = tf.identity(labels)
+    if plan.one_hot:
+        labels = tf.one_hot(labels, plan.num_classes, dtype=tf.float32)
+    if plan.extra_keys:
+        return image, labels, {key: parsed[key] for key in plan.extra_keys}
+    return image, labels
+
