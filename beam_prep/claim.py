@@ -81,8 +81,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import BeamPrepError, OptionsError, StorageError
 from beam_prep.gcs import GcsClient, GcsPreconditionFailed
 from beam_prep.layout import WORK_DIR
-from beam_prep.listing import join
-from beam_prep.storage import is_local, storage_error
+from beam_prep.storage import is_local, join, storage_error
 
 __all__ = ["CLAIM_NAME", "DEFAULT_HEARTBEAT_S", "DEFAULT_STALE_AFTER_S", "Claim", "Holder", "OutputBusy",
            "claim_output", "claim_path", "new_run_id"]

@@ -28,8 +28,7 @@ from isal import igzip
 from beam_prep.errors import OptionsError
 from beam_prep.features import BYTES_PER_SAMPLE
 from beam_prep.imaging import ImageSpec
-from beam_prep.listing import join
-from beam_prep.storage import is_local, storage_error
+from beam_prep.storage import is_local, join, storage_error
 
 MANIFEST = "manifest.json"
 LABELS = "labels.txt"

@@ -15,8 +15,8 @@ import beam_prep
 from beam_prep import layout
 from beam_prep.errors import DatasetError
 from beam_prep.features import SCHEMA
-from beam_prep.listing import join, write_lines
 from beam_prep.options import PrepareConfig
+from beam_prep.storage import join, write_lines
 
 _LOG = logging.getLogger(__name__)
 FORMAT_VERSION = 1

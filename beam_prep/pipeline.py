@@ -24,14 +24,13 @@ from beam_prep.listing import (
     UNKNOWN_LABEL,
     FileEntry,
     Listing,
-    join,
     list_tree,
     order_key,
     read_labels_file,
-    write_lines,
 )
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
+from beam_prep.storage import join, write_lines
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
 
 _LOG = logging.getLogger(__name__)

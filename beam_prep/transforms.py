@@ -38,7 +38,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_prep import layout
 from beam_prep.imaging import ImageSpec
-from beam_prep.listing import FileEntry, join
+from beam_prep.listing import FileEntry
+from beam_prep.storage import join
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
 from beam_prep.records import FileReader, Outcome, make_example
 
