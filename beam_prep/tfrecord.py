@@ -8,8 +8,8 @@ The format is TensorFlow's (``tensorflow/core/lib/io/record_writer.cc``)::
     uint32 masked_crc32c(data)
 
 Written here rather than through Beam's ``_TFRecordUtil``, which is private to
-Beam and may change in any release; a dozen lines over ``google_crc32c`` (C,
-installed with google-cloud-storage) frame as fast.
+Beam and may change in any release; a dozen lines over ``google_crc32c`` (C; a
+dependency of google-cloud-storage, which apache-beam[gcp] requires) frame as fast.
 """
 from __future__ import annotations
 

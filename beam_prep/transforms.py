@@ -41,12 +41,12 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_prep import layout
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
+from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
+from beam_prep.records import FileReader, Outcome, make_example
 from beam_prep.storage import join
 from beam_prep.tfrecord import write_record
 
 __all__ = ["NAMESPACE", "ParseEntryFn", "SinkResult", "WriteShardsShuffle", "WriteShardsStreaming"]
-from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
-from beam_prep.records import FileReader, Outcome, make_example
 
 NAMESPACE = "beam_prep"  # of every counter the pipeline reports
 _FAILED = "failed"
@@ -223,21 +223,22 @@ class _WriteShardFn(beam.DoFn):
 
 
 class _ShardSink(beam.PTransform):
-    """A sink: applied to the pipeline itself, it writes every split's shards into
-    ``work`` and returns a ``SinkResult``.
-
-    Args:
-      spec: what each image becomes (size, format, channels).
-      reads: how far a worker's reads run ahead of its work.
-      work: the run's folder (``layout.run_folder``), holding the listings the
-        launcher wrote (``pipeline.write_work_files``); the shards are written
-        there too, under their final names (``layout.shard_name``).
-      compression: a key of ``layout.COMPRESSIONS`` (``gzip`` or ``none``).
-      num_shards: split -> its number of shards; every split listed gets its shards.
-    """
+    """What both sinks share: applied to the pipeline itself (``p | sink``), a sink writes
+    every split's shards into ``work`` and returns a ``SinkResult``."""
 
     def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
                  num_shards: Mapping[str, int]) -> None:
+        """Initializes a sink.
+
+        Args:
+          spec: what each image becomes (size, format, channels).
+          reads: how far a worker's reads run ahead of its work.
+          work: the run's folder (``layout.run_folder``), holding the listings the
+            launcher wrote (``pipeline.write_work_files``); the shards are written
+            there too, under their final names (``layout.shard_name``).
+          compression: a key of ``layout.COMPRESSIONS`` (``gzip`` or ``none``).
+          num_shards: split -> its number of shards; every split listed gets its shards.
+        """
         super().__init__()
         self._config = _SinkConfig(spec, reads, work, compression, dict(num_shards))
 
