@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.features import IMAGE_FORMATS
+from beam_prep.storage import join
 
 __all__ = [
     "COMPRESSIONS",
@@ -30,7 +31,6 @@ __all__ = [
     "DatasetInfo",
     "ImageInfo",
     "SplitInfo",
-    "join",
     "parse_manifest",
 ]
 
@@ -55,11 +55,6 @@ COMPRESSIONS: Mapping[str, Compression] = {
 # What the reader takes: what the writer writes, and ZLIB, which TensorFlow
 # also reads (for files written elsewhere).
 READ_COMPRESSIONS = ("GZIP", "ZLIB", "NONE")
-
-
-def join(root: str, name: str) -> str:
-    """``root/name`` for local paths and ``gs://`` alike."""
-    return f"{root.rstrip('/')}/{name}"
 
 
 @dataclasses.dataclass(frozen=True)

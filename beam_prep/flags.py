@@ -13,8 +13,9 @@ import difflib
 import re
 from typing import NoReturn, Sequence
 
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_prep.beam_compat import BeamArgumentParser, add_options_arguments
 from beam_prep.errors import OptionsError
 
 # argparse reads "-5" as a value, not a flag, when no flag looks like a number.
@@ -22,7 +23,7 @@ _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 _HELP = ("-h", "--help")
 
 
-class _RaisingParser(_BeamArgumentParser):
+class _RaisingParser(BeamArgumentParser):
     """Beam's parser (options classes call its ``add_value_provider_argument``), but where
     argparse would exit the process on a bad value, the library raises instead."""
 
@@ -50,7 +51,7 @@ def all_options_parser() -> argparse.ArgumentParser:
     """
     parser = _RaisingParser(allow_abbrev=False, add_help=False, conflict_handler="resolve")
     for cls in option_classes():
-        cls._add_argparse_args(parser)  # noqa: SLF001 - the hook Beam itself calls.
+        add_options_arguments(cls, parser)
     return parser
 
 

@@ -18,8 +18,9 @@ import contextlib
 import fnmatch
 import math
 import os
+import re
 import shutil
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -29,17 +30,28 @@ from beam_prep.dataset import COMPRESSIONS, MANIFEST
 from beam_prep.errors import OptionsError
 from beam_prep.features import BYTES_PER_SAMPLE
 from beam_prep.imaging import ImageSpec
-from beam_prep.listing import join
-from beam_prep.storage import is_local, storage_error
+from beam_prep.storage import is_local, join, storage_error
 
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
+# A shard's name is its split, this template filled in, and its compression's suffix:
+# "train-00003-of-00016.tfrecord.gz". The template is in Beam's notation (S: the shard's
+# index from 0, N: the shard count, zero-padded to as many digits as letters) because the
+# shuffle sink hands it to Beam's WriteToTFRecord as it is; shard_name and the pattern
+# that recognises a dataset's shards are derived from it, so no two can disagree.
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 WORK_DIR = ".beam-prep"
 LISTING = "listing.jsonl"
 UNKNOWN_LABELS = "unknown-labels.jsonl"
+def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> str:
+    """SHARD_TEMPLATE with each run of S replaced by ``index(its length)``, each run of N by ``count(...)``."""
+    return re.sub("S+|N+", lambda m: (index if m[0][0] == "S" else count)(len(m[0])), SHARD_TEMPLATE)
+
+
+_SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count:0{n}d}}")
+_SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
 _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
-                   *(f"*-?????-of-?????{suffix}" for suffix, _, _ in COMPRESSIONS.values()))
+                   *(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values()))
 
 # ISA-L at level 3 compresses JPEG payloads as well as zlib's default level 6
 # (ratio 0.963 vs 0.965) about 5x faster: zlib cost ~12% of a local run's CPU.
@@ -56,7 +68,9 @@ def shard_listing_name(split: str, index: int) -> str:
 
 
 def shard_name(split: str, index: int, count: int, compression: str) -> str:
-    return f"{split}-{index:05d}-of-{count:05d}{COMPRESSIONS[compression][0]}"
+    """The file name of shard ``index`` (from 0) of ``count``: what Beam's sink names it with
+    ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<split>`` and the compression's suffix."""
+    return f"{split}{_SHARD_FORMAT.format(index=index, count=count)}{COMPRESSIONS[compression][0]}"
 
 
 @contextlib.contextmanager

@@ -15,14 +15,14 @@ import json
 import logging
 import os
 import stat
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import OptionsError
 from beam_prep.gcs import GcsClient
 from beam_prep.imaging import is_image_name
-from beam_prep.storage import is_local, storage_error
+from beam_prep.storage import is_local, join, storage_error
 
 _LOG = logging.getLogger(__name__)
 
@@ -118,10 +118,6 @@ class Listing:
 
     def split_counts(self) -> dict[str, int]:
         return dict(collections.Counter(e.split for e in self.entries if e.label_id != UNKNOWN_LABEL))
-
-
-def join(root: str, *parts: str) -> str:
-    return "/".join([root.rstrip("/"), *parts])
 
 
 def _match_all(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
@@ -319,12 +315,3 @@ def read_labels_file(path: str) -> list[str]:
     if duplicates:
         raise OptionsError(f"--labels_file {path} lists {duplicates[0]!r} more than once")
     return names
-
-
-def write_lines(path: str, lines: Iterable[str]) -> None:
-    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
-    try:
-        with FileSystems.create(path, mime_type="text/plain") as f:
-            f.write(data)
-    except Exception as e:  # noqa: BLE001
-        raise storage_error("write", path, e) from e

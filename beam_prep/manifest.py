@@ -17,8 +17,8 @@ from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetIn
                                parse_manifest)
 from beam_prep.errors import DatasetError
 from beam_prep.features import SCHEMA
-from beam_prep.listing import join, write_lines
 from beam_prep.options import PrepareConfig
+from beam_prep.storage import join, write_lines
 
 __all__ = ["FORMAT_VERSION", "Plan", "build", "error_lines", "finalize", "read"]
 

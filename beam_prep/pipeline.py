@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 from apache_beam.io.textio import ReadFromText
@@ -18,21 +18,24 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import layout, manifest
+from beam_prep.beam_compat import batch_fn_api_runner
 from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.listing import (
     UNKNOWN_LABEL,
     FileEntry,
     Listing,
-    join,
     list_tree,
     order_key,
     read_labels_file,
-    write_lines,
 )
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
+from beam_prep.storage import join, write_lines
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
+
+if TYPE_CHECKING:
+    from apache_beam.runners.runner import PipelineRunner
 
 _LOG = logging.getLogger(__name__)
 LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
@@ -74,7 +77,7 @@ def local_workers(options: PipelineOptions) -> int:
     return direct.direct_num_workers or os.cpu_count() or 1
 
 
-def local_runner(options: PipelineOptions):
+def local_runner(options: PipelineOptions) -> PipelineRunner | None:
     """Beam's batch FnApiRunner, built as DirectRunner builds it, for DirectRunner jobs.
 
     DirectRunner first tries the Prism runner when it can download it, and Prism
@@ -85,13 +88,7 @@ def local_runner(options: PipelineOptions):
     """
     if _runner_name(options) not in (None, "DirectRunner"):
         return None
-    from apache_beam.portability.api import beam_provision_api_pb2
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
-    from apache_beam.runners.portability.portable_runner import JobServiceHandle
-
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+    return batch_fn_api_runner(options)
 
 
 def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "") -> tuple[Listing, manifest.Plan]:
@@ -140,20 +137,20 @@ def write_work_files(listing: Listing, run_plan: manifest.Plan, work: str) -> No
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan) -> None:
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
     work = layout.run_folder(config.output, run_plan.run_id)
-    shards, counts, failed = p | "WriteShards" >> sink(
-        config.spec, config.reads, work, config.compression, run_plan.num_shards)
+    written = p | "WriteShards" >> sink(config.spec, config.reads, work, config.compression, run_plan.num_shards)
     label_failures = (
         p
         | "ReadUnknownLabels" >> ReadFromText(join(work, layout.UNKNOWN_LABELS), validate=False)
         | "ParseUnknownLabels" >> beam.ParDo(ParseEntryFn())
         | "UnknownLabels" >> beam.Map(unknown_label_report))
-    failures = (failed, label_failures) | "AllFailures" >> beam.Flatten()
+    failures = (written.failures, label_failures) | "AllFailures" >> beam.Flatten()
     _ = (p
          | "Once" >> beam.Create([None])
          | "Finalize" >> beam.Map(
              lambda _, shard_rows, count_rows, failure_rows: manifest.finalize(
                  config, run_plan, shard_rows, count_rows, failure_rows),
-             beam.pvalue.AsList(shards), beam.pvalue.AsList(counts), beam.pvalue.AsList(failures)))
+             beam.pvalue.AsList(written.shards), beam.pvalue.AsList(written.class_counts),
+             beam.pvalue.AsList(failures)))
 
 
 def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:

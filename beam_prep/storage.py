@@ -1,11 +1,14 @@
-"""Storage failures, said plainly: which path, and whether it is missing or forbidden.
+"""Paths and small files on any filesystem, and storage failures said plainly.
+
+Every module that names or writes a file on local disk or gs:// uses these, so
+paths are joined one way and a failed write names its file one way.
 
 Beam's filesystems wrap the client's exceptions (``BeamIOError`` holding a dict of
 ``google.api_core`` errors for GCS), so the useful fact is a few levels down.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from beam_prep.errors import StorageError
 
@@ -13,6 +16,29 @@ from beam_prep.errors import StorageError
 def is_local(path: str) -> bool:
     """A path on this machine's disk, as opposed to a ``scheme://`` URL (gs://)."""
     return "://" not in path
+
+
+def join(root: str, *parts: str) -> str:
+    """``root/part/...`` with ``/`` on every filesystem (``os.path.join`` would be wrong for gs://)."""
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def write_lines(path: str, lines: Iterable[str]) -> None:
+    """Writes ``lines`` to ``path``, one a line, in UTF-8, at once.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be written.
+    """
+    # Imported here, not at the top: the reader and the dataset model use this module's
+    # path helpers without importing Beam.
+    from apache_beam.io.filesystems import FileSystems
+
+    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
+    try:
+        with FileSystems.create(path, mime_type="text/plain") as f:
+            f.write(data)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("write", path, e) from e
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:

@@ -1,12 +1,13 @@
 """Beam wiring: listings -> examples -> shards, with a dead-letter output for bad images.
 
-Two sinks share the same per-file step (``records.make_example``) and read the
+Two sinks share the same per-file step (``records.make_example``), the same
+constructor (``_ShardSink``) and the same outputs (``SinkResult``). Both read the
 listing files the launcher wrote in the run's folder (``layout.run_folder``), and
 write their shards there, for the manifest step to publish when all are complete:
 
 * ``WriteShardsStreaming``: the launcher has already assigned every file to its
   shard and written one small listing per shard, so the pipeline moves only
-  shard numbers: ``Create -> Reshuffle -> WriteShardFn``, and one DoFn call turns a
+  shard numbers: ``Create -> Reshuffle -> _WriteShardFn``, and one DoFn call turns a
   shard's files into records and streams them into that shard's file. No runner
   holds records, or even paths, in memory, so local runs stay flat in memory
   however large the tree, and every record's shard and position follow from the
@@ -25,26 +26,58 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from typing import Any, Iterable, Mapping
+import dataclasses
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.textio import ReadFromText
-from apache_beam.io.tfrecordio import WriteToTFRecord, _TFRecordUtil
+from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import TaggedOutput
+from apache_beam.pvalue import PCollection, TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_prep import layout
 from beam_prep.imaging import ImageSpec
-from beam_prep.listing import FileEntry, join
+from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
 from beam_prep.records import FileReader, Outcome, make_example
+from beam_prep.storage import join
+from beam_prep.tfrecord import write_record
 
-NAMESPACE = "beam_prep"
-FAILED = "failed"
-COUNTS = "counts"
+__all__ = ["NAMESPACE", "ParseEntryFn", "SinkResult", "WriteShardsShuffle", "WriteShardsStreaming"]
+
+NAMESPACE = "beam_prep"  # of every counter the pipeline reports
+_FAILED = "failed"
+_COUNTS = "counts"
+
+
+class SinkResult(NamedTuple):
+    """What a sink outputs, each a PCollection over all splits, for the manifest step.
+
+    Attributes:
+      shards: ``(split, shard file name, number of records or None)`` per shard
+        written; the shuffle sink cannot count a shard's records, so gives None.
+      class_counts: ``((split, label), number of records)``, one per pair.
+      failures: a failure report (``records.failure_report``) per file that
+        became no record.
+    """
+
+    shards: PCollection
+    class_counts: PCollection
+    failures: PCollection
+
+
+@dataclasses.dataclass(frozen=True)
+class _SinkConfig:
+    """What a sink and its DoFns need to write shards; see ``_ShardSink`` for each field."""
+
+    spec: ImageSpec
+    reads: ReadConfig
+    work: str
+    compression: str
+    num_shards: dict[str, int]
 
 
 class _Counters:
@@ -71,6 +104,8 @@ class _Counters:
 
 
 class ParseEntryFn(beam.DoFn):
+    """A listing's line (``FileEntry.to_json``) to its ``FileEntry``, counted as ``listed``."""
+
     def __init__(self) -> None:
         self._listed = Metrics.counter(NAMESPACE, "listed")
 
@@ -99,7 +134,7 @@ class _Reading:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-class ImageToExampleFn(beam.DoFn):
+class _ImageToExampleFn(beam.DoFn):
     """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output.
 
     Reads run ahead across the elements of a bundle (``ReadAhead``): a runner
@@ -136,12 +171,12 @@ class ImageToExampleFn(beam.DoFn):
         entry, timestamp, window = fetched.item
         outcome = make_example(entry, self._spec, fetched.error or fetched.data)
         if not self._counters.count(outcome):
-            yield TaggedOutput(FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
+            yield TaggedOutput(_FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
         yield WindowedValue((entry.split, entry.label, outcome.example), timestamp, (window,))
 
 
-class WriteShardFn(beam.DoFn):
+class _WriteShardFn(beam.DoFn):
     """Writes one whole shard from its listing (already in order-key order).
 
     The next files' reads run ahead of the work (``ReadAhead``), and records
@@ -150,14 +185,10 @@ class WriteShardFn(beam.DoFn):
     on ``failed``. Rewriting a shard from scratch makes a retried bundle harmless.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str, split: str,
-                 num_shards: int) -> None:
-        self._spec = spec
-        self._reading = _Reading(reads)
-        self._work = work
-        self._compression = compression
+    def __init__(self, config: _SinkConfig, split: str) -> None:
+        self._config = config
         self._split = split
-        self._num_shards = num_shards
+        self._reading = _Reading(config.reads)
         self._counters = _Counters()
         self._listed = Metrics.counter(NAMESPACE, "listed")
 
@@ -168,99 +199,115 @@ class WriteShardFn(beam.DoFn):
         self._reading.teardown()
 
     def process(self, index: int):
-        split = self._split
-        name = layout.shard_name(split, index, self._num_shards, self._compression)
+        config, split = self._config, self._split
+        name = layout.shard_name(split, index, config.num_shards[split], config.compression)
         per_label: collections.Counter[str] = collections.Counter()
-        with FileSystems.open(join(self._work, layout.shard_listing_name(split, index)),
+        with FileSystems.open(join(config.work, layout.shard_listing_name(split, index)),
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
             lines = listing.read().decode("utf-8").splitlines()
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
-        with layout.shard_writer(join(self._work, name), self._compression) as f, \
+        with layout.shard_writer(join(config.work, name), config.compression) as f, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()
-                outcome = make_example(entry, self._spec, fetched.error or fetched.data)
+                outcome = make_example(entry, config.spec, fetched.error or fetched.data)
                 if not self._counters.count(outcome):
-                    yield TaggedOutput(FAILED, outcome.failure)
+                    yield TaggedOutput(_FAILED, outcome.failure)
                     continue
-                _TFRecordUtil.write_record(f, outcome.example)
+                write_record(f, outcome.example)
                 per_label[entry.label] += 1
         for label, n in per_label.items():
-            yield TaggedOutput(COUNTS, ((split, label), n))
+            yield TaggedOutput(_COUNTS, ((split, label), n))
         yield split, name, sum(per_label.values())
 
 
-class WriteShardsStreaming(beam.PTransform):
+class _ShardSink(beam.PTransform):
+    """What both sinks share: applied to the pipeline itself (``p | sink``), a sink writes
+    every split's shards into ``work`` and returns a ``SinkResult``."""
+
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
+                 num_shards: Mapping[str, int]) -> None:
+        """Initializes a sink.
+
+        Args:
+          spec: what each image becomes (size, format, channels).
+          reads: how far a worker's reads run ahead of its work.
+          work: the run's folder (``layout.run_folder``), holding the listings the
+            launcher wrote (``pipeline.write_work_files``); the shards are written
+            there too, under their final names (``layout.shard_name``).
+          compression: a key of ``layout.COMPRESSIONS`` (``gzip`` or ``none``).
+          num_shards: split -> its number of shards; every split listed gets its shards.
+        """
+        super().__init__()
+        self._config = _SinkConfig(spec, reads, work, compression, dict(num_shards))
+
+
+class WriteShardsStreaming(_ShardSink):
     """Shard numbers -> shard files written by the workers themselves; see the module docstring.
 
     One stage per split: a local runner deals a stage's shards out to its
     workers evenly, so with a shard count that is a multiple of the worker count
-    every core has the same work.
+    every core has the same work. The launcher must have written one listing per
+    shard (``layout.shard_listing_name``). Arguments as ``_ShardSink``'s.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
-                 num_shards: Mapping[str, int]) -> None:
-        super().__init__()
-        self._spec, self._reads, self._work, self._compression = spec, reads, work, compression
-        self._num_shards = dict(num_shards)
-
-    def expand(self, pbegin):
+    def expand(self, pbegin: beam.pvalue.PBegin) -> SinkResult:
         shards, counts, failed = [], [], []
-        for split, count in self._num_shards.items():
+        for split, count in self._config.num_shards.items():
             results = (
                 pbegin
                 | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
                 | f"Reshuffle[{split}]" >> beam.Reshuffle()
-                | f"WriteShards[{split}]" >> beam.ParDo(
-                    WriteShardFn(self._spec, self._reads, self._work, self._compression, split, count)
-                ).with_outputs(FAILED, COUNTS, main="shards"))
+                | f"WriteShards[{split}]" >> beam.ParDo(_WriteShardFn(self._config, split)).with_outputs(
+                    _FAILED, _COUNTS, main="shards"))
             shards.append(results.shards)
-            counts.append(results[COUNTS])
-            failed.append(results[FAILED])
-        return (tuple(shards) | "AllShards" >> beam.Flatten(),
-                tuple(counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum),
-                tuple(failed) | "AllFailed" >> beam.Flatten())
+            counts.append(results[_COUNTS])
+            failed.append(results[_FAILED])
+        return SinkResult(
+            shards=tuple(shards) | "AllShards" >> beam.Flatten(),
+            class_counts=tuple(counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum),
+            failures=tuple(failed) | "AllFailed" >> beam.Flatten())
 
 
-class WriteShardsShuffle(beam.PTransform):
-    """Listing -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split."""
+class WriteShardsShuffle(_ShardSink):
+    """Listing -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split; see the module docstring.
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
-                 num_shards: Mapping[str, int]) -> None:
-        super().__init__()
-        self._spec, self._reads, self._work, self._compression = spec, reads, work, compression
-        self._num_shards = dict(num_shards)
+    The launcher must have written one listing of every file (``layout.LISTING``).
+    Arguments as ``_ShardSink``'s.
+    """
 
-    def expand(self, pbegin):
-        splits = sorted(self._num_shards)
+    def expand(self, pbegin: beam.pvalue.PBegin) -> SinkResult:
+        config = self._config
+        splits = sorted(config.num_shards)
         results = (
             pbegin
-            | "ReadListing" >> ReadFromText(join(self._work, layout.LISTING), validate=False)
+            | "ReadListing" >> ReadFromText(join(config.work, layout.LISTING), validate=False)
             | "ParseEntries" >> beam.ParDo(ParseEntryFn())
             | "Reshuffle" >> beam.Reshuffle()
-            | "ImageToExample" >> beam.ParDo(ImageToExampleFn(self._spec, self._reads)).with_outputs(
-                FAILED, main="records"))
+            | "ImageToExample" >> beam.ParDo(_ImageToExampleFn(config.spec, config.reads)).with_outputs(
+                _FAILED, main="records"))
         records = results.records
         counts = (records
                   | "KeyByLabel" >> beam.Map(lambda r: ((r[0], r[1]), 1))
                   | "SumCounts" >> beam.CombinePerKey(sum))
         by_split = records | "PartitionBySplit" >> beam.Partition(
             lambda r, _: splits.index(r[0]), len(splits))
-        suffix, compression_type, _ = layout.COMPRESSIONS[self._compression]
+        suffix, compression_type, _ = layout.COMPRESSIONS[config.compression]
         shard_lists = []
         for split, part in zip(splits, by_split):
             written = (
                 part
                 | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
                 | f"WriteToTFRecord[{split}]" >> WriteToTFRecord(
-                    join(self._work, split),
+                    join(config.work, split),
                     file_name_suffix=suffix,
-                    num_shards=self._num_shards[split],
+                    num_shards=config.num_shards[split],
                     shard_name_template=layout.SHARD_TEMPLATE,
                     compression_type=compression_type))
             shard_lists.append(
                 written | f"ShardNames[{split}]" >> beam.Map(
                     lambda path, s=split: (s, path.rsplit("/", 1)[-1], None)))
-        shards = tuple(shard_lists) | "AllShards" >> beam.Flatten()
-        return shards, counts, results[FAILED]
+        return SinkResult(shards=tuple(shard_lists) | "AllShards" >> beam.Flatten(),
+                          class_counts=counts,
+                          failures=results[_FAILED])

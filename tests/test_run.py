@@ -69,3 +69,40 @@ def test_never_more_shards_than_examples():
     assert layout.choose_num_shards(2, 805e6, 150, multiple_of=1) == 2
     assert layout.choose_num_shards(2, 805e6, 150, multiple_of=4) == 4
     assert layout.choose_num_shards(1000, 1e6, 150, multiple_of=1) == 7
+
+
+SHARD_COUNTS = {"train": 12, "validation": 3, "test": 1}
+
+
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+def test_beams_sink_names_shards_as_shard_name_does(tmp_path, compression):
+    """The shuffle sink's files (Beam's WriteToTFRecord with SHARD_TEMPLATE) are the names the
+    manifest lists and publish moves (shard_name)."""
+    import apache_beam as beam
+    from apache_beam.io.tfrecordio import WriteToTFRecord
+
+    suffix, compression_type, _ = layout.COMPRESSIONS[compression]
+    with beam.Pipeline(runner="BundleBasedDirectRunner") as p:
+        for split, count in SHARD_COUNTS.items():
+            _ = (p
+                 | f"Records[{split}]" >> beam.Create([b"%d" % i for i in range(2 * count)])
+                 | f"Write[{split}]" >> WriteToTFRecord(str(tmp_path / split), file_name_suffix=suffix,
+                                                        num_shards=count, shard_name_template=layout.SHARD_TEMPLATE,
+                                                        compression_type=compression_type))
+    expected = [layout.shard_name(split, i, count, compression)
+                for split, count in SHARD_COUNTS.items() for i in range(count)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(expected)
+    (tmp_path / "train-notes.txt").write_text("not a shard")
+    assert [path.rsplit("/", 1)[-1] for path in layout.existing_dataset_files(str(tmp_path))] == sorted(expected)
+
+
+def test_shard_names_for_any_index_and_count():
+    """Beam's formatting of SHARD_TEMPLATE, for counts past its five digits too."""
+    from apache_beam.coders import BytesCoder
+    from apache_beam.io.filebasedsink import FileBasedSink
+
+    sink = FileBasedSink("out/train", BytesCoder(), file_name_suffix=".tfrecord.gz",
+                         shard_name_template=layout.SHARD_TEMPLATE)
+    for index, count in [(0, 1), (7, 16), (99_999, 100_000), (123_456, 200_000)]:
+        assert sink._get_final_name(index, count) == "out/" + layout.shard_name("train", index, count, "gzip")
+    assert layout.shard_name("train", 3, 16, "gzip") == "train-00003-of-00016.tfrecord.gz"

@@ -12,7 +12,7 @@ from typing import Callable, TypeVar
 
 from beam_prep.errors import BeamPrepError, OptionsError
 from beam_prep.layout import WORK_DIR
-from beam_prep.listing import join
+from beam_prep.storage import join
 from beam_prep.storage import storage_error
 
 

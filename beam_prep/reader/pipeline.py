@@ -17,9 +17,21 @@ from typing import TYPE_CHECKING, Any
 from beam_prep import features
 from beam_prep.dataset import ImageInfo
 from beam_prep.reader.config import ReaderConfig
-from beam_prep.reader.plan import Augment, Plan, decode_batch, decode_one, finish, make_plan
+from beam_prep.reader.plan import (
+    Augment,
+    Plan,
+    decode_batch,
+    decode_one,
+    finish,
+    make_plan,
+)
 from beam_prep.reader.shards import read_shard
-from beam_prep.reader.sources import RecordFiles, resolve_source, select_files, tf_compression
+from beam_prep.reader.sources import (
+    RecordFiles,
+    resolve_source,
+    select_files,
+    tf_compression,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf

@@ -15,8 +15,14 @@ from beam_prep import features
 from beam_prep.dataset import ImageInfo
 from beam_prep.errors import OptionsError
 from beam_prep.reader.config import DEFAULT_DCT_METHOD
-from beam_prep.reader.decode import (RandomCropFlip, center_window, decode, decode_window,
-                                    random_crop_flip, resize)
+from beam_prep.reader.decode import (
+    RandomCropFlip,
+    center_window,
+    decode,
+    decode_window,
+    random_crop_flip,
+    resize,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf

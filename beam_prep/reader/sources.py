@@ -10,10 +10,16 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from beam_prep.dataset import (MANIFEST, READ_COMPRESSIONS, DatasetInfo, ImageInfo, SplitInfo, join,
-                               parse_manifest)
+from beam_prep.dataset import (
+    MANIFEST,
+    READ_COMPRESSIONS,
+    DatasetInfo,
+    ImageInfo,
+    SplitInfo,
+    parse_manifest,
+)
 from beam_prep.errors import DatasetError, OptionsError, StorageError
-from beam_prep.storage import bucket_of
+from beam_prep.storage import bucket_of, join
 
 __all__ = ["RecordFiles", "Source", "load_info", "resolve_source", "select_files", "tf_compression"]
 

@@ -1,0 +1,53 @@
+"""beam_prep's own TFRecord framing is TensorFlow's format, byte for byte."""
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+
+from beam_prep import tfrecord
+
+_RANDOM = random.Random(0)
+RECORDS = [b"", b"x", b"\x00" * 7, _RANDOM.randbytes(300), _RANDOM.randbytes(20_000), _RANDOM.randbytes(70_001)]
+
+
+def test_framing_matches_beams_byte_for_byte():
+    from apache_beam.io.tfrecordio import _TFRecordUtil
+
+    for data in RECORDS:
+        beams = io.BytesIO()
+        _TFRecordUtil.write_record(beams, data)
+        assert tfrecord.frame(data) == beams.getvalue()
+        assert _TFRecordUtil.read_record(io.BytesIO(tfrecord.frame(data))) == data
+
+
+def test_masked_crc32c_of_known_values():
+    # CRC32C("123456789") = 0xE3069283, the check value of the Castagnoli polynomial.
+    crc = 0xE3069283
+    assert tfrecord.masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) % 2**32
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_tensorflow_reads_what_write_record_writes(tmp_path, compression):
+    import tensorflow as tf
+
+    from beam_prep import layout
+
+    path = str(tmp_path / "shard")
+    with layout.shard_writer(path, compression) as f:
+        for data in RECORDS:
+            tfrecord.write_record(f, data)
+    tf_compression = "GZIP" if compression == "gzip" else ""
+    assert [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type=tf_compression)] == RECORDS
+
+
+def test_tensorflows_writer_writes_the_same_bytes(tmp_path):
+    import tensorflow as tf
+
+    path = str(tmp_path / "tf.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for data in RECORDS:
+            w.write(data)
+    with open(path, "rb") as f:
+        assert f.read() == b"".join(tfrecord.frame(data) for data in RECORDS)
