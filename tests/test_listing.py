@@ -59,6 +59,35 @@ def test_validation_percent_is_a_stable_share(tmp_path):
     assert 0.13 < share < 0.27
 
 
+# Known values, computed once and written down: a file's split and place must be
+# the same on every run, machine and release, which calling the function twice in
+# one process cannot show. (split, 0..2**64) and (order) hashes of each path, and
+# its position in percent (split hash / 2**64 * 100), which decides its split.
+PINNED_HASHES = {
+    "cat/1.jpg": (578668867960451635, 11714709403606997800),  # 3.14 %
+    "cat/2.jpg": (15042012835164603749, 7276854850587380152),  # 81.54 %
+    "dog/img_000.jpg": (4859387898613755088, 456170055129704753),  # 26.34 %
+    "chat/\u00e9t\u00e9.jpg": (10936918370869388935, 12488556783208968349),  # 59.29 %, UTF-8 bytes
+    "\u732b/\u5199\u771f.png": (1401747676898038092, 11788458561438796496),  # 7.60 %
+    "raw/bad\udcff.jpg": (15493024407272098372, 10335387416682869832),  # 83.99 %, byte 0xff
+}
+
+
+@pytest.mark.parametrize("relpath", list(PINNED_HASHES))
+def test_stable_hash_of_a_path_is_a_known_value(relpath):
+    split_hash, order_hash = PINNED_HASHES[relpath]
+    assert stable_hash(relpath, "split") == split_hash
+    assert stable_hash(relpath, "order") == order_hash
+
+
+def test_a_files_split_is_a_known_value():
+    assert [split_for(p, 10) for p in PINNED_HASHES] == [
+        "validation", "train", "train", "train", "validation", "train"]
+    assert [split_for(p, 50) for p in PINNED_HASHES] == [
+        "validation", "train", "validation", "train", "validation", "train"]
+    assert [split_for(p, 90) for p in PINNED_HASHES] == ["validation"] * 6
+
+
 def test_a_files_split_depends_only_on_its_relative_path():
     assert split_for("cat/1.jpg", 50) == split_for("cat/1.jpg", 50)
     # Raising the share only moves files into validation, never out of it.
