@@ -105,8 +105,8 @@ Usage::
     def test_pipeline_writes_to_gcs(gcs_server, gcs_bucket, tmp_path):
         make_tree(tmp_path / "in", {"cats": 2})
         gcs_bucket.upload_tree(tmp_path / "in", "images")
-        gcs_server.run([sys.executable, "-m", "pipelines.prepare_images",
-                        *pipeline_flags(gcs_bucket.url("images"), gcs_bucket.url("out"))],
+        gcs_server.run(prepare_images.command(
+                           *pipeline_flags(gcs_bucket.url("images"), gcs_bucket.url("out"))),
                        cwd=REPO_ROOT)  # or conftest's run_prepare(..., env=gcs_env)
         assert gcs_bucket.list_names("out/")
 

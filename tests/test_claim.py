@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pytest
 
 from beam_prep.claim import Holder, OutputBusy, _claim_best_effort, claim_output, claim_path, new_run_id
-from conftest import REPO
+from helpers import REPO
 
 _AGENT = r"""
 import dataclasses, json, os, sys, time

@@ -12,9 +12,8 @@ import pytest
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
-from conftest import REPO, run_prepare
+from helpers import make_tree, run_prepare
 from pipelines import prepare_images
-from trees import make_tree
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
 # limit, while the launcher's listings (<1 KB) and the job's log (~30 KB) fit.
@@ -40,8 +39,7 @@ def run_with_file_limit(*args: str, env: dict[str, str]) -> subprocess.Completed
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
 
-    return subprocess.run([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    return run_prepare(*args, env=env, preexec_fn=limit)
 
 
 # Unknown flags.

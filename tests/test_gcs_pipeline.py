@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from conftest import REPO
-from trees import make_tree
+from helpers import REPO, make_tree
+from pipelines import prepare_images
 
 LABELS = {"cat": 6, "dog": 5}
 
 
 def prepare(gcs_server, *args, check=True):
-    return gcs_server.run([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO, check=check)
+    return gcs_server.run(prepare_images.command(*args), cwd=REPO, check=check)
 
 
 @pytest.fixture(scope="module")

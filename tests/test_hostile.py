@@ -17,8 +17,8 @@ import time
 
 
 from beam_prep.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE, SKIP_SEEN_FOLDER, SKIP_SPECIAL
-from conftest import REPO, read_split, run_prepare
-from trees import make_tree
+from helpers import REPO, make_tree, read_split, run_prepare
+from pipelines import prepare_images
 
 ARGS = ("--image_size", "16", "--max_pixels", "100000")
 
@@ -65,7 +65,7 @@ def test_a_hostile_tree_loses_nothing_and_counts_everything(tmp_path):
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO,
+    return subprocess.Popen(prepare_images.command(*args), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

@@ -9,7 +9,8 @@ from PIL import Image
 
 from beam_prep.errors import ImageError
 from beam_prep.imaging import ImageSpec, is_image_name, process_image
-from trees import encode, picture
+from beam_prep.sample import picture
+from helpers import encode
 
 
 def pixels(data: bytes) -> np.ndarray:

@@ -24,8 +24,7 @@ from beam_prep.listing import (
     split_for,
     stable_hash,
 )
-from conftest import REPO
-from trees import make_tree
+from helpers import REPO, make_tree
 
 
 def test_labels_are_the_sorted_folder_names(tmp_path):

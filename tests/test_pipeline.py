@@ -13,8 +13,7 @@ from PIL import Image
 
 from beam_prep.features import decode_example
 from beam_prep.sample import picture
-from conftest import read_split, run_prepare
-from trees import encode, make_tree
+from helpers import encode, make_tree, read_split, run_prepare
 
 LABELS = {"cat": 14, "dog": 10, "émeu": 6}
 HEIGHT, WIDTH = 24, 32

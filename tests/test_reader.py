@@ -3,7 +3,7 @@
 Each dataset is written once per module by ``python -m pipelines.prepare_images``
 (in-memory DirectRunner: the pipeline's own tests cover its process modes) and
 checked against the records themselves, parsed by plain TensorFlow
-(``conftest.read_split``), never against the reader's own idea of them.
+(``helpers.read_split``), never against the reader's own idea of them.
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from PIL import Image
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.reader import ImageInfo, RandomCropFlip, load_info, make_dataset
-from conftest import read_split, run_prepare
-from trees import make_tree
+from helpers import make_tree, read_split, run_prepare
 
 SIZE = 32
 COUNTS = {"cat": 7, "dog": 6, "eel": 5}
@@ -379,7 +378,7 @@ def test_the_sound_shards_of_a_damaged_dataset_yield_every_record(source, jpeg_d
 
 
 def _filenames_in(shard: pathlib.Path, compression: str) -> list[bytes]:
-    """The records' filenames, read by plain TensorFlow (``conftest.read_split`` reads GZIP only)."""
+    """The records' filenames, read by plain TensorFlow (``helpers.read_split`` reads GZIP only)."""
     spec = features.tf_parse_spec((features.FILENAME,))
     records = tf.data.TFRecordDataset(str(shard), "" if compression == "NONE" else compression)
     return [tf.io.parse_single_example(r, spec)[features.FILENAME].numpy() for r in records]
