@@ -5,14 +5,13 @@ import os
 import re
 import resource
 import subprocess
-import sys
 
 import pytest
 
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
-from helpers import make_tree, run_prepare
+from helpers import REPO, child, make_tree, run_prepare
 from pipelines import prepare_images
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
@@ -186,12 +185,12 @@ def test_only_errors_from_the_running_job_are_job_failures():
     assert not is_job_failure(OptionsError("--input is required"))
 
 
-CHILD_WRITES_STDERR = [sys.executable, "-c", "import sys; sys.stderr.write('a worker traceback\\n')"]
+CHILD_WRITES_STDERR = child("writes_stderr")
 
 
 def test_processes_started_in_a_job_log_write_their_stderr_to_it(tmp_path):
     with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
-        subprocess.run(CHILD_WRITES_STDERR, check=True)
+        subprocess.run(CHILD_WRITES_STDERR, cwd=REPO, check=True)
         log.record_failure(RuntimeError("the job failed"))
     assert os.path.basename(log.path).startswith("beam-prep-") and log.kept
     text = open(log.path, encoding="utf-8").read()

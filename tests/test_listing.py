@@ -5,7 +5,6 @@ import hashlib
 import os
 import ctypes
 import subprocess
-import sys
 
 import pytest
 
@@ -24,7 +23,7 @@ from beam_prep.listing import (
     split_for,
     stable_hash,
 )
-from helpers import REPO, make_tree
+from helpers import REPO, child, make_tree
 
 
 def test_labels_are_the_sorted_folder_names(tmp_path):
@@ -264,10 +263,8 @@ def _without_root_file_access() -> None:
 def test_an_unreadable_folder_is_named_with_local_advice(tmp_path):
     make_tree(tmp_path, {"a": 1, "b": 1})
     (tmp_path / "b").chmod(0)
-    code = ("import sys\nfrom beam_prep.listing import list_tree\n"
-            "try:\n    list_tree(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)")
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True,
+        done = subprocess.run(child("list_tree", str(tmp_path)), cwd=REPO, capture_output=True,
                               text=True, timeout=120, preexec_fn=_without_root_file_access)
     finally:
         (tmp_path / "b").chmod(0o755)

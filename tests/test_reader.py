@@ -12,8 +12,6 @@ import json
 import math
 import pathlib
 import shutil
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -23,7 +21,7 @@ from PIL import Image
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.reader import ImageInfo, RandomCropFlip, load_info, make_dataset
-from helpers import make_tree, read_split, run_prepare
+from helpers import child, make_tree, read_split, run_prepare
 
 SIZE = 32
 COUNTS = {"cat": 7, "dog": 6, "eel": 5}
@@ -548,32 +546,9 @@ def test_glob_matching_nothing_is_a_dataset_error(tmp_path):
 
 # --- gs:// --------------------------------------------------------------------
 
-_GCS_READER = textwrap.dedent(
-    """
-    import json, sys
-    from beam_prep import features
-    from beam_prep.errors import DatasetError
-    from beam_prep.reader import make_dataset
-
-    root, missing = sys.argv[1:3]
-    names = []
-    ds = make_dataset(root, "train", batch_size=4, extra_keys=(features.FILENAME,))
-    for _, _, extra in ds:
-        names += [n.decode() for n in extra[features.FILENAME].numpy()]
-    try:
-        make_dataset(missing)
-        error = None
-    except DatasetError as e:
-        error = str(e)
-    print(json.dumps({"names": sorted(names), "cardinality": int(ds.cardinality()), "error": error}))
-    """
-)
-
-
 def test_a_gs_dataset_reads_like_a_local_one(jpeg_ds, gcs_server, gcs_bucket, repo):
     gcs_bucket.upload_tree(jpeg_ds, "out")
-    result = gcs_server.run([sys.executable, "-c", _GCS_READER, gcs_bucket.url("out"),
-                             gcs_bucket.url("nothing-here")],
+    result = gcs_server.run(child("read_gs_train", gcs_bucket.url("out"), gcs_bucket.url("nothing-here")),
                             cwd=repo, extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s=120)
     report = json.loads(result.stdout.strip().splitlines()[-1])
     expected = sorted(r[features.FILENAME].decode() for r in read_split(jpeg_ds, "train"))
