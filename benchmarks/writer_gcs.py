@@ -1,7 +1,7 @@
 """The writer benchmark's gs:// mode: the same corpus from local disk and from gs:// at added latencies.
 
 ``python -m benchmarks.bench_writer --gcs`` loads the cached corpus into the
-test GCS server (``tests/gcs_emulator.py``: gcp-storage-emulator behind the
+test GCS server (``tests/gcs_harness/server.py``: gcp-storage-emulator behind the
 gateway that every client goes through) and runs ``python -m
 pipelines.prepare_images`` on it, as a user would, with the output on local
 disk:

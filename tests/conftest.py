@@ -7,8 +7,8 @@ import pytest
 
 from helpers import REPO
 
-# A real GCS server on loopback for gs:// tests (tests/gcs_emulator.py).
-pytest_plugins = ["gcs_emulator"]
+# A real GCS server on loopback for gs:// tests: the test harness in gcs_harness/.
+pytest_plugins = ["gcs_harness.server"]
 
 
 @pytest.fixture(scope="session")

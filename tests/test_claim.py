@@ -3,7 +3,7 @@
 Each other run is an ``Agent``: a Python process that claims and releases on
 command, so that two runs can race at an agreed instant, and a holder can be
 SIGKILLed as a crashed run is. gs:// folders live on the GCS server on
-loopback (``tests/gcs_emulator.py``), whose gateway enforces ``ifGenerationMatch``.
+loopback (``tests/gcs_harness/server.py``), whose gateway enforces ``ifGenerationMatch``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """gs:// as the pipeline lists and reads it: folders listed concurrently, one request an image,
 retries, reports, and reads that overlap the work; and the conditional writes of a run's claim.
 
-Against the GCS server on loopback (``tests/gcs_emulator.py``), whose gateway
+Against the GCS server on loopback (``tests/gcs_harness/server.py``), whose gateway
 can add latency to every request and fail chosen objects with chosen statuses.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A real GCS endpoint on loopback for tests of gs:// paths (pytest plugin).
 
-Load it with ``pytest_plugins = ["gcs_emulator"]`` in ``tests/conftest.py``.
+Load it with ``pytest_plugins = ["gcs_harness.server"]`` in ``tests/conftest.py``.
 
 There is no Google Cloud here, so every gs:// test talks to real servers on
 127.0.0.1, started once per session::
@@ -111,7 +111,7 @@ Usage::
         assert gcs_bucket.list_names("out/")
 
     def test_reader(gcs_server, gcs_bucket):
-        gcs_server.run([sys.executable, "-c", READER_CODE, gcs_bucket.url("out/*")])
+        gcs_server.run(child("read_gs_train", gcs_bucket.url("out"), ...), cwd=REPO)  # tests/children
 
 Fixtures
 --------
@@ -219,42 +219,8 @@ def _gcs_error(status: HTTPStatus, reason: str, message: str) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
-# ``python -m gcp_storage_emulator`` with two costs taken out that real GCS does not have:
-# * after every write the emulator re-serialises the metadata of every object it holds
-#   (indented JSON, into its own store), which it reads back only when it starts:
-#   loading N objects cost O(N^2), hours for a benchmark corpus. Here the hook only
-#   marks the object table as changed;
-# * every list request scanned every object of the bucket for its prefix. Here it
-#   is answered from a sorted index of names, rebuilt after a change.
-_EMULATOR_LAUNCHER = """
-import bisect, sys
-from gcp_storage_emulator import storage
-from gcp_storage_emulator.__main__ import main
-
-changes = [0]
-index = {}
-
-def changed(self):
-    changes[0] += 1
-
-def live_candidates(self, bucket_name, prefix=None):
-    objects = self.objects.get(bucket_name, {})
-    version, names = index.get(bucket_name, (None, None))
-    if version != changes[0]:
-        names = sorted(objects)
-        index[bucket_name] = (changes[0], names)
-    prefix = prefix or ""
-    found = []
-    for i in range(bisect.bisect_left(names, prefix), len(names)):
-        if not names[i].startswith(prefix):
-            break
-        found.append((names[i], objects[names[i]]))
-    return found
-
-storage.Storage._write_config_to_file = changed
-storage.Storage._list_live_candidates = live_candidates
-main(sys.argv[1:])
-"""
+# gcp-storage-emulator's entry point without two costs real GCS does not have.
+_EMULATOR_MAIN = pathlib.Path(__file__).with_name("emulator_main.py")
 
 
 class EmulatorProcess:
@@ -287,7 +253,7 @@ class EmulatorProcess:
         port = _free_port()
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _EMULATOR_LAUNCHER, "start",
+                [sys.executable, str(_EMULATOR_MAIN), "start",
                  "--host", LOOPBACK, "--port", str(port), "--in-memory"],
                 cwd=self._workdir, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT)
