@@ -10,8 +10,10 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import pathlib
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ from PIL import Image
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.reader import ImageInfo, RandomCropFlip, load_info, make_dataset
-from helpers import child, make_tree, read_split, run_prepare
+from helpers import REPO, child, make_tree, read_split, run_prepare
 
 SIZE = 32
 COUNTS = {"cat": 7, "dog": 6, "eel": 5}
@@ -212,6 +214,11 @@ def test_seeded_deterministic_training_order_repeats_across_runs(jpeg_ds):
     assert order() == order()
     # Repeating is only worth checking on a shuffled order: an unshuffled one repeats anyway.
     assert order() != _read_all(_eval(jpeg_ds, batch_size=3))[2]
+    # And in another process: a run, not only a second pass in this one.
+    other = subprocess.run(child("seeded_order", str(jpeg_ds), "7"), cwd=REPO, capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert json.loads(other.stdout.strip().splitlines()[-1]) == [n.decode() for n in order()]
 
 
 def test_training_shuffles_records(jpeg_ds):
