@@ -18,6 +18,7 @@ from beam_prep.listing import (
     UNKNOWN_LABEL,
     FileEntry,
     list_tree,
+    order_key,
     printable,
     read_labels_file,
     split_for,
@@ -57,10 +58,11 @@ def test_validation_percent_is_a_stable_share(tmp_path):
     assert 0.13 < share < 0.27
 
 
-# Known values, computed once and written down: a file's split and place must be
-# the same on every run, machine and release, which calling the function twice in
-# one process cannot show. (split, 0..2**64) and (order) hashes of each path, and
-# its position in percent (split hash / 2**64 * 100), which decides its split.
+# Known values, computed once and written down: a file's split and its place in a
+# shard must be the same on every run, machine and release, which calling the
+# function twice in one process cannot show. Per path: its "split" and "order"
+# hashes (0 <= h < 2**64); the comment gives split hash / 2**64 in percent: the
+# file is in validation where that is below --validation_percent.
 PINNED_HASHES = {
     "cat/1.jpg": (578668867960451635, 11714709403606997800),  # 3.14 %
     "cat/2.jpg": (15042012835164603749, 7276854850587380152),  # 81.54 %
@@ -75,7 +77,7 @@ PINNED_HASHES = {
 def test_stable_hash_of_a_path_is_a_known_value(relpath):
     split_hash, order_hash = PINNED_HASHES[relpath]
     assert stable_hash(relpath, "split") == split_hash
-    assert stable_hash(relpath, "order") == order_hash
+    assert stable_hash(relpath, "order") == order_hash == order_key(relpath)
 
 
 def test_a_files_split_is_a_known_value():

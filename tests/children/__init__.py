@@ -2,5 +2,5 @@
 
 Each runs as ``python -m tests.children.<name> ARGS`` from the repository root
 (``helpers.child(name, *args)`` builds the command). They import beam-prep only,
-never the tests' helpers, which are not importable in a child.
+not the tests' helpers: a child has the repository root on its path, not tests/.
 """
