@@ -1,7 +1,7 @@
 """What one small gs:// read costs the client, by client: the figures behind ``beam_prep/gcs.py``.
 
 Loads ``--objects`` random 55 KB objects (the benchmark corpus's mean JPEG size)
-into the test GCS server (``tests/gcs_emulator.py``) and reads each once, one
+into the test GCS server (``tests/gcs_harness/server.py``) and reads each once, one
 thread, in a fresh process per client:
 
   (a) Beam's ``FileSystems.open(path).read()``, what beam-prep used before;

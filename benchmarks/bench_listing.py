@@ -1,6 +1,6 @@
 """Listing benchmark: how long the launcher takes to list a large gs:// tree.
 
-Fills the test GCS server (``tests/gcs_emulator.py``, which pages listings
+Fills the test GCS server (``tests/gcs_harness/server.py``, which pages listings
 1,000 names at a time as GCS does) with an ImageNet-shaped tree of tiny objects
 (``images/<label>/<label>_<n>.JPEG``), then times, in a fresh process each, with
 0 and 30 ms added to every request:

@@ -93,10 +93,13 @@ def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str,
             log.info("reusing %s", out)
             return out
     log.info("writing %s with pipelines.prepare_images (once; cached)", out)
-    command = [sys.executable, "-m", "pipelines.prepare_images", "--input", str(corpus_root),
-               "--output", str(out), "--image_size", str(IMAGE_SIZE), "--image_format", image_format,
-               "--jpeg_quality", str(JPEG_QUALITY), "--num_shards", str(NUM_SHARDS),
-               "--compression", compression, "--overwrite"]
+    # Imported here: Beam stays out of the process that times the readers unless it must write.
+    from pipelines import prepare_images
+
+    command = prepare_images.command(
+        "--input", str(corpus_root), "--output", str(out), "--image_size", str(IMAGE_SIZE),
+        "--image_format", image_format, "--jpeg_quality", str(JPEG_QUALITY),
+        "--num_shards", str(NUM_SHARDS), "--compression", compression, "--overwrite")
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")

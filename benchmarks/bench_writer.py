@@ -37,6 +37,7 @@ from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, directory_bytes, run_measured
+from pipelines import prepare_images
 
 DEFAULT_IMAGES = 2000
 DEFAULT_SAMPLE = 1500
@@ -89,9 +90,9 @@ def run_ours(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     """(c): beam-prep's pipeline, exactly the command a user types."""
     out = workdir / "ours"
     measured = run_measured(
-        [sys.executable, "-m", "pipelines.prepare_images",
-         "--input", str(corpus.root), "--output", str(out),
-         "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY), "--overwrite"],
+        prepare_images.command("--input", str(corpus.root), "--output", str(out),
+                               "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY),
+                               "--overwrite"),
         cwd=REPO_ROOT,
     )
     result = _result(corpus, measured, out)

@@ -1,7 +1,7 @@
 """The test GCS server for the benchmarks' gs:// modes, and timing a child process against it.
 
 The server (gcp-storage-emulator behind the gateway every client goes through)
-is the tests' fixture, ``tests/gcs_emulator.py``; the benchmarks start the same
+is the tests' fixture, ``tests/gcs_harness/server.py``; the benchmarks start the same
 one, so what they measure is what the tests check.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import psutil
 from benchmarks import CACHE_DIR, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
-from gcs_emulator import GcsServer, running_gcs_server  # noqa: E402
+from gcs_harness.server import GcsServer, running_gcs_server  # noqa: E402
 
 __all__ = ["GcsServer", "ChildRun", "UPLOAD_THREADS", "run_child", "scratch_server"]
 

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.bench_reader --gcs`` copies the benchmark's JPEG dataset
 (written by the pipeline, 8 GZIP shards) into the test GCS server
-(``tests/gcs_emulator.py``) and times reader (a), ``make_dataset(path,
+(``tests/gcs_harness/server.py``) and times reader (a), ``make_dataset(path,
 "train", batch_size=256, training=True, repeat=True)``, from local disk and
 from gs:// with 0 and 30 ms added to every request. gs:// goes through
 TensorFlow's own GCS filesystem, as training does, and the gateway's TLS. Each

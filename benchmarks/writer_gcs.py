@@ -1,7 +1,7 @@
 """The writer benchmark's gs:// mode: the same corpus from local disk and from gs:// at added latencies.
 
 ``python -m benchmarks.bench_writer --gcs`` loads the cached corpus into the
-test GCS server (``tests/gcs_emulator.py``: gcp-storage-emulator behind the
+test GCS server (``tests/gcs_harness/server.py``: gcp-storage-emulator behind the
 gateway that every client goes through) and runs ``python -m
 pipelines.prepare_images`` on it, as a user would, with the output on local
 disk:
@@ -27,7 +27,6 @@ import json
 import logging
 import pathlib
 import shutil
-import sys
 import time
 from typing import Sequence
 
@@ -38,6 +37,7 @@ from benchmarks.bench_writer import check_manifest
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, scratch_server
 from benchmarks.measure import run_measured
+from pipelines import prepare_images
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,10 @@ def run_one(server: GcsServer, run: GcsRun, source: str, workdir: pathlib.Path) 
     cpu_before = emulator_cpu_s(server) + sum(here.cpu_times()[:2])
     try:
         measured = run_measured(
-            [sys.executable, "-m", "pipelines.prepare_images", "--input", source, "--output", str(out),
-             "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY), "--sink", run.sink,
-             "--overwrite",
-             *(["--read_concurrency", str(run.concurrency)] if run.concurrency is not None else [])],
+            prepare_images.command(
+                "--input", source, "--output", str(out), "--image_size", str(IMAGE_SIZE),
+                "--jpeg_quality", str(JPEG_QUALITY), "--sink", run.sink, "--overwrite",
+                *(["--read_concurrency", str(run.concurrency)] if run.concurrency is not None else [])),
             cwd=REPO_ROOT, env=server.env())
     finally:
         server.gateway.set_latency(0.0)

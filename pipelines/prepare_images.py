@@ -28,6 +28,15 @@ from beam_prep.pipeline import RunResult, run
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
+def command(*args: str) -> list[str]:
+    """``python -m pipelines.prepare_images ARGS`` for a fresh process, run from the repository root.
+
+    The one place tests and benchmarks get the command from, so they all run
+    the pipeline the way a user types it.
+    """
+    return [sys.executable, "-m", "pipelines.prepare_images", *args]
+
+
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """The value given to ``flag`` (``--flag v`` or ``--flag=v``), None if it is not given."""
     for i, arg in enumerate(argv):

@@ -3,7 +3,7 @@
 Each other run is an ``Agent``: a Python process that claims and releases on
 command, so that two runs can race at an agreed instant, and a holder can be
 SIGKILLed as a crashed run is. gs:// folders live on the GCS server on
-loopback (``tests/gcs_emulator.py``), whose gateway enforces ``ifGenerationMatch``.
+loopback (``tests/gcs_harness/server.py``), whose gateway enforces ``ifGenerationMatch``.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Any, Iterator
@@ -22,47 +21,8 @@ from typing import Any, Iterator
 import pytest
 
 from beam_prep.claim import Holder, OutputBusy, _claim_best_effort, claim_output, claim_path, new_run_id
-from conftest import REPO
+from helpers import REPO, child
 
-_AGENT = r"""
-import dataclasses, json, os, sys, time
-from beam_prep.claim import OutputBusy, claim_output
-
-claims = []
-
-def answer(command):
-    if command["op"] == "claim":
-        os.environ.update(command.get("env", {}))
-        if command.get("release_first"):
-            for claim in claims:
-                claim.release()
-            claims.clear()
-        while time.time() < command.get("at", 0):
-            pass  # spin, so that racing agents start within microseconds of each other
-        try:
-            claim = claim_output(command["output"], command.get("run_id"), **command.get("kwargs", {}))
-        except OutputBusy as e:
-            return {"busy": str(e)}
-        claims.append(claim)
-        taken = claim.taken_over
-        return {"won": dataclasses.asdict(claim.holder),
-                "taken_over": dataclasses.asdict(taken) if taken else None}
-    if command["op"] == "release":
-        for claim in claims:
-            claim.release()
-        lost = [claim.lost for claim in claims]
-        claims.clear()
-        return {"released": lost}
-    raise ValueError(command)
-
-print(json.dumps({"ready": os.getpid()}), flush=True)
-for line in sys.stdin:
-    try:
-        reply = answer(json.loads(line))
-    except Exception as e:
-        reply = {"error": repr(e)}
-    print(json.dumps(reply), flush=True)
-"""
 _ANSWER_TIMEOUT_S = 30.0
 # Racing agents are told to start at this long from now: both have the command by then.
 _RACE_DELAY_S = 0.15
@@ -73,7 +33,7 @@ class Agent:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _AGENT], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            child("claim_agent"), cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": str(REPO)}, bufsize=0)
         self.pid = self.proc.pid
 

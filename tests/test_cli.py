@@ -5,16 +5,14 @@ import os
 import re
 import resource
 import subprocess
-import sys
 
 import pytest
 
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
-from conftest import REPO, run_prepare
+from helpers import REPO, child, make_tree, run_prepare
 from pipelines import prepare_images
-from trees import make_tree
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
 # limit, while the launcher's listings (<1 KB) and the job's log (~30 KB) fit.
@@ -40,8 +38,7 @@ def run_with_file_limit(*args: str, env: dict[str, str]) -> subprocess.Completed
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
 
-    return subprocess.run([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    return run_prepare(*args, env=env, preexec_fn=limit)
 
 
 # Unknown flags.
@@ -188,12 +185,12 @@ def test_only_errors_from_the_running_job_are_job_failures():
     assert not is_job_failure(OptionsError("--input is required"))
 
 
-CHILD_WRITES_STDERR = [sys.executable, "-c", "import sys; sys.stderr.write('a worker traceback\\n')"]
+CHILD_WRITES_STDERR = child("writes_stderr")
 
 
 def test_processes_started_in_a_job_log_write_their_stderr_to_it(tmp_path):
     with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
-        subprocess.run(CHILD_WRITES_STDERR, check=True)
+        subprocess.run(CHILD_WRITES_STDERR, cwd=REPO, check=True)
         log.record_failure(RuntimeError("the job failed"))
     assert os.path.basename(log.path).startswith("beam-prep-") and log.kept
     text = open(log.path, encoding="utf-8").read()

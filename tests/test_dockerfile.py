@@ -13,7 +13,7 @@ import zipfile
 
 from packaging.specifiers import SpecifierSet
 
-from conftest import REPO
+from helpers import REPO
 
 
 def setup_kwargs() -> dict:

@@ -1,14 +1,13 @@
 """gs:// as the pipeline lists and reads it: folders listed concurrently, one request an image,
 retries, reports, and reads that overlap the work; and the conditional writes of a run's claim.
 
-Against the GCS server on loopback (``tests/gcs_emulator.py``), whose gateway
+Against the GCS server on loopback (``tests/gcs_harness/server.py``), whose gateway
 can add latency to every request and fail chosen objects with chosen statuses.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import sys
 import threading
 import urllib.parse
 
@@ -17,8 +16,8 @@ import pytest
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.gcs import GcsClient, GcsPreconditionFailed, RetryPolicy
 from beam_prep.records import FileReader
-from conftest import REPO, read_split
-from trees import make_tree
+from helpers import REPO, make_tree, read_split
+from pipelines import prepare_images
 
 FAST_RETRY = RetryPolicy(attempts=3, first_delay_s=0.01, max_delay_s=0.05)
 
@@ -173,9 +172,9 @@ def test_reads_overlap_and_faults_are_retried_or_reported(gcs_server, image_buck
     since = len(gateway.seen())
     try:
         result = gcs_server.run(
-            [sys.executable, "-m", "pipelines.prepare_images", "--input", image_bucket.url("images"),
-             "--output", str(out), "--image_size", "16", "--sink", sink, "--read_concurrency", "8",
-             "--direct_num_workers", "1"], cwd=REPO)
+            prepare_images.command(
+                "--input", image_bucket.url("images"), "--output", str(out), "--image_size", "16",
+                "--sink", sink, "--read_concurrency", "8", "--direct_num_workers", "1"), cwd=REPO)
     finally:
         gateway.set_latency(0.0)
         gateway.fail(image_bucket.name, "images/dog/img_002.jpg", 503, times=0)

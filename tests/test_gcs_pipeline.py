@@ -3,18 +3,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 
 import pytest
 
-from conftest import REPO
-from trees import make_tree
+from helpers import REPO, child, make_tree
+from pipelines import prepare_images
 
 LABELS = {"cat": 6, "dog": 5}
 
 
 def prepare(gcs_server, *args, check=True):
-    return gcs_server.run([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO, check=check)
+    return gcs_server.run(prepare_images.command(*args), cwd=REPO, check=check)
 
 
 @pytest.fixture(scope="module")
@@ -99,28 +98,14 @@ def test_permission_error_is_reported(gcs_server, gcs_run, gcs_forbidden_bucket)
 def test_dataflow_job_builds_offline_with_the_designed_steps(gcs_server, gcs_run, tmp_path):
     """The Dataflow runner's own job construction, stopped before submission (--dry_run)."""
     bucket, _ = gcs_run
-    code = f"""
-import json, sys
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.portability.api import beam_runner_api_pb2
-from beam_prep.options import config_from_options
-from beam_prep.pipeline import run
-options = PipelineOptions(sys.argv[1:])
-result = run(config_from_options(options), options)
-pipeline = result.job.proto_pipeline
-envs = [beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
-        for e in pipeline.components.environments.values()]
-deps = [beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(d.role_payload).staged_name
-        for e in pipeline.components.environments.values() for d in e.dependencies]
-transforms = {{t.unique_name: t.spec.urn for t in pipeline.components.transforms.values()}}
-json.dump({{"transforms": transforms, "images": envs, "deps": deps}}, open({str(tmp_path / 'job.json')!r}, "w"))
-"""
+    job_json = tmp_path / "job.json"
     args = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "my-project",
             "--region", "us-central1", "--temp_location", bucket.url("tmp"),
             "--input", bucket.url("images"), "--output", bucket.url("dataflow-out"),
             "--image_size", "16", "--validation_percent", "50"]
-    gcs_server.run([sys.executable, "-c", code, *args, "--setup_file", str(REPO / "setup.py")], cwd=REPO)
-    job = json.loads((tmp_path / "job.json").read_text())
+    gcs_server.run(child("dataflow_job", str(job_json), *args, "--setup_file", str(REPO / "setup.py")),
+                   cwd=REPO)
+    job = json.loads(job_json.read_text())
     names = job["transforms"]
     for step in ("WriteShards/ReadListing", "WriteShards/ParseEntries", "WriteShards/Reshuffle",
                  "WriteShards/ImageToExample", "WriteShards/WriteToTFRecord[train]",
@@ -132,28 +117,15 @@ json.dump({{"transforms": transforms, "images": envs, "deps": deps}}, open({str(
     assert bucket.list_names("dataflow-out/") == []  # a dry run touches nothing
 
     image = "gcr.io/my-project/beam-prep:1"
-    gcs_server.run([sys.executable, "-c", code, *args, "--sdk_container_image", image], cwd=REPO)
-    job = json.loads((tmp_path / "job.json").read_text())
+    gcs_server.run(child("dataflow_job", str(job_json), *args, "--sdk_container_image", image), cwd=REPO)
+    job = json.loads(job_json.read_text())
     assert job["images"] == [image]
 
 
 def test_reader_reads_gs_output_through_tensorflows_gcs_filesystem(gcs_server, gcs_run, tmp_path):
     """What training code does: make_dataset on gs://, through TF's own GCS client (via the TLS proxy)."""
     bucket, _ = gcs_run
-    code = f"""
-import json, sys
-import tensorflow as tf
-from beam_prep.reader import make_dataset
-seen = {{}}
-for split in ("train", "validation"):
-    ds = make_dataset(sys.argv[1], split=split, batch_size=4, training=False)
-    labels = [int(l) for _, batch in ds for l in batch.numpy()]
-    shapes = {{tuple(images.shape[1:]) for images, _ in ds}}
-    seen[split] = {{"labels": labels, "shapes": [list(s) for s in shapes],
-                    "cardinality": int(ds.cardinality())}}
-json.dump(seen, open({str(tmp_path / 'read.json')!r}, "w"))
-"""
-    gcs_server.run([sys.executable, "-c", code, bucket.url("records")], cwd=REPO)
+    gcs_server.run(child("read_gs_splits", str(tmp_path / "read.json"), bucket.url("records")), cwd=REPO)
     seen = json.loads((tmp_path / "read.json").read_text())
     manifest = json.loads(bucket.read_bytes("records/manifest.json"))
     for split, info in manifest["splits"].items():
@@ -172,20 +144,7 @@ def test_reader_reports_empty_missing_and_forbidden_gs_paths(
     gcs_forbidden_bucket.write_bytes("records/manifest.json", b"{}")
     paths = {"empty": gcs_bucket.url("nothing-here"), "missing": f"gs://{gcs_missing_bucket}/records",
              "forbidden": gcs_forbidden_bucket.url("records")}
-    code = f"""
-import json, sys
-from beam_prep.reader import make_dataset
-paths = json.loads(sys.argv[1])
-out = {{}}
-for case, path in paths.items():
-    try:
-        make_dataset(path)
-        out[case] = None
-    except Exception as e:
-        out[case] = [type(e).__name__, str(e)]
-json.dump(out, open({str(tmp_path / 'errors.json')!r}, "w"))
-"""
-    gcs_server.run([sys.executable, "-c", code, json.dumps(paths)], cwd=REPO)
+    gcs_server.run(child("reader_errors", str(tmp_path / "errors.json"), json.dumps(paths)), cwd=REPO)
     errors = json.loads((tmp_path / "errors.json").read_text())
     assert errors["empty"][0] == "DatasetError" and "no manifest.json at" in errors["empty"][1]
     assert errors["missing"] == [

@@ -12,13 +12,12 @@ import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 
 
 from beam_prep.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE, SKIP_SEEN_FOLDER, SKIP_SPECIAL
-from conftest import REPO, read_split, run_prepare
-from trees import make_tree
+from helpers import REPO, child, make_tree, read_split, run_prepare
+from pipelines import prepare_images
 
 ARGS = ("--image_size", "16", "--max_pixels", "100000")
 
@@ -65,7 +64,7 @@ def test_a_hostile_tree_loses_nothing_and_counts_everything(tmp_path):
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipelines.prepare_images", *args], cwd=REPO,
+    return subprocess.Popen(prepare_images.command(*args), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -118,9 +117,7 @@ def test_a_failed_run_removes_its_own_files(tmp_path):
 def test_a_run_into_a_folder_another_run_holds_is_refused(tmp_path):
     tree, out = tmp_path / "tree", tmp_path / "out"
     make_tree(tree, {"a": 2}, size=(24, 20))
-    hold = ("import sys\nfrom beam_prep.claim import claim_output\n"
-            "with claim_output(sys.argv[1], 'run-elsewhere'):\n    print('held', flush=True)\n    sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], cwd=REPO, stdin=subprocess.PIPE,
+    holder = subprocess.Popen(child("claim_holder", str(out)), cwd=REPO, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"

@@ -6,10 +6,12 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
+from PIL.JpegImagePlugin import JpegImageFile
 
 from beam_prep.errors import ImageError
 from beam_prep.imaging import ImageSpec, is_image_name, process_image
-from trees import encode, picture
+from beam_prep.sample import picture
+from helpers import encode
 
 
 def pixels(data: bytes) -> np.ndarray:
@@ -146,7 +148,16 @@ def test_broken_bytes_raise_a_decode_error(data):
     assert e.value.stage == "decode"
 
 
-def test_draft_mode_on_large_jpegs_stays_close_to_a_full_decode():
+def test_draft_mode_on_large_jpegs_stays_close_to_a_full_decode(monkeypatch):
+    decoded_sizes = []
+    draft = JpegImageFile.draft
+
+    def recording_draft(self, mode, size):
+        result = draft(self, mode, size)
+        decoded_sizes.append(self.size)
+        return result
+
+    monkeypatch.setattr(JpegImageFile, "draft", recording_draft)
     big = picture(9, 2000, 1500)
     data = encode(big, "JPEG", quality=95)
     out = pixels(process_image(data, ImageSpec(height=224, width=224, image_format="png")).data)
@@ -155,6 +166,9 @@ def test_draft_mode_on_large_jpegs_stays_close_to_a_full_decode():
     side = 1500
     reference = full.resize((224, 224), Image.Resampling.BICUBIC, box=(250, 0, 250 + side, side))
     assert np.abs(out.astype(int) - np.asarray(reference).astype(int)).mean() < 2
+    # The JPEG was decoded scaled down: without draft mode, the check above
+    # would compare a full decode with itself and pass.
+    assert any(w < 2000 and h < 1500 for w, h in decoded_sizes), decoded_sizes
 
 
 @pytest.mark.parametrize("name,expected", [

@@ -5,7 +5,6 @@ import hashlib
 import os
 import ctypes
 import subprocess
-import sys
 
 import pytest
 
@@ -19,13 +18,13 @@ from beam_prep.listing import (
     UNKNOWN_LABEL,
     FileEntry,
     list_tree,
+    order_key,
     printable,
     read_labels_file,
     split_for,
     stable_hash,
 )
-from conftest import REPO
-from trees import make_tree
+from helpers import REPO, child, make_tree
 
 
 def test_labels_are_the_sorted_folder_names(tmp_path):
@@ -57,6 +56,36 @@ def test_validation_percent_is_a_stable_share(tmp_path):
     assert [(e.relpath, e.split) for e in first.entries] == [(e.relpath, e.split) for e in second.entries]
     share = sum(e.split == "validation" for e in first.entries) / len(first.entries)
     assert 0.13 < share < 0.27
+
+
+# Known values, computed once and written down: a file's split and its place in a
+# shard must be the same on every run, machine and release, which calling the
+# function twice in one process cannot show. Per path: its "split" and "order"
+# hashes (0 <= h < 2**64); the comment gives split hash / 2**64 in percent: the
+# file is in validation where that is below --validation_percent.
+PINNED_HASHES = {
+    "cat/1.jpg": (578668867960451635, 11714709403606997800),  # 3.14 %
+    "cat/2.jpg": (15042012835164603749, 7276854850587380152),  # 81.54 %
+    "dog/img_000.jpg": (4859387898613755088, 456170055129704753),  # 26.34 %
+    "chat/\u00e9t\u00e9.jpg": (10936918370869388935, 12488556783208968349),  # 59.29 %, UTF-8 bytes
+    "\u732b/\u5199\u771f.png": (1401747676898038092, 11788458561438796496),  # 7.60 %
+    "raw/bad\udcff.jpg": (15493024407272098372, 10335387416682869832),  # 83.99 %, byte 0xff
+}
+
+
+@pytest.mark.parametrize("relpath", list(PINNED_HASHES))
+def test_stable_hash_of_a_path_is_a_known_value(relpath):
+    split_hash, order_hash = PINNED_HASHES[relpath]
+    assert stable_hash(relpath, "split") == split_hash
+    assert stable_hash(relpath, "order") == order_hash == order_key(relpath)
+
+
+def test_a_files_split_is_a_known_value():
+    assert [split_for(p, 10) for p in PINNED_HASHES] == [
+        "validation", "train", "train", "train", "validation", "train"]
+    assert [split_for(p, 50) for p in PINNED_HASHES] == [
+        "validation", "train", "validation", "train", "validation", "train"]
+    assert [split_for(p, 90) for p in PINNED_HASHES] == ["validation"] * 6
 
 
 def test_a_files_split_depends_only_on_its_relative_path():
@@ -236,10 +265,8 @@ def _without_root_file_access() -> None:
 def test_an_unreadable_folder_is_named_with_local_advice(tmp_path):
     make_tree(tmp_path, {"a": 1, "b": 1})
     (tmp_path / "b").chmod(0)
-    code = ("import sys\nfrom beam_prep.listing import list_tree\n"
-            "try:\n    list_tree(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)")
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True,
+        done = subprocess.run(child("list_tree", str(tmp_path)), cwd=REPO, capture_output=True,
                               text=True, timeout=120, preexec_fn=_without_root_file_access)
     finally:
         (tmp_path / "b").chmod(0o755)

@@ -7,7 +7,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.options import DEFAULT_REMOTE_READ_CONCURRENCY, config_from_options
 from pipelines import prepare_images
-from trees import make_tree
+from helpers import make_tree
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from PIL import Image
 
 from beam_prep.features import decode_example
 from beam_prep.sample import picture
-from conftest import read_split, run_prepare
-from trees import encode, make_tree
+from helpers import encode, make_tree, read_split, run_prepare
 
 LABELS = {"cat": 14, "dog": 10, "émeu": 6}
 HEIGHT, WIDTH = 24, 32
@@ -164,6 +163,13 @@ def test_classes_are_mixed_within_shards(prepared, manifest):
     for r in records:
         by_shard[r["shard"]].add(r["image/class/label"])
     assert all(len(labels) > 1 for labels in by_shard.values())
+    # Dealing files in path order would pass the check above too (round robin
+    # spreads classes over shards), but write each shard's classes in runs.
+    in_shard = collections.defaultdict(list)
+    for r in records:
+        in_shard[r["shard"]].append(r["image/class/label"])
+    runs = {shard: 1 + sum(a != b for a, b in zip(labels, labels[1:])) for shard, labels in in_shard.items()}
+    assert any(runs[shard] > len(set(labels)) for shard, labels in in_shard.items()), in_shard
 
 
 def test_reruns_give_the_same_layout(prepared, manifest, tree, tmp_path):

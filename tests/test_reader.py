@@ -3,17 +3,17 @@
 Each dataset is written once per module by ``python -m pipelines.prepare_images``
 (in-memory DirectRunner: the pipeline's own tests cover its process modes) and
 checked against the records themselves, parsed by plain TensorFlow
-(``conftest.read_split``), never against the reader's own idea of them.
+(``helpers.read_split``), never against the reader's own idea of them.
 """
 from __future__ import annotations
 
 import io
 import json
 import math
+import os
 import pathlib
 import shutil
-import sys
-import textwrap
+import subprocess
 
 import numpy as np
 import pytest
@@ -23,8 +23,7 @@ from PIL import Image
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.reader import ImageInfo, RandomCropFlip, ReaderConfig, RecordFiles, load_info, make_dataset
-from conftest import read_split, run_prepare
-from trees import make_tree
+from helpers import REPO, child, make_tree, read_split, run_prepare
 
 SIZE = 32
 COUNTS = {"cat": 7, "dog": 6, "eel": 5}
@@ -213,6 +212,13 @@ def test_seeded_deterministic_training_order_repeats_across_runs(jpeg_ds):
         return _read_all(ds)[2]
 
     assert order() == order()
+    # Repeating is only worth checking on a shuffled order: an unshuffled one repeats anyway.
+    assert order() != _read_all(_eval(jpeg_ds, batch_size=3))[2]
+    # And in another process: a run, not only a second pass in this one.
+    other = subprocess.run(child("seeded_order", str(jpeg_ds), "7"), cwd=REPO, capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert json.loads(other.stdout.strip().splitlines()[-1]) == [n.decode() for n in order()]
 
 
 def test_training_shuffles_records(jpeg_ds):
@@ -221,6 +227,21 @@ def test_training_shuffles_records(jpeg_ds):
                                            extra_keys=(features.FILENAME,),
                                            config=ReaderConfig(seed=s)))[2]) for s in range(3)}
     assert len(orders | {tuple(in_file_order)}) > 1
+    # Interleaving shards (in any order, in parallel) keeps each shard's own
+    # record order: only the record shuffle changes it. Seeded and in a fixed
+    # order, so a pass or a failure repeats.
+    records = read_split(jpeg_ds, "train")
+    shards = {r["shard"] for r in records}
+    written = {s: [r[features.FILENAME] for r in records if r["shard"] == s] for s in shards}
+    shard_of = {r[features.FILENAME]: r["shard"] for r in records}
+    reordered = 0
+    for seed in range(3):
+        names = _read_all(make_dataset(str(jpeg_ds), batch_size=3, training=True,
+                                       extra_keys=(features.FILENAME,),
+                                       config=ReaderConfig(seed=seed, deterministic=True)))[2]
+        read = {s: [n for n in names if shard_of[n] == s] for s in shards}
+        reordered += sum(read[s] != written[s] for s in shards)
+    assert reordered > 0
 
 
 # --- distribution -------------------------------------------------------------
@@ -365,7 +386,7 @@ def test_the_sound_shards_of_a_damaged_dataset_yield_every_record(source, jpeg_d
 
 
 def _filenames_in(shard: pathlib.Path, compression: str) -> list[bytes]:
-    """The records' filenames, read by plain TensorFlow (``conftest.read_split`` reads GZIP only)."""
+    """The records' filenames, read by plain TensorFlow (``helpers.read_split`` reads GZIP only)."""
     spec = features.tf_parse_spec((features.FILENAME,))
     records = tf.data.TFRecordDataset(str(shard), "" if compression == "NONE" else compression)
     return [tf.io.parse_single_example(r, spec)[features.FILENAME].numpy() for r in records]
@@ -555,32 +576,9 @@ def test_glob_matching_nothing_is_a_dataset_error(tmp_path):
 
 # --- gs:// --------------------------------------------------------------------
 
-_GCS_READER = textwrap.dedent(
-    """
-    import json, sys
-    from beam_prep import features
-    from beam_prep.errors import DatasetError
-    from beam_prep.reader import make_dataset
-
-    root, missing = sys.argv[1:3]
-    names = []
-    ds = make_dataset(root, "train", batch_size=4, extra_keys=(features.FILENAME,))
-    for _, _, extra in ds:
-        names += [n.decode() for n in extra[features.FILENAME].numpy()]
-    try:
-        make_dataset(missing)
-        error = None
-    except DatasetError as e:
-        error = str(e)
-    print(json.dumps({"names": sorted(names), "cardinality": int(ds.cardinality()), "error": error}))
-    """
-)
-
-
 def test_a_gs_dataset_reads_like_a_local_one(jpeg_ds, gcs_server, gcs_bucket, repo):
     gcs_bucket.upload_tree(jpeg_ds, "out")
-    result = gcs_server.run([sys.executable, "-c", _GCS_READER, gcs_bucket.url("out"),
-                             gcs_bucket.url("nothing-here")],
+    result = gcs_server.run(child("read_gs_train", gcs_bucket.url("out"), gcs_bucket.url("nothing-here")),
                             cwd=repo, extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s=120)
     report = json.loads(result.stdout.strip().splitlines()[-1])
     expected = sorted(r[features.FILENAME].decode() for r in read_split(jpeg_ds, "train"))

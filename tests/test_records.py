@@ -7,7 +7,7 @@ from beam_prep.features import FILENAME, LABEL_TEXT, SHA256, decode_example
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import list_tree
 from beam_prep.records import make_example
-from trees import make_tree
+from helpers import make_tree
 
 
 def test_a_file_becomes_a_record_that_names_its_source(tmp_path):

@@ -11,7 +11,7 @@ from beam_prep.imaging import ImageSpec
 from beam_prep.options import PrepareConfig
 from beam_prep.listing import FileEntry, list_tree, order_key
 from beam_prep.pipeline import run, write_work_files
-from trees import make_tree
+from helpers import make_tree
 
 
 def test_metrics_count_listed_written_failed_and_bytes(tmp_path):

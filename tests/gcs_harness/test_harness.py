@@ -1,4 +1,8 @@
-"""The gs:// test infrastructure serves the code paths the product really uses.
+"""The gs:// test harness (``server.py``) serves the code paths the product really uses.
+
+These test the test server and Google's clients against it, not beam-prep: its
+gs:// behaviour is tested in ``tests/test_gcs_pipeline.py``, ``test_gcs_client.py``
+and ``test_claim.py``.
 
 Beam's FileSystems and a DirectRunner pipeline go through google-cloud-storage
 (``STORAGE_EMULATOR_HOST``); TensorFlow goes through its own libcurl GCS
@@ -12,101 +16,23 @@ import http.client
 import json
 import pathlib
 import sys
-import textwrap
 from typing import TYPE_CHECKING
 
 import pytest
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
+from gcs_harness.children.write_tfrecords import RECORDS
+
 if TYPE_CHECKING:  # imported by pytest as a plugin; importing it first would
-    from gcs_emulator import GcsBucket, GcsServer  # stop pytest rewriting it
+    from gcs_harness.server import GcsBucket, GcsServer  # stop pytest rewriting it
 
-# Makes this module runnable before conftest.py registers the plugin; pytest
-# registers a plugin only once, so both places may name it.
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
-RECORDS = [f"record-{i:03d}".encode() for i in range(40)]
 
-# Writes RECORDS as GZIP TFRecords in two shards with Beam's DirectRunner in
-# multi_processing mode, so the env has to reach Beam's worker processes too.
-_PIPELINE = textwrap.dedent(
-    """
-    import sys
-    import apache_beam as beam
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    prefix = sys.argv[1]
-    records = [f"record-{i:03d}".encode() for i in range(40)]
-    options = PipelineOptions(
-        runner="DirectRunner", direct_running_mode="multi_processing",
-        direct_num_workers=2)
-    with beam.Pipeline(options=options) as p:
-        (p | beam.Create(records)
-           | beam.io.WriteToTFRecord(prefix, file_name_suffix=".tfrecord.gz",
-                                     num_shards=2,
-                                     compression_type=CompressionTypes.GZIP))
-    """
-)
-
-# Each step is independent; its result or its error goes into the JSON report
-# so that one test per behaviour can assert on it.
-_TF_STEPS = textwrap.dedent(
-    """
-    import json, sys
-    import tensorflow as tf
-
-    bucket, records_glob, missing, forbidden, report = sys.argv[1:6]
-    root = f"gs://{bucket}"
-
-    def glob():
-        return sorted(tf.io.gfile.glob(f"{root}/tree/*/*.txt"))
-
-    def exists():
-        return [tf.io.gfile.exists(f"{root}/tree/cats/a.txt"),
-                tf.io.gfile.exists(f"{root}/tree/cats/none.txt")]
-
-    def write_read():
-        with tf.io.gfile.GFile(f"{root}/tf/written.bin", "wb") as f:
-            f.write(bytes(range(256)) * 1024)
-        with tf.io.gfile.GFile(f"{root}/tf/written.bin", "rb") as f:
-            return f.read() == bytes(range(256)) * 1024
-
-    def rename():
-        with tf.io.gfile.GFile(f"{root}/tf/old.txt", "wb") as f:
-            f.write(b"moved")
-        tf.io.gfile.rename(f"{root}/tf/old.txt", f"{root}/tf/new.txt")
-        with tf.io.gfile.GFile(f"{root}/tf/new.txt", "rb") as f:
-            return [tf.io.gfile.exists(f"{root}/tf/old.txt"), f.read().decode()]
-
-    def tfrecords():
-        files = sorted(tf.io.gfile.glob(records_glob))
-        ds = tf.data.TFRecordDataset(files, compression_type="GZIP")
-        return {"files": files,
-                "records": sorted(r.decode() for r in ds.as_numpy_iterator())}
-
-    def error_of(pattern):
-        # glob, not listdir: TF's listdir turns every failure into NotFound.
-        try:
-            tf.io.gfile.glob(pattern)
-        except tf.errors.OpError as err:
-            return type(err).__name__
-        return "no error"
-
-    steps = {"glob": glob, "exists": exists, "write_read": write_read,
-             "rename": rename, "tfrecords": tfrecords,
-             "missing_bucket": lambda: error_of(f"gs://{missing}/*"),
-             "forbidden_bucket": lambda: error_of(f"gs://{forbidden}/*")}
-    results = {}
-    for name, step in steps.items():
-        try:
-            results[name] = {"ok": step()}
-        except Exception as err:
-            results[name] = {"error": f"{type(err).__name__}: {err}"}
-    with open(report, "w") as f:
-        json.dump(results, f)
-    """
-)
+def _child(name: str, *args: str) -> list[str]:
+    """The command that runs ``children/<name>.py`` in a fresh Python process (cwd: REPO)."""
+    return [sys.executable, "-m", f"tests.gcs_harness.children.{name}", *args]
 
 
 def _paths(pattern: str) -> list[str]:
@@ -224,10 +150,7 @@ def test_beam_match_of_forbidden_bucket_fails_with_forbidden(
 def test_beam_credential_lookup_in_a_fresh_process_is_fast(
         gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
     gcs_bucket.write_bytes("a", b"x")
-    code = ("import sys, time; from apache_beam.io.filesystems import FileSystems as F; "
-            "t = time.monotonic(); r = F.match([sys.argv[1]]); "
-            "print(time.monotonic() - t, len(r[0].metadata_list))")
-    result = gcs_server.run([sys.executable, "-c", code, gcs_bucket.url("*")], timeout_s=60)
+    result = gcs_server.run(_child("beam_match_timing", gcs_bucket.url("*")), cwd=REPO, timeout_s=60)
     seconds, matched = result.stdout.split()
     assert matched == "1" and float(seconds) < 5
 
@@ -243,22 +166,20 @@ def beam_tfrecords(gcs_server: GcsServer,
     bucket = gcs_server.new_bucket()
     for name in ["tree/cats/a.txt", "tree/cats/b.txt", "tree/dogs/c.txt"]:
         bucket.write_bytes(name, name.encode())
-    script = tmp_path_factory.mktemp("pipeline") / "write_tfrecords.py"
-    script.write_text(_PIPELINE)
-    gcs_server.run([sys.executable, str(script), bucket.url("records/part")], timeout_s=120)
+    gcs_server.run(_child("write_tfrecords", bucket.url("records/part")), cwd=REPO, timeout_s=120)
     return bucket
 
 
 @pytest.fixture(scope="module")
 def tf_report(gcs_server: GcsServer, beam_tfrecords: GcsBucket,
               tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Runs ``_TF_STEPS`` once in a child process and returns its report."""
+    """Runs ``children/tf_steps.py`` once in a child process and returns its report."""
     report = tmp_path_factory.mktemp("tf") / "report.json"
     with gcs_server.forbidden_bucket() as forbidden:
-        gcs_server.run([sys.executable, "-c", _TF_STEPS, beam_tfrecords.name,
-                        beam_tfrecords.url("records/part-*.tfrecord.gz"),
-                        gcs_server.missing_bucket_name(), forbidden.name, str(report)],
-                       extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s=120)
+        gcs_server.run(_child("tf_steps", beam_tfrecords.name,
+                              beam_tfrecords.url("records/part-*.tfrecord.gz"),
+                              gcs_server.missing_bucket_name(), forbidden.name, str(report)),
+                       cwd=REPO, extra_env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s=120)
     return json.loads(report.read_text())
 
 

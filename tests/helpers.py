@@ -1,0 +1,103 @@
+"""What tests share besides fixtures: run the pipeline as a user does, read its records
+back with plain TensorFlow, and make small labelled image trees.
+
+Tests import these (``from helpers import ...``); ``conftest.py`` keeps only
+fixtures and pytest hooks.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any, Callable, Iterable, Mapping
+
+from PIL import Image
+
+from beam_prep.sample import picture
+from pipelines.prepare_images import command
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+# --- running the pipeline -------------------------------------------------------
+
+
+def run_prepare(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+                preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+    """``python -m pipelines.prepare_images ARGS`` in a fresh process, as a user runs it."""
+    return subprocess.run(command(*args), cwd=REPO, env=env or dict(os.environ), capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=preexec_fn)
+
+
+def child(name: str, *args: str) -> list[str]:
+    """The command that runs ``tests/children/<name>.py`` in a fresh Python process (cwd: REPO)."""
+    return [sys.executable, "-m", f"tests.children.{name}", *args]
+
+
+# --- reading what it wrote ------------------------------------------------------
+
+
+def read_split(output: str | pathlib.Path, split: str) -> list[dict[str, Any]]:
+    """Every record of a split, in file order, parsed by TensorFlow itself (not our reader)."""
+    import tensorflow as tf
+
+    manifest = json.loads(tf.io.gfile.GFile(f"{output}/manifest.json").read())
+    files = [f"{output}/{name}" for name in manifest["splits"][split]["shards"]]
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/format": tf.io.FixedLenFeature([], tf.string),
+        "image/height": tf.io.FixedLenFeature([], tf.int64),
+        "image/width": tf.io.FixedLenFeature([], tf.int64),
+        "image/channels": tf.io.FixedLenFeature([], tf.int64),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+        "image/class/text": tf.io.FixedLenFeature([], tf.string),
+        "image/filename": tf.io.FixedLenFeature([], tf.string),
+        "image/key/sha256": tf.io.FixedLenFeature([], tf.string),
+    }
+    records = []
+    for path in files:
+        for serialized in tf.data.TFRecordDataset(path, compression_type="GZIP"):
+            parsed = tf.io.parse_single_example(serialized, spec)
+            row = {k: v.numpy() for k, v in parsed.items()}
+            row["shard"] = path.rsplit("/", 1)[-1]
+            records.append(row)
+    return records
+
+
+# --- image trees ----------------------------------------------------------------
+
+
+def encode(img: Image.Image, fmt: str = "JPEG", **params) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **params)
+    return buf.getvalue()
+
+
+def make_tree(
+    root: pathlib.Path,
+    counts: Mapping[str, int],
+    *,
+    splits: Iterable[str] | None = None,
+    size: tuple[int, int] = (96, 64),
+    fmt: str = "JPEG",
+    ext: str = ".jpg",
+) -> list[pathlib.Path]:
+    """Writes ``root/[split/]label/img_NNN.ext`` and returns the files written.
+
+    Every image differs (the seed is its position), so tests can tell records apart.
+    """
+    written = []
+    seed = 0
+    for split in (list(splits) if splits else [None]):
+        for label, n in counts.items():
+            folder = root / split / label if split else root / label
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                path = folder / f"img_{i:03d}{ext}"
+                path.write_bytes(encode(picture(seed, *size), fmt))
+                written.append(path)
+                seed += 1
+    return written
