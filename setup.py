@@ -17,6 +17,8 @@ REQUIRED = [
     "protobuf>=6.31,<7",
     # GZIP for the local sink: ISA-L, ~5x faster than zlib at the same ratio.
     "isal>=1.6,<2",
+    # TFRecord framing and gs:// read checks (also required by google-cloud-storage).
+    "google-crc32c>=1.5,<2",
 ]
 
 TEST = [

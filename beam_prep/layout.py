@@ -1,4 +1,4 @@
-"""Names and counts of the files in an output directory, and how a run's files get there.
+"""Names of the files in an output directory, and how a run's files get there.
 
 The one place that knows a shard's file name, so both sinks, the manifest and
 ``--overwrite`` agree on what belongs to a dataset.
@@ -14,22 +14,16 @@ reads or removes another run's work files.
 """
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-import math
 import os
 import re
 import shutil
-from typing import BinaryIO, Callable, Iterator
+from typing import Callable
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from isal import igzip
 
 from beam_prep.dataset import COMPRESSIONS, MANIFEST
 from beam_prep.errors import OptionsError
-from beam_prep.features import BYTES_PER_SAMPLE
-from beam_prep.imaging import ImageSpec
 from beam_prep.storage import is_local, join, storage_error
 
 LABELS = "labels.txt"
@@ -53,11 +47,6 @@ _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
 _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
                    *(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values()))
 
-# ISA-L at level 3 compresses JPEG payloads as well as zlib's default level 6
-# (ratio 0.963 vs 0.965) about 5x faster: zlib cost ~12% of a local run's CPU.
-GZIP_LEVEL = 3
-
-
 def run_folder(output: str, run_id: str) -> str:
     """Where a run keeps its listings and shards until it publishes them."""
     return join(output, WORK_DIR, run_id)
@@ -71,46 +60,6 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
     """The file name of shard ``index`` (from 0) of ``count``: what Beam's sink names it with
     ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<split>`` and the compression's suffix."""
     return f"{split}{_SHARD_FORMAT.format(index=index, count=count)}{COMPRESSIONS[compression][0]}"
-
-
-@contextlib.contextmanager
-def shard_writer(path: str, compression: str) -> Iterator[BinaryIO]:
-    """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L.
-
-    The GZIP header holds no time and no file name (as zlib's, which Beam's
-    sink uses), so a rerun writes byte-identical files. A failed write raises
-    StorageError naming the file: the job's one-line error says which.
-    """
-    try:
-        with FileSystems.create(path, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-            if compression == "none":
-                yield raw
-                return
-            with igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL,
-                                 mtime=0) as f:
-                yield f
-    except OSError as e:
-        raise storage_error("write", path, e) from e
-
-
-def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
-    if spec.height is None:
-        return mean_input_bytes  # resize_mode none: about the size of the input.
-    width = spec.width * 4 / 3 if spec.resize_mode == "shorter_side" else spec.width
-    return spec.height * width * spec.channels * BYTES_PER_SAMPLE[spec.image_format]
-
-
-def choose_num_shards(num_examples: int, record_bytes: float, target_mb: int, multiple_of: int) -> int:
-    """Shards near ``target_mb`` each, never more than the examples, rounded up to a
-    multiple of the local worker count.
-
-    The local sink writes a shard per worker at a time, so fewer shards than
-    workers would leave cores idle.
-    """
-    by_size = min(math.ceil(num_examples * record_bytes / (target_mb * 1e6)), num_examples)
-    count = max(1, by_size, multiple_of)
-    return math.ceil(count / multiple_of) * multiple_of
 
 
 def existing_dataset_files(output: str) -> list[str]:

@@ -17,7 +17,7 @@ from apache_beam.io.textio import ReadFromText
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from beam_prep import layout, manifest
+from beam_prep import layout, manifest, sharding
 from beam_prep.beam_compat import batch_fn_api_runner
 from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.errors import DatasetError, StorageError
@@ -98,9 +98,9 @@ def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "") -> t
     sink = resolve_sink(config, options)
     multiple = local_workers(options) if sink == "streaming" else 1
     mean_bytes = sum(e.size for e in listing.entries) / len(listing.entries)
-    record_bytes = layout.estimated_record_bytes(config.spec, mean_bytes)
+    record_bytes = sharding.estimated_record_bytes(config.spec, mean_bytes)
     num_shards = {
-        split: config.num_shards or layout.choose_num_shards(
+        split: config.num_shards or sharding.choose_num_shards(
             n, record_bytes, config.target_shard_mb, multiple)
         for split, n in listing.split_counts().items()
     }

@@ -38,7 +38,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection, TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_prep import layout
+from beam_prep import layout, tfrecord
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
@@ -206,7 +206,7 @@ class _WriteShardFn(beam.DoFn):
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
             lines = listing.read().decode("utf-8").splitlines()
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
-        with layout.shard_writer(join(config.work, name), config.compression) as f, \
+        with tfrecord.shard_writer(join(config.work, name), config.compression) as f, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item

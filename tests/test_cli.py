@@ -147,7 +147,7 @@ def test_a_good_run_keeps_its_output_and_no_log(tree, tmp_path, tmpdir_env):
 
 
 REMOTE = """Traceback (most recent call last):
-  File "beam_prep/layout.py", line 66, in shard_writer
+  File "beam_prep/tfrecord.py", line 74, in shard_writer
 OSError: [Errno 27] File too large
 
 The above exception was the direct cause of the following exception:

@@ -5,7 +5,7 @@ import pytest
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep import dataset, layout, manifest
+from beam_prep import dataset, layout, manifest, sharding
 from beam_prep.errors import DatasetError
 from beam_prep.imaging import ImageSpec
 from beam_prep.options import PrepareConfig
@@ -66,9 +66,9 @@ def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
 
 def test_never_more_shards_than_examples():
     # 2 huge records would fill 11 shards of 150 MB by size; one worker each is plenty.
-    assert layout.choose_num_shards(2, 805e6, 150, multiple_of=1) == 2
-    assert layout.choose_num_shards(2, 805e6, 150, multiple_of=4) == 4
-    assert layout.choose_num_shards(1000, 1e6, 150, multiple_of=1) == 7
+    assert sharding.choose_num_shards(2, 805e6, 150, multiple_of=1) == 2
+    assert sharding.choose_num_shards(2, 805e6, 150, multiple_of=4) == 4
+    assert sharding.choose_num_shards(1000, 1e6, 150, multiple_of=1) == 7
 
 
 SHARD_COUNTS = {"train": 12, "validation": 3, "test": 1}

@@ -32,10 +32,9 @@ def test_masked_crc32c_of_known_values():
 def test_tensorflow_reads_what_write_record_writes(tmp_path, compression):
     import tensorflow as tf
 
-    from beam_prep import layout
 
     path = str(tmp_path / "shard")
-    with layout.shard_writer(path, compression) as f:
+    with tfrecord.shard_writer(path, compression) as f:
         for data in RECORDS:
             tfrecord.write_record(f, data)
     tf_compression = "GZIP" if compression == "gzip" else ""

@@ -1,0 +1,29 @@
+"""How many shards a split gets: about --target_shard_mb each, and work for every local worker."""
+from __future__ import annotations
+
+import math
+
+from beam_prep.features import BYTES_PER_SAMPLE
+from beam_prep.imaging import ImageSpec
+
+__all__ = ["choose_num_shards", "estimated_record_bytes"]
+
+
+def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
+    """A record's expected size, from the output spec (or the inputs' mean size when not resized)."""
+    if spec.height is None:
+        return mean_input_bytes  # resize_mode none: about the size of the input.
+    width = spec.width * 4 / 3 if spec.resize_mode == "shorter_side" else spec.width
+    return spec.height * width * spec.channels * BYTES_PER_SAMPLE[spec.image_format]
+
+
+def choose_num_shards(num_examples: int, record_bytes: float, target_mb: int, multiple_of: int) -> int:
+    """Shards near ``target_mb`` each, never more than the examples, rounded up to a
+    multiple of the local worker count.
+
+    The local sink writes a shard per worker at a time, so fewer shards than
+    workers would leave cores idle.
+    """
+    by_size = min(math.ceil(num_examples * record_bytes / (target_mb * 1e6)), num_examples)
+    count = max(1, by_size, multiple_of)
+    return math.ceil(count / multiple_of) * multiple_of
