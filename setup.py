@@ -42,4 +42,5 @@ setup(
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
     install_requires=REQUIRED,
     extras_require={"test": TEST, "bench": BENCH},
+    entry_points={"console_scripts": ["beam-prep=pipelines.prepare_images:console"]},
 )

@@ -1,3 +1,31 @@
-"""beam-prep: labelled image folder trees to sharded TFRecords, and back."""
+"""beam-prep: labelled image folder trees to sharded TFRecords, and back.
+
+    import beam_prep
+    manifest = beam_prep.prepare("images", "records", image_size=224, validation_percent=10)
+    train = beam_prep.make_dataset("records", "train", batch_size=256)
+
+The names are loaded on first use: a Beam worker that imports the writer's
+modules never imports TensorFlow, and a training script that only reads never
+imports Beam's pipeline machinery.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_HOMES = {
+    "prepare": "beam_prep.api",
+    "make_dataset": "beam_prep.reader",
+    "load_info": "beam_prep.reader",
+    "ReaderConfig": "beam_prep.reader",
+    "RecordFiles": "beam_prep.reader",
+}
+__all__ = ["__version__", *_HOMES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'beam_prep' has no attribute {name!r}")

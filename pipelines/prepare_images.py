@@ -12,17 +12,16 @@ that holds Beam's records and the full traceback (``--verbose`` prints them).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import traceback
 from typing import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_prep.api import parse_command_line
 from beam_prep.errors import BeamPrepError, OptionsError
-from beam_prep.flags import check_flags
 from beam_prep.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
-from beam_prep.options import PrepareConfig, PrepareImagesOptions, config_from_options
+from beam_prep.options import PrepareConfig, PrepareImagesOptions
 from beam_prep.pipeline import RunResult, run
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -35,35 +34,6 @@ def command(*args: str) -> list[str]:
     the pipeline the way a user types it.
     """
     return [sys.executable, "-m", "pipelines.prepare_images", *args]
-
-
-def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value given to ``flag`` (``--flag v`` or ``--flag=v``), None if it is not given."""
-    for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if name == flag:
-            return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-    return None
-
-
-def with_local_defaults(argv: Sequence[str]) -> list[str]:
-    """Every core busy by default: multi-process DirectRunner unless the user chose otherwise.
-
-    A worker count is added only where workers run in parallel: the in-memory
-    mode runs one and warns about any other count.
-    """
-    argv = list(argv)
-    runner = flag_value(argv, "--runner")
-    if runner is None:
-        argv.append("--runner=DirectRunner")
-        runner = "DirectRunner"
-    if runner == "DirectRunner":
-        mode = flag_value(argv, "--direct_running_mode")
-        if mode is None:
-            argv.append("--direct_running_mode=multi_processing")
-        if flag_value(argv, "--direct_num_workers") is None and mode != "in_memory":
-            argv.append(f"--direct_num_workers={os.cpu_count() or 1}")
-    return argv
 
 
 def summary(result: RunResult) -> str:
@@ -122,9 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        check_flags(argv)
-        options = PipelineOptions(with_local_defaults(argv))
-        config = config_from_options(options)
+        options, config = parse_command_line(argv)
         verbose = options.view_as(PrepareImagesOptions).verbose
         result = (run_verbose if verbose else run_logged)(config, options)
     except OptionsError as e:
@@ -138,6 +106,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(summary(result))
     return 0
+
+
+USAGE = """usage: beam-prep prepare --input ROOT --output OUT [options] [Beam options]
+
+  prepare   turn ROOT/<label>/<image> into sharded TFRecords in OUT
+            (the same job as python -m pipelines.prepare_images)"""
+
+
+def console(argv: Sequence[str] | None = None) -> int:
+    """``beam-prep prepare ...``: the command setup.py installs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["prepare"]:
+        print(USAGE, file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    return main(argv[1:])
 
 
 if __name__ == "__main__":

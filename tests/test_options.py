@@ -5,6 +5,7 @@ import pytest
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_prep.api import with_local_defaults
 from beam_prep.options import DEFAULT_REMOTE_READ_CONCURRENCY, config_from_options
 from pipelines import prepare_images
 from helpers import make_tree
@@ -86,7 +87,7 @@ def test_an_existing_dataset_needs_overwrite(capsys, tree, tmp_path):
 
 
 def test_local_runs_default_to_every_core_in_worker_processes():
-    argv = prepare_images.with_local_defaults(["--input", "x"])
+    argv = with_local_defaults(["--input", "x"])
     assert "--runner=DirectRunner" in argv
     assert "--direct_running_mode=multi_processing" in argv
     assert any(a.startswith("--direct_num_workers=") for a in argv)
@@ -94,16 +95,16 @@ def test_local_runs_default_to_every_core_in_worker_processes():
 
 def test_the_in_memory_mode_gets_no_worker_count():
     """It runs one worker, and Beam warns about any other count."""
-    argv = prepare_images.with_local_defaults(["--direct_running_mode=in_memory"])
+    argv = with_local_defaults(["--direct_running_mode=in_memory"])
     assert not any(a.startswith("--direct_num_workers") for a in argv)
-    argv = prepare_images.with_local_defaults(["--direct_running_mode", "multi_threading"])
+    argv = with_local_defaults(["--direct_running_mode", "multi_threading"])
     assert any(a.startswith("--direct_num_workers=") for a in argv)
 
 
 def test_a_users_own_runner_options_win():
-    argv = prepare_images.with_local_defaults(["--runner", "DirectRunner", "--direct_num_workers", "1"])
+    argv = with_local_defaults(["--runner", "DirectRunner", "--direct_num_workers", "1"])
     assert "--direct_num_workers=1" not in argv and argv.count("--direct_num_workers") == 1
-    assert prepare_images.with_local_defaults(["--runner=DataflowRunner"]) == ["--runner=DataflowRunner"]
+    assert with_local_defaults(["--runner=DataflowRunner"]) == ["--runner=DataflowRunner"]
 
 
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",

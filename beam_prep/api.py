@@ -1,0 +1,100 @@
+"""The Python API beside the command: ``beam_prep.prepare`` runs the job the command runs.
+
+Both go through ``parse_command_line``, so a notebook gets the same up-front
+checks (unknown options with the nearest known one, bad values, an output
+inside the input, a busy or occupied output folder) and the same local
+defaults (every core busy) as ``python -m pipelines.prepare_images``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_prep.flags import check_flags
+from beam_prep.options import PrepareConfig, config_from_options
+from beam_prep.pipeline import run
+
+__all__ = ["parse_command_line", "prepare", "with_local_defaults"]
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag v`` or ``--flag=v``), None if it is not given."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    return None
+
+
+def with_local_defaults(argv: Sequence[str]) -> list[str]:
+    """Every core busy by default: multi-process DirectRunner unless the user chose otherwise.
+
+    A worker count is added only where workers run in parallel: the in-memory
+    mode runs one and warns about any other count.
+    """
+    argv = list(argv)
+    runner = flag_value(argv, "--runner")
+    if runner is None:
+        argv.append("--runner=DirectRunner")
+        runner = "DirectRunner"
+    if runner == "DirectRunner":
+        mode = flag_value(argv, "--direct_running_mode")
+        if mode is None:
+            argv.append("--direct_running_mode=multi_processing")
+        if flag_value(argv, "--direct_num_workers") is None and mode != "in_memory":
+            argv.append(f"--direct_num_workers={os.cpu_count() or 1}")
+    return argv
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[PipelineOptions, PrepareConfig]:
+    """Beam's options and ours from command-line arguments, every check done.
+
+    Raises:
+      OptionsError: an unknown flag, a bad value or a bad input, before any work.
+    """
+    argv = list(argv)
+    check_flags(argv)
+    options = PipelineOptions(with_local_defaults(argv))
+    return options, config_from_options(options)
+
+
+def options_to_argv(input: str, output: str, options: Mapping[str, Any]) -> list[str]:
+    """``prepare``'s keyword arguments as command-line flags: ``image_size=64`` is ``--image_size 64``.
+
+    True gives a bare flag (``overwrite=True``), False and None leave it out, and a
+    list repeats it (``experiments=["a", "b"]``).
+    """
+    argv = ["--input", input, "--output", output]
+    for name, value in options.items():
+        flag = f"--{name}"
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                argv += [flag, str(item)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def prepare(input: str, output: str, **options: Any) -> dict[str, Any] | None:
+    """Prepares ``input`` (``ROOT/<label>/<image>``) into ``output``, as the command does.
+
+    ``options`` are the command's flags and Beam's, by name: ``prepare("imgs",
+    "out", image_size=160, validation_percent=10, overwrite=True)``. Logging is
+    the caller's to configure; nothing is printed.
+
+    Returns:
+      The manifest that was written (a dict, as in manifest.json), or None with
+      ``dry_run=True``.
+
+    Raises:
+      OptionsError: bad options or input, found before any work.
+      StorageError, DatasetError: the job could not be completed.
+    """
+    pipeline_options, config = parse_command_line(options_to_argv(input, output, options))
+    return run(config, pipeline_options).manifest

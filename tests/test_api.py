@@ -1,0 +1,62 @@
+"""The Python API beside the command: beam_prep.prepare, the package's names, the beam-prep script."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import beam_prep
+from beam_prep.errors import OptionsError
+from helpers import REPO, child, make_tree, read_split
+
+SMALL = {"image_size": 16, "max_pixels": 100000, "direct_running_mode": "in_memory"}
+
+
+def test_prepare_runs_the_job_and_returns_its_manifest(tmp_path):
+    make_tree(tmp_path / "in", {"a": 3, "b": 2}, size=(24, 20))
+    (tmp_path / "in" / "b" / "broken.jpg").write_bytes(b"not a jpeg")
+    manifest = beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "out"), **SMALL,
+                                 validation_percent=40, overwrite=False)
+    assert manifest == json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"] == {"listed": 6, "written": 5, "failed": 1, "skipped": 0}
+    assert (manifest["image"]["height"], manifest["image"]["width"]) == (16, 16)
+    written = sum(len(read_split(tmp_path / "out", split)) for split in manifest["splits"])
+    assert written == 5 and set(manifest["splits"]) == {"train", "validation"}
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"image-size": 16}, "unknown option --image-size; did you mean --image_size?"),
+    ({"validation_percent": 100}, "--validation_percent must be in [0, 100)"),
+])
+def test_prepare_checks_options_before_any_work(tmp_path, options, message):
+    make_tree(tmp_path / "in", {"a": 1})
+    with pytest.raises(OptionsError) as e:
+        beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "out"), **options)
+    assert message in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_output_inside_the_input_is_refused_as_by_the_command(tmp_path):
+    make_tree(tmp_path / "in", {"a": 1})
+    with pytest.raises(OptionsError, match="is inside --input"):
+        beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "in" / "records"))
+
+
+def test_the_package_names_the_reader_without_importing_tensorflow_until_used():
+    done = subprocess.run(child("lazy_names"), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.stdout == "ok\n", done.stderr
+
+
+def test_the_beam_prep_script_prepares_a_tree(tmp_path):
+    script = pathlib.Path(sys.executable).parent / "beam-prep"
+    make_tree(tmp_path / "in", {"a": 2}, size=(24, 20))
+    usage = subprocess.run([str(script)], capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 2 and "usage: beam-prep prepare" in usage.stderr
+    done = subprocess.run([str(script), "prepare", "--input", str(tmp_path / "in"), "--output",
+                           str(tmp_path / "out"), "--image_size", "16", "--direct_running_mode", "in_memory"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("beam-prep: 2 of 2 images written")
