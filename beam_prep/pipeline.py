@@ -175,7 +175,10 @@ def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
             result = p.run()
             result.wait_until_finish()
         except BaseException:
-            _remove_quietly(config.output, run_id)
+            # A local job ends with this process; a remote one (Dataflow) may still be
+            # running after its launcher stops waiting, so its files are left to it.
+            if _runner_name(options) in LOCAL_RUNNERS:
+                _remove_quietly(config.output, run_id)
             raise
         if claim.lost:
             raise DatasetError(f"another run took {config.output} over while run {run_id} ran, so the "
