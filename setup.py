@@ -19,6 +19,8 @@ REQUIRED = [
     "isal>=1.6,<2",
     # TFRecord framing and gs:// read checks (also required by google-cloud-storage).
     "google-crc32c>=1.5,<2",
+    # Progress bars: the local run, verify and bench.
+    "tqdm>=4.66,<5",
 ]
 
 TEST = [
@@ -42,5 +44,5 @@ setup(
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
     install_requires=REQUIRED,
     extras_require={"test": TEST, "bench": BENCH},
-    entry_points={"console_scripts": ["beam-prep=pipelines.prepare_images:console"]},
+    entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},
 )

@@ -145,7 +145,9 @@ class DatasetInfo:
     """A dataset's description, checked: what the writer records and the reader reads.
 
     ``root`` is the dataset folder ("" until it has one); ``compression`` is
-    the manifest's name for it (``GZIP``, ``NONE``).
+    the manifest's name for it (``GZIP``, ``NONE``). ``label_offset`` is what
+    the writer added to each label's index in ``labels`` to get the id it
+    stored (``--label_offset``: 1 for code that keeps 0 for background).
     """
 
     root: str
@@ -153,6 +155,7 @@ class DatasetInfo:
     splits: Mapping[str, SplitInfo]
     image: ImageInfo
     compression: str = "GZIP"
+    label_offset: int = 0
 
     @property
     def num_classes(self) -> int:
@@ -166,6 +169,7 @@ class DatasetInfo:
             "splits": {name: split.to_json() for name, split in self.splits.items()},
             "image": self.image.to_json(),
             "compression": self.compression,
+            "label_offset": self.label_offset,
         }
 
     @classmethod
@@ -190,7 +194,8 @@ class DatasetInfo:
             if compression not in READ_COMPRESSIONS:
                 raise DatasetError(f"{where}: unknown compression {compression!r}")
             return cls(root=root, labels=tuple(manifest["labels"]), splits=splits,
-                       image=ImageInfo.from_json(manifest["image"]), compression=compression)
+                       image=ImageInfo.from_json(manifest["image"]), compression=compression,
+                       label_offset=int(manifest.get("label_offset", 0)))
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where} is incomplete or malformed: missing or bad {e}") from e
         except OptionsError as e:

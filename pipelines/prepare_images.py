@@ -108,20 +108,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-USAGE = """usage: beam-prep prepare --input ROOT --output OUT [options] [Beam options]
-
-  prepare   turn ROOT/<label>/<image> into sharded TFRecords in OUT
-            (the same job as python -m pipelines.prepare_images)"""
-
-
-def console(argv: Sequence[str] | None = None) -> int:
-    """``beam-prep prepare ...``: the command setup.py installs."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] != ["prepare"]:
-        print(USAGE, file=sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    return main(argv[1:])
-
-
 if __name__ == "__main__":
     sys.exit(main())
