@@ -10,6 +10,7 @@ Every result is compared with our own reader, record by record, by file name.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -19,6 +20,8 @@ import pytest
 import tensorflow as tf
 
 from beam_prep import features, layout, tfds_metadata
+from beam_prep.dataset import DatasetInfo, SplitInfo
+from beam_prep.errors import DatasetError
 from beam_prep.reader import ImageInfo, RecordFiles, load_info, make_dataset
 from helpers import make_tree, read_split, run_prepare
 
@@ -321,3 +324,22 @@ def test_tfds_metadata_belongs_to_the_dataset(imagenet_style, tmp_path):
     (copy / "manifest.json").unlink()
     owned = {p.rsplit("/", 1)[-1] for p in layout.existing_dataset_files(str(copy))}
     assert set(tfds_metadata.FILES) <= owned
+
+
+def test_reserved_ids_get_names_no_label_has():
+    names = tfds_metadata.class_names(["reserved_0", "cat"], 2)
+    assert names == ["_reserved_0", "reserved_1", "reserved_0", "cat"]
+
+
+def test_tfds_metadata_is_refused_where_tfds_could_not_read_the_shards():
+    image = ImageInfo(SIZE, SIZE, 3, "jpeg")
+    counted = {"train": SplitInfo("train", ("train-00000-of-00001.tfrecord",), 3, (3,))}
+    uncounted = {"train": SplitInfo("train", ("train-00000-of-00001.tfrecord",), 3, None)}
+    readable = DatasetInfo("out", ("a",), counted, image, "NONE")
+    assert tfds_metadata.unsupported(readable) is None
+    for info, reason in ((dataclasses.replace(readable, compression="GZIP"), "--compression none"),
+                         (dataclasses.replace(readable, splits=uncounted), "--sink streaming"),
+                         (dataclasses.replace(readable, image=ImageInfo(None, None, 3, "raw")), "--image_size")):
+        assert reason in tfds_metadata.unsupported(info)
+        with pytest.raises(DatasetError, match="no TFDS metadata"):
+            tfds_metadata.metadata_files(info, "out")
