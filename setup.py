@@ -29,6 +29,10 @@ TEST = [
     "gcp-storage-emulator>=2024.8.3",
     "trustme>=1.1",
     "psutil>=5.9",
+    # The TFDS metadata test reads our output with the real tfds.builder_from_directory and
+    # tfds.show_examples (matplotlib); the writer produces those files without either.
+    "tensorflow-datasets>=4.9.10,<5",
+    "matplotlib>=3.8,<4",
 ]
 
 BENCH = [

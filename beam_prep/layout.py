@@ -7,10 +7,10 @@ A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
 the listings the workers read and the shards, under their final names. Only
 when every shard is complete and the counts add up does ``publish`` move the
 shards to ``OUTPUT`` (the old dataset's manifest removed first, its other files
-after), then labels.txt, errors.jsonl and manifest.json are written. So a
-killed run leaves no partial shard among a dataset's files, an ``--overwrite``
-run leaves the old dataset readable until the new one is complete, and no run
-reads or removes another run's work files.
+after), then labels.txt, errors.jsonl, TFDS's metadata (uncompressed datasets)
+and manifest.json are written. So a killed run leaves no partial shard among a
+dataset's files, an ``--overwrite`` run leaves the old dataset readable until
+the new one is complete, and no run reads or removes another run's work files.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.dataset import COMPRESSIONS, MANIFEST
 from beam_prep.errors import OptionsError
+from beam_prep.tfds_metadata import FILES as TFDS_FILES
 from beam_prep.storage import is_local, join, storage_error
 
 LABELS = "labels.txt"
@@ -44,7 +45,7 @@ def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> 
 
 _SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count:0{n}d}}")
 _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS,
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, *TFDS_FILES,
                    *(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values()))
 
 def run_folder(output: str, run_id: str) -> str:

@@ -88,7 +88,7 @@ class FileEntry:
     relpath: str
     split: str
     label: str
-    label_id: int
+    label_id: int  # the id stored in the record: the label's index plus --label_offset
     size: int
 
     def to_json(self) -> str:
@@ -225,6 +225,7 @@ def list_tree(
     *,
     validation_percent: float = 0.0,
     labels: Sequence[str] | None = None,
+    label_offset: int = 0,
 ) -> Listing:
     """Lists ``root/<label>/<file>`` or ``root/<split>/<label>/<file>``.
 
@@ -239,6 +240,8 @@ def list_tree(
       labels: the label order (from --labels_file); by default the sorted folder names.
         Files under a folder not in it are kept with ``label_id == UNKNOWN_LABEL`` so the
         pipeline reports them instead of dropping them.
+      label_offset: added to each label's index to give its ``label_id``, the id stored in
+        the records (``--label_offset``).
 
     Raises:
       OptionsError: an empty tree, a split tree with ``validation_percent``, or a
@@ -286,7 +289,7 @@ def list_tree(
     for label, folder in {c[1]: c[2].rsplit("/", 1)[0] for c in candidates}.items():
         check_label_name(label, join(root, folder))
     names = list(labels) if labels is not None else sorted({c[1] for c in candidates})
-    ids = {name: i for i, name in enumerate(names)}
+    ids = {name: i + label_offset for i, name in enumerate(names)}
     entries = [FileEntry(path, relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
                for split, label, relpath, path, size in candidates]
     splits = sorted({e.split for e in entries if e.label_id != UNKNOWN_LABEL}, key=_split_rank)

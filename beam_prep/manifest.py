@@ -6,13 +6,14 @@ import dataclasses
 import datetime
 import json
 import logging
+import re
 from typing import Any, Iterable, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
-from beam_prep import layout
+from beam_prep import layout, tfds_metadata
 from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo,
                                parse_manifest)
 from beam_prep.errors import DatasetError
@@ -20,7 +21,7 @@ from beam_prep.features import SCHEMA
 from beam_prep.options import PrepareConfig
 from beam_prep.storage import join, write_lines
 
-__all__ = ["FORMAT_VERSION", "Plan", "build", "error_lines", "finalize", "read"]
+__all__ = ["FORMAT_VERSION", "Plan", "build", "error_lines", "finalize", "labels_lines", "read"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ def build(
             f"{plan.listed} files listed but {written} written and {len(failures)} failed: "
             "records were lost; no manifest written")
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
-                       image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name)
+                       image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
+                       label_offset=config.label_offset)
     dataset = info.to_json()
     by_stage = collections.Counter(f["stage"] for f in failures)
     return {
@@ -105,17 +107,48 @@ def finalize(
     failures: list[Mapping[str, Any]],
 ) -> dict[str, Any]:
     """Completes the dataset: checks the counts, publishes the shards, writes errors.jsonl,
-    labels.txt, then the manifest, then removes the run's folder."""
+    labels.txt, TFDS's metadata where TFDS can read the shards, then the manifest, then
+    removes the run's folder."""
     manifest = build(config, plan, shards, counts, failures)
     layout.publish(config.output, plan.run_id,
                    [name for split in manifest["splits"].values() for name in split["shards"]])
     write_lines(join(config.output, layout.ERRORS), error_lines(failures))
-    write_lines(join(config.output, layout.LABELS), plan.labels)
+    write_lines(join(config.output, layout.LABELS),
+                labels_lines(plan.labels, config.labels_txt, config.label_offset))
+    write_tfds_metadata(DatasetInfo.from_json(manifest, config.output, MANIFEST))
     with FileSystems.create(join(config.output, MANIFEST), mime_type="application/json") as f:
         f.write(json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
     layout.remove_run_folder(config.output, plan.run_id)
     _LOG.info("wrote %s", join(config.output, MANIFEST))
     return manifest
+
+
+def labels_lines(labels: list[str], form: str, label_offset: int) -> list[str]:
+    """labels.txt: one name a line in label order (``names``: line k from 0 is stored id
+    k + label_offset, and the file is a valid --labels_file), or TF-slim's ``id:name``
+    lines with the ids as stored (``slim``: what its dataset_utils.read_label_file parses)."""
+    if form == "slim":
+        return [f"{i + label_offset}:{name}" for i, name in enumerate(labels)]
+    return list(labels)
+
+
+def write_tfds_metadata(info: DatasetInfo) -> None:
+    """TFDS's dataset_info.json, features.json and label names, where TFDS can read the shards."""
+    reason = tfds_metadata.unsupported(info)
+    if reason is not None:
+        _LOG.info("no TFDS metadata written: %s", reason)
+        return
+    name = _tfds_name(info.root)
+    description = (f"{info.num_classes} labels, {info.image.format} images, written by beam-prep "
+                   f"{beam_prep.__version__}; label ids start at {info.label_offset}.")
+    for filename, lines in tfds_metadata.metadata_files(info, name, description).items():
+        write_lines(join(info.root, filename), lines)
+
+
+def _tfds_name(root: str) -> str:
+    """The output folder's name in TFDS's snake_case form (its ``builder.name``)."""
+    name = re.sub(r"[^0-9a-z]+", "_", root.rstrip("/").rsplit("/", 1)[-1].lower()).strip("_")
+    return name if name and name[0].isalpha() else f"dataset_{name}".rstrip("_")
 
 
 def error_lines(failures: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -21,6 +21,12 @@ from beam_prep.readahead import DEFAULT_MAX_BYTES, ReadConfig
 from beam_prep.storage import is_local
 
 SINKS = ("auto", "streaming", "shuffle")
+# labels.txt's forms: one name a line (line number = index in the labels), or TF-slim's
+# "id:name" lines (ids as stored, label_offset included). See beam_prep/labels_txt.py.
+LABELS_TXT_FORMS = ("names", "slim")
+# The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
+# a few more cover other conventions, and a typo like 1000 is refused.
+MAX_LABEL_OFFSET = 16
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_TARGET_SHARD_MB = 150
 # Reads in flight per worker for remote input: chosen with the writer benchmark's gs:// mode
@@ -54,6 +60,14 @@ class PrepareImagesOptions(PipelineOptions):
             "--validation_percent", type=float, default=0.0,
             help="Share of files put in the validation split, by a stable hash of their path.")
         parser.add_argument("--labels_file", default=None, help="Label order, one name a line.")
+        parser.add_argument(
+            "--label_offset", type=int, default=0,
+            help="Stored label ids start at this number (1: id 0 is kept for background, as "
+                 "ImageNet-style training code expects); the reader subtracts it again.")
+        parser.add_argument(
+            "--labels_txt", default="names",
+            help="labels.txt's form: names (one name a line, the default) or slim "
+                 "(TF-slim's id:name lines, ids as stored).")
         parser.add_argument(
             "--num_shards", type=int, default=0,
             help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
@@ -96,6 +110,8 @@ class PrepareConfig:
     sink: str = "auto"
     compression: str = "gzip"
     reads: ReadConfig = ReadConfig()
+    label_offset: int = 0
+    labels_txt: str = "names"
 
 
 def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, int | None]:
@@ -163,6 +179,11 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--image_format must be one of {', '.join(IMAGE_FORMATS)}, not {o.image_format!r}")
     if o.compression not in COMPRESSIONS:
         raise OptionsError(f"--compression must be one of {', '.join(COMPRESSIONS)}, not {o.compression!r}")
+    if not 0 <= o.label_offset <= MAX_LABEL_OFFSET:
+        raise OptionsError(f"--label_offset must be in [0, {MAX_LABEL_OFFSET}] (1 keeps id 0 for "
+                           f"background), not {o.label_offset}")
+    if o.labels_txt not in LABELS_TXT_FORMS:
+        raise OptionsError(f"--labels_txt must be one of {', '.join(LABELS_TXT_FORMS)}, not {o.labels_txt!r}")
     if o.sink not in SINKS:
         raise OptionsError(f"--sink must be one of {', '.join(SINKS)}, not {o.sink!r}")
     if not 0 <= o.validation_percent < 100:
@@ -198,4 +219,5 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
-                         overwrite=o.overwrite, sink=o.sink, compression=o.compression, reads=reads)
+                         overwrite=o.overwrite, sink=o.sink, compression=o.compression, reads=reads,
+                         label_offset=o.label_offset, labels_txt=o.labels_txt)

@@ -94,7 +94,8 @@ def local_runner(options: PipelineOptions) -> PipelineRunner | None:
 def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "") -> tuple[Listing, manifest.Plan]:
     """Lists the tree and decides shard counts; raises before any work if something is wrong."""
     labels = read_labels_file(config.labels_file) if config.labels_file else None
-    listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels)
+    listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels,
+                        label_offset=config.label_offset)
     sink = resolve_sink(config, options)
     multiple = local_workers(options) if sink == "streaming" else 1
     mean_bytes = sum(e.size for e in listing.entries) / len(listing.entries)

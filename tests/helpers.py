@@ -46,6 +46,7 @@ def read_split(output: str | pathlib.Path, split: str) -> list[dict[str, Any]]:
 
     manifest = json.loads(tf.io.gfile.GFile(f"{output}/manifest.json").read())
     files = [f"{output}/{name}" for name in manifest["splits"][split]["shards"]]
+    compression = "" if manifest.get("compression") == "NONE" else "GZIP"
     spec = {
         "image/encoded": tf.io.FixedLenFeature([], tf.string),
         "image/format": tf.io.FixedLenFeature([], tf.string),
@@ -59,7 +60,7 @@ def read_split(output: str | pathlib.Path, split: str) -> list[dict[str, Any]]:
     }
     records = []
     for path in files:
-        for serialized in tf.data.TFRecordDataset(path, compression_type="GZIP"):
+        for serialized in tf.data.TFRecordDataset(path, compression_type=compression):
             parsed = tf.io.parse_single_example(serialized, spec)
             row = {k: v.numpy() for k, v in parsed.items()}
             row["shard"] = path.rsplit("/", 1)[-1]

@@ -53,6 +53,9 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--read_concurrency", "-1", "--read_concurrency must be in [0, 256]"),
     ("--read_concurrency", "1000", "--read_concurrency must be in [0, 256]"),
     ("--read_ahead_mb", "0", "--read_ahead_mb must be at least 1"),
+    ("--label_offset", "-1", "--label_offset must be in [0, 16]"),
+    ("--label_offset", "1000", "--label_offset must be in [0, 16]"),
+    ("--labels_txt", "ids", "--labels_txt must be one of names, slim"),
 ])
 def test_bad_values_are_reported(capsys, tree, tmp_path, flag, value, message):
     err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"), flag, value)

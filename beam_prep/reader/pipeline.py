@@ -125,7 +125,9 @@ def make_dataset(
     Returns:
       A dataset of ``(images, labels)`` (``(images, labels, extras)`` with
       ``extra_keys``): images [batch, h, w, c] of ``dtype``, labels int64 [batch]
-      or float32 [batch, num_classes]. Its cardinality is known when the number of
+      or float32 [batch, num_classes]. Label ids index ``load_info(path).labels``
+      from 0 whatever ``--label_offset`` the dataset was written with (the stored
+      id less the offset); ``extra_keys`` hold the stored values as they are. Its cardinality is known when the number of
       records read is (from the manifest), so Keras shows progress.
 
     Raises:
@@ -155,7 +157,7 @@ def make_dataset(
     pipelines, pipeline_id = config.pipelines()
     paths, shard_counts, count = select_files(source, pipelines, pipeline_id)
     plan = make_plan(source.image, source.num_classes, batch_size, dtype, one_hot, augment, resize,
-                     extra_keys, config.dct_method)
+                     extra_keys, config.dct_method, source.label_offset)
 
     _LOG.info(
         "reading %d of %d files (%s records)%s; batch %s, shuffle %d, %s order, augment %s",

@@ -45,6 +45,7 @@ class Plan:
     num_classes: int | None
     extra_keys: tuple[str, ...]
     dct_method: str = DEFAULT_DCT_METHOD
+    label_offset: int = 0  # stored ids start here (--label_offset); yielded ids start at 0
 
     @property
     def resizes(self) -> bool:
@@ -78,7 +79,8 @@ class Plan:
 
 def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None, dtype: Any,
               one_hot: bool, augment: Augment | None, resize_to: int | tuple[int, int] | None,
-              extra_keys: Sequence[str], dct_method: str = DEFAULT_DCT_METHOD) -> Plan:
+              extra_keys: Sequence[str], dct_method: str = DEFAULT_DCT_METHOD,
+              label_offset: int = 0) -> Plan:
     """Checks ``make_dataset``'s output arguments against the dataset, and fixes what each record becomes.
 
     Raises:
@@ -95,7 +97,7 @@ def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None,
             "resize=(height, width), or batch_size=None for single images of their own size")
     return Plan(image=image, size=size, crop_flip=crop_flip, user_augment=user_augment,
                 dtype=_dtype(dtype), one_hot=one_hot, num_classes=num_classes,
-                extra_keys=_extra_keys(extra_keys), dct_method=dct_method)
+                extra_keys=_extra_keys(extra_keys), dct_method=dct_method, label_offset=label_offset)
 
 
 def _dtype(dtype: Any) -> tf.DType:
@@ -184,6 +186,9 @@ def finish(plan: Plan, parsed: Mapping[str, tf.Tensor]):
     if image.dtype != plan.dtype:
         image = tf.image.convert_image_dtype(image, plan.dtype, saturate=True)
     labels = parsed[features.LABEL]
+    if plan.label_offset:
+        # Stored ids start at --label_offset; yielded ids index the dataset's labels from 0.
+        labels = labels - plan.label_offset
     if plan.num_classes is not None:
         # An id outside the label list would silently become an all-zero one-hot
         # row (or index garbage in a sparse loss): fail instead.

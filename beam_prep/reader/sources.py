@@ -40,12 +40,15 @@ class RecordFiles:
       num_classes: the label count; needed for one-hot labels, and checks each
         label id against it.
       compression: ``GZIP`` (what beam-prep writes by default), ``ZLIB`` or ``NONE``.
+      label_offset: the stored id of the first label (``--label_offset``); the
+        reader subtracts it, as it does with a manifest's.
     """
 
     files: str | Sequence[str]
     image: ImageInfo | None = None
     num_classes: int | None = None
     compression: str = "GZIP"
+    label_offset: int = 0
 
     def __post_init__(self) -> None:
         if self.image is None:
@@ -53,6 +56,8 @@ class RecordFiles:
                                "without a manifest the reader cannot know how images are stored")
         if self.num_classes is not None and self.num_classes < 1:
             raise OptionsError(f"num_classes must be positive, not {self.num_classes}")
+        if self.label_offset < 0:
+            raise OptionsError(f"label_offset must be 0 or more, not {self.label_offset}")
         compression = str(self.compression).upper()
         if compression not in READ_COMPRESSIONS:
             raise OptionsError(f"compression must be one of {READ_COMPRESSIONS}, not {compression!r}")
@@ -71,6 +76,7 @@ class Source:
     compression: str
     num_examples: int | None
     shard_num_examples: tuple[int, ...] | None
+    label_offset: int = 0  # subtracted from stored ids, so that ids index the labels from 0
 
 
 def load_info(path: str) -> DatasetInfo:
@@ -120,7 +126,7 @@ def resolve_source(path: str | RecordFiles, split: str) -> Source:
         raise DatasetError(f"split {split!r} of {info.root} has no shard files")
     _check_files_exist(info.root, s)
     return Source(s.files, info.image, info.num_classes, info.compression,
-                  s.num_examples, s.shard_num_examples)
+                  s.num_examples, s.shard_num_examples, info.label_offset)
 
 
 def _match(files: RecordFiles) -> Source:
@@ -138,7 +144,7 @@ def _match(files: RecordFiles) -> Source:
             raise DatasetError(f"no files match {pattern}")
         matched += sorted(found)
     return Source(tuple(dict.fromkeys(matched)), files.image, files.num_classes, files.compression,
-                  None, None)
+                  None, None, files.label_offset)
 
 
 def _check_files_exist(root: str, split: SplitInfo) -> None:

@@ -1,0 +1,345 @@
+"""Existing training code reads our output with the flags and settings the README's
+"Use with existing training code" section gives.
+
+Each consumer's input code is re-implemented from its facts (file patterns,
+compression, feature keys, types and defaults, label arithmetic), not copied:
+tensorflow/tpu's ResNet ``imagenet_input``, TF Model Garden's classification
+``Decoder``/``Parser``, TF-slim's ``datasets/imagenet.py`` with
+``dataset_utils``. TensorFlow Datasets is the real one: ``builder_from_directory``.
+Every result is compared with our own reader, record by record, by file name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from beam_prep import features, layout, tfds_metadata
+from beam_prep.dataset import DatasetInfo, SplitInfo
+from beam_prep.errors import DatasetError
+from beam_prep.reader import ImageInfo, RecordFiles, load_info, make_dataset
+from helpers import make_tree, read_split, run_prepare
+
+COUNTS = {"cat": 2, "dog": 3, "emu": 2}
+SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("tree")
+    make_tree(root, COUNTS, splits=("train", "validation"), size=(24, 20))
+    return root
+
+
+def _prepare(tmp_path_factory, tree: pathlib.Path, name: str, *flags: str) -> pathlib.Path:
+    out = tmp_path_factory.mktemp(name) / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--image_size", str(SIZE),
+                         "--num_shards", "2", "--direct_running_mode=in_memory", *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def imagenet_style(tmp_path_factory, tree) -> pathlib.Path:
+    """What ImageNet-style code (tpu, slim) reads: uncompressed, id 0 kept for background,
+    TF-slim's labels.txt."""
+    return _prepare(tmp_path_factory, tree, "imagenet_style", "--compression", "none",
+                    "--label_offset", "1", "--labels_txt", "slim")
+
+
+@pytest.fixture(scope="module")
+def default_gzip(tmp_path_factory, tree) -> pathlib.Path:
+    return _prepare(tmp_path_factory, tree, "default_gzip")
+
+
+@pytest.fixture(scope="module")
+def plain_gray_png(tmp_path_factory, tree) -> pathlib.Path:
+    return _prepare(tmp_path_factory, tree, "plain_gray_png", "--compression", "none",
+                    "--image_format", "png", "--channels", "1")
+
+
+@pytest.fixture(scope="module")
+def plain_raw(tmp_path_factory, tree) -> pathlib.Path:
+    return _prepare(tmp_path_factory, tree, "plain_raw", "--compression", "none",
+                    "--image_format", "raw", "--label_offset", "2")
+
+
+def _manifest(out: pathlib.Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def ours(out: pathlib.Path, split: str) -> dict[bytes, tuple[int, np.ndarray]]:
+    """Our reader's (label id, uint8 image) for each record, by file name."""
+    ds = make_dataset(str(out), split, batch_size=None, training=False, extra_keys=[features.FILENAME])
+    return {extra[features.FILENAME].numpy(): (int(label), image.numpy()) for image, label, extra in ds}
+
+
+def test_our_reader_yields_ids_that_index_the_labels_whatever_the_offset(imagenet_style, plain_raw):
+    for out, offset in ((imagenet_style, 1), (plain_raw, 2)):
+        manifest = _manifest(out)
+        assert manifest["label_offset"] == offset
+        info = load_info(str(out))
+        for split in ("train", "validation"):
+            stored = {r["image/filename"]: r for r in read_split(out, split)}
+            read = ours(out, split)
+            assert len(read) == len(stored) == manifest["splits"][split]["num_examples"]
+            for name, (label, _) in read.items():
+                assert stored[name]["image/class/label"] == label + offset
+                assert info.labels[label] == stored[name]["image/class/text"].decode()
+        # One-hot vectors are as deep as the labels: no column for the reserved ids.
+        _, one_hot = next(iter(make_dataset(str(out), "train", batch_size=4, one_hot=True)))
+        assert one_hot.shape[1] == len(COUNTS)
+
+
+def test_bare_files_take_the_offset_too(imagenet_style):
+    files = RecordFiles(str(imagenet_style / "train-*"), ImageInfo(SIZE, SIZE, 3, "jpeg"),
+                        num_classes=len(COUNTS), compression="NONE", label_offset=1)
+    ds = make_dataset(files, batch_size=None, extra_keys=[features.FILENAME])
+    bare = {extra[features.FILENAME].numpy(): int(label) for _, label, extra in ds}
+    assert bare == {name: label for name, (label, _) in ours(imagenet_style, "train").items()}
+
+
+def test_labels_txt_stays_the_label_list_with_an_offset(plain_raw, default_gzip):
+    # Line k (from 0) is stored id k + label_offset: the file is still a valid --labels_file.
+    for out in (plain_raw, default_gzip):
+        assert (out / "labels.txt").read_text().splitlines() == sorted(COUNTS)
+
+
+# --- tensorflow/tpu ResNet: imagenet_input.ImageNetInput.dataset_parser -----------------
+
+
+def _tpu_parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Its spec (keys, types, defaults) and its label arithmetic: ids from 1, 0 is background."""
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature((), tf.string, ""),
+        "image/format": tf.io.FixedLenFeature((), tf.string, "jpeg"),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64, -1),
+        "image/class/text": tf.io.FixedLenFeature([], tf.string, ""),
+        "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/ymin": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
+        "image/object/class/label": tf.io.VarLenFeature(tf.int64),
+    }
+    parsed = tf.io.parse_single_example(serialized, spec)
+    image = tf.io.decode_jpeg(parsed["image/encoded"], channels=3)
+    label = tf.cast(tf.reshape(parsed["image/class/label"], []), tf.int32) - 1
+    return image, label
+
+
+def test_tpu_resnet_reads_uncompressed_output_with_label_offset_1(imagenet_style):
+    manifest = _manifest(imagenet_style)
+    names = manifest["labels"]
+    filename_spec = {"image/filename": tf.io.FixedLenFeature([], tf.string)}
+    for split, pattern in (("train", "train-*"), ("validation", "validation-*")):
+        # Its file patterns match exactly the split's shards, nothing else in the folder.
+        files = sorted(tf.io.gfile.glob(str(imagenet_style / pattern)))
+        assert [f.rsplit("/", 1)[-1] for f in files] == manifest["splits"][split]["shards"]
+        read = ours(imagenet_style, split)
+        seen = 0
+        for serialized in tf.data.TFRecordDataset(files):  # uncompressed, as it opens them
+            image, label = _tpu_parse(serialized)
+            name = tf.io.parse_single_example(serialized, filename_spec)["image/filename"].numpy()
+            assert int(label) == read[name][0] and 0 <= int(label) < len(names)
+            assert names[int(label)] == name.decode().split("/")[-2]
+            assert image.shape == (SIZE, SIZE, 3)
+            seen += 1
+        assert seen == len(read)
+
+
+def test_tpu_resnet_cannot_read_the_default_gzip_output(default_gzip):
+    files = tf.io.gfile.glob(str(default_gzip / "train-*"))
+    with pytest.raises(tf.errors.DataLossError):
+        list(tf.data.TFRecordDataset(files))
+
+
+# --- TF Model Garden: official/vision/dataloaders/classification_input -----------------
+
+
+def _garden_records(pattern: str, file_type: str) -> tf.data.Dataset:
+    """Its input reader: list_files, then TFRecordDataset, GZIP for ``tfrecord_compressed``."""
+    compression = "GZIP" if file_type == "tfrecord_compressed" else None
+    files = tf.data.Dataset.list_files(pattern, shuffle=False)
+    return files.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression))
+
+
+def _garden_decode(serialized: tf.Tensor, decode_jpeg_only: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """Its Decoder's spec, then its Parser's decode: a crop-decode of the JPEG
+    (``decode_jpeg_only: true``, the default) or ``decode_image`` to 3 channels; labels as stored."""
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature((), tf.string, ""),
+        "image/format": tf.io.FixedLenFeature((), tf.string, "jpeg"),
+        "image/class/label": tf.io.FixedLenFeature((), tf.int64, -1),
+    }
+    parsed = tf.io.parse_single_example(serialized, spec)
+    encoded = parsed["image/encoded"]
+    if decode_jpeg_only:
+        shape = tf.image.extract_jpeg_shape(encoded)
+        image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([0, 0, shape[0], shape[1]]), channels=3)
+    else:
+        image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    return image, tf.cast(parsed["image/class/label"], tf.int32)
+
+
+def _filename(serialized: tf.Tensor) -> bytes:
+    spec = {"image/filename": tf.io.FixedLenFeature([], tf.string)}
+    return tf.io.parse_single_example(serialized, spec)["image/filename"].numpy()
+
+
+def test_model_garden_reads_the_default_gzip_output_as_tfrecord_compressed(default_gzip):
+    for split in ("train", "validation"):
+        read = ours(default_gzip, split)
+        records = list(_garden_records(str(default_gzip / f"{split}*"), "tfrecord_compressed"))
+        assert len(records) == len(read)
+        for serialized in records:
+            image, label = _garden_decode(serialized, decode_jpeg_only=True)
+            ours_label, ours_image = read[_filename(serialized)]
+            assert int(label) == ours_label
+            # The same JPEG decoded by another DCT: within a few levels of ours.
+            assert np.abs(image.numpy().astype(int) - ours_image).mean() < 3
+
+
+def test_model_garden_default_file_type_cannot_read_gzip(default_gzip):
+    with pytest.raises(tf.errors.DataLossError):
+        list(_garden_records(str(default_gzip / "train*"), "tfrecord"))
+
+
+def test_model_garden_reads_png_with_decode_jpeg_only_false(plain_gray_png):
+    read = ours(plain_gray_png, "train")
+    records = list(_garden_records(str(plain_gray_png / "train*"), "tfrecord"))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        _garden_decode(records[0], decode_jpeg_only=True)
+    for serialized in records:
+        image, label = _garden_decode(serialized, decode_jpeg_only=False)
+        ours_label, ours_image = read[_filename(serialized)]
+        assert int(label) == ours_label
+        # Grayscale comes out as 3 equal channels, each exactly our pixels (PNG is lossless).
+        assert (image.numpy() == np.repeat(ours_image, 3, axis=-1)).all()
+
+
+# --- TF-slim: datasets/imagenet.py get_split with dataset_utils ---------------------------
+
+
+def _slim_read_label_file(folder: pathlib.Path) -> dict[int, str]:
+    """dataset_utils.read_label_file: non-empty lines, split at the first ':'."""
+    labels = {}
+    for line in filter(None, (folder / "labels.txt").read_text().split("\n")):
+        index = line.index(":")
+        labels[int(line[:index])] = line[index + 1:]
+    return labels
+
+
+def _slim_decode(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+    """get_split's keys_to_features and items_to_handlers (Image by image/format, the label as stored)."""
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature((), tf.string, ""),
+        "image/format": tf.io.FixedLenFeature((), tf.string, "jpeg"),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64, -1),
+        "image/class/text": tf.io.FixedLenFeature([], tf.string, ""),
+        "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+        "image/object/class/label": tf.io.VarLenFeature(tf.int64),
+    }
+    parsed = tf.io.parse_single_example(serialized, spec)
+    assert parsed["image/format"].numpy() in (b"jpeg", b"JPEG")
+    return {"image": tf.io.decode_jpeg(parsed["image/encoded"], channels=3),
+            "label": parsed["image/class/label"], "label_text": parsed["image/class/text"]}
+
+
+def test_slim_get_split_reads_output_written_with_labels_txt_slim(imagenet_style):
+    labels_to_names = _slim_read_label_file(imagenet_style)
+    assert labels_to_names == {i + 1: name for i, name in enumerate(sorted(COUNTS))}
+    for split in ("train", "validation"):
+        files = sorted(tf.io.gfile.glob(str(imagenet_style / f"{split}-*")))  # _FILE_PATTERN '%s-*'
+        read = ours(imagenet_style, split)
+        items = [(_slim_decode(s), _filename(s)) for s in tf.data.TFRecordDataset(files)]
+        assert len(items) == len(read)
+        for item, name in items:
+            label = int(item["label"])
+            assert labels_to_names[label] == item["label_text"].numpy().decode()
+            # train_image_classifier's --labels_offset=1 gives our reader's ids.
+            assert label - 1 == read[name][0]
+
+
+def test_slim_cannot_parse_the_default_labels_txt(default_gzip):
+    with pytest.raises(ValueError, match="substring not found"):
+        _slim_read_label_file(default_gzip)
+
+
+# --- TensorFlow Datasets: the real builder_from_directory ----------------------------------
+
+
+@pytest.mark.parametrize("which", ["imagenet_style", "plain_gray_png", "plain_raw"])
+def test_tfds_reads_every_record_with_the_right_label(which, request):
+    import tensorflow_datasets as tfds
+
+    out = request.getfixturevalue(which)
+    manifest = _manifest(out)
+    offset = manifest["label_offset"]
+    builder = tfds.builder_from_directory(str(out))
+    label_feature = builder.info.features[features.LABEL]
+    assert label_feature.names == tfds_metadata.class_names(manifest["labels"], offset)
+    assert set(builder.info.splits) == set(manifest["splits"])
+    for split, expected in manifest["splits"].items():
+        assert builder.info.splits[split].num_examples == expected["num_examples"]
+        read = ours(out, split)
+        examples = list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)))
+        assert len(examples) == len(read)
+        for ex in examples:
+            label, image = read[ex[features.FILENAME]]
+            assert ex[features.LABEL] == label + offset
+            assert label_feature.int2str(ex[features.LABEL]) == ex[features.LABEL_TEXT].decode()
+            if manifest["image"]["format"] == "jpeg":  # TFDS decodes with TensorFlow's default DCT
+                assert np.abs(ex[features.ENCODED].astype(int) - image).mean() < 3
+            else:
+                assert (ex[features.ENCODED] == image).all()
+    image, label = next(iter(tfds.as_numpy(builder.as_dataset(split="train", as_supervised=True))))
+    assert image.shape == (SIZE, SIZE, manifest["image"]["channels"]) and label >= offset
+
+
+def test_tfds_show_examples_draws_the_dataset(imagenet_style):
+    import matplotlib
+    import tensorflow_datasets as tfds
+
+    matplotlib.use("Agg")
+    builder = tfds.builder_from_directory(str(imagenet_style))
+    figure = tfds.show_examples(builder.as_dataset(split="train"), builder.info, rows=1, cols=2)
+    titles = sorted(ax.get_xlabel() for ax in figure.axes)
+    assert len(titles) == 2 and all(t.split(" ")[0] in COUNTS for t in titles)
+
+
+def test_gzip_output_has_no_tfds_metadata(default_gzip):
+    for name in tfds_metadata.FILES:
+        assert not (default_gzip / name).exists()
+
+
+def test_tfds_metadata_belongs_to_the_dataset(imagenet_style, tmp_path):
+    """--overwrite and the check for an occupied --output see TFDS's files as the dataset's."""
+    copy = tmp_path / "copy"
+    shutil.copytree(imagenet_style, copy)
+    (copy / "manifest.json").unlink()
+    owned = {p.rsplit("/", 1)[-1] for p in layout.existing_dataset_files(str(copy))}
+    assert set(tfds_metadata.FILES) <= owned
+
+
+def test_reserved_ids_get_names_no_label_has():
+    names = tfds_metadata.class_names(["reserved_0", "cat"], 2)
+    assert names == ["_reserved_0", "reserved_1", "reserved_0", "cat"]
+
+
+def test_tfds_metadata_is_refused_where_tfds_could_not_read_the_shards():
+    image = ImageInfo(SIZE, SIZE, 3, "jpeg")
+    counted = {"train": SplitInfo("train", ("train-00000-of-00001.tfrecord",), 3, (3,))}
+    uncounted = {"train": SplitInfo("train", ("train-00000-of-00001.tfrecord",), 3, None)}
+    readable = DatasetInfo("out", ("a",), counted, image, "NONE")
+    assert tfds_metadata.unsupported(readable) is None
+    for info, reason in ((dataclasses.replace(readable, compression="GZIP"), "--compression none"),
+                         (dataclasses.replace(readable, splits=uncounted), "--sink streaming"),
+                         (dataclasses.replace(readable, image=ImageInfo(None, None, 3, "raw")), "--image_size")):
+        assert reason in tfds_metadata.unsupported(info)
+        with pytest.raises(DatasetError, match="no TFDS metadata"):
+            tfds_metadata.metadata_files(info, "out")
