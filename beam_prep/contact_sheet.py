@@ -37,7 +37,7 @@ _LOG = logging.getLogger(__name__)
 PAD = 4  # pixels between cells, and around the sheet
 FONT_SIZE = 14
 MAX_CELL = 256  # default cell side for large images; --cell overrides
-VARYING_CELL = 128  # default cell side when stored sizes vary
+EMPTY_CELL = 32  # cell side of a sheet with no images at all
 BACKGROUND = (32, 32, 32)
 TEXT = (235, 235, 235)
 MUTED = (150, 150, 150)
@@ -48,13 +48,17 @@ MAX_CAPTION = 48  # characters of a label name before it is cut
 class Row:
     """One class's row: its caption and where each of its images was drawn.
 
-    ``boxes`` are (left, top, right, bottom) of each image as pasted, in the
-    order the records were read.
+    ``top`` and ``bottom`` bound the row's band of the sheet; ``left`` is where
+    its images start, right of the captions. ``boxes`` are (left, top, right,
+    bottom) of each image as pasted, in the order the records were read.
     """
 
     index: int  # position in the dataset's labels
     label_id: int  # the id stored in the records (index + label offset)
     caption: str
+    top: int
+    bottom: int
+    left: int
     boxes: tuple[tuple[int, int, int, int], ...]
 
 
@@ -71,6 +75,9 @@ def make_contact_sheet(info: DatasetInfo, split: str = "train", per_class: int =
                        cell: int | None = None) -> ContactSheet:
     """Reads up to ``per_class`` records of each class of ``split`` and draws them.
 
+    ``cell`` is the side of each image's box; by default the largest image
+    shown, up to MAX_CELL, so images appear pixel for pixel.
+
     Raises:
       OptionsError: ``per_class`` or ``cell`` below 1, or an unknown split.
       DatasetError: a shard missing or damaged, or a record whose label id is not
@@ -81,14 +88,13 @@ def make_contact_sheet(info: DatasetInfo, split: str = "train", per_class: int =
     if cell is not None and cell < 1:
         raise OptionsError(f"cell must be at least 1 pixel, not {cell}")
     samples = collect(info, split, per_class)
-    return draw(info, split, samples, per_class, cell or default_cell(info))
+    return draw(info, split, samples, per_class, cell or default_cell(samples))
 
 
-def default_cell(info: DatasetInfo) -> int:
-    """The stored size (pixels shown one to one) up to MAX_CELL; VARYING_CELL when sizes vary."""
-    if not info.image.fixed_size:
-        return VARYING_CELL
-    return min(max(info.image.height, info.image.width), MAX_CELL)
+def default_cell(samples: Sequence[Sequence[np.ndarray]]) -> int:
+    """The largest side among the images (one to one) up to MAX_CELL; EMPTY_CELL when there are none."""
+    sides = [max(pixels.shape[:2]) for images in samples for pixels in images]
+    return min(max(sides), MAX_CELL) if sides else EMPTY_CELL
 
 
 def collect(info: DatasetInfo, split: str, per_class: int) -> list[list[np.ndarray]]:
@@ -159,7 +165,7 @@ def draw(info: DatasetInfo, split: str, samples: Sequence[Sequence[np.ndarray]],
          cell: int) -> ContactSheet:
     """Lays ``samples`` (per label index) out, a row per label in label order.
 
-    Each image is centred in a ``cell`` x ``cell`` box, shrunk to fit (keeping
+    The sheet is as wide as its fullest row. Each image is centred in a ``cell`` x ``cell`` box, shrunk to fit (keeping
     its aspect ratio) when larger and never enlarged, so sizes can be compared.
     """
     font = _font()
@@ -169,7 +175,8 @@ def draw(info: DatasetInfo, split: str, samples: Sequence[Sequence[np.ndarray]],
     text_h = _text_size(font, "Ag(0)")[1]
     label_w = max(_text_size(font, c)[0] for c in [*captions, "no examples"]) + 2 * PAD
     row_h = max(cell, text_h) + PAD
-    width = max(label_w + per_class * (cell + PAD) + PAD, _text_size(font, title)[0] + 2 * PAD)
+    columns = max([1, *(min(len(images), per_class) for images in samples)])
+    width = max(label_w + columns * (cell + PAD) + PAD, _text_size(font, title)[0] + 2 * PAD)
     top = PAD + text_h + 2 * PAD
     sheet = Image.new("RGB", (width, top + len(captions) * row_h + PAD), BACKGROUND)
     pen = ImageDraw.Draw(sheet)
@@ -188,7 +195,8 @@ def draw(info: DatasetInfo, split: str, samples: Sequence[Sequence[np.ndarray]],
             upper = y + (cell - picture.height) // 2
             sheet.paste(picture, (left, upper))
             boxes.append((left, upper, left + picture.width, upper + picture.height))
-        rows.append(Row(index, index + info.label_offset, caption, tuple(boxes)))
+        rows.append(Row(index, index + info.label_offset, caption, y, y + row_h - PAD, label_w,
+                        tuple(boxes)))
     return ContactSheet(sheet, split, per_class, cell, tuple(rows))
 
 
@@ -217,7 +225,7 @@ def _caption(name: str, label_id: int) -> str:
 def _spec(info: DatasetInfo) -> str:
     image = info.image
     size = f"{image.height}x{image.width}" if image.fixed_size else "sizes vary"
-    return f"{size}x{image.channels} {image.format}"
+    return f"{size}, {image.channels} channel{'s' if image.channels != 1 else ''}, {image.format}"
 
 
 def _to_pil(pixels: np.ndarray) -> Image.Image:

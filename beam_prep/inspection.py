@@ -38,6 +38,8 @@ __all__ = [
     "SplitSummary",
     "Spread",
     "Summary",
+    "format_bytes",
+    "format_number",
     "open_output",
     "render_text",
     "summarize",
@@ -343,9 +345,10 @@ def _image_line(image: ImageInfo, compression: str, label_offset: int) -> str:
 
 def _split_row(s: SplitSummary) -> list[str]:
     b, r = s.shards.bytes, s.shards.records
-    sizes = [_bytes(b.min), _bytes(b.median), _bytes(b.max)] if b else ["-"] * 3
-    records = [_number(r.min), _number(r.median), _number(r.max)] if r else ["unknown", "", ""]
-    return [s.name, str(s.num_examples), str(s.shards.count), _bytes(s.shards.total_bytes),
+    sizes = [format_bytes(b.min), format_bytes(b.median), format_bytes(b.max)] if b else ["-"] * 3
+    records = ([format_number(r.min), format_number(r.median), format_number(r.max)] if r
+               else ["unknown", "", ""])
+    return [s.name, str(s.num_examples), str(s.shards.count), format_bytes(s.shards.total_bytes),
             *sizes, *records, _ratio(s.imbalance)]
 
 
@@ -363,7 +366,9 @@ def _class_section(summary: Summary, max_classes: int | None) -> list[str]:
     i = summary.imbalance
     head = (f"classes: {summary.info.num_classes}, largest first; imbalance (largest class / "
             f"smallest): {_ratio(i)}")
-    if i is not None:
+    if i is not None and i.largest[1] == i.smallest[1]:
+        head += f" (every class {i.largest[1]})"
+    elif i is not None:
         head += f" ({i.largest[0]} {i.largest[1]} / {i.smallest[0]} {i.smallest[1]})"
     if any(s.imbalance is not None and s.imbalance.ratio is None for s in summary.splits):
         head += "; inf: a class has no examples"
@@ -399,7 +404,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], right: Iterable
     return lines
 
 
-def _bytes(n: float) -> str:
+def format_bytes(n: float) -> str:
+    """A size as the table shows it: bytes below 1 KiB, else KiB, MiB or GiB to one decimal."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -407,7 +413,8 @@ def _bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _number(x: float) -> str:
+def format_number(x: float) -> str:
+    """A count as the table shows it: whole when it is (a median of two may not be)."""
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
 

@@ -36,8 +36,9 @@ captioned with the label name and the id stored in the records.
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="beam-prep inspect", description="Summarise a beam-prep output folder (local or gs://): "
-        "splits, shards, classes, image spec and failures; optionally draw a contact sheet.",
+        prog="beam-prep inspect",
+        description="Summarise a beam-prep output folder (local or gs://): splits, shards, classes,\n"
+                    "image spec and failures; optionally draw a contact sheet of its records.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("output", metavar="OUT", help="the output folder of a beam-prep run (holds manifest.json)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
@@ -52,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
                       "or the first split when there is no train)")
     grid.add_argument("--cell", type=_positive, metavar="PX",
                       help="side of each image's cell in pixels; larger images are shrunk to fit "
-                      "(default: the stored size up to 256, 128 when sizes vary)")
+                      "(default: the largest image shown, up to 256: pixel for pixel)")
     return p
 
 

@@ -73,8 +73,8 @@ def test_table_shows_splits_and_shards_as_the_manifest_and_files_say(capsys, out
         counts = split["shard_num_examples"]
         assert row[1] == str(split["num_examples"])
         assert row[2] == str(len(split["shards"]))
-        assert " ".join(row[3:5]) == inspection._bytes(sum(shard_sizes(output, split)))
-        assert row[-4:-1] == [inspection._number(v) for v in
+        assert " ".join(row[3:5]) == inspection.format_bytes(sum(shard_sizes(output, split)))
+        assert row[-4:-1] == [inspection.format_number(v) for v in
                               (min(counts), statistics.median(counts), max(counts))]
     assert "image: 20x20, 3 channels, jpeg, resize_mode center_crop, compression GZIP" in out
 
@@ -245,12 +245,16 @@ def test_grid_draws_a_row_per_class_in_label_order_from_the_records(capsys, tmp_
 def test_grid_grows_a_cell_per_image_per_class(output):
     info = load_info(str(output))
     # Cells wide enough that the grid, not the title line, sets the width.
-    three = contact_sheet.make_contact_sheet(info, "validation", per_class=3, cell=120)
-    five = contact_sheet.make_contact_sheet(info, "validation", per_class=5, cell=120)
-    assert five.image.width - three.image.width == 2 * (120 + contact_sheet.PAD)
-    assert five.image.height == three.image.height
+    two = contact_sheet.make_contact_sheet(info, "train", per_class=2, cell=200)
+    four = contact_sheet.make_contact_sheet(info, "train", per_class=4, cell=200)
+    assert four.image.width - two.image.width == 2 * (200 + contact_sheet.PAD)
+    assert four.image.height == two.image.height
+    # As wide as the fullest row: bee's 3 validation records make 3 columns, not 8.
     # ant and cat have no validation records: their rows are captioned and empty.
-    assert [len(row.boxes) for row in five.rows] == [0, 3, 0]
+    three = contact_sheet.make_contact_sheet(info, "validation", per_class=3, cell=200)
+    eight = contact_sheet.make_contact_sheet(info, "validation", per_class=8, cell=200)
+    assert [len(row.boxes) for row in eight.rows] == [0, 3, 0]
+    assert eight.image.size == three.image.size
 
 
 def test_grid_shrinks_images_larger_than_the_cell(output):
