@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from beam_prep import contact_sheet, inspection
+from beam_prep.errors import DatasetError
 from beam_prep.reader import load_info
 from helpers import REPO, make_tree, read_split, run_prepare
 from pipelines import cli, inspect_output
@@ -191,6 +192,39 @@ def test_a_damaged_shard_fails_the_sheet_naming_it(capsys, tmp_path, output, man
     assert code == 1
     assert f"{copy}/{manifest['splits']['train']['shards'][0]}" in err
     assert not (tmp_path / "s.png").exists()
+
+
+def test_a_dataset_without_per_shard_counts_or_errors_file_says_what_it_lacks(capsys, tmp_path, output):
+    """The shuffle sink does not count records per shard; an errors.jsonl may have been deleted."""
+    copy = shutil.copytree(output, tmp_path / "out")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        del split["shard_num_examples"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "errors.jsonl").unlink()
+    code, out, _ = inspect(capsys, copy, "--grid", tmp_path / "s.png", "--per-class", "1")
+    assert code == 0
+    rows = {row[0]: row for row in table_rows(out, "split")}
+    assert rows["train"][-2:] == ["unknown", "1.33"]
+    assert "failures by stage (no errors.jsonl to give reasons):\n  decode: 1" in out
+    summary = inspection.to_json(inspection.summarize(str(copy)))
+    assert summary["splits"]["train"]["shards"]["records"] is None and summary["failures"] == []
+    assert summary["errors_file"] is None
+    assert Image.open(tmp_path / "s.png").format == "PNG"
+
+
+def test_the_sheet_stops_reading_once_every_class_has_its_images(tmp_path, output, manifest):
+    """A damaged second shard is never reached when the first holds an image of every class."""
+    first, second = manifest["splits"]["train"]["shards"]
+    in_first = {int(r["image/class/label"]) for r in read_split(output, "train") if r["shard"] == first}
+    assert in_first == {0, 1, 2}  # the dataset is made so; the test relies on it
+    copy = shutil.copytree(output, tmp_path / "out")
+    (copy / second).write_bytes(b"\x1f\x8b not a shard")
+    info = load_info(str(copy))
+    sheet = contact_sheet.make_contact_sheet(info, "train", per_class=1)
+    assert [len(row.boxes) for row in sheet.rows] == [1, 1, 1]
+    with pytest.raises(DatasetError, match=f"{copy}/{second}"):
+        contact_sheet.make_contact_sheet(info, "train", per_class=3)
 
 
 def test_bad_numbers_are_refused_by_the_parser(capsys, output):
