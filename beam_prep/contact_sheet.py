@@ -137,7 +137,7 @@ def collect(info: DatasetInfo, split: str, per_class: int) -> list[list[np.ndarr
                                "incomplete") from e
         except tf.errors.OpError as e:
             raise DatasetError(f"cannot read shard {path}: {e.message}") from e
-    if missing:
+    if missing and s.class_counts is not None:
         _LOG.warning("split %s: %d images fewer than the manifest's class counts promise",
                      split, missing)
     return kept

@@ -17,7 +17,7 @@ import logging
 import sys
 from typing import Sequence
 
-from beam_prep.errors import BeamPrepError, OptionsError
+from beam_prep.errors import BeamPrepError
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
@@ -78,22 +78,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BeamPrepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    splits = summary.info.splits
+    split = args.split or ("train" if "train" in splits or not splits else next(iter(splits)))
+    if args.grid and split not in splits:
+        print(f"error: {summary.root} has no split {split!r}; its splits: {', '.join(splits) or 'none'}",
+              file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(inspection.to_json(summary), indent=2, ensure_ascii=False))
     else:
         print(inspection.render_text(summary, args.max_classes), end="")
-    status = 1 if summary.missing_shards else 0
+    status = 0
     if summary.missing_shards:
         print(f"error: {len(summary.missing_shards)} shards the manifest lists are missing from "
               f"{summary.root}: the dataset is incomplete", file=sys.stderr)
+        status = 1
     if args.grid:
-        split = args.split or ("train" if "train" in summary.info.splits else next(iter(summary.info.splits), ""))
         try:
             sheet = contact_sheet.make_contact_sheet(summary.info, split, args.per_class, args.cell)
             contact_sheet.save(sheet, args.grid)
-        except OptionsError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         except BeamPrepError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -101,7 +104,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"contact sheet: {args.grid} ({shown} images of {len(sheet.rows)} classes from {split}, "
               f"{sheet.image.width}x{sheet.image.height} px)", file=sys.stderr if args.json else sys.stdout)
     return status
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -177,9 +177,10 @@ def test_a_missing_shard_is_shown_and_fails_the_command(capsys, tmp_path, output
     assert "1 shards the manifest lists are missing" in err
 
 
-def test_an_unknown_split_for_the_sheet_is_refused(capsys, tmp_path, output):
-    code, _, err = inspect(capsys, output, "--grid", tmp_path / "s.png", "--split", "test")
-    assert code == 2 and "has no split 'test'; its splits: train, validation" in err
+def test_an_unknown_split_for_the_sheet_is_refused_before_any_output(capsys, tmp_path, output):
+    code, out, err = inspect(capsys, output, "--grid", tmp_path / "s.png", "--split", "test")
+    assert code == 2 and out == ""
+    assert "has no split 'test'; its splits: train, validation" in err
     assert not (tmp_path / "s.png").exists()
 
 
@@ -319,3 +320,8 @@ def test_inspect_reads_a_gs_output_as_it_reads_a_local_one(gcs_server, capsys, t
     expected = contact_sheet.make_contact_sheet(load_info(str(output)), "train", per_class=2)
     assert (np.asarray(Image.open(sheet).convert("RGB")) == np.asarray(expected.image)).all()
     assert "contact sheet:" in result.stderr  # stdout stays pure JSON
+
+    missing = gcs_server.run([sys.executable, "-m", "pipelines.cli", "inspect", bucket.url("nothing")],
+                             cwd=REPO, check=False)
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert f"error: no manifest.json at {bucket.url('nothing')}/manifest.json" in missing.stderr
