@@ -26,6 +26,7 @@ from PIL import Image, ImageDraw, ImageFont
 from beam_prep import features
 from beam_prep.dataset import DatasetInfo
 from beam_prep.errors import DatasetError, OptionsError, StorageError
+from beam_prep.inspection import describe_image
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -79,9 +80,9 @@ def make_contact_sheet(info: DatasetInfo, split: str = "train", per_class: int =
     shown, up to MAX_CELL, so images appear pixel for pixel.
 
     Raises:
-      OptionsError: ``per_class`` or ``cell`` below 1, or an unknown split.
-      DatasetError: a shard missing or damaged, or a record whose label id is not
-        one of the dataset's.
+      OptionsError: ``per_class`` or ``cell`` below 1.
+      DatasetError: an unknown split, a shard missing or damaged, or a record whose
+        label id is not one of the dataset's.
     """
     if per_class < 1:
         raise OptionsError(f"per class must be at least 1, not {per_class}")
@@ -101,9 +102,8 @@ def collect(info: DatasetInfo, split: str, per_class: int) -> list[list[np.ndarr
     """The first ``per_class`` decoded images of each label of ``split``, by label index (uint8 HWC).
 
     Raises:
-      OptionsError: ``split`` is not one of the dataset's.
-      DatasetError: a shard is missing or damaged (named), or a record's label id
-        is out of the dataset's range.
+      DatasetError: ``split`` is not one of the dataset's (as the reader says it), a
+        shard is missing or damaged (named), or a record's label id is out of range.
     """
     import tensorflow as tf
 
@@ -111,7 +111,7 @@ def collect(info: DatasetInfo, split: str, per_class: int) -> list[list[np.ndarr
     from beam_prep.reader.sources import tf_compression
 
     if split not in info.splits:
-        raise OptionsError(f"{info.root} has no split {split!r}; its splits: {', '.join(info.splits)}")
+        raise DatasetError(f"{info.root} has no split {split!r}; its splits: {', '.join(info.splits) or 'none'}")
     s = info.splits[split]
     wanted = [min(per_class, int(s.class_counts.get(name, 0))) if s.class_counts is not None
               else per_class for name in info.labels]
@@ -171,7 +171,7 @@ def draw(info: DatasetInfo, split: str, samples: Sequence[Sequence[np.ndarray]],
     font = _font()
     captions = [_caption(name, i + info.label_offset) for i, name in enumerate(info.labels)]
     title = (f"{split}: up to {per_class} per class, decoded from the shards "
-             f"({_spec(info)})")
+             f"({describe_image(info.image)})")
     text_h = _text_size(font, "Ag(0)")[1]
     label_w = max(_text_size(font, c)[0] for c in [*captions, "no examples"]) + 2 * PAD
     row_h = max(cell, text_h) + PAD
@@ -220,12 +220,6 @@ def save(sheet: ContactSheet, path: str) -> None:
 def _caption(name: str, label_id: int) -> str:
     short = name if len(name) <= MAX_CAPTION else name[:MAX_CAPTION - 1] + "…"
     return f"{short} ({label_id})"
-
-
-def _spec(info: DatasetInfo) -> str:
-    image = info.image
-    size = f"{image.height}x{image.width}" if image.fixed_size else "sizes vary"
-    return f"{size}, {image.channels} channel{'s' if image.channels != 1 else ''}, {image.format}"
 
 
 def _to_pil(pixels: np.ndarray) -> Image.Image:

@@ -38,6 +38,7 @@ __all__ = [
     "SplitSummary",
     "Spread",
     "Summary",
+    "describe_image",
     "format_bytes",
     "format_number",
     "open_output",
@@ -334,10 +335,15 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def _image_line(image: ImageInfo, compression: str, label_offset: int) -> str:
+def describe_image(image: ImageInfo) -> str:
+    """How images are stored, in a few words: ``224x224, 3 channels, jpeg``."""
     size = f"{image.height}x{image.width}" if image.fixed_size else "sizes vary"
-    parts = [size, f"{image.channels} channel{'s' if image.channels != 1 else ''}", image.format,
-             f"resize_mode {image.resize_mode or 'unknown'}", f"compression {compression}"]
+    return f"{size}, {image.channels} channel{'s' if image.channels != 1 else ''}, {image.format}"
+
+
+def _image_line(image: ImageInfo, compression: str, label_offset: int) -> str:
+    parts = [describe_image(image), f"resize_mode {image.resize_mode or 'unknown'}",
+             f"compression {compression}"]
     if label_offset:
         parts.append(f"label ids start at {label_offset}")
     return ", ".join(parts)
