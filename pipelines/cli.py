@@ -18,6 +18,7 @@ from typing import Sequence
 # name -> (module, one-line purpose), in the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("pipelines.prepare_images", "turn ROOT/<label>/<image> into sharded TFRecords in OUT"),
+    "inspect": ("pipelines.inspect_output", "summarise OUT (splits, shards, classes, failures); --grid draws a contact sheet"),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from beam_prep.dataset import (
     MANIFEST,
@@ -21,7 +22,8 @@ from beam_prep.dataset import (
 from beam_prep.errors import DatasetError, OptionsError, StorageError
 from beam_prep.storage import bucket_of, join
 
-__all__ = ["RecordFiles", "Source", "load_info", "resolve_source", "select_files", "tf_compression"]
+__all__ = ["RecordFiles", "Source", "load_info", "read_manifest", "resolve_source", "select_files",
+           "tf_compression"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -89,6 +91,16 @@ def load_info(path: str) -> DatasetInfo:
         finished: the manifest is written last), or one this reader cannot use.
       StorageError: the path cannot be read (permissions, network).
     """
+    return read_manifest(path)[0]
+
+
+def read_manifest(path: str) -> tuple[DatasetInfo, dict[str, Any]]:
+    """``load_info(path)`` and the whole manifest it was read from, from one read.
+
+    The manifest also holds the writer's record of its run (counts, failures
+    by stage, skipped files by reason), which tools such as ``beam-prep
+    inspect`` show and the dataset model leaves out. Raises as ``load_info``.
+    """
     import tensorflow as tf
 
     root = path.rstrip("/") or path
@@ -108,7 +120,8 @@ def load_info(path: str) -> DatasetInfo:
                            f"in use read access to {bucket_of(root) or root}") from e
     except tf.errors.OpError as e:
         raise StorageError(f"cannot read {manifest_path}: {e.message}") from e
-    return DatasetInfo.from_json(parse_manifest(text, manifest_path), root, manifest_path)
+    manifest = parse_manifest(text, manifest_path)
+    return DatasetInfo.from_json(manifest, root, manifest_path), manifest
 
 
 def resolve_source(path: str | RecordFiles, split: str) -> Source:

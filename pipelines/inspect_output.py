@@ -1,0 +1,109 @@
+"""Look at a prepared output folder before training: ``beam-prep inspect OUT``.
+
+    python -m pipelines.inspect_output OUT [--json] [--grid SHEET.png [--per-class 8] [--split train]]
+
+Prints a table of the splits, shards, classes (with the imbalance ratio),
+image spec and failures; ``--json`` prints the same as one JSON object.
+``--grid`` also draws a contact sheet PNG of images decoded from the shards,
+a row per class. Exit codes: 0 done, 2 bad options or an output folder that
+is missing or not a finished dataset, 1 a shard the manifest lists is missing
+or the contact sheet could not be made or written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Sequence
+
+from beam_prep.errors import BeamPrepError
+
+CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+EPILOG = """\
+examples:
+  beam-prep inspect records
+  beam-prep inspect gs://bucket/records --json > summary.json
+  beam-prep inspect records --grid sheet.png --per-class 8 --split validation
+
+The imbalance ratio is the largest class's count divided by the smallest's
+(1.00: balanced). The contact sheet's images are decoded from the shards with
+the reader's own decoding, so they are what training gets; each row is
+captioned with the label name and the id stored in the records.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="beam-prep inspect",
+        description="Summarise a beam-prep output folder (local or gs://): splits, shards, classes,\n"
+                    "image spec and failures; optionally draw a contact sheet of its records.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("output", metavar="OUT", help="the output folder of a beam-prep run (holds manifest.json)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
+    p.add_argument("--max-classes", "--max_classes", dest="max_classes", type=_positive, metavar="N",
+                   help="show only the N largest and N smallest classes in the table (default: all)")
+    grid = p.add_argument_group("contact sheet")
+    grid.add_argument("--grid", metavar="SHEET.png",
+                      help="write a PNG contact sheet (local path or gs://): a row per class")
+    grid.add_argument("--per-class", "--per_class", dest="per_class", type=_positive, default=8, metavar="N",
+                      help="images per class on the sheet (default: 8)")
+    grid.add_argument("--split", help="the split the sheet's images come from (default: train, "
+                      "or the first split when there is no train)")
+    grid.add_argument("--cell", type=_positive, metavar="PX",
+                      help="side of each image's cell in pixels; larger images are shrunk to fit "
+                      "(default: the largest image shown, up to 256: pixel for pixel)")
+    return p
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
+    args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+
+    from beam_prep import contact_sheet, inspection
+
+    try:
+        summary = inspection.summarize(args.output)
+    except BeamPrepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    splits = summary.info.splits
+    split = args.split or ("train" if "train" in splits or not splits else next(iter(splits)))
+    if args.grid and split not in splits:
+        print(f"error: {summary.root} has no split {split!r}; its splits: {', '.join(splits) or 'none'}",
+              file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(inspection.to_json(summary), indent=2, ensure_ascii=False))
+    else:
+        print(inspection.render_text(summary, args.max_classes), end="")
+    status = 0
+    if summary.missing_shards:
+        print(f"error: {len(summary.missing_shards)} shards the manifest lists are missing from "
+              f"{summary.root}: the dataset is incomplete", file=sys.stderr)
+        status = 1
+    if args.grid:
+        try:
+            sheet = contact_sheet.make_contact_sheet(summary.info, split, args.per_class, args.cell)
+            contact_sheet.save(sheet, args.grid)
+        except BeamPrepError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        shown = sum(len(row.boxes) for row in sheet.rows)
+        print(f"contact sheet: {args.grid} ({shown} images of {len(sheet.rows)} classes from {split}, "
+              f"{sheet.image.width}x{sheet.image.height} px)", file=sys.stderr if args.json else sys.stdout)
+    return status
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""``beam-prep inspect OUT``: the table and JSON against the manifest and the files, the contact sheet
+against the records, on local disk and gs://."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from beam_prep import contact_sheet, inspection
+from beam_prep.errors import DatasetError
+from beam_prep.reader import load_info
+from helpers import REPO, make_tree, read_split, run_prepare
+from pipelines import cli, inspect_output
+
+LABELS = {"ant": 3, "bee": 7, "cat": 4}
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory):
+    """One small JPEG dataset with two splits, a class missing from validation, a failure and a skip."""
+    root = tmp_path_factory.mktemp("inspect")
+    make_tree(root / "tree", LABELS, size=(24, 20))
+    (root / "tree" / "bee" / "broken.jpg").write_bytes(b"not a jpeg")
+    (root / "tree" / "cat" / "notes.txt").write_text("not an image")
+    out = root / "out"
+    result = run_prepare("--input", str(root / "tree"), "--output", str(out), "--image_size", "20",
+                         "--validation_percent", "30", "--num_shards", "2")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def manifest(output):
+    return json.loads((output / "manifest.json").read_text())
+
+
+def inspect(capsys, *args: str) -> tuple[int, str, str]:
+    code = inspect_output.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def shard_sizes(output, split_manifest) -> list[int]:
+    return [os.path.getsize(output / name) for name in split_manifest["shards"]]
+
+
+# The table.
+
+def table_rows(text: str, header_start: str) -> list[list[str]]:
+    """The rows of the table whose header line starts with ``header_start``, split on runs of spaces."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(header_start))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  ") or not line.strip():
+            break
+        rows.append(line.split())
+    return rows
+
+
+def test_table_shows_splits_and_shards_as_the_manifest_and_files_say(capsys, output, manifest):
+    code, out, _ = inspect(capsys, output)
+    assert code == 0
+    rows = {row[0]: row for row in table_rows(out, "split")}
+    assert set(rows) == set(manifest["splits"]) == {"train", "validation"}
+    for name, split in manifest["splits"].items():
+        row = rows[name]
+        counts = split["shard_num_examples"]
+        assert row[1] == str(split["num_examples"])
+        assert row[2] == str(len(split["shards"]))
+        assert " ".join(row[3:5]) == inspection.format_bytes(sum(shard_sizes(output, split)))
+        assert row[-4:-1] == [inspection.format_number(v) for v in
+                              (min(counts), statistics.median(counts), max(counts))]
+    assert "image: 20x20, 3 channels, jpeg, resize_mode center_crop, compression GZIP" in out
+
+
+def test_table_lists_every_class_largest_first_with_the_imbalance_ratio(capsys, output, manifest):
+    _, out, _ = inspect(capsys, output)
+    labels = manifest["labels"]
+    splits = manifest["splits"]
+    totals = {label: sum(s["class_counts"][label] for s in splits.values()) for label in labels}
+    assert totals == LABELS  # broken.jpg, also in bee, failed
+    rows = table_rows(out, "id ")
+    assert [row[1] for row in rows] == sorted(labels, key=lambda label: (-totals[label], labels.index(label)))
+    for row in rows:
+        label = row[1]
+        assert row[0] == str(labels.index(label))
+        assert row[2:] == [str(splits["train"]["class_counts"][label]),
+                           str(splits["validation"]["class_counts"][label]), str(totals[label])]
+    ratio = max(totals.values()) / min(totals.values())
+    assert f"imbalance (largest class / smallest): {ratio:.2f} (bee 7 / ant 3)" in out
+
+
+def test_table_groups_failures_by_stage_and_reason(capsys, output, manifest):
+    _, out, _ = inspect(capsys, output)
+    c = manifest["counts"]
+    assert f"files: {c['listed']} listed, {c['written']} written, {c['failed']} failed, {c['skipped']} skipped" in out
+    assert "skipped, not an image file: 1" in out
+    (row,) = table_rows(out, "stage")
+    assert row[:3] == ["decode", "UnidentifiedImageError", "1"]
+    assert row[3].endswith("bee/broken.jpg:")
+
+
+def test_long_class_tables_can_be_shortened(capsys, output):
+    _, out, _ = inspect(capsys, output, "--max-classes", "1")
+    rows = table_rows(out, "id ")
+    assert [row[1] for row in rows] == ["bee", "(1", "ant"]
+
+
+# JSON.
+
+def test_json_holds_the_manifests_numbers_and_the_shard_files_sizes(capsys, output, manifest):
+    code, out, _ = inspect(capsys, output, "--json")
+    assert code == 0
+    summary = json.loads(out)
+    for name, split in manifest["splits"].items():
+        got = summary["splits"][name]
+        sizes = shard_sizes(output, split)
+        counts = split["shard_num_examples"]
+        assert got["num_examples"] == split["num_examples"]
+        assert got["shards"] == {
+            "count": len(split["shards"]), "total_bytes": sum(sizes), "missing": [],
+            "bytes": {"min": min(sizes), "median": statistics.median(sizes), "max": max(sizes)},
+            "records": {"min": min(counts), "median": statistics.median(counts), "max": max(counts)}}
+        class_counts = split["class_counts"]
+        ratio = (max(class_counts.values()) / min(class_counts.values())
+                 if min(class_counts.values()) else None)
+        assert got["imbalance"]["ratio"] == ratio
+    assert summary["splits"]["validation"]["imbalance"]["ratio"] is None  # ant and cat have none there
+    assert [c["name"] for c in summary["classes"]] == ["bee", "cat", "ant"]
+    assert summary["imbalance"] == {"ratio": 7 / 3, "largest": {"name": "bee", "count": 7},
+                                    "smallest": {"name": "ant", "count": 3}}
+    assert summary["counts"] == manifest["counts"]
+    assert summary["failed_by_stage"] == manifest["failed_by_stage"] == {"decode": 1}
+    (failure,) = summary["failures"]
+    assert (failure["stage"], failure["reason"], failure["count"]) == ("decode", "UnidentifiedImageError", 1)
+    assert failure["example_path"] == str(output.parent / "tree" / "bee" / "broken.jpg")
+    assert summary["image"] == {**manifest["image"], "compression": "GZIP", "label_offset": 0}
+
+
+def test_class_ids_are_the_stored_ids(tmp_path, output):
+    """With a label offset, the id shown is what the records hold: index + offset."""
+    copy = shutil.copytree(output, tmp_path / "out")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "label_offset": 1}))
+    summary = inspection.summarize(str(copy))
+    assert {c.name: c.id for c in summary.classes} == {"ant": 1, "bee": 2, "cat": 3}
+
+
+# What goes wrong.
+
+def test_a_missing_output_folder_is_named_with_exit_code_2(capsys, tmp_path):
+    code, out, err = inspect(capsys, tmp_path / "nowhere")
+    assert code == 2 and out == ""
+    assert f"error: output folder {tmp_path / 'nowhere'} does not exist" in err
+
+
+def test_a_folder_without_a_manifest_is_named_with_exit_code_2(capsys, tmp_path):
+    code, _, err = inspect(capsys, tmp_path)
+    assert code == 2
+    assert f"no manifest.json at {tmp_path}/manifest.json" in err
+
+
+def test_a_missing_shard_is_shown_and_fails_the_command(capsys, tmp_path, output, manifest):
+    copy = shutil.copytree(output, tmp_path / "out")
+    gone = manifest["splits"]["train"]["shards"][1]
+    (copy / gone).unlink()
+    code, out, err = inspect(capsys, copy)
+    assert code == 1
+    assert f"MISSING in train: {gone} (1 of 2 shards)" in out
+    assert "1 shards the manifest lists are missing" in err
+
+
+def test_an_unknown_split_for_the_sheet_is_refused_before_any_output(capsys, tmp_path, output):
+    code, out, err = inspect(capsys, output, "--grid", tmp_path / "s.png", "--split", "test")
+    assert code == 2 and out == ""
+    assert "has no split 'test'; its splits: train, validation" in err
+    assert not (tmp_path / "s.png").exists()
+
+
+def test_a_damaged_shard_fails_the_sheet_naming_it(capsys, tmp_path, output, manifest):
+    copy = shutil.copytree(output, tmp_path / "out")
+    for name in manifest["splits"]["train"]["shards"]:
+        data = (copy / name).read_bytes()
+        (copy / name).write_bytes(data[: len(data) // 2])
+    code, _, err = inspect(capsys, copy, "--grid", tmp_path / "s.png", "--per-class", "8")
+    assert code == 1
+    assert f"{copy}/{manifest['splits']['train']['shards'][0]}" in err
+    assert not (tmp_path / "s.png").exists()
+
+
+def test_a_dataset_without_per_shard_counts_or_errors_file_says_what_it_lacks(capsys, tmp_path, output):
+    """The shuffle sink does not count records per shard; an errors.jsonl may have been deleted."""
+    copy = shutil.copytree(output, tmp_path / "out")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        del split["shard_num_examples"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "errors.jsonl").unlink()
+    code, out, _ = inspect(capsys, copy, "--grid", tmp_path / "s.png", "--per-class", "1")
+    assert code == 0
+    rows = {row[0]: row for row in table_rows(out, "split")}
+    assert rows["train"][-2:] == ["unknown", "1.33"]
+    assert "failures by stage (no errors.jsonl to give reasons):\n  decode: 1" in out
+    summary = inspection.to_json(inspection.summarize(str(copy)))
+    assert summary["splits"]["train"]["shards"]["records"] is None and summary["failures"] == []
+    assert summary["errors_file"] is None
+    assert Image.open(tmp_path / "s.png").format == "PNG"
+
+
+def test_the_sheet_stops_reading_once_every_class_has_its_images(tmp_path, output, manifest):
+    """A damaged second shard is never reached when the first holds an image of every class."""
+    first, second = manifest["splits"]["train"]["shards"]
+    in_first = {int(r["image/class/label"]) for r in read_split(output, "train") if r["shard"] == first}
+    assert in_first == {0, 1, 2}  # the dataset is made so; the test relies on it
+    copy = shutil.copytree(output, tmp_path / "out")
+    (copy / second).write_bytes(b"\x1f\x8b not a shard")
+    info = load_info(str(copy))
+    sheet = contact_sheet.make_contact_sheet(info, "train", per_class=1)
+    assert [len(row.boxes) for row in sheet.rows] == [1, 1, 1]
+    with pytest.raises(DatasetError, match=f"{copy}/{second}"):
+        contact_sheet.make_contact_sheet(info, "train", per_class=3)
+
+
+def test_bad_numbers_are_refused_by_the_parser(capsys, output):
+    with pytest.raises(SystemExit) as raised:
+        inspect_output.main([str(output), "--per-class", "0"])
+    assert raised.value.code == 2
+    assert "must be at least 1, not 0" in capsys.readouterr().err
+
+
+# The contact sheet.
+
+def decoded_records(output, split: str) -> dict[int, list[np.ndarray]]:
+    """Every record's pixels by label id, decoded by TensorFlow itself (as the reader does: exact DCT)."""
+    import tensorflow as tf
+
+    out: dict[int, list[np.ndarray]] = {}
+    for r in read_split(output, split):
+        pixels = tf.io.decode_jpeg(r["image/encoded"], channels=3, dct_method="INTEGER_ACCURATE").numpy()
+        out.setdefault(int(r["image/class/label"]), []).append(pixels)
+    return out
+
+
+def assert_rows_show_their_own_class(png: Image.Image, sheet: contact_sheet.ContactSheet,
+                                     records: dict[int, list[np.ndarray]], background) -> None:
+    pixels = np.asarray(png.convert("RGB"))
+    for row in sheet.rows:
+        for left, top, right, bottom in row.boxes:
+            cell = pixels[top:bottom, left:right]
+            assert cell.std() > 0 and (cell != background).any(), (row.caption, "blank cell")
+            assert any(cell.shape == r.shape and (cell == r).all() for r in records[row.label_id]), \
+                f"a cell in row {row.caption} is not a record of that class"
+
+
+def test_grid_draws_a_row_per_class_in_label_order_from_the_records(capsys, tmp_path, output, manifest):
+    path = tmp_path / "sheet.png"
+    code, out, _ = inspect(capsys, output, "--grid", path, "--per-class", "3")
+    assert code == 0 and f"contact sheet: {path} (9 images of 3 classes from train" in out
+    png = Image.open(path)
+    info = load_info(str(output))
+    sheet = contact_sheet.make_contact_sheet(info, "train", per_class=3)
+    assert png.size == sheet.image.size and png.format == "PNG"
+    labels = manifest["labels"]
+    assert [row.caption for row in sheet.rows] == [f"{name} ({i})" for i, name in enumerate(labels)]
+    train_counts = manifest["splits"]["train"]["class_counts"]
+    assert [len(row.boxes) for row in sheet.rows] == [min(3, train_counts[name]) for name in labels]
+    tops = [row.boxes[0][1] for row in sheet.rows]
+    assert tops == sorted(tops) and len(set(tops)) == len(tops)  # label order, top to bottom
+    assert all(box[2] - box[0] == 20 and box[3] - box[1] == 20 for row in sheet.rows for box in row.boxes)
+    assert_rows_show_their_own_class(png, sheet, decoded_records(output, "train"), contact_sheet.BACKGROUND)
+
+
+def test_grid_grows_a_cell_per_image_per_class(output):
+    info = load_info(str(output))
+    # Cells wide enough that the grid, not the title line, sets the width.
+    two = contact_sheet.make_contact_sheet(info, "train", per_class=2, cell=200)
+    four = contact_sheet.make_contact_sheet(info, "train", per_class=4, cell=200)
+    assert four.image.width - two.image.width == 2 * (200 + contact_sheet.PAD)
+    assert four.image.height == two.image.height
+    # As wide as the fullest row: bee's 3 validation records make 3 columns, not 8.
+    # ant and cat have no validation records: their rows are captioned and empty.
+    three = contact_sheet.make_contact_sheet(info, "validation", per_class=3, cell=200)
+    eight = contact_sheet.make_contact_sheet(info, "validation", per_class=8, cell=200)
+    assert [len(row.boxes) for row in eight.rows] == [0, 3, 0]
+    assert eight.image.size == three.image.size
+
+
+def test_grid_shrinks_images_larger_than_the_cell(output):
+    sheet = contact_sheet.make_contact_sheet(load_info(str(output)), "train", per_class=2, cell=10)
+    assert {(r - left, b - t) for row in sheet.rows for left, t, r, b in row.boxes} == {(10, 10)}
+
+
+# The command and gs://.
+
+def test_beam_prep_lists_inspect():
+    assert "inspect" in cli.COMMANDS and "inspect" in cli.usage()
+
+
+def test_inspect_reads_a_gs_output_as_it_reads_a_local_one(gcs_server, capsys, tmp_path, output):
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(output, "records")
+    url = bucket.url("records")
+    sheet = tmp_path / "gs-sheet.png"
+    result = gcs_server.run([sys.executable, "-m", "pipelines.cli", "inspect", url, "--json",
+                             "--grid", str(sheet), "--per-class", "2"], cwd=REPO)
+    remote = json.loads(result.stdout)
+    _, out, _ = inspect(capsys, output, "--json")
+    local = json.loads(out)
+    assert remote["path"] == url and remote["errors_file"] == f"{url}/errors.jsonl"
+    for key in ("path", "errors_file"):
+        del remote[key], local[key]
+    assert remote == local
+    expected = contact_sheet.make_contact_sheet(load_info(str(output)), "train", per_class=2)
+    assert (np.asarray(Image.open(sheet).convert("RGB")) == np.asarray(expected.image)).all()
+    assert "contact sheet:" in result.stderr  # stdout stays pure JSON
+
+    missing = gcs_server.run([sys.executable, "-m", "pipelines.cli", "inspect", bucket.url("nothing")],
+                             cwd=REPO, check=False)
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert f"error: no manifest.json at {bucket.url('nothing')}/manifest.json" in missing.stderr
