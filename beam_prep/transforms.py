@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import uuid
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import apache_beam as beam
@@ -39,6 +40,7 @@ from apache_beam.pvalue import PCollection, TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_prep import layout, tfrecord
+from beam_prep.progress import Reporter
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
@@ -78,6 +80,7 @@ class _SinkConfig:
     work: str
     compression: str
     num_shards: dict[str, int]
+    progress: str | None = None
 
 
 class _Counters:
@@ -144,14 +147,19 @@ class _ImageToExampleFn(beam.DoFn):
     their own timestamp and window.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig) -> None:
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, progress: str | None = None) -> None:
         self._spec = spec
         self._reading = _Reading(reads)
         self._counters = _Counters()
         self._window: ReadAhead | None = None
+        self._progress = progress
+        self._reporter: Reporter | None = None
 
     def setup(self) -> None:
         self._reading.setup()
+        if self._progress is not None:
+            # Elements, not shards, are this DoFn's work: one file per instance, its counts cumulative.
+            self._reporter = Reporter(self._progress, f"instance-{uuid.uuid4().hex}")
 
     def start_bundle(self) -> None:
         self._window = self._reading.window()
@@ -163,6 +171,8 @@ class _ImageToExampleFn(beam.DoFn):
     def finish_bundle(self):
         for fetched in self._window.drain():
             yield from self._convert(fetched)
+        if self._reporter is not None:
+            self._reporter.flush()
 
     def teardown(self) -> None:
         self._reading.teardown()
@@ -170,7 +180,10 @@ class _ImageToExampleFn(beam.DoFn):
     def _convert(self, fetched: Fetched):
         entry, timestamp, window = fetched.item
         outcome = make_example(entry, self._spec, fetched.error or fetched.data)
-        if not self._counters.count(outcome):
+        ok = self._counters.count(outcome)
+        if self._reporter is not None:
+            self._reporter.add(ok)
+        if not ok:
             yield TaggedOutput(_FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
         yield WindowedValue((entry.split, entry.label, outcome.example), timestamp, (window,))
@@ -206,17 +219,25 @@ class _WriteShardFn(beam.DoFn):
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
             lines = listing.read().decode("utf-8").splitlines()
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
+        # Named by the shard: a retried shard starts its counts again rather than adding to them.
+        reporter = (Reporter(config.progress, f"{split}-{index:05d}")
+                    if config.progress is not None else None)
         with tfrecord.shard_writer(join(config.work, name), config.compression) as f, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()
                 outcome = make_example(entry, config.spec, fetched.error or fetched.data)
-                if not self._counters.count(outcome):
+                ok = self._counters.count(outcome)
+                if ok:
+                    write_record(f, outcome.example)
+                    per_label[entry.label] += 1
+                if reporter is not None:
+                    reporter.add(ok)
+                if not ok:
                     yield TaggedOutput(_FAILED, outcome.failure)
-                    continue
-                write_record(f, outcome.example)
-                per_label[entry.label] += 1
+        if reporter is not None:
+            reporter.flush()
         for label, n in per_label.items():
             yield TaggedOutput(_COUNTS, ((split, label), n))
         yield split, name, sum(per_label.values())
@@ -227,7 +248,7 @@ class _ShardSink(beam.PTransform):
     every split's shards into ``work`` and returns a ``SinkResult``."""
 
     def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
-                 num_shards: Mapping[str, int]) -> None:
+                 num_shards: Mapping[str, int], progress: str | None = None) -> None:
         """Initializes a sink.
 
         Args:
@@ -238,9 +259,11 @@ class _ShardSink(beam.PTransform):
             there too, under their final names (``layout.shard_name``).
           compression: a key of ``layout.COMPRESSIONS`` (``gzip`` or ``none``).
           num_shards: split -> its number of shards; every split listed gets its shards.
+          progress: a local folder where the workers report the images they have
+            finished (``progress.Reporter``), for the launcher to show; None reports none.
         """
         super().__init__()
-        self._config = _SinkConfig(spec, reads, work, compression, dict(num_shards))
+        self._config = _SinkConfig(spec, reads, work, compression, dict(num_shards), progress)
 
 
 class WriteShardsStreaming(_ShardSink):
@@ -285,7 +308,7 @@ class WriteShardsShuffle(_ShardSink):
             | "ReadListing" >> ReadFromText(join(config.work, layout.LISTING), validate=False)
             | "ParseEntries" >> beam.ParDo(ParseEntryFn())
             | "Reshuffle" >> beam.Reshuffle()
-            | "ImageToExample" >> beam.ParDo(_ImageToExampleFn(config.spec, config.reads)).with_outputs(
+            | "ImageToExample" >> beam.ParDo(_ImageToExampleFn(config.spec, config.reads, config.progress)).with_outputs(
                 _FAILED, main="records"))
         records = results.records
         counts = (records
