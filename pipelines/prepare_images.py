@@ -68,7 +68,7 @@ def run_with_progress(config: PrepareConfig, options: PipelineOptions, console: 
     """The job, its progress drawn on ``console`` while it runs."""
     display = ProgressDisplay(console, options.view_as(PrepareImagesOptions).progress_interval)
     try:
-        return run(config, options, on_progress=display)
+        return run(config, options, on_progress=display, progress_interval=display.poll_interval)
     finally:
         display.close()
 

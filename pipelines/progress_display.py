@@ -4,8 +4,9 @@ The counts come from the workers (``beam_prep.progress``): images finished,
 written or failed, not shards started. A terminal gets a tqdm bar (done of
 listed, rate, ETA, failures so far) from when the first worker starts, so its
 rate is the processing rate, not diluted by start-up. A log file or a pipe gets
-one plain line every ``interval`` seconds, which a log keeps readably, and a
-last one when the counts have moved since.
+one plain line every ``interval`` seconds, which a log keeps readably, and, if
+it printed any, a last one with the final counts; a run shorter than ``interval``
+prints none (its summary says it all).
 """
 from __future__ import annotations
 
@@ -59,10 +60,16 @@ class ProgressDisplay:
         self._clock = clock
         self._terminal = _isatty(stream)
         self._bar: tqdm | None = None
+        self._bar_done = False
         self._last_line_at = clock()
         self._last: Progress | None = None
-        self._shown: Progress | None = None
+        self._shown: Progress | None = None  # the counts of the last line printed
         self._lock = threading.Lock()  # called from the watcher's thread, closed from the launcher's
+
+    @property
+    def poll_interval(self) -> float:
+        """How often the counts should be read: often enough for a smooth bar and for ``interval``."""
+        return min(0.5, self._interval)
 
     def __call__(self, progress: Progress) -> None:
         with self._lock:
@@ -82,7 +89,7 @@ class ProgressDisplay:
                     self._draw(self._last)
                 self._bar.close()
                 self._bar = None
-            elif not self._terminal and self._last is not None and self._last.done and self._last != self._shown:
+            elif self._shown is not None and self._last != self._shown:
                 self._print_line(self._last)
 
     def _repeats(self, progress: Progress) -> bool:
@@ -90,11 +97,17 @@ class ProgressDisplay:
         return progress.finished and progress == self._shown
 
     def _draw(self, progress: Progress) -> None:
+        if self._bar_done:
+            return
         if self._bar is None:
             self._bar = tqdm(total=progress.total, unit="img", desc="beam-prep", file=self._stream,
                              dynamic_ncols=True, mininterval=0.5, smoothing=0.1)
         self._bar.set_postfix_str(f"{progress.failed:,} failed", refresh=False)
         self._bar.update(progress.done - self._bar.n)
+        if progress.finished:
+            # Closed with the last image, so its time and rate are the processing's, not the finishing's.
+            self._bar.close()
+            self._bar, self._bar_done = None, True
 
     def _print_line(self, progress: Progress) -> None:
         now = self._clock()

@@ -53,6 +53,7 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--read_concurrency", "-1", "--read_concurrency must be in [0, 256]"),
     ("--read_concurrency", "1000", "--read_concurrency must be in [0, 256]"),
     ("--read_ahead_mb", "0", "--read_ahead_mb must be at least 1"),
+    ("--progress_interval", "0", "--progress_interval must be more than 0 seconds"),
 ])
 def test_bad_values_are_reported(capsys, tree, tmp_path, flag, value, message):
     err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"), flag, value)
