@@ -41,13 +41,18 @@ def command(*args: str) -> list[str]:
 
 
 def timing(result: RunResult) -> str:
-    """``9.4 s (start-up 6.1 s, then 1,150 images/s)``: a short run spends most of its time
-    starting, and its overall rate alone would read as slow. Without the workers'
-    reports (a remote runner) only the overall rate can be given."""
+    """``9.4 s (start-up 6.1 s, then 1,150 images/s for 2.1 s, finishing 1.2 s)``.
+
+    A short run spends most of its time starting its workers and finishing the
+    job, and its overall rate alone would read as slow. Without the workers'
+    reports (a remote runner) only the overall rate can be given.
+    """
     phases = result.phases
     if phases is None:
         return f"{result.seconds:.1f} s ({result.images_per_second:,.0f} images/s)"
-    return f"{result.seconds:.1f} s (start-up {phases.startup_seconds:.1f} s, then {phases.rate:,.0f} images/s)"
+    finishing = max(result.seconds - phases.startup_seconds - phases.processing_seconds, 0.0)
+    return (f"{result.seconds:.1f} s (start-up {phases.startup_seconds:.1f} s, then {phases.rate:,.0f} images/s "
+            f"for {phases.processing_seconds:.1f} s, finishing {finishing:.1f} s)")
 
 
 def summary(result: RunResult) -> str:

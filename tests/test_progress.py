@@ -190,7 +190,7 @@ def test_a_run_on_a_non_terminal_prints_progress_from_its_workers_before_the_sum
     assert any(0 < n <= 24 for n in counts), result.stdout
     assert counts[-1] == 24 and counts == sorted(counts), result.stdout
     assert re.match(r"beam-prep: 24 of 24 images written in [\d.]+ s "
-                    r"\(start-up [\d.]+ s, then [\d,]+ images/s\); 0 failed", lines[summary]), lines[summary]
+                    r"\(start-up [\d.]+ s, then [\d,]+ images/s for [\d.]+ s, finishing [\d.]+ s\); 0 failed", lines[summary]), lines[summary]
     # The workers' reports went with the run; the dataset is only the dataset.
     assert not [n for n in os.listdir(os.environ["TMPDIR"]) if n.startswith("beam-prep-progress-")]
     assert sorted(os.listdir(out)) == ["errors.jsonl", "labels.txt", "manifest.json",
@@ -211,3 +211,14 @@ def test_the_python_api_times_both_sinks_phases(tmp_path, sink):
     assert result.phases is not None and result.phases.images == 6
     assert 0 < result.phases.startup_seconds < result.seconds
     assert all(p.total == 6 and 0 <= p.done <= 6 for p in seen)
+
+
+def test_the_summary_gives_start_up_processing_and_finishing_apart():
+    from beam_prep.pipeline import RunResult
+    from pipelines.prepare_images import timing
+
+    manifest = {"counts": {"listed": 121}}
+    phased = RunResult(manifest, 9.4, {}, phases=progress.Phases(6.1, 2.1, 2415))
+    assert timing(phased) == "9.4 s (start-up 6.1 s, then 1,150 images/s for 2.1 s, finishing 1.2 s)"
+    # A remote runner's workers report nothing here: the overall rate is all there is.
+    assert timing(RunResult(manifest, 9.4, {})) == "9.4 s (13 images/s)"
