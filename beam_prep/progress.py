@@ -171,7 +171,8 @@ def progress_folder() -> Iterator[str]:
 
 
 class Watcher:
-    """For the life of a ``with`` block, calls ``on_progress`` with the counts every ``interval`` seconds.
+    """For the life of a ``with`` block, calls ``on_progress`` with the counts every ``interval`` seconds,
+    and once more with the last counts when the block ends.
 
     On a thread of its own, as the local runner blocks the launcher's until the
     job ends. An exception in ``on_progress`` is logged and ends the watching,
@@ -184,6 +185,7 @@ class Watcher:
         self._on_progress = on_progress
         self._interval = interval
         self._stop = threading.Event()
+        self._broken = False
         self._thread = threading.Thread(target=self._watch, name="beam-prep-progress", daemon=True)
 
     def __enter__(self) -> Watcher:
@@ -193,11 +195,19 @@ class Watcher:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._report()  # the workers' last reports may have come after the last reading
 
     def _watch(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._on_progress(self._read())
-            except Exception:  # noqa: BLE001 - a display's bug must not stop a job.
-                _LOG.exception("the progress display failed; the job goes on without it")
-                return
+        while not self._stop.wait(self._interval) and self._report():
+            pass
+
+    def _report(self) -> bool:
+        """Calls ``on_progress`` with the counts now; False once it has failed."""
+        if self._broken:
+            return False
+        try:
+            self._on_progress(self._read())
+        except Exception:  # noqa: BLE001 - a display's bug must not stop a job.
+            _LOG.exception("the progress display failed; the job goes on without it")
+            self._broken = True
+        return not self._broken
