@@ -6,10 +6,10 @@ sinks -> errors, labels and manifest (last).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 

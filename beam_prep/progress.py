@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
-__all__ = ["Phases", "Progress", "Reporter", "Watcher", "phases", "progress_folder", "read_progress"]
+__all__ = ["Phases", "Progress", "Reporter", "Watcher", "phases", "progress_folder", "read_progress", "reporter"]
 
 _LOG = logging.getLogger(__name__)
 # A worker rewrites its file at most this often: a few small writes a second per
@@ -72,6 +72,21 @@ class Reporter:
         except OSError as e:
             _LOG.debug("cannot write progress to %s: %s", self._path, e)
         self._written_at = self._updated
+
+
+class _Unwatched:
+    """A reporter where nobody can watch (a remote runner's workers): counts nothing, writes nothing."""
+
+    def add(self, ok: bool) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def reporter(folder: str | None, name: str) -> Reporter | _Unwatched:
+    """A ``Reporter`` for work ``name`` in ``folder``, or one that does nothing if ``folder`` is None."""
+    return _Unwatched() if folder is None else Reporter(folder, name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -232,3 +232,11 @@ def test_the_summary_gives_start_up_processing_and_finishing_apart():
     assert timing(phased) == "9.4 s (start-up 6.1 s, then 1,150 images/s for 2.1 s, finishing 1.2 s)"
     # A remote runner's workers report nothing here: the overall rate is all there is.
     assert timing(RunResult(manifest, 9.4, {})) == "9.4 s (13 images/s)"
+
+
+def test_where_nobody_watches_a_reporter_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    silent = progress.reporter(None, "train-00000")
+    silent.add(True)
+    silent.flush()
+    assert not isinstance(silent, Reporter) and os.listdir(tmp_path) == []
