@@ -85,8 +85,8 @@ class ProgressDisplay:
         """Ends the bar, or prints the last counts if they moved since the last line."""
         with self._lock:
             if self._bar is not None:
-                if self._last is not None:
-                    self._draw(self._last)
+                self._draw(self._last)  # a bar is drawn from counts, so there are some
+            if self._bar is not None:  # the job ended before its last image: the bar stops where it got
                 self._bar.close()
                 self._bar = None
             elif self._shown is not None and self._last != self._shown:

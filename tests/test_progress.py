@@ -183,6 +183,15 @@ def test_a_terminal_gets_a_bar_with_counts_and_failures():
     assert "121/121" in text and "1 failed" in text and "img/s" in text
 
 
+def test_a_bar_stops_where_a_failed_job_got():
+    out = Terminal()
+    display = ProgressDisplay(out, interval=30)
+    display(Progress(total=121, done=30, failed=0, started=time.time(), updated=time.time()))
+    display(Progress(total=121, done=57, failed=2, started=time.time(), updated=time.time()))
+    display.close()
+    assert "57/121" in out.getvalue() and "2 failed" in out.getvalue() and "121/121" not in out.getvalue()
+
+
 # A real run, on the multi-process DirectRunner.
 
 def test_a_run_on_a_non_terminal_prints_progress_from_its_workers_before_the_summary(tmp_path):
