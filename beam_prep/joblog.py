@@ -178,6 +178,11 @@ class JobLog:
         return self
 
     @property
+    def console(self) -> TextIO:
+        """The real stderr, while fd 2 goes to the log: for what the user must see as the job runs."""
+        return self._console
+
+    @property
     def hidden_warnings(self) -> int:
         """Warnings and errors logged by others than beam-prep: in the file only."""
         return self._file_handler.hidden_warnings

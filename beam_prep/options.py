@@ -22,7 +22,7 @@ from beam_prep.storage import is_local
 
 SINKS = ("auto", "streaming", "shuffle")
 # labels.txt's forms: one name a line (line number = index in the labels), or TF-slim's
-# "id:name" lines (ids as stored, label_offset included). See beam_prep/labels_txt.py.
+# "id:name" lines (ids as stored, label_offset included). See manifest.labels_lines.
 LABELS_TXT_FORMS = ("names", "slim")
 # The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
 # a few more cover other conventions, and a typo like 1000 is refused.
@@ -39,59 +39,88 @@ MAX_READ_CONCURRENCY = 256
 MAX_IMAGE_SIDE = 16384
 
 
+# The sections of --help, in order. Every option is declared in one of them, and the
+# help is built from these declarations (beam_prep.usage), so it lists each option once.
+INPUT_OUTPUT = "input and output"
+IMAGE = "image"
+LABELS_SPLITS = "labels and splits"
+SHARDS = "shards and compression"
+RUN = "run"
+SECTIONS = (INPUT_OUTPUT, IMAGE, LABELS_SPLITS, SHARDS, RUN)
+DEFAULT_PROGRESS_INTERVAL = 30.0
+
+
 class PrepareImagesOptions(PipelineOptions):
-    """Options of ``pipelines.prepare_images``; every other flag is Beam's."""
+    """Options of ``pipelines.prepare_images``; every other flag is Beam's.
+
+    Each option's help says what it is for in one line; its default is added
+    from the declaration (beam_prep.usage), except where None stands for a choice
+    made later, which the help then names itself, ``(default: ...)``.
+    """
 
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
-        parser.add_argument("--input", help="Image tree root: a local path or gs://bucket/prefix.")
-        parser.add_argument("--output", help="Where shards, labels.txt, errors.jsonl and manifest.json go.")
-        parser.add_argument(
+        section = {title: parser.add_argument_group(title) for title in SECTIONS}
+        section[INPUT_OUTPUT].add_argument(
+            "--input", help="Image tree root, ROOT/<label>/<image>: a local path or gs://bucket/prefix (required).")
+        section[INPUT_OUTPUT].add_argument(
+            "--output", help="Where shards, labels.txt, errors.jsonl and manifest.json go (required).")
+        section[INPUT_OUTPUT].add_argument("--overwrite", action="store_true", default=False,
+                                           help="Replace a dataset already in --output.")
+        section[INPUT_OUTPUT].add_argument(
+            "--read_concurrency", type=int, default=None,
+            help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
+                 "for gs:// input, which hides round trips; 0 for local disk: each file read when its turn comes).")
+        section[INPUT_OUTPUT].add_argument(
+            "--read_ahead_mb", type=int, default=DEFAULT_READ_AHEAD_MB,
+            help="Cap on the bytes a worker's read-ahead holds, on top of --read_concurrency's cap on files.")
+
+        section[IMAGE].add_argument(
             "--image_size", default=None,
-            help=f"Output size: an int for a square, or HxW (default {DEFAULT_IMAGE_SIZE}).")
-        parser.add_argument("--resize_mode", default="center_crop", help=f"One of {', '.join(RESIZE_MODES)}.")
-        parser.add_argument("--channels", type=int, default=3, help="3 for RGB, 1 for grayscale.")
-        parser.add_argument("--image_format", default="jpeg", help=f"One of {', '.join(IMAGE_FORMATS)}.")
-        parser.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-100.")
-        parser.add_argument(
+            help=f"Output size: an int for a square, or HxW (default: {DEFAULT_IMAGE_SIZE}).")
+        section[IMAGE].add_argument("--resize_mode", default="center_crop", help=f"One of {', '.join(RESIZE_MODES)}.")
+        section[IMAGE].add_argument("--channels", type=int, default=3, help="3 for RGB, 1 for grayscale.")
+        section[IMAGE].add_argument("--image_format", default="jpeg", help=f"One of {', '.join(IMAGE_FORMATS)}.")
+        section[IMAGE].add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-100.")
+        section[IMAGE].add_argument(
             "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
             help="Images with more pixels are reported as errors (decompression-bomb guard).")
-        parser.add_argument(
+
+        section[LABELS_SPLITS].add_argument(
             "--validation_percent", type=float, default=0.0,
             help="Share of files put in the validation split, by a stable hash of their path.")
-        parser.add_argument("--labels_file", default=None, help="Label order, one name a line.")
-        parser.add_argument(
+        section[LABELS_SPLITS].add_argument(
+            "--labels_file", default=None,
+            help="Label order, one name a line (default: the label folders' names, sorted).")
+        section[LABELS_SPLITS].add_argument(
             "--label_offset", type=int, default=0,
             help="Stored label ids start at this number (1: id 0 is kept for background, as "
                  "ImageNet-style training code expects); the reader subtracts it again.")
-        parser.add_argument(
+        section[LABELS_SPLITS].add_argument(
             "--labels_txt", default="names",
-            help="labels.txt's form: names (one name a line, the default) or slim "
+            help="labels.txt's form: names (one name a line) or slim "
                  "(TF-slim's id:name lines, ids as stored).")
-        parser.add_argument(
+
+        section[SHARDS].add_argument(
             "--num_shards", type=int, default=0,
             help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
-        parser.add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
-                            help="Shard size aimed at when --num_shards is 0.")
-        parser.add_argument(
+        section[SHARDS].add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
+                                     help="Shard size aimed at when --num_shards is 0.")
+        section[SHARDS].add_argument(
             "--compression", default="gzip",
-            help="gzip (default) or none. JPEG and PNG payloads barely compress; raw pixels do, "
+            help="gzip or none. JPEG and PNG payloads barely compress; raw pixels do, "
                  "but inflating them caps read speed below decoding JPEG: prefer none for raw.")
-        parser.add_argument("--overwrite", action="store_true", default=False,
-                            help="Replace a dataset already in --output.")
-        parser.add_argument(
-            "--read_concurrency", type=int, default=None,
-            help=f"Files each worker reads ahead of its work at once. Default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
-                 "for gs:// input (hides round trips), 0 for local disk (each file read when its turn comes).")
-        parser.add_argument(
-            "--read_ahead_mb", type=int, default=DEFAULT_READ_AHEAD_MB,
-            help="Cap on the bytes a worker's read-ahead holds, on top of --read_concurrency's cap on files.")
-        parser.add_argument(
+        section[SHARDS].add_argument(
             "--sink", default="auto",
             help="streaming: each worker writes whole shards, memory stays flat (local runners); "
                  "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
                  "auto picks by runner.")
-        parser.add_argument(
+
+        section[RUN].add_argument(
+            "--progress_interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
+            help="Seconds between progress lines when stderr is not a terminal (a terminal gets a "
+                 "progress bar); local runs only.")
+        section[RUN].add_argument(
             "--verbose", action="store_true", default=False,
             help="Show Beam's log and a failed job's full traceback on stderr, instead of "
                  "a one-line error that names a log file holding them.")
@@ -195,6 +224,8 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
     if o.read_concurrency is not None and not 0 <= o.read_concurrency <= MAX_READ_CONCURRENCY:
         raise OptionsError(f"--read_concurrency must be in [0, {MAX_READ_CONCURRENCY}] "
                            f"(0 reads each file when its turn comes), not {o.read_concurrency}")
+    if not o.progress_interval > 0:
+        raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
     if o.read_ahead_mb < 1:
         raise OptionsError(f"--read_ahead_mb must be at least 1, not {o.read_ahead_mb}")
     height, width = parse_image_size(o.image_size, o.resize_mode)

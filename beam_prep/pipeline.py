@@ -6,18 +6,19 @@ sinks -> errors, labels and manifest (last).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.textio import ReadFromText
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from beam_prep import layout, manifest, sharding
+from beam_prep import layout, manifest, progress, sharding
 from beam_prep.beam_compat import batch_fn_api_runner
 from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.errors import DatasetError, StorageError
@@ -50,10 +51,21 @@ class RunResult:
     seconds: float
     counters: dict[str, int]
     job: Any = None
+    phases: progress.Phases | None = None
+    """Start-up and processing apart; local runs only (their workers report progress)."""
 
     @property
     def images_per_second(self) -> float:
         return self.manifest["counts"]["listed"] / max(self.seconds, 1e-9)
+
+
+class _Prepared(NamedTuple):
+    """A built job: its run id, the pipeline, and what its progress is counted against."""
+
+    run_id: str
+    pipeline: beam.Pipeline
+    listed: int
+    unknown_labels: int  # images that fail without a worker reading them
 
 
 def _runner_name(options: PipelineOptions) -> str | None:
@@ -135,10 +147,13 @@ def write_work_files(listing: Listing, run_plan: manifest.Plan, work: str) -> No
                         (e.to_json() for e in ordered[index::count]))
 
 
-def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan) -> None:
+def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
+          progress_folder: str | None = None) -> None:
+    """The job's transforms; with ``progress_folder`` (local runners), workers report there."""
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
     work = layout.run_folder(config.output, run_plan.run_id)
-    written = p | "WriteShards" >> sink(config.spec, config.reads, work, config.compression, run_plan.num_shards)
+    written = p | "WriteShards" >> sink(config.spec, config.reads, work, config.compression, run_plan.num_shards,
+                                        progress_folder)
     label_failures = (
         p
         | "ReadUnknownLabels" >> ReadFromText(join(work, layout.UNKNOWN_LABELS), validate=False)
@@ -154,8 +169,15 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan) -> N
              beam.pvalue.AsList(failures)))
 
 
-def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
+def run(config: PrepareConfig, options: PipelineOptions,
+        on_progress: Callable[[progress.Progress], None] | None = None,
+        progress_interval: float = 0.5) -> RunResult:
     """Claims the output folder, plans, runs the pipeline to completion and returns the manifest it wrote.
+
+    On a local runner, ``on_progress`` is called every ``progress_interval``
+    seconds while the job runs, from another thread, with the images the workers
+    have finished (``progress.Progress``); elsewhere it is never called (the
+    runner's counters carry the same numbers).
 
     Raises:
       OutputBusy: another run holds the output folder.
@@ -164,36 +186,63 @@ def run(config: PrepareConfig, options: PipelineOptions) -> RunResult:
         run took the output folder over while this one ran.
     """
     start = time.perf_counter()
+    launched = time.time()  # wall time: the workers' reports are in it
     if options.view_as(TestOptions).dry_run:
         # The runner builds the whole job and stops before submitting it: nothing is
         # written, so no claim is needed.
-        _, p = _prepare(config, options, new_run_id(), write=False)
+        p = _prepare(config, options, new_run_id(), write=False).pipeline
         result = p.run()
         return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None))
-    with claim_output(config.output, new_run_id()) as claim:
-        run_id, p = _prepare(config, options, claim.run_id, write=True)
+    local = _runner_name(options) in LOCAL_RUNNERS
+    with claim_output(config.output, new_run_id()) as claim, _progress_folder(local) as folder:
+        job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder)
+        run_id = job.run_id
         try:
-            result = p.run()
-            result.wait_until_finish()
+            with _watching(folder, job, on_progress, progress_interval):
+                result = job.pipeline.run()
+                result.wait_until_finish()
         except BaseException:
             # A local job ends with this process; a remote one (Dataflow) may still be
             # running after its launcher stops waiting, so its files are left to it.
-            if _runner_name(options) in LOCAL_RUNNERS:
+            if local:
                 _remove_quietly(config.output, run_id)
             raise
         if claim.lost:
             raise DatasetError(f"another run took {config.output} over while run {run_id} ran, so the "
                                "folder may hold both runs' files: run again with --overwrite")
+        phases = None
+        if folder is not None:
+            phases = progress.phases(progress.read_progress(folder, job.listed, job.unknown_labels), launched)
     counters: dict[str, int] = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
-    return RunResult(manifest.read(config.output), time.perf_counter() - start, counters)
+    return RunResult(manifest.read(config.output), time.perf_counter() - start, counters, phases=phases)
+
+
+@contextlib.contextmanager
+def _progress_folder(local: bool) -> Iterator[str | None]:
+    """Where a local job's workers report progress; None for a remote job, whose workers cannot reach it."""
+    if not local:
+        yield None
+        return
+    with progress.progress_folder() as folder:
+        yield folder
+
+
+@contextlib.contextmanager
+def _watching(folder: str | None, job: _Prepared,
+              on_progress: Callable[[progress.Progress], None] | None, interval: float) -> Iterator[None]:
+    if folder is None or on_progress is None:
+        yield
+        return
+    with progress.Watcher(folder, job.listed, on_progress, job.unknown_labels, interval):
+        yield
 
 
 def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
-             write: bool) -> tuple[str, beam.Pipeline]:
+             write: bool, progress_folder: str | None = None) -> _Prepared:
     """Checks the output folder, lists and plans; with ``write``, clears unfinished runs and
-    writes this run's listings. Returns the run id and the pipeline, built."""
+    writes this run's listings. Returns the pipeline, built, and what it will count."""
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
     layout.check_output(config.output, config.overwrite, leftovers)
     listing, run_plan = plan(config, options, run_id)
@@ -202,13 +251,14 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
             _LOG.info("removing the files of unfinished run %s", old)
             layout.remove_run_folder(config.output, old)
         write_work_files(listing, run_plan, layout.run_folder(config.output, run_id))
+    unknown_labels = len(listing.unknown_label_entries)
     del listing  # the workers read the listings from files: keep no copy here
     _LOG.info("run %s: listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
               run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
               run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
-    build(p, config, run_plan)
-    return run_id, p
+    build(p, config, run_plan, progress_folder)
+    return _Prepared(run_id, p, run_plan.listed, unknown_labels)
 
 
 def _remove_quietly(output: str, run_id: str) -> None:

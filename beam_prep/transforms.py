@@ -21,12 +21,16 @@ In both, a worker's reads run ahead of its work (``readahead.ReadAhead``,
 ``--read_concurrency`` files and ``--read_ahead_mb`` at most): over a shard's
 listing in the streaming sink, across a bundle's elements in the shuffle sink,
 so a worker never waits a round trip per image, and records keep their order.
+
+On a local runner, both also count each image they finish for the launcher's
+progress display (``progress.reporter``), beside the Beam counters.
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
 import dataclasses
+import uuid
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import apache_beam as beam
@@ -38,7 +42,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection, TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_prep import layout, tfrecord
+from beam_prep import layout, progress, tfrecord
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
@@ -78,6 +82,7 @@ class _SinkConfig:
     work: str
     compression: str
     num_shards: dict[str, int]
+    progress_folder: str | None = None
 
 
 class _Counters:
@@ -144,14 +149,18 @@ class _ImageToExampleFn(beam.DoFn):
     their own timestamp and window.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig) -> None:
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, progress_folder: str | None = None) -> None:
         self._spec = spec
         self._reading = _Reading(reads)
         self._counters = _Counters()
         self._window: ReadAhead | None = None
+        self._progress_folder = progress_folder
+        self._reporter = None
 
     def setup(self) -> None:
         self._reading.setup()
+        # Elements, not shards, are this DoFn's work: one report per instance, its counts cumulative.
+        self._reporter = progress.reporter(self._progress_folder, f"instance-{uuid.uuid4().hex}")
 
     def start_bundle(self) -> None:
         self._window = self._reading.window()
@@ -163,6 +172,7 @@ class _ImageToExampleFn(beam.DoFn):
     def finish_bundle(self):
         for fetched in self._window.drain():
             yield from self._convert(fetched)
+        self._reporter.flush()
 
     def teardown(self) -> None:
         self._reading.teardown()
@@ -170,7 +180,9 @@ class _ImageToExampleFn(beam.DoFn):
     def _convert(self, fetched: Fetched):
         entry, timestamp, window = fetched.item
         outcome = make_example(entry, self._spec, fetched.error or fetched.data)
-        if not self._counters.count(outcome):
+        ok = self._counters.count(outcome)
+        self._reporter.add(ok)
+        if not ok:
             yield TaggedOutput(_FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
         yield WindowedValue((entry.split, entry.label, outcome.example), timestamp, (window,))
@@ -206,17 +218,22 @@ class _WriteShardFn(beam.DoFn):
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
             lines = listing.read().decode("utf-8").splitlines()
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
+        # Named by the shard: a retried shard starts its counts again rather than adding to them.
+        reporter = progress.reporter(config.progress_folder, f"{split}-{index:05d}")
         with tfrecord.shard_writer(join(config.work, name), config.compression) as f, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()
                 outcome = make_example(entry, config.spec, fetched.error or fetched.data)
-                if not self._counters.count(outcome):
+                ok = self._counters.count(outcome)
+                if ok:
+                    write_record(f, outcome.example)
+                    per_label[entry.label] += 1
+                reporter.add(ok)
+                if not ok:
                     yield TaggedOutput(_FAILED, outcome.failure)
-                    continue
-                write_record(f, outcome.example)
-                per_label[entry.label] += 1
+        reporter.flush()
         for label, n in per_label.items():
             yield TaggedOutput(_COUNTS, ((split, label), n))
         yield split, name, sum(per_label.values())
@@ -227,7 +244,7 @@ class _ShardSink(beam.PTransform):
     every split's shards into ``work`` and returns a ``SinkResult``."""
 
     def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
-                 num_shards: Mapping[str, int]) -> None:
+                 num_shards: Mapping[str, int], progress_folder: str | None = None) -> None:
         """Initializes a sink.
 
         Args:
@@ -238,9 +255,12 @@ class _ShardSink(beam.PTransform):
             there too, under their final names (``layout.shard_name``).
           compression: a key of ``layout.COMPRESSIONS`` (``gzip`` or ``none``).
           num_shards: split -> its number of shards; every split listed gets its shards.
+          progress_folder: a local folder where the workers report the images they
+            have finished (``progress.Reporter``), for the launcher to show; None
+            where the launcher cannot see the workers' files (remote runners).
         """
         super().__init__()
-        self._config = _SinkConfig(spec, reads, work, compression, dict(num_shards))
+        self._config = _SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder)
 
 
 class WriteShardsStreaming(_ShardSink):
@@ -285,8 +305,9 @@ class WriteShardsShuffle(_ShardSink):
             | "ReadListing" >> ReadFromText(join(config.work, layout.LISTING), validate=False)
             | "ParseEntries" >> beam.ParDo(ParseEntryFn())
             | "Reshuffle" >> beam.Reshuffle()
-            | "ImageToExample" >> beam.ParDo(_ImageToExampleFn(config.spec, config.reads)).with_outputs(
-                _FAILED, main="records"))
+            | "ImageToExample" >> beam.ParDo(
+                _ImageToExampleFn(config.spec, config.reads, config.progress_folder)).with_outputs(
+                    _FAILED, main="records"))
         records = results.records
         counts = (records
                   | "KeyByLabel" >> beam.Map(lambda r: ((r[0], r[1]), 1))

@@ -56,6 +56,7 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--label_offset", "-1", "--label_offset must be in [0, 16]"),
     ("--label_offset", "1000", "--label_offset must be in [0, 16]"),
     ("--labels_txt", "ids", "--labels_txt must be one of names, slim"),
+    ("--progress_interval", "0", "--progress_interval must be more than 0 seconds"),
 ])
 def test_bad_values_are_reported(capsys, tree, tmp_path, flag, value, message):
     err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"), flag, value)
