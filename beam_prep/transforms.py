@@ -15,7 +15,9 @@ write their shards there, for the manifest step to publish when all are complete
 * ``WriteShardsShuffle`` is the element-wise shape: read the listing, Reshuffle,
   an image DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that
   groups records into shards is the service's, so it scales past one machine; on
-  the local runner the same grouping holds every record in memory.
+  the local runner the same grouping holds every record in memory. Everything
+  after the listing is ``WriteEntriesShuffle``, which ``write.WriteImageDataset``
+  applies to a user's elements.
 
 In both, a worker's reads run ahead of its work (``readahead.ReadAhead``,
 ``--read_concurrency`` files and ``--read_ahead_mb`` at most): over a shard's
