@@ -2,7 +2,9 @@
 written as the command writes, read back with our reader and plain TensorFlow."""
 from __future__ import annotations
 
+import gzip
 import json
+import struct
 
 import apache_beam as beam
 import numpy as np
@@ -20,7 +22,7 @@ from beam_prep.pipeline import local_runner
 from beam_prep.reader import load_info, make_dataset
 from beam_prep.sample import picture
 from beam_prep.write import WriteImageDataset
-from helpers import encode, make_tree, read_split
+from helpers import REPO, child, encode, make_tree, read_split
 
 HEIGHT, WIDTH = 20, 24
 LABELS = ["cat", "dog"]
@@ -210,3 +212,34 @@ def test_bad_arguments_are_refused_when_constructed(tmp_path, arguments, message
 
 def test_the_package_names_the_transform():
     assert beam_prep.WriteImageDataset is WriteImageDataset
+
+
+def test_paths_and_output_on_gs(gcs_server, tmp_path):
+    """gs:// paths read by the command's GCS client, shards and manifest written to gs://."""
+    make_tree(tmp_path / "tree", {"cat": 3, "dog": 2}, size=(WIDTH, HEIGHT))
+    bucket = gcs_server.new_bucket()
+    paths = bucket.upload_tree(tmp_path / "tree", "images")
+    done = gcs_server.run(child("write_gs", bucket.url("images"), bucket.url("records"), "cat,dog", *paths),
+                          cwd=REPO)
+    manifest = json.loads(done.stdout.splitlines()[-1])
+    assert manifest["counts"] == {"listed": 6, "written": 5, "failed": 1, "skipped": 0}
+    (error,) = [json.loads(line) for line in bucket.read_bytes("records/errors.jsonl").decode().splitlines()]
+    assert (error["path"], error["stage"]) == ("memory/broken", "decode")
+    shards = manifest["splits"]["train"]["shards"]
+    assert bucket.list_names("records/") == sorted(
+        f"records/{name}" for name in [*shards, "errors.jsonl", "labels.txt", "manifest.json"])
+    records = [features.decode_example(r) for name in shards
+               for r in _framed(gzip.decompress(bucket.read_bytes(f"records/{name}")))]
+    assert sorted((r[features.FILENAME].decode(), r[features.LABEL]) for r in records) == [
+        ("cat/img_000.jpg", 0), ("cat/img_001.jpg", 0), ("cat/img_002.jpg", 0),
+        ("dog/img_000.jpg", 1), ("dog/img_001.jpg", 1)]
+
+
+def _framed(data: bytes) -> list[bytes]:
+    """The records of an uncompressed TFRecord file (length, its CRC, data, its CRC)."""
+    records, i = [], 0
+    while i < len(data):
+        (n,) = struct.unpack("<Q", data[i:i + 8])
+        records.append(data[i + 12:i + 12 + n])
+        i += 16 + n
+    return records
