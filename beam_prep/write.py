@@ -244,7 +244,6 @@ class WriteImageDataset(beam.PTransform):
           OptionsError: on the first bad argument.
         """
         super().__init__()
-        labels = tuple(labels) if not isinstance(labels, str) else (labels,)
         self._naming = _Naming(labels=_checked_labels(labels),
                                splits=_checked_splits(splits, validation_percent),
                                validation_percent=_checked_percent(validation_percent),
@@ -300,7 +299,10 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path) if is_local(path) else path.rstrip("/")
 
 
-def _checked_labels(labels: tuple[str, ...]) -> tuple[str, ...]:
+def _checked_labels(labels: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(labels, (str, bytes)):
+        raise OptionsError(f"labels is a list of names, not one {type(labels).__name__}: {labels!r}")
+    labels = tuple(labels)
     if not labels:
         raise OptionsError("labels must name at least one label")
     seen = set()
@@ -323,7 +325,9 @@ def _checked_percent(validation_percent: float) -> float:
 def _checked_splits(splits: Sequence[str] | None, validation_percent: float) -> tuple[str, ...]:
     if splits is None:
         return (DEFAULT_SPLIT, VALIDATION_SPLIT) if validation_percent else (DEFAULT_SPLIT,)
-    splits = (splits,) if isinstance(splits, str) else tuple(splits)
+    if isinstance(splits, (str, bytes)):
+        raise OptionsError(f"splits is a list of names, not one {type(splits).__name__}: {splits!r}")
+    splits = tuple(splits)
     if not splits or len(set(splits)) != len(splits):
         raise OptionsError(f"splits must name one split or more, each once, not {list(splits)}")
     for split in splits:

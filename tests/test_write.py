@@ -194,6 +194,7 @@ def test_an_element_of_the_wrong_shape_fails_the_job_with_its_reason(tmp_path):
 
 @pytest.mark.parametrize("arguments,message", [
     ({"labels": []}, "at least one label"),
+    ({"labels": "cat"}, "labels is a list of names"),
     ({"labels": ["a", "a"]}, "lists 'a' more than once"),
     ({"labels": ["a\nb"]}, "line break"),
     ({"splits": ["train/x"]}, "cannot name shard files"),
@@ -208,10 +209,6 @@ def test_bad_arguments_are_refused_when_constructed(tmp_path, arguments, message
     with pytest.raises(OptionsError, match=message):
         WriteImageDataset(str(tmp_path / "out"), **arguments)
     assert not (tmp_path / "out").exists()
-
-
-def test_the_package_names_the_transform():
-    assert beam_prep.WriteImageDataset is WriteImageDataset
 
 
 def test_paths_and_output_on_gs(gcs_server, tmp_path):
