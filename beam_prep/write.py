@@ -55,8 +55,8 @@ from beam_prep.errors import ElementError, ImageError, OptionsError
 from beam_prep.imaging import DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.listing import (DEFAULT_SPLIT, VALIDATION_SPLIT, UNKNOWN_LABEL, FileEntry, check_label_name,
                                split_for)
-from beam_prep.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, MAX_READ_CONCURRENCY,
-                               PrepareConfig, parse_image_size)
+from beam_prep.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, LABELS_TXT_FORMS,
+                               MAX_LABEL_OFFSET, MAX_READ_CONCURRENCY, PrepareConfig, parse_image_size)
 from beam_prep.readahead import ReadConfig
 from beam_prep.records import Outcome, failure_report
 from beam_prep.storage import is_local
@@ -96,6 +96,7 @@ class _Naming:
     splits: tuple[str, ...]
     validation_percent: float
     root: str | None
+    label_offset: int = 0
 
 
 def _image_element(element: Any) -> ImageElement:
@@ -129,7 +130,7 @@ class _ElementToEntryFn(beam.DoFn):
         self._ids: dict[str, int] = {}
 
     def setup(self) -> None:
-        self._ids = {label: i for i, label in enumerate(self._naming.labels)}
+        self._ids = {label: i + self._naming.label_offset for i, label in enumerate(self._naming.labels)}
 
     def process(self, element: Any):
         self._listed.inc()
@@ -143,7 +144,7 @@ class _ElementToEntryFn(beam.DoFn):
         problem = None
         if label_id == UNKNOWN_LABEL:
             problem = ImageError("label", f"label {image.label!r} is not in labels "
-                                          f"({len(self._naming.labels)} of them, ids 0-{len(self._naming.labels) - 1})")
+                                          f"({len(self._naming.labels)} names, indices 0-{len(self._naming.labels) - 1})")
         elif split not in self._naming.splits:
             problem = ImageError("split", f"split {split!r} is not in splits {list(self._naming.splits)}")
         if problem is not None:
@@ -158,7 +159,7 @@ class _ElementToEntryFn(beam.DoFn):
         if isinstance(label, str):
             return label, self._ids.get(label, UNKNOWN_LABEL)
         if isinstance(label, numbers.Integral) and not isinstance(label, bool) and 0 <= label < len(labels):
-            return labels[int(label)], int(label)
+            return labels[int(label)], int(label) + self._naming.label_offset
         return str(label), UNKNOWN_LABEL
 
     def _default_name(self, path: str, data: bytes | None) -> str:
@@ -204,6 +205,8 @@ class WriteImageDataset(beam.PTransform):
         output: str,
         labels: Sequence[str],
         *,
+        label_offset: int = 0,
+        labels_txt: str = "names",
         image_size: int | tuple[int, int] | str | None = None,
         resize_mode: str = "center_crop",
         channels: int = 3,
@@ -224,6 +227,8 @@ class WriteImageDataset(beam.PTransform):
         Args:
           output: the dataset folder, local or ``gs://``.
           labels: the label names in id order (labels.txt).
+          label_offset, labels_txt: as the command's flags: stored ids are a label's index
+            plus ``label_offset``; an element's int label is the index.
           image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
             compression: as the command's flags of those names.
           validation_percent: share of elements without a split put in
@@ -244,10 +249,14 @@ class WriteImageDataset(beam.PTransform):
           OptionsError: on the first bad argument.
         """
         super().__init__()
+        if not 0 <= label_offset <= MAX_LABEL_OFFSET:
+            raise OptionsError(f"label_offset must be in [0, {MAX_LABEL_OFFSET}], not {label_offset}")
+        if labels_txt not in LABELS_TXT_FORMS:
+            raise OptionsError(f"labels_txt must be one of {', '.join(LABELS_TXT_FORMS)}, not {labels_txt!r}")
         self._naming = _Naming(labels=_checked_labels(labels),
                                splits=_checked_splits(splits, validation_percent),
                                validation_percent=_checked_percent(validation_percent),
-                               root=_absolute(root) if root is not None else None)
+                               root=_absolute(root) if root is not None else None, label_offset=label_offset)
         if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 0):
             raise OptionsError(f"num_shards must be a positive int (None: the runner chooses), not {num_shards!r}")
         if compression not in COMPRESSIONS:
@@ -261,7 +270,8 @@ class WriteImageDataset(beam.PTransform):
             spec=_checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels),
             validation_percent=validation_percent, num_shards=num_shards or 0, overwrite=overwrite,
             sink="shuffle", compression=compression,
-            reads=ReadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20))
+            reads=ReadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
+            label_offset=label_offset, labels_txt=labels_txt)
 
     def expand(self, elements: PCollection) -> PCollection:
         config, naming = self._config, self._naming

@@ -139,7 +139,7 @@ def test_our_reader_reads_it(written):
 def test_the_commands_output_and_the_transforms_hold_the_same_records(tree, tmp_path):
     """Same images, same options, same root: the same keys, values (pixels included), splits
     and manifest sections, whichever way they were written."""
-    options = {"image_size": 16, "validation_percent": 40, "max_pixels": 100000}
+    options = {"image_size": 16, "validation_percent": 40, "max_pixels": 100000, "label_offset": 1}
     command_manifest = beam_prep.prepare(str(tree), str(tmp_path / "command"), **options,
                                          direct_running_mode="in_memory")
     with _pipeline() as p:
@@ -149,7 +149,7 @@ def test_the_commands_output_and_the_transforms_hold_the_same_records(tree, tmp_
                                  **options))
     transform_manifest = json.loads((tmp_path / "transform" / "manifest.json").read_text())
     assert transform_manifest.keys() == command_manifest.keys()
-    for key in ("labels", "image", "compression", "features", "counts", "failed_by_stage"):
+    for key in ("labels", "label_offset", "image", "compression", "features", "counts", "failed_by_stage"):
         assert transform_manifest[key] == command_manifest[key], key
     assert {s: (i["num_examples"], i["class_counts"]) for s, i in transform_manifest["splits"].items()} == \
         {s: (i["num_examples"], i["class_counts"]) for s, i in command_manifest["splits"].items()}
@@ -203,6 +203,8 @@ def test_an_element_of_the_wrong_shape_fails_the_job_with_its_reason(tmp_path):
     ({"resize_mode": "fit"}, "resize_mode must be one of"),
     ({"num_shards": -1}, "num_shards must be"),
     ({"compression": "zip"}, "compression must be one of"),
+    ({"label_offset": 100}, r"label_offset must be in \[0, 16\]"),
+    ({"labels_txt": "csv"}, "labels_txt must be one of"),
 ])
 def test_bad_arguments_are_refused_when_constructed(tmp_path, arguments, message):
     arguments = {"labels": LABELS, **arguments}
