@@ -360,4 +360,5 @@ class WriteShardsShuffle(_ShardSink):
         return (pbegin
                 | "ReadListing" >> ReadFromText(join(c.work, layout.LISTING), validate=False)
                 | "ParseEntries" >> beam.ParDo(ParseEntryFn())
-                | "Write" >> WriteEntriesShuffle(c.spec, c.reads, c.work, c.compression, c.num_shards))
+                | "Write" >> WriteEntriesShuffle(c.spec, c.reads, c.work, c.compression, c.num_shards,
+                                                 c.progress_folder))
