@@ -222,7 +222,7 @@ class WriteImageDataset(beam.PTransform):
         read_concurrency: int = DEFAULT_REMOTE_READ_CONCURRENCY,
         read_ahead_mb: int = DEFAULT_READ_AHEAD_MB,
     ) -> None:
-        """Checks every argument; see the README's *Python API* for each one.
+        """Checks every argument; the README's *In your own Beam pipeline* says more.
 
         Args:
           output: the dataset folder, local or ``gs://``.
