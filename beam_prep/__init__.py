@@ -4,6 +4,9 @@
     manifest = beam_prep.prepare("images", "records", image_size=224, validation_percent=10)
     train = beam_prep.make_dataset("records", "train", batch_size=256)
 
+    # or, inside a Beam pipeline that finds its images its own way:
+    pairs | beam_prep.WriteImageDataset("records", labels=["cat", "dog"], image_size=224)
+
 The names are loaded on first use: a Beam worker that imports the writer's
 modules never imports TensorFlow, and a training script that only reads never
 imports Beam's pipeline machinery.
@@ -17,6 +20,8 @@ __version__ = "0.1.0"
 
 _HOMES = {
     "prepare": "beam_prep.api",
+    "WriteImageDataset": "beam_prep.write",
+    "ImageElement": "beam_prep.write",
     "make_dataset": "beam_prep.reader",
     "load_info": "beam_prep.reader",
     "ReaderConfig": "beam_prep.reader",

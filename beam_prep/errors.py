@@ -18,6 +18,11 @@ class StorageError(BeamPrepError):
     """A path that cannot be listed, read or written (missing bucket, no permission...)."""
 
 
+class ElementError(BeamPrepError, TypeError):
+    """An element of the wrong shape given to ``WriteImageDataset``: a bug in the calling
+    pipeline, not bad data, so it fails the job instead of going to errors.jsonl."""
+
+
 class ImageError(BeamPrepError):
     """One image that cannot become a record; it goes to the errors report, never fails a job.
 

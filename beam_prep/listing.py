@@ -204,19 +204,22 @@ def _has_split_folders(rel: Sequence[tuple[str, str, int]]) -> bool:
     return False
 
 
-def check_label_name(name: str, where: str) -> None:
-    """Refuses a label folder name that labels.txt (one label a line, the line number its id) cannot hold.
+def check_label_name(name: str, where: str, what: str = "label folder") -> None:
+    """Refuses a label name that labels.txt (one label a line, the line number its id) cannot hold.
+
+    ``what`` and ``where`` name it in the message: a label folder and its path, or
+    (``WriteImageDataset``) a label given in ``labels`` and the label itself.
 
     Raises:
-      OptionsError: naming the folder and what to change.
+      OptionsError: naming the label and what to change.
     """
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise OptionsError(f"label folder {printable(where)} has a name that is not UTF-8: "
+        raise OptionsError(f"{what} {printable(where)} has a name that is not UTF-8: "
                            "labels.txt and the records hold label names as UTF-8; rename it") from None
     if name.splitlines() != [name] or name.strip() != name:
-        raise OptionsError(f"label folder {where!r} has a line break or edge spaces in its name: "
+        raise OptionsError(f"{what} {where!r} has a line break or edge spaces in its name: "
                            "labels.txt holds one label a line, its line number the id; rename it")
 
 

@@ -31,7 +31,7 @@ class Plan:
     """Everything decided before the pipeline starts, that the manifest records."""
 
     labels: list[str]
-    num_shards: dict[str, int]  # split -> shard count, in split order
+    num_shards: dict[str, int]  # split -> shard count (0: the runner's choice), in split order
     listed: int
     skipped: int
     sink: str
@@ -60,11 +60,19 @@ def build(
         shard_rows[split][name] = n
     splits = {}
     for split, count in plan.num_shards.items():
-        names = tuple(layout.shard_name(split, i, count, config.compression) for i in range(count))
-        sizes = tuple(shard_rows[split].get(name) for name in names)
+        # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
+        names = (tuple(layout.shard_name(split, i, count, config.compression) for i in range(count))
+                 if count else tuple(sorted(shard_rows[split])))
+        num_examples = sum(class_counts[split, label] for label in plan.labels)
+        unreported = [name for name in names if name not in shard_rows[split]]
+        if unreported or (num_examples and not names):
+            raise DatasetError(
+                f"split {split!r} holds {num_examples} records but its writer did not report "
+                f"{unreported[0] if unreported else 'any shard file'}: no manifest written")
+        sizes = tuple(shard_rows[split][name] for name in names)
         splits[split] = SplitInfo(
             name=split, shards=names,
-            num_examples=sum(class_counts[split, label] for label in plan.labels),
+            num_examples=num_examples,
             shard_num_examples=sizes if all(n is not None for n in sizes) else None,
             class_counts={label: class_counts[split, label] for label in plan.labels},
             root=config.output)

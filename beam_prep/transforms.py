@@ -15,7 +15,9 @@ write their shards there, for the manifest step to publish when all are complete
 * ``WriteShardsShuffle`` is the element-wise shape: read the listing, Reshuffle,
   an image DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that
   groups records into shards is the service's, so it scales past one machine; on
-  the local runner the same grouping holds every record in memory.
+  the local runner the same grouping holds every record in memory. Everything
+  after the listing is ``WriteEntriesShuffle``, which ``write.WriteImageDataset``
+  applies to a user's elements.
 
 In both, a worker's reads run ahead of its work (``readahead.ReadAhead``,
 ``--read_concurrency`` files and ``--read_ahead_mb`` at most): over a shard's
@@ -50,7 +52,8 @@ from beam_prep.records import FileReader, Outcome, make_example
 from beam_prep.storage import join
 from beam_prep.tfrecord import write_record
 
-__all__ = ["NAMESPACE", "ParseEntryFn", "SinkResult", "WriteShardsShuffle", "WriteShardsStreaming"]
+__all__ = ["NAMESPACE", "Counters", "ParseEntryFn", "SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle",
+           "WriteShardsStreaming"]
 
 NAMESPACE = "beam_prep"  # of every counter the pipeline reports
 _FAILED = "failed"
@@ -85,8 +88,8 @@ class _SinkConfig:
     progress_folder: str | None = None
 
 
-class _Counters:
-    """The counters a user watches in the runner's UI."""
+class Counters:
+    """The counters a user watches in the runner's UI (``failed_<stage>`` made as stages appear)."""
 
     def __init__(self) -> None:
         self.written = Metrics.counter(NAMESPACE, "written")
@@ -142,6 +145,9 @@ class _Reading:
 class _ImageToExampleFn(beam.DoFn):
     """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output.
 
+    An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
+    bytes)``, an image already in hand, whose entry only names it.
+
     Reads run ahead across the elements of a bundle (``ReadAhead``): a runner
     that gives each worker one thread (Dataflow's Python batch workers) still
     keeps ``reads.concurrency`` reads in flight. An element's outputs leave
@@ -152,7 +158,7 @@ class _ImageToExampleFn(beam.DoFn):
     def __init__(self, spec: ImageSpec, reads: ReadConfig, progress_folder: str | None = None) -> None:
         self._spec = spec
         self._reading = _Reading(reads)
-        self._counters = _Counters()
+        self._counters = Counters()
         self._window: ReadAhead | None = None
         self._progress_folder = progress_folder
         self._reporter = None
@@ -165,9 +171,14 @@ class _ImageToExampleFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._window = self._reading.window()
 
-    def process(self, entry: FileEntry, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
-        for fetched in self._window.push((entry, timestamp, window), entry.path, entry.size):
-            yield from self._convert(fetched)
+    def process(self, element: FileEntry | tuple[FileEntry, bytes],
+                timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+        if isinstance(element, FileEntry):
+            for fetched in self._window.push((element, timestamp, window), element.path, element.size):
+                yield from self._convert(fetched)
+            return
+        entry, data = element  # bytes in hand (``WriteImageDataset``): nothing to read
+        yield from self._convert(Fetched((entry, timestamp, window), data, None))
 
     def finish_bundle(self):
         for fetched in self._window.drain():
@@ -201,7 +212,7 @@ class _WriteShardFn(beam.DoFn):
         self._config = config
         self._split = split
         self._reading = _Reading(config.reads)
-        self._counters = _Counters()
+        self._counters = Counters()
         self._listed = Metrics.counter(NAMESPACE, "listed")
 
     def setup(self) -> None:
@@ -240,8 +251,9 @@ class _WriteShardFn(beam.DoFn):
 
 
 class _ShardSink(beam.PTransform):
-    """What both sinks share: applied to the pipeline itself (``p | sink``), a sink writes
-    every split's shards into ``work`` and returns a ``SinkResult``."""
+    """What the sinks share: applied to the pipeline itself (``p | sink``; ``WriteEntriesShuffle``
+    to a PCollection of entries), a sink writes every split's shards into ``work`` and
+    returns a ``SinkResult``."""
 
     def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
                  num_shards: Mapping[str, int], progress_folder: str | None = None) -> None:
@@ -290,20 +302,22 @@ class WriteShardsStreaming(_ShardSink):
             failures=tuple(failed) | "AllFailed" >> beam.Flatten())
 
 
-class WriteShardsShuffle(_ShardSink):
-    """Listing -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split; see the module docstring.
+class WriteEntriesShuffle(_ShardSink):
+    """Entries -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split: the shuffle sink's work.
 
-    The launcher must have written one listing of every file (``layout.LISTING``).
-    Arguments as ``_ShardSink``'s.
+    Applied to a PCollection of ``FileEntry`` (read by the workers) or
+    ``(FileEntry, bytes)`` (images in hand), as ``WriteShardsShuffle`` applies it
+    to the launcher's listing and ``WriteImageDataset`` to a user's elements.
+    Every entry's split must be a key of ``num_shards``; a count of 0 lets the
+    runner choose that split's shard count. Arguments as ``_ShardSink``'s
+    (``work`` needs no listing).
     """
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> SinkResult:
+    def expand(self, entries: PCollection) -> SinkResult:
         config = self._config
         splits = sorted(config.num_shards)
         results = (
-            pbegin
-            | "ReadListing" >> ReadFromText(join(config.work, layout.LISTING), validate=False)
-            | "ParseEntries" >> beam.ParDo(ParseEntryFn())
+            entries
             | "Reshuffle" >> beam.Reshuffle()
             | "ImageToExample" >> beam.ParDo(
                 _ImageToExampleFn(config.spec, config.reads, config.progress_folder)).with_outputs(
@@ -332,3 +346,19 @@ class WriteShardsShuffle(_ShardSink):
         return SinkResult(shards=tuple(shard_lists) | "AllShards" >> beam.Flatten(),
                           class_counts=counts,
                           failures=results[_FAILED])
+
+
+class WriteShardsShuffle(_ShardSink):
+    """Listing -> ``WriteEntriesShuffle``; see the module docstring.
+
+    The launcher must have written one listing of every file (``layout.LISTING``).
+    Arguments as ``_ShardSink``'s.
+    """
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> SinkResult:
+        c = self._config
+        return (pbegin
+                | "ReadListing" >> ReadFromText(join(c.work, layout.LISTING), validate=False)
+                | "ParseEntries" >> beam.ParDo(ParseEntryFn())
+                | "Write" >> WriteEntriesShuffle(c.spec, c.reads, c.work, c.compression, c.num_shards,
+                                                 c.progress_folder))

@@ -35,6 +35,27 @@ def test_a_manifest_is_never_built_when_records_are_missing():
         manifest.build(config, plan, shards, [(("train", "a"), 1)], [{"stage": "decode", "path": "x"}])
 
 
+@pytest.mark.parametrize("num_shards,reported,missing", [
+    (2, [("train", "train-00000-of-00002.tfrecord.gz", None)], "train-00001-of-00002.tfrecord.gz"),
+    (0, [], "any shard file"),
+])
+def test_a_manifest_is_never_built_for_shards_the_writer_did_not_report(num_shards, reported, missing):
+    """A runner that loses the writes' results must not get a manifest listing shards nobody wrote."""
+    config = PrepareConfig(input="in", output="out", spec=ImageSpec())
+    plan = manifest.Plan(labels=["a"], num_shards={"train": num_shards}, listed=2, skipped=0, sink="shuffle")
+    with pytest.raises(DatasetError, match=f"split 'train' holds 2 records but its writer did not report {missing}"):
+        manifest.build(config, plan, reported, [(("train", "a"), 2)], [])
+
+
+def test_a_shard_count_the_runner_chose_lists_the_shards_it_wrote():
+    config = PrepareConfig(input="in", output="out", spec=ImageSpec())
+    plan = manifest.Plan(labels=["a"], num_shards={"train": 0}, listed=2, skipped=0, sink="shuffle")
+    shards = [("train", f"train-0000{i}-of-00002.tfrecord.gz", None) for i in (1, 0)]
+    built = manifest.build(config, plan, shards, [(("train", "a"), 2)], [])
+    assert built["splits"]["train"]["shards"] == ["train-00000-of-00002.tfrecord.gz",
+                                                  "train-00001-of-00002.tfrecord.gz"]
+
+
 def test_the_manifest_is_the_dataset_model_and_reads_back_as_it():
     config = PrepareConfig(input="in", output="out", spec=ImageSpec(height=8, width=8), compression="none")
     plan = manifest.Plan(labels=["a", "b"], num_shards={"train": 1}, listed=3, skipped=0, sink="streaming")
