@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from apache_beam.options.pipeline_options import (
     GoogleCloudOptions,
@@ -191,6 +193,38 @@ def _check_dataflow(options: PipelineOptions, source: str, target: str) -> None:
                            "or --sdk_container_image with the image the Dockerfile builds")
 
 
+# The checks the command's flags and WriteImageDataset's arguments of the same name share:
+# name -> (test, what a good value is).
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "resize_mode": (lambda v: v in RESIZE_MODES, f"must be one of {', '.join(RESIZE_MODES)}"),
+    "image_format": (lambda v: v in IMAGE_FORMATS, f"must be one of {', '.join(IMAGE_FORMATS)}"),
+    "compression": (lambda v: v in COMPRESSIONS, f"must be one of {', '.join(COMPRESSIONS)}"),
+    "label_offset": (lambda v: isinstance(v, int) and 0 <= v <= MAX_LABEL_OFFSET,
+                     f"must be in [0, {MAX_LABEL_OFFSET}] (1 keeps id 0 for background)"),
+    "labels_txt": (lambda v: v in LABELS_TXT_FORMS, f"must be one of {', '.join(LABELS_TXT_FORMS)}"),
+    "validation_percent": (lambda v: 0 <= v < 100, "must be in [0, 100)"),
+    "read_concurrency": (lambda v: isinstance(v, int) and 0 <= v <= MAX_READ_CONCURRENCY,
+                         f"must be in [0, {MAX_READ_CONCURRENCY}] (0 reads each file when its turn comes)"),
+    "read_ahead_mb": (lambda v: v >= 1, "must be at least 1"),
+}
+
+
+def check_values(values: Mapping[str, Any], prefix: str = "--") -> None:
+    """Checks values by their option's name; ``prefix`` is how the message names them (flags: ``--``).
+
+    Raises:
+      OptionsError: the first bad value, named, with what a good one is.
+    """
+    for name, value in values.items():
+        test, rule = _RULES[name]
+        try:
+            good = test(value)
+        except TypeError:
+            good = False
+        if not good:
+            raise OptionsError(f"{prefix}{name} {rule}, not {value!r}")
+
+
 def config_from_options(options: PipelineOptions) -> PrepareConfig:
     """Checks every option a user can get wrong, with a message that says what to fix.
 
@@ -202,32 +236,19 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError("--input is required: the root of the image tree (a path or gs://bucket/prefix)")
     if not o.output:
         raise OptionsError("--output is required: where the TFRecords go (a path or gs://bucket/prefix)")
-    if o.resize_mode not in RESIZE_MODES:
-        raise OptionsError(f"--resize_mode must be one of {', '.join(RESIZE_MODES)}, not {o.resize_mode!r}")
-    if o.image_format not in IMAGE_FORMATS:
-        raise OptionsError(f"--image_format must be one of {', '.join(IMAGE_FORMATS)}, not {o.image_format!r}")
-    if o.compression not in COMPRESSIONS:
-        raise OptionsError(f"--compression must be one of {', '.join(COMPRESSIONS)}, not {o.compression!r}")
-    if not 0 <= o.label_offset <= MAX_LABEL_OFFSET:
-        raise OptionsError(f"--label_offset must be in [0, {MAX_LABEL_OFFSET}] (1 keeps id 0 for "
-                           f"background), not {o.label_offset}")
-    if o.labels_txt not in LABELS_TXT_FORMS:
-        raise OptionsError(f"--labels_txt must be one of {', '.join(LABELS_TXT_FORMS)}, not {o.labels_txt!r}")
+    check_values({"resize_mode": o.resize_mode, "image_format": o.image_format,
+                  "compression": o.compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
+                  "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb})
+    if o.read_concurrency is not None:
+        check_values({"read_concurrency": o.read_concurrency})
     if o.sink not in SINKS:
         raise OptionsError(f"--sink must be one of {', '.join(SINKS)}, not {o.sink!r}")
-    if not 0 <= o.validation_percent < 100:
-        raise OptionsError(f"--validation_percent must be in [0, 100), not {o.validation_percent}")
     if o.num_shards < 0:
         raise OptionsError(f"--num_shards must be 0 (automatic) or more, not {o.num_shards}")
     if o.target_shard_mb < 1:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
-    if o.read_concurrency is not None and not 0 <= o.read_concurrency <= MAX_READ_CONCURRENCY:
-        raise OptionsError(f"--read_concurrency must be in [0, {MAX_READ_CONCURRENCY}] "
-                           f"(0 reads each file when its turn comes), not {o.read_concurrency}")
     if not o.progress_interval > 0:
         raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
-    if o.read_ahead_mb < 1:
-        raise OptionsError(f"--read_ahead_mb must be at least 1, not {o.read_ahead_mb}")
     height, width = parse_image_size(o.image_size, o.resize_mode)
     try:
         spec = ImageSpec(height=height, width=width, channels=o.channels, resize_mode=o.resize_mode,

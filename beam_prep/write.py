@@ -50,13 +50,12 @@ from apache_beam.pvalue import PCollection, TaggedOutput
 
 from beam_prep import layout, manifest
 from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
-from beam_prep.dataset import COMPRESSIONS
 from beam_prep.errors import ElementError, ImageError, OptionsError
 from beam_prep.imaging import DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.listing import (DEFAULT_SPLIT, VALIDATION_SPLIT, UNKNOWN_LABEL, FileEntry, check_label_name,
                                split_for)
-from beam_prep.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, LABELS_TXT_FORMS,
-                               MAX_LABEL_OFFSET, MAX_READ_CONCURRENCY, PrepareConfig, parse_image_size)
+from beam_prep.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, PrepareConfig,
+                               check_values, parse_image_size)
 from beam_prep.readahead import ReadConfig
 from beam_prep.records import Outcome, failure_report
 from beam_prep.storage import is_local
@@ -249,22 +248,16 @@ class WriteImageDataset(beam.PTransform):
           OptionsError: on the first bad argument.
         """
         super().__init__()
-        if not 0 <= label_offset <= MAX_LABEL_OFFSET:
-            raise OptionsError(f"label_offset must be in [0, {MAX_LABEL_OFFSET}], not {label_offset}")
-        if labels_txt not in LABELS_TXT_FORMS:
-            raise OptionsError(f"labels_txt must be one of {', '.join(LABELS_TXT_FORMS)}, not {labels_txt!r}")
+        check_values({"label_offset": label_offset, "labels_txt": labels_txt,
+                      "validation_percent": validation_percent, "compression": compression,
+                      "read_concurrency": read_concurrency, "read_ahead_mb": read_ahead_mb,
+                      "resize_mode": resize_mode, "image_format": image_format}, prefix="")
         self._naming = _Naming(labels=_checked_labels(labels),
                                splits=_checked_splits(splits, validation_percent),
-                               validation_percent=_checked_percent(validation_percent),
+                               validation_percent=float(validation_percent),
                                root=_absolute(root) if root is not None else None, label_offset=label_offset)
         if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 0):
             raise OptionsError(f"num_shards must be a positive int (None: the runner chooses), not {num_shards!r}")
-        if compression not in COMPRESSIONS:
-            raise OptionsError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {compression!r}")
-        if not 0 <= read_concurrency <= MAX_READ_CONCURRENCY:
-            raise OptionsError(f"read_concurrency must be in [0, {MAX_READ_CONCURRENCY}], not {read_concurrency}")
-        if read_ahead_mb < 1:
-            raise OptionsError(f"read_ahead_mb must be at least 1, not {read_ahead_mb}")
         self._config = PrepareConfig(
             input=self._naming.root or "", output=_absolute(output),
             spec=_checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels),
@@ -324,12 +317,6 @@ def _checked_labels(labels: Sequence[str]) -> tuple[str, ...]:
             raise OptionsError(f"labels lists {label!r} more than once")
         seen.add(label)
     return labels
-
-
-def _checked_percent(validation_percent: float) -> float:
-    if not 0 <= validation_percent < 100:
-        raise OptionsError(f"validation_percent must be in [0, 100), not {validation_percent}")
-    return float(validation_percent)
 
 
 def _checked_splits(splits: Sequence[str] | None, validation_percent: float) -> tuple[str, ...]:
