@@ -1,5 +1,5 @@
 """The contact sheet of a dataset the JPEG one in test_inspect.py does not cover: raw grayscale pixels of
-varying sizes, and a label with no images."""
+varying sizes, a label with no images, and label ids stored from 1 (--label_offset 1)."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +22,7 @@ def output(tmp_path_factory):
     out = root / "out"
     result = run_prepare("--input", str(root / "tree"), "--output", str(out), "--labels_file",
                          str(root / "labels.txt"), "--image_format", "raw", "--channels", "1",
-                         "--resize_mode", "none")
+                         "--resize_mode", "none", "--label_offset", "1")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -39,6 +39,7 @@ def test_raw_grayscale_images_of_varying_size_are_shown_at_their_own_size(output
         records.setdefault(int(r["image/class/label"]), []).append(
             np.frombuffer(r["image/encoded"], np.uint8).reshape(h, w))
     pixels = np.asarray(sheet.image)
+    assert sorted(records) == [1, 2]  # stored from 1
     assert [len(row.boxes) for row in sheet.rows] == [3, 2, 0]
     for row, name in zip(sheet.rows, "abc"):
         for left, top, right, bottom in row.boxes:
@@ -51,7 +52,7 @@ def test_raw_grayscale_images_of_varying_size_are_shown_at_their_own_size(output
 
 def test_a_label_without_images_gets_a_captioned_row_that_says_so(sheet):
     empty = sheet.rows[2]
-    assert empty.caption == "c (2)" and empty.boxes == ()
+    assert empty.caption == "c (3)" and empty.boxes == ()  # the stored id: index 2 + offset 1
     pixels = np.asarray(sheet.image)
     assert (pixels[empty.top:empty.bottom, :empty.left] != contact_sheet.BACKGROUND).any()  # caption
     assert (pixels[empty.top:empty.bottom, empty.left:] != contact_sheet.BACKGROUND).any()  # "no examples"
