@@ -111,7 +111,9 @@ class PrepareImagesOptions(PipelineOptions):
         section[SHARDS].add_argument(
             "--compression", default="gzip",
             help="gzip or none. JPEG and PNG payloads barely compress; raw pixels do, "
-                 "but inflating them caps read speed below decoding JPEG: prefer none for raw.")
+                 "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
+                 "none also writes TFDS's metadata, and is what TPU ResNet and TF-slim code read "
+                 "(README: Use with existing training code).")
         section[SHARDS].add_argument(
             "--sink", default="auto",
             help="streaming: each worker writes whole shards, memory stays flat (local runners); "
