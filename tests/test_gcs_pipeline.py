@@ -107,11 +107,11 @@ def test_dataflow_job_builds_offline_with_the_designed_steps(gcs_server, gcs_run
                    cwd=REPO)
     job = json.loads(job_json.read_text())
     names = job["transforms"]
-    for step in ("WriteShards/ReadListing", "WriteShards/ParseEntries", "WriteShards/Reshuffle",
-                 "WriteShards/ImageToExample", "WriteShards/WriteToTFRecord[train]",
-                 "WriteShards/WriteToTFRecord[validation]", "ReadUnknownLabels", "UnknownLabels", "Finalize"):
+    for step in ("WriteShards/ReadListing", "WriteShards/ParseEntries", "WriteShards/Write/Reshuffle",
+                 "WriteShards/Write/ImageToExample", "WriteShards/Write/WriteToTFRecord[train]",
+                 "WriteShards/Write/WriteToTFRecord[validation]", "ReadUnknownLabels", "UnknownLabels", "Finalize"):
         assert step in names, step
-    assert any(n.startswith("WriteShards/Reshuffle/") and urn == "beam:transform:group_by_key:v1"
+    assert any(n.startswith("WriteShards/Write/Reshuffle/") and urn == "beam:transform:group_by_key:v1"
                for n, urn in names.items())
     assert "workflow.tar.gz" in job["deps"]
     assert bucket.list_names("dataflow-out/") == []  # a dry run touches nothing
