@@ -18,6 +18,8 @@ from typing import Sequence
 # name -> (module, one-line purpose), in the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("pipelines.prepare_images", "turn ROOT/<label>/<image> into sharded TFRecords in OUT"),
+    "verify": ("pipelines.verify_output", "read every record of OUT and check it against its manifest"),
+    "bench": ("pipelines.bench_reader", "time the tf.data reader on OUT: images/s, to size an input pipeline"),
 }
 
 
