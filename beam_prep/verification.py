@@ -50,8 +50,6 @@ from beam_prep.storage import join
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-    from beam_prep.reader.checks import Checker
-
 __all__ = ["KINDS", "Problem", "VerifyReport", "verify"]
 
 _LOG = logging.getLogger(__name__)
@@ -270,7 +268,7 @@ def _check_shard_files(info: DatasetInfo, names: set[str], problems: _Problems) 
     return listed & names
 
 
-def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Checker, problems: _Problems,
+def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check, problems: _Problems,
                  progress: Callable[[int], None] | None) -> _ShardTally:
     """Reads one shard whole: batches through the check map, then (after a failure) record by record."""
     import tensorflow as tf
@@ -282,7 +280,7 @@ def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Checker
     compression = tf_compression(info.compression)
     tally = _ShardTally(0, np.zeros(len(info.labels), np.int64))
     batches = (read_shard(tf.constant(path), compression).batch(BATCH_RECORDS)
-               .map(check.in_graph, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+               .map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
                .prefetch(2))
     failed: tf.errors.OpError | None = None
     try:
@@ -309,7 +307,7 @@ def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Checker
     return tally
 
 
-def _check_one_by_one(info: DatasetInfo, path: str, compression: str, check: Checker, tally: _ShardTally,
+def _check_one_by_one(info: DatasetInfo, path: str, compression: str, check, tally: _ShardTally,
                       problems: _Problems, progress: Callable[[int], None] | None) -> None:
     """The rest of a shard after a failed batch: a read error ends it, a bad record is named and passed."""
     import tensorflow as tf
@@ -326,7 +324,7 @@ def _check_one_by_one(info: DatasetInfo, path: str, compression: str, check: Che
             tally.error = f"{type(e).__name__}: {_first_line(e.message)}"
             return
         try:
-            out = check.eager(tf.reshape(serialized, [1]))
+            out = check(tf.reshape(serialized, [1]))
         except tf.errors.OpError as e:
             tally.classes_known = False
             problems.add(BAD_RECORD, f"{path}, record {tally.records}",

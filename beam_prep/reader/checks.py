@@ -1,10 +1,9 @@
 """What ``verify`` computes per batch of serialized records: each record's decoded shape and label checks.
 
-One function over a batch of serialized records, used by
+One ``tf.function`` over a batch of serialized records, used by
 :mod:`beam_prep.verification` both inside a shard's ``tf.data`` map (the fast
-path, where tf.data traces it into its own graph) and, wrapped in a
-``tf.function``, eagerly one record at a time (after a record fails, to find
-it and go on). It parses with the record spec of :mod:`beam_prep.features` and decodes
+path) and eagerly one record at a time (after a record fails, to find it and
+go on). It parses with the record spec of :mod:`beam_prep.features` and decodes
 with the reader's own :func:`~beam_prep.reader.decode.decode`, so a record
 passes exactly when the reader would give training the image the manifest
 promises.
@@ -15,7 +14,7 @@ few booleans and the strings needed to name a record that fails.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable
 
 from beam_prep import features
 from beam_prep.dataset import DatasetInfo
@@ -25,22 +24,14 @@ from beam_prep.reader.decode import decode
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-__all__ = ["CHECK_KEYS", "Checker", "batch_checker"]
+__all__ = ["CHECK_KEYS", "batch_checker"]
 
 CHECK_KEYS = (features.ENCODED, features.LABEL, features.LABEL_TEXT, features.HEIGHT,
               features.WIDTH, features.CHANNELS, features.FILENAME)
 
 
-class Checker(NamedTuple):
-    """The batch check twice: as a Python function for ``Dataset.map`` (traced into
-    tf.data's graph, inlined: measured 5% cheaper a record than calling a
-    ``tf.function`` from it), and as a ``tf.function`` to call eagerly (traced once)."""
-
-    in_graph: Callable[[tf.Tensor], dict[str, tf.Tensor]]
-    eager: Callable[[tf.Tensor], dict[str, tf.Tensor]]
-
-
-def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD) -> Checker:
+def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD,
+                  ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """A function from a batch of serialized records (string [b]) to their checks, each [b]:
 
     * ``label`` (int64), ``text`` and ``filename`` (string): as stored;
@@ -68,6 +59,7 @@ def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD) -> Ch
         encoded, height, width = record
         return tf.shape(decode(encoded, as_stored, (height, width), dct_method), out_type=tf.int32)
 
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def check(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
         parsed = tf.io.parse_example(serialized, spec)
         stored = tf.cast(tf.stack([parsed[features.HEIGHT], parsed[features.WIDTH],
@@ -90,4 +82,4 @@ def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD) -> Ch
                 "in_range": in_range, "text_ok": tf.logical_and(in_range, tf.equal(named, text)),
                 "decoded": decoded, "stored": stored, "shape_ok": shape_ok}
 
-    return Checker(check, tf.function(check, input_signature=[tf.TensorSpec([None], tf.string)]))
+    return check
