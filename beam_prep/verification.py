@@ -70,9 +70,10 @@ LABEL_TEXT = "label_text"
 KINDS = (MANIFEST_PROBLEM, LABELS_FILE, MISSING_SHARD, EXTRA_SHARD, DAMAGED_SHARD, SHARD_COUNT,
          SPLIT_COUNT, CLASS_COUNT, BAD_RECORD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT)
 
-# Records per batch of a shard's check map: small enough that a one-shard split
-# still has batches to decode in parallel, large enough that Python's share is nil.
-BATCH_RECORDS = 128
+# Records per batch of a shard's check map, as the reader's default batch: 2% less
+# CPU a record than 128 (measured), and a shard of a few thousand records still
+# has batches to decode in parallel.
+BATCH_RECORDS = 256
 MAX_PER_KIND = 20
 
 

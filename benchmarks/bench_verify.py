@@ -10,6 +10,8 @@ on a real dataset. In one process, taking turns for ``--rounds`` rounds:
   (a) the reader as ``beam-prep bench`` times it (:func:`beam_prep.throughput.measure_reader`):
       ``make_dataset`` with training defaults, batch 256, repeated, ``--seconds`` after a warm-up;
   (a') the same in evaluation order (fixed, no shuffle);
+  (e) the reader over every record once, in evaluation order, timed from
+      ``make_dataset`` to the last batch, as ``verify`` is timed;
   (v) ``verify`` (:func:`beam_prep.verification.verify`): every record of every
       split, parsed, decoded and checked, once.
 
@@ -77,6 +79,16 @@ def ensure_copies(source: pathlib.Path, copies: int) -> pathlib.Path:
     return out
 
 
+def _time_one_pass(path: str) -> tuple[float, float]:
+    """The reader over every record once, as verify reads them: from making the dataset to its end."""
+    from beam_prep.reader import make_dataset
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    images = sum(int(images.shape[0])
+                 for images, _ in make_dataset(path, "train", batch_size=BATCH_SIZE, training=False))
+    return images / (time.perf_counter() - wall), images / (time.process_time() - cpu)
+
+
 def _time_verify(path: str) -> tuple[float, float]:
     from beam_prep.verification import verify
 
@@ -109,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(a') reader, evaluation order (beam-prep bench --eval)":
             lambda: _rates(measure_reader(path, "train", batch_size=BATCH_SIZE, training=False,
                                           seconds=args.seconds)),
+        "(e) reader, one pass in evaluation order, its start included":
+            lambda: _time_one_pass(path),
         "(v) verify, every record once (beam-prep verify)": lambda: _time_verify(path),
     }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
