@@ -180,9 +180,9 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
     root = path.rstrip("/") or path
     problems = _Problems(max_per_kind)
     names = _list_folder(root)
-    if MANIFEST not in names:
-        load_info(root)  # raises the reader's own message: no dataset, or not finished
-        raise DatasetError(f"no {MANIFEST} in {root}")
+    if MANIFEST not in names:  # no dataset: the reader's own message says so (or not finished)
+        load_info(root)
+        raise DatasetError(f"no {MANIFEST} in {root}")  # only if it appeared meanwhile
     try:
         info = load_info(root)
     except DatasetError as e:  # there, but not a manifest this beam-prep can use
@@ -204,7 +204,7 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
         for future in concurrent.futures.as_completed(futures):
             tallies[futures[future]] = future.result()
     for split in info.splits.values():
-        _check_split_counts(info, split, present, tallies, problems)
+        _check_split_counts(info, split, tallies, problems)
     kept, more = problems.result()
     expected = sum(s.num_examples for s in info.splits.values())
     return VerifyReport(root, kept, more, sum(t.records for t in tallies.values()), expected,
@@ -372,8 +372,8 @@ def _record_problems(info: DatasetInfo, path: str, first: int, out: Mapping[str,
                          f"says {_expected_shape(info)} and the record {_shape(values['stored'][i])}")
 
 
-def _check_split_counts(info: DatasetInfo, split: SplitInfo, present: set[str],
-                        tallies: Mapping[tuple[str, int], _ShardTally], problems: _Problems) -> None:
+def _check_split_counts(info: DatasetInfo, split: SplitInfo, tallies: Mapping[tuple[str, int], _ShardTally],
+                        problems: _Problems) -> None:
     """A split's total and per-class counts, when every shard was read whole (else the shard is the problem)."""
     shard_tallies = [tallies.get((split.name, i)) for i in range(len(split.shards))]
     if any(t is None or not t.whole for t in shard_tallies):

@@ -256,6 +256,20 @@ def test_problems_are_capped_per_kind_and_the_rest_counted(out, capsys):
     assert stdout.rstrip().endswith("... and 1 more missing_shard problem")
 
 
+# In Google Cloud Storage.
+
+def test_a_dataset_in_gcs_is_verified_through_tensorflows_gcs_filesystem(gcs_server, gcs_bucket, out):
+    (out / VALIDATION1).unlink()
+    shutil.copy(out / TRAIN1, out / "train-00002-of-00003.tfrecord.gz")
+    gcs_bucket.upload_tree(out, "out")
+    result = gcs_server.run([sys.executable, "-m", "pipelines.cli", "verify", gcs_bucket.url("out")],
+                            cwd=REPO, check=False)
+    assert result.returncode == 1, result.stderr
+    assert f"missing_shard: {gcs_bucket.url('out/' + VALIDATION1)}: listed in split" in result.stdout
+    assert f"extra_shard: {gcs_bucket.url('out/train-00002-of-00003.tfrecord.gz')}: " in result.stdout
+    assert result.stdout.startswith(f"2 problems in {gcs_bucket.url('out')} (12 records in 3 shards")
+
+
 # Reader throughput.
 
 def test_bench_prints_the_readers_images_per_second(prepared):
