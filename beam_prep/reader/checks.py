@@ -1,9 +1,8 @@
 """What ``verify`` computes per batch of serialized records: each record's decoded shape and label checks.
 
-One ``tf.function`` over a batch of serialized records, used by
-:mod:`beam_prep.verification` both inside a shard's ``tf.data`` map (the fast
-path) and eagerly one record at a time (after a record fails, to find it and
-go on). It parses with the record spec of :mod:`beam_prep.features` and decodes
+One ``tf.function`` over a batch of serialized records, traced once and
+called by :mod:`beam_prep.verification` on each batch a shard's pipeline
+reads (and on single records, to name one that fails). It parses with the record spec of :mod:`beam_prep.features` and decodes
 with the reader's own :func:`~beam_prep.reader.decode.decode`, so a record
 passes exactly when the reader would give training the image the manifest
 promises.
