@@ -13,10 +13,11 @@ few booleans and the strings needed to name a record that fails.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Callable
 
 from beam_prep import features
-from beam_prep.dataset import DatasetInfo
+from beam_prep.dataset import DatasetInfo, ImageInfo
 from beam_prep.reader.config import DEFAULT_DCT_METHOD
 from beam_prep.reader.decode import decode
 
@@ -41,18 +42,26 @@ def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD,
     * ``shape_ok``: decoded as the manifest says (its size when fixed, its channels
       always) and as the record says.
 
+    One traced function per image description, labels and offset (cached), so
+    verifying again does not trace again.
+
     Raises (when called, as TensorFlow errors): a record that is not an Example
     of this spec, or whose image does not decode.
     """
+    return _batch_checker(info.image, info.labels, info.label_offset, dct_method)
+
+
+@functools.lru_cache(maxsize=8)
+def _batch_checker(image: ImageInfo, label_names: tuple[str, ...], label_offset: int, dct_method: str,
+                   ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     import tensorflow as tf
 
     spec = features.tf_parse_spec(CHECK_KEYS)
     # Decode as stored, without the reader's size assertion: a record of another size
     # is then a problem to report, not an error that ends the shard's read.
-    as_stored = dataclasses.replace(info.image, height=None, width=None)
-    image = info.image
-    num_labels = len(info.labels)
-    labels = tf.constant(list(info.labels) or [""], tf.string)
+    as_stored = dataclasses.replace(image, height=None, width=None)
+    num_labels = len(label_names)
+    labels = tf.constant(list(label_names) or [""], tf.string)
 
     def shape_of(record):
         encoded, height, width = record
@@ -73,7 +82,7 @@ def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD,
         shape_ok = tf.logical_and(expected, tf.reduce_all(decoded == stored, axis=1))
 
         label = parsed[features.LABEL]
-        index = label - info.label_offset
+        index = label - label_offset
         in_range = tf.logical_and(index >= 0, index < num_labels)
         named = tf.gather(labels, tf.clip_by_value(index, 0, max(num_labels - 1, 0)))
         text = parsed[features.LABEL_TEXT]
