@@ -1,11 +1,11 @@
 """``beam-prep verify`` against the reader it must keep up with, on the reader benchmark's dataset.
 
 On the records ``benchmarks/bench_reader.py`` reads (the cached corpus written
-by the pipeline at 224x224, JPEG q90), each shard of the dataset holding all of
-them (``--copies`` shards: 8 shards of 2,000 records, 16,000 in all, by
-default), so that the fixed costs of a run (TensorFlow tracing the check
-function, listing, the manifest) weigh on ``verify`` about as little as they do
-on a real dataset. In one process, taking turns for ``--rounds`` rounds:
+by the pipeline at 224x224, JPEG q90), repeated into ``--shards`` shards of
+``--shard_records`` records (default 8 of 8,000, about 125 MB each, near the
+writer's 150 MB target), so that the fixed costs of a run (tracing the check,
+opening each shard) weigh on ``verify`` as they do on a real dataset. In one
+process, taking turns for ``--rounds`` rounds:
 
   (a) the reader as ``beam-prep bench`` times it (:func:`beam_prep.throughput.measure_reader`):
       ``make_dataset`` with training defaults, batch 256, repeated, ``--seconds`` after a warm-up;
@@ -22,7 +22,7 @@ share the machine, the first does.
 ``verify``'s figure includes its fixed costs; the reader's excludes its
 warm-up (a second).
 
-    python -m benchmarks.bench_verify [--images 2000] [--copies 8] [--seconds 3] [--rounds 3]
+    python -m benchmarks.bench_verify [--images 2000] [--shards 8] [--shard_records 8000] [--seconds 3] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -42,20 +42,21 @@ from benchmarks.corpus import ensure_corpus
 
 log = logging.getLogger(__name__)
 
-DATASET_VERSION = 1
+DATASET_VERSION = 2
 
 
-def ensure_copies(source: pathlib.Path, copies: int) -> pathlib.Path:
-    """``source``'s train split as ``copies`` shards that each hold all its records, cached.
+def ensure_copies(source: pathlib.Path, shards: int, shard_records: int) -> pathlib.Path:
+    """``source``'s train split repeated into ``shards`` shards of ``shard_records`` records, cached.
 
     Written with the pipeline's own shard writer; the manifest is ``source``'s
-    with the split's shards and counts multiplied.
+    with the split's shards and counts made to match.
     """
     import tensorflow as tf
 
+    from beam_prep import features
     from beam_prep.tfrecord import shard_writer, write_record
 
-    out = CACHE_DIR / f"verify-v{DATASET_VERSION}-{source.name}-x{copies}"
+    out = CACHE_DIR / f"verify-v{DATASET_VERSION}-{source.name}-{shards}x{shard_records}"
     if (out / "manifest.json").exists():
         log.info("reusing %s", out)
         return out
@@ -65,15 +66,18 @@ def ensure_copies(source: pathlib.Path, copies: int) -> pathlib.Path:
     train = manifest["splits"]["train"]
     records = [r.numpy() for r in tf.data.TFRecordDataset(
         [str(source / name) for name in train["shards"]], "GZIP")]
-    shards = [f"train-{i:05d}-of-{copies:05d}.tfrecord.gz" for i in range(copies)]
-    for name in shards:
+    labels = manifest["labels"]
+    class_counts = {label: 0 for label in labels}
+    names = [f"train-{i:05d}-of-{shards:05d}.tfrecord.gz" for i in range(shards)]
+    for name in names:
         with shard_writer(str(out / name), "gzip") as f:
-            for record in records:
+            for i in range(shard_records):
+                record = records[i % len(records)]
                 write_record(f, record)
+                class_counts[labels[features.decode_example(record)[features.LABEL]]] += 1
     manifest["splits"] = {"train": {
-        "num_examples": len(records) * copies, "shards": shards,
-        "class_counts": {k: v * copies for k, v in train["class_counts"].items()},
-        "shard_num_examples": [len(records)] * copies}}
+        "num_examples": shards * shard_records, "shards": names, "class_counts": class_counts,
+        "shard_num_examples": [shard_records] * shards}}
     shutil.copy(source / "labels.txt", out / "labels.txt")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out
@@ -105,7 +109,8 @@ def _time_verify(path: str) -> tuple[float, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=DEFAULT_IMAGES)
-    parser.add_argument("--copies", type=int, default=8)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--shard_records", type=int, default=8000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
@@ -116,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from beam_prep.throughput import measure_reader
 
     path = str(ensure_copies(ensure_dataset(ensure_corpus(args.images, CACHE_DIR).root, args.images, "jpeg"),
-                             args.copies))
+                             args.shards, args.shard_records))
     runs = {
         "(a) reader, training order (beam-prep bench)":
             lambda: _rates(measure_reader(path, "train", batch_size=BATCH_SIZE, seconds=args.seconds)),
