@@ -12,6 +12,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from beam_prep.errors import DatasetError
+
 __all__ = ["Throughput", "measure_reader"]
 
 
@@ -48,22 +50,26 @@ def measure_reader(path: str, split: str = "train", *, batch_size: int = 256, tr
       progress: called with the images of each timed batch.
 
     Raises:
-      DatasetError, OptionsError, StorageError: as ``make_dataset`` does (no dataset, no such split...).
+      DatasetError, OptionsError, StorageError: as ``make_dataset`` does (no dataset, no such
+        split...); DatasetError also for a split without records.
     """
     from beam_prep.reader import make_dataset
 
     dataset = make_dataset(path, split, batch_size=batch_size, training=training, repeat=True)
     batches = iter(dataset)
-    start = time.perf_counter()
-    while time.perf_counter() - start < warmup_seconds:
-        next(batches)
-    images = 0
-    wall, cpu = time.perf_counter(), time.process_time()
-    while images == 0 or time.perf_counter() - wall < seconds:
-        n = int(next(batches)[0].shape[0])
-        images += n
-        if progress is not None:
-            progress(n)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    try:
+        start = time.perf_counter()
+        while time.perf_counter() - start < warmup_seconds:
+            next(batches)
+        images = 0
+        wall, cpu = time.perf_counter(), time.process_time()
+        while images == 0 or time.perf_counter() - wall < seconds:
+            n = int(next(batches)[0].shape[0])
+            images += n
+            if progress is not None:
+                progress(n)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    except StopIteration:  # repeated, it ends only when empty
+        raise DatasetError(f"split {split!r} of {path} holds no records: nothing to time") from None
     return Throughput(path=path, split=split, batch_size=batch_size, training=training,
                       images=images, seconds=wall, cpu_seconds=cpu)

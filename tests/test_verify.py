@@ -18,7 +18,9 @@ from typing import Callable
 import pytest
 
 from beam_prep import features
+from beam_prep.dataset import DatasetInfo, ImageInfo
 from beam_prep.errors import DatasetError
+from beam_prep.reader.checks import batch_checker
 from beam_prep.tfrecord import shard_writer, write_record
 from beam_prep.verification import verify
 from helpers import REPO, encode, make_tree, run_prepare
@@ -151,6 +153,20 @@ def test_a_shard_with_a_record_more_than_listed_is_named(out):
         f"{out / TRAIN1}: holds 5 records; the manifest lists 4 for it (split 'train')"]
 
 
+def test_a_manifest_that_cannot_be_used_is_a_problem_not_a_missing_dataset(out, capsys):
+    (out / "manifest.json").write_text('{"format_version": 1, "labels": ["a"]}')
+    assert verify_output.main([str(out)]) == 1
+    assert f"manifest: {out / 'manifest.json'}: {out / 'manifest.json'} is incomplete or malformed" \
+        in capsys.readouterr().out
+
+
+def test_labels_txt_that_is_not_the_manifests_labels_is_named(out):
+    (out / "labels.txt").write_text("a\nc\nb\n")
+    report = verify(str(out))
+    assert [str(p) for p in report.problems] == [
+        f"{out / 'labels.txt'}: holds 3 labels, the manifest 3; they first differ at line 2"]
+
+
 # Counts edited by hand.
 
 @pytest.mark.parametrize("edit,kind,expected", [
@@ -254,6 +270,35 @@ def test_problems_are_capped_per_kind_and_the_rest_counted(out, capsys):
     stdout = capsys.readouterr().out
     assert stdout.startswith(f"3 problems in {out} (")
     assert stdout.rstrip().endswith("... and 1 more missing_shard problem")
+
+
+# The batch check alone, on records made here: formats and sizes the dataset above does not have.
+
+def example(encoded: bytes, height: int, width: int, channels: int = 3, image_format: str = "png",
+            label: int = 0, text: str = "a") -> bytes:
+    return features.encode_example(features.ImageRecord(
+        encoded=encoded, image_format=image_format, height=height, width=width, channels=channels,
+        label=label, label_text=text, filename=f"{text}/x.{image_format}", sha256="0" * 64))
+
+
+def test_images_of_varying_size_pass_when_the_record_gives_their_size():
+    import tensorflow as tf
+
+    check = batch_checker(DatasetInfo("", ("a", "b"), {}, ImageInfo(None, None, 3, "png")))
+    png = encode(Image.new("RGB", (20, 16)), "PNG")  # 16 high, 20 wide
+    out = check(tf.constant([example(png, 16, 20), example(png, 20, 16), example(png, 16, 20, 1)]))
+    assert out["shape_ok"].numpy().tolist() == [True, False, False]
+    assert out["decoded"].numpy().tolist() == [[16, 20, 3]] * 3
+
+
+def test_raw_pixels_are_checked_against_the_fixed_size():
+    import tensorflow as tf
+
+    check = batch_checker(DatasetInfo("", ("a",), {}, ImageInfo(2, 3, 1, "raw")))
+    out = check(tf.constant([example(bytes(6), 2, 3, 1, "raw"), example(bytes(6), 3, 2, 1, "raw")]))
+    assert out["shape_ok"].numpy().tolist() == [True, False]
+    with pytest.raises(tf.errors.InvalidArgumentError):  # 5 bytes are no 2x3x1 image
+        check(tf.constant([example(bytes(5), 2, 3, 1, "raw")]))
 
 
 # In Google Cloud Storage.
