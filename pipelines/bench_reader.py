@@ -59,10 +59,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     # On stderr, and only on a terminal (disable=None): a log or a pipe gets the result line alone.
     with tqdm(unit="img", desc="bench", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+        timing = False
+
+        def progress(images: int) -> None:
+            nonlocal timing
+            if not timing:  # the bar's clock starts with the timed batches, as the measurement does
+                bar.reset()
+                timing = True
+            bar.update(images)
+
         try:
             result = measure_reader(args.output, args.split, batch_size=args.batch_size,
                                     training=not args.eval, seconds=args.seconds,
-                                    warmup_seconds=args.warmup_seconds, progress=bar.update)
+                                    warmup_seconds=args.warmup_seconds, progress=progress)
         except BeamPrepError as e:
             bar.close()
             print(f"error: {e}", file=sys.stderr)
