@@ -45,8 +45,15 @@ def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> 
 
 _SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count:0{n}d}}")
 _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, *TFDS_FILES,
-                   *(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values()))
+_SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values())
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, *TFDS_FILES, *_SHARD_PATTERNS)
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether a file name is a shard's, of any split and compression: how ``verify`` tells a
+    shard the manifest does not list (left by another run, or copied in) from other files."""
+    return any(fnmatch.fnmatchcase(name, p) for p in _SHARD_PATTERNS)
+
 
 def run_folder(output: str, run_id: str) -> str:
     """Where a run keeps its listings and shards until it publishes them."""

@@ -19,6 +19,8 @@ from typing import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("pipelines.prepare_images", "turn ROOT/<label>/<image> into sharded TFRecords in OUT"),
     "inspect": ("pipelines.inspect_output", "summarise OUT (splits, shards, classes, failures); --grid draws a contact sheet"),
+    "verify": ("pipelines.verify_output", "read every record of OUT and check it against its manifest"),
+    "bench": ("pipelines.bench_reader", "time the tf.data reader on OUT: images/s, to size an input pipeline"),
 }
 
 
