@@ -19,6 +19,7 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
+from pipelines.native_log import native_log_to_file
 from beam_prep.throughput import Throughput, measure_reader
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -52,6 +53,7 @@ def describe(result: Throughput) -> str:
             f"{result.images_per_cpu_second:,.0f} images per CPU-second)")
 
 
+@native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 

@@ -18,6 +18,7 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
+from pipelines.native_log import native_log_to_file
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
@@ -67,6 +68,7 @@ def _positive(text: str) -> int:
     return value
 
 
+@native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -20,6 +20,7 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
+from pipelines.native_log import native_log_to_file
 from beam_prep.verification import MAX_PER_KIND, VerifyReport, verify
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -55,6 +56,7 @@ def describe(report: VerifyReport) -> str:
     return "\n".join(lines)
 
 
+@native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 

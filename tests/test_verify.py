@@ -8,6 +8,7 @@ that problem, is named.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -87,6 +88,9 @@ def test_a_good_dataset_verifies_with_exit_code_0(prepared):
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(rf"^verified {re.escape(str(prepared))}: 15 records in 4 shards, ", result.stdout)
     assert "verify:" not in result.stderr  # no progress bar when stderr is not a terminal
+    # TensorFlow's native log lines (CPU features, no CUDA, tf.data notes) go to a file, removed on success.
+    assert result.stderr == ""
+    assert not list(pathlib.Path(os.environ["TMPDIR"]).glob("beam-prep-tensorflow-*"))
 
 
 def test_every_record_is_read_and_reported_as_progress(prepared):
@@ -101,6 +105,8 @@ def test_no_dataset_is_exit_code_2_naming_the_folder(tmp_path):
     result = run_verify(tmp_path / "nothing")
     assert result.returncode == 2
     assert f"error: dataset folder {tmp_path / 'nothing'} does not exist" in result.stderr
+    kept = re.search(r"\(TensorFlow's own log for this run: (.+)\)", result.stderr)  # kept: it failed
+    assert kept and pathlib.Path(kept.group(1)).is_file()
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match=re.escape(f"no manifest.json at {tmp_path / 'empty'}/")):
         verify(str(tmp_path / "empty"))
