@@ -20,8 +20,6 @@ import re
 import shutil
 from typing import Callable
 
-from apache_beam.io.filesystems import FileSystems
-
 from beam_prep.dataset import COMPRESSIONS, MANIFEST
 from beam_prep.errors import OptionsError
 from beam_prep.tfds_metadata import FILES as TFDS_FILES
@@ -55,6 +53,14 @@ def is_shard_name(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in _SHARD_PATTERNS)
 
 
+def _filesystems():
+    """Beam's FileSystems, imported on first use: ``verify`` names shards with this module
+    and reads with TensorFlow, and need not pay for Beam's import."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
 def run_folder(output: str, run_id: str) -> str:
     """Where a run keeps its listings and shards until it publishes them."""
     return join(output, WORK_DIR, run_id)
@@ -73,7 +79,7 @@ def shard_name(split: str, index: int, count: int, compression: str) -> str:
 def existing_dataset_files(output: str) -> list[str]:
     """Files in ``output`` that make up a dataset (complete or not), by their names."""
     try:
-        metadata = FileSystems.match([join(output, "*")])[0].metadata_list
+        metadata = _filesystems().match([join(output, "*")])[0].metadata_list
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("list --output", output, e) from e
     owned = []
@@ -94,7 +100,7 @@ def unfinished_runs(output: str, claim_name: str) -> list[str]:
         if is_local(output):
             names = sorted(os.listdir(work)) if os.path.isdir(work) else []
         else:
-            paths = [m.path for m in FileSystems.match([join(work, "**")])[0].metadata_list]
+            paths = [m.path for m in _filesystems().match([join(work, "**")])[0].metadata_list]
             names = sorted({p[len(work) + 1:].split("/", 1)[0] for p in paths})
     except Exception as e:  # noqa: BLE001
         raise storage_error("list", work, e) from e
@@ -137,7 +143,7 @@ def publish(output: str, run_id: str, shard_names: list[str]) -> None:
     sources = [join(folder, name) for name in shard_names]
     targets = [join(output, name) for name in shard_names]
     try:
-        FileSystems.rename(sources, targets)
+        _filesystems().rename(sources, targets)
     except Exception as e:  # noqa: BLE001
         raise storage_error("move shards to", output, e) from e
     delete(sorted(old - set(targets) - {old_manifest, join(output, LABELS), join(output, ERRORS)}),
@@ -148,7 +154,7 @@ def delete(paths: list[str], what: str) -> None:
     if not paths:
         return
     try:
-        FileSystems.delete(paths)
+        _filesystems().delete(paths)
     except Exception as e:  # noqa: BLE001
         raise storage_error("remove", what, e) from e
 
@@ -161,8 +167,8 @@ def remove_run_folder(output: str, run_id: str) -> None:
             if os.path.isdir(folder):
                 shutil.rmtree(folder)
         else:
-            paths = [m.path for m in FileSystems.match([join(folder, "**")])[0].metadata_list]
+            paths = [m.path for m in _filesystems().match([join(folder, "**")])[0].metadata_list]
             if paths:
-                FileSystems.delete(paths)
+                _filesystems().delete(paths)
     except Exception as e:  # noqa: BLE001
         raise storage_error("remove", folder, e) from e
