@@ -13,8 +13,8 @@ yields them under the same names; ``tfds.show_examples`` finds the image and
 the label because they are top-level features.
 
 TFDS reads only uncompressed TFRecords and needs each shard's record count, so
-:func:`unsupported` says why a dataset gets no metadata (GZIP shards, a sink
-that does not count records per shard, raw pixels of varying size).
+:func:`unsupported` says why a dataset gets no metadata (GZIP shards, a
+manifest without per-shard record counts, raw pixels of varying size).
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def unsupported(info: DatasetInfo) -> str | None:
         return (f"TFDS reads only uncompressed TFRecords and these are {info.compression}: "
                 "write with --compression none")
     if any(split.shard_num_examples is None for split in info.splits.values()):
-        return ("TFDS needs each shard's record count, which only the streaming sink records "
-                "(--sink streaming)")
+        return ("TFDS needs each shard's record count, which this manifest lacks "
+                "(edited, or written by an older beam-prep): prepare the dataset again")
     if info.image.format == "raw" and not info.image.fixed_size:
         return "TFDS cannot describe raw pixels of varying size: give --image_size, or write jpeg or png"
     return None

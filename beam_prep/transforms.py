@@ -50,7 +50,7 @@ from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
 from beam_prep.records import FileReader, Outcome, make_example
 from beam_prep.storage import join
-from beam_prep.tfrecord import write_record
+from beam_prep.tfrecord import count_records, write_record
 
 __all__ = ["NAMESPACE", "Counters", "ParseEntryFn", "SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle",
            "WriteShardsStreaming"]
@@ -340,9 +340,14 @@ class WriteEntriesShuffle(_ShardSink):
                     num_shards=config.num_shards[split],
                     shard_name_template=layout.SHARD_TEMPLATE,
                     compression_type=compression_type))
+            # WriteToTFRecord does not say how many records each shard got: count them,
+            # one shard a worker (the Reshuffle spreads the names out), for the manifest.
             shard_lists.append(
-                written | f"ShardNames[{split}]" >> beam.Map(
-                    lambda path, s=split: (s, path.rsplit("/", 1)[-1], None)))
+                written
+                | f"SpreadShards[{split}]" >> beam.Reshuffle()
+                | f"CountRecords[{split}]" >> beam.Map(
+                    lambda path, s=split, c=config.compression: (s, path.rsplit("/", 1)[-1],
+                                                                 count_records(path, c))))
         return SinkResult(shards=tuple(shard_lists) | "AllShards" >> beam.Flatten(),
                           class_counts=counts,
                           failures=results[_FAILED])

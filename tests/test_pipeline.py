@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from PIL import Image
 
 from beam_prep.features import decode_example
@@ -238,6 +239,10 @@ def test_shuffle_sink_writes_the_same_records(prepared, manifest, tree, tmp_path
     assert result.returncode == 0, result.stderr
     shuffled = json.loads((tmp_path / "manifest.json").read_text())
     assert shuffled["sink"] == "shuffle" and shuffled["counts"] == manifest["counts"]
+    for split, info in shuffled["splits"].items():  # WriteToTFRecord's shards, counted afterwards
+        assert info["shard_num_examples"] == [
+            sum(1 for _ in tf.data.TFRecordDataset(str(tmp_path / name), "GZIP")) for name in info["shards"]]
+        assert sum(info["shard_num_examples"]) == info["num_examples"] > 0
     assert (tmp_path / "errors.jsonl").read_text() == (out / "errors.jsonl").read_text()
     for split in manifest["splits"]:
         def payload(root):

@@ -50,3 +50,26 @@ def test_tensorflows_writer_writes_the_same_bytes(tmp_path):
             w.write(data)
     with open(path, "rb") as f:
         assert f.read() == b"".join(tfrecord.frame(data) for data in RECORDS)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_count_records_counts_by_the_framing_and_names_a_damaged_file(tmp_path, compression):
+    import gzip
+
+    from beam_prep.errors import DatasetError
+
+    path = tmp_path / "shard"
+    with tfrecord.shard_writer(str(path), compression) as f:
+        for data in RECORDS:
+            tfrecord.write_record(f, data)
+    assert tfrecord.count_records(str(path), compression) == len(RECORDS)
+
+    framed = b"".join(tfrecord.frame(data) for data in RECORDS)
+    pack = gzip.compress if compression == "gzip" else bytes
+    cut, bad_length = tmp_path / "cut", tmp_path / "bad_length"
+    cut.write_bytes(pack(framed[:-10]))  # the last record's payload cut short
+    bad_length.write_bytes(pack(framed[:1] + bytes([framed[1] ^ 1]) + framed[2:]))  # length no longer matches its CRC
+    with pytest.raises(DatasetError, match=rf"{cut}: record {len(RECORDS) - 1} is cut short"):
+        tfrecord.count_records(str(cut), compression)
+    with pytest.raises(DatasetError, match=rf"{bad_length}: record 0 has a damaged length"):
+        tfrecord.count_records(str(bad_length), compression)

@@ -273,7 +273,13 @@ def test_slim_cannot_parse_the_default_labels_txt(default_gzip):
 # --- TensorFlow Datasets: the real builder_from_directory ----------------------------------
 
 
-@pytest.mark.parametrize("which", ["imagenet_style", "plain_gray_png", "plain_raw"])
+@pytest.fixture(scope="module")
+def plain_shuffled(tmp_path_factory, tree) -> pathlib.Path:
+    """The shuffle sink's (Dataflow's) output: WriteToTFRecord's shards, counted afterwards."""
+    return _prepare(tmp_path_factory, tree, "plain_shuffled", "--compression", "none", "--sink", "shuffle")
+
+
+@pytest.mark.parametrize("which", ["imagenet_style", "plain_gray_png", "plain_raw", "plain_shuffled"])
 def test_tfds_reads_every_record_with_the_right_label(which, request):
     import tensorflow_datasets as tfds
 
@@ -338,7 +344,7 @@ def test_tfds_metadata_is_refused_where_tfds_could_not_read_the_shards():
     readable = DatasetInfo("out", ("a",), counted, image, "NONE")
     assert tfds_metadata.unsupported(readable) is None
     for info, reason in ((dataclasses.replace(readable, compression="GZIP"), "--compression none"),
-                         (dataclasses.replace(readable, splits=uncounted), "--sink streaming"),
+                         (dataclasses.replace(readable, splits=uncounted), "record count"),
                          (dataclasses.replace(readable, image=ImageInfo(None, None, 3, "raw")), "--image_size")):
         assert reason in tfds_metadata.unsupported(info)
         with pytest.raises(DatasetError, match="no TFDS metadata"):
