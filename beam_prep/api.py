@@ -8,13 +8,14 @@ defaults (every core busy) as ``python -m pipelines.prepare_images``.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.flags import check_flags
 from beam_prep.options import PrepareConfig, config_from_options
 from beam_prep.pipeline import run
+from beam_prep.progress import Progress
 
 __all__ = ["parse_command_line", "prepare", "with_local_defaults"]
 
@@ -81,12 +82,17 @@ def options_to_argv(input: str, output: str, options: Mapping[str, Any]) -> list
     return argv
 
 
-def prepare(input: str, output: str, **options: Any) -> dict[str, Any] | None:
+def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] | None = None,
+            **options: Any) -> dict[str, Any] | None:
     """Prepares ``input`` (``ROOT/<label>/<image>``) into ``output``, as the command does.
 
     ``options`` are the command's flags and Beam's, by name: ``prepare("imgs",
     "out", image_size=160, validation_percent=10, overwrite=True)``. Logging is
-    the caller's to configure; nothing is printed.
+    the caller's to configure; nothing is printed. ``on_progress``, on a local
+    runner, is called about twice a second from another thread with the
+    workers' counts so far (``beam_prep.progress.Progress``: ``done``,
+    ``failed``, ``total``), last with the final ones: what the command's bar
+    shows, for a notebook's or a service's own display.
 
     Returns:
       The manifest that was written (a dict, as in manifest.json), or None with
@@ -97,4 +103,4 @@ def prepare(input: str, output: str, **options: Any) -> dict[str, Any] | None:
       StorageError, DatasetError: the job could not be completed.
     """
     pipeline_options, config = parse_command_line(options_to_argv(input, output, options))
-    return run(config, pipeline_options).manifest
+    return run(config, pipeline_options, on_progress).manifest

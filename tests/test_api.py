@@ -18,13 +18,15 @@ SMALL = {"image_size": 16, "max_pixels": 100000, "direct_running_mode": "in_memo
 def test_prepare_runs_the_job_and_returns_its_manifest(tmp_path):
     make_tree(tmp_path / "in", {"a": 3, "b": 2}, size=(24, 20))
     (tmp_path / "in" / "b" / "broken.jpg").write_bytes(b"not a jpeg")
+    seen = []
     manifest = beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "out"), **SMALL,
-                                 validation_percent=40, overwrite=False)
+                                 validation_percent=40, overwrite=False, on_progress=seen.append)
     assert manifest == json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["counts"] == {"listed": 6, "written": 5, "failed": 1, "skipped": 0}
     assert (manifest["image"]["height"], manifest["image"]["width"]) == (16, 16)
     written = sum(len(read_split(tmp_path / "out", split)) for split in manifest["splits"])
     assert written == 5 and set(manifest["splits"]) == {"train", "validation"}
+    assert seen and (seen[-1].done, seen[-1].failed, seen[-1].total) == (6, 1, 6)  # the workers' counts
 
 
 @pytest.mark.parametrize("options,message", [
