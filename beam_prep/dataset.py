@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from beam_prep.errors import DatasetError, OptionsError
@@ -31,6 +31,7 @@ __all__ = [
     "DatasetInfo",
     "ImageInfo",
     "SplitInfo",
+    "labels_lines",
     "parse_manifest",
 ]
 
@@ -200,6 +201,15 @@ class DatasetInfo:
             raise DatasetError(f"{where} is incomplete or malformed: missing or bad {e}") from e
         except OptionsError as e:
             raise DatasetError(f"{where}: {e}") from e
+
+
+def labels_lines(labels: Sequence[str], form: str, label_offset: int) -> list[str]:
+    """labels.txt: one name a line in label order (``names``: line k from 0 is stored id
+    k + label_offset, and the file is a valid --labels_file), or TF-slim's ``id:name``
+    lines with the ids as stored (``slim``: what its dataset_utils.read_label_file parses)."""
+    if form == "slim":
+        return [f"{i + label_offset}:{name}" for i, name in enumerate(labels)]
+    return list(labels)
 
 
 def parse_manifest(text: bytes | str, where: str) -> Any:

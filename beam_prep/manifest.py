@@ -14,14 +14,14 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
 from beam_prep import layout, tfds_metadata
-from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo,
+from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, labels_lines,
                                parse_manifest)
 from beam_prep.errors import DatasetError
 from beam_prep.features import SCHEMA
 from beam_prep.options import PrepareConfig
 from beam_prep.storage import join, write_lines
 
-__all__ = ["FORMAT_VERSION", "Plan", "build", "error_lines", "finalize", "labels_lines", "read"]
+__all__ = ["FORMAT_VERSION", "Plan", "build", "error_lines", "finalize", "read"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -129,15 +129,6 @@ def finalize(
     layout.remove_run_folder(config.output, plan.run_id)
     _LOG.info("wrote %s", join(config.output, MANIFEST))
     return manifest
-
-
-def labels_lines(labels: list[str], form: str, label_offset: int) -> list[str]:
-    """labels.txt: one name a line in label order (``names``: line k from 0 is stored id
-    k + label_offset, and the file is a valid --labels_file), or TF-slim's ``id:name``
-    lines with the ids as stored (``slim``: what its dataset_utils.read_label_file parses)."""
-    if form == "slim":
-        return [f"{i + label_offset}:{name}" for i, name in enumerate(labels)]
-    return list(labels)
 
 
 def write_tfds_metadata(info: DatasetInfo) -> None:

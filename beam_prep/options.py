@@ -24,7 +24,7 @@ from beam_prep.storage import is_local
 
 SINKS = ("auto", "streaming", "shuffle")
 # labels.txt's forms: one name a line (line number = index in the labels), or TF-slim's
-# "id:name" lines (ids as stored, label_offset included). See manifest.labels_lines.
+# "id:name" lines (ids as stored, label_offset included). See dataset.labels_lines.
 LABELS_TXT_FORMS = ("names", "slim")
 # The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
 # a few more cover other conventions, and a typo like 1000 is refused.

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from beam_prep.dataset import MANIFEST, DatasetInfo, SplitInfo
+from beam_prep.dataset import MANIFEST, DatasetInfo, SplitInfo, labels_lines
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.storage import join
 
@@ -73,7 +73,8 @@ BAD_RECORD = "bad_record"
 IMAGE_SHAPE = "image_shape"
 LABEL_RANGE = "label_range"
 LABEL_TEXT = "label_text"
-KINDS = (MANIFEST_PROBLEM, LABELS_FILE, MISSING_SHARD, EXTRA_SHARD, DAMAGED_SHARD, SHARD_COUNT,
+RUN_COUNTS = "run_counts"
+KINDS = (MANIFEST_PROBLEM, RUN_COUNTS, LABELS_FILE, MISSING_SHARD, EXTRA_SHARD, DAMAGED_SHARD, SHARD_COUNT,
          SPLIT_COUNT, CLASS_COUNT, BAD_RECORD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT)
 
 # Records per call of the check, as the reader's default batch: 2% less
@@ -182,7 +183,7 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
       StorageError: the folder cannot be read at all.
     """
     from beam_prep.reader.checks import batch_checker
-    from beam_prep.reader.sources import load_info
+    from beam_prep.reader.sources import load_info, read_manifest
 
     start = time.perf_counter()
     root = path.rstrip("/") or path
@@ -192,12 +193,13 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
         load_info(root)
         raise DatasetError(f"no {MANIFEST} in {root}")  # only if it appeared meanwhile
     try:
-        info = load_info(root)
+        info, manifest = read_manifest(root)
     except DatasetError as e:  # there, but not a manifest this beam-prep can use
         problems.add(MANIFEST_PROBLEM, join(root, MANIFEST), str(e))
         kept, more = problems.result()
         return VerifyReport(root, kept, more, 0, 0, 0, time.perf_counter() - start)
 
+    _check_run_counts(info, manifest, names, problems)
     _check_labels_file(info, names, problems)
     present = _check_shard_files(info, names, problems)
     check = batch_checker(info)
@@ -231,6 +233,41 @@ def _list_folder(root: str) -> set[str]:
         raise StorageError(f"cannot list {root}: {e.message}") from e
 
 
+def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set[str],
+                      problems: _Problems) -> None:
+    """The writer's record of its run adds up: every file listed was written or failed, the
+    splits hold the written ones, and errors.jsonl has a line for each failure."""
+    import tensorflow as tf
+
+    from beam_prep.layout import ERRORS
+
+    counts = manifest.get("counts")
+    if not isinstance(counts, Mapping):
+        return  # not every writer records its run (bare datasets, older versions)
+    where = join(info.root, MANIFEST)
+    listed, written, failed = (counts.get(k) for k in ("listed", "written", "failed"))
+    examples = sum(split.num_examples for split in info.splits.values())
+    if written is not None and written != examples:
+        problems.add(RUN_COUNTS, where, f"counts.written is {written} but the splits hold {examples} examples")
+    if None not in (listed, written, failed) and listed != written + failed:
+        problems.add(RUN_COUNTS, where, f"counts.listed is {listed}, not written + failed "
+                                        f"({written} + {failed}): files were lost")
+    if not failed:
+        return
+    path = join(info.root, ERRORS)
+    if ERRORS not in names:
+        problems.add(RUN_COUNTS, path, f"missing: the manifest counts {failed} failed files")
+        return
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            reported = sum(1 for line in f.read().split(b"\n") if line.strip())
+    except tf.errors.OpError as e:
+        problems.add(RUN_COUNTS, path, f"cannot be read: {e.message}")
+        return
+    if reported != failed:
+        problems.add(RUN_COUNTS, path, f"reports {reported} failed files; the manifest counts {failed}")
+
+
 def _check_labels_file(info: DatasetInfo, names: set[str], problems: _Problems) -> None:
     """labels.txt is what people read ids with: it must be the manifest's labels, in order."""
     import tensorflow as tf
@@ -249,9 +286,12 @@ def _check_labels_file(info: DatasetInfo, names: set[str], problems: _Problems) 
         return
     if lines and lines[-1] == "":
         lines.pop()
-    if tuple(lines) != info.labels:
-        first = next((i for i, (a, b) in enumerate(zip(lines, info.labels)) if a != b),
-                     min(len(lines), len(info.labels)))
+    # Either form --labels_txt writes: one name a line, or TF-slim's "stored id:name" lines.
+    forms = [labels_lines(info.labels, form, info.label_offset) for form in ("names", "slim")]
+    if lines not in forms:
+        expected = forms[1] if lines and ":" in lines[0] else forms[0]
+        first = next((i for i, (a, b) in enumerate(zip(lines, expected)) if a != b),
+                     min(len(lines), len(expected)))
         problems.add(LABELS_FILE, path,
                      f"holds {len(lines)} labels, the manifest {len(info.labels)}; they first differ "
                      f"at line {first + 1}")

@@ -23,7 +23,7 @@ from beam_prep.dataset import DatasetInfo, ImageInfo
 from beam_prep.errors import DatasetError
 from beam_prep.reader.checks import batch_checker
 from beam_prep.tfrecord import shard_writer, write_record
-from beam_prep.verification import verify
+from beam_prep.verification import KINDS, verify
 from helpers import REPO, encode, make_tree, run_prepare
 from pipelines import bench_reader, cli, verify_output
 from PIL import Image
@@ -37,6 +37,7 @@ VALIDATION1 = "validation-00001-of-00002.tfrecord.gz"
 def prepared(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("verify")
     make_tree(root / "in", {"a": 6, "b": 5, "c": 4}, size=(24, 20))
+    (root / "in" / "a" / "broken.jpg").write_bytes(b"not a jpeg")  # one failure, in errors.jsonl
     result = run_prepare("--input", str(root / "in"), "--output", str(root / "out"),
                          "--image_size", "16", "--validation_percent", "30", "--num_shards", "2")
     assert result.returncode == 0, result.stderr
@@ -175,20 +176,46 @@ def test_labels_txt_that_is_not_the_manifests_labels_is_named(out):
 
 # Counts edited by hand.
 
-@pytest.mark.parametrize("edit,kind,expected", [
+@pytest.mark.parametrize("edit,kind,expected,also", [
     (lambda m: m["splits"]["train"].update(num_examples=10), "split_count",
-     "split 'train': holds 9 records; the manifest's num_examples is 10"),
+     "split 'train': holds 9 records; the manifest's num_examples is 10",
+     ["counts.written is 15 but the splits hold 16 examples"]),
     (lambda m: m["splits"]["validation"]["class_counts"].update(a=5), "class_count",
-     "split 'validation', class 'a': holds 4 records; the manifest's class_counts says 5"),
+     "split 'validation', class 'a': holds 4 records; the manifest's class_counts says 5", []),
     (lambda m: m["splits"]["train"]["shard_num_examples"].__setitem__(1, 3), "shard_count",
-     "train-00001-of-00002.tfrecord.gz: holds 4 records; the manifest lists 3 for it (split 'train')"),
+     "train-00001-of-00002.tfrecord.gz: holds 4 records; the manifest lists 3 for it (split 'train')", []),
+    (lambda m: m["counts"].update(listed=17), "run_counts",
+     "counts.listed is 17, not written + failed (15 + 1): files were lost", []),
 ])
-def test_a_manifest_count_edited_by_hand_is_named(out, capsys, edit, kind, expected):
+def test_a_manifest_count_edited_by_hand_is_named(out, capsys, edit, kind, expected, also):
     edit_manifest(out, edit)
     assert verify_output.main([str(out)]) == 1
     stdout = capsys.readouterr().out
     assert f"  {kind}: " in stdout and expected in stdout
-    assert kinds(verify(str(out))) == [kind]
+    report = verify(str(out))
+    assert kinds(report) == sorted({kind, *(["run_counts"] if also else [])}, key=KINDS.index)
+    assert all(any(text in str(p) for p in report.problems) for text in also)
+
+
+def test_errors_jsonl_must_report_every_failure_the_manifest_counts(out):
+    assert verify(str(out)).ok  # one failure, reported
+    (out / "errors.jsonl").write_text("")
+    report = verify(str(out))
+    assert [str(p) for p in report.problems] == [
+        f"{out / 'errors.jsonl'}: reports 0 failed files; the manifest counts 1"]
+    (out / "errors.jsonl").unlink()
+    assert [str(p) for p in verify(str(out)).problems] == [
+        f"{out / 'errors.jsonl'}: missing: the manifest counts 1 failed files"]
+
+
+def test_labels_txt_in_tf_slims_form_verifies(out):
+    """--labels_txt slim writes "stored id:name" lines: as good a labels.txt as the default's."""
+    edit_manifest(out, lambda m: m.update(label_offset=1))
+    (out / "labels.txt").write_text("1:a\n2:b\n3:c\n")
+    problems = [p for p in verify(str(out)).problems if p.kind == "labels_file"]
+    assert problems == []
+    (out / "labels.txt").write_text("0:a\n1:b\n2:c\n")  # ids not as stored
+    assert [p.kind for p in verify(str(out)).problems if p.kind == "labels_file"] == ["labels_file"]
 
 
 # Records that disagree with the manifest.
