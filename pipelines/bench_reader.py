@@ -20,6 +20,7 @@ from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
 from pipelines.native_log import native_log_to_file
+from pipelines.progress_display import bar
 from beam_prep.throughput import Throughput, measure_reader
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -55,27 +56,25 @@ def describe(result: Throughput) -> str:
 
 @native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
-    from tqdm import tqdm
-
     logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     # On stderr, and only on a terminal (disable=None): a log or a pipe gets the result line alone.
-    with tqdm(unit="img", desc="bench", file=sys.stderr, disable=None, dynamic_ncols=True) as bar:
+    with bar(sys.stderr, unit="img", desc="bench", disable=None) as progress_bar:
         timing = False
 
         def progress(images: int) -> None:
             nonlocal timing
             if not timing:  # the bar's clock starts with the timed batches, as the measurement does
-                bar.reset()
+                progress_bar.reset()
                 timing = True
-            bar.update(images)
+            progress_bar.update(images)
 
         try:
             result = measure_reader(args.output, args.split, batch_size=args.batch_size,
                                     training=not args.eval, seconds=args.seconds,
                                     warmup_seconds=args.warmup_seconds, progress=progress)
         except BeamPrepError as e:
-            bar.close()
+            progress_bar.close()
             print(f"error: {e}", file=sys.stderr)
             return 2
     print(describe(result))

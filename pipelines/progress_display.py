@@ -10,6 +10,7 @@ prints none (its summary says it all).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable, TextIO
@@ -18,7 +19,25 @@ from tqdm import tqdm
 
 from beam_prep.progress import Progress
 
-__all__ = ["ProgressDisplay", "format_duration", "progress_line"]
+__all__ = ["ProgressDisplay", "bar", "format_duration", "progress_line"]
+# The size of a bar's terminal where it reports none: some pseudo-terminals say 0x0,
+# where tqdm's own sizing draws an empty bar (0 columns) or none at all (0 rows).
+FALLBACK_SIZE = os.terminal_size((100, 24))
+
+
+def bar(stream: TextIO, **options) -> tqdm:
+    """A tqdm bar on ``stream``, sized to its terminal, or to ``FALLBACK_SIZE`` where it reports none."""
+    columns, lines = _size(stream)
+    return tqdm(file=stream, dynamic_ncols=columns > 0, ncols=None if columns > 0 else FALLBACK_SIZE.columns,
+                nrows=lines or FALLBACK_SIZE.lines, **options)
+
+
+def _size(stream: TextIO) -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return 0, 0
+    return size.columns, size.lines
 
 
 def format_duration(seconds: float) -> str:
@@ -100,8 +119,8 @@ class ProgressDisplay:
         if self._bar_done:
             return
         if self._bar is None:
-            self._bar = tqdm(total=progress.total, unit="img", desc="beam-prep", file=self._stream,
-                             dynamic_ncols=True, mininterval=0.5, smoothing=0.1)
+            self._bar = bar(self._stream, total=progress.total, unit="img", desc="beam-prep",
+                            mininterval=0.5, smoothing=0.1)
         self._bar.set_postfix_str(f"{progress.failed:,} failed", refresh=False)
         self._bar.update(progress.done - self._bar.n)
         if progress.finished:

@@ -21,6 +21,7 @@ from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
 from pipelines.native_log import native_log_to_file
+from pipelines.progress_display import bar
 from beam_prep.verification import MAX_PER_KIND, VerifyReport, verify
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -58,8 +59,6 @@ def describe(report: VerifyReport) -> str:
 
 @native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
-    from tqdm import tqdm
-
     logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -69,13 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BeamPrepError:
         total = None  # verify() says what is wrong
     # On stderr, and only on a terminal (disable=None): logs and pipes get the report alone.
-    with tqdm(total=total, unit="img", desc="verify", file=sys.stderr, disable=None,
-              dynamic_ncols=True) as bar:
+    with bar(sys.stderr, total=total, unit="img", desc="verify", disable=None) as progress_bar:
         try:
             report = verify(args.output, workers=args.workers, max_per_kind=args.max_per_kind,
-                            progress=bar.update)
+                            progress=progress_bar.update)
         except BeamPrepError as e:
-            bar.close()
+            progress_bar.close()
             print(f"error: {e}", file=sys.stderr)
             return 2
     print(describe(report))

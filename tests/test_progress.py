@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 
@@ -181,6 +182,31 @@ def test_a_terminal_gets_a_bar_with_counts_and_failures():
     display.close()
     text = out.getvalue()
     assert "121/121" in text and "1 failed" in text and "img/s" in text
+
+
+def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch):
+    """Some pseudo-terminals say 0x0, where tqdm sizes a bar to an empty line (0 columns), or,
+    on sys.stderr, hides it (0 rows)."""
+    import pty
+    import select
+
+    master, replica = pty.openpty()
+    try:
+        assert os.get_terminal_size(replica).columns == 0  # a new pty has no size
+        with os.fdopen(os.dup(replica), "w") as stream:
+            monkeypatch.setattr(sys, "stderr", stream)  # as verify's and bench's bars are drawn
+            display = ProgressDisplay(stream, interval=30)
+            display(Progress(total=121, done=121, failed=1, started=time.time(), updated=time.time()))
+            display.close()
+        text = ""
+        while select.select([master], [], [], 1.0)[0]:  # all the bar wrote, however the pty splits it
+            text += os.read(master, 65536).decode()
+            if "121/121" in text:
+                break
+    finally:
+        os.close(master)
+        os.close(replica)
+    assert "121/121" in text and "1 failed" in text
 
 
 def test_a_bar_stops_where_a_failed_job_got():
