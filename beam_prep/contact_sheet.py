@@ -27,6 +27,7 @@ from beam_prep import features
 from beam_prep.dataset import DatasetInfo
 from beam_prep.errors import DatasetError, OptionsError, StorageError
 from beam_prep.inspection import describe_image
+from beam_prep.storage import join
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -73,14 +74,16 @@ class ContactSheet:
 
 
 def make_contact_sheet(info: DatasetInfo, split: str = "train", per_class: int = 8,
-                       cell: int | None = None) -> ContactSheet:
+                       cell: int | None = None, classes: Sequence[str] | None = None) -> ContactSheet:
     """Reads up to ``per_class`` records of each class of ``split`` and draws them.
 
     ``cell`` is the side of each image's box; by default the largest image
-    shown, up to MAX_CELL, so images appear pixel for pixel.
+    shown, up to MAX_CELL, so images appear pixel for pixel. ``classes`` (label
+    names) draws those rows alone, in label order: a sheet of a 1000-class
+    dataset's every row is taller than a screen.
 
     Raises:
-      OptionsError: ``per_class`` or ``cell`` below 1.
+      OptionsError: ``per_class`` or ``cell`` below 1, or a name in ``classes`` that is no label.
       DatasetError: an unknown split, a shard missing or damaged, or a record whose
         label id is not one of the dataset's.
     """
@@ -88,8 +91,21 @@ def make_contact_sheet(info: DatasetInfo, split: str = "train", per_class: int =
         raise OptionsError(f"per class must be at least 1, not {per_class}")
     if cell is not None and cell < 1:
         raise OptionsError(f"cell must be at least 1 pixel, not {cell}")
-    samples = collect(info, split, per_class)
-    return draw(info, split, samples, per_class, cell or default_cell(samples))
+    rows = row_indices(info, classes)
+    samples = collect(info, split, per_class, rows)
+    return draw(info, split, samples, per_class, cell or default_cell(samples), rows)
+
+
+def row_indices(info: DatasetInfo, classes: Sequence[str] | None) -> tuple[int, ...]:
+    """The label indices the sheet draws, in label order: all, or those ``classes`` names."""
+    if classes is None:
+        return tuple(range(info.num_classes))
+    unknown = [name for name in classes if name not in info.labels]
+    if unknown:
+        raise OptionsError(f"no label named {', '.join(map(repr, unknown))}; the labels are in "
+                           f"{join(info.root, 'labels.txt')}")
+    wanted = set(classes)
+    return tuple(i for i, name in enumerate(info.labels) if name in wanted)
 
 
 def default_cell(samples: Sequence[Sequence[np.ndarray]]) -> int:
@@ -98,8 +114,10 @@ def default_cell(samples: Sequence[Sequence[np.ndarray]]) -> int:
     return min(max(sides), MAX_CELL) if sides else EMPTY_CELL
 
 
-def collect(info: DatasetInfo, split: str, per_class: int) -> list[list[np.ndarray]]:
-    """The first ``per_class`` decoded images of each label of ``split``, by label index (uint8 HWC).
+def collect(info: DatasetInfo, split: str, per_class: int,
+            rows: Sequence[int] | None = None) -> list[list[np.ndarray]]:
+    """The first ``per_class`` decoded images of each label of ``split``, by label index (uint8 HWC);
+    of the labels at ``rows`` (indices) alone when given, the others' lists left empty.
 
     Raises:
       DatasetError: ``split`` is not one of the dataset's (as the reader says it), a
@@ -113,8 +131,10 @@ def collect(info: DatasetInfo, split: str, per_class: int) -> list[list[np.ndarr
     if split not in info.splits:
         raise DatasetError(f"{info.root} has no split {split!r}; its splits: {', '.join(info.splits) or 'none'}")
     s = info.splits[split]
-    wanted = [min(per_class, int(s.class_counts.get(name, 0))) if s.class_counts is not None
-              else per_class for name in info.labels]
+    drawn = set(range(info.num_classes) if rows is None else rows)
+    wanted = [0 if i not in drawn else
+              min(per_class, int(s.class_counts.get(name, 0))) if s.class_counts is not None
+              else per_class for i, name in enumerate(info.labels)]
     kept: list[list[np.ndarray]] = [[] for _ in info.labels]
     missing = sum(wanted)
     counts = s.shard_num_examples or (None,) * len(s.files)
@@ -162,28 +182,30 @@ def _decode(info: DatasetInfo, record: dict) -> np.ndarray:
 
 
 def draw(info: DatasetInfo, split: str, samples: Sequence[Sequence[np.ndarray]], per_class: int,
-         cell: int) -> ContactSheet:
-    """Lays ``samples`` (per label index) out, a row per label in label order.
+         cell: int, rows: Sequence[int] | None = None) -> ContactSheet:
+    """Lays ``samples`` (per label index) out, a row per label in label order (the labels at
+    ``rows``, indices, alone when given).
 
     The sheet is as wide as its fullest row. Each image is centred in a ``cell`` x ``cell`` box, shrunk to fit (keeping
     its aspect ratio) when larger and never enlarged, so sizes can be compared.
     """
     font = _font()
-    captions = [_caption(name, i + info.label_offset) for i, name in enumerate(info.labels)]
+    indices = list(range(info.num_classes) if rows is None else rows)
+    captions = [_caption(info.labels[i], i + info.label_offset) for i in indices]
     title = (f"{split}: up to {per_class} per class, decoded from the shards "
              f"({describe_image(info.image)})")
     text_h = _text_size(font, "Ag(0)")[1]
     label_w = max(_text_size(font, c)[0] for c in [*captions, "no examples"]) + 2 * PAD
     row_h = max(cell, text_h) + PAD
-    columns = max([1, *(min(len(images), per_class) for images in samples)])
+    columns = max([1, *(min(len(samples[i]), per_class) for i in indices if i < len(samples))])
     width = max(label_w + columns * (cell + PAD) + PAD, _text_size(font, title)[0] + 2 * PAD)
     top = PAD + text_h + 2 * PAD
     sheet = Image.new("RGB", (width, top + len(captions) * row_h + PAD), BACKGROUND)
     pen = ImageDraw.Draw(sheet)
     pen.text((PAD, PAD), title, fill=TEXT, font=font)
-    rows = []
-    for index, caption in enumerate(captions):
-        y = top + index * row_h
+    drawn = []
+    for position, (index, caption) in enumerate(zip(indices, captions)):
+        y = top + position * row_h
         pen.text((PAD, y + (cell - text_h) // 2), caption, fill=TEXT, font=font)
         images = samples[index] if index < len(samples) else ()
         if not images:
@@ -195,9 +217,9 @@ def draw(info: DatasetInfo, split: str, samples: Sequence[Sequence[np.ndarray]],
             upper = y + (cell - picture.height) // 2
             sheet.paste(picture, (left, upper))
             boxes.append((left, upper, left + picture.width, upper + picture.height))
-        rows.append(Row(index, index + info.label_offset, caption, y, y + row_h - PAD, label_w,
-                        tuple(boxes)))
-    return ContactSheet(sheet, split, per_class, cell, tuple(rows))
+        drawn.append(Row(index, index + info.label_offset, caption, y, y + row_h - PAD, label_w,
+                         tuple(boxes)))
+    return ContactSheet(sheet, split, per_class, cell, tuple(drawn))
 
 
 def save(sheet: ContactSheet, path: str) -> None:

@@ -1,6 +1,6 @@
 """Look at a prepared output folder before training: ``beam-prep inspect OUT``.
 
-    python -m pipelines.inspect_output OUT [--json] [--grid SHEET.png [--per-class 8] [--split train]]
+    python -m pipelines.inspect_output OUT [--json] [--grid SHEET.png [--per-class 8] [--split train] [--classes A,B]]
 
 Prints a table of the splits, shards, classes (with the imbalance ratio),
 image spec and failures; ``--json`` prints the same as one JSON object.
@@ -52,10 +52,19 @@ def parser() -> argparse.ArgumentParser:
                       help="images per class on the sheet (default: 8)")
     grid.add_argument("--split", help="the split the sheet's images come from (default: train, "
                       "or the first split when there is no train)")
+    grid.add_argument("--classes", type=_names, metavar="NAME,NAME",
+                      help="draw these classes' rows alone, in label order (default: every class)")
     grid.add_argument("--cell", type=_positive, metavar="PX",
                       help="side of each image's cell in pixels; larger images are shrunk to fit "
                       "(default: the largest image shown, up to 256: pixel for pixel)")
     return p
+
+
+def _names(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    if not names:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of label names, not {text!r}")
+    return names
 
 
 def _positive(text: str) -> int:
@@ -86,6 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {summary.root} has no split {split!r}; its splits: {', '.join(splits) or 'none'}",
               file=sys.stderr)
         return 2
+    if args.grid and args.classes:
+        try:
+            contact_sheet.row_indices(summary.info, args.classes)
+        except BeamPrepError as e:
+            print(f"error: --classes: {e}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(inspection.to_json(summary), indent=2, ensure_ascii=False))
     else:
@@ -97,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = 1
     if args.grid:
         try:
-            sheet = contact_sheet.make_contact_sheet(summary.info, split, args.per_class, args.cell)
+            sheet = contact_sheet.make_contact_sheet(summary.info, split, args.per_class, args.cell,
+                                                     args.classes)
             contact_sheet.save(sheet, args.grid)
         except BeamPrepError as e:
             print(f"error: {e}", file=sys.stderr)

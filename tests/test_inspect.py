@@ -277,6 +277,23 @@ def test_grid_draws_a_row_per_class_in_label_order_from_the_records(capsys, tmp_
     assert_rows_show_their_own_class(png, sheet, decoded_records(output, "train"), contact_sheet.BACKGROUND)
 
 
+def test_grid_draws_only_the_classes_asked_for_in_label_order(capsys, tmp_path, output, manifest):
+    labels = manifest["labels"]
+    path = tmp_path / "some.png"
+    code, out, _ = inspect(capsys, output, "--grid", path, "--per-class", "2", "--classes",
+                           f"{labels[2]},{labels[0]}")
+    assert code == 0 and f"contact sheet: {path} (4 images of 2 classes from train" in out
+    sheet = contact_sheet.make_contact_sheet(load_info(str(output)), "train", per_class=2,
+                                             classes=[labels[2], labels[0]])
+    assert [row.caption for row in sheet.rows] == [f"{labels[0]} (0)", f"{labels[2]} (2)"]
+    assert Image.open(path).size == sheet.image.size
+    assert_rows_show_their_own_class(Image.open(path), sheet, decoded_records(output, "train"),
+                                     contact_sheet.BACKGROUND)
+    code, _, err = inspect(capsys, output, "--grid", tmp_path / "none.png", "--classes", "gnu")
+    assert code == 2 and "error: --classes: no label named 'gnu'" in err
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_grid_grows_a_cell_per_image_per_class(output):
     info = load_info(str(output))
     # Cells wide enough that the grid, not the title line, sets the width.
