@@ -34,6 +34,7 @@ _LOG = logging.getLogger(__name__)
 # worker cost nothing next to decoding images, and keep a bar moving smoothly.
 WRITE_EVERY_S = 0.5
 _SUFFIX = ".json"
+FOLDER_PREFIX = "beam-prep-progress-"
 
 
 class Reporter:
@@ -177,12 +178,40 @@ def phases(progress: Progress, launched: float) -> Phases | None:
 
 @contextlib.contextmanager
 def progress_folder() -> Iterator[str]:
-    """A fresh folder for the workers' files, in the temp directory, removed at the end."""
-    folder = tempfile.mkdtemp(prefix="beam-prep-progress-")
+    """A fresh folder for the workers' files, in the temp directory, removed at the end.
+
+    Its name holds the launcher's process id, so the folders of launchers that
+    were killed (and never reached their ``finally``) are removed by the next run.
+    """
+    _remove_orphans(tempfile.gettempdir())
+    folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
     try:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_orphans(parent: str) -> None:
+    """Removes progress folders whose launcher process is gone."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not name.startswith(FOLDER_PREFIX) or not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive, and not ours to judge
+        return True
+    return True
 
 
 class Watcher:

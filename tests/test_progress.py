@@ -5,7 +5,9 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -95,6 +97,22 @@ def test_the_folder_goes_when_the_run_ends():
     with progress.progress_folder() as folder:
         Reporter(folder, "s").flush()
     assert not os.path.exists(folder)
+
+
+def test_a_killed_launchers_folder_is_removed_by_the_next_run():
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process id nobody has now
+    parent = tempfile.gettempdir()  # where progress_folder makes its folders
+    orphan = os.path.join(parent, f"{progress.FOLDER_PREFIX}{gone.pid}-x")
+    live = os.path.join(parent, f"{progress.FOLDER_PREFIX}{os.getpid()}-y")  # a run still going
+    for folder in (orphan, live):
+        os.makedirs(folder)
+    try:
+        with progress.progress_folder():
+            pass
+        assert not os.path.exists(orphan) and os.path.exists(live)
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
 
 
 def test_a_watcher_gives_the_last_counts_when_it_ends(tmp_path):
