@@ -2,10 +2,10 @@
 
 One ``tf.function`` over a batch of serialized records, traced once and
 called by :mod:`beam_prep.verification` on each batch a shard's pipeline
-reads (and on single records, to name one that fails). It parses with the record spec of :mod:`beam_prep.features` and decodes
-with the reader's own :func:`~beam_prep.reader.decode.decode`, so a record
-passes exactly when the reader would give training the image the manifest
-promises.
+reads (and on single records, to name one that fails). It parses with the
+record spec of :mod:`beam_prep.features` and decodes with the reader's own
+:func:`~beam_prep.reader.decode.decode`, so a record passes exactly when the
+reader would give training the image the manifest promises.
 
 Decoded pixels are dropped at once: only their shape leaves the graph, with a
 few booleans and the strings needed to name a record that fails.

@@ -127,8 +127,9 @@ def make_dataset(
       ``extra_keys``): images [batch, h, w, c] of ``dtype``, labels int64 [batch]
       or float32 [batch, num_classes]. Label ids index ``load_info(path).labels``
       from 0 whatever ``--label_offset`` the dataset was written with (the stored
-      id less the offset); ``extra_keys`` hold the stored values as they are. Its cardinality is known when the number of
-      records read is (from the manifest), so Keras shows progress.
+      id less the offset); ``extra_keys`` hold the stored values as they are. Its
+      cardinality is known when the number of records read is (from the
+      manifest), so Keras shows progress.
 
     Raises:
       DatasetError: no manifest, an unknown split, a listed shard missing, no
