@@ -15,6 +15,7 @@ the new one is complete, and no run reads or removes another run's work files.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
 import shutil
@@ -24,6 +25,8 @@ from beam_prep.dataset import COMPRESSIONS, MANIFEST
 from beam_prep.errors import OptionsError
 from beam_prep.tfds_metadata import FILES as TFDS_FILES
 from beam_prep.storage import is_local, join, storage_error
+
+_LOG = logging.getLogger(__name__)
 
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
@@ -157,6 +160,13 @@ def delete(paths: list[str], what: str) -> None:
         _filesystems().delete(paths)
     except Exception as e:  # noqa: BLE001
         raise storage_error("remove", what, e) from e
+
+
+def remove_unfinished_runs(output: str, run_ids: list[str]) -> None:
+    """Removes the files of runs that never finished (``unfinished_runs``), once ``--overwrite`` allows it."""
+    for run_id in run_ids:
+        _LOG.info("removing the files of unfinished run %s", run_id)
+        remove_run_folder(output, run_id)
 
 
 def remove_run_folder(output: str, run_id: str) -> None:

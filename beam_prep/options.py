@@ -166,7 +166,23 @@ def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, in
     return height, width
 
 
-def _normalised(path: str) -> str:
+def image_spec(image_size: str | None, resize_mode: str, channels: int, image_format: str,
+               jpeg_quality: int, max_pixels: int, prefix: str = "--") -> ImageSpec:
+    """The image options as an ``ImageSpec``; ``prefix`` is how messages name them (flags: ``--``).
+
+    Raises:
+      OptionsError: a size ``parse_image_size`` refuses, or a value ``ImageSpec`` does.
+    """
+    height, width = parse_image_size(image_size, resize_mode)
+    try:
+        return ImageSpec(height=height, width=width, channels=channels, resize_mode=resize_mode,
+                         image_format=image_format, jpeg_quality=jpeg_quality, max_pixels=max_pixels)
+    except ValueError as e:
+        raise OptionsError(f"{prefix}{e}") from e
+
+
+def normalised_path(path: str) -> str:
+    """A local path made absolute, a gs:// one without a trailing slash: one spelling a folder."""
     return os.path.abspath(path) if is_local(path) else path.rstrip("/")
 
 
@@ -251,15 +267,9 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
     if not o.progress_interval > 0:
         raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
-    height, width = parse_image_size(o.image_size, o.resize_mode)
-    try:
-        spec = ImageSpec(height=height, width=width, channels=o.channels, resize_mode=o.resize_mode,
-                         image_format=o.image_format, jpeg_quality=o.jpeg_quality,
-                         max_pixels=o.max_pixels)
-    except ValueError as e:
-        raise OptionsError(f"--{str(e)}") from e
+    spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels)
 
-    source, target = _normalised(o.input), _normalised(o.output)
+    source, target = normalised_path(o.input), normalised_path(o.output)
     if is_local(source) and not os.path.isdir(source):
         raise OptionsError(f"--input {o.input} is not a directory")
     if _inside(target, source):

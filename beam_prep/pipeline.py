@@ -247,9 +247,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     layout.check_output(config.output, config.overwrite, leftovers)
     listing, run_plan = plan(config, options, run_id)
     if write:
-        for old in leftovers:
-            _LOG.info("removing the files of unfinished run %s", old)
-            layout.remove_run_folder(config.output, old)
+        layout.remove_unfinished_runs(config.output, leftovers)
         write_work_files(listing, run_plan, layout.run_folder(config.output, run_id))
     unknown_labels = len(listing.unknown_label_entries)
     del listing  # the workers read the listings from files: keep no copy here

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import numbers
 import os
 import re
@@ -55,7 +54,7 @@ from beam_prep.imaging import DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.listing import (DEFAULT_SPLIT, VALIDATION_SPLIT, UNKNOWN_LABEL, FileEntry, check_label_name,
                                split_for)
 from beam_prep.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, PrepareConfig,
-                               check_values, parse_image_size)
+                               check_values, image_spec, normalised_path)
 from beam_prep.readahead import ReadConfig
 from beam_prep.records import Outcome, failure_report
 from beam_prep.storage import is_local
@@ -63,7 +62,6 @@ from beam_prep.transforms import NAMESPACE, Counters, WriteEntriesShuffle
 
 __all__ = ["ImageElement", "WriteImageDataset"]
 
-_LOG = logging.getLogger(__name__)
 _FAILED = "failed"
 # A split names its shard files (<split>-00000-of-00004.tfrecord.gz): no separators, no globs.
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -255,11 +253,11 @@ class WriteImageDataset(beam.PTransform):
         self._naming = _Naming(labels=_checked_labels(labels),
                                splits=_checked_splits(splits, validation_percent),
                                validation_percent=float(validation_percent),
-                               root=_absolute(root) if root is not None else None, label_offset=label_offset)
+                               root=normalised_path(root) if root is not None else None, label_offset=label_offset)
         if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 0):
             raise OptionsError(f"num_shards must be a positive int (None: the runner chooses), not {num_shards!r}")
         self._config = PrepareConfig(
-            input=self._naming.root or "", output=_absolute(output),
+            input=self._naming.root or "", output=normalised_path(output),
             spec=_checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels),
             validation_percent=validation_percent, num_shards=num_shards or 0, overwrite=overwrite,
             sink="shuffle", compression=compression,
@@ -293,13 +291,7 @@ def _clear_output(output: str, overwrite: bool, run_id: str) -> None:
     with claim_output(output, run_id, heartbeat_s=None):
         leftovers = layout.unfinished_runs(output, CLAIM_NAME)
         layout.check_output(output, overwrite, leftovers)
-        for old in leftovers:
-            _LOG.info("removing the files of unfinished run %s", old)
-            layout.remove_run_folder(output, old)
-
-
-def _absolute(path: str) -> str:
-    return os.path.abspath(path) if is_local(path) else path.rstrip("/")
+        layout.remove_unfinished_runs(output, leftovers)
 
 
 def _checked_labels(labels: Sequence[str]) -> tuple[str, ...]:
@@ -337,9 +329,5 @@ def _checked_spec(image_size: int | tuple[int, int] | str | None, resize_mode: s
                   image_format: str, jpeg_quality: int, max_pixels: int) -> ImageSpec:
     if isinstance(image_size, tuple):
         image_size = "x".join(str(side) for side in image_size)
-    height, width = parse_image_size(None if image_size is None else str(image_size), resize_mode)
-    try:
-        return ImageSpec(height=height, width=width, channels=channels, resize_mode=resize_mode,
-                         image_format=image_format, jpeg_quality=jpeg_quality, max_pixels=max_pixels)
-    except ValueError as e:
-        raise OptionsError(str(e)) from e
+    return image_spec(None if image_size is None else str(image_size), resize_mode, channels, image_format,
+                      jpeg_quality, max_pixels, prefix="")
