@@ -6,7 +6,6 @@ import dataclasses
 import datetime
 import json
 import logging
-import re
 from typing import Any, Iterable, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -137,17 +136,8 @@ def write_tfds_metadata(info: DatasetInfo) -> None:
     if reason is not None:
         _LOG.info("no TFDS metadata written: %s", reason)
         return
-    name = _tfds_name(info.root)
-    description = (f"{info.num_classes} labels, {info.image.format} images, written by beam-prep "
-                   f"{beam_prep.__version__}; label ids start at {info.label_offset}.")
-    for filename, lines in tfds_metadata.metadata_files(info, name, description).items():
+    for filename, lines in tfds_metadata.metadata_files(info).items():
         write_lines(join(info.root, filename), lines)
-
-
-def _tfds_name(root: str) -> str:
-    """The output folder's name in TFDS's snake_case form (its ``builder.name``)."""
-    name = re.sub(r"[^0-9a-z]+", "_", root.rstrip("/").rsplit("/", 1)[-1].lower()).strip("_")
-    return name if name and name[0].isalpha() else f"dataset_{name}".rstrip("_")
 
 
 def error_lines(failures: Iterable[Mapping[str, Any]]) -> list[str]:

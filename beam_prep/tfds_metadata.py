@@ -19,15 +19,17 @@ manifest without per-shard record counts, raw pixels of varying size).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
+import beam_prep
 from beam_prep import features
 from beam_prep.dataset import DatasetInfo, ImageInfo
 from beam_prep.errors import DatasetError
 
 __all__ = ["CLASS_LABEL_NAMES", "DATASET_INFO", "FEATURES", "FILES", "FILEPATH_TEMPLATE",
-           "class_names", "metadata_files", "unsupported"]
+           "class_names", "dataset_name", "metadata_files", "unsupported"]
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"
@@ -115,10 +117,19 @@ def _dataset_info_json(info: DatasetInfo, name: str, description: str) -> dict[s
     }
 
 
-def metadata_files(info: DatasetInfo, name: str, description: str = "") -> dict[str, list[str]]:
+def dataset_name(root: str) -> str:
+    """The output folder's name in TFDS's snake_case form: the dataset's ``builder.name``."""
+    name = re.sub(r"[^0-9a-z]+", "_", root.rstrip("/").rsplit("/", 1)[-1].lower()).strip("_")
+    return name if name and name[0].isalpha() else f"dataset_{name}".rstrip("_")
+
+
+def metadata_files(info: DatasetInfo, name: str | None = None,
+                   description: str | None = None) -> dict[str, list[str]]:
     """File name -> its lines, for the dataset folder.
 
-    ``name`` is the dataset's TFDS name (``builder.name``); ``description`` its ``info.description``.
+    ``name`` is the dataset's TFDS name (``builder.name``; by default the
+    folder's, ``dataset_name``); ``description`` its ``info.description`` (by
+    default what it holds and which beam-prep wrote it).
 
     Raises:
       DatasetError: TFDS could not read this dataset (:func:`unsupported` says why).
@@ -126,6 +137,11 @@ def metadata_files(info: DatasetInfo, name: str, description: str = "") -> dict[
     reason = unsupported(info)
     if reason is not None:
         raise DatasetError(f"no TFDS metadata: {reason}")
+    if name is None:
+        name = dataset_name(info.root)
+    if description is None:
+        description = (f"{info.num_classes} labels, {info.image.format} images, written by beam-prep "
+                       f"{beam_prep.__version__}; label ids start at {info.label_offset}.")
     return {
         DATASET_INFO: [json.dumps(_dataset_info_json(info, name, description), indent=2, ensure_ascii=False)],
         FEATURES: [json.dumps(_features_json(info), indent=2)],
