@@ -238,11 +238,11 @@ class _WriteShardFn(beam.DoFn):
                 self._listed.inc()
                 outcome = make_example(entry, config.spec, fetched.error or fetched.data)
                 ok = self._counters.count(outcome)
+                reporter.add(ok)
                 if ok:
                     write_record(f, outcome.example)
                     per_label[entry.label] += 1
-                reporter.add(ok)
-                if not ok:
+                else:
                     yield TaggedOutput(_FAILED, outcome.failure)
         reporter.flush()
         for label, n in per_label.items():
