@@ -19,11 +19,10 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
+from beam_prep.throughput import Throughput, measure_reader
+from pipelines.cli import CONSOLE_FORMAT
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
-from beam_prep.throughput import Throughput, measure_reader
-
-CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -15,6 +15,9 @@ import importlib
 import sys
 from typing import Sequence
 
+# How every command shows log records on the console.
+CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
 # name -> (module, one-line purpose), in the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("pipelines.prepare_images", "turn ROOT/<label>/<image> into sharded TFRecords in OUT"),

@@ -18,9 +18,9 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
+from pipelines.cli import CONSOLE_FORMAT
 from pipelines.native_log import native_log_to_file
 
-CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 EPILOG = """\
 examples:

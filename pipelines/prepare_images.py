@@ -26,9 +26,8 @@ from beam_prep.joblog import JobFailed, JobLog, is_job_failure, new_log_path, ro
 from beam_prep.options import PrepareConfig, PrepareImagesOptions
 from beam_prep.pipeline import RunResult, run
 from beam_prep.usage import HELP_BEAM, beam_options_help, prepare_help
+from pipelines.cli import CONSOLE_FORMAT
 from pipelines.progress_display import ProgressDisplay
-
-CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 def command(*args: str) -> list[str]:

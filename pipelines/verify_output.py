@@ -20,11 +20,10 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
+from beam_prep.verification import MAX_PER_KIND, VerifyReport, verify
+from pipelines.cli import CONSOLE_FORMAT
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
-from beam_prep.verification import MAX_PER_KIND, VerifyReport, verify
-
-CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
