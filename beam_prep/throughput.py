@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from beam_prep.errors import DatasetError
 
-__all__ = ["Throughput", "measure_reader"]
+__all__ = ["Throughput", "measure_reader", "time_batches"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,20 +56,32 @@ def measure_reader(path: str, split: str = "train", *, batch_size: int = 256, tr
     from beam_prep.reader import make_dataset
 
     dataset = make_dataset(path, split, batch_size=batch_size, training=training, repeat=True)
-    batches = iter(dataset)
     try:
-        start = time.perf_counter()
-        while time.perf_counter() - start < warmup_seconds:
-            next(batches)
-        images = 0
-        wall, cpu = time.perf_counter(), time.process_time()
-        while images == 0 or time.perf_counter() - wall < seconds:
-            n = int(next(batches)[0].shape[0])
-            images += n
-            if progress is not None:
-                progress(n)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        images, wall, cpu = time_batches(iter(dataset), seconds, warmup_seconds, progress)
     except StopIteration:  # repeated, it ends only when empty
         raise DatasetError(f"split {split!r} of {path} holds no records: nothing to time") from None
     return Throughput(path=path, split=split, batch_size=batch_size, training=training,
                       images=images, seconds=wall, cpu_seconds=cpu)
+
+
+def time_batches(batches: Iterator, seconds: float, warmup_seconds: float,
+                 progress: Callable[[int], None] | None = None) -> tuple[int, float, float]:
+    """Reads ``(images, ...)`` batches untimed for ``warmup_seconds``, then for ``seconds``
+    (at least one batch): the images of the timed batches, their wall and CPU seconds.
+
+    The one timing loop of ``beam-prep bench`` and of the reader benchmarks.
+
+    Raises:
+      StopIteration: ``batches`` ended.
+    """
+    start = time.perf_counter()
+    while time.perf_counter() - start < warmup_seconds:
+        next(batches)
+    images = 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    while images == 0 or time.perf_counter() - wall < seconds:
+        n = int(next(batches)[0].shape[0])
+        images += n
+        if progress is not None:
+            progress(n)
+    return images, time.perf_counter() - wall, time.process_time() - cpu

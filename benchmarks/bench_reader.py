@@ -43,9 +43,9 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 
+from beam_prep.throughput import time_batches
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import ensure_corpus
 
@@ -159,14 +159,7 @@ def _encoded_images(files: Sequence[str]):
 def time_reader(reader: Reader, seconds: float) -> tuple[float, float]:
     """(images/s, images per CPU-second) over ``seconds`` after a warm-up, on a fresh iterator."""
     it = iter(reader.make())
-    start = time.perf_counter()
-    while time.perf_counter() - start < WARMUP_SECONDS:
-        next(it)
-    images = 0
-    wall, cpu = time.perf_counter(), time.process_time()
-    while time.perf_counter() - wall < seconds:
-        images += int(next(it)[0].shape[0])
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    images, wall, cpu = time_batches(it, seconds, WARMUP_SECONDS)
     del it
     return images / wall, images / cpu
 
