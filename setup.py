@@ -21,6 +21,8 @@ REQUIRED = [
     "google-crc32c>=1.5,<2",
     # Progress bars: the local run, verify and bench.
     "tqdm>=4.66,<5",
+    # Finding and stopping a local run's worker processes on Ctrl-C or SIGTERM, on any OS.
+    "psutil>=5.9",
 ]
 
 TEST = [

@@ -55,10 +55,38 @@ def parse_command_line(argv: Sequence[str]) -> tuple[PipelineOptions, PrepareCon
     Raises:
       OptionsError: an unknown flag, a bad value or a bad input, before any work.
     """
-    argv = list(argv)
+    argv = _dry_run_as_bool(list(argv))
     check_flags(argv)
     options = PipelineOptions(with_local_defaults(argv))
     return options, config_from_options(options)
+
+
+_FALSE = ("false", "0", "no")
+
+
+def _dry_run_as_bool(argv: list[str]) -> list[str]:
+    """``--dry_run`` alone means True, and ``--dry_run=false`` False (Beam's flag takes any
+    string, and reads "false" as true)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return out + argv[i:]
+        if token == "--dry_run":
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None
+            i += 1 if value is None else 2
+            if value is None or value.lower() not in _FALSE:
+                out.append("--dry_run=True")
+            continue
+        if token.startswith("--dry_run="):
+            if token.split("=", 1)[1].lower() not in _FALSE:
+                out.append("--dry_run=True")
+            i += 1
+            continue
+        out.append(token)
+        i += 1
+    return out
 
 
 def options_to_argv(input: str, output: str, options: Mapping[str, Any]) -> list[str]:

@@ -33,3 +33,16 @@ class ImageError(BeamPrepError):
     def __init__(self, stage: str, message: str):
         super().__init__(message)
         self.stage = stage
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A local run stopped by Ctrl-C (SIGINT) or SIGTERM, its workers stopped.
+
+    A ``KeyboardInterrupt``, so that code that stops on one stops on this. What
+    the run finished is kept for the same command to resume, where it can be.
+    """
+
+    def __init__(self, message: str, signum: int, resumable: bool):
+        super().__init__(message)
+        self.signum = signum
+        self.resumable = resumable

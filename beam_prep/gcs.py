@@ -266,7 +266,12 @@ class GcsClient:
         return current[0] if current is not None and current[1] == data else None
 
     def list(self, root: str, threads: int = LIST_THREADS) -> list[tuple[str, int]]:
-        """Every object under the folder ``root`` (``gs://bucket/prefix``) as ``(gs:// path, size)``.
+        """Every object under the folder ``root`` as ``(gs:// path, size)``; see ``iter_list``."""
+        return list(self.iter_list(root, threads))
+
+    def iter_list(self, root: str, threads: int = LIST_THREADS) -> Iterator[tuple[str, int]]:
+        """Every object under the folder ``root`` (``gs://bucket/prefix``) as ``(gs:// path, size)``,
+        a folder at a time, so that a caller that streams them holds no whole listing.
 
         One delimited listing finds the folders (one level further down where
         there are fewer than ``threads``, as in a ``train/``, ``validation/``
@@ -285,9 +290,9 @@ class GcsClient:
                     found += objects
                     deeper += subfolders
                 folders = deeper
+            yield from ((f"gs://{bucket}/{name}", size) for name, size in found)
             for objects, _ in pool.map(lambda f: self._list_pages(bucket, f, None), folders):
-                found += objects
-        return [(f"gs://{bucket}/{name}", size) for name, size in found]
+                yield from ((f"gs://{bucket}/{name}", size) for name, size in objects)
 
     def _list_pages(self, bucket: str, prefix: str,
                     delimiter: str | None) -> tuple[list[tuple[str, int]], list[str]]:

@@ -5,6 +5,10 @@ layout, the shard count and every fail-fast check need the whole listing:
 folders listed concurrently on GCS, ``os.scandir`` on local disk. Every
 decision here is a pure function of a file's path relative to the root, so
 reruns and workers agree without coordination.
+
+The launcher holds counts and labels, never the files: they stream to a
+temporary folder (``spill``) and come back in order-key order, so a tree of
+millions of files lists in flat memory.
 """
 from __future__ import annotations
 
@@ -15,13 +19,14 @@ import json
 import logging
 import os
 import stat
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import OptionsError
 from beam_prep.gcs import GcsClient
 from beam_prep.imaging import is_image_name
+from beam_prep.spill import RowFile, SortedSpill, SpillFolder
 from beam_prep.storage import is_local, join, storage_error
 
 _LOG = logging.getLogger(__name__)
@@ -67,6 +72,9 @@ def stable_hash(text: str, salt: str) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
+_quoted = json.encoder.encode_basestring_ascii  # how json.dumps writes a str
+
+
 def order_key(relpath: str) -> int:
     """A file's place in its split: files are dealt to shards in key order and written in it.
 
@@ -76,6 +84,8 @@ def order_key(relpath: str) -> int:
 
 
 def split_for(relpath: str, validation_percent: float) -> str:
+    if not validation_percent:  # no hash can fall below 0%
+        return DEFAULT_SPLIT
     fraction = stable_hash(relpath, "split") / 2**64
     return VALIDATION_SPLIT if fraction * 100 < validation_percent else DEFAULT_SPLIT
 
@@ -92,51 +102,122 @@ class FileEntry:
     size: int
 
     def to_json(self) -> str:
-        # vars(), not dataclasses.asdict(), which deep-copies every field: the launcher
-        # writes one line per listed file, so this runs once per image. ASCII escapes
-        # carry a non-UTF-8 name's lone surrogates through the file unchanged.
-        return json.dumps(vars(self))
+        # json.dumps(vars(self)), spelled out: the launcher writes one line per listed
+        # file, and this is several times as fast. ASCII escapes carry a non-UTF-8
+        # name's lone surrogates through the file unchanged.
+        return (f'{{"path": {_quoted(self.path)}, "relpath": {_quoted(self.relpath)}, '
+                f'"split": {_quoted(self.split)}, "label": {_quoted(self.label)}, '
+                f'"label_id": {int(self.label_id)}, "size": {int(self.size)}}}')
 
     @classmethod
     def from_json(cls, line: str) -> "FileEntry":
         return cls(**json.loads(line))
 
 
-@dataclasses.dataclass(frozen=True)
 class Listing:
-    entries: list[FileEntry]
-    labels: list[str]
-    splits: list[str]
-    skipped: dict[str, str]  # printable relative path -> why it was skipped
+    """A listed tree: its labels, splits and counts in memory, its files on disk.
+
+    ``entries()`` reads the files back in order-key order, the order the
+    streaming sink deals them to shards in. Close it (or use it in a ``with``)
+    to remove its temporary folder at once; it goes when collected otherwise.
+    """
+
+    def __init__(self, root: str, labels: list[str], splits: list[str], counts: dict[tuple[str, str], int],
+                 total_bytes: int, skips: "_Skips", folder: SpillFolder, files: SortedSpill,
+                 label_offset: int) -> None:
+        self.root = root
+        self.labels = labels
+        self.splits = splits
+        self.total_bytes = total_bytes  # of every listed image, unknown labels included
+        self._counts = counts  # (split, label) -> images
+        self._skips = skips
+        self._folder = folder
+        self._files = files
+        self._ids = {name: i + label_offset for i, name in enumerate(labels)}
 
     @property
-    def unknown_label_entries(self) -> list[FileEntry]:
-        return [e for e in self.entries if e.label_id == UNKNOWN_LABEL]
+    def listed(self) -> int:
+        """Images listed, those under a folder missing from ``labels`` included."""
+        return sum(self._counts.values())
+
+    @property
+    def unknown_labels(self) -> int:
+        """Images under a folder that is not a label (``--labels_file``): each is reported, never written."""
+        return sum(n for (_, label), n in self._counts.items() if label not in self._ids)
+
+    @property
+    def skipped_count(self) -> int:
+        return sum(self._skips.by_reason.values())
+
+    def entries(self) -> Iterator[FileEntry]:
+        """Every listed image, in order-key order, read back from disk."""
+        root, ids = self.root, self._ids
+        for _, relpath, split, label, size in self._files:
+            yield FileEntry(f"{root}/{relpath}", relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Printable relative path -> why it was skipped, sorted by path; read from disk, for small trees."""
+        return dict(sorted(self._skips.rows))
 
     def skipped_by_reason(self) -> dict[str, int]:
-        return dict(sorted(collections.Counter(self.skipped.values()).items()))
+        return dict(sorted(self._skips.by_reason.items()))
 
     def split_counts(self) -> dict[str, int]:
-        return dict(collections.Counter(e.split for e in self.entries if e.label_id != UNKNOWN_LABEL))
+        """Images per split, those with a known label alone."""
+        counts: collections.Counter[str] = collections.Counter()
+        for (split, label), n in self._counts.items():
+            if label in self._ids:
+                counts[split] += n
+        return dict(counts)
+
+    def close(self) -> None:
+        self._folder.close()
+
+    def __enter__(self) -> "Listing":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _match_all(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
-    """Every file under ``root`` as (path, size in bytes), and the paths passed over, with why.
+class _Skips:
+    """Skipped files: counted by reason in memory, their paths on disk."""
 
-    gs:// trees are listed folder by folder, concurrently (``GcsClient.list``);
+    def __init__(self, rows: RowFile) -> None:
+        self.rows = rows
+        self.by_reason: collections.Counter[str] = collections.Counter()
+        self.example: dict[str, str] = {}  # reason -> its first path by name
+
+    def add(self, relpath: str, reason: str) -> None:
+        shown = printable(relpath)
+        self.rows.append((shown, reason))
+        self.by_reason[reason] += 1
+        if reason not in self.example or shown < self.example[reason]:
+            self.example[reason] = shown
+
+
+def _match_all(root: str) -> Iterator[tuple[str, int, str | None]]:
+    """Every file under ``root`` as (path, size in bytes, None), and each path passed over
+    as (path, 0, why), streamed.
+
+    gs:// trees are listed folder by folder, concurrently (``GcsClient.iter_list``);
     other schemes through Beam's ``FileSystems.match``.
     """
     if is_local(root):
-        return _walk_local(root)
+        yield from _walk_local(root)
+        return
     try:
         if root.startswith("gs://"):
-            return GcsClient().list(root), {}
-        return [(m.path, m.size_in_bytes) for m in FileSystems.match([join(root, "**")])[0].metadata_list], {}
+            yield from ((path, size, None) for path, size in GcsClient().iter_list(root))
+        else:
+            yield from ((m.path, m.size_in_bytes, None)
+                        for m in FileSystems.match([join(root, "**")])[0].metadata_list)
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("list", root, e) from e
 
 
-def _walk_local(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
+def _walk_local(root: str) -> Iterator[tuple[str, int, str | None]]:
     """Walks a local tree with ``os.scandir`` (a quarter of the time of Beam's ``match``).
 
     Links are followed, files and folders alike, since datasets are often
@@ -148,8 +229,6 @@ def _walk_local(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
     devices are passed over: reading one could block forever. An unreadable
     folder raises, naming that folder.
     """
-    found: list[tuple[str, int]] = []
-    passed: dict[str, str] = {}
     seen: dict[tuple[int, int], str] = {}
     folders = collections.deque([root])
     while folders:
@@ -164,22 +243,21 @@ def _walk_local(root: str) -> tuple[list[tuple[str, int]], dict[str, str]]:
             try:
                 info = entry.stat()  # follows links
             except OSError:  # broken, a loop of links, or a target we may not see
-                found.append((entry.path, 0))
+                yield entry.path, 0, None
                 continue
-            if stat.S_ISDIR(info.st_mode):
+            if stat.S_ISREG(info.st_mode):
+                yield entry.path, info.st_size, None
+            elif stat.S_ISDIR(info.st_mode):
                 key = _folder_key(info)
                 if key in seen:
-                    passed[entry.path] = SKIP_SEEN_FOLDER
                     _LOG.warning("%s links to %s, which is listed already: listed once",
                                  printable(entry.path), printable(seen[key]))
+                    yield entry.path, 0, SKIP_SEEN_FOLDER
                 else:
                     seen[key] = entry.path
                     folders.append(entry.path)
-            elif stat.S_ISREG(info.st_mode):
-                found.append((entry.path, info.st_size))
             else:
-                passed[entry.path] = SKIP_SPECIAL
-    return found, passed
+                yield entry.path, 0, SKIP_SPECIAL
 
 
 def _folder_key(info: os.stat_result) -> tuple[int, int]:
@@ -188,20 +266,6 @@ def _folder_key(info: os.stat_result) -> tuple[int, int]:
 
 def _is_junk(part: str) -> bool:
     return part.startswith(".") or part in JUNK_NAMES
-
-
-def _has_split_folders(rel: Sequence[tuple[str, str, int]]) -> bool:
-    """True when a split-named top folder holds images at ``<split>/<label>/<image>``.
-
-    Decided by where the images are, not by which folders exist, so a stray
-    folder or file beside ``train/`` and ``validation/`` cannot switch the
-    layout (its files are skipped with their reason instead).
-    """
-    for relpath, _, _ in rel:
-        parts = relpath.split("/")
-        if len(parts) == 3 and parts[0] in SPLIT_NAMES and is_image_name(relpath):
-            return True
-    return False
 
 
 def check_label_name(name: str, where: str, what: str = "label folder") -> None:
@@ -252,55 +316,78 @@ def list_tree(
       StorageError: the root or a folder under it cannot be listed.
     """
     root = root.rstrip("/")
-    found, passed = _match_all(root)
-    skipped = {printable(path[len(root) + 1:]): reason for path, reason in passed.items()}
-    rel = []
-    for path, size in sorted(found):
+    folder = SpillFolder()
+    try:
+        return _list(root, folder, validation_percent, labels, label_offset)
+    except BaseException:
+        folder.close()
+        raise
+
+
+def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
+          label_offset: int) -> Listing:
+    """``list_tree`` in two passes over disk, since the split layout is known only once every file is seen."""
+    skips = _Skips(RowFile(folder.file("skipped")))
+    images = RowFile(folder.file("images"))  # (relpath, size) of each file that passed the name checks
+    split_layout = False
+    top_folders: set[str] = set()
+    prefix = len(root) + 1
+    for path, size, reason in _match_all(root):
         if not path.startswith(root + "/"):
             continue
-        relpath = path[len(root) + 1:]
-        if any(_is_junk(part) for part in relpath.split("/")):
-            skipped[printable(relpath)] = SKIP_HIDDEN
+        relpath = path[prefix:]
+        parts = relpath.split("/")
+        if reason is not None:
+            skips.add(relpath, reason)
+        elif any(_is_junk(part) for part in parts):
+            skips.add(relpath, SKIP_HIDDEN)
         else:
-            rel.append((relpath, path, size))
+            top_folders.add(parts[0])
+            if not is_image_name(relpath):
+                skips.add(relpath, SKIP_NOT_IMAGE)
+                continue
+            images.append((relpath, size))
+            # A split-named top folder holding images at <split>/<label>/<image> makes a
+            # split tree: decided by where the images are, so a stray folder or file beside
+            # train/ and validation/ cannot switch the layout (it is skipped instead).
+            split_layout = split_layout or (len(parts) == 3 and parts[0] in SPLIT_NAMES)
 
-    split_layout = _has_split_folders(rel)
     if split_layout and validation_percent:
-        split_folders = sorted({r.split("/", 1)[0] for r, _, _ in rel} & set(SPLIT_NAMES))
         raise OptionsError(
-            f"{root} already has split folders ({', '.join(split_folders)}); "
+            f"{root} already has split folders ({', '.join(sorted(top_folders & set(SPLIT_NAMES)))}); "
             "drop --validation_percent")
     depth = 3 if split_layout else 2
 
-    candidates: list[tuple[str, str, str, str, int]] = []  # split, label, relpath, path, size
-    for relpath, path, size in rel:
+    files = SortedSpill(folder, "files", images.count)
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    label_folders: dict[str, str] = {}
+    total_bytes = 0
+    for relpath, size in images:
         parts = relpath.split("/")
-        if not is_image_name(relpath):
-            skipped[printable(relpath)] = SKIP_NOT_IMAGE
-        elif len(parts) != depth or (split_layout and parts[0] not in SPLIT_NAMES):
-            skipped[printable(relpath)] = SKIP_DEPTH
-        else:
-            split = parts[0] if split_layout else split_for(relpath, validation_percent)
-            candidates.append((split, parts[-2], relpath, path, size))
+        if len(parts) != depth or (split_layout and parts[0] not in SPLIT_NAMES):
+            skips.add(relpath, SKIP_DEPTH)
+            continue
+        split = parts[0] if split_layout else split_for(relpath, validation_percent)
+        label = parts[-2]
+        if label not in label_folders:
+            label_folders[label] = relpath.rsplit("/", 1)[0]
+            check_label_name(label, join(root, label_folders[label]))
+        counts[split, label] += 1
+        total_bytes += size
+        files.add((order_key(relpath), relpath, split, label, size))
 
-    if not candidates:
+    if not counts:
         layout = "ROOT/<label>/<image> or ROOT/<split>/<label>/<image>"
         raise OptionsError(
             f"no images under {root}: expected {layout} with image files "
-            f"({len(skipped)} other files skipped)")
+            f"({sum(skips.by_reason.values())} other files skipped)")
 
-    for label, folder in {c[1]: c[2].rsplit("/", 1)[0] for c in candidates}.items():
-        check_label_name(label, join(root, folder))
-    names = list(labels) if labels is not None else sorted({c[1] for c in candidates})
-    ids = {name: i + label_offset for i, name in enumerate(names)}
-    entries = [FileEntry(path, relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
-               for split, label, relpath, path, size in candidates]
-    splits = sorted({e.split for e in entries if e.label_id != UNKNOWN_LABEL}, key=_split_rank)
-    listing = Listing(entries=entries, labels=names, splits=splits, skipped=dict(sorted(skipped.items())))
-    for reason, count in listing.skipped_by_reason().items():
-        example = next(p for p, r in listing.skipped.items() if r == reason)
-        _LOG.warning("skipped %d files: %s (e.g. %s)", count, reason, example)
-    return listing
+    names = list(labels) if labels is not None else sorted(label_folders)
+    known = set(names)
+    splits = sorted({split for split, label in counts if label in known}, key=_split_rank)
+    for reason, count in sorted(skips.by_reason.items()):
+        _LOG.warning("skipped %d files: %s (e.g. %s)", count, reason, skips.example[reason])
+    return Listing(root, names, splits, dict(counts), total_bytes, skips, folder, files, label_offset)
 
 
 def _split_rank(name: str) -> tuple[int, str]:

@@ -36,6 +36,8 @@ class Plan:
     sink: str
     skipped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     run_id: str = ""  # the run's folder under OUTPUT/.beam-prep until it publishes
+    split_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # images listed per split
+    unknown_labels: int = 0  # images listed under a folder missing from --labels_file
 
 
 def build(

@@ -5,7 +5,6 @@ sinks -> errors, labels and manifest (last).
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -18,21 +17,15 @@ from apache_beam.io.textio import ReadFromText
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from beam_prep import layout, manifest, progress, sharding
+from beam_prep import interrupt, layout, manifest, progress, resume, sharding
 from beam_prep.beam_compat import batch_fn_api_runner
 from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
-from beam_prep.errors import DatasetError, StorageError
-from beam_prep.listing import (
-    UNKNOWN_LABEL,
-    FileEntry,
-    Listing,
-    list_tree,
-    order_key,
-    read_labels_file,
-)
+from beam_prep.errors import DatasetError, RunInterrupted, StorageError
+from beam_prep.listing import Listing, list_tree, read_labels_file
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
-from beam_prep.storage import join, write_lines
+from beam_prep.storage import join
+from beam_prep.work_files import write_work_files
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
 
 if TYPE_CHECKING:
@@ -45,7 +38,8 @@ LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "Swi
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    """A finished run; a dry run (``--dry_run``) has no manifest but the job it built."""
+    """A finished run; a dry run (``--dry_run``) has no manifest, but its plan and, for a
+    remote runner, the job it built."""
 
     manifest: dict[str, Any] | None
     seconds: float
@@ -53,6 +47,7 @@ class RunResult:
     job: Any = None
     phases: progress.Phases | None = None
     """Start-up and processing apart; local runs only (their workers report progress)."""
+    plan: manifest.Plan | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -64,8 +59,8 @@ class _Prepared(NamedTuple):
 
     run_id: str
     pipeline: beam.Pipeline
-    listed: int
-    unknown_labels: int  # images that fail without a worker reading them
+    plan: manifest.Plan
+    resumable: bool  # the run's folder records what it finishes (streaming sink, local runner)
 
 
 def _runner_name(options: PipelineOptions) -> str | None:
@@ -103,48 +98,28 @@ def local_runner(options: PipelineOptions) -> PipelineRunner | None:
     return batch_fn_api_runner(options)
 
 
-def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "") -> tuple[Listing, manifest.Plan]:
-    """Lists the tree and decides shard counts; raises before any work if something is wrong."""
-    labels = read_labels_file(config.labels_file) if config.labels_file else None
+def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
+         labels: list[str] | None = None) -> tuple[Listing, manifest.Plan]:
+    """Lists the tree and decides shard counts; raises before any work if something is wrong.
+
+    ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it.
+    """
     listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels,
                         label_offset=config.label_offset)
     sink = resolve_sink(config, options)
     multiple = local_workers(options) if sink == "streaming" else 1
-    mean_bytes = sum(e.size for e in listing.entries) / len(listing.entries)
-    record_bytes = sharding.estimated_record_bytes(config.spec, mean_bytes)
+    record_bytes = sharding.estimated_record_bytes(config.spec, listing.total_bytes / listing.listed)
+    split_counts = listing.split_counts()
     num_shards = {
         split: config.num_shards or sharding.choose_num_shards(
-            n, record_bytes, config.target_shard_mb, multiple)
-        for split, n in listing.split_counts().items()
+            split_counts[split], record_bytes, config.target_shard_mb, multiple)
+        for split in listing.splits
     }
-    num_shards = {split: num_shards[split] for split in listing.splits}
-    return listing, manifest.Plan(labels=listing.labels, num_shards=num_shards,
-                                  listed=len(listing.entries), skipped=len(listing.skipped),
-                                  sink=sink, skipped_by_reason=listing.skipped_by_reason(), run_id=run_id)
-
-
-def write_work_files(listing: Listing, run_plan: manifest.Plan, work: str) -> None:
-    """The listings the sinks read, in the run's folder ``work``: one per shard (streaming)
-    or one in all (shuffle).
-
-    Files under a label missing from --labels_file go to their own listing, to be
-    reported, never dropped.
-    """
-    known = [e for e in listing.entries if e.label_id != UNKNOWN_LABEL]
-    write_lines(join(work, layout.UNKNOWN_LABELS), (e.to_json() for e in listing.unknown_label_entries))
-    if run_plan.sink == "shuffle":
-        write_lines(join(work, layout.LISTING), (e.to_json() for e in known))
-        return
-    by_split: dict[str, list[FileEntry]] = collections.defaultdict(list)
-    for e in known:
-        by_split[e.split].append(e)
-    for split, count in run_plan.num_shards.items():
-        # Dealt in key order: shard sizes differ by one record at most, so no worker
-        # finishes its shards long before another (hash % count left 5% between shards).
-        ordered = sorted(by_split[split], key=lambda e: order_key(e.relpath))
-        for index in range(count):
-            write_lines(join(work, layout.shard_listing_name(split, index)),
-                        (e.to_json() for e in ordered[index::count]))
+    return listing, manifest.Plan(labels=listing.labels, num_shards=num_shards, listed=listing.listed,
+                                  skipped=listing.skipped_count, sink=sink,
+                                  skipped_by_reason=listing.skipped_by_reason(), run_id=run_id,
+                                  split_counts={split: split_counts[split] for split in listing.splits},
+                                  unknown_labels=listing.unknown_labels)
 
 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
@@ -174,6 +149,11 @@ def run(config: PrepareConfig, options: PipelineOptions,
         progress_interval: float = 0.5) -> RunResult:
     """Claims the output folder, plans, runs the pipeline to completion and returns the manifest it wrote.
 
+    A local run (streaming sink) that stops before it completes keeps its
+    finished shards in its folder, and the same call again resumes it (see
+    ``resume``). A dry run (``--dry_run``) lists and plans, and claims and
+    writes nothing; for a remote runner it also builds the job.
+
     On a local runner, ``on_progress`` is called every ``progress_interval``
     seconds while the job runs, from another thread, with the images the workers
     have finished (``progress.Progress``); elsewhere it is never called (the
@@ -184,39 +164,80 @@ def run(config: PrepareConfig, options: PipelineOptions,
       OptionsError, StorageError: before any work starts.
       DatasetError: if the finished dataset's counts do not add up, or another
         run took the output folder over while this one ran.
+      RunInterrupted: a local run was stopped by Ctrl-C or SIGTERM; its workers
+        are stopped and what it finished is kept.
     """
     start = time.perf_counter()
     launched = time.time()  # wall time: the workers' reports are in it
-    if options.view_as(TestOptions).dry_run:
-        # The runner builds the whole job and stops before submitting it: nothing is
-        # written, so no claim is needed.
-        p = _prepare(config, options, new_run_id(), write=False).pipeline
-        result = p.run()
-        return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None))
     local = _runner_name(options) in LOCAL_RUNNERS
-    with claim_output(config.output, new_run_id()) as claim, _progress_folder(local) as folder:
+    if options.view_as(TestOptions).dry_run:
+        return _dry_run(config, options, local, start)
+    with interrupt.signals_as_interrupts(), claim_output(config.output, new_run_id()) as claim, \
+            _progress_folder(local) as folder:
         job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder)
-        run_id = job.run_id
         try:
             with _watching(folder, job, on_progress, progress_interval):
                 result = job.pipeline.run()
                 result.wait_until_finish()
-        except BaseException:
+        except BaseException as e:
             # A local job ends with this process; a remote one (Dataflow) may still be
             # running after its launcher stops waiting, so its files are left to it.
             if local:
-                _remove_quietly(config.output, run_id)
+                _end_local_run(config, job, e)
             raise
         if claim.lost:
-            raise DatasetError(f"another run took {config.output} over while run {run_id} ran, so the "
+            raise DatasetError(f"another run took {config.output} over while run {job.run_id} ran, so the "
                                "folder may hold both runs' files: run again with --overwrite")
         phases = None
         if folder is not None:
-            phases = progress.phases(progress.read_progress(folder, job.listed, job.unknown_labels), launched)
+            phases = progress.phases(
+                progress.read_progress(folder, job.plan.listed, job.plan.unknown_labels), launched)
     counters: dict[str, int] = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
     return RunResult(manifest.read(config.output), time.perf_counter() - start, counters, phases=phases)
+
+
+def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start: float) -> RunResult:
+    """Lists and plans, claiming and writing nothing; a remote runner also builds the job and stops
+    before submitting it."""
+    if local:
+        listing, run_plan = plan(config, options, labels=_labels(config))
+        listing.close()
+        return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
+    job = _prepare(config, options, new_run_id(), write=False)
+    result = job.pipeline.run()
+    return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None), plan=job.plan)
+
+
+def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException) -> None:
+    """After a local job stopped early: its workers stopped; its folder kept where it can be
+    resumed, else removed. An interrupt becomes ``RunInterrupted``, saying what was kept."""
+    interrupt.stop_workers()
+    work = layout.run_folder(config.output, job.run_id)
+    if not job.resumable:
+        _remove_quietly(config.output, job.run_id)
+        if isinstance(error, KeyboardInterrupt):
+            raise RunInterrupted("nothing was kept (only the streaming sink resumes); run the same command "
+                                 "again to start over", interrupt.signal_of(error), resumable=False) from None
+        return
+    names = _shard_names(config, job.plan)
+    done = resume.finished_count(work, names)
+    again = ("run the same command without --overwrite to resume, or with it to start over" if config.overwrite
+             else "run the same command again to resume, or pass --overwrite to start over")
+    if isinstance(error, KeyboardInterrupt):
+        raise RunInterrupted(f"{done} of {len(names)} shards written; {again}", interrupt.signal_of(error),
+                             resumable=True) from None
+    _LOG.warning("run %s kept %d of %d shards, finished before it failed: %s", job.run_id, done, len(names), again)
+
+
+def _shard_names(config: PrepareConfig, run_plan: manifest.Plan) -> list[str]:
+    return [layout.shard_name(split, i, count, config.compression)
+            for split, count in run_plan.num_shards.items() for i in range(count)]
+
+
+def _labels(config: PrepareConfig) -> list[str] | None:
+    return read_labels_file(config.labels_file) if config.labels_file else None
 
 
 @contextlib.contextmanager
@@ -235,28 +256,56 @@ def _watching(folder: str | None, job: _Prepared,
     if folder is None or on_progress is None:
         yield
         return
-    with progress.Watcher(folder, job.listed, on_progress, job.unknown_labels, interval):
+    with progress.Watcher(folder, job.plan.listed, on_progress, job.plan.unknown_labels, interval):
         yield
 
 
 def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
              write: bool, progress_folder: str | None = None) -> _Prepared:
-    """Checks the output folder, lists and plans; with ``write``, clears unfinished runs and
-    writes this run's listings. Returns the pipeline, built, and what it will count."""
+    """Checks the output folder, then lists and plans, or takes the plan of the unfinished run
+    this one resumes; with ``write``, clears unfinished runs and writes this run's listings.
+    Returns the pipeline, built, and its plan."""
+    labels = _labels(config)
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
-    layout.check_output(config.output, config.overwrite, leftovers)
-    listing, run_plan = plan(config, options, run_id)
-    if write:
-        layout.remove_unfinished_runs(config.output, leftovers)
-        write_work_files(listing, run_plan, layout.run_folder(config.output, run_id))
-    unknown_labels = len(listing.unknown_label_entries)
-    del listing  # the workers read the listings from files: keep no copy here
-    _LOG.info("run %s: listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
-              run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
-              run_plan.skipped, run_plan.sink, run_plan.num_shards)
+    resumable = resolve_sink(config, options) == "streaming" and _runner_name(options) in LOCAL_RUNNERS
+    recorded = resume.record_options(config, labels)
+    resumed = None
+    if write and resumable and not config.overwrite:
+        resumed = resume.find_resumable(config.output, leftovers, recorded)
+    if resumed is not None:
+        layout.check_output(config.output, config.overwrite or resumed.overwrite, [])
+        run_plan = manifest.Plan(**resumed.plan)
+        names = _shard_names(config, run_plan)
+        _LOG.info("resuming run %s: %d of %d shards already written", run_plan.run_id,
+                  resume.finished_count(layout.run_folder(config.output, run_plan.run_id), names), len(names))
+    else:
+        layout.check_output(config.output, config.overwrite, leftovers)
+        listing, run_plan = plan(config, options, run_id, labels)
+        with listing:
+            if write:
+                layout.remove_unfinished_runs(config.output, leftovers)
+                _write_run_folder(config, listing, run_plan, resume.RunRecord(
+                    run_id, recorded, config.overwrite, dataclasses.asdict(run_plan)) if resumable else None)
+        _LOG.info("run %s: listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
+                  run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
+                  run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
     build(p, config, run_plan, progress_folder)
-    return _Prepared(run_id, p, run_plan.listed, unknown_labels)
+    return _Prepared(run_plan.run_id, p, run_plan, resumable)
+
+
+def _write_run_folder(config: PrepareConfig, listing: Listing, run_plan: manifest.Plan,
+                      record: resume.RunRecord | None) -> None:
+    """The run's listings, then its record (``run.json``, where it can be resumed): a folder
+    without its record is one whose launcher stopped while listing, and holds nothing to keep."""
+    work = layout.run_folder(config.output, run_plan.run_id)
+    try:
+        write_work_files(listing, run_plan, work)
+        if record is not None:
+            resume.write_run_record(work, record)
+    except BaseException:
+        _remove_quietly(config.output, run_plan.run_id)
+        raise
 
 
 def _remove_quietly(output: str, run_id: str) -> None:

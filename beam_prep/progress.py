@@ -56,8 +56,12 @@ class Reporter:
 
     def add(self, ok: bool) -> None:
         """Counts one finished image (``ok``: it became a record); writes the file if it is due."""
-        self.done += 1
-        self.failed += not ok
+        self.add_many(1, int(not ok))
+
+    def add_many(self, done: int, failed: int) -> None:
+        """Counts ``done`` finished images, ``failed`` of them without a record (a shard kept whole)."""
+        self.done += done
+        self.failed += failed
         self._updated = self._clock()
         if self._updated - self._written_at >= WRITE_EVERY_S:
             self.flush()
@@ -79,6 +83,9 @@ class _Unwatched:
     """A reporter where nobody can watch (a remote runner's workers): counts nothing, writes nothing."""
 
     def add(self, ok: bool) -> None:
+        pass
+
+    def add_many(self, done: int, failed: int) -> None:
         pass
 
     def flush(self) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
@@ -55,9 +55,26 @@ def write_record(f: BinaryIO, data: bytes) -> None:
     f.write(frame(data))
 
 
+class _Hashed:
+    """A file whose written bytes also go to a hash (``hashlib``): a shard's checksum as it is written."""
+
+    def __init__(self, raw: BinaryIO, digest: Any) -> None:
+        self._raw = raw
+        self._digest = digest
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        return self._raw.write(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
 @contextlib.contextmanager
-def shard_writer(path: str, compression: str) -> Iterator[BinaryIO]:
+def shard_writer(path: str, compression: str, digest: Any = None) -> Iterator[BinaryIO]:
     """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L.
+
+    ``digest`` (a ``hashlib`` object), if given, gets every byte the file gets.
 
     The GZIP header holds no time and no file name (as zlib's, which Beam's
     sink uses), so a rerun writes byte-identical files. A failed write raises
@@ -66,6 +83,8 @@ def shard_writer(path: str, compression: str) -> Iterator[BinaryIO]:
     try:
         with FileSystems.create(path, mime_type="application/octet-stream",
                                 compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+            if digest is not None:
+                raw = _Hashed(raw, digest)
             if compression == "none":
                 yield raw
                 return

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import hashlib
 import uuid
 from typing import Any, Iterable, Mapping, NamedTuple
 
@@ -44,7 +45,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection, TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_prep import layout, progress, tfrecord
+from beam_prep import layout, progress, resume, tfrecord
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
@@ -200,12 +201,17 @@ class _ImageToExampleFn(beam.DoFn):
 
 
 class _WriteShardFn(beam.DoFn):
-    """Writes one whole shard from its listing (already in order-key order).
+    """Writes one whole shard from its listing (already in order-key order), unless a
+    resumed run finished it already (``resume.finished_shard``).
 
     The next files' reads run ahead of the work (``ReadAhead``), and records
-    are written in listing order all the same. Outputs ``(split, shard_name,
+    are written in listing order all the same. The shard is written under a
+    name of its own and renamed when complete, then marked finished
+    (``resume.write_shard_record``), so a shard file under its final name is
+    always whole, and a retried bundle or a worker left over from a killed
+    launcher only rewrites the same bytes. Outputs ``(split, shard_name,
     num_examples)``, ``((split, label), n)`` on ``counts`` and failure reports
-    on ``failed``. Rewriting a shard from scratch makes a retried bundle harmless.
+    on ``failed``, the same for a shard written now or kept.
     """
 
     def __init__(self, config: _SinkConfig, split: str) -> None:
@@ -214,6 +220,7 @@ class _WriteShardFn(beam.DoFn):
         self._reading = _Reading(config.reads)
         self._counters = Counters()
         self._listed = Metrics.counter(NAMESPACE, "listed")
+        self._kept = Metrics.counter(NAMESPACE, "shards_kept")
 
     def setup(self) -> None:
         self._reading.setup()
@@ -224,15 +231,33 @@ class _WriteShardFn(beam.DoFn):
     def process(self, index: int):
         config, split = self._config, self._split
         name = layout.shard_name(split, index, config.num_shards[split], config.compression)
-        per_label: collections.Counter[str] = collections.Counter()
+        # Named by the shard: a retried shard starts its counts again rather than adding to them.
+        reporter = progress.reporter(config.progress_folder, f"{split}-{index:05d}")
+        record = resume.finished_shard(config.work, name)
+        if record is None:
+            record = self._write(index, name, reporter)
+        else:
+            self._kept.inc()
+            self._listed.inc(record.records + len(record.failures))
+            reporter.add_many(record.records + len(record.failures), len(record.failures))
+        reporter.flush()
+        for failure in record.failures:
+            yield TaggedOutput(_FAILED, failure)
+        for label, n in record.class_counts.items():
+            yield TaggedOutput(_COUNTS, ((split, label), n))
+        yield split, name, record.records
+
+    def _write(self, index: int, name: str, reporter: progress.Reporter) -> resume.ShardRecord:
+        config, split = self._config, self._split
         with FileSystems.open(join(config.work, layout.shard_listing_name(split, index)),
                               compression_type=CompressionTypes.UNCOMPRESSED) as listing:
             lines = listing.read().decode("utf-8").splitlines()
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
-        # Named by the shard: a retried shard starts its counts again rather than adding to them.
-        reporter = progress.reporter(config.progress_folder, f"{split}-{index:05d}")
-        with tfrecord.shard_writer(join(config.work, name), config.compression) as f, \
-                self._reading.window() as window:
+        per_label: collections.Counter[str] = collections.Counter()
+        failures = []
+        digest = hashlib.sha256()
+        partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
+        with tfrecord.shard_writer(partial, config.compression, digest) as f, self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()
@@ -243,11 +268,13 @@ class _WriteShardFn(beam.DoFn):
                     write_record(f, outcome.example)
                     per_label[entry.label] += 1
                 else:
-                    yield TaggedOutput(_FAILED, outcome.failure)
-        reporter.flush()
-        for label, n in per_label.items():
-            yield TaggedOutput(_COUNTS, ((split, label), n))
-        yield split, name, sum(per_label.values())
+                    failures.append(outcome.failure)
+        size = FileSystems.match([partial])[0].metadata_list[0].size_in_bytes
+        FileSystems.rename([partial], [join(config.work, name)])
+        record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=size,
+                                    sha256=digest.hexdigest(), class_counts=dict(per_label), failures=failures)
+        resume.write_shard_record(config.work, record)
+        return record
 
 
 class _ShardSink(beam.PTransform):
@@ -263,7 +290,7 @@ class _ShardSink(beam.PTransform):
           spec: what each image becomes (size, format, channels).
           reads: how far a worker's reads run ahead of its work.
           work: the run's folder (``layout.run_folder``), holding the listings the
-            launcher wrote (``pipeline.write_work_files``); the shards are written
+            launcher wrote (``work_files.write_work_files``); the shards are written
             there too, under their final names (``layout.shard_name``).
           compression: a key of ``layout.COMPRESSIONS`` (``gzip`` or ``none``).
           num_shards: split -> its number of shards; every split listed gets its shards.

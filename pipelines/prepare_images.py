@@ -21,7 +21,8 @@ from typing import Sequence, TextIO
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.api import parse_command_line
-from beam_prep.errors import BeamPrepError, OptionsError
+from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
+from beam_prep.interrupt import signal_of
 from beam_prep.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
 from beam_prep.options import PrepareConfig, PrepareImagesOptions
 from beam_prep.pipeline import RunResult, run
@@ -68,6 +69,22 @@ def summary(result: RunResult) -> str:
     return "\n".join(lines)
 
 
+def plan_summary(result: RunResult, input_root: str) -> str:
+    """What a dry run found and would do: images per split and shards, labels, what is left out."""
+    plan = result.plan
+    shown = ", ".join(plan.labels[:8]) + (f" and {len(plan.labels) - 8:,} more" if len(plan.labels) > 8 else "")
+    lines = [f"dry run: {input_root} lists {plan.listed:,} images in {len(plan.labels):,} labels ({shown}); "
+             f"planned in {result.seconds:.1f} s, nothing written"]
+    for split, shards in plan.num_shards.items():
+        lines.append(f"  {split}: {plan.split_counts.get(split, 0):,} images in {shards:,} shards")
+    if plan.unknown_labels:
+        lines.append(f"  not written, label not in --labels_file: {plan.unknown_labels:,} images "
+                     "(each would be reported in errors.jsonl)")
+    for reason, n in plan.skipped_by_reason.items():
+        lines.append(f"  skipped, {reason}: {n:,}")
+    return "\n".join(lines)
+
+
 def run_with_progress(config: PrepareConfig, options: PipelineOptions, console: TextIO) -> RunResult:
     """The job, its progress drawn on ``console`` while it runs."""
     display = ProgressDisplay(console, options.view_as(PrepareImagesOptions).progress_interval)
@@ -95,10 +112,15 @@ def run_logged(config: PrepareConfig, options: PipelineOptions) -> RunResult:
     except OSError as e:
         print(f"beam-prep: cannot create a log file ({e}); Beam's log goes to stderr", file=sys.stderr)
         return run_verbose(config, options)
+    interrupted = False
     try:
         with log:
             try:
                 return run_with_progress(config, options, log.console)
+            except KeyboardInterrupt:
+                # The workers' own tracebacks of a Ctrl-C are in the log: not worth a line.
+                interrupted = True
+                raise
             except Exception as e:
                 if not is_job_failure(e):
                     raise
@@ -106,7 +128,7 @@ def run_logged(config: PrepareConfig, options: PipelineOptions) -> RunResult:
                 where = "full log" if log.complete else "log, cut short as it could not be written"
                 raise JobFailed(f"{root_cause(e)} ({where}: {log.path})") from e
     finally:
-        if log.kept and not log.failure_recorded:
+        if log.kept and not log.failure_recorded and not interrupted:
             print(f"beam-prep: Beam logged warnings or errors ({log.hidden_warnings}), see {log.path}",
                   file=sys.stderr)
 
@@ -134,10 +156,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BeamPrepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if result.manifest is None:
-        print(f"dry run: the job was built in {result.seconds:.1f} s and not submitted")
-    else:
+    except RunInterrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt as e:  # before the job started: listing, or writing the run's listings
+        print("interrupted before any image was processed; nothing was kept", file=sys.stderr)
+        return 128 + signal_of(e)
+    if result.manifest is not None:
         print(summary(result))
+    elif result.job is not None:
+        print(plan_summary(result, config.input))
+        print("dry run: the job was built and not submitted")
+    else:
+        print(plan_summary(result, config.input))
     return 0
 
 

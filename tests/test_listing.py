@@ -31,14 +31,14 @@ def test_labels_are_the_sorted_folder_names(tmp_path):
     make_tree(tmp_path, {"zebra": 1, "ant": 1, "Émeu": 1, "moth": 1})
     listing = list_tree(str(tmp_path))
     assert listing.labels == sorted(["zebra", "ant", "Émeu", "moth"])
-    assert {e.label: e.label_id for e in listing.entries} == {n: i for i, n in enumerate(listing.labels)}
+    assert {e.label: e.label_id for e in listing.entries()} == {n: i for i, n in enumerate(listing.labels)}
 
 
 def test_without_split_folders_everything_is_train(tmp_path):
     make_tree(tmp_path, {"a": 3, "b": 3})
     listing = list_tree(str(tmp_path))
     assert listing.splits == ["train"]
-    assert {e.split for e in listing.entries} == {"train"}
+    assert {e.split for e in listing.entries()} == {"train"}
 
 
 def test_split_folders_are_kept(tmp_path):
@@ -53,8 +53,8 @@ def test_validation_percent_is_a_stable_share(tmp_path):
     make_tree(tmp_path, {"a": 150, "b": 150})
     first = list_tree(str(tmp_path), validation_percent=20)
     second = list_tree(str(tmp_path), validation_percent=20)
-    assert [(e.relpath, e.split) for e in first.entries] == [(e.relpath, e.split) for e in second.entries]
-    share = sum(e.split == "validation" for e in first.entries) / len(first.entries)
+    assert [(e.relpath, e.split) for e in first.entries()] == [(e.relpath, e.split) for e in second.entries()]
+    share = sum(e.split == "validation" for e in first.entries()) / len(list(first.entries()))
     assert 0.13 < share < 0.27
 
 
@@ -110,7 +110,7 @@ def test_hidden_and_non_image_files_are_skipped_and_counted(tmp_path):
     (tmp_path / ".git" / "x.jpg").write_bytes(b"x")
     (tmp_path / "loose.jpg").write_bytes(b"x")
     listing = list_tree(str(tmp_path))
-    assert len(listing.entries) == 2
+    assert len(list(listing.entries())) == 2
     assert listing.skipped == {".git/x.jpg": SKIP_HIDDEN, "a/.DS_Store": SKIP_HIDDEN,
                                "a/notes.txt": SKIP_NOT_IMAGE, "loose.jpg": SKIP_DEPTH}
     assert listing.skipped_by_reason() == {SKIP_HIDDEN: 2, SKIP_DEPTH: 1, SKIP_NOT_IMAGE: 1}
@@ -147,9 +147,9 @@ def test_labels_file_sets_the_ids_and_flags_unlisted_folders(tmp_path):
     labels_file.write_text("dog\ncat\nbird\n")
     listing = list_tree(str(root), labels=read_labels_file(str(labels_file)))
     assert listing.labels == ["dog", "cat", "bird"]
-    ids = {e.label: e.label_id for e in listing.entries}
+    ids = {e.label: e.label_id for e in listing.entries()}
     assert ids == {"dog": 0, "cat": 1, "owl": UNKNOWN_LABEL}
-    assert [e.relpath for e in listing.unknown_label_entries] == ["owl/img_000.jpg"]
+    assert [e.relpath for e in listing.entries() if e.label_id == UNKNOWN_LABEL] == ["owl/img_000.jpg"]
 
 
 def test_labels_file_with_duplicates_is_refused(tmp_path):
@@ -169,15 +169,15 @@ def test_empty_tree_is_refused_with_the_expected_layout(tmp_path):
 def test_sizes_come_from_the_files(tmp_path):
     make_tree(tmp_path, {"a": 2, "b": 1})
     listing = list_tree(str(tmp_path))
-    assert {e.relpath: e.size for e in listing.entries} == {
-        e.relpath: (tmp_path / e.relpath).stat().st_size for e in listing.entries}
+    assert {e.relpath: e.size for e in listing.entries()} == {
+        e.relpath: (tmp_path / e.relpath).stat().st_size for e in listing.entries()}
 
 
 def test_a_broken_link_is_listed_so_that_its_read_is_reported(tmp_path):
     make_tree(tmp_path, {"a": 1})
     (tmp_path / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     listing = list_tree(str(tmp_path))
-    assert sorted(e.relpath for e in listing.entries) == ["a/gone.jpg", "a/img_000.jpg"]
+    assert sorted(e.relpath for e in listing.entries()) == ["a/gone.jpg", "a/img_000.jpg"]
 
 
 def test_linked_folders_and_files_are_followed(tmp_path):
@@ -187,10 +187,10 @@ def test_linked_folders_and_files_are_followed(tmp_path):
     (tmp_path / "root" / "real" / "linked.jpg").symlink_to(tmp_path / "elsewhere" / "one" / "img_000.jpg")
     listing = list_tree(str(tmp_path / "root"))
     assert listing.labels == ["cats", "real"]
-    assert sorted(e.relpath for e in listing.entries) == [
+    assert sorted(e.relpath for e in listing.entries()) == [
         "cats/img_000.jpg", "cats/img_001.jpg", "cats/img_002.jpg",
         "real/img_000.jpg", "real/img_001.jpg", "real/linked.jpg"]
-    linked = next(e for e in listing.entries if e.relpath == "real/linked.jpg")
+    linked = next(e for e in listing.entries() if e.relpath == "real/linked.jpg")
     assert linked.size == (tmp_path / "elsewhere" / "one" / "img_000.jpg").stat().st_size
     assert listing.skipped == {}
 
@@ -200,7 +200,7 @@ def test_a_folder_reached_twice_is_listed_once_and_reported(tmp_path):
     (tmp_path / "cats" / "loop").symlink_to(tmp_path / "cats", target_is_directory=True)
     (tmp_path / "copycats").symlink_to(tmp_path / "cats", target_is_directory=True)
     listing = list_tree(str(tmp_path))
-    assert sorted(e.relpath for e in listing.entries) == ["cats/img_000.jpg", "cats/img_001.jpg"]
+    assert sorted(e.relpath for e in listing.entries()) == ["cats/img_000.jpg", "cats/img_001.jpg"]
     assert listing.skipped == {"cats/loop": SKIP_SEEN_FOLDER, "copycats": SKIP_SEEN_FOLDER}
 
 
@@ -208,14 +208,14 @@ def test_a_link_to_itself_is_listed_so_that_its_read_is_reported(tmp_path):
     make_tree(tmp_path, {"a": 1})
     (tmp_path / "a" / "self.jpg").symlink_to("self.jpg")
     listing = list_tree(str(tmp_path))
-    assert sorted(e.relpath for e in listing.entries) == ["a/img_000.jpg", "a/self.jpg"]
+    assert sorted(e.relpath for e in listing.entries()) == ["a/img_000.jpg", "a/self.jpg"]
 
 
 def test_pipes_are_passed_over(tmp_path):
     make_tree(tmp_path, {"a": 1})
     os.mkfifo(tmp_path / "a" / "pipe.jpg")
     listing = list_tree(str(tmp_path))
-    assert [e.relpath for e in listing.entries] == ["a/img_000.jpg"]
+    assert [e.relpath for e in listing.entries()] == ["a/img_000.jpg"]
     assert listing.skipped == {"a/pipe.jpg": SKIP_SPECIAL}
 
 
@@ -225,7 +225,7 @@ def test_a_name_that_is_not_utf8_is_listed_and_hashed_by_its_bytes(tmp_path):
     with open(raw, "wb") as f:
         f.write((tmp_path / "a" / "img_000.jpg").read_bytes())
     listing = list_tree(str(tmp_path), validation_percent=50)
-    bad = next(e for e in listing.entries if e.relpath != "a/img_000.jpg")
+    bad = next(e for e in listing.entries() if e.relpath != "a/img_000.jpg")
     assert os.fsencode(bad.relpath) == b"a/bad\xff\xfe.jpg"
     assert FileEntry.from_json(bad.to_json()) == bad
     # The hash of a valid name is unchanged by hashing bytes; an invalid one hashes too.

@@ -12,7 +12,7 @@ from helpers import make_tree
 
 def test_a_file_becomes_a_record_that_names_its_source(tmp_path):
     (path,) = make_tree(tmp_path, {"cat": 1})
-    (entry,) = list_tree(str(tmp_path)).entries
+    (entry,) = list_tree(str(tmp_path)).entries()
     outcome = make_example(entry, ImageSpec(height=32, width=32))
     record = decode_example(outcome.example)
     assert outcome.failure is None and outcome.bytes_in == path.stat().st_size
@@ -23,7 +23,7 @@ def test_a_file_becomes_a_record_that_names_its_source(tmp_path):
 def test_a_file_gone_before_its_read_is_reported_at_the_read_stage(tmp_path):
     make_tree(tmp_path, {"cat": 1})
     (tmp_path / "cat" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
-    entries = {e.relpath: e for e in list_tree(str(tmp_path)).entries}
+    entries = {e.relpath: e for e in list_tree(str(tmp_path)).entries()}
     outcome = make_example(entries["cat/gone.jpg"], ImageSpec())
     assert outcome.example is None
     assert outcome.failure["relpath"] == "cat/gone.jpg" and outcome.failure["stage"] == "read"

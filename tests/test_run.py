@@ -10,7 +10,8 @@ from beam_prep.errors import DatasetError
 from beam_prep.imaging import ImageSpec
 from beam_prep.options import PrepareConfig
 from beam_prep.listing import FileEntry, list_tree, order_key
-from beam_prep.pipeline import run, write_work_files
+from beam_prep.pipeline import run
+from beam_prep.work_files import write_work_files
 from helpers import make_tree
 
 
@@ -81,7 +82,7 @@ def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
                (tmp_path / "work" / layout.shard_listing_name("train", i)).read_text().splitlines()]
               for i in range(4)]
     assert sorted(len(s) for s in shards) == [15, 16, 16, 16]
-    assert sorted(sum(shards, [])) == sorted(e.relpath for e in listing.entries)
+    assert sorted(sum(shards, [])) == sorted(e.relpath for e in listing.entries())
     assert all(s == sorted(s, key=order_key) for s in shards)
 
 

@@ -1,0 +1,102 @@
+"""Rows kept on disk instead of in memory: the launcher's external sort.
+
+A tree of millions of files cannot be held in the launcher as Python objects
+(about 600 bytes each). Rows go to a temporary folder in pickled chunks, and a
+``SortedSpill`` partitions them by the top bits of a 64-bit key into buckets
+small enough to sort one at a time: reading the buckets in turn, each sorted,
+gives every row in key order while memory holds one bucket.
+"""
+from __future__ import annotations
+
+import operator
+import os
+import pickle
+import shutil
+import tempfile
+import weakref
+from typing import Any, Iterator
+
+__all__ = ["RowFile", "SortedSpill", "SpillFolder"]
+
+_CHUNK_ROWS = 8192  # rows a RowFile holds before appending them to its file
+_BUFFERED_ROWS = 1 << 16  # rows a SortedSpill holds across its buckets before appending
+_BUCKET_ROWS = 1 << 15  # rows a bucket is sized for: sorted in memory at once
+
+
+class SpillFolder:
+    """A temporary folder, removed by ``close`` or, at the latest, when the object is collected."""
+
+    def __init__(self, prefix: str = "beam-prep-listing-") -> None:
+        self.path = tempfile.mkdtemp(prefix=prefix)
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+class RowFile:
+    """Rows (any picklable tuples) appended in chunks, read back in the order written."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+        self._rows: list[Any] = []
+
+    def append(self, row: Any) -> None:
+        self._rows.append(row)
+        self.count += 1
+        if len(self._rows) >= _CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            with open(self.path, "ab") as f:
+                pickle.dump(self._rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+            self._rows = []
+
+    def __iter__(self) -> Iterator[Any]:
+        self.flush()
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, "rb") as f:
+            while True:
+                try:
+                    rows = pickle.load(f)
+                except EOFError:
+                    return
+                yield from rows
+
+
+class SortedSpill:
+    """Rows whose first field is a uniform 64-bit key, read back sorted by it.
+
+    ``expected_rows`` sizes the buckets; more rows only make each bucket larger.
+    """
+
+    def __init__(self, folder: SpillFolder, name: str, expected_rows: int) -> None:
+        self._buckets = [RowFile(folder.file(f"{name}-{i:05d}")) for i in range(expected_rows // _BUCKET_ROWS + 1)]
+        self._buffered = 0
+        self._limit = max(_BUFFERED_ROWS, 64 * len(self._buckets))
+
+    def add(self, row: tuple) -> None:
+        bucket = self._buckets[(row[0] * len(self._buckets)) >> 64]
+        bucket._rows.append(row)  # noqa: SLF001 - flushed below, all buckets at once
+        bucket.count += 1
+        self._buffered += 1
+        if self._buffered >= self._limit:
+            self._flush()
+
+    def _flush(self) -> None:
+        for bucket in self._buckets:
+            bucket.flush()
+        self._buffered = 0
+
+    def __iter__(self) -> Iterator[tuple]:
+        self._flush()
+        for bucket in self._buckets:
+            rows = list(bucket)
+            rows.sort(key=operator.itemgetter(0))
+            yield from rows
