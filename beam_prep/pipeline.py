@@ -276,8 +276,8 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         layout.check_output(config.output, config.overwrite or resumed.overwrite, [])
         run_plan = manifest.Plan(**resumed.plan)
         names = _shard_names(config, run_plan)
-        _LOG.info("resuming run %s: %d of %d shards already written", run_plan.run_id,
-                  resume.finished_count(layout.run_folder(config.output, run_plan.run_id), names), len(names))
+        kept = resume.keep_finished(layout.run_folder(config.output, run_plan.run_id), names)
+        _LOG.info("resuming run %s: %d of %d shards already written", run_plan.run_id, kept, len(names))
     else:
         layout.check_output(config.output, config.overwrite, leftovers)
         listing, run_plan = plan(config, options, run_id, labels)

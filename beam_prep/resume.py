@@ -12,6 +12,7 @@ See the README's *Interrupted runs* for what is and is not resumed.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -27,8 +28,8 @@ from beam_prep.errors import OptionsError
 from beam_prep.options import PrepareConfig
 from beam_prep.storage import join, write_lines
 
-__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "finished_shard", "find_resumable", "finished_count",
-           "record_options", "write_run_record", "write_shard_record"]
+__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
+           "keep_finished", "record_options", "write_run_record", "write_shard_record"]
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
@@ -132,31 +133,41 @@ def write_shard_record(work: str, record: ShardRecord) -> None:
 
 
 def finished_shard(work: str, name: str) -> ShardRecord | None:
-    """The record of shard ``name`` if it is finished and its file still matches it, else None.
-
-    A record whose file is missing, of another size or another sha256 is
-    redone, with a warning naming the shard.
-    """
-    path = join(work, done_name(name))
+    """The record of shard ``name`` if it is finished, else None; ``keep_finished`` has checked it."""
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            record = ShardRecord(**json.loads(f.read().decode("utf-8")))
+        with FileSystems.open(join(work, done_name(name)), compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return ShardRecord(**json.loads(f.read().decode("utf-8")))
     except Exception:  # noqa: BLE001 - not finished, or its record cut short: written again
         return None
+
+
+def keep_finished(work: str, names: list[str], threads: int = 8) -> int:
+    """Checks every finished shard of ``names`` against its record, ``threads`` at a time, and
+    returns how many are kept. One whose file is missing, of another size or another sha256
+    loses its record, so that the workers write it again, with a warning naming it."""
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="beam-prep-check") as pool:
+        return sum(pool.map(lambda name: _keep(work, name), names))
+
+
+def _keep(work: str, name: str) -> bool:
+    record = finished_shard(work, name)
+    if record is None:
+        return False
     digest, size = hashlib.sha256(), 0
     try:
         with FileSystems.open(join(work, name), compression_type=CompressionTypes.UNCOMPRESSED) as f:
             while chunk := f.read(1 << 20):
                 digest.update(chunk)
                 size += len(chunk)
-    except Exception as e:  # noqa: BLE001
-        _LOG.warning("shard %s was finished but cannot be read (%s): writing it again", name, e)
-        return None
-    if (size, digest.hexdigest()) != (record.size, record.sha256):
-        _LOG.warning("shard %s was finished but no longer matches its recorded size and sha256: "
-                     "writing it again", name)
-        return None
-    return record
+        problem = None if (size, digest.hexdigest()) == (record.size, record.sha256) else \
+            "no longer matches its recorded size and sha256"
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        problem = f"cannot be read ({e})"
+    if problem is None:
+        return True
+    _LOG.warning("shard %s was finished but %s: writing it again", name, problem)
+    FileSystems.delete([join(work, done_name(name))])
+    return False
 
 
 def finished_count(work: str, shard_names: list[str]) -> int:

@@ -71,10 +71,12 @@ class _Hashed:
 
 
 @contextlib.contextmanager
-def shard_writer(path: str, compression: str, digest: Any = None) -> Iterator[BinaryIO]:
+def shard_writer(path: str, compression: str, digest: Any = None, shown_as: str | None = None) -> Iterator[BinaryIO]:
     """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L.
 
-    ``digest`` (a ``hashlib`` object), if given, gets every byte the file gets.
+    ``digest`` (a ``hashlib`` object), if given, gets every byte the file gets;
+    ``shown_as`` is the path errors name (a shard written under a temporary name
+    is named by its final one).
 
     The GZIP header holds no time and no file name (as zlib's, which Beam's
     sink uses), so a rerun writes byte-identical files. A failed write raises
@@ -92,7 +94,7 @@ def shard_writer(path: str, compression: str, digest: Any = None) -> Iterator[Bi
                                  mtime=0) as f:
                 yield f
     except OSError as e:
-        raise storage_error("write", path, e) from e
+        raise storage_error("write", shown_as or path, e) from e
 
 
 def count_records(path: str, compression: str) -> int:

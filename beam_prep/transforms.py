@@ -257,7 +257,8 @@ class _WriteShardFn(beam.DoFn):
         failures = []
         digest = hashlib.sha256()
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
-        with tfrecord.shard_writer(partial, config.compression, digest) as f, self._reading.window() as window:
+        with tfrecord.shard_writer(partial, config.compression, digest, shown_as=join(config.work, name)) as f, \
+                self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()

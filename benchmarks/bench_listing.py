@@ -43,7 +43,7 @@ from beam_prep.listing import list_tree
 start, cpu = time.perf_counter(), time.process_time()
 listing = list_tree(sys.argv[1])
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
-                  "files": len(listing.entries)}))
+                  "files": listing.listed}))
 """,
 }
 

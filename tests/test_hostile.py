@@ -87,7 +87,7 @@ def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path):
     run = _start("--input", str(tree), "--output", str(out), "--overwrite", "--num_shards", "1",
                  "--direct_running_mode", "in_memory", *ARGS)
     try:
-        _wait_for(".beam-prep/*/train-*.tfrecord.gz", out, run)
+        _wait_for(".beam-prep/*/train-*.partial", out, run)  # the shard, half written
         os.killpg(run.pid, signal.SIGKILL)
     finally:
         run.wait()
@@ -95,23 +95,32 @@ def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == old
     assert len(read_split(out, "train")) == 5
 
+    # The killed run would resume with its own options; with others, the folder is refused.
     refused = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
     assert refused.returncode == 2
-    assert re.search(r"already holds a dataset \(\d+ files\) and the files of unfinished run \d{8}T\d{6}Z-",
-                     refused.stderr), refused.stderr
+    assert re.search(r"holds unfinished run \d{8}T\d{6}Z-\w+, started with --num_shards 1 where this run has 0; "
+                     r".*pass --overwrite to start over", refused.stderr), refused.stderr
     assert run_prepare("--input", str(tree), "--output", str(out), "--overwrite", *ARGS).returncode == 0
     assert len(read_split(out, "train")) == 405
     assert [p.name for p in out.iterdir() if p.is_dir()] == []
 
 
-def test_a_failed_run_removes_its_own_files(tmp_path):
+def test_a_failed_run_keeps_its_finished_shards_for_the_same_command_to_resume(tmp_path):
     tree, out = tmp_path / "tree", tmp_path / "out"
     make_tree(tree, {"a": 2}, size=(24, 20))
     out.mkdir()
     (out / "train-00000-of-00001.tfrecord.gz").mkdir()  # publishing cannot put a shard here
-    result = run_prepare("--input", str(tree), "--output", str(out), "--overwrite", "--num_shards", "1", *ARGS)
+    args = ("--input", str(tree), "--output", str(out), "--overwrite", "--num_shards", "1", *ARGS)
+    result = run_prepare(*args)
     assert result.returncode == 1, result.stderr
-    assert not (out / ".beam-prep").exists()
+    assert "kept 1 of 1 shards, finished before it failed: run the same command without --overwrite to " \
+           "resume" in result.stderr, result.stderr
+    assert not (out / "manifest.json").exists()
+    (out / "train-00000-of-00001.tfrecord.gz").rmdir()
+    resumed = run_prepare(*args[:4], "--num_shards", "1", *ARGS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "1 of 1 shards already written" in resumed.stderr
+    assert len(read_split(out, "train")) == 2 and not (out / ".beam-prep").exists()
 
 
 def test_a_run_into_a_folder_another_run_holds_is_refused(tmp_path):

@@ -277,3 +277,26 @@ def test_an_unreadable_folder_is_named_with_local_advice(tmp_path):
 def test_a_file_entry_survives_its_json_line():
     entry = FileEntry(path="/d/é/x.jpg", relpath="é/x.jpg", split="train", label="é", label_id=3, size=10)
     assert FileEntry.from_json(entry.to_json()) == entry
+
+
+def test_a_listing_spilled_in_many_small_buckets_reads_back_whole_and_in_key_order(tmp_path, monkeypatch):
+    """The external sort's every path (chunks, flushes, several buckets) against the plain one."""
+    make_tree(tmp_path, {"a": 40, "b": 35, "c": 25}, size=(8, 8))
+    for i in range(30):
+        (tmp_path / "a" / f"note_{i}.txt").write_text("x")
+    with list_tree(str(tmp_path), validation_percent=30) as whole:
+        expected = list(whole.entries())
+        expected_skipped = whole.skipped
+    monkeypatch.setattr("beam_prep.spill._CHUNK_ROWS", 3)
+    monkeypatch.setattr("beam_prep.spill._BUFFERED_ROWS", 7)
+    monkeypatch.setattr("beam_prep.spill._BUCKET_ROWS", 9)
+    with list_tree(str(tmp_path), validation_percent=30) as spilled:
+        assert spilled._files._buckets.__len__() == 12  # noqa: SLF001 - 100 rows in buckets of 9
+        entries = list(spilled.entries())
+        assert entries == expected and len(entries) == 100
+        assert [order_key(e.relpath) for e in entries] == sorted(order_key(e.relpath) for e in entries)
+        assert spilled.skipped == expected_skipped and len(expected_skipped) == 30
+        assert spilled.split_counts() == {s: sum(e.split == s for e in entries) for s in ("train", "validation")}
+        folder = spilled._folder.path  # noqa: SLF001
+        assert os.path.isdir(folder)
+    assert not os.path.exists(folder)

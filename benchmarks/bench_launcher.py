@@ -1,0 +1,164 @@
+"""Launcher benchmark: memory and time to list and plan a large local tree, before any image is read.
+
+Builds (once, cached under ``benchmarks/.cache``) trees of empty files with
+image names, ``<label>/<label>_<n>.JPEG`` in 1,000 folders, and runs in a fresh
+process each, in turn:
+
+  (a) a bare ``os.scandir`` walk that counts the files: the floor any lister
+      in Python pays, as the baseline;
+  (b) ``beam-prep prepare --dry_run``, as a user types it: listing, labels,
+      splits and the shard plan (it prints the time it planned in);
+  (c) the launcher's whole work before the workers start: (b)'s plan, then
+      every worker's listing written (``work_files.write_work_files``).
+
+Peak memory is the process's resident set size (``ru_maxrss``), the figure an
+OOM killer acts on. The table gives each size and the ratios (b)/(a) in time,
+and each run's peak at the largest size against its peak at the smallest.
+
+    python -m benchmarks.bench_launcher [--files 200000 2000000] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CACHE = REPO / "benchmarks" / ".cache"
+LABELS = 1000
+
+_CHILDREN = {
+    "(a) os.scandir walk": """
+import json, os, sys, time
+start = time.perf_counter()
+count, folders = 0, [sys.argv[1]]
+while folders:
+    with os.scandir(folders.pop()) as it:
+        for entry in it:
+            if entry.is_dir():
+                folders.append(entry.path)
+            else:
+                entry.stat()
+                count += 1
+print(json.dumps({"files": count, "seconds": time.perf_counter() - start}))
+""",
+    "(c) plan + workers' listings": """
+import json, sys, tempfile, time
+from apache_beam.options.pipeline_options import PipelineOptions
+from beam_prep.imaging import ImageSpec
+from beam_prep.options import PrepareConfig
+from beam_prep.pipeline import plan
+from beam_prep.work_files import write_work_files
+start = time.perf_counter()
+config = PrepareConfig(input=sys.argv[1], output=sys.argv[2], spec=ImageSpec())
+listing, run_plan = plan(config, PipelineOptions([]))
+with listing:
+    write_work_files(listing, run_plan, sys.argv[2])
+print(json.dumps({"files": run_plan.listed, "seconds": time.perf_counter() - start}))
+""",
+}
+
+
+def ensure_tree(files: int) -> pathlib.Path:
+    """``files`` empty files in ``LABELS`` folders, made once and kept in the cache."""
+    root = CACHE / f"launcher-tree-{files}"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    start = time.perf_counter()
+    labels = [f"n{i:08d}" for i in range(LABELS)]
+    for label in labels:
+        (root / label).mkdir(parents=True)
+    for i in range(files):
+        label = labels[i % LABELS]
+        os.close(os.open(root / label / f"{label}_{i}.JPEG", os.O_CREAT | os.O_WRONLY, 0o644))
+    done.touch()  # a dot-file: the lister skips it as hidden
+    log.info("made a tree of %d files in %.0f s", files, time.perf_counter() - start)
+    return root
+
+
+def _run(command: list[str]) -> tuple[str, float, int]:
+    """Runs ``command`` in a fresh process; its stdout, wall seconds and peak RSS."""
+    os.sync()
+    # A child of a child of ours would fold into RUSAGE_CHILDREN's maximum: run each
+    # through a Python that reports its own child's peak alone.
+    wrapper = ("import json, resource, subprocess, sys, time; s = time.perf_counter(); "
+               "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+               "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+               "print(json.dumps({'rc': p.returncode, 'out': p.stdout, 'err': p.stderr[-2000:], "
+               "'seconds': time.perf_counter() - s, 'maxrss': u.ru_maxrss}))")
+    done = subprocess.run([sys.executable, "-c", wrapper, *command], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    report = json.loads(done.stdout)
+    if report["rc"] != 0:
+        raise RuntimeError(f"{command} failed: {report['err']}")
+    return report["out"], report["seconds"], report["maxrss"] * (1 if sys.platform == "darwin" else 1024)
+
+
+def measure(files: int) -> list[dict[str, object]]:
+    root = str(ensure_tree(files))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-launcher-") as scratch:
+        for name, code in _CHILDREN.items():
+            out, seconds, rss = _run([sys.executable, "-c", code, root, os.path.join(scratch, name[1])])
+            report = json.loads(out)
+            rows.append({"run": name, "files": files, "listed": report["files"], "seconds": report["seconds"],
+                         "process_seconds": seconds, "peak_rss_bytes": rss})
+        out, seconds, rss = _run([sys.executable, "-m", "pipelines.prepare_images", "--input", root,
+                                  "--output", os.path.join(scratch, "out"), "--dry_run"])
+        planned = float(re.search(r"planned in ([\d.]+) s", out).group(1))
+        listed = int(re.search(r"lists ([\d,]+) images", out).group(1).replace(",", ""))
+        rows.append({"run": "(b) beam-prep prepare --dry_run", "files": files, "listed": listed,
+                     "seconds": planned, "process_seconds": seconds, "peak_rss_bytes": rss})
+    for row in rows:
+        if row["listed"] != files:
+            raise RuntimeError(f"{row['run']} listed {row['listed']} of {files} files")
+        log.info("%s", row)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, nargs="+", default=[200_000, 2_000_000])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=pathlib.Path, help="also write every run here as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    rows = [row for _ in range(args.repeat) for files in args.files for row in measure(files)]
+    median = {}
+    for key in {(r["run"], r["files"]) for r in rows}:
+        same = [r for r in rows if (r["run"], r["files"]) == key]
+        median[key] = {field: statistics.median(r[field] for r in same)
+                       for field in ("seconds", "process_seconds", "peak_rss_bytes")}
+    print()
+    print(f"Launcher, local tree of empty image files in {LABELS:,} folders, medians of {args.repeat} "
+          "(fresh process each; seconds: listing and planning, after imports; process: the whole command):")
+    print()
+    print("| files | run | seconds | process s | peak RSS MB | seconds / (a) | peak RSS / smallest tree's |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    smallest = min(args.files)
+    for files in args.files:
+        for run in sorted(_CHILDREN.keys() | {"(b) beam-prep prepare --dry_run"}):
+            m = median[run, files]
+            base = median["(a) os.scandir walk", files]
+            print(f"| {files:,} | {run} | {m['seconds']:.1f} | {m['process_seconds']:.1f} "
+                  f"| {m['peak_rss_bytes'] / 2**20:.0f} | {m['seconds'] / base['seconds']:.2f} "
+                  f"| {m['peak_rss_bytes'] / median[run, smallest]['peak_rss_bytes']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

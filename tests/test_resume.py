@@ -1,0 +1,217 @@
+"""Interrupted local runs: stopped within seconds, their finished shards kept, and the same
+command resuming them to the bytes an uninterrupted run writes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from beam_prep import resume
+from beam_prep.errors import OptionsError
+from helpers import REPO, make_tree, run_prepare
+from pipelines.prepare_images import command
+
+SHARDS = 16
+ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers", "2",
+        "--direct_running_mode", "multi_processing")
+DATASET_FILES = ("errors.jsonl", "labels.txt")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> pathlib.Path:
+    """Large enough photos that 16 shards take the workers a few seconds: time to stop them midway."""
+    root = tmp_path_factory.mktemp("resume") / "tree"
+    make_tree(root, {"ant": 60, "bee": 60, "cat": 60, "dog": 60}, size=(640, 480))
+    (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole JPEG")
+    return root
+
+
+def _digests(out: pathlib.Path) -> dict[str, str]:
+    names = [p.name for p in out.iterdir() if p.name.endswith(".tfrecord.gz")] + list(DATASET_FILES)
+    return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in sorted(names)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tree, tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("whole") / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
+    assert result.returncode == 0, result.stderr
+    digests = _digests(out)
+    assert len(digests) == SHARDS + len(DATASET_FILES)
+    return digests
+
+
+def _run_folder(out: pathlib.Path) -> pathlib.Path:
+    (folder,) = [p for p in (out / ".beam-prep").iterdir() if p.is_dir()]
+    return folder
+
+
+def _finished(out: pathlib.Path) -> list[pathlib.Path]:
+    return sorted((out / ".beam-prep").glob("*/*.tfrecord.gz.done.json"))
+
+
+def _interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str,
+               whole_group: bool = False) -> tuple[subprocess.CompletedProcess, float, list[int]]:
+    """Starts the command, waits for two finished shards, sends ``signum``; the finished
+    process, the seconds it took to end after the signal, and its worker processes' pids."""
+    process = subprocess.Popen(command("--input", str(tree), "--output", str(out), *ARGS, *extra), cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_finished(out)) < 2:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no shard was finished in 120 s"
+            time.sleep(0.02)
+        workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        sent = time.monotonic()
+        (os.killpg if whole_group else os.kill)(process.pid, signum)
+        stdout, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), took, workers
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uninterrupted, tmp_path, signum):
+    out = tmp_path / "out"
+    stopped, took, workers = _interrupt(tree, out, signum)
+    assert stopped.returncode == 128 + signum, stopped.stderr
+    assert took < 10
+    finished = _finished(out)
+    assert 2 <= len(finished) < SHARDS, "the run ended before it could be stopped midway"
+    # One line says what was kept and what to do; no traceback, no worker left running.
+    assert stopped.stderr.splitlines()[-1] == (
+        f"interrupted: {len(finished)} of {SHARDS} shards written; run the same command again to resume, "
+        "or pass --overwrite to start over"), stopped.stderr
+    assert "Traceback" not in stopped.stderr and stopped.stdout == ""
+    assert [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"] == []
+    assert not list(out.glob("*.tfrecord.gz")) and not (out / "manifest.json").exists()
+
+    folder = _run_folder(out)
+    kept = {p.name[:-len(".done.json")]: (folder / p.name[:-len(".done.json")]).stat().st_ino for p in finished}
+    resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming run {folder.name}: {len(finished)} of {SHARDS} shards already written" in resumed.stderr
+    assert _digests(out) == uninterrupted
+    # The finished shards were kept, not written again: the same files, moved into place.
+    assert {name: (out / name).stat().st_ino for name in kept} == kept
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"] == {"listed": 241, "written": 240, "failed": 1, "skipped": 0}
+    assert not (out / ".beam-prep").exists()
+
+
+def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninterrupted, tmp_path):
+    """SIGKILL to the whole process group, as a power loss: nothing runs after it."""
+    out = tmp_path / "out"
+    killed, _, _ = _interrupt(tree, out, signal.SIGKILL, whole_group=True)
+    assert killed.returncode == -signal.SIGKILL
+    finished = _finished(out)
+    assert 2 <= len(finished) < SHARDS
+    tampered = finished[0].parent / finished[0].name[:-len(".done.json")]
+    data = bytearray(tampered.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    tampered.write_bytes(bytes(data))
+
+    resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert re.search(rf"shard {re.escape(tampered.name)} was finished but no longer matches its recorded size "
+                     "and sha256: writing it again", resumed.stderr), resumed.stderr
+    assert _digests(out) == uninterrupted
+
+
+def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted, tmp_path):
+    out = tmp_path / "out"
+    stopped, _, _ = _interrupt(tree, out, signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    folder = _run_folder(out)
+    before = sorted(p.name for p in folder.iterdir())
+
+    other = [*ARGS[:1], "32", *ARGS[2:]]
+    refused = run_prepare("--input", str(tree), "--output", str(out), *other)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == (
+        f"error: --output {out} holds unfinished run {folder.name}, started with --image_size 48x48 where "
+        "this run has 32x32; run it with the same options to resume it, or pass --overwrite to start over")
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+    fresh = run_prepare("--input", str(tree), "--output", str(out), *other, "--overwrite")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "resuming" not in fresh.stderr
+    assert json.loads((out / "manifest.json").read_text())["image"]["height"] == 32
+    assert not (out / ".beam-prep").exists()
+
+
+def test_an_interrupted_overwrite_resumes_without_it_and_replaces_the_dataset(tree, uninterrupted, tmp_path):
+    out = tmp_path / "out"
+    make_tree(tmp_path / "old", {"old": 2}, size=(24, 20))
+    assert run_prepare("--input", str(tmp_path / "old"), "--output", str(out), *ARGS).returncode == 0
+    old = (out / "manifest.json").read_text()
+
+    stopped, _, _ = _interrupt(tree, out, signal.SIGINT, "--overwrite")
+    assert stopped.stderr.splitlines()[-1].endswith(
+        "run the same command without --overwrite to resume, or with it to start over"), stopped.stderr
+    assert (out / "manifest.json").read_text() == old  # the old dataset is whole until the new one is
+
+    resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run" in resumed.stderr
+    assert _digests(out) == uninterrupted
+    assert json.loads((out / "manifest.json").read_text())["labels"] == ["ant", "bee", "cat", "dog"]
+
+
+def test_a_run_folder_that_cannot_be_resumed_is_refused_naming_overwrite(tmp_path):
+    out = tmp_path / "out"
+    folder = out / ".beam-prep" / "20260101T000000Z-0123abcd"
+    folder.mkdir(parents=True)
+    (folder / "train-00000.jsonl").write_text("")  # an older version's run: listings, no run.json
+    with pytest.raises(OptionsError, match=r"unfinished run 20260101T000000Z-0123abcd, which cannot be resumed "
+                                           r"\(.*another beam-prep version, or damaged\); pass --overwrite"):
+        resume.find_resumable(str(out), [folder.name], {})
+    (folder / resume.RUN_RECORD).write_text(json.dumps({"run_format": 0, "run_id": folder.name}))
+    with pytest.raises(OptionsError, match="cannot be resumed"):
+        resume.find_resumable(str(out), [folder.name], {})
+    (folder / resume.RUN_RECORD).write_text('{"run_format": 1, "run_id": "cut sh')
+    with pytest.raises(OptionsError, match="cannot be resumed"):
+        resume.find_resumable(str(out), [folder.name], {})
+
+
+def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 7, "bee": 5, "owl": 3}, size=(24, 20))
+    (tree / "notes.txt").write_text("x")
+    (tree / "ant" / "notes.txt").write_text("x")
+    (tree / "loose.jpg").write_bytes((tree / "ant" / "img_000.jpg").read_bytes())
+    labels = tmp_path / "labels.txt"
+    labels.write_text("bee\nant\n")
+    result = run_prepare("--input", str(tree), "--output", str(out), "--dry_run", "--labels_file", str(labels),
+                         "--validation_percent", "40", "--num_shards", "2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(rf"dry run: {re.escape(str(tree))} lists 15 images in 2 labels \(bee, ant\); "
+                        r"planned in [\d.]+ s, nothing written", lines[0]), lines
+    train, validation = (int(re.search(rf"  {split}: (\d+) images in 2 shards", result.stdout).group(1))
+                         for split in ("train", "validation"))
+    assert train + validation == 12 and validation > 0
+    assert "  not written, label not in --labels_file: 3 images (each would be reported in errors.jsonl)" in lines
+    assert lines[-2:] == ["  skipped, image outside the label folders: 1", "  skipped, not an image file: 2"]
+    assert not out.exists()
+
+
+def test_a_dry_run_flag_takes_false_as_false():
+    from beam_prep.api import _dry_run_as_bool
+
+    assert _dry_run_as_bool(["--dry_run", "--x", "1"]) == ["--dry_run=True", "--x", "1"]
+    assert _dry_run_as_bool(["--dry_run", "false", "--dry_run=0", "--y"]) == ["--y"]
+    assert _dry_run_as_bool(["--dry_run=True", "--", "--dry_run"]) == ["--dry_run=True", "--", "--dry_run"]
