@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFilter, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 
 from beam_prep.errors import ImageError
@@ -26,6 +27,34 @@ def quadrants(width: int = 80, height: int = 60) -> Image.Image:
     a[height // 2:, : width // 2] = (0, 0, 255)
     a[height // 2:, width // 2:] = (255, 255, 255)
     return Image.fromarray(a)
+
+
+def photo(seed: int, width: int, height: int) -> Image.Image:
+    """Photo-like RGB, for fidelity checks: flat colours or noise make a PSNR meaningless.
+
+    A random field with natural images' 1/f spectrum, sharp-edged shapes, a
+    little lens blur and sensor grain.
+    """
+    rng = np.random.default_rng(seed)
+    fy, fx = np.fft.fftfreq(height)[:, None], np.fft.rfftfreq(width)[None, :]
+    amplitude = np.maximum(np.hypot(fx, fy), 1 / max(width, height)) ** -1.2
+    noise = rng.standard_normal((2, *amplitude.shape, 3))
+    field = np.fft.irfft2(amplitude[..., None] * (noise[0] + 1j * noise[1]), s=(height, width), axes=(0, 1))
+    field = 128 + 48 * (field - field.mean()) / field.std()
+    img = Image.fromarray(np.clip(field, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(15):
+        circle = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(0.03, 0.2) * min(width, height)
+        draw.regular_polygon(circle, int(rng.integers(3, 9)), rotation=rng.uniform(0, 360),
+                             fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+    grain = rng.normal(0, 1, (height, width, 1))
+    return Image.fromarray(np.clip(np.asarray(img.filter(ImageFilter.GaussianBlur(1.5))) + grain, 0, 255)
+                           .astype(np.uint8))
+
+
+def psnr(got: np.ndarray, reference: np.ndarray) -> float:
+    mse = np.mean((got.astype(float) - reference.astype(float)) ** 2)
+    return 10 * math.log10(255**2 / mse)
 
 
 @pytest.mark.parametrize("mode,expected", [
@@ -169,6 +198,77 @@ def test_draft_mode_on_large_jpegs_stays_close_to_a_full_decode(monkeypatch):
     # The JPEG was decoded scaled down: without draft mode, the check above
     # would compare a full decode with itself and pass.
     assert any(w < 2000 and h < 1500 for w, h in decoded_sizes), decoded_sizes
+
+
+def _stored(upright: Image.Image, orientation: int) -> bytes:
+    """JPEG q95 bytes of ``upright`` stored as a camera would with EXIF ``orientation``."""
+    if orientation == 1:
+        return encode(upright, "JPEG", quality=95)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    turn = {6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}[orientation]
+    return encode(upright.transpose(turn), "JPEG", quality=95, exif=exif.tobytes())
+
+
+@pytest.mark.parametrize("width,height,side,grey,orientation,scale", [
+    (501, 375, 144, False, 1, 2),
+    (999, 667, 224, False, 1, 2),
+    (1023, 769, 224, False, 1, 2),
+    (1999, 1501, 224, False, 1, 4),
+    (375, 501, 144, False, 1, 2),  # portrait
+    (667, 999, 224, True, 1, 2),
+    (769, 1023, 224, False, 6, 2),  # stored 1023x769, turned upright on decode
+    (769, 1023, 224, False, 8, 2),
+])
+def test_center_crop_after_a_scaled_jpeg_decode_matches_a_full_decode(
+        monkeypatch, width, height, side, grey, orientation, scale):
+    # Odd sizes: a decode scaled by 1/s is ceil(size / s) pixels, its last pixel
+    # reaching past the source, so a crop centred on that grid lands off centre.
+    draft = JpegImageFile.draft
+    scales = []
+
+    def recording_draft(self, mode, size):
+        full = self.size
+        result = draft(self, mode, size)
+        scales.append(full[0] / result[1][2])
+        return result
+
+    monkeypatch.setattr(JpegImageFile, "draft", recording_draft)
+    channels = 1 if grey else 3
+    upright = photo(width * height, width, height).convert("L" if grey else "RGB")
+    data = _stored(upright, orientation)
+    spec = ImageSpec(height=side, width=side, channels=channels, image_format="raw")
+    out = process_image(data, spec)
+    got = np.frombuffer(out.data, np.uint8).reshape(side, side, channels).squeeze()
+    # Reference: full decode (no draft), turned upright, the same centre crop in
+    # source pixels, Lanczos.
+    full = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert(spec.mode)
+    assert full.size == (width, height)
+    crop_w, crop_h = (min(width, height),) * 2
+    box = ((width - crop_w) / 2, (height - crop_h) / 2, (width + crop_w) / 2, (height + crop_h) / 2)
+    reference = np.asarray(full.resize((side, side), Image.Resampling.LANCZOS, box=box))
+    assert scales == [scale]  # the decode was scaled: else this compares a full decode with itself
+    assert psnr(got, reference) >= 44
+
+
+@pytest.mark.parametrize("mode,size", [("stretch", (224, 224)), ("shorter_side", (224, 298))])
+def test_whole_image_resizes_after_a_scaled_jpeg_decode_match_a_full_decode(mode, size):
+    data = _stored(photo(7, 769, 1023), 8)  # stored 1023x769, decoded at 1/2 to 512x385
+    out = process_image(data, ImageSpec(height=224, width=224, resize_mode=mode, image_format="raw"))
+    full = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+    reference = np.asarray(full.resize(size, Image.Resampling.LANCZOS))
+    assert psnr(np.frombuffer(out.data, np.uint8).reshape(size[1], size[0], 3), reference) >= 44
+
+
+def test_center_crop_of_a_jpeg_a_multiple_of_the_draft_scale_is_that_of_the_scaled_grid():
+    # 1000x750 decodes at 1/2 to exactly 500x375: no partial pixel, the grids agree.
+    data = encode(photo(5, 1000, 750), "JPEG", quality=95)
+    out = process_image(data, ImageSpec(height=224, width=224, image_format="raw"))
+    half = Image.open(io.BytesIO(data))
+    half.draft("RGB", (500, 375))
+    assert half.size == (500, 375)
+    expected = half.convert("RGB").resize((224, 224), Image.Resampling.BICUBIC, box=(62.5, 0, 437.5, 375))
+    np.testing.assert_array_equal(np.frombuffer(out.data, np.uint8).reshape(224, 224, 3), np.asarray(expected))
 
 
 @pytest.mark.parametrize("name,expected", [
