@@ -47,7 +47,12 @@ On Dataflow the job's counters carry the same numbers: namespace beam_prep, list
 written and failed_<stage>, on the job page's Job metrics tab or with
 gcloud dataflow metrics list JOB_ID --region REGION --source=user.
 
-exit codes: 0 done, 2 bad options or input (nothing was started), 1 the job failed."""
+first, on a big tree: --dry_run lists and plans (images per split, shards, labels, skipped
+files) and writes nothing. A local run stopped by Ctrl-C, SIGTERM, a kill or a crash keeps
+its finished shards: the same command again resumes it; --overwrite starts over.
+
+exit codes: 0 done, 2 bad options or input (nothing was started), 1 the job failed,
+130 / 143 stopped by Ctrl-C / SIGTERM (finished shards kept)."""
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):

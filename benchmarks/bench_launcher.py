@@ -73,7 +73,7 @@ print(json.dumps({"files": run_plan.listed, "seconds": time.perf_counter() - sta
 def ensure_tree(files: int) -> pathlib.Path:
     """``files`` empty files in ``LABELS`` folders, made once and kept in the cache."""
     root = CACHE / f"launcher-tree-{files}"
-    done = root / ".complete"
+    done = CACHE / f"launcher-tree-{files}.complete"
     if done.exists():
         return root
     shutil.rmtree(root, ignore_errors=True)
@@ -84,7 +84,7 @@ def ensure_tree(files: int) -> pathlib.Path:
     for i in range(files):
         label = labels[i % LABELS]
         os.close(os.open(root / label / f"{label}_{i}.JPEG", os.O_CREAT | os.O_WRONLY, 0o644))
-    done.touch()  # a dot-file: the lister skips it as hidden
+    done.touch()
     log.info("made a tree of %d files in %.0f s", files, time.perf_counter() - start)
     return root
 

@@ -6,7 +6,8 @@ With no ``--runner`` it runs on Beam's DirectRunner with one worker process per
 core. The same module is what Dataflow jobs are submitted with
 (``--runner DataflowRunner --setup_file ./setup.py ...``). Exit codes: 0 done,
 2 bad options or input, unknown flags included (nothing was started), 1 the job
-failed. A failed job ends with one line on stderr, its cause and the log file
+failed, 130 or 143 stopped by SIGINT or SIGTERM (a local run keeps its finished
+shards, and the same command resumes it). A failed job ends with one line on stderr, its cause and the log file
 that holds Beam's records and the full traceback (``--verbose`` prints them).
 ``--help`` lists our options, ``--help_beam`` Beam's. While a local job runs,
 its progress is drawn on stderr (``progress_display``).

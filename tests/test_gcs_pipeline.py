@@ -150,3 +150,49 @@ def test_reader_reports_empty_missing_and_forbidden_gs_paths(
     assert errors["missing"] == [
         "StorageError", f"cannot read {paths['missing']}/manifest.json: bucket gs://{gcs_missing_bucket} does not exist"]
     assert errors["forbidden"][0] == "StorageError" and "permission denied" in errors["forbidden"][1]
+
+
+def test_an_interrupted_run_into_gs_resumes_from_its_folder_there(gcs_server, tmp_path):
+    """The run's record and finished shards live in gs://.../OUT/.beam-prep: any machine resumes it."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    make_tree(tmp_path / "tree", {"ant": 24, "bee": 24}, size=(32, 24))
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(tmp_path / "tree", "images")
+    args = ("--input", bucket.url("images"), "--image_size", "16", "--num_shards", "8",
+            "--direct_num_workers", "2", "--read_concurrency", "1")
+    prepare(gcs_server, *args, "--output", bucket.url("whole"))
+    shards = [f"train-{i:05d}-of-00008.tfrecord.gz" for i in range(8)]
+
+    def finished() -> list[str]:
+        return [n for n in bucket.list_names("records/.beam-prep/") if n.endswith(".done.json")]
+
+    gcs_server.gateway.set_latency(0.05)  # each image's read takes 50 ms or more: time to stop midway
+    try:
+        run = subprocess.Popen(prepare_images.command(*args, "--output", bucket.url("records")), cwd=REPO,
+                               env=gcs_server.subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while len(finished()) < 2:
+                assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+                time.sleep(0.1)
+            run.send_signal(signal.SIGTERM)
+            _, stderr = run.communicate(timeout=60)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+        assert run.returncode == 143, stderr
+        done = len(finished())
+        assert 2 <= done < 8 and stderr.splitlines()[-1].startswith(f"interrupted: {done} of 8 shards written")
+        resumed = prepare(gcs_server, *args, "--output", bucket.url("records"))
+    finally:
+        gcs_server.gateway.set_latency(0.0)
+    assert f"{done} of 8 shards already written" in resumed.stderr, resumed.stderr
+    for name in [*shards, "errors.jsonl", "labels.txt"]:
+        assert bucket.read_bytes(f"records/{name}") == bucket.read_bytes(f"whole/{name}"), name
+    assert not [n for n in bucket.list_names("records/") if "/.beam-prep/" in n]
