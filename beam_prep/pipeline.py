@@ -25,8 +25,8 @@ from beam_prep.listing import Listing, list_tree, read_labels_file
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
 from beam_prep.storage import join
-from beam_prep.work_files import write_work_files
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
+from beam_prep.work_files import write_work_files
 
 if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineRunner
