@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import logging
 from typing import Any, Mapping
@@ -27,6 +26,7 @@ from beam_prep import layout
 from beam_prep.errors import OptionsError
 from beam_prep.options import PrepareConfig
 from beam_prep.storage import join, write_lines
+from beam_prep.tfrecord import Checksum
 
 __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
            "keep_finished", "record_options", "write_run_record", "write_shard_record"]
@@ -153,13 +153,12 @@ def _keep(work: str, name: str) -> bool:
     record = finished_shard(work, name)
     if record is None:
         return False
-    digest, size = hashlib.sha256(), 0
+    checksum = Checksum()
     try:
         with FileSystems.open(join(work, name), compression_type=CompressionTypes.UNCOMPRESSED) as f:
             while chunk := f.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-        problem = None if (size, digest.hexdigest()) == (record.size, record.sha256) else \
+                checksum.update(chunk)
+        problem = None if (checksum.size, checksum.hexdigest()) == (record.size, record.sha256) else \
             "no longer matches its recorded size and sha256"
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         problem = f"cannot be read ({e})"

@@ -14,8 +14,9 @@ dependency of google-cloud-storage, which apache-beam[gcp] requires) frame as fa
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import struct
-from typing import Any, BinaryIO, Iterator
+from typing import BinaryIO, Iterator
 
 import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
@@ -25,7 +26,7 @@ from isal import igzip
 from beam_prep.errors import DatasetError
 from beam_prep.storage import storage_error
 
-__all__ = ["GZIP_LEVEL", "count_records", "frame", "masked_crc32c", "shard_writer", "write_record"]
+__all__ = ["GZIP_LEVEL", "Checksum", "count_records", "frame", "masked_crc32c", "shard_writer", "write_record"]
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -55,15 +56,30 @@ def write_record(f: BinaryIO, data: bytes) -> None:
     f.write(frame(data))
 
 
-class _Hashed:
-    """A file whose written bytes also go to a hash (``hashlib``): a shard's checksum as it is written."""
+class Checksum:
+    """A shard's size and sha256, taken as its bytes are written (``shard_writer``) or read back."""
 
-    def __init__(self, raw: BinaryIO, digest: Any) -> None:
+    def __init__(self) -> None:
+        self._sha256 = hashlib.sha256()
+        self.size = 0
+
+    def update(self, data: bytes) -> None:
+        self._sha256.update(data)
+        self.size += len(data)
+
+    def hexdigest(self) -> str:
+        return self._sha256.hexdigest()
+
+
+class _Checksummed:
+    """A file whose written bytes also go to a ``Checksum``."""
+
+    def __init__(self, raw: BinaryIO, checksum: Checksum) -> None:
         self._raw = raw
-        self._digest = digest
+        self._checksum = checksum
 
     def write(self, data: bytes) -> int:
-        self._digest.update(data)
+        self._checksum.update(data)
         return self._raw.write(data)
 
     def flush(self) -> None:
@@ -71,10 +87,11 @@ class _Hashed:
 
 
 @contextlib.contextmanager
-def shard_writer(path: str, compression: str, digest: Any = None, shown_as: str | None = None) -> Iterator[BinaryIO]:
+def shard_writer(path: str, compression: str, checksum: Checksum | None = None,
+                 shown_as: str | None = None) -> Iterator[BinaryIO]:
     """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L.
 
-    ``digest`` (a ``hashlib`` object), if given, gets every byte the file gets;
+    ``checksum``, if given, gets every byte the file gets;
     ``shown_as`` is the path errors name (a shard written under a temporary name
     is named by its final one).
 
@@ -85,8 +102,8 @@ def shard_writer(path: str, compression: str, digest: Any = None, shown_as: str 
     try:
         with FileSystems.create(path, mime_type="application/octet-stream",
                                 compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-            if digest is not None:
-                raw = _Hashed(raw, digest)
+            if checksum is not None:
+                raw = _Checksummed(raw, checksum)
             if compression == "none":
                 yield raw
                 return

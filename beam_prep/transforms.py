@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import hashlib
 import uuid
 from typing import Any, Iterable, Mapping, NamedTuple
 
@@ -255,9 +254,9 @@ class _WriteShardFn(beam.DoFn):
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
         per_label: collections.Counter[str] = collections.Counter()
         failures = []
-        digest = hashlib.sha256()
+        checksum = tfrecord.Checksum()
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
-        with tfrecord.shard_writer(partial, config.compression, digest, shown_as=join(config.work, name)) as f, \
+        with tfrecord.shard_writer(partial, config.compression, checksum, shown_as=join(config.work, name)) as f, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
@@ -270,10 +269,9 @@ class _WriteShardFn(beam.DoFn):
                     per_label[entry.label] += 1
                 else:
                     failures.append(outcome.failure)
-        size = FileSystems.match([partial])[0].metadata_list[0].size_in_bytes
         FileSystems.rename([partial], [join(config.work, name)])
-        record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=size,
-                                    sha256=digest.hexdigest(), class_counts=dict(per_label), failures=failures)
+        record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=checksum.size,
+                                    sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures)
         resume.write_shard_record(config.work, record)
         return record
 
