@@ -40,7 +40,13 @@ TEST = [
 BENCH = [
     "scikit-image>=0.24",
     "psutil>=5.9",
+    # benchmarks/bench_resize.py's other ways to decode and resize, beside our kernel.
+    "pyvips>=3", "pyvips-binary>=8.16", "opencv-python-headless>=4.10", "simplejpeg>=1.8",
 ]
+
+# A peer writer for benchmarks/bench_writer.py, in its own extra: it pins its own
+# versions of OpenCV and others.
+PEERS = ["img2dataset>=1.47", "tensorflow-io>=0.37"]
 
 setup(
     name="beam-prep",
@@ -49,6 +55,6 @@ setup(
     python_requires=">=3.10,<3.14",
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
     install_requires=REQUIRED,
-    extras_require={"test": TEST, "bench": BENCH},
+    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS},
     entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},
 )

@@ -12,7 +12,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
-from beam_prep import layout, tfds_metadata
+from beam_prep import imaging, layout, tfds_metadata
 from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, labels_lines,
                                parse_manifest)
 from beam_prep.errors import DatasetError
@@ -90,6 +90,7 @@ def build(
     return {
         "format_version": dataset.pop("format_version"),
         "beam_prep_version": beam_prep.__version__,
+        "imaging_library": imaging.library(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **dataset,
         "features": {key: kind.value for key, kind in SCHEMA.items()},

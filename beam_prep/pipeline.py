@@ -5,6 +5,7 @@ sinks -> errors, labels and manifest (last).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -13,6 +14,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.textio import ReadFromText
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
@@ -21,7 +24,7 @@ from beam_prep import interrupt, layout, manifest, progress, resume, sharding
 from beam_prep.beam_compat import batch_fn_api_runner
 from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.errors import DatasetError, RunInterrupted, StorageError
-from beam_prep.listing import Listing, list_tree, read_labels_file
+from beam_prep.listing import FileEntry, Listing, list_tree, read_labels_file
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
 from beam_prep.storage import join
@@ -123,12 +126,20 @@ def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
 
 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
-          progress_folder: str | None = None) -> None:
-    """The job's transforms; with ``progress_folder`` (local runners), workers report there."""
+          progress_folder: str | None = None, finalize: bool = True) -> None:
+    """The job's transforms; with ``progress_folder`` (local runners), workers report there.
+
+    Without ``finalize`` the job only writes the shards, and the launcher completes the
+    dataset from the shards' records once it is done (``finalize_from_records``): what a
+    local run does, as each step the runner schedules costs it a round of messages with
+    every worker.
+    """
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
     work = layout.run_folder(config.output, run_plan.run_id)
     written = p | "WriteShards" >> sink(config.spec, config.reads, work, config.compression, run_plan.num_shards,
                                         progress_folder)
+    if not finalize:
+        return
     label_failures = (
         p
         | "ReadUnknownLabels" >> ReadFromText(join(work, layout.UNKNOWN_LABELS), validate=False)
@@ -142,6 +153,29 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
                  config, run_plan, shard_rows, count_rows, failure_rows),
              beam.pvalue.AsList(written.shards), beam.pvalue.AsList(written.class_counts),
              beam.pvalue.AsList(failures)))
+
+
+def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dict[str, Any]:
+    """Completes a streaming-sink dataset from its shards' records (``resume.ShardRecord``)
+    and the listed files of unknown labels: the same rows the job's own ``Finalize`` gathers.
+
+    Raises:
+      DatasetError: a shard was not written, or the counts do not add up.
+    """
+    work = layout.run_folder(config.output, run_plan.run_id)
+    splits = [split for split, count in run_plan.num_shards.items() for _ in range(count)]
+    records = resume.finished_records(work, _shard_names(config, run_plan))
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    failures = []
+    for split, record in zip(splits, records):
+        counts.update({(split, label): n for label, n in record.class_counts.items()})
+        failures += record.failures
+    with FileSystems.open(join(work, layout.UNKNOWN_LABELS),
+                          compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        failures += [unknown_label_report(FileEntry.from_json(line))
+                     for line in f.read().decode("utf-8").splitlines()]
+    shards = [(split, record.name, record.records) for split, record in zip(splits, records)]
+    return manifest.finalize(config, run_plan, shards, list(counts.items()), failures)
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
@@ -179,6 +213,8 @@ def run(config: PrepareConfig, options: PipelineOptions,
             with _watching(folder, job, on_progress, progress_interval):
                 result = job.pipeline.run()
                 result.wait_until_finish()
+            if job.resumable:
+                finalize_from_records(config, job.plan)
         except BaseException as e:
             # A local job ends with this process; a remote one (Dataflow) may still be
             # running after its launcher stops waiting, so its files are left to it.
@@ -290,7 +326,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                   run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
                   run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
-    build(p, config, run_plan, progress_folder)
+    build(p, config, run_plan, progress_folder, finalize=not resumable)
     return _Prepared(run_plan.run_id, p, run_plan, resumable)
 
 

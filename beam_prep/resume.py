@@ -23,7 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
 from beam_prep import layout
-from beam_prep.errors import OptionsError
+from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.options import PrepareConfig
 from beam_prep.storage import join, write_lines
 from beam_prep.tfrecord import Checksum
@@ -139,6 +139,21 @@ def finished_shard(work: str, name: str) -> ShardRecord | None:
             return ShardRecord(**json.loads(f.read().decode("utf-8")))
     except Exception:  # noqa: BLE001 - not finished, or its record cut short: written again
         return None
+
+
+def finished_records(work: str, names: list[str], threads: int = 8) -> list[ShardRecord]:
+    """The records of shards ``names``, in that order, read ``threads`` at a time: a local run's
+    outputs, which the launcher turns into the manifest once its workers are done.
+
+    Raises:
+      DatasetError: naming a shard with no record, i.e. not written.
+    """
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="beam-prep-records") as pool:
+        records = list(pool.map(lambda name: finished_shard(work, name), names))
+    missing = [name for name, record in zip(names, records) if record is None]
+    if missing:
+        raise DatasetError(f"{len(missing)} of {len(names)} shards were not written, e.g. {missing[0]}")
+    return records
 
 
 def keep_finished(work: str, names: list[str], threads: int = 8) -> int:

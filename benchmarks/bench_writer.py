@@ -8,7 +8,14 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       and (b') the rate measured with one process per core at once: no
       pipeline on this machine can beat them by more than noise;
   (c) beam-prep as a user runs it (``python -m pipelines.prepare_images``),
-      timed start to exit, with the peak memory of its whole process tree.
+      timed start to exit, with the peak memory of its whole process tree;
+  (e) the hand-written writer a user might write instead
+      (``benchmarks/handwritten_writer.py``: Pool + Pillow + TFRecordWriter);
+  (f) img2dataset, when installed (``pip install -e '.[peers]'``).
+
+Every run reports images/s, CPU ms per image (user + system of its whole
+process tree) and the PSNR of a sample of its records against the reference
+crop (``bench_resize``), but (a), which stretches where the others centre-crop.
 
 Prints a markdown table for the README and writes the numbers as JSON with
 ``--json``. ``--images 20000 40000`` runs (a) and (c) at both sizes to show how
@@ -33,7 +40,7 @@ import tempfile
 from typing import Sequence
 
 from beam_prep.imaging import ImageSpec
-from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
+from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine, peers
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, directory_bytes, run_measured
@@ -55,10 +62,16 @@ class RunResult:
     output_bytes: int
     error: str | None = None
     details: dict[str, object] = dataclasses.field(default_factory=dict)
+    cpu_seconds: float = 0.0
+    psnr: float | None = None  # of a sample of its records against the reference crop
 
     @property
     def images_per_s(self) -> float | None:
         return None if self.error else self.images / self.seconds
+
+    @property
+    def cpu_ms_per_image(self) -> float | None:
+        return None if self.error else self.cpu_seconds / self.images * 1e3
 
     def to_json(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "images_per_s": self.images_per_s}
@@ -103,6 +116,31 @@ def run_ours(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
         # complete); the process exits about a second later, once Beam stops its workers.
         result.details["exit_seconds"] = measured.seconds
         result.seconds = measured.seconds_until_written(out / "manifest.json")
+        result.psnr = peers.record_quality(sorted(out.glob("train-*")), corpus, peers.ours_record)
+    return result
+
+
+def run_handwritten(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
+    """(e): the hand-written Pool + Pillow + TFRecordWriter script."""
+    out = workdir / "handwritten"
+    measured, report = peers.run_handwritten(corpus, out)
+    result = _result(corpus, measured, out)
+    if result.error is None and report.get("written") != corpus.images:
+        result.error = f"wrote {report.get('written')} records for {corpus.images} images"
+    if result.error is None:
+        result.psnr = peers.record_quality(sorted(out.glob("*.tfrecord.gz")), corpus, peers.ours_record)
+    return result
+
+
+def run_img2dataset(command: str, corpus: Corpus, workdir: pathlib.Path) -> RunResult:
+    """(f): img2dataset on a list of file:// paths."""
+    out = workdir / "img2dataset"
+    measured, report = peers.run_img2dataset(command, corpus, out)
+    result = _result(corpus, measured, out)
+    if result.error is None and report["written"] != corpus.images:
+        result.error = f"wrote {report['written']} records for {corpus.images} images"
+    if result.error is None:
+        result.psnr = peers.record_quality(sorted(out.glob("*.tfrecord")), corpus, peers.img2dataset_record)
     return result
 
 
@@ -111,7 +149,8 @@ def _result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
     if measured.returncode != 0:
         error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
     output_bytes = directory_bytes(out) if out.exists() else 0
-    return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error)
+    return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error,
+                     cpu_seconds=measured.cpu_seconds)
 
 
 def check_manifest(path: pathlib.Path, images: int) -> str | None:
@@ -144,30 +183,39 @@ def median_run(results: list[RunResult]) -> RunResult:
     return chosen
 
 
-def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]]) -> str:
-    """The markdown table, grouped by run: (a) per size, (b), (c) per size.
+def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
+          peer_runs: dict[str, RunResult] | None = None) -> str:
+    """The markdown table, grouped by run: (a) per size, the peers, (b), (c) per size.
 
     "(c) ÷ row" is our throughput over the row's, at the same corpus size for
-    (a) and at the largest size for (b).
+    (a), at the largest size for the peers and (b); "per CPU-s" the same ratio
+    of images per CPU-second of the whole process tree.
     """
     largest = runs[max(runs)][1]
     lines = [
-        "| run | images | wall s | images/s | (c) ÷ row | peak RSS GiB | output MB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| run | images | wall s | images/s | (c) ÷ row | CPU ms per image | (c) ÷ row per CPU-s "
+        "| PSNR dB | peak RSS GiB | output MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [_run_row("(a) seed notebook writer (tf.data, GZIP)", seed, ours) for seed, ours in _by_size(runs)]
-    lines.append(
-        f"| (b) limit: `process_image` {limit.per_core:,.0f}/s × {limit.cores} cores "
-        f"| {limit.sample:,} | {_fmt(limit.serial_seconds)} | {_fmt(limit.images_per_s)} "
-        f"| {_ratio(largest, limit.images_per_s)} | — | — |"
-    )
-    lines.append(
-        f"| (b′) limit measured: {limit.cores} processes at once "
-        f"| {limit.sample:,} | {_fmt(limit.parallel_seconds)} | {_fmt(limit.parallel_images_per_s)} "
-        f"| {_ratio(largest, limit.parallel_images_per_s)} | — | — |"
-    )
+    for name, result in (peer_runs or {}).items():
+        lines.append(_run_row(PEER_NAMES[name], result, largest))
+    for label, rate, seconds in (
+        (f"(b) limit: `process_image` {limit.per_core:,.0f}/s × {limit.cores} cores",
+         limit.images_per_s, limit.serial_seconds),
+        (f"(b′) limit measured: {limit.cores} processes at once", limit.parallel_images_per_s,
+         limit.parallel_seconds),
+    ):
+        lines.append(f"| {label} | {limit.sample:,} | {_fmt(seconds)} | {_fmt(rate)} | {_ratio(largest, rate)} "
+                     f"| {limit.serial_seconds / limit.sample * 1e3:.2f} (kernel alone) | — | — | — | — |")
     lines += [_run_row("(c) beam-prep `pipelines.prepare_images`", ours, None) for _, ours in _by_size(runs)]
     return "\n".join(lines)
+
+
+PEER_NAMES = {
+    "handwritten": "(e) hand-written Pool + Pillow + TFRecordWriter",
+    "img2dataset": "(f) img2dataset (file:// list, center_crop)",
+}
 
 
 def _by_size(runs: dict[int, tuple[RunResult, RunResult]]) -> list[tuple[RunResult, RunResult]]:
@@ -177,8 +225,12 @@ def _by_size(runs: dict[int, tuple[RunResult, RunResult]]) -> list[tuple[RunResu
 def _run_row(name: str, result: RunResult, ours: RunResult | None) -> str:
     rate = "failed" if result.error else _fmt(result.images_per_s)
     ratio = "—" if ours is None else _ratio(ours, result.images_per_s)
+    cpu_ratio = "—"
+    if ours is not None and result.cpu_ms_per_image and ours.cpu_ms_per_image:
+        cpu_ratio = f"{result.cpu_ms_per_image / ours.cpu_ms_per_image:.2f}×"
     return (
         f"| {name} | {result.images:,} | {_fmt(result.seconds)} | {rate} | {ratio} "
+        f"| {_fmt(result.cpu_ms_per_image, 2)} | {cpu_ratio} | {_fmt(result.psnr, 2)} "
         f"| {_fmt(result.peak_rss_bytes / GIB, 2)} | {_fmt(result.output_bytes / 1e6)} |"
     )
 
@@ -249,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = ImageSpec(height=IMAGE_SIZE, width=IMAGE_SIZE, jpeg_quality=JPEG_QUALITY)
     limits: list[LimitResult] = []
     attempts: dict[int, tuple[list[RunResult], list[RunResult]]] = {size: ([], []) for size in corpora}
+    img2dataset = peers.img2dataset_command()
+    peer_attempts: dict[str, list[RunResult]] = {"handwritten": [], **({"img2dataset": []} if img2dataset else {})}
     # Host noise on shared machines moves every row by 10-20% from one minute to the
     # next: with --repeat, (b), (a) and (c) take turns and each row is the median.
     for _ in range(args.repeat):
@@ -260,6 +314,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 attempts[size][0].append(run_seed(corpus, workdir))
                 attempts[size][1].append(run_ours(corpus, workdir))
+                if size == max(corpora):
+                    peer_attempts["handwritten"].append(run_handwritten(corpus, workdir))
+                    if img2dataset:
+                        peer_attempts["img2dataset"].append(run_img2dataset(img2dataset, corpus, workdir))
             finally:
                 shutil.rmtree(workdir)
     # (b) and (b′) each take their own median: one round's slow parallel pass must
@@ -267,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     limit = dataclasses.replace(sorted(limits, key=lambda r: r.per_core)[len(limits) // 2],
                                 parallel_seconds=statistics.median(r.parallel_seconds for r in limits))
     runs = {size: (median_run(seeds), median_run(ours)) for size, (seeds, ours) in attempts.items()}
+    peer_runs = {name: median_run(results) for name, results in peer_attempts.items()}
 
     print()
     for corpus in corpora.values():
@@ -277,7 +336,9 @@ def main(argv: Sequence[str] | None = None) -> None:
           "(a) stretches with nearest neighbour and encodes with optimize_size, as the notebook does; "
           "(b) and (c) centre-crop with bicubic.")
     print()
-    print(table(limit, runs))
+    print(table(limit, runs, peer_runs))
+    if not img2dataset:
+        print("\n(f) img2dataset is not installed: pip install -e '.[peers]' puts it beside the table")
     print()
     print(f"Machine: {machine.describe(info)}")
     if info["busy_percent_before"] > BUSY_WARNING_PERCENT:
@@ -302,6 +363,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if limit.failed:
         print(f"\n(b) process_image rejected {limit.failed} of {limit.sample} sample images "
               f"(timed all the same), e.g. {limit.first_error}")
+    for name, result in peer_runs.items():
+        if result.error:
+            print(f"\n{PEER_NAMES[name]} failed: {result.error}")
     for size, (seed, ours) in sorted(runs.items()):
         for name, result in (("(a) seed", seed), ("(c) ours", ours)):
             if result.error:
@@ -317,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 {"images": size, "seed": seed.to_json(), "ours": ours.to_json()}
                 for size, (seed, ours) in sorted(runs.items())
             ],
+            "peers": {name: result.to_json() for name, result in peer_runs.items()},
             "memory_growth": growth,
         }, indent=2))
 

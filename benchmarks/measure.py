@@ -1,4 +1,9 @@
-"""Runs a command as a user would and measures its wall time and peak memory.
+"""Runs a command as a user would and measures its wall time, CPU time and peak memory.
+
+CPU time is the user + system time of the whole process tree, from the kernel's
+accounting of the children this process waits for (each parent waits for its
+own, as Beam's launcher waits for its workers): exact, and far less moved by
+other work on the machine than wall time.
 
 Memory is the peak of the summed resident set size of the whole process tree
 (the command and every child it starts, e.g. Beam's SDK workers), sampled in a
@@ -12,6 +17,7 @@ import dataclasses
 import logging
 import os
 import pathlib
+import resource
 import subprocess
 import tempfile
 import threading
@@ -31,6 +37,7 @@ class Measured:
     """How a finished command went; ``stdout`` whole, ``stderr_tail`` for error reports."""
 
     seconds: float
+    cpu_seconds: float
     peak_rss_bytes: int
     returncode: int
     stdout: str
@@ -94,6 +101,7 @@ def run_measured(
     os.sync()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started_at = time.time()
+        cpu_before = _children_cpu_seconds()
         start = time.perf_counter()
         process = subprocess.Popen(
             list(command), cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err
@@ -102,13 +110,19 @@ def run_measured(
             with TreeMemorySampler(process.pid) as sampler:
                 returncode = process.wait()
             seconds = time.perf_counter() - start
+            cpu_seconds = _children_cpu_seconds() - cpu_before
         finally:
             if process.poll() is None:  # Interrupted: leave no workers behind.
                 _kill_tree(process.pid)
         out.seek(0)
         err.seek(0)
-        return Measured(seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:],
+        return Measured(seconds, cpu_seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:],
                         started_at)
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _kill_tree(pid: int) -> None:

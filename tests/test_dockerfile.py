@@ -55,6 +55,7 @@ def test_the_project_installs_from_the_copied_context(tmp_path):
             *sources, _ = line.split()[1:]
             for source in sources:
                 target = context / source
+                target.parent.mkdir(parents=True, exist_ok=True)
                 if (REPO / source).is_dir():
                     shutil.copytree(REPO / source, target,
                                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -70,3 +71,14 @@ def test_the_project_installs_from_the_copied_context(tmp_path):
     metadata = next(n for n in names if n.endswith("METADATA"))
     requires = zipfile.ZipFile(wheel).read(metadata).decode()
     assert f"Requires-Dist: apache-beam[gcp]=={setup_kwargs()['BEAM_VERSION']}" in requires
+
+
+def test_the_workers_get_pillow_simd_built_by_the_script_ci_tests():
+    # The same script builds the opt-in accelerated Pillow for tests/test_accelerated.py,
+    # and the image checks that it replaced the stock Pillow.
+    text = dockerfile()
+    assert re.search(r"^COPY \.ci/build-pillow-simd ", text, re.M)
+    assert "bash build-pillow-simd" in text
+    assert "imaging.library().startswith('pillow-simd')" in text
+    script = (REPO / ".ci" / "build-pillow-simd").read_text()
+    assert re.search(r'PILLOW_SIMD="pillow-simd==[\d.]+\w*"', script)

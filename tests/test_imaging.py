@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFilter, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 
+from beam_prep import imaging
 from beam_prep.errors import ImageError
 from beam_prep.imaging import ImageSpec, is_image_name, process_image
 from beam_prep.sample import picture
@@ -278,3 +280,10 @@ def test_center_crop_of_a_jpeg_a_multiple_of_the_draft_scale_is_that_of_the_scal
 ])
 def test_image_files_are_chosen_by_extension(name, expected):
     assert is_image_name(name) is expected
+
+
+def test_the_pillow_build_in_use_is_the_one_expected():
+    # tests/test_accelerated.py runs this file again with pillow-simd first on the path:
+    # the fidelity tests above must then have run on it, not on the stock Pillow.
+    expected = os.environ.get("BEAM_PREP_EXPECT_IMAGING", "pillow")
+    assert imaging.library().split()[0] == expected
