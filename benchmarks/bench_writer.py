@@ -207,7 +207,7 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
          limit.parallel_seconds),
     ):
         lines.append(f"| {label} | {limit.sample:,} | {_fmt(seconds)} | {_fmt(rate)} | {_ratio(largest, rate)} "
-                     f"| {limit.serial_seconds / limit.sample * 1e3:.2f} (kernel alone) | — | — | — | — |")
+                     f"| {limit.serial_cpu_seconds / limit.sample * 1e3:.2f} (kernel alone) | — | — | — | — |")
     lines += [_run_row("(c) beam-prep `pipelines.prepare_images`", ours, None) for _, ours in _by_size(runs)]
     return "\n".join(lines)
 

@@ -38,6 +38,7 @@ class LimitResult:
     cores: int
     serial_seconds: float
     parallel_seconds: float
+    serial_cpu_seconds: float
     failed: int
     first_error: str | None
 
@@ -73,9 +74,9 @@ def measure_limit(files: Sequence[pathlib.Path], sample: int, spec: ImageSpec) -
     cores = os.cpu_count() or 1
 
     _init(blobs, spec, None)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     errors = _run_slice(0, len(blobs))
-    serial = time.perf_counter() - start
+    serial, serial_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     if errors:
         log.warning("process_image rejected %d of %d sample images, e.g. %s", len(errors), len(blobs), errors[0])
 
@@ -88,7 +89,7 @@ def measure_limit(files: Sequence[pathlib.Path], sample: int, spec: ImageSpec) -
         start = time.perf_counter()
         pool.starmap(_run_slice, slices, chunksize=1)
         parallel = time.perf_counter() - start
-    return LimitResult(len(blobs), cores, serial, parallel, len(errors), errors[0] if errors else None)
+    return LimitResult(len(blobs), cores, serial, parallel, serial_cpu, len(errors), errors[0] if errors else None)
 
 
 # Per process: the sample and the spec, set once so each task sends only indices.
