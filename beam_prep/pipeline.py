@@ -138,10 +138,10 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
     _ = (p
          | "Once" >> beam.Create([None])
          | "Finalize" >> beam.Map(
-             lambda _, shard_rows, count_rows, failure_rows: manifest.finalize(
-                 config, run_plan, shard_rows, count_rows, failure_rows),
+             lambda _, shard_rows, count_rows, failure_rows, original_rows: manifest.finalize(
+                 config, run_plan, shard_rows, count_rows, failure_rows, original_rows),
              beam.pvalue.AsList(written.shards), beam.pvalue.AsList(written.class_counts),
-             beam.pvalue.AsList(failures)))
+             beam.pvalue.AsList(failures), beam.pvalue.AsList(written.originals)))
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
