@@ -8,7 +8,13 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       and (b') the rate measured with one process per core at once: no
       pipeline on this machine can beat them by more than noise;
   (c) beam-prep as a user runs it (``python -m pipelines.prepare_images``),
-      timed start to exit, with the peak memory of its whole process tree.
+      timed start to exit, with the peak memory of its whole process tree;
+  (d) the same command keeping the originals (``--resize_mode none
+      --image_format original``), and (e) the originals recipe capped at 512
+      on the shorter side (``--resize_mode shorter_side --image_size 512
+      --no_upscale --image_format original``), and (f) (d) uncompressed, each
+      run right after (c), so their ratios to it are taken on the same
+      machine minutes.
 
 Prints a markdown table for the README and writes the numbers as JSON with
 ``--json``. ``--images 20000 40000`` runs (a) and (c) at both sizes to show how
@@ -25,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import pathlib
 import shutil
 import statistics
@@ -40,6 +47,18 @@ from benchmarks.measure import Measured, directory_bytes, run_measured
 from pipelines import prepare_images
 
 DEFAULT_IMAGES = 2000
+# (c), the default command's image options, and the originals commands (d) and (e).
+DEFAULT_FLAGS = ("--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY))
+ORIGINALS_RUNS = {
+    "(d) originals: `--resize_mode none --image_format original`":
+        ("--resize_mode", "none", "--image_format", "original", "--jpeg_quality", str(JPEG_QUALITY)),
+    "(e) originals, ≤ 512: `--resize_mode shorter_side --image_size 512 --no_upscale --image_format original`":
+        ("--resize_mode", "shorter_side", "--image_size", "512", "--no_upscale", "--image_format", "original",
+         "--jpeg_quality", str(JPEG_QUALITY)),
+    "(f) (d) with `--compression none`":
+        ("--resize_mode", "none", "--image_format", "original", "--jpeg_quality", str(JPEG_QUALITY),
+         "--compression", "none"),
+}
 DEFAULT_SAMPLE = 1500
 GIB = 2**30
 BUSY_WARNING_PERCENT = 10
@@ -55,10 +74,15 @@ class RunResult:
     output_bytes: int
     error: str | None = None
     details: dict[str, object] = dataclasses.field(default_factory=dict)
+    cpu_seconds: float = 0.0  # the whole process tree's
 
     @property
     def images_per_s(self) -> float | None:
         return None if self.error else self.images / self.seconds
+
+    @property
+    def images_per_cpu_s(self) -> float | None:
+        return None if self.error or not self.cpu_seconds else self.images / self.cpu_seconds
 
     def to_json(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "images_per_s": self.images_per_s}
@@ -86,19 +110,21 @@ def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     return result
 
 
-def run_ours(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
-    """(c): beam-prep's pipeline, exactly the command a user types."""
+def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAULT_FLAGS) -> RunResult:
+    """(c), or (d) and (e) with their ``flags``: beam-prep's pipeline, exactly the command a user types."""
     out = workdir / "ours"
+    shutil.rmtree(out, ignore_errors=True)
     measured = run_measured(
-        prepare_images.command("--input", str(corpus.root), "--output", str(out),
-                               "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY),
-                               "--overwrite"),
+        prepare_images.command("--input", str(corpus.root), "--output", str(out), *flags, "--overwrite"),
         cwd=REPO_ROOT,
     )
     result = _result(corpus, measured, out)
     if result.error is None:
         result.error = check_manifest(out / "manifest.json", corpus.images)
     if result.error is None:
+        originals = json.loads((out / "manifest.json").read_text()).get("originals")
+        if originals is not None:
+            result.details["originals"] = originals
         # Issue 5 times (c) from command start to the manifest written (the dataset is
         # complete); the process exits about a second later, once Beam stops its workers.
         result.details["exit_seconds"] = measured.seconds
@@ -111,7 +137,8 @@ def _result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
     if measured.returncode != 0:
         error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
     output_bytes = directory_bytes(out) if out.exists() else 0
-    return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error)
+    return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error,
+                     cpu_seconds=measured.cpu_seconds)
 
 
 def check_manifest(path: pathlib.Path, images: int) -> str | None:
@@ -168,6 +195,48 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]]) -> s
     )
     lines += [_run_row("(c) beam-prep `pipelines.prepare_images`", ours, None) for _, ours in _by_size(runs)]
     return "\n".join(lines)
+
+
+def paired_ratio(ours: list[RunResult], others: list[RunResult], per_cpu: bool = False) -> float | None:
+    """The median over rounds of ``other ÷ ours`` (images/s, or images per CPU-second), each round's
+    runs taken minutes apart: on a shared machine that holds where the medians of each drift."""
+    ratios = []
+    for mine, other in zip(ours, others):
+        a, b = ((mine.images_per_cpu_s, other.images_per_cpu_s) if per_cpu
+                else (mine.images_per_s, other.images_per_s))
+        if a and b:
+            ratios.append(b / a)
+    return statistics.median(ratios) if ratios else None
+
+
+def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[int, list[RunResult]]]) -> str:
+    """(c) and the originals runs: images/s and CPU, each as a median of rounds and as the median
+    of each round's ratio to (c)."""
+    lines = [
+        "| run | images | wall s | images/s | ÷ (c) | images per CPU-s | ÷ (c) per CPU-s | peak RSS GiB "
+        "| output MB | kept, re-encoded |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for size in sorted(ours):
+        rows = [("(c) beam-prep default: 224×224 centre crops, JPEG q90", ours[size])]
+        rows += [(name, by_size[size]) for name, by_size in originals.items()]
+        for name, results in rows:
+            chosen = median_run(results)
+            is_c = results is ours[size]
+            counts = chosen.details.get("originals")
+            kept = f"{counts['kept']:,}, {counts['reencoded']:,}" if counts else "—"
+            lines.append(
+                f"| {name} | {chosen.images:,} | {_fmt(chosen.seconds)} "
+                f"| {'failed' if chosen.error else _fmt(chosen.images_per_s)} "
+                f"| {'—' if is_c else _times(paired_ratio(ours[size], results))} "
+                f"| {_fmt(chosen.images_per_cpu_s)} "
+                f"| {'—' if is_c else _times(paired_ratio(ours[size], results, per_cpu=True))} "
+                f"| {_fmt(chosen.peak_rss_bytes / GIB, 2)} | {_fmt(chosen.output_bytes / 1e6)} | {kept} |")
+    return "\n".join(lines)
+
+
+def _times(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2f}×"
 
 
 def _by_size(runs: dict[int, tuple[RunResult, RunResult]]) -> list[tuple[RunResult, RunResult]]:
@@ -249,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = ImageSpec(height=IMAGE_SIZE, width=IMAGE_SIZE, jpeg_quality=JPEG_QUALITY)
     limits: list[LimitResult] = []
     attempts: dict[int, tuple[list[RunResult], list[RunResult]]] = {size: ([], []) for size in corpora}
+    originals: dict[str, dict[int, list[RunResult]]] = {name: {size: [] for size in corpora}
+                                                         for name in ORIGINALS_RUNS}
+    load: list[float] = []
     # Host noise on shared machines moves every row by 10-20% from one minute to the
     # next: with --repeat, (b), (a) and (c) take turns and each row is the median.
     for _ in range(args.repeat):
@@ -260,12 +332,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 attempts[size][0].append(run_seed(corpus, workdir))
                 attempts[size][1].append(run_ours(corpus, workdir))
+                load.append(os.getloadavg()[0])
+                for name, flags in ORIGINALS_RUNS.items():
+                    originals[name][size].append(run_ours(corpus, workdir, flags))
+                    load.append(os.getloadavg()[0])
             finally:
                 shutil.rmtree(workdir)
     # (b) and (b′) each take their own median: one round's slow parallel pass must
     # not ride along with the round whose serial pass is the median.
     limit = dataclasses.replace(sorted(limits, key=lambda r: r.per_core)[len(limits) // 2],
                                 parallel_seconds=statistics.median(r.parallel_seconds for r in limits))
+    ours_rounds = {size: list(ours) for size, (_, ours) in attempts.items()}
     runs = {size: (median_run(seeds), median_run(ours)) for size, (seeds, ours) in attempts.items()}
 
     print()
@@ -279,7 +356,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(table(limit, runs))
     print()
+    print("Originals beside (c), run after it in each round; ÷ (c) is the median of the rounds' ratios; "
+          "CPU is the whole process tree's:")
+    print()
+    print(originals_table(ours_rounds, originals))
+    print()
     print(f"Machine: {machine.describe(info)}")
+    print(f"Load average (1 min) after each (c) to (f) run: min {min(load):.1f}, median "
+          f"{statistics.median(load):.1f}, max {max(load):.1f} on {os.cpu_count()} cores")
     if info["busy_percent_before"] > BUSY_WARNING_PERCENT:
         print(f"WARNING: the CPUs were {info['busy_percent_before']:.0f}% busy before the benchmark started; "
               "other work on the machine lowers and scatters these numbers.")
@@ -318,6 +402,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for size, (seed, ours) in sorted(runs.items())
             ],
             "memory_growth": growth,
+            "originals": [
+                {"name": name, "images": size, "runs": [r.to_json() for r in results],
+                 "ratio_to_ours": paired_ratio(ours_rounds[size], results),
+                 "ratio_to_ours_per_cpu": paired_ratio(ours_rounds[size], results, per_cpu=True)}
+                for name, by_size in originals.items() for size, results in sorted(by_size.items())
+            ],
+            "load_average": load,
         }, indent=2))
 
 
