@@ -147,7 +147,7 @@ class _Reading:
 
 
 class _ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output.
+    """One file to ``(split, label, example, original)``; a bad file goes to the ``failed`` output.
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
     bytes)``, an image already in hand, whose entry only names it.
