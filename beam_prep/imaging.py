@@ -2,6 +2,11 @@
 
 Plain functions, no Beam and no TensorFlow, so they test alone and every runner
 (and the benchmarks' per-core limit) calls exactly the same code.
+
+With ``image_format="original"`` a source JPEG that training code can read as
+it is keeps its own bytes (``_reencode_reason`` decides, before the decode and
+resize path), and every other image goes down that path to a JPEG; the result
+says which happened and why, for the manifest's counts.
 """
 from __future__ import annotations
 
@@ -20,6 +25,21 @@ from beam_prep.errors import ImageError
 from beam_prep.features import IMAGE_FORMATS
 
 RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")
+FIXED_SIZE_MODES = ("center_crop", "stretch", "pad")
+# --image_format: what records store (features.IMAGE_FORMATS), or "original": a source
+# JPEG's own bytes where it can be, else a JPEG made from it; records say "jpeg" either way.
+ORIGINAL = "original"
+OUTPUT_FORMATS = (*IMAGE_FORMATS, ORIGINAL)
+# With --image_format original: a source stored byte for byte ...
+KEPT = "kept"
+# ... or the reason it was re-encoded, the first that applies in this order, with what it means.
+REENCODE_REASONS = {
+    "not_jpeg": "not a JPEG (PNG, GIF, WebP, BMP, TIFF...)",
+    "cmyk": "a CMYK JPEG",
+    "channels": "a JPEG of another channel count than --channels",
+    "rotated": "a JPEG with an EXIF rotation",
+    "resized": "a JPEG that --resize_mode resizes",
+}
 
 # Extensions Pillow decodes that users keep image datasets in.
 IMAGE_EXTENSIONS = frozenset(
@@ -59,12 +79,16 @@ class ImageSpec:
     image_format: str = "jpeg"
     jpeg_quality: int = 90
     max_pixels: int = DEFAULT_MAX_PIXELS
+    no_upscale: bool = False  # shorter_side: an image smaller than the size keeps its own
 
     def __post_init__(self) -> None:
         if self.resize_mode not in RESIZE_MODES:
             raise ValueError(f"resize_mode must be one of {RESIZE_MODES}, not {self.resize_mode!r}")
-        if self.image_format not in IMAGE_FORMATS:
-            raise ValueError(f"image_format must be one of {IMAGE_FORMATS}, not {self.image_format!r}")
+        if self.image_format not in OUTPUT_FORMATS:
+            raise ValueError(f"image_format must be one of {OUTPUT_FORMATS}, not {self.image_format!r}")
+        if self.no_upscale and self.resize_mode in FIXED_SIZE_MODES:
+            raise ValueError(f"no_upscale applies to the size-keeping resize modes (shorter_side, and none, "
+                             f"which never enlarges), not {self.resize_mode}, which gives every image one size")
         if self.channels not in (1, 3):
             raise ValueError(f"channels must be 1 or 3, not {self.channels}")
         if not 1 <= self.jpeg_quality <= 100:
@@ -82,14 +106,19 @@ class ImageSpec:
     @property
     def fixed_size(self) -> bool:
         """Whether every output image has the same height and width."""
-        return self.resize_mode in ("center_crop", "stretch", "pad")
+        return self.resize_mode in FIXED_SIZE_MODES
+
+    @property
+    def stored_format(self) -> str:
+        """What the records hold: ``original`` stores JPEG, its sources' or its own."""
+        return "jpeg" if self.image_format == ORIGINAL else self.image_format
 
     @property
     def info(self) -> ImageInfo:
         """The images this spec makes, as the manifest records them and the reader reads them."""
         return ImageInfo(height=self.height if self.fixed_size else None,
                          width=self.width if self.fixed_size else None,
-                         channels=self.channels, format=self.image_format,
+                         channels=self.channels, format=self.stored_format,
                          resize_mode=self.resize_mode)
 
     @property
@@ -99,10 +128,14 @@ class ImageSpec:
 
 @dataclasses.dataclass(frozen=True)
 class EncodedImage:
+    """An image as stored; ``original`` (image_format original only): ``KEPT``, or the key of
+    ``REENCODE_REASONS`` that says why it was re-encoded."""
+
     data: bytes
     height: int
     width: int
     channels: int
+    original: str | None = None
 
 
 @functools.cache
@@ -137,11 +170,21 @@ def is_image_name(name: str) -> bool:
 def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     """Decodes, orients, converts, resizes and encodes one image as ``spec`` says.
 
+    With ``image_format="original"``, a source JPEG that needs none of that is
+    checked and returned as it is (``original`` says ``KEPT``), and any other
+    image is made a JPEG (``original`` says why).
+
     Raises:
       ImageError: with the stage that failed; never anything else for bad input.
     """
     img = _open(data, spec.max_pixels)
     orientation = _orientation(img)
+    reason = None
+    if spec.image_format == ORIGINAL:
+        reason = _reencode_reason(img, orientation, spec)
+        if reason is None:
+            return _kept(data, img, spec)
+    spec = _sized_for(img.size, spec)
     # Where the source image lies on the decoded pixel grid.
     region: Box = (0, 0, *img.size)
     if img.format == "JPEG":
@@ -158,7 +201,61 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     except (OSError, ValueError) as e:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
     img = _resize(img, region, spec)
-    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels)
+    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason)
+
+
+def _reencode_reason(img: Image.Image, orientation: int, spec: ImageSpec) -> str | None:
+    """Why a source cannot be stored as it is (a key of ``REENCODE_REASONS``), or None.
+
+    Kept: a JPEG that TensorFlow's ``decode_jpeg`` turns into the image the
+    resize mode would give, at the channel count asked for: YCbCr or RGB for 3,
+    grayscale for 1, upright (``decode_jpeg`` ignores EXIF), of the size it
+    must have. Checked on the header alone; ``_kept`` then checks the data.
+    """
+    if img.format != "JPEG":
+        return "not_jpeg"
+    if img.mode == "CMYK":
+        return "cmyk"
+    if img.mode != spec.mode:
+        return "channels"
+    if orientation != 1:
+        return "rotated"
+    if not _keeps_size(*img.size, spec):
+        return "resized"
+    return None
+
+
+def _keeps_size(width: int, height: int, spec: ImageSpec) -> bool:
+    """Whether ``spec`` leaves an (upright) image of this size as it is."""
+    if spec.resize_mode == "none":
+        return True
+    if spec.resize_mode == "shorter_side":
+        side = min(width, height)
+        return side == spec.height or (spec.no_upscale and side < spec.height)
+    return (width, height) == (spec.width, spec.height)
+
+
+def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
+    """The source's own bytes, once a decode shows they are whole.
+
+    The decode is scaled by 1/8 in the DCT domain: it still reads every coded
+    byte, so a truncated or unreadable file fails here as a full decode would,
+    at a fraction of the cost.
+    """
+    width, height = img.size
+    try:
+        img.draft(img.mode, (1, 1))
+        img.load()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise ImageError("decode", f"cannot decode image: {e}") from e
+    return EncodedImage(data, height, width, spec.channels, KEPT)
+
+
+def _sized_for(size: tuple[int, int], spec: ImageSpec) -> ImageSpec:
+    """``spec`` for one image: with ``no_upscale``, one smaller than the target keeps its size."""
+    if spec.no_upscale and spec.resize_mode == "shorter_side" and min(size) < spec.height:
+        return dataclasses.replace(spec, resize_mode="none", height=None, width=None)
+    return spec
 
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
@@ -286,14 +383,15 @@ def _resize(img: Image.Image, region: Box, spec: ImageSpec) -> Image.Image:
 
 
 def _encode(img: Image.Image, spec: ImageSpec) -> bytes:
-    if spec.image_format == "raw":
+    stored = spec.stored_format
+    if stored == "raw":
         return img.tobytes()
     buf = io.BytesIO()
     try:
-        if spec.image_format == "jpeg":
+        if stored == "jpeg":
             img.save(buf, "JPEG", quality=spec.jpeg_quality)
         else:
             img.save(buf, "PNG")
     except (OSError, ValueError) as e:
-        raise ImageError("encode", f"cannot encode {spec.image_format}: {e}") from e
+        raise ImageError("encode", f"cannot encode {stored}: {e}") from e
     return buf.getvalue()

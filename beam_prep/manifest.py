@@ -17,6 +17,7 @@ from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetIn
                                parse_manifest)
 from beam_prep.errors import DatasetError
 from beam_prep.features import SCHEMA
+from beam_prep.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.options import PrepareConfig
 from beam_prep.storage import join, write_lines
 
@@ -46,8 +47,12 @@ def build(
     shards: Iterable[tuple[str, str, int | None]],
     counts: Iterable[tuple[tuple[str, str], int]],
     failures: list[Mapping[str, Any]],
+    originals: Iterable[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """The manifest dict; checks that every listed file is written or failed.
+
+    ``originals``: ``(KEPT or a re-encode reason, records)`` rows, with
+    ``--image_format original``, which must account for every record written.
 
     Raises:
       DatasetError: if the counts do not add up (a record was lost: never write a
@@ -82,6 +87,7 @@ def build(
         raise DatasetError(
             f"{plan.listed} files listed but {written} written and {len(failures)} failed: "
             "records were lost; no manifest written")
+    kept_or_not = _originals(config, originals, written)
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
                        image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
                        label_offset=config.label_offset)
@@ -98,9 +104,32 @@ def build(
                    "skipped": plan.skipped},
         "failed_by_stage": dict(sorted(by_stage.items())),
         "skipped_by_reason": dict(plan.skipped_by_reason),
+        **kept_or_not,
         "sink": plan.sink,
         "options": _options(config),
     }
+
+
+def _originals(config: PrepareConfig, rows: Iterable[tuple[str, int]], written: int) -> dict[str, Any]:
+    """``{"originals": ...}``: how many sources were kept byte for byte and how many re-encoded, by
+    reason, with ``--image_format original``; nothing otherwise.
+
+    Raises:
+      DatasetError: the rows do not add up to the records written.
+    """
+    if config.spec.image_format != ORIGINAL:
+        return {}
+    counts = collections.Counter()
+    for reason, n in rows:
+        counts[reason] += n
+    if sum(counts.values()) != written:
+        raise DatasetError(f"{written} records written but {sum(counts.values())} counted as kept or "
+                           "re-encoded: no manifest written")
+    kept = counts.pop(KEPT, 0)
+    return {"originals": {"kept": kept, "reencoded": sum(counts.values()),
+                          # In the order they are checked; each row's reason is one of them.
+                          "reencoded_by_reason": {reason: counts[reason] for reason in REENCODE_REASONS
+                                                  if counts[reason]}}}
 
 
 def _options(config: PrepareConfig) -> dict[str, Any]:
@@ -115,11 +144,12 @@ def finalize(
     shards: list[tuple[str, str, int | None]],
     counts: list[tuple[tuple[str, str], int]],
     failures: list[Mapping[str, Any]],
+    originals: Iterable[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """Completes the dataset: checks the counts, publishes the shards, writes errors.jsonl,
     labels.txt, TFDS's metadata where TFDS can read the shards, then the manifest, then
     removes the run's folder."""
-    manifest = build(config, plan, shards, counts, failures)
+    manifest = build(config, plan, shards, counts, failures, originals)
     layout.publish(config.output, plan.run_id,
                    [name for split in manifest["splits"].values() for name in split["shards"]])
     write_lines(join(config.output, layout.ERRORS), error_lines(failures))

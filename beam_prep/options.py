@@ -16,8 +16,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_prep.errors import OptionsError
-from beam_prep.features import IMAGE_FORMATS
-from beam_prep.imaging import DEFAULT_MAX_PIXELS, RESIZE_MODES, ImageSpec
+from beam_prep.imaging import DEFAULT_MAX_PIXELS, OUTPUT_FORMATS, RESIZE_MODES, ImageSpec
 from beam_prep.dataset import COMPRESSIONS
 from beam_prep.readahead import DEFAULT_MAX_BYTES, ReadConfig
 from beam_prep.storage import is_local
@@ -82,8 +81,18 @@ class PrepareImagesOptions(PipelineOptions):
             help=f"Output size: an int for a square, or HxW (default: {DEFAULT_IMAGE_SIZE}).")
         section[IMAGE].add_argument("--resize_mode", default="center_crop", help=f"One of {', '.join(RESIZE_MODES)}.")
         section[IMAGE].add_argument("--channels", type=int, default=3, help="3 for RGB, 1 for grayscale.")
-        section[IMAGE].add_argument("--image_format", default="jpeg", help=f"One of {', '.join(IMAGE_FORMATS)}.")
+        section[IMAGE].add_argument(
+            "--image_format", default="jpeg",
+            help=f"One of {', '.join(OUTPUT_FORMATS)}. original stores a source JPEG byte for byte when it "
+                 "decodes, has --channels, needs no EXIF rotation and no resize, and any other image as a "
+                 "JPEG at --jpeg_quality: for training that crops at read time (with --resize_mode none, or "
+                 "shorter_side and --no_upscale). With center_crop, stretch or pad it keeps only the sources "
+                 "already at exactly --image_size.")
         section[IMAGE].add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-100.")
+        section[IMAGE].add_argument(
+            "--no_upscale", action="store_true", default=False,
+            help="--resize_mode shorter_side: an image already smaller than --image_size keeps its size "
+                 "(with --image_format original, a JPEG one its bytes).")
         section[IMAGE].add_argument(
             "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
             help="Images with more pixels are reported as errors (decompression-bomb guard).")
@@ -167,7 +176,7 @@ def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, in
 
 
 def image_spec(image_size: str | None, resize_mode: str, channels: int, image_format: str,
-               jpeg_quality: int, max_pixels: int, prefix: str = "--") -> ImageSpec:
+               jpeg_quality: int, max_pixels: int, prefix: str = "--", no_upscale: bool = False) -> ImageSpec:
     """The image options as an ``ImageSpec``; ``prefix`` is how messages name them (flags: ``--``).
 
     Raises:
@@ -176,7 +185,8 @@ def image_spec(image_size: str | None, resize_mode: str, channels: int, image_fo
     height, width = parse_image_size(image_size, resize_mode)
     try:
         return ImageSpec(height=height, width=width, channels=channels, resize_mode=resize_mode,
-                         image_format=image_format, jpeg_quality=jpeg_quality, max_pixels=max_pixels)
+                         image_format=image_format, jpeg_quality=jpeg_quality, max_pixels=max_pixels,
+                         no_upscale=no_upscale)
     except ValueError as e:
         raise OptionsError(f"{prefix}{e}") from e
 
@@ -215,7 +225,7 @@ def _check_dataflow(options: PipelineOptions, source: str, target: str) -> None:
 # name -> (test, what a good value is).
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "resize_mode": (lambda v: v in RESIZE_MODES, f"must be one of {', '.join(RESIZE_MODES)}"),
-    "image_format": (lambda v: v in IMAGE_FORMATS, f"must be one of {', '.join(IMAGE_FORMATS)}"),
+    "image_format": (lambda v: v in OUTPUT_FORMATS, f"must be one of {', '.join(OUTPUT_FORMATS)}"),
     "compression": (lambda v: v in COMPRESSIONS, f"must be one of {', '.join(COMPRESSIONS)}"),
     "label_offset": (lambda v: isinstance(v, int) and 0 <= v <= MAX_LABEL_OFFSET,
                      f"must be in [0, {MAX_LABEL_OFFSET}] (1 keeps id 0 for background)"),
@@ -267,7 +277,8 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
     if not o.progress_interval > 0:
         raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
-    spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels)
+    spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels,
+                      no_upscale=o.no_upscale)
 
     source, target = normalised_path(o.input), normalised_path(o.output)
     if is_local(source) and not os.path.isdir(source):

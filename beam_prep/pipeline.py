@@ -149,10 +149,10 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
     _ = (p
          | "Once" >> beam.Create([None])
          | "Finalize" >> beam.Map(
-             lambda _, shard_rows, count_rows, failure_rows: manifest.finalize(
-                 config, run_plan, shard_rows, count_rows, failure_rows),
+             lambda _, shard_rows, count_rows, failure_rows, original_rows: manifest.finalize(
+                 config, run_plan, shard_rows, count_rows, failure_rows, original_rows),
              beam.pvalue.AsList(written.shards), beam.pvalue.AsList(written.class_counts),
-             beam.pvalue.AsList(failures)))
+             beam.pvalue.AsList(failures), beam.pvalue.AsList(written.originals)))
 
 
 def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dict[str, Any]:
@@ -166,16 +166,18 @@ def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dic
     splits = [split for split, count in run_plan.num_shards.items() for _ in range(count)]
     records = resume.finished_records(work, _shard_names(config, run_plan))
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    originals: collections.Counter[str] = collections.Counter()
     failures = []
     for split, record in zip(splits, records):
         counts.update({(split, label): n for label, n in record.class_counts.items()})
+        originals.update(record.originals)
         failures += record.failures
     with FileSystems.open(join(work, layout.UNKNOWN_LABELS),
                           compression_type=CompressionTypes.UNCOMPRESSED) as f:
         failures += [unknown_label_report(FileEntry.from_json(line))
                      for line in f.read().decode("utf-8").splitlines()]
     shards = [(split, record.name, record.records) for split, record in zip(splits, records)]
-    return manifest.finalize(config, run_plan, shards, list(counts.items()), failures)
+    return manifest.finalize(config, run_plan, shards, list(counts.items()), failures, list(originals.items()))
 
 
 def run(config: PrepareConfig, options: PipelineOptions,

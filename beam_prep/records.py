@@ -21,11 +21,12 @@ from beam_prep.storage import is_local
 
 
 class Outcome(NamedTuple):
-    """Exactly one of ``example`` and ``failure`` is set."""
+    """Exactly one of ``example`` and ``failure`` is set; ``original`` as ``EncodedImage.original``."""
 
     example: bytes | None
     failure: dict[str, Any] | None
     bytes_in: int
+    original: str | None = None
 
 
 class FileReader:
@@ -100,7 +101,7 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         return Outcome(None, failure_report(entry, e), len(data) if isinstance(data, bytes) else 0)
     record = ImageRecord(
         encoded=image.data,
-        image_format=spec.image_format,
+        image_format=spec.stored_format,
         height=image.height,
         width=image.width,
         channels=image.channels,
@@ -109,4 +110,4 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         filename=entry.relpath,
         sha256=hashlib.sha256(data).hexdigest(),
     )
-    return Outcome(encode_example(record), None, len(data))
+    return Outcome(encode_example(record), None, len(data), image.original)

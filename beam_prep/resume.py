@@ -3,11 +3,12 @@
 A run of the streaming sink (local runners) plans every shard in the launcher,
 so a shard is a unit of work that can be kept: when a worker finishes one, it
 writes ``<shard>.done.json`` beside it (records, size, sha256, per-label counts,
-failures). The launcher writes ``run.json`` once the run's listings are
-complete: the options that decide the records and the plan. A later run of the
-same command finds the folder, checks the options against its own, keeps every
-shard whose file still matches its record and redoes the rest; since a shard's
-bytes follow from its listing alone, the result is the uninterrupted run's.
+failures, kept and re-encoded originals). The launcher writes ``run.json`` once
+the run's listings are complete: the options that decide the records and the
+plan. A later run of the same command finds the folder, checks the options
+against its own, keeps every shard whose file still matches its record and
+redoes the rest; since a shard's bytes follow from its listing alone, the
+result is the uninterrupted run's.
 See the README's *Interrupted runs resume* for what is and is not resumed.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
-RUN_FORMAT = 1  # bumped whenever a run folder's files change meaning
+RUN_FORMAT = 2  # bumped whenever a run folder's files change meaning (2: a shard's originals counts)
 _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads"})
@@ -121,6 +122,7 @@ class ShardRecord:
     sha256: str
     class_counts: dict[str, int]
     failures: list[dict[str, Any]]
+    originals: dict[str, int]  # --image_format original: KEPT or a re-encode reason -> records
 
 
 def done_name(shard: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from beam_prep.features import BYTES_PER_SAMPLE
-from beam_prep.imaging import ImageSpec
+from beam_prep.imaging import ORIGINAL, ImageSpec
 
 __all__ = ["choose_num_shards", "estimated_record_bytes"]
 
@@ -14,7 +14,9 @@ def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
     if spec.height is None:
         return mean_input_bytes  # resize_mode none: about the size of the input.
     width = spec.width * 4 / 3 if spec.resize_mode == "shorter_side" else spec.width
-    return spec.height * width * spec.channels * BYTES_PER_SAMPLE[spec.image_format]
+    made = spec.height * width * spec.channels * BYTES_PER_SAMPLE[spec.stored_format]
+    # Originals keep their sources' bytes where they can: never larger than those on the whole.
+    return min(made, mean_input_bytes) if spec.image_format == ORIGINAL else made
 
 
 def choose_num_shards(num_examples: int, record_bytes: float, target_mb: int, multiple_of: int) -> int:

@@ -58,6 +58,7 @@ __all__ = ["NAMESPACE", "Counters", "ParseEntryFn", "SinkResult", "WriteEntriesS
 NAMESPACE = "beam_prep"  # of every counter the pipeline reports
 _FAILED = "failed"
 _COUNTS = "counts"
+_ORIGINALS = "originals"
 
 
 class SinkResult(NamedTuple):
@@ -69,11 +70,14 @@ class SinkResult(NamedTuple):
       class_counts: ``((split, label), number of records)``, one per pair.
       failures: a failure report (``records.failure_report``) per file that
         became no record.
+      originals: ``(KEPT or a re-encode reason, number of records)``, one per
+        reason (``--image_format original``; empty otherwise).
     """
 
     shards: PCollection
     class_counts: PCollection
     failures: PCollection
+    originals: PCollection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +147,7 @@ class _Reading:
 
 
 class _ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output.
+    """One file to ``(split, label, example, original)``; a bad file goes to the ``failed`` output.
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
     bytes)``, an image already in hand, whose entry only names it.
@@ -196,7 +200,7 @@ class _ImageToExampleFn(beam.DoFn):
         if not ok:
             yield TaggedOutput(_FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
-        yield WindowedValue((entry.split, entry.label, outcome.example), timestamp, (window,))
+        yield WindowedValue((entry.split, entry.label, outcome.example, outcome.original), timestamp, (window,))
 
 
 class _WriteShardFn(beam.DoFn):
@@ -209,8 +213,9 @@ class _WriteShardFn(beam.DoFn):
     (``resume.write_shard_record``), so a shard file under its final name is
     always whole, and a retried bundle or a worker left over from a killed
     launcher only rewrites the same bytes. Outputs ``(split, shard_name,
-    num_examples)``, ``((split, label), n)`` on ``counts`` and failure reports
-    on ``failed``, the same for a shard written now or kept.
+    num_examples)``, ``((split, label), n)`` on ``counts``, ``(reason, n)`` on
+    ``originals`` and failure reports on ``failed``, the same for a shard
+    written now or kept.
     """
 
     def __init__(self, config: _SinkConfig, split: str) -> None:
@@ -244,6 +249,8 @@ class _WriteShardFn(beam.DoFn):
             yield TaggedOutput(_FAILED, failure)
         for label, n in record.class_counts.items():
             yield TaggedOutput(_COUNTS, ((split, label), n))
+        for reason, n in record.originals.items():
+            yield TaggedOutput(_ORIGINALS, (reason, n))
         yield split, name, record.records
 
     def _write(self, index: int, name: str, reporter: progress.Reporter) -> resume.ShardRecord:
@@ -253,6 +260,7 @@ class _WriteShardFn(beam.DoFn):
             lines = listing.read().decode("utf-8").splitlines()
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
         per_label: collections.Counter[str] = collections.Counter()
+        originals: collections.Counter[str] = collections.Counter()
         failures = []
         checksum = tfrecord.Checksum()
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
@@ -267,11 +275,14 @@ class _WriteShardFn(beam.DoFn):
                 if ok:
                     write_record(f, outcome.example)
                     per_label[entry.label] += 1
+                    if outcome.original is not None:
+                        originals[outcome.original] += 1
                 else:
                     failures.append(outcome.failure)
         FileSystems.rename([partial], [join(config.work, name)])
         record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=checksum.size,
-                                    sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures)
+                                    sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures,
+                                    originals=dict(sorted(originals.items())))
         resume.write_shard_record(config.work, record)
         return record
 
@@ -311,21 +322,24 @@ class WriteShardsStreaming(_ShardSink):
     """
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> SinkResult:
-        shards, counts, failed = [], [], []
+        shards, counts, failed, originals = [], [], [], []
         for split, count in self._config.num_shards.items():
             results = (
                 pbegin
                 | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
                 | f"Reshuffle[{split}]" >> beam.Reshuffle()
                 | f"WriteShards[{split}]" >> beam.ParDo(_WriteShardFn(self._config, split)).with_outputs(
-                    _FAILED, _COUNTS, main="shards"))
+                    _FAILED, _COUNTS, _ORIGINALS, main="shards"))
             shards.append(results.shards)
             counts.append(results[_COUNTS])
             failed.append(results[_FAILED])
+            originals.append(results[_ORIGINALS])
         return SinkResult(
             shards=tuple(shards) | "AllShards" >> beam.Flatten(),
             class_counts=tuple(counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum),
-            failures=tuple(failed) | "AllFailed" >> beam.Flatten())
+            failures=tuple(failed) | "AllFailed" >> beam.Flatten(),
+            originals=(tuple(originals) | "AllOriginals" >> beam.Flatten()
+                       | "SumOriginals" >> beam.CombinePerKey(sum)))
 
 
 class WriteEntriesShuffle(_ShardSink):
@@ -352,6 +366,9 @@ class WriteEntriesShuffle(_ShardSink):
         counts = (records
                   | "KeyByLabel" >> beam.Map(lambda r: ((r[0], r[1]), 1))
                   | "SumCounts" >> beam.CombinePerKey(sum))
+        originals = (records
+                     | "KeyByOriginal" >> beam.FlatMap(lambda r: [(r[3], 1)] if r[3] is not None else [])
+                     | "SumOriginals" >> beam.CombinePerKey(sum))
         by_split = records | "PartitionBySplit" >> beam.Partition(
             lambda r, _: splits.index(r[0]), len(splits))
         suffix, compression_type, _ = layout.COMPRESSIONS[config.compression]
@@ -376,7 +393,8 @@ class WriteEntriesShuffle(_ShardSink):
                                                                  count_records(path, c))))
         return SinkResult(shards=tuple(shard_lists) | "AllShards" >> beam.Flatten(),
                           class_counts=counts,
-                          failures=results[_FAILED])
+                          failures=results[_FAILED],
+                          originals=originals)
 
 
 class WriteShardsShuffle(_ShardSink):

@@ -170,12 +170,13 @@ class _ElementToEntryFn(beam.DoFn):
 
 
 def _finalize(listed: int, config: PrepareConfig, plan: manifest.Plan, shards: list, counts: list,
-              failures: list) -> dict[str, Any]:
+              failures: list, originals: list) -> dict[str, Any]:
     """The manifest step, under the output's claim: refuses a dataset that appeared since the
     transform was applied (unless ``overwrite``), then ``manifest.finalize``."""
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
         layout.check_output(config.output, config.overwrite, [])
-        return manifest.finalize(config, dataclasses.replace(plan, listed=listed), shards, counts, failures)
+        return manifest.finalize(config, dataclasses.replace(plan, listed=listed), shards, counts, failures,
+                                 originals)
 
 
 class WriteImageDataset(beam.PTransform):
@@ -210,6 +211,7 @@ class WriteImageDataset(beam.PTransform):
         image_format: str = "jpeg",
         jpeg_quality: int = 90,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        no_upscale: bool = False,
         validation_percent: float = 0.0,
         splits: Sequence[str] | None = None,
         root: str | None = None,
@@ -227,7 +229,7 @@ class WriteImageDataset(beam.PTransform):
           label_offset, labels_txt: as the command's flags: stored ids are a label's index
             plus ``label_offset``; an element's int label is the index.
           image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
-            compression: as the command's flags of those names.
+            no_upscale, compression: as the command's flags of those names.
           validation_percent: share of elements without a split put in
             ``validation``, by the command's stable hash of their name.
           splits: the splits elements may name, in manifest order; by default
@@ -258,7 +260,8 @@ class WriteImageDataset(beam.PTransform):
             raise OptionsError(f"num_shards must be a positive int (None: the runner chooses), not {num_shards!r}")
         self._config = PrepareConfig(
             input=self._naming.root or "", output=normalised_path(output),
-            spec=_checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels),
+            spec=_checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
+                               no_upscale),
             validation_percent=validation_percent, num_shards=num_shards or 0, overwrite=overwrite,
             sink="shuffle", compression=compression,
             reads=ReadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
@@ -279,7 +282,8 @@ class WriteImageDataset(beam.PTransform):
         return (elements
                 | "CountElements" >> beam.combiners.Count.Globally()
                 | "Finalize" >> beam.Map(_finalize, config, plan, beam.pvalue.AsList(written.shards),
-                                         beam.pvalue.AsList(written.class_counts), beam.pvalue.AsList(failures)))
+                                         beam.pvalue.AsList(written.class_counts), beam.pvalue.AsList(failures),
+                                         beam.pvalue.AsList(written.originals)))
 
 
 def _clear_output(output: str, overwrite: bool, run_id: str) -> None:
@@ -326,8 +330,8 @@ def _checked_splits(splits: Sequence[str] | None, validation_percent: float) -> 
 
 
 def _checked_spec(image_size: int | tuple[int, int] | str | None, resize_mode: str, channels: int,
-                  image_format: str, jpeg_quality: int, max_pixels: int) -> ImageSpec:
+                  image_format: str, jpeg_quality: int, max_pixels: int, no_upscale: bool) -> ImageSpec:
     if isinstance(image_size, tuple):
         image_size = "x".join(str(side) for side in image_size)
     return image_spec(None if image_size is None else str(image_size), resize_mode, channels, image_format,
-                      jpeg_quality, max_pixels, prefix="")
+                      jpeg_quality, max_pixels, prefix="", no_upscale=no_upscale)

@@ -9,9 +9,15 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       pipeline on this machine can beat them by more than noise;
   (c) beam-prep as a user runs it (``python -m pipelines.prepare_images``),
       timed start to exit, with the peak memory of its whole process tree;
-  (e) the hand-written writer a user might write instead
+  (d) the same command keeping the originals (``--resize_mode none
+      --image_format original``), and (e) the originals recipe capped at 512
+      on the shorter side (``--resize_mode shorter_side --image_size 512
+      --no_upscale --image_format original``), and (f) (d) uncompressed, each
+      run right after (c), so their ratios to it are taken on the same
+      machine minutes;
+  (g) the hand-written writer a user might write instead
       (``benchmarks/handwritten_writer.py``: Pool + Pillow + TFRecordWriter);
-  (f) img2dataset, when installed (``pip install -e '.[peers]'``).
+  (h) img2dataset, when installed (``pip install -e '.[peers]'``).
 
 Every run reports images/s, CPU ms per image (user + system of its whole
 process tree) and the PSNR of a sample of its records against the reference
@@ -32,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import pathlib
 import shutil
 import statistics
@@ -47,6 +54,18 @@ from benchmarks.measure import Measured, directory_bytes, run_measured
 from pipelines import prepare_images
 
 DEFAULT_IMAGES = 2000
+# (c), the default command's image options, and the originals commands (d) and (e).
+DEFAULT_FLAGS = ("--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY))
+ORIGINALS_RUNS = {
+    "(d) originals: `--resize_mode none --image_format original`":
+        ("--resize_mode", "none", "--image_format", "original", "--jpeg_quality", str(JPEG_QUALITY)),
+    "(e) originals, ≤ 512: `--resize_mode shorter_side --image_size 512 --no_upscale --image_format original`":
+        ("--resize_mode", "shorter_side", "--image_size", "512", "--no_upscale", "--image_format", "original",
+         "--jpeg_quality", str(JPEG_QUALITY)),
+    "(f) (d) with `--compression none`":
+        ("--resize_mode", "none", "--image_format", "original", "--jpeg_quality", str(JPEG_QUALITY),
+         "--compression", "none"),
+}
 DEFAULT_SAMPLE = 1500
 GIB = 2**30
 BUSY_WARNING_PERCENT = 10
@@ -62,7 +81,7 @@ class RunResult:
     output_bytes: int
     error: str | None = None
     details: dict[str, object] = dataclasses.field(default_factory=dict)
-    cpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the whole process tree's
     psnr: float | None = None  # of a sample of its records against the reference crop
 
     @property
@@ -72,6 +91,8 @@ class RunResult:
     @property
     def cpu_ms_per_image(self) -> float | None:
         return None if self.error else self.cpu_seconds / self.images * 1e3
+    def images_per_cpu_s(self) -> float | None:
+        return None if self.error or not self.cpu_seconds else self.images / self.cpu_seconds
 
     def to_json(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "images_per_s": self.images_per_s}
@@ -99,29 +120,32 @@ def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     return result
 
 
-def run_ours(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
-    """(c): beam-prep's pipeline, exactly the command a user types."""
+def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAULT_FLAGS) -> RunResult:
+    """(c), or (d) and (e) with their ``flags``: beam-prep's pipeline, exactly the command a user types."""
     out = workdir / "ours"
+    shutil.rmtree(out, ignore_errors=True)
     measured = run_measured(
-        prepare_images.command("--input", str(corpus.root), "--output", str(out),
-                               "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY),
-                               "--overwrite"),
+        prepare_images.command("--input", str(corpus.root), "--output", str(out), *flags, "--overwrite"),
         cwd=REPO_ROOT,
     )
     result = _result(corpus, measured, out)
     if result.error is None:
         result.error = check_manifest(out / "manifest.json", corpus.images)
     if result.error is None:
+        originals = json.loads((out / "manifest.json").read_text()).get("originals")
+        if originals is not None:
+            result.details["originals"] = originals
         # Issue 5 times (c) from command start to the manifest written (the dataset is
         # complete); the process exits about a second later, once Beam stops its workers.
         result.details["exit_seconds"] = measured.seconds
         result.seconds = measured.seconds_until_written(out / "manifest.json")
-        result.psnr = peers.record_quality(sorted(out.glob("train-*")), corpus, peers.ours_record)
+        if tuple(flags) == tuple(DEFAULT_FLAGS):  # the originals are not 224x224 crops
+            result.psnr = peers.record_quality(sorted(out.glob("train-*")), corpus, peers.ours_record)
     return result
 
 
 def run_handwritten(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
-    """(e): the hand-written Pool + Pillow + TFRecordWriter script."""
+    """(g): the hand-written Pool + Pillow + TFRecordWriter script."""
     out = workdir / "handwritten"
     measured, report = peers.run_handwritten(corpus, out)
     result = _result(corpus, measured, out)
@@ -133,7 +157,7 @@ def run_handwritten(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
 
 
 def run_img2dataset(command: str, corpus: Corpus, workdir: pathlib.Path) -> RunResult:
-    """(f): img2dataset on a list of file:// paths."""
+    """(h): img2dataset on a list of file:// paths."""
     out = workdir / "img2dataset"
     measured, report = peers.run_img2dataset(command, corpus, out)
     result = _result(corpus, measured, out)
@@ -213,9 +237,50 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
 
 
 PEER_NAMES = {
-    "handwritten": "(e) hand-written Pool + Pillow + TFRecordWriter",
-    "img2dataset": "(f) img2dataset (file:// list, center_crop)",
+    "handwritten": "(g) hand-written Pool + Pillow + TFRecordWriter",
+    "img2dataset": "(h) img2dataset (file:// list, center_crop)",
 }
+
+def paired_ratio(ours: list[RunResult], others: list[RunResult], per_cpu: bool = False) -> float | None:
+    """The median over rounds of ``other ÷ ours`` (images/s, or images per CPU-second), each round's
+    runs taken minutes apart: on a shared machine that holds where the medians of each drift."""
+    ratios = []
+    for mine, other in zip(ours, others):
+        a, b = ((mine.images_per_cpu_s, other.images_per_cpu_s) if per_cpu
+                else (mine.images_per_s, other.images_per_s))
+        if a and b:
+            ratios.append(b / a)
+    return statistics.median(ratios) if ratios else None
+
+
+def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[int, list[RunResult]]]) -> str:
+    """(c) and the originals runs: images/s and CPU, each as a median of rounds and as the median
+    of each round's ratio to (c)."""
+    lines = [
+        "| run | images | wall s | images/s | ÷ (c) | images per CPU-s | ÷ (c) per CPU-s | peak RSS GiB "
+        "| output MB | kept, re-encoded |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for size in sorted(ours):
+        rows = [("(c) beam-prep default: 224×224 centre crops, JPEG q90", ours[size])]
+        rows += [(name, by_size[size]) for name, by_size in originals.items()]
+        for name, results in rows:
+            chosen = median_run(results)
+            is_c = results is ours[size]
+            counts = chosen.details.get("originals")
+            kept = f"{counts['kept']:,}, {counts['reencoded']:,}" if counts else "—"
+            lines.append(
+                f"| {name} | {chosen.images:,} | {_fmt(chosen.seconds)} "
+                f"| {'failed' if chosen.error else _fmt(chosen.images_per_s)} "
+                f"| {'—' if is_c else _times(paired_ratio(ours[size], results))} "
+                f"| {_fmt(chosen.images_per_cpu_s)} "
+                f"| {'—' if is_c else _times(paired_ratio(ours[size], results, per_cpu=True))} "
+                f"| {_fmt(chosen.peak_rss_bytes / GIB, 2)} | {_fmt(chosen.output_bytes / 1e6)} | {kept} |")
+    return "\n".join(lines)
+
+
+def _times(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2f}×"
 
 
 def _by_size(runs: dict[int, tuple[RunResult, RunResult]]) -> list[tuple[RunResult, RunResult]]:
@@ -303,6 +368,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     attempts: dict[int, tuple[list[RunResult], list[RunResult]]] = {size: ([], []) for size in corpora}
     img2dataset = peers.img2dataset_command()
     peer_attempts: dict[str, list[RunResult]] = {"handwritten": [], **({"img2dataset": []} if img2dataset else {})}
+    originals: dict[str, dict[int, list[RunResult]]] = {name: {size: [] for size in corpora}
+                                                         for name in ORIGINALS_RUNS}
+    load: list[float] = []
     # Host noise on shared machines moves every row by 10-20% from one minute to the
     # next: with --repeat, (b), (a) and (c) take turns and each row is the median.
     for _ in range(args.repeat):
@@ -318,12 +386,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                     peer_attempts["handwritten"].append(run_handwritten(corpus, workdir))
                     if img2dataset:
                         peer_attempts["img2dataset"].append(run_img2dataset(img2dataset, corpus, workdir))
+                load.append(os.getloadavg()[0])
+                for name, flags in ORIGINALS_RUNS.items():
+                    originals[name][size].append(run_ours(corpus, workdir, flags))
+                    load.append(os.getloadavg()[0])
             finally:
                 shutil.rmtree(workdir)
     # (b) and (b′) each take their own median: one round's slow parallel pass must
     # not ride along with the round whose serial pass is the median.
     limit = dataclasses.replace(sorted(limits, key=lambda r: r.per_core)[len(limits) // 2],
                                 parallel_seconds=statistics.median(r.parallel_seconds for r in limits))
+    ours_rounds = {size: list(ours) for size, (_, ours) in attempts.items()}
     runs = {size: (median_run(seeds), median_run(ours)) for size, (seeds, ours) in attempts.items()}
     peer_runs = {name: median_run(results) for name, results in peer_attempts.items()}
 
@@ -338,9 +411,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(table(limit, runs, peer_runs))
     if not img2dataset:
-        print("\n(f) img2dataset is not installed: pip install -e '.[peers]' puts it beside the table")
+        print("\n(h) img2dataset is not installed: pip install -e '.[peers]' puts it beside the table")
+    print()
+    print("Originals beside (c), run after it in each round; ÷ (c) is the median of the rounds' ratios; "
+          "CPU is the whole process tree's:")
+    print()
+    print(originals_table(ours_rounds, originals))
     print()
     print(f"Machine: {machine.describe(info)}")
+    print(f"Load average (1 min) after each (c) to (f) run: min {min(load):.1f}, median "
+          f"{statistics.median(load):.1f}, max {max(load):.1f} on {os.cpu_count()} cores")
     if info["busy_percent_before"] > BUSY_WARNING_PERCENT:
         print(f"WARNING: the CPUs were {info['busy_percent_before']:.0f}% busy before the benchmark started; "
               "other work on the machine lowers and scatters these numbers.")
@@ -383,6 +463,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             ],
             "peers": {name: result.to_json() for name, result in peer_runs.items()},
             "memory_growth": growth,
+            "originals": [
+                {"name": name, "images": size, "runs": [r.to_json() for r in results],
+                 "ratio_to_ours": paired_ratio(ours_rounds[size], results),
+                 "ratio_to_ours_per_cpu": paired_ratio(ours_rounds[size], results, per_cpu=True)}
+                for name, by_size in originals.items() for size, results in sorted(by_size.items())
+            ],
+            "load_average": load,
         }, indent=2))
 
 

@@ -1,15 +1,12 @@
 """Runs a command as a user would and measures its wall time, CPU time and peak memory.
 
-CPU time is the user + system time of the whole process tree, from the kernel's
-accounting of the children this process waits for (each parent waits for its
-own, as Beam's launcher waits for its workers): exact, and far less moved by
-other work on the machine than wall time.
-
-Memory is the peak of the summed resident set size of the whole process tree
-(the command and every child it starts, e.g. Beam's SDK workers), sampled in a
-thread. Summing RSS counts pages shared between processes once per process, so
-it is an upper bound, and it is what a user's monitor (or an OOM killer's
-accounting of a container) adds up.
+CPU time and memory are the whole process tree's: the command and every child
+it starts, e.g. Beam's SDK workers. CPU time is what the children this process
+waited for (and theirs) used (``RUSAGE_CHILDREN``), which a machine shared with
+other work moves far less than wall time. Memory is the peak of the summed
+resident set size, sampled in a thread. Summing RSS counts pages shared between
+processes once per process, so it is an upper bound, and it is what a user's
+monitor (or an OOM killer's accounting of a container) adds up.
 """
 from __future__ import annotations
 
@@ -37,12 +34,12 @@ class Measured:
     """How a finished command went; ``stdout`` whole, ``stderr_tail`` for error reports."""
 
     seconds: float
-    cpu_seconds: float
     peak_rss_bytes: int
     returncode: int
     stdout: str
     stderr_tail: str
     started_at: float  # time.time() at start, to time files the command writes
+    cpu_seconds: float = 0.0  # user + system time of the command and every process under it
 
     def seconds_until_written(self, path: pathlib.Path) -> float:
         """From command start until ``path`` was last written (its mtime)."""
@@ -100,8 +97,8 @@ def run_measured(
     # so that its writeback does not take CPU from (and time away from) this run.
     os.sync()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started_at = time.time()
-        cpu_before = _children_cpu_seconds()
         start = time.perf_counter()
         process = subprocess.Popen(
             list(command), cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err
@@ -110,19 +107,15 @@ def run_measured(
             with TreeMemorySampler(process.pid) as sampler:
                 returncode = process.wait()
             seconds = time.perf_counter() - start
-            cpu_seconds = _children_cpu_seconds() - cpu_before
         finally:
             if process.poll() is None:  # Interrupted: leave no workers behind.
                 _kill_tree(process.pid)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         out.seek(0)
         err.seek(0)
-        return Measured(seconds, cpu_seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:],
-                        started_at)
-
-
-def _children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+        return Measured(seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:],
+                        started_at, cpu)
 
 
 def _kill_tree(pid: int) -> None:

@@ -1,9 +1,10 @@
 """The per-image kernel: bytes in, training-ready bytes out."""
 from __future__ import annotations
 
+import dataclasses
 import io
-import os
 import math
+import os
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from beam_prep import imaging
 from beam_prep.errors import ImageError
-from beam_prep.imaging import ImageSpec, is_image_name, process_image
+from beam_prep.imaging import KEPT, ImageSpec, is_image_name, process_image
 from beam_prep.sample import picture
 from helpers import encode
 
@@ -287,3 +288,99 @@ def test_the_pillow_build_in_use_is_the_one_expected():
     # the fidelity tests above must then have run on it, not on the stock Pillow.
     expected = os.environ.get("BEAM_PREP_EXPECT_IMAGING", "pillow")
     assert imaging.library().split()[0] == expected
+
+
+# --- --image_format original, --no_upscale ---------------------------------------
+
+ORIGINAL = ImageSpec(height=None, width=None, resize_mode="none", image_format="original")
+
+
+def _rotated(upright: Image.Image, orientation: int = 6) -> bytes:
+    """A JPEG stored as a camera stores a turned photo, with the EXIF tag that turns it upright."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode(upright.transpose(Image.Transpose.ROTATE_90), "JPEG", quality=95, exif=exif.tobytes())
+
+
+@pytest.mark.parametrize("params", [{"quality": 83}, {"quality": 95, "progressive": True},
+                                    {"quality": 75, "subsampling": 0}])
+def test_original_stores_a_plain_rgb_jpeg_byte_for_byte(params):
+    data = encode(photo(1, 120, 80), "JPEG", **params)
+    out = process_image(data, ORIGINAL)
+    assert out.data == data
+    assert (out.original, out.height, out.width, out.channels) == (KEPT, 80, 120, 3)
+
+
+def test_original_keeps_grayscale_jpegs_for_one_channel_and_converts_colour_ones():
+    grey_source, colour_source = photo(2, 64, 48).convert("L"), photo(3, 64, 48)
+    grey, colour = encode(grey_source, "JPEG", quality=90), encode(colour_source, "JPEG", quality=90)
+    one = dataclasses.replace(ORIGINAL, channels=1)
+    assert process_image(grey, one).data == grey
+    made = process_image(colour, one)
+    assert made.original == "channels" and made.channels == 1
+    assert np.abs(pixels(made.data).astype(int) - np.asarray(colour_source.convert("L")).astype(int)).mean() < 3
+    # And the other way: three channels asked for, a grey JPEG becomes an RGB one.
+    made = process_image(grey, ORIGINAL)
+    assert made.original == "channels" and pixels(made.data).shape == (48, 64, 3)
+
+
+@pytest.mark.parametrize("reason,fmt,mode", [
+    ("not_jpeg", "PNG", "RGB"), ("not_jpeg", "GIF", "P"), ("not_jpeg", "WEBP", "RGB"),
+    ("not_jpeg", "PNG", "I;16"), ("cmyk", "JPEG", "CMYK"), ("rotated", "JPEG", "RGB")])
+def test_original_makes_an_upright_rgb_jpeg_of_everything_else(reason, fmt, mode):
+    upright = picture(4, 72, 56)
+    if reason == "rotated":
+        data = _rotated(upright)
+    elif mode == "I;16":  # 16-bit grey: the 8-bit picture times 257
+        upright = upright.convert("L")
+        data = encode(Image.fromarray(np.asarray(upright).astype(np.uint16) * 257), fmt)
+    elif mode == "P":  # flat colours, as a palette holds them exactly
+        upright = quadrants(72, 56)
+        data = encode(upright.convert("P", palette=Image.Palette.ADAPTIVE), fmt)
+    else:
+        data = encode(upright.convert(mode), fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+        upright = upright.convert(mode)
+    out = process_image(data, dataclasses.replace(ORIGINAL, jpeg_quality=95))
+    assert out.original == reason and Image.open(io.BytesIO(out.data)).format == "JPEG"
+    assert (out.height, out.width) == (56, 72)
+    reference = np.asarray(upright.convert("RGB"))
+    assert np.abs(pixels(out.data).astype(int) - reference.astype(int)).mean() < 3
+
+
+def test_original_with_a_fixed_size_mode_keeps_only_sources_of_that_exact_size():
+    spec = ImageSpec(height=48, width=64, image_format="original")
+    exact = encode(photo(5, 64, 48), "JPEG", quality=90)
+    assert process_image(exact, spec).data == exact
+    other = process_image(encode(photo(5, 80, 48), "JPEG", quality=90), spec)
+    assert other.original == "resized" and (other.height, other.width) == (48, 64)
+
+
+@pytest.mark.parametrize("cut", [2, 300, 5000])
+def test_original_never_keeps_a_truncated_jpeg(cut):
+    data = encode(photo(6, 320, 240), "JPEG", quality=90)
+    with pytest.raises(ImageError) as e:
+        process_image(data[:-cut], ORIGINAL)
+    assert e.value.stage == "decode" and "truncated" in str(e.value)
+
+
+def test_no_upscale_keeps_images_smaller_than_the_target_at_their_size():
+    spec = ImageSpec(height=100, width=100, resize_mode="shorter_side", no_upscale=True)
+    small, large = encode(photo(7, 80, 60), "JPEG", quality=90), encode(photo(7, 300, 200), "JPEG", quality=90)
+    out = process_image(small, spec)
+    assert (out.height, out.width) == (60, 80) and out.data != small  # re-encoded at q90, not enlarged
+    assert np.abs(pixels(out.data).astype(int) - pixels(small).astype(int)).mean() < 3
+    assert (process_image(large, spec).height, process_image(large, spec).width) == (100, 150)
+    # Without it, the small image is enlarged to the target.
+    enlarged = process_image(small, dataclasses.replace(spec, no_upscale=False))
+    assert (enlarged.height, enlarged.width) == (100, 133)
+    # With originals, the small JPEG keeps its bytes and the large one is shrunk.
+    originals = dataclasses.replace(spec, image_format="original")
+    assert process_image(small, originals).data == small
+    shrunk = process_image(large, originals)
+    assert shrunk.original == "resized" and (shrunk.height, shrunk.width) == (100, 150)
+
+
+@pytest.mark.parametrize("mode", ["center_crop", "stretch", "pad"])
+def test_no_upscale_is_refused_with_fixed_size_modes(mode):
+    with pytest.raises(ValueError, match=r"applies to the size-keeping resize modes \(shorter_side, and none"):
+        ImageSpec(height=64, width=64, resize_mode=mode, no_upscale=True)

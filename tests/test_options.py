@@ -43,7 +43,7 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--image_size", "big", "--image_size must be an int or HxW"),
     ("--image_size", "100000", "--image_size must be at most 16384 a side"),
     ("--image_size", "64x16385", "--image_size must be at most 16384 a side"),
-    ("--image_format", "gif", "--image_format must be one of jpeg, png, raw"),
+    ("--image_format", "gif", "--image_format must be one of jpeg, png, raw, original"),
     ("--channels", "4", "--channels must be 1 or 3"),
     ("--jpeg_quality", "101", "--jpeg_quality must be in 1..100"),
     ("--validation_percent", "100", "--validation_percent must be in [0, 100)"),

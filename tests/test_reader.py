@@ -23,7 +23,9 @@ from PIL import Image
 from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.reader import ImageInfo, RandomCropFlip, ReaderConfig, RecordFiles, load_info, make_dataset
-from helpers import REPO, child, make_tree, read_split, run_prepare
+from beam_prep.reader.decode import decode_window, resize
+from beam_prep.sample import picture
+from helpers import REPO, child, encode, make_tree, read_split, run_prepare
 
 SIZE = 32
 COUNTS = {"cat": 7, "dog": 6, "eel": 5}
@@ -77,6 +79,13 @@ def varying_ds(tmp_path_factory) -> pathlib.Path:
     """Shorter side 24: 96x64 pictures become 36x24, 64x80 ones 24x30."""
     return _prepare(tmp_path_factory, "varying", "--resize_mode", "shorter_side", "--image_size", "24",
                     "--image_format", "png", sizes=((96, 64), (64, 80)))
+
+
+@pytest.fixture(scope="module")
+def originals_ds(tmp_path_factory) -> pathlib.Path:
+    """The source JPEGs themselves (96x64 and 64x80), as ImageNet-style training reads them."""
+    return _prepare(tmp_path_factory, "originals", "--resize_mode", "none", "--image_format", "original",
+                    sizes=((96, 64), (64, 80)))
 
 
 def _manifest(path: pathlib.Path) -> dict:
@@ -477,6 +486,57 @@ def test_varying_sizes_resize_to_the_target(varying_ds):
     ds = make_dataset(str(varying_ds), batch_size=4, resize=(16, 20))
     assert ds.element_spec[0].shape.as_list() == [None, 16, 20, 3]
     assert sum(int(x.shape[0]) for x, _ in ds) == _manifest(varying_ds)["splits"]["train"]["num_examples"]
+
+
+# --- originals: whole source JPEGs, cropped at read time -----------------------------
+
+
+def test_originals_come_out_as_the_source_pixels_one_by_one(originals_ds):
+    manifest = _manifest(originals_ds)
+    assert manifest["originals"]["kept"] == manifest["counts"]["written"]
+    assert manifest["image"]["format"] == "jpeg" and manifest["image"]["height"] is None
+    stored = {r[features.FILENAME]: r for r in read_split(originals_ds, "train")}
+    ds = make_dataset(str(originals_ds), batch_size=None, training=False, extra_keys=(features.FILENAME,))
+    shapes = set()
+    for image, _, extra in ds:
+        record = stored[extra[features.FILENAME].numpy()]
+        # The stored bytes are the source file's, decoded by the reader exactly as Pillow decodes them.
+        np.testing.assert_array_equal(image.numpy(), _stored_pixels(record))
+        shapes.add(tuple(image.shape))
+    assert shapes == {(64, 96, 3), (80, 64, 3)}
+
+
+def test_originals_batch_with_resize_and_train_with_the_random_resized_crop(originals_ds):
+    count = _manifest(originals_ds)["splits"]["train"]["num_examples"]
+    with pytest.raises(OptionsError, match="resize="):
+        make_dataset(str(originals_ds), augment="random_resized_crop")
+    centred, _, names = _read_all(_eval(originals_ds, batch_size=4, resize=SIZE))
+    assert centred.shape == (count, SIZE, SIZE, 3)
+    ds = _eval(originals_ds, batch_size=4, resize=SIZE, augment="random_resized_crop")
+    assert ds.element_spec[0].shape.as_list() == [None, SIZE, SIZE, 3]
+    cropped, _, cropped_names = _read_all(ds)
+    assert cropped_names == names and (cropped != centred).any()
+
+
+def test_the_random_resized_crop_is_imagenet_trainings():
+    inception = RandomCropFlip.inception()
+    assert (inception.area_range, inception.aspect_ratio_range, inception.flip) == ((0.08, 1.0), (3 / 4, 4 / 3), True)
+
+
+@pytest.mark.parametrize("at_least,shape", [((100, 150), (125, 160, 3)), ((200, 150), (250, 320, 3)),
+                                             ((300, 150), (500, 640, 3)), (None, (500, 640, 3))])
+def test_a_crop_twice_the_output_or_more_is_decoded_scaled_down(at_least, shape):
+    """A 500x640 box of an 800x600 JPEG: decoded at 1/4 for an output of 100x150 (not 1/8: 62
+    rows), at 1/2 for 200x150, whole for 300x150; resized to the output, the same picture."""
+    data = tf.constant(encode(picture(3, 800, 600), "JPEG", quality=95))
+    info = ImageInfo(None, None, 3, "jpeg")
+    box = lambda _: tf.constant([40, 80, 500, 640])  # noqa: E731
+    window = decode_window(data, info, box, at_least=at_least)
+    assert tuple(window.shape) == shape
+    output = at_least or (100, 150)
+    full = decode_window(data, info, box)
+    diff = resize(window, output, 3).numpy().astype(int) - resize(full, output, 3).numpy().astype(int)
+    assert np.abs(diff).mean() < 2
 
 
 # --- errors -------------------------------------------------------------------

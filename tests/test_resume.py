@@ -17,7 +17,8 @@ import pytest
 
 from beam_prep import resume
 from beam_prep.errors import OptionsError
-from helpers import REPO, make_tree, run_prepare
+from beam_prep.sample import picture
+from helpers import REPO, encode, make_tree, run_prepare
 from pipelines.prepare_images import command
 
 SHARDS = 16
@@ -131,6 +132,29 @@ def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninte
     assert _digests(out) == uninterrupted
 
 
+def test_a_resumed_run_of_originals_counts_kept_and_reencoded_as_an_uninterrupted_one(tree, tmp_path):
+    """The counts of the shards finished before the stop come from their records."""
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tree, mixed)
+    for label in ("ant", "bee", "cat", "dog"):
+        for i in range(10):  # already 48x48: kept byte for byte
+            (mixed / label / f"small_{i}.jpg").write_bytes(encode(picture(1000 + i, 48, 48), "JPEG", quality=90))
+    args = (*ARGS, "--image_format", "original")
+    whole = tmp_path / "whole"
+    assert run_prepare("--input", str(mixed), "--output", str(whole), *args).returncode == 0
+    out = tmp_path / "out"
+    stopped, _, _ = _interrupt(mixed, out, signal.SIGTERM, "--image_format", "original")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    resumed = run_prepare("--input", str(mixed), "--output", str(out), *args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run" in resumed.stderr
+    assert _digests(out) == _digests(whole)
+    expected = {"kept": 40, "reencoded": 240, "reencoded_by_reason": {"resized": 240}}
+    for folder in (whole, out):
+        assert json.loads((folder / "manifest.json").read_text())["originals"] == expected
+    assert "  originals kept byte for byte: 40" in resumed.stdout.splitlines()
+
+
 def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted, tmp_path):
     out = tmp_path / "out"
     stopped, _, _ = _interrupt(tree, out, signal.SIGTERM)
@@ -179,9 +203,10 @@ def test_a_run_folder_that_cannot_be_resumed_is_refused_naming_overwrite(tmp_pat
     with pytest.raises(OptionsError, match=r"unfinished run 20260101T000000Z-0123abcd, which cannot be resumed "
                                            r"\(.*another beam-prep version, or damaged\); pass --overwrite"):
         resume.find_resumable(str(out), [folder.name], {})
-    (folder / resume.RUN_RECORD).write_text(json.dumps({"run_format": 0, "run_id": folder.name}))
-    with pytest.raises(OptionsError, match="cannot be resumed"):
-        resume.find_resumable(str(out), [folder.name], {})
+    for older in (0, resume.RUN_FORMAT - 1):  # a run folder of another version: its files mean other things
+        (folder / resume.RUN_RECORD).write_text(json.dumps({"run_format": older, "run_id": folder.name}))
+        with pytest.raises(OptionsError, match="cannot be resumed"):
+            resume.find_resumable(str(out), [folder.name], {})
     (folder / resume.RUN_RECORD).write_text('{"run_format": 1, "run_id": "cut sh')
     with pytest.raises(OptionsError, match="cannot be resumed"):
         resume.find_resumable(str(out), [folder.name], {})

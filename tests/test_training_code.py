@@ -19,11 +19,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from PIL import Image
+
 from beam_prep import features, layout, tfds_metadata
 from beam_prep.dataset import DatasetInfo, SplitInfo
 from beam_prep.errors import DatasetError
 from beam_prep.reader import ImageInfo, RecordFiles, load_info, make_dataset
-from helpers import make_tree, read_split, run_prepare
+from beam_prep.sample import picture
+from helpers import encode, make_tree, read_split, run_prepare
 
 COUNTS = {"cat": 2, "dog": 3, "emu": 2}
 SIZE = 16
@@ -37,8 +40,11 @@ def tree(tmp_path_factory) -> pathlib.Path:
 
 
 def _prepare(tmp_path_factory, tree: pathlib.Path, name: str, *flags: str) -> pathlib.Path:
+    """``flags`` after ``--image_size SIZE``; ``--resize_mode none`` takes none."""
     out = tmp_path_factory.mktemp(name) / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--image_size", str(SIZE),
+    keeps_size = any(flag == "--resize_mode" and value == "none" for flag, value in zip(flags, flags[1:]))
+    size = () if keeps_size else ("--image_size", str(SIZE))
+    result = run_prepare("--input", str(tree), "--output", str(out), *size,
                          "--num_shards", "2", "--direct_running_mode=in_memory", *flags)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -67,6 +73,25 @@ def plain_gray_png(tmp_path_factory, tree) -> pathlib.Path:
 def plain_raw(tmp_path_factory, tree) -> pathlib.Path:
     return _prepare(tmp_path_factory, tree, "plain_raw", "--compression", "none",
                     "--image_format", "raw", "--label_offset", "2")
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory, tree) -> pathlib.Path:
+    """Whole images for ImageNet-style training (README: the originals recipe, uncompressed for the
+    TPU code): the sources' own JPEG bytes, and JPEGs made of a PNG, a CMYK, a grey and a rotated
+    source, of varying sizes."""
+    root = tmp_path_factory.mktemp("originals_tree") / "tree"
+    shutil.copytree(tree, root)
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    extras = {"drawing.png": encode(picture(1, 40, 28), "PNG"),
+              "cmyk.jpg": encode(picture(2, 36, 30).convert("CMYK"), "JPEG"),
+              "grey.jpg": encode(picture(3, 30, 36).convert("L"), "JPEG"),
+              "rotated.jpg": encode(picture(4, 44, 30), "JPEG", exif=exif.tobytes())}
+    for name, data in extras.items():
+        (root / "train" / "cat" / name).write_bytes(data)
+    return _prepare(tmp_path_factory, root, "originals", "--resize_mode", "none", "--image_format", "original",
+                    "--compression", "none", "--label_offset", "1")
 
 
 def _manifest(out: pathlib.Path) -> dict:
@@ -113,8 +138,8 @@ def test_labels_txt_stays_the_label_list_with_an_offset(plain_raw, default_gzip)
 # --- tensorflow/tpu ResNet: imagenet_input.ImageNetInput.dataset_parser -----------------
 
 
-def _tpu_parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Its spec (keys, types, defaults) and its label arithmetic: ids from 1, 0 is background."""
+def _tpu_features(serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+    """Its spec (keys, types, defaults)."""
     spec = {
         "image/encoded": tf.io.FixedLenFeature((), tf.string, ""),
         "image/format": tf.io.FixedLenFeature((), tf.string, "jpeg"),
@@ -126,10 +151,47 @@ def _tpu_parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
         "image/object/class/label": tf.io.VarLenFeature(tf.int64),
     }
-    parsed = tf.io.parse_single_example(serialized, spec)
-    image = tf.io.decode_jpeg(parsed["image/encoded"], channels=3)
-    label = tf.cast(tf.reshape(parsed["image/class/label"], []), tf.int32) - 1
-    return image, label
+    return tf.io.parse_single_example(serialized, spec)
+
+
+def _tpu_label(parsed: dict[str, tf.Tensor]) -> tf.Tensor:
+    """Its label arithmetic: ids from 1, 0 is background."""
+    return tf.cast(tf.reshape(parsed["image/class/label"], []), tf.int32) - 1
+
+
+def _tpu_parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    parsed = _tpu_features(serialized)
+    return tf.io.decode_jpeg(parsed["image/encoded"], channels=3), _tpu_label(parsed)
+
+
+# resnet_preprocessing: IMAGE_SIZE (ours is SIZE) and CROP_PADDING.
+TPU_CROP_PADDING = 32
+
+
+def _tpu_decode_and_center_crop(image_bytes: tf.Tensor) -> tf.Tensor:
+    """Evaluation: the centre square of SIZE / (SIZE + 32) of the shorter side, decoded alone (the
+    stored channels: decode_and_crop_jpeg's default), bicubic to SIZE."""
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    crop = tf.cast(SIZE / (SIZE + TPU_CROP_PADDING) * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32),
+                   tf.int32)
+    window = tf.stack([(shape[0] - crop + 1) // 2, (shape[1] - crop + 1) // 2, crop, crop])
+    image = tf.image.convert_image_dtype(tf.image.decode_and_crop_jpeg(image_bytes, window), tf.float32)
+    return tf.image.resize([image], [SIZE, SIZE], method="bicubic")[0]
+
+
+def _tpu_decode_and_random_crop(image_bytes: tf.Tensor) -> tf.Tensor:
+    """Training: a crop of 8-100% of the area (10% covered at least), aspect 3/4 to 4/3, 10
+    attempts, decoded alone; when the sampler gives the whole image back, the evaluation crop."""
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, bounding_boxes=tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4]), min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.image.convert_image_dtype(tf.image.decode_and_crop_jpeg(image_bytes, window), tf.float32)
+    bad = tf.reduce_sum(tf.cast(tf.equal(shape, tf.shape(image)), tf.int32)) >= 3
+    return tf.cond(bad, lambda: _tpu_decode_and_center_crop(image_bytes),
+                   lambda: tf.image.resize([image], [SIZE, SIZE], method="bicubic")[0])
 
 
 def test_tpu_resnet_reads_uncompressed_output_with_label_offset_1(imagenet_style):
@@ -150,6 +212,32 @@ def test_tpu_resnet_reads_uncompressed_output_with_label_offset_1(imagenet_style
             assert image.shape == (SIZE, SIZE, 3)
             seen += 1
         assert seen == len(read)
+
+
+def test_tpu_resnet_trains_and_evaluates_on_originals(originals):
+    """preprocess_for_train and _for_eval, reshaped to [SIZE, SIZE, 3] as it does: every record
+    must decode to 3 channels with decode_and_crop_jpeg's default (the stored channels)."""
+    manifest = _manifest(originals)
+    assert manifest["originals"]["reencoded_by_reason"] == {"not_jpeg": 1, "cmyk": 1, "channels": 1, "rotated": 1}
+    for split in ("train", "validation"):
+        files = sorted(tf.io.gfile.glob(str(originals / f"{split}-*")))
+        assert [f.rsplit("/", 1)[-1] for f in files] == manifest["splits"][split]["shards"]
+        read = ours(originals, split)
+        sizes = set()
+        for serialized in tf.data.TFRecordDataset(files):
+            parsed = _tpu_features(serialized)
+            name = _filename(serialized)
+            assert int(_tpu_label(parsed)) == read[name][0]
+            for image in (_tpu_decode_and_random_crop(parsed["image/encoded"]),
+                          _tpu_decode_and_center_crop(parsed["image/encoded"])):
+                image = tf.reshape(tf.image.random_flip_left_right(image), [SIZE, SIZE, 3])
+                assert np.isfinite(image.numpy()).all()
+            # The whole stored image, as its decode gives it: the reader's pixels (another DCT).
+            whole = tf.io.decode_jpeg(parsed["image/encoded"]).numpy()
+            assert whole.shape == read[name][1].shape
+            assert np.abs(whole.astype(int) - read[name][1]).mean() < 3
+            sizes.add(whole.shape)
+        assert len(sizes) > 1 or split == "validation"  # whole images of their own sizes
 
 
 def test_tpu_resnet_cannot_read_the_default_gzip_output(default_gzip):
@@ -202,6 +290,44 @@ def test_model_garden_reads_the_default_gzip_output_as_tfrecord_compressed(defau
             assert int(label) == ours_label
             # The same JPEG decoded by another DCT: within a few levels of ours.
             assert np.abs(image.numpy().astype(int) - ours_image).mean() < 3
+
+
+def _garden_train_image(image_bytes: tf.Tensor) -> tf.Tensor:
+    """Its Parser's training image with ``decode_jpeg_only: true``: random_crop_image_v2 (8-100%
+    of the area, aspect 3/4 to 4/3, 10 attempts, the crop decoded alone, 3 channels), or the
+    centre 0.875 of the shorter side when the sampler gives the whole image back; a flip;
+    bilinear to the output size."""
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4]), seed=1, min_object_covered=0.08,
+        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10)
+    cropped = tf.image.decode_and_crop_jpeg(image_bytes, tf.stack([begin[0], begin[1], size[0], size[1]]),
+                                            channels=3)
+
+    def center() -> tf.Tensor:
+        float_shape = tf.cast(shape, tf.float32)
+        side = 0.875 * tf.minimum(float_shape[0], float_shape[1])
+        offset = tf.cast((float_shape - side) / 2.0, tf.int32)
+        side = tf.cast(side, tf.int32)
+        return tf.image.decode_and_crop_jpeg(image_bytes, tf.stack([offset[0], offset[1], side, side]), channels=3)
+
+    image = tf.cond(tf.reduce_all(tf.equal(tf.shape(cropped), shape)), center, lambda: cropped)
+    image = tf.image.random_flip_left_right(image)
+    return tf.image.resize(image, [SIZE, SIZE], method="bilinear")
+
+
+def test_model_garden_trains_on_originals(originals):
+    """``file_type: tfrecord`` on the uncompressed originals; ids as stored (offset 1 included)."""
+    for split in ("train", "validation"):
+        read = ours(originals, split)
+        records = list(_garden_records(str(originals / f"{split}*"), "tfrecord"))
+        assert len(records) == len(read)
+        for serialized in records:
+            parsed = tf.io.parse_single_example(serialized, {
+                "image/encoded": tf.io.FixedLenFeature((), tf.string, ""),
+                "image/class/label": tf.io.FixedLenFeature((), tf.int64, -1)})
+            assert int(parsed["image/class/label"]) == read[_filename(serialized)][0] + 1
+            assert _garden_train_image(parsed["image/encoded"]).shape == (SIZE, SIZE, 3)
 
 
 def test_model_garden_default_file_type_cannot_read_gzip(default_gzip):

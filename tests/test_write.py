@@ -159,6 +159,28 @@ def test_the_commands_output_and_the_transforms_hold_the_same_records(tree, tmp_
         assert by_name[0] == by_name[1] and by_name[0]
 
 
+def test_originals_are_kept_and_counted_as_the_command_does(tmp_path):
+    """``image_format="original"`` through the transform: a JPEG path and JPEG bytes kept as they
+    are, a PNG and a JPEG too large re-encoded, and the counts in the manifest."""
+    kept = encode(picture(1, 40, 30), "JPEG", quality=88)
+    (tmp_path / "kept.jpg").write_bytes(kept)
+    elements = [(str(tmp_path / "kept.jpg"), "cat"), (kept, "dog", None, "memory/kept.jpg"),
+                (encode(picture(2, 40, 30), "PNG"), "dog", None, "memory/drawing.png"),
+                (encode(picture(3, 200, 100), "JPEG"), "cat", None, "memory/large.jpg")]
+    out = tmp_path / "out"
+    with _pipeline() as p:
+        _ = p | beam.Create(elements) | WriteImageDataset(
+            str(out), LABELS, root=str(tmp_path), image_size=50, resize_mode="shorter_side", no_upscale=True,
+            image_format="original", num_shards=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["originals"] == {"kept": 2, "reencoded": 2,
+                                     "reencoded_by_reason": {"not_jpeg": 1, "resized": 1}}
+    records = {r[features.FILENAME]: r for r in read_split(out, "train")}
+    assert records[b"kept.jpg"][features.ENCODED] == kept == records[b"memory/kept.jpg"][features.ENCODED]
+    assert {r[features.FORMAT] for r in records.values()} == {b"jpeg"}
+    assert (records[b"memory/large.jpg"][features.HEIGHT], records[b"memory/large.jpg"][features.WIDTH]) == (50, 100)
+
+
 def test_an_existing_dataset_is_kept_unless_overwrite(tree, tmp_path):
     """Refused when applied; replaced with overwrite. The first run lets the runner choose
     the shard count, the second fixes it."""
@@ -205,6 +227,8 @@ def test_an_element_of_the_wrong_shape_fails_the_job_with_its_reason(tmp_path):
     ({"compression": "zip"}, "compression must be one of"),
     ({"label_offset": 100}, r"label_offset must be in \[0, 16\]"),
     ({"labels_txt": "csv"}, "labels_txt must be one of"),
+    ({"no_upscale": True}, "no_upscale applies to the size-keeping resize modes"),
+    ({"image_format": "gif"}, "image_format must be one of jpeg, png, raw, original"),
 ])
 def test_bad_arguments_are_refused_when_constructed(tmp_path, arguments, message):
     arguments = {"labels": LABELS, **arguments}

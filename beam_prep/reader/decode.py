@@ -2,7 +2,8 @@
 
 Per-image functions, traced inside the reader's ``tf.data`` maps. A JPEG is
 decoded only as far as needed: a centre crop or a random crop decodes just
-that window (``tf.io.decode_and_crop_jpeg``).
+that window (``tf.io.decode_and_crop_jpeg``), and a random crop well over the
+output size is also scaled down in the DCT domain as it is decoded.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["RandomCropFlip", "center_window", "decode", "decode_window", "random_crop_flip", "resize"]
 
+# The DCT scales libjpeg decodes at (tf.io.decode_and_crop_jpeg's ratio), smallest first.
+_DCT_RATIOS = (1, 2, 4, 8)
+
 
 @dataclasses.dataclass(frozen=True)
 class RandomCropFlip:
@@ -26,8 +30,10 @@ class RandomCropFlip:
     The crop box is drawn as in Inception/ResNet training
     (``tf.image.sample_distorted_bounding_box``): ``area_range`` of the image's
     area, with width/height in ``aspect_ratio_range``; it is resized to the
-    output size so batches keep one shape. JPEG records decode only the crop.
-    ``augment="crop_flip"`` is ``RandomCropFlip()``.
+    output size so batches keep one shape. JPEG records decode only the crop,
+    at the smallest DCT scale (1/2, 1/4, 1/8) that keeps it at least the output
+    size. ``augment="crop_flip"`` is ``RandomCropFlip()``;
+    ``augment="random_resized_crop"`` is ``RandomCropFlip.inception()``.
     """
 
     area_range: tuple[float, float] = (0.25, 1.0)
@@ -42,6 +48,13 @@ class RandomCropFlip:
         low, high = self.aspect_ratio_range
         if not 0 < low <= high:
             raise OptionsError(f"aspect_ratio_range must satisfy 0 < low <= high, not {self.aspect_ratio_range}")
+
+    @classmethod
+    def inception(cls) -> RandomCropFlip:
+        """The crop ImageNet training recipes take from the whole image (Inception, the TPU ResNet,
+        Model Garden, torchvision's RandomResizedCrop): 8-100% of the area, width/height 3/4 to
+        4/3, and a flip. For datasets that keep whole images (``--image_format original``)."""
+        return cls(area_range=(0.08, 1.0))
 
 
 def random_crop_flip(
@@ -71,7 +84,8 @@ def random_crop_flip(
             use_image_if_no_bounding_boxes=True)
         return tf.stack([begin[0], begin[1], crop[0], crop[1]])
 
-    out = resize(decode_window(encoded, image, window, record_hw, dct_method), size, image.channels)
+    out = resize(decode_window(encoded, image, window, record_hw, dct_method, at_least=size), size,
+                 image.channels)
     if params.flip:
         out = tf.image.random_flip_left_right(out)
     return out
@@ -101,17 +115,48 @@ def decode(encoded: tf.Tensor, image: ImageInfo, record_hw=None,
 
 
 def decode_window(encoded, image: ImageInfo, window_fn, record_hw=None,
-                   dct_method: str = DEFAULT_DCT_METHOD) -> tf.Tensor:
-    """Decodes the box ``window_fn(shape) -> [y, x, h, w]``; JPEG decodes only that box."""
+                   dct_method: str = DEFAULT_DCT_METHOD, at_least: tuple[int, int] | None = None) -> tf.Tensor:
+    """Decodes the box ``window_fn(shape) -> [y, x, h, w]``; JPEG decodes only that box.
+
+    With ``at_least`` (height, width), a JPEG box that large twice over or more
+    is decoded scaled down by 2, 4 or 8, never below ``at_least``: for a
+    resize to that size, which follows.
+    """
     import tensorflow as tf
 
     if image.format == "jpeg":
         shape = tf.image.extract_jpeg_shape(encoded)[:2]
-        return tf.io.decode_and_crop_jpeg(encoded, window_fn(shape), channels=image.channels,
-                                          dct_method=dct_method)
+        box = window_fn(shape)
+        if at_least is None:
+            return tf.io.decode_and_crop_jpeg(encoded, box, channels=image.channels, dct_method=dct_method)
+        return _decode_scaled_window(encoded, box, at_least, image.channels, dct_method)
     full = decode(encoded, image, record_hw, dct_method)
     box = window_fn(tf.shape(full)[:2])
     return tf.slice(full, [box[0], box[1], 0], [box[2], box[3], image.channels])
+
+
+def _decode_scaled_window(encoded: tf.Tensor, box: tf.Tensor, at_least: tuple[int, int], channels: int,
+                          dct_method: str) -> tf.Tensor:
+    """The JPEG's ``box`` decoded at the largest DCT ratio that keeps it ``at_least`` (h, w).
+
+    libjpeg then does a fraction of the inverse DCT, upsampling and colour
+    conversion (the coded bytes are read all the same). A scaled decode's crop
+    window is on the scaled grid, so the box is divided by the ratio, rounding
+    down: it stays inside the image and moves by less than one scaled pixel.
+    """
+    import tensorflow as tf
+
+    def fits(ratio: int) -> tf.Tensor:
+        return tf.logical_and(box[2] >= ratio * at_least[0], box[3] >= ratio * at_least[1])
+
+    # Each ratio that fits implies the smaller ones do: their count indexes the largest.
+    index = tf.add_n([tf.cast(fits(ratio), tf.int32) for ratio in _DCT_RATIOS[1:]])
+
+    def branch(ratio: int):
+        return lambda: tf.io.decode_and_crop_jpeg(encoded, box // ratio, channels=channels, ratio=ratio,
+                                                  dct_method=dct_method)
+
+    return tf.switch_case(index, [branch(ratio) for ratio in _DCT_RATIOS])
 
 
 def center_window(shape: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:

@@ -105,7 +105,9 @@ def make_dataset(
         float dtype (``float32``...) scaled to [0, 1].
       one_hot: labels as float32 one-hot vectors (depth: the number of labels)
         instead of int64 ids.
-      augment: a per-image augmentation: ``"crop_flip"`` or a
+      augment: a per-image augmentation: ``"crop_flip"``,
+        ``"random_resized_crop"`` (ImageNet training's crop of 8-100% of the
+        image, for whole images: ``RandomCropFlip.inception()``) or a
         :class:`RandomCropFlip` (built in, decodes only the crop of a JPEG), or a
         function from a uint8 [h, w, c] image (at the output size) to a uint8 or
         [0, 1] float image of one fixed shape. Off unless asked for, in training

@@ -122,13 +122,20 @@ def _output_size(image: ImageInfo, resize_to: int | tuple[int, int] | None) -> t
     return int(size[0]), int(size[1])
 
 
+_NAMED_AUGMENTS: dict[str, Callable[[], RandomCropFlip]] = {
+    "crop_flip": RandomCropFlip,
+    "random_resized_crop": RandomCropFlip.inception,
+}
+
+
 def _augmentation(augment: Augment | None) -> tuple[RandomCropFlip | None, Callable | None]:
     """(the built-in crop and flip, a user's function): at most one of them."""
-    wrong = f"augment must be 'crop_flip', a RandomCropFlip or a function, not {augment!r}"
+    wrong = (f"augment must be 'crop_flip', 'random_resized_crop', a RandomCropFlip or a function, "
+             f"not {augment!r}")
     if isinstance(augment, str):
-        if augment != "crop_flip":
+        if augment not in _NAMED_AUGMENTS:
             raise OptionsError(wrong)
-        return RandomCropFlip(), None
+        return _NAMED_AUGMENTS[augment](), None
     if isinstance(augment, RandomCropFlip):
         return augment, None
     if augment is not None and not callable(augment):
