@@ -139,6 +139,8 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
 
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
+    if not data:  # a failed download or copy; Pillow would call it an unknown format
+        raise ImageError("decode", "empty file (0 bytes)")
     try:
         img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:

@@ -38,18 +38,18 @@ from typing import Any, Iterable, Mapping, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.textio import ReadFromText
+from apache_beam.io.textio import ReadFromText, WriteToText
 from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection, TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_prep import layout, progress, resume, tfrecord
+from beam_prep import duplicates, layout, progress, resume, tfrecord
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
 from beam_prep.records import FileReader, Outcome, make_example
-from beam_prep.storage import join
+from beam_prep.storage import join, write_lines
 from beam_prep.tfrecord import count_records, write_record
 
 __all__ = ["NAMESPACE", "Counters", "ParseEntryFn", "SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle",
@@ -69,11 +69,14 @@ class SinkResult(NamedTuple):
       class_counts: ``((split, label), number of records)``, one per pair.
       failures: a failure report (``records.failure_report``) per file that
         became no record.
+      hashes: the path of each hash file written (``duplicates.hash_line``: one
+        line per record), for the duplicates report.
     """
 
     shards: PCollection
     class_counts: PCollection
     failures: PCollection
+    hashes: PCollection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +146,7 @@ class _Reading:
 
 
 class _ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, label, example)``; a bad file goes to the ``failed`` output.
+    """One file to ``(split, label, example, hash line)``; a bad file goes to the ``failed`` output.
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
     bytes)``, an image already in hand, whose entry only names it.
@@ -196,7 +199,8 @@ class _ImageToExampleFn(beam.DoFn):
         if not ok:
             yield TaggedOutput(_FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
-        yield WindowedValue((entry.split, entry.label, outcome.example), timestamp, (window,))
+        yield WindowedValue((entry.split, entry.label, outcome.example,
+                             duplicates.hash_line(outcome.sha256, entry.split, entry.path)), timestamp, (window,))
 
 
 class _WriteShardFn(beam.DoFn):
@@ -208,9 +212,10 @@ class _WriteShardFn(beam.DoFn):
     name of its own and renamed when complete, then marked finished
     (``resume.write_shard_record``), so a shard file under its final name is
     always whole, and a retried bundle or a worker left over from a killed
-    launcher only rewrites the same bytes. Outputs ``(split, shard_name,
-    num_examples)``, ``((split, label), n)`` on ``counts`` and failure reports
-    on ``failed``, the same for a shard written now or kept.
+    launcher only rewrites the same bytes. Its records' hashes go to its hash
+    file (``layout.hashes_name``), written before it is marked finished. Outputs
+    ``(split, shard_name, num_examples)``, ``((split, label), n)`` on ``counts``
+    and failure reports on ``failed``, the same for a shard written now or kept.
     """
 
     def __init__(self, config: _SinkConfig, split: str) -> None:
@@ -254,6 +259,7 @@ class _WriteShardFn(beam.DoFn):
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
         per_label: collections.Counter[str] = collections.Counter()
         failures = []
+        hashes = []
         checksum = tfrecord.Checksum()
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
         with tfrecord.shard_writer(partial, config.compression, checksum, shown_as=join(config.work, name)) as f, \
@@ -267,9 +273,11 @@ class _WriteShardFn(beam.DoFn):
                 if ok:
                     write_record(f, outcome.example)
                     per_label[entry.label] += 1
+                    hashes.append(duplicates.hash_line(outcome.sha256, split, entry.path))
                 else:
                     failures.append(outcome.failure)
         FileSystems.rename([partial], [join(config.work, name)])
+        write_lines(join(config.work, layout.hashes_name(name)), hashes)
         record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=checksum.size,
                                     sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures)
         resume.write_shard_record(config.work, record)
@@ -322,10 +330,13 @@ class WriteShardsStreaming(_ShardSink):
             shards.append(results.shards)
             counts.append(results[_COUNTS])
             failed.append(results[_FAILED])
+        all_shards = tuple(shards) | "AllShards" >> beam.Flatten()
         return SinkResult(
-            shards=tuple(shards) | "AllShards" >> beam.Flatten(),
+            shards=all_shards,
             class_counts=tuple(counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum),
-            failures=tuple(failed) | "AllFailed" >> beam.Flatten())
+            failures=tuple(failed) | "AllFailed" >> beam.Flatten(),
+            hashes=all_shards | "HashFiles" >> beam.Map(
+                lambda row, work=self._config.work: join(work, layout.hashes_name(row[1]))))
 
 
 class WriteEntriesShuffle(_ShardSink):
@@ -374,9 +385,13 @@ class WriteEntriesShuffle(_ShardSink):
                 | f"CountRecords[{split}]" >> beam.Map(
                     lambda path, s=split, c=config.compression: (s, path.rsplit("/", 1)[-1],
                                                                  count_records(path, c))))
+        hashes = (records
+                  | "HashLines" >> beam.Map(lambda r: r[3])
+                  | "WriteHashes" >> WriteToText(join(config.work, layout.HASHES), file_name_suffix=".txt"))
         return SinkResult(shards=tuple(shard_lists) | "AllShards" >> beam.Flatten(),
                           class_counts=counts,
-                          failures=results[_FAILED])
+                          failures=results[_FAILED],
+                          hashes=hashes)
 
 
 class WriteShardsShuffle(_ShardSink):

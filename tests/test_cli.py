@@ -1,6 +1,7 @@
 """What the command line says when a flag is unknown or a job fails, and where the rest goes."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -11,6 +12,7 @@ import pytest
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
+from beam_prep.spelling import known_spelling
 from helpers import REPO, child, make_tree, run_prepare
 from pipelines import prepare_images
 
@@ -44,8 +46,8 @@ def run_with_file_limit(*args: str, env: dict[str, str]) -> subprocess.Completed
 # Unknown flags.
 
 def test_a_misspelled_flag_is_named_with_the_nearest_known_one():
-    with pytest.raises(OptionsError, match=r"^unknown option --image-size; did you mean --image_size\?$"):
-        check_flags(["--input", "x", "--image-size", "64"])
+    with pytest.raises(OptionsError, match=r"^unknown option --image_sise; did you mean --image_size\?$"):
+        check_flags(["--input", "x", "--image_sise", "64"])
 
 
 def test_every_unknown_flag_is_named():
@@ -94,11 +96,28 @@ def test_unknown_flags_are_refused_before_the_input_is_looked_at(capsys, tmp_pat
 
 def test_the_command_stops_on_an_unknown_flag_with_nothing_written(tree, tmp_path):
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--image-size", "64",
-                         "--direct_running_mode", "in_memory")
+    result = run_prepare("--input", str(tree), "--output", str(out), "--image_sise", "64",
+                         "--direct-running-mode", "in_memory")
     assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines()[-1] == "error: unknown option --image-size; did you mean --image_size?"
+    assert result.stderr == "error: unknown option --image_sise; did you mean --image_size?\n"
     assert not out.exists() and result.stdout == ""
+
+
+def test_every_flag_of_prepare_takes_dashes_or_underscores(tree, tmp_path):
+    result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image-size", "16",
+                         "--direct-running-mode=in_memory", "--labels-txt", "slim")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["image"]["height"], manifest["image"]["width"]) == (16, 16)
+    assert (tmp_path / "out" / "labels.txt").read_text() == "0:a\n1:b\n"
+
+
+def test_known_spelling_rewrites_flags_alone():
+    known = ["--image_size", "--job-server-timeout", "--job_server_timeout", "--max_per_kind"]
+    assert known_spelling(["--image-size", "a-b", "--max-per-kind=3", "--job-server-timeout", "5", "--",
+                           "--image-size"], known) == \
+        ["--image_size", "a-b", "--max_per_kind=3", "--job-server-timeout", "5", "--", "--image-size"]
+    assert known_spelling(["--imagesize", "-5"], known) == ["--imagesize", "-5"]
 
 
 # A job that fails.
@@ -141,9 +160,43 @@ def test_a_good_run_keeps_its_output_and_no_log(tree, tmp_path, tmpdir_env):
     result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image_size", "16",
                          "--direct_running_mode", "in_memory", env=tmpdir_env)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"INFO beam_prep.pipeline: run \S+: listed 8 images", result.stderr)
-    assert result.stdout.startswith("beam-prep: 8 of 8 images written")
+    assert result.stderr == ""  # the summary says it all: our INFO records are for a failed job's log
+    assert re.fullmatch(r"beam-prep: 8 of 8 images written in .*; 0 failed, 0 skipped\n"
+                        r"  train: 8 examples in 1 shard\n", result.stdout)
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
+
+
+def snapshot(folder) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``folder``, hidden ones too, with its size and change time."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        info = path.stat()
+        found[str(path.relative_to(folder))] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+def test_a_refused_run_says_one_line_and_changes_nothing(tree, tmp_path, tmpdir_env):
+    out = tmp_path / "out"
+    args = ("--input", str(tree), "--output", str(out), "--image_size", "16", "--direct_running_mode", "in_memory")
+    assert run_prepare(*args, env=tmpdir_env).returncode == 0
+    before = snapshot(out)
+    refused = run_prepare(*args, env=tmpdir_env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == (f"error: --output {out} already holds a dataset ({len(before)} files); "
+                              "pass --overwrite to replace it\n")
+    assert snapshot(out) == before  # no claim, no run folder left behind
+    assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
+
+
+def test_a_run_refused_after_listing_leaves_no_output_folder(tmp_path, tmpdir_env):
+    make_tree(tmp_path / "split", {"a": 2}, splits=["train", "validation"], size=(24, 20))
+    out = tmp_path / "new" / "out"
+    refused = run_prepare("--input", str(tmp_path / "split"), "--output", str(out), "--validation_percent", "10",
+                          "--direct_running_mode", "in_memory", env=tmpdir_env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == (f"error: {tmp_path / 'split'} already has split folders (train, validation); "
+                              "drop --validation_percent\n")
+    assert not (tmp_path / "new").exists()
 
 
 REMOTE = """Traceback (most recent call last):
