@@ -12,8 +12,8 @@ second pass over the images.
 The step that reads them holds every record's hash in no object of its own,
 so its memory is bounded by the records, not their paths: at most 9 bytes per
 record while reading (a uint64 prefix of each sha256, sorted in place, and a
-mask), then 56 bytes per *candidate* (a prefix seen twice or more; at most
-half the records), which is at most 28 bytes per record when every record has
+mask), then 48 bytes per *candidate* (a prefix seen twice or more; at most
+half the records), which is at most 24 bytes per record when every record has
 a copy, and nothing when none has. Candidates are checked against the full
 sha256 (the first file of each prefix gives it; a file with the same prefix
 and another hash is kept apart, a 2^-64 event per pair), and the files that
@@ -23,6 +23,8 @@ never held at once. See the README's *Duplicates* for what is reported.
 """
 from __future__ import annotations
 
+import array
+import binascii
 import collections
 import dataclasses
 import json
@@ -40,12 +42,14 @@ __all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line"]
 EXAMPLES = 5  # groups of copies the manifest shows, and files shown of each
 _PREFIX_HEX = 16  # a sha256's first 8 bytes, as hex: the key held per record
 _SHA256_HEX = 64
+_REST_BYTES = 24  # a sha256 after its prefix
 _READ_BYTES = 1 << 22
 
 
 def hash_line(sha256_hex: str, split: str, path: str) -> str:
-    """A hash file's line for one written record: ``<sha256 hex>\\t<split>\\t<path as JSON>``."""
-    return f"{sha256_hex}\t{split}\t{json.dumps(path)}"
+    """A hash file's line for one written record: ``<sha256 hex>\\t<split>\\t<path as JSON>``,
+    the path as messages show it (``listing.printable``: a name that is not UTF-8 escaped)."""
+    return f"{sha256_hex}\t{split}\t{json.dumps(printable(path))}"
 
 
 @dataclasses.dataclass
@@ -93,7 +97,7 @@ def find(hash_files: Iterable[str], capacity: int) -> Duplicates:
     folder = SpillFolder(prefix="beam-prep-duplicates-")
     found = Duplicates(lines_file=folder.file("duplicates.jsonl"), _folder=folder)
     try:
-        with open(found.lines_file, "w", encoding="utf-8") as out:
+        with open(found.lines_file, "wb") as out:
             if len(candidates):
                 _report(files, candidates, sizes, folder, found, out)
     except BaseException:
@@ -122,75 +126,83 @@ def _candidates(files: list[str], capacity: int) -> tuple[np.ndarray, np.ndarray
 
 
 def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder: SpillFolder,
-            found: Duplicates, out: IO[str]) -> None:
+            found: Duplicates, out: IO[bytes]) -> None:
     """Pass 2: each candidate line checked against its group's full hash and put in its group's
-    place; then the groups read back in order and written, counted and sampled."""
-    starts = np.zeros(len(candidates), dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    total = int(starts[-1] + sizes[-1])
-    seen = np.zeros(len(candidates), dtype=np.uint32)
-    first = np.zeros(len(candidates), dtype="V32")  # each group's full sha256, from its first line
+    place; then the groups read back in order and written, counted and sampled.
+
+    Per candidate, beside ``candidates`` and ``sizes``: where its group starts among the places
+    (8 bytes), how many of its lines have been placed (4) and its hash after the prefix (24),
+    in flat arrays: Python objects would cost ten times that.
+    """
+    count = len(candidates)
+    starts = array.array("q")
+    starts.frombytes(np.concatenate(([0], np.cumsum(sizes[:-1], dtype=np.int64))).tobytes())
+    total = starts[-1] + int(sizes[-1])
+    seen = array.array("I", bytes(4 * count))
+    first = bytearray(_REST_BYTES * count)
     places = SortedSpill(folder, "groups", total)
-    apart: dict[bytes, list[tuple[str, str]]] = collections.defaultdict(list)  # same prefix, other hash
+    apart: dict[bytes, list[tuple[bytes, bytes]]] = collections.defaultdict(list)  # same prefix, other hash
     mismatched: collections.Counter[int] = collections.Counter()
     for path, lines in _chunks(files):
         keys = _prefixes(path, lines)
-        at = np.minimum(np.searchsorted(candidates, keys), len(candidates) - 1)
+        at = np.minimum(np.searchsorted(candidates, keys), count - 1)
         for i in np.flatnonzero(candidates[at] == keys).tolist():
             group = int(at[i])
-            digest, split, name = _parse(path, lines[i])
+            digest, split, quoted = _parse(path, lines[i])
+            rest = digest[8:]
             if seen[group] == 0:
-                first[group] = np.void(digest)
-            elif first[group].tobytes() != digest:
-                apart[digest].append((split, name))
+                first[group * _REST_BYTES:(group + 1) * _REST_BYTES] = rest
+            elif first[group * _REST_BYTES:(group + 1) * _REST_BYTES] != rest:
+                apart[digest].append((split, quoted))
                 mismatched[group] += 1
                 continue
-            place = int(starts[group]) + int(seen[group])
+            places.add((((starts[group] + seen[group]) << 64) // total, group, split, quoted))
             seen[group] += 1
-            places.add(((place << 64) // total, group, split, name))
+    del seen, starts
     tally = _Tally(found, out)
     current = -1
-    for _, group, split, name in places:
+    for _, group, split, quoted in places:
         if group != current:
             tally.group_done()
             current = group
-            copies = int(sizes[group]) - mismatched[group]
-            tally.start(first[group].tobytes().hex(), copies)
-        tally.add(split, name)
+            rest = bytes(first[group * _REST_BYTES:(group + 1) * _REST_BYTES])
+            tally.start(int(candidates[group]).to_bytes(8, "big") + rest, int(sizes[group]) - mismatched[group])
+        tally.add(split, quoted)
     tally.group_done()
     for digest, files_apart in sorted(apart.items()):
-        tally.start(digest.hex(), len(files_apart))
-        for split, name in files_apart:
-            tally.add(split, name)
+        tally.start(digest, len(files_apart))
+        for split, quoted in files_apart:
+            tally.add(split, quoted)
         tally.group_done()
     found.examples = tally.examples()
 
 
 class _Tally:
-    """One group of files with the same bytes at a time, streamed: written to duplicates.jsonl,
-    counted, and the first few groups kept as the manifest's examples (across splits first)."""
+    """One group of files with the same bytes at a time, streamed: written to duplicates.jsonl
+    (bytes, as the hash files hold them), counted, and the first few groups kept as the
+    manifest's examples (across splits first)."""
 
-    def __init__(self, found: Duplicates, out: IO[str]) -> None:
+    def __init__(self, found: Duplicates, out: IO[bytes]) -> None:
         self._found, self._out = found, out
-        self._sha256, self._copies = "", 0
-        self._per_split: collections.Counter[str] = collections.Counter()
-        self._shown: list[dict[str, str]] = []
+        self._head, self._sha256, self._copies = b"", "", 0
+        self._per_split: collections.Counter[bytes] = collections.Counter()
+        self._shown: list[tuple[bytes, bytes]] = []
         self._across: list[dict[str, Any]] = []
         self._within: list[dict[str, Any]] = []
 
-    def start(self, sha256: str, copies: int) -> None:
-        self._sha256, self._copies = sha256, copies
+    def start(self, digest: bytes, copies: int) -> None:
+        self._sha256, self._copies = digest.hex(), copies
+        self._head = b'{"sha256": "%s", "copies": %d, "split": "' % (self._sha256.encode(), copies)
         self._per_split.clear()
         self._shown = []
 
-    def add(self, split: str, path: str) -> None:
+    def add(self, split: bytes, quoted: bytes) -> None:
         if self._copies < 2:  # a prefix shared by different contents: no copy at all
             return
-        self._out.write(json.dumps({"sha256": self._sha256, "copies": self._copies, "split": split,
-                                    "path": path}, ensure_ascii=False) + "\n")
+        self._out.write(self._head + split + b'", "path": ' + quoted + b"}\n")
         self._per_split[split] += 1
         if len(self._shown) < EXAMPLES:
-            self._shown.append({"split": split, "path": path})
+            self._shown.append((split, quoted))
 
     def group_done(self) -> None:
         if not self._per_split:
@@ -202,7 +214,9 @@ class _Tally:
         f.across_splits += len(self._per_split) - 1
         kept = self._across if len(self._per_split) > 1 else self._within
         if len(kept) < EXAMPLES:
-            kept.append({"sha256": self._sha256, "copies": self._copies, "files": self._shown})
+            kept.append({"sha256": self._sha256, "copies": self._copies,
+                         "files": [{"split": split.decode(), "path": json.loads(quoted)}
+                                   for split, quoted in self._shown]})
         self._per_split.clear()
 
     def examples(self) -> list[dict[str, Any]]:
@@ -239,12 +253,14 @@ def _prefixes(path: str, lines: list[bytes]) -> np.ndarray:
         raise DatasetError(f"{path} holds a line that is not a record's hash: {e}") from e
 
 
-def _parse(path: str, line: bytes) -> tuple[bytes, str, str]:
-    """A hash line's sha256 (32 bytes), split and source path."""
+def _parse(path: str, line: bytes) -> tuple[bytes, bytes, bytes]:
+    """A hash line's sha256 (32 bytes), split and source path (JSON-quoted), as bytes."""
+    parts = line.split(b"\t", 2)
     try:
-        digest, split, name = line.decode("utf-8").split("\t", 2)
-        return bytes.fromhex(digest[:_SHA256_HEX]), split, json.loads(name)
-    except ValueError as e:
+        if len(parts) != 3 or len(parts[0]) != _SHA256_HEX:
+            raise ValueError("not three fields")
+        return binascii.unhexlify(parts[0]), parts[1], parts[2]
+    except (ValueError, binascii.Error) as e:
         raise DatasetError(f"{path} holds a line that is not a record's hash: {line[:200]!r}") from e
 
 

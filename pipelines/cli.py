@@ -21,7 +21,7 @@ import importlib
 import logging
 import sys
 import warnings
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import beam_prep
 from beam_prep.errors import BeamPrepWarning
@@ -47,18 +47,27 @@ class ConsoleFormatter(logging.Formatter):
         return f"{record.levelname.lower()}: {super().format(record)}"
 
 
+class _ConsoleHandler(logging.StreamHandler):
+    """The one handler ``console_logging`` installs (a second call replaces it)."""
+
+
 def console_logging(verbose: bool = False) -> None:
     """Warnings and errors on stderr as ``warning: ...`` (beam-prep's INFO records too with
     ``verbose``); a ``BeamPrepWarning`` (``warnings.warn``) is shown the same way."""
-    handler = logging.StreamHandler(sys.stderr)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _ConsoleHandler)]:
+        root.removeHandler(old)
+    handler = _ConsoleHandler(sys.stderr)
     handler.setFormatter(ConsoleFormatter())
     handler.setLevel(logging.INFO if verbose else logging.WARNING)
-    root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("beam_prep").setLevel(logging.INFO)  # kept in a job's log file
-    shown_before = warnings.showwarning
+    if not getattr(warnings.showwarning, "shows_ours", False):
+        warnings.showwarning = _show_ours_as_logged(warnings.showwarning)
 
+
+def _show_ours_as_logged(shown_before: Callable[..., None]) -> Callable[..., None]:
     def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
              line: str | None = None) -> None:
         if issubclass(category, BeamPrepWarning):
@@ -66,7 +75,8 @@ def console_logging(verbose: bool = False) -> None:
         else:
             shown_before(message, category, filename, lineno, file, line)
 
-    warnings.showwarning = show
+    show.shows_ours = True  # type: ignore[attr-defined]
+    return show
 
 
 class CommandParser(argparse.ArgumentParser):

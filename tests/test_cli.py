@@ -9,12 +9,13 @@ import subprocess
 
 import pytest
 
+import beam_prep
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
 from beam_prep.spelling import known_spelling
 from helpers import REPO, child, make_tree, run_prepare
-from pipelines import prepare_images
+from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
 # limit, while the launcher's listings (<1 KB) and the job's log (~30 KB) fit.
@@ -254,3 +255,45 @@ def test_a_job_log_with_nothing_worth_keeping_is_removed(tmp_path):
     with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
         prepare_images.logging.getLogger("beam_prep.test").warning("shown on the console, not kept")
     assert not log.kept and os.listdir(tmp_path) == []
+
+
+# Every command: --version, both spellings of each flag, a typo named with the nearest flag.
+
+@pytest.mark.parametrize("argv", [["--version"], ["prepare", "--version"], ["inspect", "--version"],
+                                  ["verify", "--version"], ["bench", "--version"]])
+def test_every_command_prints_the_version(capsys, argv):
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own exit, after printing
+        code = e.code
+    assert code == 0
+    assert capsys.readouterr().out == f"beam-prep {beam_prep.__version__}\n"
+
+
+@pytest.mark.parametrize("parse,argv,expected", [
+    (lambda argv: inspect_output.parser().parse_args(argv), ["OUT", "--per_class", "3", "--max_classes", "2"],
+     {"per_class": 3, "max_classes": 2}),
+    (lambda argv: inspect_output.parser().parse_args(argv), ["OUT", "--per-class", "3", "--max-classes=2"],
+     {"per_class": 3, "max_classes": 2}),
+    (verify_output.parse_args, ["OUT", "--max-per-kind", "3"], {"max_per_kind": 3}),
+    (verify_output.parse_args, ["OUT", "--max_per_kind=3"], {"max_per_kind": 3}),
+    (bench_reader.parse_args, ["OUT", "--batch-size", "8", "--warmup-seconds", "0"],
+     {"batch_size": 8, "warmup_seconds": 0}),
+    (bench_reader.parse_args, ["OUT", "--batch_size", "8", "--warmup_seconds", "0"],
+     {"batch_size": 8, "warmup_seconds": 0}),
+])
+def test_every_command_takes_both_spellings(parse, argv, expected):
+    parsed = vars(parse(argv))
+    assert {key: parsed[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize("command,argv,message", [
+    ("inspect", ["OUT", "--per_clas", "3"], "unknown option --per_clas; did you mean --per-class?"),
+    ("verify", ["OUT", "--max_per_kin", "3"], "unknown option --max_per_kin; did you mean --max_per_kind?"),
+    ("bench", ["OUT", "--batchsize=8"], "unknown option --batchsize; did you mean --batch_size?"),
+])
+def test_every_command_names_the_nearest_flag_to_a_typo(capsys, command, argv, message):
+    with pytest.raises(SystemExit) as raised:
+        cli.main([command, *argv])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err == f"error: {message} (beam-prep {command} --help lists its options)\n"
