@@ -13,6 +13,7 @@ import beam_prep
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
+from beam_prep.listing import split_for
 from beam_prep.spelling import known_spelling
 from helpers import REPO, child, make_tree, run_prepare
 from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output
@@ -297,3 +298,25 @@ def test_every_command_names_the_nearest_flag_to_a_typo(capsys, command, argv, m
         cli.main([command, *argv])
     assert raised.value.code == 2
     assert capsys.readouterr().err == f"error: {message} (beam-prep {command} --help lists its options)\n"
+
+
+# A slip: a fraction given as a percent.
+
+def test_a_percent_below_one_warns_with_the_images_it_gives_and_no_shard_is_empty(tmp_path):
+    """0.1 (a tenth, thought of as a fraction) puts 1 image of 40 in validation: said, and that
+    one image gets one shard, not one per worker."""
+    tree = tmp_path / "in"
+    make_tree(tree, {"a": 20, "b": 20}, size=(24, 20))
+    lone = next(f"a/pick_{i}.jpg" for i in range(100_000) if split_for(f"a/pick_{i}.jpg", 0.1) == "validation")
+    (tree / "a" / "img_000.jpg").rename(tree / lone)
+    assert [p for p in tree.glob("*/*.jpg") if split_for(p.relative_to(tree).as_posix(), 0.1) == "validation"] \
+        == [tree / lone]
+    result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image_size", "16",
+                         "--validation_percent", "0.1", "--direct_num_workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("warning: --validation_percent 0.1 puts 1 of 40 images in validation (0.1%): "
+                             "the value is a percent; for a fraction of 0.1, pass 10\n")
+    splits = json.loads((tmp_path / "out" / "manifest.json").read_text())["splits"]
+    assert {name: (s["num_examples"], len(s["shards"])) for name, s in splits.items()} == \
+        {"train": (39, 2), "validation": (1, 1)}
+    assert "  validation: 1 example in 1 shard" in result.stdout.splitlines()

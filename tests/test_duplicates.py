@@ -18,8 +18,9 @@ from beam_prep import duplicates, spill
 from beam_prep.listing import split_for
 from beam_prep.pipeline import local_runner
 from beam_prep.write import WriteImageDataset
-from helpers import encode, make_tree, read_split, run_prepare
 from beam_prep.sample import picture
+from helpers import encode, make_tree, read_split, run_prepare
+from pipelines import inspect_output
 
 PERCENT = 40
 
@@ -83,6 +84,25 @@ def test_copies_within_and_across_splits_are_counted_listed_and_still_written(tr
         {(sha, path) for sha, _, _, path in expected}
     assert "  duplicates: 3 extra copies of 2 images, 1 across splits (written all the same; " \
            "see duplicates.jsonl)" in result.stdout.splitlines()
+
+
+def test_inspect_shows_the_copies_across_splits_first(tree, tmp_path, capsys):
+    root, expected = tree
+    out = tmp_path / "out"
+    assert run_prepare("--input", str(root), "--output", str(out), "--image_size", "16",
+                       "--validation_percent", str(PERCENT), "--direct_running_mode", "in_memory").returncode == 0
+    assert inspect_output.main([str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index(f"duplicates: 3 extra copies of 2 images (2 within a split, 1 across splits; every one in "
+                     f"{out}/duplicates.jsonl)")
+    across = sorted((split, path) for _, copies, split, path in expected if copies == 2)
+    sha256 = next(sha for sha, copies, _, _ in expected if copies == 2)
+    # Hash files are read in name order (train's shards before validation's), each in record order.
+    assert lines[at + 1] == f"  {sha256[:12]} (2 files): " + ", ".join(f"{s} {p}" for s, p in across)
+    assert lines[at + 2].startswith("  ") and "(3 files)" in lines[at + 2]
+    assert inspect_output.main([str(out), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["duplicates"]
+    assert shown == json.loads((out / "manifest.json").read_text())["duplicates"]
 
 
 def test_a_dataset_without_copies_says_none(tmp_path):
