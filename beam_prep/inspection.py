@@ -320,8 +320,8 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
     None shows every class.
     """
     info = summary.info
-    out = [f"{summary.root}: {info.num_classes} classes, "
-           f"{sum(s.num_examples for s in summary.splits)} examples"
+    out = [f"{summary.root}: {count(info.num_classes, 'class', 'classes')}, "
+           f"{count(sum(s.num_examples for s in summary.splits), 'example')}"
            + (f" (beam-prep {summary.beam_prep_version}, {summary.created})"
               if summary.created else "")]
     out += ["", "image: " + _image_line(info.image, info.compression, info.label_offset)]
@@ -390,9 +390,9 @@ def _class_section(summary: Summary, max_classes: int | None) -> list[str]:
 
 def _counts_section(summary: Summary) -> list[str]:
     c = summary.counts
-    out = [f"files: {c.get('listed', '?')} listed, {c.get('written', '?')} written, "
-           f"{c.get('failed', '?')} failed, {c.get('skipped', '?')} skipped"]
-    out += [f"  skipped, {reason}: {n}" for reason, n in summary.skipped_by_reason.items()]
+    out = [f"files: {_number(c.get('listed'))} listed, {_number(c.get('written'))} written, "
+           f"{_number(c.get('failed'))} failed, {_number(c.get('skipped'))} skipped"]
+    out += [f"  skipped, {reason}: {n:,}" for reason, n in summary.skipped_by_reason.items()]
     if summary.failures:
         out += ["", f"failures by stage and reason (every one in {summary.errors_file}):"]
         out += _table(["stage", "reason", "count", "example"],
@@ -443,6 +443,10 @@ def format_bytes(n: float) -> str:
 def format_number(x: float) -> str:
     """A count as the table shows it: whole when it is (a median of two may not be)."""
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
+def _number(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
 
 
 def _ratio(i: Imbalance | None) -> str:

@@ -336,7 +336,8 @@ def test_a_folder_that_is_no_dataset_is_one_line_naming_no_log(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pipelines.cli", "inspect", str(tmp_path)], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == f"error: no manifest.json at {tmp_path}/manifest.json\n"
+    assert result.stderr == (f"error: no manifest.json at {tmp_path}/manifest.json: not a beam-prep dataset, "
+                             "or its pipeline has not finished (the manifest is written last, after every shard)\n")
     assert not list(pathlib.Path(os.environ["TMPDIR"]).glob("beam-prep-tensorflow-*"))
 
 
