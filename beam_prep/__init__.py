@@ -14,9 +14,14 @@ imports Beam's pipeline machinery.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+
+# A library's records are the application's to show: none reach Python's last-resort
+# handler (stderr) unless the application configures logging.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _HOMES = {
     "prepare": "beam_prep.api",

@@ -4,18 +4,30 @@ Both go through ``parse_command_line``, so a notebook gets the same up-front
 checks (unknown options with the nearest known one, bad values, an output
 inside the input, a busy or occupied output folder) and the same local
 defaults (every core busy) as ``python -m pipelines.prepare_images``.
+
+``prepare`` behaves as a library: with logging left unconfigured it prints
+nothing (Beam's ``PipelineOptions`` would configure the root logger, and its
+local workers relay two warnings on every run); what the caller should see
+comes as a ``BeamPrepWarning``; messages name keywords (``image_size``,
+``overwrite=True``), not flags.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from typing import Any, Callable, Mapping, Sequence
+import warnings
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep.flags import check_flags
+from beam_prep.beam_compat import WORKER_LOG_RELAY, WorkerNoise
+from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
+from beam_prep.flags import bare_flags, check_flags, spelled_as_known
 from beam_prep.options import PrepareConfig, config_from_options
 from beam_prep.pipeline import run
 from beam_prep.progress import Progress
+from beam_prep.spelling import as_keywords
 
 __all__ = ["parse_command_line", "prepare", "with_local_defaults"]
 
@@ -55,7 +67,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[PipelineOptions, PrepareCon
     Raises:
       OptionsError: an unknown flag, a bad value or a bad input, before any work.
     """
-    argv = _dry_run_as_bool(list(argv))
+    argv = _dry_run_as_bool(spelled_as_known(argv))
     check_flags(argv)
     options = PipelineOptions(with_local_defaults(argv))
     return options, config_from_options(options)
@@ -116,7 +128,8 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
 
     ``options`` are the command's flags and Beam's, by name: ``prepare("imgs",
     "out", image_size=160, validation_percent=10, overwrite=True)``. Logging is
-    the caller's to configure; nothing is printed. ``on_progress``, on a local
+    the caller's to configure: left unconfigured, nothing is printed, and what
+    needs the caller's attention is a ``BeamPrepWarning``. ``on_progress``, on a local
     runner, is called about twice a second from another thread with the
     workers' counts so far (``beam_prep.progress.Progress``: ``done``,
     ``failed``, ``total``), last with the final ones: what the command's bar
@@ -130,5 +143,38 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
       OptionsError: bad options or input, found before any work.
       StorageError, DatasetError: the job could not be completed.
     """
-    pipeline_options, config = parse_command_line(options_to_argv(input, output, options))
-    return run(config, pipeline_options, on_progress).manifest
+    with _as_a_library():
+        pipeline_options, config = parse_command_line(options_to_argv(input, output, options))
+        return run(config, pipeline_options, on_progress).manifest
+
+
+@contextlib.contextmanager
+def _as_a_library() -> Iterator[None]:
+    """For one ``prepare`` call: nothing printed where logging is unconfigured, Beam's
+    workers' routine warnings dropped, and messages and warnings in keywords."""
+    root = logging.getLogger()
+    # A root logger without handlers: Beam would give it one (logging.basicConfig()),
+    # and Python's last resort would print warnings. A handler that drops them stops both.
+    stand_in = logging.NullHandler() if not root.handlers else None
+    if stand_in is not None:
+        root.addHandler(stand_in)
+    relay, noise = logging.getLogger(WORKER_LOG_RELAY), WorkerNoise()
+    relay.addFilter(noise)
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as recorded:
+            caught = recorded
+            try:
+                yield
+            except (BeamPrepError, RunInterrupted) as e:
+                e.args = (as_keywords(str(e), bare_flags()), *e.args[1:])
+                raise
+    finally:
+        relay.removeFilter(noise)
+        if stand_in is not None:
+            root.removeHandler(stand_in)
+        for w in caught:
+            if issubclass(w.category, BeamPrepWarning):
+                warnings.warn(as_keywords(str(w.message), bare_flags()), w.category, stacklevel=4)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)

@@ -13,6 +13,7 @@ Beam's ``tfrecordio._TFRecordUtil``.
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import TYPE_CHECKING
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
@@ -20,7 +21,10 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineRunner
 
-__all__ = ["BeamArgumentParser", "add_options_arguments", "batch_fn_api_runner"]
+__all__ = ["WORKER_LOG_RELAY", "BeamArgumentParser", "WorkerNoise", "add_options_arguments", "batch_fn_api_runner"]
+
+# The logger through which the local runner relays its worker processes' log records.
+WORKER_LOG_RELAY = "apache_beam.runners.portability.local_job_service"
 
 
 class BeamArgumentParser(_BeamArgumentParser):
@@ -58,3 +62,15 @@ def batch_fn_api_runner(options: PipelineOptions) -> PipelineRunner:
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+class WorkerNoise(logging.Filter):
+    """Drops the two warnings every local worker process relays on every run, which ask
+    nothing of anyone: it was started without a ``semi_persistent_directory``, and it
+    cannot parse our options (it needs Beam's alone). Beam's texts, as of 2.77."""
+
+    NOISE = ("No semi_persistent_directory found", "Discarding unparseable args")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in self.NOISE)

@@ -16,6 +16,7 @@ in the records.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import io
 import logging
 from collections.abc import Sequence
@@ -102,8 +103,10 @@ def row_indices(info: DatasetInfo, classes: Sequence[str] | None) -> tuple[int, 
         return tuple(range(info.num_classes))
     unknown = [name for name in classes if name not in info.labels]
     if unknown:
-        raise OptionsError(f"no label named {', '.join(map(repr, unknown))}; the labels are in "
-                           f"{join(info.root, 'labels.txt')}")
+        guesses = [difflib.get_close_matches(name, info.labels, n=1) for name in unknown]
+        named = ", ".join(repr(name) + (f" (did you mean {guess[0]!r}?)" if guess else "")
+                          for name, guess in zip(unknown, guesses))
+        raise OptionsError(f"no label named {named}; the labels are in {join(info.root, 'labels.txt')}")
     wanted = set(classes)
     return tuple(i for i, name in enumerate(info.labels) if name in wanted)
 

@@ -35,6 +35,11 @@ class ImageError(BeamPrepError):
         self.stage = stage
 
 
+class BeamPrepWarning(UserWarning):
+    """Something the caller should look at, though the run goes on (``warnings.warn``): a
+    library's logging is the caller's to configure, and may show nothing."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """A local run stopped by Ctrl-C (SIGINT) or SIGTERM, its workers stopped.
 

@@ -1,15 +1,15 @@
 """Which command-line flags exist, so a misspelled one fails before any work.
 
 Beam parses each options class on its own and drops flags no class defines with
-only a warning ("Discarding unparseable args"): ``--image-size 64`` would run a
+only a warning ("Discarding unparseable args"): ``--image_sise 64`` would run a
 whole job at the default size. Here every flag of every ``PipelineOptions``
 subclass (Beam's and ours) is put in one parser, as Beam's ``get_all_options``
-does, and whatever that parser does not know is an error.
+does, and whatever that parser does not know is an error. ``--image-size`` is
+``--image_size`` (``spelled_as_known``), as in the other commands.
 """
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 from typing import NoReturn, Sequence
 
@@ -17,6 +17,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.beam_compat import BeamArgumentParser, add_options_arguments
 from beam_prep.errors import OptionsError
+from beam_prep.spelling import known_spelling, nearest_flag, unknown_flags_message
+
+__all__ = ["all_options_parser", "bare_flags", "check_flags", "known_flags", "nearest_flag", "option_classes",
+           "spelled_as_known", "unknown_flags"]
 
 # argparse reads "-5" as a value, not a flag, when no flag looks like a number.
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -84,16 +88,16 @@ def unknown_flags(argv: Sequence[str]) -> list[str]:
     return unknown
 
 
-def _key(flag: str) -> str:
-    """``--image-size`` and ``--Image_Size`` are both ``image_size`` to compare."""
-    return flag.lstrip("-").replace("-", "_").lower()
+def bare_flags(parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """The flags that take no value (``--overwrite``): ``prepare(overwrite=True)`` gives them."""
+    parser = parser or all_options_parser()
+    return sorted(name for action in parser._actions if action.nargs == 0  # noqa: SLF001
+                  for name in action.option_strings if name.startswith("--"))
 
 
-def nearest_flag(flag: str, known: Sequence[str]) -> str | None:
-    """The known flag closest to ``flag``, treating ``-`` and ``_`` alike; None if none is close."""
-    by_key = {_key(k): k for k in known}
-    match = difflib.get_close_matches(_key(flag), list(by_key), n=1)
-    return by_key[match[0]] if match else None
+def spelled_as_known(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--image-size`` written ``--image_size``: both spellings of every flag work."""
+    return known_spelling(argv, known_flags())
 
 
 def check_flags(argv: Sequence[str]) -> None:
@@ -105,13 +109,4 @@ def check_flags(argv: Sequence[str]) -> None:
     unknown = unknown_flags(argv)
     if not unknown:
         return
-    known = known_flags()
-    described = []
-    for flag in unknown:
-        guess = nearest_flag(flag, known)
-        described.append((flag, guess))
-    if len(described) == 1:
-        flag, guess = described[0]
-        raise OptionsError(f"unknown option {flag}" + (f"; did you mean {guess}?" if guess else ""))
-    raise OptionsError("unknown options " + ", ".join(
-        flag + (f" (did you mean {guess}?)" if guess else "") for flag, guess in described))
+    raise OptionsError(unknown_flags_message(unknown, known_flags()))

@@ -259,6 +259,8 @@ def _sized_for(size: tuple[int, int], spec: ImageSpec) -> ImageSpec:
 
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
+    if not data:  # a failed download or copy; Pillow would call it an unknown format
+        raise ImageError("decode", "empty file (0 bytes)")
     try:
         img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:

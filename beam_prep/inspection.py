@@ -27,8 +27,9 @@ from typing import Any
 
 from beam_prep.dataset import DatasetInfo, ImageInfo
 from beam_prep.errors import DatasetError, StorageError
-from beam_prep.layout import ERRORS
+from beam_prep.layout import DUPLICATES, ERRORS
 from beam_prep.storage import is_local, join
+from beam_prep.wording import count
 
 __all__ = [
     "ClassRow",
@@ -146,6 +147,7 @@ class Summary:
     errors_file: str | None  # None when the folder has no errors.jsonl
     created: str | None = None
     beam_prep_version: str | None = None
+    duplicates: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
 
     @property
     def missing_shards(self) -> tuple[str, ...]:
@@ -191,7 +193,8 @@ def summarize(path: str) -> Summary:
         failed_by_stage=dict(manifest.get("failed_by_stage", {})),
         failures=tuple(failures) if failures is not None else (),
         errors_file=errors_file if failures is not None else None,
-        created=manifest.get("created"), beam_prep_version=manifest.get("beam_prep_version"))
+        created=manifest.get("created"), beam_prep_version=manifest.get("beam_prep_version"),
+        duplicates=manifest.get("duplicates"))
 
 
 def _shard_sizes(files: Sequence[str]) -> dict[str, int | None]:
@@ -302,6 +305,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "failed_by_stage": dict(summary.failed_by_stage),
         "failures": [dataclasses.asdict(g) for g in summary.failures],
         "errors_file": summary.errors_file,
+        "duplicates": dict(summary.duplicates) if summary.duplicates is not None else None,
     }
 
 
@@ -316,8 +320,8 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
     None shows every class.
     """
     info = summary.info
-    out = [f"{summary.root}: {info.num_classes} classes, "
-           f"{sum(s.num_examples for s in summary.splits)} examples"
+    out = [f"{summary.root}: {count(info.num_classes, 'class', 'classes')}, "
+           f"{count(sum(s.num_examples for s in summary.splits), 'example')}"
            + (f" (beam-prep {summary.beam_prep_version}, {summary.created})"
               if summary.created else "")]
     out += ["", "image: " + _image_line(info.image, info.compression, info.label_offset)]
@@ -332,6 +336,8 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
                        f"({len(s.shards.missing)} of {s.shards.count} shards)")
     out += ["", *_class_section(summary, max_classes)]
     out += ["", *_counts_section(summary)]
+    if summary.duplicates is not None:
+        out += ["", *_duplicates_section(summary)]
     return "\n".join(out) + "\n"
 
 
@@ -384,9 +390,9 @@ def _class_section(summary: Summary, max_classes: int | None) -> list[str]:
 
 def _counts_section(summary: Summary) -> list[str]:
     c = summary.counts
-    out = [f"files: {c.get('listed', '?')} listed, {c.get('written', '?')} written, "
-           f"{c.get('failed', '?')} failed, {c.get('skipped', '?')} skipped"]
-    out += [f"  skipped, {reason}: {n}" for reason, n in summary.skipped_by_reason.items()]
+    out = [f"files: {_number(c.get('listed'))} listed, {_number(c.get('written'))} written, "
+           f"{_number(c.get('failed'))} failed, {_number(c.get('skipped'))} skipped"]
+    out += [f"  skipped, {reason}: {n:,}" for reason, n in summary.skipped_by_reason.items()]
     if summary.failures:
         out += ["", f"failures by stage and reason (every one in {summary.errors_file}):"]
         out += _table(["stage", "reason", "count", "example"],
@@ -395,6 +401,21 @@ def _counts_section(summary: Summary) -> list[str]:
     elif summary.failed_by_stage:
         out += ["", "failures by stage (no errors.jsonl to give reasons):"]
         out += [f"  {stage}: {n}" for stage, n in summary.failed_by_stage.items()]
+    return out
+
+
+def _duplicates_section(summary: Summary) -> list[str]:
+    """Files with the same bytes, counted, and the manifest's examples: across splits first."""
+    d = summary.duplicates
+    if not d.get("extra_copies"):
+        return ["duplicates: none (no two written files have the same bytes)"]
+    out = [f"duplicates: {count(d['extra_copies'], 'extra copy', 'extra copies')} of {count(d['images'], 'image')} "
+           f"({d['within_split']:,} within a split, {d['across_splits']:,} across splits; every one in "
+           f"{join(summary.root, DUPLICATES)})"]
+    for group in d.get("examples", []):
+        files = ", ".join(f"{f['split']} {f['path']}" for f in group["files"])
+        more = f" and {group['copies'] - len(group['files']):,} more" if group["copies"] > len(group["files"]) else ""
+        out.append(f"  {group['sha256'][:12]} ({group['copies']:,} files): {files}{more}")
     return out
 
 
@@ -422,6 +443,10 @@ def format_bytes(n: float) -> str:
 def format_number(x: float) -> str:
     """A count as the table shows it: whole when it is (a median of two may not be)."""
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
+def _number(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
 
 
 def _ratio(i: Imbalance | None) -> str:

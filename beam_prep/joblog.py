@@ -135,9 +135,9 @@ class JobLog:
     so workers inherit the launcher's stderr and write to it directly:
     Beam's ``sdk_worker`` prints a failed bundle's traceback there besides
     logging it. Workers start during the run, so they get the log file, and what
-    they write after the launcher gives up still lands there. Records from
-    beam-prep's own loggers also go to the real stderr, formatted by
-    ``console_format``.
+    they write after the launcher gives up still lands there. Warnings and
+    errors from beam-prep's own loggers also go to the real stderr, formatted by
+    ``console_format``; its INFO records stay in the file.
 
     The file is removed on leaving unless a failure was recorded or something
     other than beam-prep logged a warning (``kept`` says whether).
@@ -167,6 +167,7 @@ class JobLog:
         self._file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
         console = logging.StreamHandler(self._console)
         console.addFilter(_from_beam_prep)
+        console.setLevel(logging.WARNING)
         console.setFormatter(self._console_format)
         root = logging.getLogger()
         self._saved_handlers = list(root.handlers)

@@ -7,7 +7,7 @@ A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
 the listings the workers read and the shards, under their final names. Only
 when every shard is complete and the counts add up does ``publish`` move the
 shards to ``OUTPUT`` (the old dataset's manifest removed first, its other files
-after), then labels.txt, errors.jsonl, TFDS's metadata (uncompressed datasets)
+after), then labels.txt, errors.jsonl, duplicates.jsonl, TFDS's metadata (uncompressed datasets)
 and manifest.json are written. So a killed run leaves no partial shard among a
 dataset's files, an ``--overwrite`` run leaves the old dataset readable until
 the new one is complete, and no run reads or removes another run's work files.
@@ -30,6 +30,10 @@ _LOG = logging.getLogger(__name__)
 
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
+DUPLICATES = "duplicates.jsonl"
+# In a run's folder: each written record's source hash (duplicates.hash_line), a file per
+# shard (streaming sink) or Beam's WriteToText shards of this prefix (shuffle sink).
+HASHES = "sha256"
 # A shard's name is its split, this template filled in, and its compression's suffix:
 # "train-00003-of-00016.tfrecord.gz". The template is in Beam's notation (S: the shard's
 # index from 0, N: the shard count, zero-padded to as many digits as letters) because the
@@ -47,7 +51,7 @@ def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> 
 _SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count:0{n}d}}")
 _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
 _SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values())
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, *TFDS_FILES, *_SHARD_PATTERNS)
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS)
 
 
 def is_shard_name(name: str) -> bool:
@@ -71,6 +75,11 @@ def run_folder(output: str, run_id: str) -> str:
 
 def shard_listing_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.jsonl"
+
+
+def hashes_name(shard: str) -> str:
+    """The streaming sink's hash file of a shard, beside it in the run's folder."""
+    return f"{shard}.{HASHES}.txt"
 
 
 def shard_name(split: str, index: int, count: int, compression: str) -> str:
@@ -149,8 +158,8 @@ def publish(output: str, run_id: str, shard_names: list[str]) -> None:
         _filesystems().rename(sources, targets)
     except Exception as e:  # noqa: BLE001
         raise storage_error("move shards to", output, e) from e
-    delete(sorted(old - set(targets) - {old_manifest, join(output, LABELS), join(output, ERRORS)}),
-           f"the old dataset in {output}")
+    rewritten = {old_manifest, join(output, LABELS), join(output, ERRORS), join(output, DUPLICATES)}
+    delete(sorted(old - set(targets) - rewritten), f"the old dataset in {output}")
 
 
 def delete(paths: list[str], what: str) -> None:

@@ -23,6 +23,7 @@ from typing import Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_prep import wording
 from beam_prep.errors import OptionsError
 from beam_prep.gcs import GcsClient
 from beam_prep.imaging import is_image_name
@@ -385,8 +386,8 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
     names = list(labels) if labels is not None else sorted(label_folders)
     known = set(names)
     splits = sorted({split for split, label in counts if label in known}, key=_split_rank)
-    for reason, count in sorted(skips.by_reason.items()):
-        _LOG.warning("skipped %d files: %s (e.g. %s)", count, reason, skips.example[reason])
+    for reason, n in sorted(skips.by_reason.items()):  # the summary and the manifest count them too
+        _LOG.info("skipped %s: %s (e.g. %s)", wording.count(n, "file"), reason, skips.example[reason])
     return Listing(root, names, splits, dict(counts), total_bytes, skips, folder, files, label_offset)
 
 

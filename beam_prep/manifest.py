@@ -12,7 +12,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
-from beam_prep import imaging, layout, tfds_metadata
+from beam_prep import duplicates, imaging, layout, tfds_metadata
 from beam_prep.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, labels_lines,
                                parse_manifest)
 from beam_prep.errors import DatasetError
@@ -48,11 +48,13 @@ def build(
     counts: Iterable[tuple[tuple[str, str], int]],
     failures: list[Mapping[str, Any]],
     originals: Iterable[tuple[str, int]] = (),
+    copies: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest dict; checks that every listed file is written or failed.
 
     ``originals``: ``(KEPT or a re-encode reason, records)`` rows, with
     ``--image_format original``, which must account for every record written.
+    ``copies``: the duplicates found (``duplicates.Duplicates.to_json``).
 
     Raises:
       DatasetError: if the counts do not add up (a record was lost: never write a
@@ -105,6 +107,7 @@ def build(
         "failed_by_stage": dict(sorted(by_stage.items())),
         "skipped_by_reason": dict(plan.skipped_by_reason),
         **kept_or_not,
+        "duplicates": dict(copies) if copies is not None else duplicates.Duplicates().to_json(),
         "sink": plan.sink,
         "options": _options(config),
     }
@@ -144,15 +147,22 @@ def finalize(
     shards: list[tuple[str, str, int | None]],
     counts: list[tuple[tuple[str, str], int]],
     failures: list[Mapping[str, Any]],
+    hash_files: list[str],
     originals: Iterable[tuple[str, int]] = (),
 ) -> dict[str, Any]:
-    """Completes the dataset: checks the counts, publishes the shards, writes errors.jsonl,
-    labels.txt, TFDS's metadata where TFDS can read the shards, then the manifest, then
-    removes the run's folder."""
-    manifest = build(config, plan, shards, counts, failures, originals)
-    layout.publish(config.output, plan.run_id,
-                   [name for split in manifest["splits"].values() for name in split["shards"]])
-    write_lines(join(config.output, layout.ERRORS), error_lines(failures))
+    """Completes the dataset: checks the counts, finds the duplicates among the records
+    (``hash_files``: the sinks' ``SinkResult.hashes``), publishes the shards, writes
+    errors.jsonl, duplicates.jsonl, labels.txt, TFDS's metadata where TFDS can read the
+    shards, then the manifest, then removes the run's folder. ``originals``: as ``build``'s."""
+    found = duplicates.find(sorted(hash_files), plan.listed)
+    try:
+        manifest = build(config, plan, shards, counts, failures, originals, found.to_json())
+        layout.publish(config.output, plan.run_id,
+                       [name for split in manifest["splits"].values() for name in split["shards"]])
+        write_lines(join(config.output, layout.ERRORS), error_lines(failures))
+        duplicates.copy_lines(found, join(config.output, layout.DUPLICATES))
+    finally:
+        found.close()
     write_lines(join(config.output, layout.LABELS),
                 labels_lines(plan.labels, config.labels_txt, config.label_offset))
     write_tfds_metadata(DatasetInfo.from_json(manifest, config.output, MANIFEST))

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import apache_beam as beam
@@ -20,11 +21,11 @@ from apache_beam.io.textio import ReadFromText
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from beam_prep import interrupt, layout, manifest, progress, resume, sharding
+from beam_prep import interrupt, layout, manifest, progress, resume, sharding, wording
 from beam_prep.beam_compat import batch_fn_api_runner
 from beam_prep.claim import CLAIM_NAME, claim_output, new_run_id
-from beam_prep.errors import DatasetError, RunInterrupted, StorageError
-from beam_prep.listing import FileEntry, Listing, list_tree, read_labels_file
+from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, StorageError
+from beam_prep.listing import VALIDATION_SPLIT, FileEntry, Listing, list_tree, read_labels_file
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
 from beam_prep.storage import join
@@ -113,16 +114,28 @@ def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     multiple = local_workers(options) if sink == "streaming" else 1
     record_bytes = sharding.estimated_record_bytes(config.spec, listing.total_bytes / listing.listed)
     split_counts = listing.split_counts()
-    num_shards = {
-        split: config.num_shards or sharding.choose_num_shards(
+    num_shards = {  # an explicit --num_shards too: no split gets a shard it cannot fill
+        split: min(config.num_shards, split_counts[split]) if config.num_shards else sharding.choose_num_shards(
             split_counts[split], record_bytes, config.target_shard_mb, multiple)
         for split in listing.splits
     }
+    if 0 < config.validation_percent < 1:
+        _warn_small_percent(config.validation_percent, split_counts)
     return listing, manifest.Plan(labels=listing.labels, num_shards=num_shards, listed=listing.listed,
                                   skipped=listing.skipped_count, sink=sink,
                                   skipped_by_reason=listing.skipped_by_reason(), run_id=run_id,
                                   split_counts={split: split_counts[split] for split in listing.splits},
                                   unknown_labels=listing.unknown_labels)
+
+
+def _warn_small_percent(percent: float, split_counts: dict[str, int]) -> None:
+    """Below 1, --validation_percent may be a fraction typed as a percent (0.1 for a tenth):
+    allowed (0.5% of a million images is 5,000), but said, with what it gives."""
+    total = sum(split_counts.values())
+    warnings.warn(BeamPrepWarning(
+        f"--validation_percent {percent:g} puts {split_counts.get(VALIDATION_SPLIT, 0):,} of "
+        f"{wording.count(total, 'image')} in validation ({percent:g}%): the value is a percent; "
+        f"for a fraction of {percent:g}, pass {percent * 100:g}"), stacklevel=2)
 
 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
@@ -149,22 +162,25 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
     _ = (p
          | "Once" >> beam.Create([None])
          | "Finalize" >> beam.Map(
-             lambda _, shard_rows, count_rows, failure_rows, original_rows: manifest.finalize(
-                 config, run_plan, shard_rows, count_rows, failure_rows, original_rows),
+             lambda _, shard_rows, count_rows, failure_rows, hash_files, original_rows: manifest.finalize(
+                 config, run_plan, shard_rows, count_rows, failure_rows, hash_files, original_rows),
              beam.pvalue.AsList(written.shards), beam.pvalue.AsList(written.class_counts),
-             beam.pvalue.AsList(failures), beam.pvalue.AsList(written.originals)))
+             beam.pvalue.AsList(failures), beam.pvalue.AsList(written.hashes),
+             beam.pvalue.AsList(written.originals)))
 
 
 def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dict[str, Any]:
-    """Completes a streaming-sink dataset from its shards' records (``resume.ShardRecord``)
-    and the listed files of unknown labels: the same rows the job's own ``Finalize`` gathers.
+    """Completes a streaming-sink dataset from its shards' records (``resume.ShardRecord``),
+    their hash files and the listed files of unknown labels: the same rows the job's own
+    ``Finalize`` gathers.
 
     Raises:
       DatasetError: a shard was not written, or the counts do not add up.
     """
     work = layout.run_folder(config.output, run_plan.run_id)
+    names = _shard_names(config, run_plan)
     splits = [split for split, count in run_plan.num_shards.items() for _ in range(count)]
-    records = resume.finished_records(work, _shard_names(config, run_plan))
+    records = resume.finished_records(work, names)
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     originals: collections.Counter[str] = collections.Counter()
     failures = []
@@ -177,7 +193,9 @@ def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dic
         failures += [unknown_label_report(FileEntry.from_json(line))
                      for line in f.read().decode("utf-8").splitlines()]
     shards = [(split, record.name, record.records) for split, record in zip(splits, records)]
-    return manifest.finalize(config, run_plan, shards, list(counts.items()), failures, list(originals.items()))
+    hash_files = [join(work, layout.hashes_name(name)) for name in names]
+    return manifest.finalize(config, run_plan, shards, list(counts.items()), failures, hash_files,
+                             list(originals.items()))
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
@@ -315,7 +333,8 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         run_plan = manifest.Plan(**resumed.plan)
         names = _shard_names(config, run_plan)
         kept = resume.keep_finished(layout.run_folder(config.output, run_plan.run_id), names)
-        _LOG.info("resuming run %s: %d of %d shards already written", run_plan.run_id, kept, len(names))
+        _LOG.warning("resuming run %s: %d of %d shards already written; it uses the listing that run made "
+                     "(--overwrite lists afresh)", run_plan.run_id, kept, len(names))
     else:
         layout.check_output(config.output, config.overwrite, leftovers)
         listing, run_plan = plan(config, options, run_id, labels)

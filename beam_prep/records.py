@@ -21,12 +21,14 @@ from beam_prep.storage import is_local
 
 
 class Outcome(NamedTuple):
-    """Exactly one of ``example`` and ``failure`` is set; ``original`` as ``EncodedImage.original``."""
+    """Exactly one of ``example`` and ``failure`` is set; ``original`` as ``EncodedImage.original``;
+    ``sha256`` (hex, of the source file's bytes) with ``example``, for the duplicates report."""
 
     example: bytes | None
     failure: dict[str, Any] | None
     bytes_in: int
     original: str | None = None
+    sha256: str | None = None
 
 
 class FileReader:
@@ -99,6 +101,7 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         image = process_image(data, spec)
     except ImageError as e:
         return Outcome(None, failure_report(entry, e), len(data) if isinstance(data, bytes) else 0)
+    sha256 = hashlib.sha256(data).hexdigest()
     record = ImageRecord(
         encoded=image.data,
         image_format=spec.stored_format,
@@ -108,6 +111,6 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         label=entry.label_id,
         label_text=entry.label,
         filename=entry.relpath,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256,
     )
-    return Outcome(encode_example(record), None, len(data), image.original)
+    return Outcome(encode_example(record), None, len(data), image.original, sha256)

@@ -2,13 +2,14 @@
 
 A run of the streaming sink (local runners) plans every shard in the launcher,
 so a shard is a unit of work that can be kept: when a worker finishes one, it
-writes ``<shard>.done.json`` beside it (records, size, sha256, per-label counts,
-failures, kept and re-encoded originals). The launcher writes ``run.json`` once
-the run's listings are complete: the options that decide the records and the
-plan. A later run of the same command finds the folder, checks the options
-against its own, keeps every shard whose file still matches its record and
-redoes the rest; since a shard's bytes follow from its listing alone, the
-result is the uninterrupted run's.
+writes its records' hash file (``layout.hashes_name``, for the duplicates
+report) and then ``<shard>.done.json`` beside it (records, size, sha256,
+per-label counts, failures, kept and re-encoded originals). The launcher writes
+``run.json`` once the run's listings are complete: the options that decide the
+records and the plan. A later run of the same command finds the folder, checks
+the options against its own, keeps every shard whose file still matches its
+record and redoes the rest; since a shard's bytes follow from its listing alone,
+the result is the uninterrupted run's.
 See the README's *Interrupted runs resume* for what is and is not resumed.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
-RUN_FORMAT = 2  # bumped whenever a run folder's files change meaning (2: a shard's originals counts)
+# Bumped whenever a run folder's files change meaning (2: a shard's originals counts and hash file).
+RUN_FORMAT = 2
 _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads"})
@@ -160,8 +162,9 @@ def finished_records(work: str, names: list[str], threads: int = 8) -> list[Shar
 
 def keep_finished(work: str, names: list[str], threads: int = 8) -> int:
     """Checks every finished shard of ``names`` against its record, ``threads`` at a time, and
-    returns how many are kept. One whose file is missing, of another size or another sha256
-    loses its record, so that the workers write it again, with a warning naming it."""
+    returns how many are kept. One whose file is missing, of another size or another sha256,
+    or whose hash file is missing, loses its record, so that the workers write it again, with
+    a warning naming it."""
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="beam-prep-check") as pool:
         return sum(pool.map(lambda name: _keep(work, name), names))
 
@@ -177,6 +180,8 @@ def _keep(work: str, name: str) -> bool:
                 checksum.update(chunk)
         problem = None if (checksum.size, checksum.hexdigest()) == (record.size, record.sha256) else \
             "no longer matches its recorded size and sha256"
+        if problem is None and not FileSystems.exists(join(work, layout.hashes_name(name))):
+            problem = f"has lost its hash file {layout.hashes_name(name)}"
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         problem = f"cannot be read ({e})"
     if problem is None:

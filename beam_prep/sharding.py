@@ -20,12 +20,12 @@ def estimated_record_bytes(spec: ImageSpec, mean_input_bytes: float) -> float:
 
 
 def choose_num_shards(num_examples: int, record_bytes: float, target_mb: int, multiple_of: int) -> int:
-    """Shards near ``target_mb`` each, never more than the examples, rounded up to a
-    multiple of the local worker count.
+    """Shards near ``target_mb`` each, rounded up to a multiple of the local worker count,
+    and never more than the examples (at least one).
 
     The local sink writes a shard per worker at a time, so fewer shards than
-    workers would leave cores idle.
+    workers would leave cores idle; but a shard with no record helps nobody.
     """
-    by_size = min(math.ceil(num_examples * record_bytes / (target_mb * 1e6)), num_examples)
+    by_size = math.ceil(num_examples * record_bytes / (target_mb * 1e6))
     count = max(1, by_size, multiple_of)
-    return math.ceil(count / multiple_of) * multiple_of
+    return max(1, min(math.ceil(count / multiple_of) * multiple_of, num_examples))

@@ -38,18 +38,18 @@ from typing import Any, Iterable, Mapping, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.textio import ReadFromText
+from apache_beam.io.textio import ReadFromText, WriteToText
 from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection, TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_prep import layout, progress, resume, tfrecord
+from beam_prep import duplicates, layout, progress, resume, tfrecord
 from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
 from beam_prep.records import FileReader, Outcome, make_example
-from beam_prep.storage import join
+from beam_prep.storage import join, write_lines
 from beam_prep.tfrecord import count_records, write_record
 
 __all__ = ["NAMESPACE", "Counters", "ParseEntryFn", "SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle",
@@ -72,12 +72,15 @@ class SinkResult(NamedTuple):
         became no record.
       originals: ``(KEPT or a re-encode reason, number of records)``, one per
         reason (``--image_format original``; empty otherwise).
+      hashes: the path of each hash file written (``duplicates.hash_line``: one
+        line per record), for the duplicates report.
     """
 
     shards: PCollection
     class_counts: PCollection
     failures: PCollection
     originals: PCollection
+    hashes: PCollection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +150,7 @@ class _Reading:
 
 
 class _ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, label, example, original)``; a bad file goes to the ``failed`` output.
+    """One file to ``(split, label, example, original, hash line)``; a bad file goes to the ``failed`` output.
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
     bytes)``, an image already in hand, whose entry only names it.
@@ -200,7 +203,8 @@ class _ImageToExampleFn(beam.DoFn):
         if not ok:
             yield TaggedOutput(_FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
-        yield WindowedValue((entry.split, entry.label, outcome.example, outcome.original), timestamp, (window,))
+        yield WindowedValue((entry.split, entry.label, outcome.example, outcome.original,
+                             duplicates.hash_line(outcome.sha256, entry.split, entry.path)), timestamp, (window,))
 
 
 class _WriteShardFn(beam.DoFn):
@@ -212,10 +216,11 @@ class _WriteShardFn(beam.DoFn):
     name of its own and renamed when complete, then marked finished
     (``resume.write_shard_record``), so a shard file under its final name is
     always whole, and a retried bundle or a worker left over from a killed
-    launcher only rewrites the same bytes. Outputs ``(split, shard_name,
-    num_examples)``, ``((split, label), n)`` on ``counts``, ``(reason, n)`` on
-    ``originals`` and failure reports on ``failed``, the same for a shard
-    written now or kept.
+    launcher only rewrites the same bytes. Its records' hashes go to its hash
+    file (``layout.hashes_name``), written before it is marked finished. Outputs
+    ``(split, shard_name, num_examples)``, ``((split, label), n)`` on ``counts``,
+    ``(reason, n)`` on ``originals`` and failure reports on ``failed``, the same
+    for a shard written now or kept.
     """
 
     def __init__(self, config: _SinkConfig, split: str) -> None:
@@ -262,6 +267,7 @@ class _WriteShardFn(beam.DoFn):
         per_label: collections.Counter[str] = collections.Counter()
         originals: collections.Counter[str] = collections.Counter()
         failures = []
+        hashes = []
         checksum = tfrecord.Checksum()
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
         with tfrecord.shard_writer(partial, config.compression, checksum, shown_as=join(config.work, name)) as f, \
@@ -277,9 +283,11 @@ class _WriteShardFn(beam.DoFn):
                     per_label[entry.label] += 1
                     if outcome.original is not None:
                         originals[outcome.original] += 1
+                    hashes.append(duplicates.hash_line(outcome.sha256, split, entry.path))
                 else:
                     failures.append(outcome.failure)
         FileSystems.rename([partial], [join(config.work, name)])
+        write_lines(join(config.work, layout.hashes_name(name)), hashes)
         record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=checksum.size,
                                     sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures,
                                     originals=dict(sorted(originals.items())))
@@ -334,12 +342,15 @@ class WriteShardsStreaming(_ShardSink):
             counts.append(results[_COUNTS])
             failed.append(results[_FAILED])
             originals.append(results[_ORIGINALS])
+        all_shards = tuple(shards) | "AllShards" >> beam.Flatten()
         return SinkResult(
-            shards=tuple(shards) | "AllShards" >> beam.Flatten(),
+            shards=all_shards,
             class_counts=tuple(counts) | "AllCounts" >> beam.Flatten() | "SumCounts" >> beam.CombinePerKey(sum),
             failures=tuple(failed) | "AllFailed" >> beam.Flatten(),
             originals=(tuple(originals) | "AllOriginals" >> beam.Flatten()
-                       | "SumOriginals" >> beam.CombinePerKey(sum)))
+                       | "SumOriginals" >> beam.CombinePerKey(sum)),
+            hashes=all_shards | "HashFiles" >> beam.Map(
+                lambda row, work=self._config.work: join(work, layout.hashes_name(row[1]))))
 
 
 class WriteEntriesShuffle(_ShardSink):
@@ -391,10 +402,14 @@ class WriteEntriesShuffle(_ShardSink):
                 | f"CountRecords[{split}]" >> beam.Map(
                     lambda path, s=split, c=config.compression: (s, path.rsplit("/", 1)[-1],
                                                                  count_records(path, c))))
+        hashes = (records
+                  | "HashLines" >> beam.Map(lambda r: r[4])
+                  | "WriteHashes" >> WriteToText(join(config.work, layout.HASHES), file_name_suffix=".txt"))
         return SinkResult(shards=tuple(shard_lists) | "AllShards" >> beam.Flatten(),
                           class_counts=counts,
                           failures=results[_FAILED],
-                          originals=originals)
+                          originals=originals,
+                          hashes=hashes)
 
 
 class WriteShardsShuffle(_ShardSink):

@@ -19,8 +19,8 @@ HELP_BEAM = "--help_beam"
 _WIDTH = 100
 
 USAGE = """\
-python -m pipelines.prepare_images --input ROOT --output OUT [options] [Beam options]
-       beam-prep prepare --input ROOT --output OUT [options] [Beam options]"""
+beam-prep prepare --input ROOT --output OUT [options] [Beam options]
+       python -m pipelines.prepare_images ...   (the same, without the installed script)"""
 
 DESCRIPTION = """\
 Turn a folder tree of labelled images, ROOT/<label>/<image> (or ROOT/<split>/<label>/<image>),
@@ -30,16 +30,17 @@ With no --runner it runs here on Beam's DirectRunner, one worker process per cor
 EPILOG = f"""\
 examples:
   # here, every core busy:
-  python -m pipelines.prepare_images --input photos --output photos-tfrecords \\
+  beam-prep prepare --input photos --output photos-tfrecords \\
       --image_size 224 --validation_percent 10
 
   # on Google Cloud Dataflow:
-  python -m pipelines.prepare_images --input gs://BUCKET/images --output gs://BUCKET/records \\
+  beam-prep prepare --input gs://BUCKET/images --output gs://BUCKET/records \\
       --runner DataflowRunner --project PROJECT --region us-central1 \\
       --temp_location gs://BUCKET/tmp --setup_file ./setup.py
 
 Beam's options (--runner, --direct_num_workers, --project, --region, --temp_location,
 --machine_type, --max_num_workers, ...) are passed to Beam; {HELP_BEAM} lists them all.
+Every flag may be spelled with - or _ (--image-size, --image_size). --version prints the version.
 
 progress: a local run draws a progress bar on a terminal (images done of listed, rate,
 ETA, failures so far), or prints a line every --progress_interval seconds elsewhere.
@@ -79,7 +80,7 @@ def _parser(**kwargs: object) -> argparse.ArgumentParser:
 
 
 def prepare_help() -> str:
-    """``--help`` of ``python -m pipelines.prepare_images`` and ``beam-prep prepare``."""
+    """``--help`` of ``beam-prep prepare`` and ``python -m pipelines.prepare_images``."""
     parser = _parser(usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
     add_options_arguments(PrepareImagesOptions, parser)
     parser.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,

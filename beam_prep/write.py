@@ -17,7 +17,7 @@ What it shares with the command, so that the two cannot drift apart:
   the transform runs on whatever runner its pipeline runs on;
 * the manifest step (``manifest.finalize``): shards written in a run folder and
   published only when ``written + failed`` equals the elements that came in,
-  then errors.jsonl, labels.txt and, last, manifest.json.
+  then errors.jsonl, duplicates.jsonl, labels.txt and, last, manifest.json.
 
 What differs, and why:
 
@@ -170,13 +170,13 @@ class _ElementToEntryFn(beam.DoFn):
 
 
 def _finalize(listed: int, config: PrepareConfig, plan: manifest.Plan, shards: list, counts: list,
-              failures: list, originals: list) -> dict[str, Any]:
+              failures: list, hash_files: list, originals: list) -> dict[str, Any]:
     """The manifest step, under the output's claim: refuses a dataset that appeared since the
     transform was applied (unless ``overwrite``), then ``manifest.finalize``."""
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
         layout.check_output(config.output, config.overwrite, [])
         return manifest.finalize(config, dataclasses.replace(plan, listed=listed), shards, counts, failures,
-                                 originals)
+                                 hash_files, originals)
 
 
 class WriteImageDataset(beam.PTransform):
@@ -283,7 +283,7 @@ class WriteImageDataset(beam.PTransform):
                 | "CountElements" >> beam.combiners.Count.Globally()
                 | "Finalize" >> beam.Map(_finalize, config, plan, beam.pvalue.AsList(written.shards),
                                          beam.pvalue.AsList(written.class_counts), beam.pvalue.AsList(failures),
-                                         beam.pvalue.AsList(written.originals)))
+                                         beam.pvalue.AsList(written.hashes), beam.pvalue.AsList(written.originals)))
 
 
 def _clear_output(output: str, overwrite: bool, run_id: str) -> None:

@@ -14,19 +14,18 @@ Exit codes: 0 measured, 2 bad usage, no dataset at OUT or no such split.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
 from beam_prep.throughput import Throughput, measure_reader
-from pipelines.cli import CONSOLE_FORMAT
+from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="beam-prep bench", description="Time the tf.data reader (make_dataset) on a beam-prep "
         "dataset: decoded images per second on this machine.")
     parser.add_argument("output", metavar="OUT", help="the dataset folder (local or gs://)")
@@ -55,7 +54,7 @@ def describe(result: Throughput) -> str:
 
 @native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
+    console_logging()
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     # On stderr, and only on a terminal (disable=None): a log or a pipe gets the result line alone.
     with bar(sys.stderr, unit="img", desc="bench", disable=None) as progress_bar:

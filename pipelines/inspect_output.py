@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
-from pipelines.cli import CONSOLE_FORMAT
+from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 
 
@@ -36,19 +35,19 @@ captioned with the label name and the id stored in the records.
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="beam-prep inspect",
         description="Summarise a beam-prep output folder (local or gs://): splits, shards, classes,\n"
                     "image spec and failures; optionally draw a contact sheet of its records.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("output", metavar="OUT", help="the output folder of a beam-prep run (holds manifest.json)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
-    p.add_argument("--max-classes", "--max_classes", dest="max_classes", type=_positive, metavar="N",
+    p.add_argument("--max-classes", dest="max_classes", type=_positive, metavar="N",
                    help="show only the N largest and N smallest classes in the table (default: all)")
     grid = p.add_argument_group("contact sheet")
     grid.add_argument("--grid", metavar="SHEET.png",
                       help="write a PNG contact sheet (local path or gs://): a row per class")
-    grid.add_argument("--per-class", "--per_class", dest="per_class", type=_positive, default=8, metavar="N",
+    grid.add_argument("--per-class", dest="per_class", type=_positive, default=8, metavar="N",
                       help="images per class on the sheet (default: 8)")
     grid.add_argument("--split", help="the split the sheet's images come from (default: train, "
                       "or the first split when there is no train)")
@@ -79,7 +78,7 @@ def _positive(text: str) -> int:
 
 @native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
+    console_logging()
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
 
     from beam_prep import contact_sheet, inspection

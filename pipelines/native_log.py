@@ -8,8 +8,10 @@ a table, a verdict or one line of figures, they bury it.
 
 ``native_log_to_file`` runs a command's ``main`` with fd 2 pointed at a file in
 the temp directory and Python's ``sys.stderr`` (our messages, the progress bar)
-on the real stderr. The file is removed when the command succeeds; otherwise
-its path is printed, as it may hold the reason.
+on the real stderr. The file is removed when the command succeeds or stops
+on a usage error (exit code 2: a bad flag, no dataset at OUT, no such split),
+whose message says it all; after a real failure its path is printed, as it may
+hold the reason.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import tempfile
 from typing import Callable
 
 PREFIX = "beam-prep-tensorflow-"
+USAGE_ERROR = 2
 
 
 def _real_stderr_fd() -> bool:
@@ -50,10 +53,13 @@ def native_log_to_file(main: Callable[..., int]) -> Callable[..., int]:
                                buffering=1)
         os.dup2(fd, 2)
         os.close(fd)
-        code = 1
+        code: object = 1
         try:
             code = main(*args, **kwargs)
             return code
+        except SystemExit as e:  # argparse's exit: --help, --version, a usage error
+            code = e.code
+            raise
         finally:
             sys.stderr.flush()
             os.dup2(real, 2)
@@ -61,7 +67,7 @@ def native_log_to_file(main: Callable[..., int]) -> Callable[..., int]:
             with contextlib.suppress(OSError):
                 sys.stderr.close()
             sys.stderr = saved
-            if code != 0 and os.path.getsize(path):
+            if code not in (0, None, USAGE_ERROR) and os.path.getsize(path):
                 print(f"(TensorFlow's own log for this run: {path})", file=sys.stderr)
             else:
                 with contextlib.suppress(OSError):

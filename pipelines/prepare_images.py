@@ -1,6 +1,7 @@
 """Turn ROOT/<label>/<image> into sharded GZIP TFRecords: ``python -m pipelines.prepare_images``.
 
-    python -m pipelines.prepare_images --input ROOT --output OUT [options] [Beam options]
+    beam-prep prepare --input ROOT --output OUT [options] [Beam options]
+    python -m pipelines.prepare_images ...           # the same
 
 With no ``--runner`` it runs on Beam's DirectRunner with one worker process per
 core. The same module is what Dataflow jobs are submitted with
@@ -22,14 +23,17 @@ from typing import Sequence, TextIO
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.api import parse_command_line
+from beam_prep.beam_compat import WORKER_LOG_RELAY
 from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
 from beam_prep.imaging import REENCODE_REASONS
 from beam_prep.interrupt import signal_of
 from beam_prep.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
 from beam_prep.options import PrepareConfig, PrepareImagesOptions
 from beam_prep.pipeline import RunResult, run
+from beam_prep.spelling import known_spelling
 from beam_prep.usage import HELP_BEAM, beam_options_help, prepare_help
-from pipelines.cli import CONSOLE_FORMAT
+from beam_prep.wording import count
+from pipelines.cli import VERSION, VERSION_FLAG, ConsoleFormatter, console_logging
 from pipelines.progress_display import ProgressDisplay
 
 
@@ -60,15 +64,20 @@ def timing(result: RunResult) -> str:
 def summary(result: RunResult) -> str:
     m = result.manifest
     counts = m["counts"]
-    lines = [f"beam-prep: {counts['written']} of {counts['listed']} images written in {timing(result)}; "
-             f"{counts['failed']} failed, {counts['skipped']} skipped"]
+    lines = [f"beam-prep: {counts['written']:,} of {count(counts['listed'], 'image')} written in {timing(result)}; "
+             f"{counts['failed']:,} failed, {counts['skipped']:,} skipped"]
     for split, s in m["splits"].items():
-        lines.append(f"  {split}: {s['num_examples']} examples in {len(s['shards'])} shards")
+        lines.append(f"  {split}: {count(s['num_examples'], 'example')} in {count(len(s['shards']), 'shard')}")
     for stage, n in m["failed_by_stage"].items():
-        lines.append(f"  failed at {stage}: {n} (see errors.jsonl)")
+        lines.append(f"  failed at {stage}: {n:,} (see errors.jsonl)")
     for reason, n in m.get("skipped_by_reason", {}).items():
-        lines.append(f"  skipped, {reason}: {n}")
+        lines.append(f"  skipped, {reason}: {n:,}")
     lines += originals_lines(m)
+    copies = m.get("duplicates", {})
+    if copies.get("extra_copies"):
+        lines.append(f"  duplicates: {count(copies['extra_copies'], 'extra copy', 'extra copies')} of "
+                     f"{count(copies['images'], 'image')}, {copies['across_splits']:,} across splits "
+                     "(written all the same; see duplicates.jsonl)")
     return "\n".join(lines)
 
 
@@ -77,8 +86,8 @@ def originals_lines(manifest: dict) -> list[str]:
     originals = manifest.get("originals")
     if originals is None:
         return []
-    return [f"  originals kept byte for byte: {originals['kept']}"] + [
-        f"  re-encoded, {REENCODE_REASONS.get(reason, reason)}: {n}"
+    return [f"  originals kept byte for byte: {originals['kept']:,}"] + [
+        f"  re-encoded, {REENCODE_REASONS.get(reason, reason)}: {n:,}"
         for reason, n in originals["reencoded_by_reason"].items()]
 
 
@@ -86,12 +95,12 @@ def plan_summary(result: RunResult, input_root: str) -> str:
     """What a dry run found and would do: images per split and shards, labels, what is left out."""
     plan = result.plan
     shown = ", ".join(plan.labels[:8]) + (f" and {len(plan.labels) - 8:,} more" if len(plan.labels) > 8 else "")
-    lines = [f"dry run: {input_root} lists {plan.listed:,} images in {len(plan.labels):,} labels ({shown}); "
-             f"planned in {result.seconds:.1f} s, nothing written"]
+    lines = [f"dry run: {input_root} lists {count(plan.listed, 'image')} in {count(len(plan.labels), 'label')} "
+             f"({shown}); planned in {result.seconds:.1f} s, nothing written"]
     for split, shards in plan.num_shards.items():
-        lines.append(f"  {split}: {plan.split_counts.get(split, 0):,} images in {shards:,} shards")
+        lines.append(f"  {split}: {count(plan.split_counts.get(split, 0), 'image')} in {count(shards, 'shard')}")
     if plan.unknown_labels:
-        lines.append(f"  not written, label not in --labels_file: {plan.unknown_labels:,} images "
+        lines.append(f"  not written, label not in --labels_file: {count(plan.unknown_labels, 'image')} "
                      "(each would be reported in errors.jsonl)")
     for reason, n in plan.skipped_by_reason.items():
         lines.append(f"  skipped, {reason}: {n:,}")
@@ -121,7 +130,7 @@ def run_verbose(config: PrepareConfig, options: PipelineOptions) -> RunResult:
 def run_logged(config: PrepareConfig, options: PipelineOptions) -> RunResult:
     """Beam's log and workers' stderr go to a log file; a failed job becomes one line naming it."""
     try:
-        log = JobLog(new_log_path(), logging.Formatter(CONSOLE_FORMAT))
+        log = JobLog(new_log_path(), ConsoleFormatter())
     except OSError as e:
         print(f"beam-prep: cannot create a log file ({e}); Beam's log goes to stderr", file=sys.stderr)
         return run_verbose(config, options)
@@ -147,17 +156,19 @@ def run_logged(config: PrepareConfig, options: PipelineOptions) -> RunResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
-    logging.getLogger("beam_prep").setLevel(logging.INFO)
-    # Workers relay that they cannot parse our options (they only need Beam's): noise.
-    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     argv = list(sys.argv[1:] if argv is None else argv)
-    flags = argv[:argv.index("--")] if "--" in argv else argv
+    flags = known_spelling(argv[:argv.index("--")] if "--" in argv else argv, [HELP_BEAM, VERSION_FLAG])
+    console_logging(verbose="--verbose" in flags)
+    # Workers relay that they cannot parse our options (they only need Beam's): noise.
+    logging.getLogger(WORKER_LOG_RELAY).setLevel(logging.ERROR)
     if HELP_BEAM in flags:
         print(beam_options_help(), end="")
         return 0
     if "-h" in flags or "--help" in flags:
         print(prepare_help(), end="")
+        return 0
+    if VERSION_FLAG in flags:
+        print(VERSION)
         return 0
     try:
         options, config = parse_command_line(argv)

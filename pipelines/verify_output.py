@@ -15,19 +15,18 @@ stdout), 2 bad usage or no dataset at OUT.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
 from beam_prep.verification import MAX_PER_KIND, VerifyReport, verify
-from pipelines.cli import CONSOLE_FORMAT
+from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="beam-prep verify", description="Read every record of a beam-prep dataset and check it "
         "against its manifest. Exit 0: verified; 1: problems (listed); 2: bad usage or no dataset.")
     parser.add_argument("output", metavar="OUT", help="the dataset folder (local or gs://)")
@@ -58,7 +57,7 @@ def describe(report: VerifyReport) -> str:
 
 @native_log_to_file
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format=CONSOLE_FORMAT)
+    console_logging()
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         from beam_prep.reader.sources import load_info

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import beam_prep
-from beam_prep.errors import OptionsError
+from beam_prep.errors import BeamPrepWarning, OptionsError
 from helpers import REPO, child, make_tree, read_split
 
 SMALL = {"image_size": 16, "max_pixels": 100000, "direct_running_mode": "in_memory"}
@@ -30,20 +30,52 @@ def test_prepare_runs_the_job_and_returns_its_manifest(tmp_path):
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"image-size": 16}, "unknown option --image-size; did you mean --image_size?"),
-    ({"validation_percent": 100}, "--validation_percent must be in [0, 100)"),
+    ({"image_sise": 16}, "unknown option image_sise; did you mean image_size?"),
+    ({"validation_percent": 100}, "validation_percent must be in [0, 100), not 100.0"),
 ])
-def test_prepare_checks_options_before_any_work(tmp_path, options, message):
+def test_prepare_checks_options_before_any_work_and_names_keywords(tmp_path, options, message):
     make_tree(tmp_path / "in", {"a": 1})
     with pytest.raises(OptionsError) as e:
         beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "out"), **options)
-    assert message in str(e.value)
+    assert str(e.value) == message
     assert not (tmp_path / "out").exists()
+
+
+def test_a_refusal_names_the_keyword_that_overrides_it(tmp_path):
+    make_tree(tmp_path / "in", {"a": 2}, size=(24, 20))
+    args = (str(tmp_path / "in"), str(tmp_path / "out"))
+    beam_prep.prepare(*args, **SMALL)
+    with pytest.raises(OptionsError) as e:
+        beam_prep.prepare(*args, **SMALL)
+    assert str(e.value) == (f"output {tmp_path / 'out'} already holds a dataset (5 files); "
+                            "pass overwrite=True to replace it")
+
+
+def test_prepare_prints_nothing_where_logging_is_left_unconfigured(tmp_path):
+    """Beam's PipelineOptions would configure the root logger, and its two worker processes relay
+    warnings on every run; a library prints none of that."""
+    make_tree(tmp_path / "in", {"a": 3, "b": 3}, size=(24, 20))
+    done = subprocess.run(child("quiet_prepare", str(tmp_path / "in"), str(tmp_path / "out")), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("", "")
+    assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_percent_below_one_warns_the_caller_in_keywords(tmp_path):
+    make_tree(tmp_path / "in", {"a": 20}, size=(24, 20))
+    with pytest.warns(BeamPrepWarning) as caught:
+        manifest = beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "out"), validation_percent=0.5, **SMALL)
+    held = manifest["splits"].get("validation", {}).get("num_examples", 0)
+    (warning,) = [w for w in caught if w.category is BeamPrepWarning]
+    assert str(warning.message) == (f"validation_percent 0.5 puts {held} of 20 images in validation (0.5%): "
+                                    "the value is a percent; for a fraction of 0.5, pass 50")
+    assert warning.filename == __file__  # it points at the caller's line
 
 
 def test_the_output_inside_the_input_is_refused_as_by_the_command(tmp_path):
     make_tree(tmp_path / "in", {"a": 1})
-    with pytest.raises(OptionsError, match="is inside --input"):
+    with pytest.raises(OptionsError, match="is inside input"):
         beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "in" / "records"))
 
 

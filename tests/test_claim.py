@@ -142,6 +142,7 @@ def test_a_killed_run_is_taken_over_at_once(agents, tmp_path):
 
 def test_release_removes_the_claim_and_its_empty_folder(tmp_path):
     out = tmp_path / "out"
+    out.mkdir()
     claim = claim_output(str(out))
     assert json.loads((out / ".beam-prep" / "claim.json").read_text())["run_id"] == claim.run_id
     claim.release()
@@ -151,6 +152,16 @@ def test_release_removes_the_claim_and_its_empty_folder(tmp_path):
     with claim_output(str(out)):
         (out / ".beam-prep" / "listing.jsonl").write_text("{}\n")  # a work file of the run
     assert sorted(p.name for p in (out / ".beam-prep").iterdir()) == ["listing.jsonl"]
+
+
+def test_release_removes_the_folders_the_claim_made_while_they_are_empty(tmp_path):
+    """A run refused after it claimed (a split tree with --validation_percent) leaves nothing."""
+    out = tmp_path / "new" / "out"
+    claim_output(str(out)).release()
+    assert list(tmp_path.iterdir()) == []
+    with claim_output(str(out)):
+        (out / "manifest.json").write_text("{}")  # what a run wrote stays, and so do its folders
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
 
 
 def test_a_claim_whose_file_was_removed_knows_it_and_spares_the_next_one(tmp_path):

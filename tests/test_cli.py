@@ -1,6 +1,7 @@
 """What the command line says when a flag is unknown or a job fails, and where the rest goes."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -8,11 +9,14 @@ import subprocess
 
 import pytest
 
+import beam_prep
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
+from beam_prep.listing import split_for
+from beam_prep.spelling import known_spelling
 from helpers import REPO, child, make_tree, run_prepare
-from pipelines import prepare_images
+from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
 # limit, while the launcher's listings (<1 KB) and the job's log (~30 KB) fit.
@@ -44,8 +48,8 @@ def run_with_file_limit(*args: str, env: dict[str, str]) -> subprocess.Completed
 # Unknown flags.
 
 def test_a_misspelled_flag_is_named_with_the_nearest_known_one():
-    with pytest.raises(OptionsError, match=r"^unknown option --image-size; did you mean --image_size\?$"):
-        check_flags(["--input", "x", "--image-size", "64"])
+    with pytest.raises(OptionsError, match=r"^unknown option --image_sise; did you mean --image_size\?$"):
+        check_flags(["--input", "x", "--image_sise", "64"])
 
 
 def test_every_unknown_flag_is_named():
@@ -94,11 +98,28 @@ def test_unknown_flags_are_refused_before_the_input_is_looked_at(capsys, tmp_pat
 
 def test_the_command_stops_on_an_unknown_flag_with_nothing_written(tree, tmp_path):
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--image-size", "64",
-                         "--direct_running_mode", "in_memory")
+    result = run_prepare("--input", str(tree), "--output", str(out), "--image_sise", "64",
+                         "--direct-running-mode", "in_memory")
     assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines()[-1] == "error: unknown option --image-size; did you mean --image_size?"
+    assert result.stderr == "error: unknown option --image_sise; did you mean --image_size?\n"
     assert not out.exists() and result.stdout == ""
+
+
+def test_every_flag_of_prepare_takes_dashes_or_underscores(tree, tmp_path):
+    result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image-size", "16",
+                         "--direct-running-mode=in_memory", "--labels-txt", "slim")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (manifest["image"]["height"], manifest["image"]["width"]) == (16, 16)
+    assert (tmp_path / "out" / "labels.txt").read_text() == "0:a\n1:b\n"
+
+
+def test_known_spelling_rewrites_flags_alone():
+    known = ["--image_size", "--job-server-timeout", "--job_server_timeout", "--max_per_kind"]
+    assert known_spelling(["--image-size", "a-b", "--max-per-kind=3", "--job-server-timeout", "5", "--",
+                           "--image-size"], known) == \
+        ["--image_size", "a-b", "--max_per_kind=3", "--job-server-timeout", "5", "--", "--image-size"]
+    assert known_spelling(["--imagesize", "-5"], known) == ["--imagesize", "-5"]
 
 
 # A job that fails.
@@ -141,9 +162,43 @@ def test_a_good_run_keeps_its_output_and_no_log(tree, tmp_path, tmpdir_env):
     result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image_size", "16",
                          "--direct_running_mode", "in_memory", env=tmpdir_env)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"INFO beam_prep.pipeline: run \S+: listed 8 images", result.stderr)
-    assert result.stdout.startswith("beam-prep: 8 of 8 images written")
+    assert result.stderr == ""  # the summary says it all: our INFO records are for a failed job's log
+    assert re.fullmatch(r"beam-prep: 8 of 8 images written in .*; 0 failed, 0 skipped\n"
+                        r"  train: 8 examples in 1 shard\n", result.stdout)
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
+
+
+def snapshot(folder) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``folder``, hidden ones too, with its size and change time."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        info = path.stat()
+        found[str(path.relative_to(folder))] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+def test_a_refused_run_says_one_line_and_changes_nothing(tree, tmp_path, tmpdir_env):
+    out = tmp_path / "out"
+    args = ("--input", str(tree), "--output", str(out), "--image_size", "16", "--direct_running_mode", "in_memory")
+    assert run_prepare(*args, env=tmpdir_env).returncode == 0
+    before = snapshot(out)
+    refused = run_prepare(*args, env=tmpdir_env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == (f"error: --output {out} already holds a dataset ({len(before)} files); "
+                              "pass --overwrite to replace it\n")
+    assert snapshot(out) == before  # no claim, no run folder left behind
+    assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
+
+
+def test_a_run_refused_after_listing_leaves_no_output_folder(tmp_path, tmpdir_env):
+    make_tree(tmp_path / "split", {"a": 2}, splits=["train", "validation"], size=(24, 20))
+    out = tmp_path / "new" / "out"
+    refused = run_prepare("--input", str(tmp_path / "split"), "--output", str(out), "--validation_percent", "10",
+                          "--direct_running_mode", "in_memory", env=tmpdir_env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == (f"error: {tmp_path / 'split'} already has split folders (train, validation); "
+                              "drop --validation_percent\n")
+    assert not (tmp_path / "new").exists()
 
 
 REMOTE = """Traceback (most recent call last):
@@ -201,3 +256,67 @@ def test_a_job_log_with_nothing_worth_keeping_is_removed(tmp_path):
     with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
         prepare_images.logging.getLogger("beam_prep.test").warning("shown on the console, not kept")
     assert not log.kept and os.listdir(tmp_path) == []
+
+
+# Every command: --version, both spellings of each flag, a typo named with the nearest flag.
+
+@pytest.mark.parametrize("argv", [["--version"], ["prepare", "--version"], ["inspect", "--version"],
+                                  ["verify", "--version"], ["bench", "--version"]])
+def test_every_command_prints_the_version(capsys, argv):
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own exit, after printing
+        code = e.code
+    assert code == 0
+    assert capsys.readouterr().out == f"beam-prep {beam_prep.__version__}\n"
+
+
+@pytest.mark.parametrize("parse,argv,expected", [
+    (lambda argv: inspect_output.parser().parse_args(argv), ["OUT", "--per_class", "3", "--max_classes", "2"],
+     {"per_class": 3, "max_classes": 2}),
+    (lambda argv: inspect_output.parser().parse_args(argv), ["OUT", "--per-class", "3", "--max-classes=2"],
+     {"per_class": 3, "max_classes": 2}),
+    (verify_output.parse_args, ["OUT", "--max-per-kind", "3"], {"max_per_kind": 3}),
+    (verify_output.parse_args, ["OUT", "--max_per_kind=3"], {"max_per_kind": 3}),
+    (bench_reader.parse_args, ["OUT", "--batch-size", "8", "--warmup-seconds", "0"],
+     {"batch_size": 8, "warmup_seconds": 0}),
+    (bench_reader.parse_args, ["OUT", "--batch_size", "8", "--warmup_seconds", "0"],
+     {"batch_size": 8, "warmup_seconds": 0}),
+])
+def test_every_command_takes_both_spellings(parse, argv, expected):
+    parsed = vars(parse(argv))
+    assert {key: parsed[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize("command,argv,message", [
+    ("inspect", ["OUT", "--per_clas", "3"], "unknown option --per_clas; did you mean --per-class?"),
+    ("verify", ["OUT", "--max_per_kin", "3"], "unknown option --max_per_kin; did you mean --max_per_kind?"),
+    ("bench", ["OUT", "--batchsize=8"], "unknown option --batchsize; did you mean --batch_size?"),
+])
+def test_every_command_names_the_nearest_flag_to_a_typo(capsys, command, argv, message):
+    with pytest.raises(SystemExit) as raised:
+        cli.main([command, *argv])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err == f"error: {message} (beam-prep {command} --help lists its options)\n"
+
+
+# A slip: a fraction given as a percent.
+
+def test_a_percent_below_one_warns_with_the_images_it_gives_and_no_shard_is_empty(tmp_path):
+    """0.1 (a tenth, thought of as a fraction) puts 1 image of 40 in validation: said, and that
+    one image gets one shard, not one per worker."""
+    tree = tmp_path / "in"
+    make_tree(tree, {"a": 20, "b": 20}, size=(24, 20))
+    lone = next(f"a/pick_{i}.jpg" for i in range(100_000) if split_for(f"a/pick_{i}.jpg", 0.1) == "validation")
+    (tree / "a" / "img_000.jpg").rename(tree / lone)
+    assert [p for p in tree.glob("*/*.jpg") if split_for(p.relative_to(tree).as_posix(), 0.1) == "validation"] \
+        == [tree / lone]
+    result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image_size", "16",
+                         "--validation_percent", "0.1", "--direct_num_workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("warning: --validation_percent 0.1 puts 1 of 40 images in validation (0.1%): "
+                             "the value is a percent; for a fraction of 0.1, pass 10\n")
+    splits = json.loads((tmp_path / "out" / "manifest.json").read_text())["splits"]
+    assert {name: (s["num_examples"], len(s["shards"])) for name, s in splits.items()} == \
+        {"train": (39, 2), "validation": (1, 1)}
+    assert "  validation: 1 example in 1 shard" in result.stdout.splitlines()

@@ -22,6 +22,7 @@ def gcs_run(gcs_server, tmp_path_factory):
     tree = tmp_path_factory.mktemp("tree")
     make_tree(tree, LABELS)
     (tree / "dog" / "broken.jpg").write_bytes(b"not a jpeg")
+    (tree / "cat" / "copy.jpg").write_bytes((tree / "dog" / "img_000.jpg").read_bytes())  # a duplicate
     bucket = gcs_server.new_bucket()
     bucket.upload_tree(tree, "images")
     result = prepare(gcs_server, "--input", bucket.url("images"), "--output", bucket.url("records"),
@@ -31,9 +32,9 @@ def gcs_run(gcs_server, tmp_path_factory):
 
 def test_pipeline_reads_and_writes_gs_paths(gcs_run):
     bucket, result = gcs_run
-    assert "11 of 12 images written" in result.stdout
+    assert "12 of 13 images written" in result.stdout
     manifest = json.loads(bucket.read_bytes("records/manifest.json"))
-    assert manifest["counts"] == {"listed": 12, "written": 11, "failed": 1, "skipped": 0}
+    assert manifest["counts"] == {"listed": 13, "written": 12, "failed": 1, "skipped": 0}
     assert manifest["labels"] == ["cat", "dog"]
     shards = [name for split in manifest["splits"].values() for name in split["shards"]]
     assert sorted(f"records/{s}" for s in shards) == [
@@ -51,7 +52,7 @@ def test_errors_report_names_the_gs_path(gcs_run):
 
 def test_nothing_is_left_in_temporary_locations(gcs_run):
     bucket, _ = gcs_run
-    expected = {"manifest.json", "labels.txt", "errors.jsonl"}
+    expected = {"manifest.json", "labels.txt", "errors.jsonl", "duplicates.jsonl"}
     leftovers = [n for n in bucket.list_names("records/")
                  if n.split("/", 1)[1] not in expected and not n.endswith(".tfrecord.gz")]
     assert leftovers == []
@@ -64,9 +65,15 @@ def test_shuffle_sink_finalises_on_gcs(gcs_server, gcs_run):
     streamed = json.loads(bucket.read_bytes("records/manifest.json"))
     shuffled = json.loads(bucket.read_bytes("shuffled/manifest.json"))
     assert shuffled["counts"] == streamed["counts"]
+    # The copy is found by both sinks, from hash files in gs://, and listed in duplicates.jsonl there.
+    assert shuffled["duplicates"]["extra_copies"] == streamed["duplicates"]["extra_copies"] == 1
+    for folder in ("records", "shuffled"):
+        rows = [json.loads(line) for line in bucket.read_bytes(f"{folder}/duplicates.jsonl").decode().splitlines()]
+        assert sorted(r["path"] for r in rows) == [bucket.url("images/cat/copy.jpg"), bucket.url("images/dog/img_000.jpg")]
     assert {s: v["class_counts"] for s, v in shuffled["splits"].items()} == {
         s: v["class_counts"] for s, v in streamed["splits"].items()}
-    assert all(n.split("/", 1)[1] in ("manifest.json", "labels.txt", "errors.jsonl") or n.endswith(".tfrecord.gz")
+    assert all(n.split("/", 1)[1] in ("manifest.json", "labels.txt", "errors.jsonl", "duplicates.jsonl")
+               or n.endswith(".tfrecord.gz")
                for n in bucket.list_names("shuffled/"))
 
 

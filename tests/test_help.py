@@ -63,15 +63,15 @@ def test_every_option_is_in_its_section_with_its_default(help_text):
 
 
 def test_sections_come_in_order_after_the_usage(help_text):
-    assert help_text.startswith("usage: python -m pipelines.prepare_images --input ROOT --output OUT")
-    assert "beam-prep prepare --input ROOT --output OUT" in help_text
+    assert help_text.startswith("usage: beam-prep prepare --input ROOT --output OUT")
+    assert "python -m pipelines.prepare_images ..." in help_text.split("\n\n")[0]
     positions = [help_text.index(f"\n{title}:\n") for title in SECTIONS]
     assert positions == sorted(positions)
 
 
 def test_the_help_shows_a_local_and_a_dataflow_example_and_where_beams_options_are(help_text):
     examples = sections(help_text)["examples"]
-    assert "python -m pipelines.prepare_images --input photos --output photos-tfrecords" in examples
+    assert "beam-prep prepare --input photos --output photos-tfrecords" in examples
     assert "--runner DataflowRunner --project PROJECT --region" in examples
     assert "--help_beam lists them all" in help_text
     # Dataflow's progress is its counters.

@@ -173,11 +173,16 @@ def test_images_over_max_pixels_are_refused():
     assert "200x100" in str(e.value) and "--max_pixels" in str(e.value)
 
 
-@pytest.mark.parametrize("data", [b"", b"not an image at all", encode(picture(1))[:200]])
-def test_broken_bytes_raise_a_decode_error(data):
+@pytest.mark.parametrize("data,message", [
+    (b"", "empty file (0 bytes)"),  # a failed download or copy, said as such
+    (b"not an image at all", "not an image in a format Pillow reads"),
+    (encode(picture(1))[:200], "not a readable image: "),
+])
+def test_broken_bytes_raise_a_decode_error_that_says_why(data, message):
     with pytest.raises(ImageError) as e:
         process_image(data, ImageSpec())
     assert e.value.stage == "decode"
+    assert str(e.value).startswith(message), str(e.value)
 
 
 def test_draft_mode_on_large_jpegs_stays_close_to_a_full_decode(monkeypatch):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import statistics
+import subprocess
 import sys
 
 import numpy as np
@@ -312,6 +314,31 @@ def test_grid_grows_a_cell_per_image_per_class(output):
 def test_grid_shrinks_images_larger_than_the_cell(output):
     sheet = contact_sheet.make_contact_sheet(load_info(str(output)), "train", per_class=2, cell=10)
     assert {(r - left, b - t) for row in sheet.rows for left, t, r, b in row.boxes} == {(10, 10)}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--grid", "S.png", "--split", "val"], "error: {out} has no split 'val'; its splits: train, validation"),
+    (["--grid", "S.png", "--classes", "ant,bea"],
+     "error: --classes: no label named 'bea' (did you mean 'bee'?); the labels are in {out}/labels.txt"),
+    (["--per_clas", "3"], "error: unknown option --per_clas; did you mean --per-class? "
+                          "(beam-prep inspect --help lists its options)"),
+])
+def test_a_usage_error_is_one_line_naming_no_log(tmp_path, output, args, message):
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "inspect", str(output), *args],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == message.format(out=output) + "\n"  # TensorFlow's own log is not named
+    assert not list(pathlib.Path(os.environ["TMPDIR"]).glob("beam-prep-tensorflow-*"))
+    assert not (tmp_path / "S.png").exists()
+
+
+def test_a_folder_that_is_no_dataset_is_one_line_naming_no_log(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "inspect", str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"error: no manifest.json at {tmp_path}/manifest.json: not a beam-prep dataset, "
+                             "or its pipeline has not finished (the manifest is written last, after every shard)\n")
+    assert not list(pathlib.Path(os.environ["TMPDIR"]).glob("beam-prep-tensorflow-*"))
 
 
 # The command and gs://.

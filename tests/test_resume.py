@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from beam_prep import resume
+from beam_prep import layout, resume
 from beam_prep.errors import OptionsError
 from beam_prep.sample import picture
 from helpers import REPO, encode, make_tree, run_prepare
@@ -24,7 +24,7 @@ from pipelines.prepare_images import command
 SHARDS = 16
 ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers", "2",
         "--direct_running_mode", "multi_processing")
-DATASET_FILES = ("errors.jsonl", "labels.txt")
+DATASET_FILES = ("errors.jsonl", "labels.txt", "duplicates.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,9 @@ def tree(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("resume") / "tree"
     make_tree(root, {"ant": 60, "bee": 60, "cat": 60, "dog": 60}, size=(640, 480))
     (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole JPEG")
+    for original, copy in (("ant/img_000.jpg", "bee/copy_a.jpg"), ("ant/img_000.jpg", "dog/copy_b.jpg"),
+                           ("bee/img_001.jpg", "cat/copy_c.jpg")):  # duplicates, in shards of their own
+        shutil.copyfile(root / original, root / copy)
     return root
 
 
@@ -48,6 +51,8 @@ def uninterrupted(tree, tmp_path_factory) -> dict[str, str]:
     assert result.returncode == 0, result.stderr
     digests = _digests(out)
     assert len(digests) == SHARDS + len(DATASET_FILES)
+    assert json.loads((out / "manifest.json").read_text())["duplicates"]["extra_copies"] == 3
+    assert len((out / "duplicates.jsonl").read_text().splitlines()) == 5
     return digests
 
 
@@ -109,7 +114,8 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
     # The finished shards were kept, not written again: the same files, moved into place.
     assert {name: (out / name).stat().st_ino for name in kept} == kept
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["counts"] == {"listed": 241, "written": 240, "failed": 1, "skipped": 0}
+    assert manifest["counts"] == {"listed": 244, "written": 243, "failed": 1, "skipped": 0}
+    assert (manifest["duplicates"]["images"], manifest["duplicates"]["extra_copies"]) == (2, 3)
     assert not (out / ".beam-prep").exists()
 
 
@@ -124,12 +130,15 @@ def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninte
     data = bytearray(tampered.read_bytes())
     data[len(data) // 2] ^= 0xFF
     tampered.write_bytes(bytes(data))
+    unhashed = finished[1].name[:-len(".done.json")]
+    (finished[1].parent / layout.hashes_name(unhashed)).unlink()
 
     resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
     assert resumed.returncode == 0, resumed.stderr
     assert re.search(rf"shard {re.escape(tampered.name)} was finished but no longer matches its recorded size "
                      "and sha256: writing it again", resumed.stderr), resumed.stderr
-    assert _digests(out) == uninterrupted
+    assert f"shard {unhashed} was finished but has lost its hash file" in resumed.stderr
+    assert _digests(out) == uninterrupted  # duplicates.jsonl included
 
 
 def test_a_resumed_run_of_originals_counts_kept_and_reencoded_as_an_uninterrupted_one(tree, tmp_path):

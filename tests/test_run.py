@@ -89,7 +89,10 @@ def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
 def test_never_more_shards_than_examples():
     # 2 huge records would fill 11 shards of 150 MB by size; one worker each is plenty.
     assert sharding.choose_num_shards(2, 805e6, 150, multiple_of=1) == 2
-    assert sharding.choose_num_shards(2, 805e6, 150, multiple_of=4) == 4
+    # Rounding up to the workers stops at the examples: a shard with no record helps nobody.
+    assert sharding.choose_num_shards(2, 805e6, 150, multiple_of=4) == 2
+    assert sharding.choose_num_shards(1, 1e3, 150, multiple_of=2) == 1
+    assert sharding.choose_num_shards(6, 1e3, 150, multiple_of=4) == 4
     assert sharding.choose_num_shards(1000, 1e6, 150, multiple_of=1) == 7
 
 

@@ -59,7 +59,9 @@ Other schemes (through Beam's ``FileSystems``)
 The claim shares ``.beam-prep`` with the run's work files, so code that lists
 or removes that folder must leave ``claim.json`` to the claim: deleting it
 under a live run lets a second run in (a local holder then reports
-``Claim.lost``). A release removes the folder once it is empty.
+``Claim.lost``). A release removes the folder once it is empty, and a local
+output folder the claim itself created, if it is empty too: a run refused
+before it wrote anything leaves nothing behind.
 """
 from __future__ import annotations
 

@@ -24,9 +24,11 @@ _READ_PAUSE_S = 0.01
 
 
 class _LocalClaim(Claim):
-    def __init__(self, output: str, holder: Holder, taken_over: Holder | None, fd: int) -> None:
+    def __init__(self, output: str, holder: Holder, taken_over: Holder | None, fd: int,
+                 created: list[str]) -> None:
         super().__init__(output, holder, taken_over)
         self._fd = fd
+        self._created = created  # folders the claim made, deepest first: a refused run leaves none
 
     @property
     def lost(self) -> bool:
@@ -41,14 +43,16 @@ class _LocalClaim(Claim):
                              self.path, self.run_id)
         finally:
             os.close(self._fd)  # drops the lock
-        try:
-            os.rmdir(os.path.dirname(self.path))
-        except OSError:
-            pass  # not empty (the run's work files), or gone already
+        for folder in [os.path.dirname(self.path), *self._created]:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                return  # not empty (the run's work files, its dataset), or gone already
 
 
 def _claim_local(output: str, holder: Holder) -> Claim:
     path = claim_path(output)
+    created = _missing_folders(output)
     for _ in range(_ATTEMPTS):
         fd = _open_claim_file(path)
         if fd is None:
@@ -69,8 +73,17 @@ def _claim_local(output: str, holder: Holder) -> Claim:
             continue
         previous = _read_local_holder(fd, wait=False)
         _write_local_holder(fd, holder)
-        return _LocalClaim(output, holder, previous, fd)
+        return _LocalClaim(output, holder, previous, fd, created)
     raise StorageError(f"cannot claim {output}: {path} kept being replaced")
+
+
+def _missing_folders(folder: str) -> list[str]:
+    """``folder`` and its parents that do not exist yet, deepest first."""
+    missing = []
+    while folder and not os.path.exists(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
 
 
 def _open_claim_file(path: str) -> int | None:

@@ -1,0 +1,75 @@
+"""Flag names as people type them: ``--max-per-kind`` and ``--max_per_kind`` alike, and the
+nearest known flag for one that is neither.
+
+Shared by every command (``prepare``'s Beam-aware ``flags`` and the argparse
+parsers of ``inspect``, ``verify`` and ``bench``) and by ``prepare()``, whose
+messages name keywords instead of flags. Imports nothing heavy: ``inspect``
+must not pay for Beam.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable, Sequence
+
+__all__ = ["as_keywords", "known_spelling", "nearest_flag", "unknown_flags_message"]
+
+_FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")
+
+
+def _key(flag: str) -> str:
+    """``--image-size`` and ``--Image_Size`` are both ``image_size`` to compare."""
+    return flag.lstrip("-").replace("-", "_").lower()
+
+
+def known_spelling(argv: Sequence[str], known: Iterable[str]) -> list[str]:
+    """``argv`` with each flag spelled as a known one where only ``-`` and ``_`` differ:
+    ``--max-per-kind 5`` becomes ``--max_per_kind 5`` when that is the flag declared.
+
+    A flag known as typed is kept (Beam has ``--job-server-timeout``), values
+    and everything after ``--`` are left alone.
+    """
+    known = set(known)
+    by_key: dict[str, str] = {}
+    for flag in sorted(known):
+        by_key.setdefault(_underscored(flag), flag)
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            return out + list(argv[i:])
+        name, eq, value = token.partition("=")
+        if name.startswith("--") and name not in known:
+            name = by_key.get(_underscored(name), name)
+        out.append(name + eq + value)
+    return out
+
+
+def _underscored(flag: str) -> str:
+    return "--" + flag[2:].replace("-", "_")
+
+
+def nearest_flag(flag: str, known: Sequence[str]) -> str | None:
+    """The known flag closest to ``flag``, treating ``-`` and ``_`` alike; None if none is close."""
+    by_key = {_key(k): k for k in known}
+    match = difflib.get_close_matches(_key(flag), list(by_key), n=1)
+    return by_key[match[0]] if match else None
+
+
+def unknown_flags_message(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``unknown option --image_sise; did you mean --image_size?``, or every one of several."""
+    described = [(flag, nearest_flag(flag, known)) for flag in unknown]
+    if len(described) == 1:
+        flag, guess = described[0]
+        return f"unknown option {flag}" + (f"; did you mean {guess}?" if guess else "")
+    return "unknown options " + ", ".join(
+        flag + (f" (did you mean {guess}?)" if guess else "") for flag, guess in described)
+
+
+def as_keywords(message: str, bare_flags: Iterable[str] = ()) -> str:
+    """A command's message as ``prepare()``'s caller reads it: ``--image_size`` is the keyword
+    ``image_size``, and a bare flag (``--overwrite``, in ``bare_flags``) is ``overwrite=True``.
+
+    ``pass --overwrite to replace it`` becomes ``pass overwrite=True to replace it``.
+    """
+    bare = {flag.lstrip("-") for flag in bare_flags}
+    return _FLAG.sub(lambda m: f"{m[1]}=True" if m[1] in bare else m[1], message)
