@@ -9,17 +9,18 @@ shard (kept with the shard when a run resumes), the shuffle sink through
 Beam's ``WriteToText``. The manifest step reads them back (``find``): no
 second pass over the images.
 
-The step that reads them holds every record's hash in no object of its own,
-so its memory is bounded by the records, not their paths: at most 9 bytes per
-record while reading (a uint64 prefix of each sha256, sorted in place, and a
-mask), then 48 bytes per *candidate* (a prefix seen twice or more; at most
-half the records), which is at most 24 bytes per record when every record has
-a copy, and nothing when none has. Candidates are checked against the full
+The step that reads them holds no object per record: 8 bytes a record while
+reading (a uint64 prefix of each sha256, in one array sorted in place), then
+48 bytes per *candidate* (a prefix seen twice or more; at most half the
+records) in flat arrays, at most 24 bytes a record when every record has a
+copy and nothing when none has; its read buffer and the external sort's
+buckets do not grow with the records. Candidates are checked against the full
 sha256 (the first file of each prefix gives it; a file with the same prefix
 and another hash is kept apart, a 2^-64 event per pair), and the files that
-have copies come back in hash order through an external sort (``spill``)
-keyed by each file's place in its group, so a group of a million copies is
-never held at once. See the README's *Duplicates* for what is reported.
+have copies come back grouped, in the order of their hashes' prefixes, through
+an external sort (``spill``) keyed by each file's place in its group, so a
+group of a million copies is never held at once. See the README's
+*Duplicates* for what is reported.
 """
 from __future__ import annotations
 
@@ -32,10 +33,13 @@ import shutil
 from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import DatasetError
 from beam_prep.listing import printable
 from beam_prep.spill import SortedSpill, SpillFolder
+from beam_prep.storage import is_local, storage_error
 
 __all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line"]
 
@@ -225,11 +229,6 @@ class _Tally:
 
 def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
     """Each file's lines, a few MB at a time, as (file, lines)."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    from beam_prep.storage import storage_error
-
     for path in files:
         try:
             with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -266,10 +265,6 @@ def _parse(path: str, line: bytes) -> tuple[bytes, bytes, bytes]:
 
 def copy_lines(found: Duplicates, target: str) -> None:
     """Writes ``found``'s duplicates.jsonl to ``target`` (local or gs://)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    from beam_prep.storage import is_local, storage_error
-
     try:
         if is_local(target):
             shutil.copyfile(found.lines_file, target)
