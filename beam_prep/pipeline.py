@@ -15,8 +15,6 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.textio import ReadFromText
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
@@ -28,7 +26,7 @@ from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, Stor
 from beam_prep.listing import VALIDATION_SPLIT, FileEntry, Listing, list_tree, read_labels_file
 from beam_prep.options import PrepareConfig
 from beam_prep.records import unknown_label_report
-from beam_prep.storage import join
+from beam_prep.storage import join, read_lines
 from beam_prep.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
 from beam_prep.work_files import write_work_files
 
@@ -188,10 +186,8 @@ def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dic
         counts.update({(split, label): n for label, n in record.class_counts.items()})
         originals.update(record.originals)
         failures += record.failures
-    with FileSystems.open(join(work, layout.UNKNOWN_LABELS),
-                          compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        failures += [unknown_label_report(FileEntry.from_json(line))
-                     for line in f.read().decode("utf-8").splitlines()]
+    failures += [unknown_label_report(FileEntry.from_json(line))
+                 for line in read_lines(join(work, layout.UNKNOWN_LABELS))]
     shards = [(split, record.name, record.records) for split, record in zip(splits, records)]
     hash_files = [join(work, layout.hashes_name(name)) for name in names]
     return manifest.finalize(config, run_plan, shards, list(counts.items()), failures, hash_files,

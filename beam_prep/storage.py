@@ -1,7 +1,7 @@
 """Paths and small files on any filesystem, and storage failures said plainly.
 
 Every module that names or writes a file on local disk or gs:// uses these, so
-paths are joined one way and a failed write names its file one way.
+paths are joined one way and a failed read or write names its file one way.
 
 Beam's filesystems wrap the client's exceptions (``BeamIOError`` holding a dict of
 ``google.api_core`` errors for GCS), so the useful fact is a few levels down.
@@ -39,6 +39,22 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
             f.write(data)
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("write", path, e) from e
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of the UTF-8 text file ``path``, read at once: ``write_lines``' twin.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be read.
+    """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read().decode("utf-8").splitlines()
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:

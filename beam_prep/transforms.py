@@ -36,7 +36,6 @@ import uuid
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.textio import ReadFromText, WriteToText
 from apache_beam.io.tfrecordio import WriteToTFRecord
@@ -49,7 +48,7 @@ from beam_prep.imaging import ImageSpec
 from beam_prep.listing import FileEntry
 from beam_prep.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
 from beam_prep.records import FileReader, Outcome, make_example
-from beam_prep.storage import join, write_lines
+from beam_prep.storage import join, read_lines, write_lines
 from beam_prep.tfrecord import count_records, write_record
 
 __all__ = ["NAMESPACE", "Counters", "ParseEntryFn", "SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle",
@@ -260,9 +259,7 @@ class _WriteShardFn(beam.DoFn):
 
     def _write(self, index: int, name: str, reporter: progress.Reporter) -> resume.ShardRecord:
         config, split = self._config, self._split
-        with FileSystems.open(join(config.work, layout.shard_listing_name(split, index)),
-                              compression_type=CompressionTypes.UNCOMPRESSED) as listing:
-            lines = listing.read().decode("utf-8").splitlines()
+        lines = read_lines(join(config.work, layout.shard_listing_name(split, index)))
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
         per_label: collections.Counter[str] = collections.Counter()
         originals: collections.Counter[str] = collections.Counter()

@@ -133,12 +133,16 @@ def _pyvips() -> Candidate:
     return run
 
 
-def _cv2_decode(data: bytes, factor: int):
+def _cv2_decode(data: bytes) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """OpenCV's DCT-scaled decode (RGB) and the centre crop's box on its grid, in its pixels."""
     import cv2
 
+    width, height = _upright_size(data)
+    factor = _shrink(width, height)
     flag = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
             8: cv2.IMREAD_REDUCED_COLOR_8}[factor]
-    return cv2.imdecode(np.frombuffer(data, np.uint8), flag)[:, :, ::-1]  # BGR -> RGB, upright
+    arr = cv2.imdecode(np.frombuffer(data, np.uint8), flag)[:, :, ::-1]  # BGR -> RGB
+    return arr, tuple(v / factor for v in crop_box(width, height))
 
 
 def _opencv_area() -> Candidate:
@@ -147,10 +151,7 @@ def _opencv_area() -> Candidate:
     cv2.setNumThreads(1)
 
     def run(data: bytes) -> np.ndarray:
-        width, height = _upright_size(data)
-        factor = _shrink(width, height)
-        arr = _cv2_decode(data, factor)
-        left, top, right, bottom = (v / factor for v in crop_box(width, height))
+        arr, (left, top, right, bottom) = _cv2_decode(data)
         x, y = round(left), round(top)
         arr = arr[y:y + round(bottom - top), x:x + round(right - left)]
         return cv2.resize(np.ascontiguousarray(arr), (SIDE, SIDE), interpolation=cv2.INTER_AREA)
@@ -173,10 +174,7 @@ def _opencv_exact() -> Candidate:
     cv2.setNumThreads(1)
 
     def run(data: bytes) -> np.ndarray:
-        width, height = _upright_size(data)
-        factor = _shrink(width, height)
-        arr = _cv2_decode(data, factor)
-        left, top, right, bottom = (v / factor for v in crop_box(width, height))
+        arr, (left, top, right, bottom) = _cv2_decode(data)
         # Only the crop and a margin for the filters.
         x0, y0 = max(0, int(left) - 8), max(0, int(top) - 8)
         arr = np.ascontiguousarray(arr[y0:int(bottom) + 9, x0:int(right) + 9])
