@@ -91,6 +91,8 @@ class RunResult:
     @property
     def cpu_ms_per_image(self) -> float | None:
         return None if self.error else self.cpu_seconds / self.images * 1e3
+
+    @property
     def images_per_cpu_s(self) -> float | None:
         return None if self.error or not self.cpu_seconds else self.images / self.cpu_seconds
 
