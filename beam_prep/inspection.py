@@ -27,6 +27,7 @@ from typing import Any
 
 from beam_prep.dataset import DatasetInfo, ImageInfo
 from beam_prep.errors import DatasetError, StorageError
+from beam_prep.imaging import REENCODE_REASONS
 from beam_prep.layout import DUPLICATES, ERRORS
 from beam_prep.storage import is_local, join
 from beam_prep.wording import count
@@ -43,6 +44,7 @@ __all__ = [
     "format_bytes",
     "format_number",
     "open_output",
+    "originals_lines",
     "render_text",
     "summarize",
     "to_json",
@@ -148,6 +150,7 @@ class Summary:
     created: str | None = None
     beam_prep_version: str | None = None
     duplicates: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
+    originals: Mapping[str, Any] | None = None  # the manifest's, with --image_format original only
 
     @property
     def missing_shards(self) -> tuple[str, ...]:
@@ -194,7 +197,7 @@ def summarize(path: str) -> Summary:
         failures=tuple(failures) if failures is not None else (),
         errors_file=errors_file if failures is not None else None,
         created=manifest.get("created"), beam_prep_version=manifest.get("beam_prep_version"),
-        duplicates=manifest.get("duplicates"))
+        duplicates=manifest.get("duplicates"), originals=manifest.get("originals"))
 
 
 def _shard_sizes(files: Sequence[str]) -> dict[str, int | None]:
@@ -306,6 +309,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "failures": [dataclasses.asdict(g) for g in summary.failures],
         "errors_file": summary.errors_file,
         "duplicates": dict(summary.duplicates) if summary.duplicates is not None else None,
+        "originals": dict(summary.originals) if summary.originals is not None else None,
     }
 
 
@@ -393,6 +397,7 @@ def _counts_section(summary: Summary) -> list[str]:
     out = [f"files: {_number(c.get('listed'))} listed, {_number(c.get('written'))} written, "
            f"{_number(c.get('failed'))} failed, {_number(c.get('skipped'))} skipped"]
     out += [f"  skipped, {reason}: {n:,}" for reason, n in summary.skipped_by_reason.items()]
+    out += originals_lines(summary.originals)
     if summary.failures:
         out += ["", f"failures by stage and reason (every one in {summary.errors_file}):"]
         out += _table(["stage", "reason", "count", "example"],
@@ -402,6 +407,16 @@ def _counts_section(summary: Summary) -> list[str]:
         out += ["", "failures by stage (no errors.jsonl to give reasons):"]
         out += [f"  {stage}: {n}" for stage, n in summary.failed_by_stage.items()]
     return out
+
+
+def originals_lines(originals: Mapping[str, Any] | None) -> list[str]:
+    """A manifest's ``originals`` (``--image_format original``): the sources kept byte for byte,
+    and those re-encoded by reason; none without it. The run's summary shows the same lines."""
+    if originals is None:
+        return []
+    return [f"  originals kept byte for byte: {originals['kept']:,}"] + [
+        f"  re-encoded, {REENCODE_REASONS.get(reason, reason)}: {n:,}"
+        for reason, n in originals["reencoded_by_reason"].items()]
 
 
 def _duplicates_section(summary: Summary) -> list[str]:

@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from beam_prep.errors import OptionsError
-from beam_prep.imaging import DEFAULT_MAX_PIXELS, OUTPUT_FORMATS, RESIZE_MODES, ImageSpec
+from beam_prep.imaging import DEFAULT_MAX_PIXELS, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES, ImageSpec
 from beam_prep.dataset import COMPRESSIONS
 from beam_prep.readahead import DEFAULT_MAX_BYTES, ReadConfig
 from beam_prep.storage import is_local
@@ -118,8 +118,9 @@ class PrepareImagesOptions(PipelineOptions):
         section[SHARDS].add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
                                      help="Shard size aimed at when --num_shards is 0.")
         section[SHARDS].add_argument(
-            "--compression", default="gzip",
-            help="gzip or none. JPEG and PNG payloads barely compress; raw pixels do, "
+            "--compression", default=None,
+            help="gzip or none (default: none for --image_format original, whose whole JPEGs "
+                 "compress by under 1%%, and gzip otherwise). JPEG and PNG payloads barely compress; raw pixels do, "
                  "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
                  "none also writes TFDS's metadata, and is what TPU ResNet and TF-slim code read "
                  "(README: Use with existing training code).")
@@ -154,6 +155,12 @@ class PrepareConfig:
     reads: ReadConfig = ReadConfig()
     label_offset: int = 0
     labels_txt: str = "names"
+
+
+def default_compression(image_format: str) -> str:
+    """``--compression`` when none is given: a dataset of original JPEGs is stored uncompressed,
+    since GZIP costs a large share of its CPU for almost no bytes (README: *Originals*)."""
+    return "none" if image_format == ORIGINAL else "gzip"
 
 
 def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, int | None]:
@@ -264,8 +271,9 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError("--input is required: the root of the image tree (a path or gs://bucket/prefix)")
     if not o.output:
         raise OptionsError("--output is required: where the TFRecords go (a path or gs://bucket/prefix)")
+    compression = o.compression if o.compression is not None else default_compression(o.image_format)
     check_values({"resize_mode": o.resize_mode, "image_format": o.image_format,
-                  "compression": o.compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
+                  "compression": compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
                   "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb})
     if o.read_concurrency is not None:
         check_values({"read_concurrency": o.read_concurrency})
@@ -294,5 +302,5 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
-                         overwrite=o.overwrite, sink=o.sink, compression=o.compression, reads=reads,
+                         overwrite=o.overwrite, sink=o.sink, compression=compression, reads=reads,
                          label_offset=o.label_offset, labels_txt=o.labels_txt)

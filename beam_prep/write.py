@@ -54,7 +54,7 @@ from beam_prep.imaging import DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.listing import (DEFAULT_SPLIT, VALIDATION_SPLIT, UNKNOWN_LABEL, FileEntry, check_label_name,
                                split_for)
 from beam_prep.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, PrepareConfig,
-                               check_values, image_spec, normalised_path)
+                               check_values, default_compression, image_spec, normalised_path)
 from beam_prep.readahead import ReadConfig
 from beam_prep.records import Outcome, failure_report
 from beam_prep.storage import is_local
@@ -216,7 +216,7 @@ class WriteImageDataset(beam.PTransform):
         splits: Sequence[str] | None = None,
         root: str | None = None,
         num_shards: int | None = None,
-        compression: str = "gzip",
+        compression: str | None = None,
         overwrite: bool = False,
         read_concurrency: int = DEFAULT_REMOTE_READ_CONCURRENCY,
         read_ahead_mb: int = DEFAULT_READ_AHEAD_MB,
@@ -229,7 +229,8 @@ class WriteImageDataset(beam.PTransform):
           label_offset, labels_txt: as the command's flags: stored ids are a label's index
             plus ``label_offset``; an element's int label is the index.
           image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
-            no_upscale, compression: as the command's flags of those names.
+            no_upscale, compression: as the command's flags of those names (compression
+            None: none for ``image_format="original"``, gzip otherwise).
           validation_percent: share of elements without a split put in
             ``validation``, by the command's stable hash of their name.
           splits: the splits elements may name, in manifest order; by default
@@ -248,6 +249,8 @@ class WriteImageDataset(beam.PTransform):
           OptionsError: on the first bad argument.
         """
         super().__init__()
+        if compression is None:
+            compression = default_compression(image_format)
         check_values({"label_offset": label_offset, "labels_txt": labels_txt,
                       "validation_percent": validation_percent, "compression": compression,
                       "read_concurrency": read_concurrency, "read_ahead_mb": read_ahead_mb,

@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_prep.api import parse_command_line
 from beam_prep.beam_compat import WORKER_LOG_RELAY
 from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
-from beam_prep.imaging import REENCODE_REASONS
+from beam_prep.inspection import originals_lines
 from beam_prep.interrupt import signal_of
 from beam_prep.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
 from beam_prep.options import PrepareConfig, PrepareImagesOptions
@@ -72,23 +72,13 @@ def summary(result: RunResult) -> str:
         lines.append(f"  failed at {stage}: {n:,} (see errors.jsonl)")
     for reason, n in m.get("skipped_by_reason", {}).items():
         lines.append(f"  skipped, {reason}: {n:,}")
-    lines += originals_lines(m)
+    lines += originals_lines(m.get("originals"))
     copies = m.get("duplicates", {})
     if copies.get("extra_copies"):
         lines.append(f"  duplicates: {count(copies['extra_copies'], 'extra copy', 'extra copies')} of "
                      f"{count(copies['images'], 'image')}, {copies['across_splits']:,} across splits "
                      "(written all the same; see duplicates.jsonl)")
     return "\n".join(lines)
-
-
-def originals_lines(manifest: dict) -> list[str]:
-    """With --image_format original: the sources kept byte for byte, and those re-encoded by reason."""
-    originals = manifest.get("originals")
-    if originals is None:
-        return []
-    return [f"  originals kept byte for byte: {originals['kept']:,}"] + [
-        f"  re-encoded, {REENCODE_REASONS.get(reason, reason)}: {n:,}"
-        for reason, n in originals["reencoded_by_reason"].items()]
 
 
 def plan_summary(result: RunResult, input_root: str) -> str:

@@ -76,8 +76,8 @@ def streaming(tmp_path_factory, tree):
 
 @pytest.fixture(scope="module")
 def shuffled(tmp_path_factory, tree):
-    """The distributed path: WriteToTFRecord after the runner's shuffle."""
-    return _prepare(tmp_path_factory, tree, "--sink", "shuffle")
+    """The distributed path: WriteToTFRecord after the runner's shuffle, GZIP'd as asked."""
+    return _prepare(tmp_path_factory, tree, "--sink", "shuffle", "--compression", "gzip")
 
 
 def _records(out: pathlib.Path) -> dict[str, dict]:
@@ -110,6 +110,18 @@ def test_everything_else_decodes_with_tensorflow_to_the_upright_source_pixels(tr
         assert np.abs(got - upright).mean() < 3, name  # one JPEG encoding at q95
 
 
+def test_originals_are_stored_uncompressed_unless_compression_is_asked_for(streaming, shuffled):
+    # Whole JPEGs barely compress: without --compression the shards are plain .tfrecord files.
+    for (out, _), compression, suffix in ((streaming, "NONE", ".tfrecord"), (shuffled, "GZIP", ".tfrecord.gz")):
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["compression"] == compression
+        shards = manifest["splits"]["train"]["shards"]
+        assert shards and all(name.endswith(suffix) for name in shards), shards
+        first = (out / shards[0]).read_bytes()
+        assert (first[:2] == b"\x1f\x8b") == (compression == "GZIP")
+    assert len(read_split(shuffled[0], "train")) == len(read_split(streaming[0], "train")) == 9
+
+
 def test_no_upscale_keeps_small_images_and_shrinks_large_ones(streaming):
     records = _records(streaming[0])
     sizes = {name: (int(r["image/height"]), int(r["image/width"])) for name, r in records.items()}
@@ -134,6 +146,18 @@ def test_the_manifest_and_summary_count_kept_and_reencoded_by_reason(streaming):
                  "  re-encoded, a JPEG of another channel count than --channels: 1",
                  "  re-encoded, a JPEG with an EXIF rotation: 1", "  re-encoded, a JPEG that --resize_mode resizes: 1"):
         assert line in lines, result.stdout
+
+
+def test_inspect_shows_the_same_counts(streaming, capsys):
+    from pipelines.inspect_output import main as inspect_main
+
+    out, result = streaming
+    assert inspect_main([str(out)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    summary = [line for line in result.stdout.splitlines() if "originals kept" in line or "re-encoded," in line]
+    assert len(summary) == 6 and [line for line in table if line in summary] == summary
+    assert inspect_main([str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["originals"]["kept"] == 4
 
 
 def test_a_truncated_jpeg_is_reported_not_stored(streaming):

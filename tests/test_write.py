@@ -173,6 +173,7 @@ def test_originals_are_kept_and_counted_as_the_command_does(tmp_path):
             str(out), LABELS, root=str(tmp_path), image_size=50, resize_mode="shorter_side", no_upscale=True,
             image_format="original", num_shards=1)
     manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["compression"] == "NONE"  # originals default to uncompressed shards, as the command's
     assert manifest["originals"] == {"kept": 2, "reencoded": 2,
                                      "reencoded_by_reason": {"not_jpeg": 1, "resized": 1}}
     records = {r[features.FILENAME]: r for r in read_split(out, "train")}
