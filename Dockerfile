@@ -8,7 +8,7 @@ COPY setup.py README.md ./
 COPY beam_prep ./beam_prep
 COPY pipelines ./pipelines
 COPY .ci/build-pillow-simd ./
-RUN pip install --no-cache-dir . && python -c "import beam_prep.transforms, pipelines.prepare_images"
+RUN pip install --no-cache-dir . && python -c "import beam_prep.write.transforms, pipelines.prepare_images"
 # pillow-simd in place of Pillow (README, "Faster resizing"): the workers decode and
 # resize every image. It ships no wheels, so it is built here; the compiler and
 # headers leave again in the same layer, the libraries it links stay.

@@ -25,8 +25,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _HOMES = {
     "prepare": "beam_prep.api",
-    "WriteImageDataset": "beam_prep.write",
-    "ImageElement": "beam_prep.write",
+    "WriteImageDataset": "beam_prep.write.ptransform",
+    "ImageElement": "beam_prep.write.ptransform",
     "make_dataset": "beam_prep.reader",
     "load_info": "beam_prep.reader",
     "ReaderConfig": "beam_prep.reader",

@@ -1,4 +1,4 @@
-"""TFRecord framing benchmark: beam_prep's own (``beam_prep.tfrecord``) against Beam's ``_TFRecordUtil``.
+"""TFRecord framing benchmark: beam_prep's own (``beam_prep.io.tfrecord``) against Beam's ``_TFRecordUtil``.
 
 Frames 20,000 records of 15-25 KB (random bytes, about a 224x224 JPEG each) with
 each, into a file object that drops the bytes, so the time is the framing alone
@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from beam_prep import tfrecord
+from beam_prep.io import tfrecord
 
 Write = Callable[[object, bytes], None]
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rng = random.Random(0)
     records = [rng.randbytes(rng.randint(15_000, 25_000)) for _ in range(args.records)]
     writers: dict[str, Write] = {"Beam _TFRecordUtil.write_record": _TFRecordUtil.write_record,
-                                 "beam_prep.tfrecord.write_record": tfrecord.write_record}
+                                 "beam_prep.io.tfrecord.write_record": tfrecord.write_record}
     outputs = []
     for write in writers.values():
         f = io.BytesIO()

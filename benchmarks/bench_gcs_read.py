@@ -1,4 +1,4 @@
-"""What one small gs:// read costs the client, by client: the figures behind ``beam_prep/gcs.py``.
+"""What one small gs:// read costs the client, by client: the figures behind ``beam_prep/io/gcs.py``.
 
 Loads ``--objects`` random 55 KB objects (the benchmark corpus's mean JPEG size)
 into the test GCS server (``tests/gcs_harness/server.py``) and reads each once, one
@@ -40,7 +40,7 @@ _READS = {
         "    bucket, name = url[5:].split('/', 1)\n"
         "    return client.bucket(bucket).blob(name).download_as_bytes()\n"),
     "(c) beam-prep GcsClient.read": (
-        "from beam_prep.gcs import GcsClient\n"
+        "from beam_prep.io.gcs import GcsClient\n"
         "read = GcsClient(connections=1).read\n"),
 }
 _TIMER = """

@@ -45,7 +45,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from beam_prep.throughput import time_batches
+from beam_prep.tools.throughput import time_batches
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import ensure_corpus
 
@@ -109,7 +109,7 @@ def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str,
 def readers(jpeg_dir: pathlib.Path, raw_dir: pathlib.Path, raw_plain_dir: pathlib.Path) -> list[Reader]:
     import tensorflow as tf
 
-    from beam_prep import features
+    from beam_prep.model import features
     from beam_prep.reader import ReaderConfig, load_info, make_dataset
     from benchmarks.seed_notebook import seed_read
 
@@ -148,7 +148,7 @@ def _encoded_images(files: Sequence[str]):
     """Every record's JPEG bytes, in one string tensor: what the limit decodes."""
     import tensorflow as tf
 
-    from beam_prep import features
+    from beam_prep.model import features
 
     spec = features.tf_parse_spec((features.ENCODED,))
     batches = [tf.io.parse_example(s, spec)[features.ENCODED]

@@ -7,12 +7,12 @@ writer's 150 MB target), so that the fixed costs of a run (tracing the check,
 opening each shard) weigh on ``verify`` as they do on a real dataset. In one
 process, taking turns for ``--rounds`` rounds:
 
-  (a) the reader as ``beam-prep bench`` times it (:func:`beam_prep.throughput.measure_reader`):
+  (a) the reader as ``beam-prep bench`` times it (:func:`beam_prep.tools.throughput.measure_reader`):
       ``make_dataset`` with training defaults, batch 256, repeated, ``--seconds`` after a warm-up;
   (a') the same in evaluation order (fixed, no shuffle);
   (e) the reader over every record once, in evaluation order, timed from
       ``make_dataset`` to the last batch, as ``verify`` is timed;
-  (v) ``verify`` (:func:`beam_prep.verification.verify`): every record of every
+  (v) ``verify`` (:func:`beam_prep.tools.verification.verify`): every record of every
       split, parsed, decoded and checked, once.
 
 Each figure is images per second of wall time and per CPU-second of this
@@ -53,8 +53,8 @@ def ensure_copies(source: pathlib.Path, shards: int, shard_records: int) -> path
     """
     import tensorflow as tf
 
-    from beam_prep import features
-    from beam_prep.tfrecord import shard_writer, write_record
+    from beam_prep.io.tfrecord import shard_writer, write_record
+    from beam_prep.model import features
 
     out = CACHE_DIR / f"verify-v{DATASET_VERSION}-{source.name}-{shards}x{shard_records}"
     if (out / "manifest.json").exists():
@@ -95,7 +95,7 @@ def _time_one_pass(path: str) -> tuple[float, float]:
 
 def _time_verify(path: str) -> tuple[float, float]:
     from beam_prep.reader import checks
-    from beam_prep.verification import verify
+    from beam_prep.tools.verification import verify
 
     checks._batch_checker.cache_clear()  # traced in every round, as the command traces it once
     wall, cpu = time.perf_counter(), time.process_time()
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger("beam_prep").setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-    from beam_prep.throughput import measure_reader
+    from beam_prep.tools.throughput import measure_reader
 
     path = str(ensure_copies(ensure_dataset(ensure_corpus(args.images, CACHE_DIR).root, args.images, "jpeg"),
                              args.shards, args.shard_records))

@@ -22,7 +22,7 @@ import time
 from typing import Sequence
 
 from beam_prep.errors import ImageError
-from beam_prep.imaging import ImageSpec, process_image
+from beam_prep.write.imaging import ImageSpec, process_image
 
 log = logging.getLogger(__name__)
 

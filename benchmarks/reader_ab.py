@@ -11,7 +11,7 @@ goes first). A process measures, in turn, the decode limit (``decode_jpeg``
 of the dataset's own JPEG bytes held in memory, as ``bench_reader``'s (c)) and
 the reader (``make_dataset(DATASET, "train", batch_size=256, repeat=True)``,
 as (a)), ``--pairs`` times, taking turns at going first, each on a fresh
-iterator after a warm-up, with ``beam_prep.throughput.time_batches`` of this
+iterator after a warm-up, with ``beam_prep.tools.throughput.time_batches`` of this
 checkout. The ratio reader ÷ limit is taken within a pair, seconds apart.
 
 Printed per side: medians over all pairs of images/s, images per CPU-second of
@@ -37,7 +37,7 @@ import sys
 from collections.abc import Sequence
 
 HERE = pathlib.Path(__file__).resolve()
-THROUGHPUT = HERE.parents[1] / "beam_prep" / "throughput.py"  # this checkout's timing loop
+THROUGHPUT = HERE.parents[1] / "beam_prep" / "tools" / "throughput.py"  # this checkout's timing loop
 BATCH_SIZE = 256
 WARMUP_SECONDS = 1.0
 
@@ -93,8 +93,11 @@ def child(dataset: str, seconds: float, pairs: int, training: bool) -> dict:
     import tensorflow as tf
 
     import beam_prep
-    from beam_prep import features
     from beam_prep.reader import load_info, make_dataset
+    try:
+        from beam_prep.model import features
+    except ImportError:  # a side from before the package was grouped into rooms
+        from beam_prep import features
 
     time_batches = _time_batches()
     info = load_info(dataset)

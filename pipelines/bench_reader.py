@@ -6,7 +6,7 @@
 Times ``make_dataset`` (decoded uint8 batches, training order unless
 ``--eval``) on this machine, with a progress bar on stderr, and prints the
 images per second: what one host's input pipeline can feed an accelerator.
-See :mod:`beam_prep.throughput`. (``benchmarks/bench_reader.py`` compares
+See :mod:`beam_prep.tools.throughput`. (``benchmarks/bench_reader.py`` compares
 readers on a corpus of its own; this measures one dataset.)
 
 Exit codes: 0 measured, 2 bad usage, no dataset at OUT or no such split.
@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
-from beam_prep.throughput import Throughput, measure_reader
+from beam_prep.tools.throughput import Throughput, measure_reader
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar

@@ -24,8 +24,8 @@ import warnings
 from typing import Any, Callable, NoReturn, Sequence
 
 import beam_prep
+from beam_prep.cli.spelling import known_spelling, unknown_flags_message
 from beam_prep.errors import BeamPrepWarning
-from beam_prep.spelling import known_spelling, unknown_flags_message
 
 VERSION = f"beam-prep {beam_prep.__version__}"
 VERSION_FLAG = "--version"

@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console_logging()
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
 
-    from beam_prep import contact_sheet, inspection
+    from beam_prep.tools import contact_sheet, inspection
 
     try:
         summary = inspection.summarize(args.output)

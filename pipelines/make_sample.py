@@ -6,7 +6,7 @@ import pathlib
 import sys
 from typing import Sequence
 
-from beam_prep.sample import make_sample_tree
+from beam_prep.tools.sample import make_sample_tree
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,16 +23,16 @@ from typing import Sequence, TextIO
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.api import parse_command_line
-from beam_prep.beam_compat import WORKER_LOG_RELAY
+from beam_prep.cli.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
+from beam_prep.cli.spelling import known_spelling
+from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help
 from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
-from beam_prep.inspection import originals_lines
-from beam_prep.interrupt import signal_of
-from beam_prep.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
-from beam_prep.options import PrepareConfig, PrepareImagesOptions
-from beam_prep.pipeline import RunResult, run
-from beam_prep.spelling import known_spelling
-from beam_prep.usage import HELP_BEAM, beam_options_help, prepare_help
+from beam_prep.tools.inspection import originals_lines
 from beam_prep.wording import count
+from beam_prep.write.beam_compat import WORKER_LOG_RELAY
+from beam_prep.write.interrupt import signal_of
+from beam_prep.write.options import PrepareConfig, PrepareImagesOptions
+from beam_prep.write.pipeline import RunResult, run
 from pipelines.cli import VERSION, VERSION_FLAG, ConsoleFormatter, console_logging
 from pipelines.progress_display import ProgressDisplay
 

@@ -7,7 +7,7 @@ Reads every shard (several at once) with a progress bar on stderr, and lists
 what is wrong: shards missing, extra or damaged (by file), records that do not
 decode to the manifest's shape or whose label id is out of range or disagrees
 with its text (by file, record index and source file), counts per shard, split
-and class that differ from the manifest. See :mod:`beam_prep.verification`.
+and class that differ from the manifest. See :mod:`beam_prep.tools.verification`.
 
 Exit codes: 0 the dataset is as its manifest says, 1 problems found (listed on
 stdout), 2 bad usage or no dataset at OUT.
@@ -19,7 +19,7 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
-from beam_prep.verification import MAX_PER_KIND, VerifyReport, verify
+from beam_prep.tools.verification import MAX_PER_KIND, VerifyReport, verify
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from PIL import Image
 
-from beam_prep.sample import picture
+from beam_prep.tools.sample import picture
 from pipelines.prepare_images import command
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 import beam_prep
+from beam_prep.cli.flags import check_flags, known_flags, nearest_flag, unknown_flags
+from beam_prep.cli.joblog import JobLog, is_job_failure, new_log_path, root_cause
+from beam_prep.cli.spelling import known_spelling
 from beam_prep.errors import OptionsError, StorageError
-from beam_prep.flags import check_flags, known_flags, nearest_flag, unknown_flags
-from beam_prep.joblog import JobLog, is_job_failure, new_log_path, root_cause
-from beam_prep.listing import split_for
-from beam_prep.spelling import known_spelling
+from beam_prep.write.listing import split_for
 from helpers import REPO, child, make_tree, run_prepare
 from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output
 
@@ -202,7 +202,7 @@ def test_a_run_refused_after_listing_leaves_no_output_folder(tmp_path, tmpdir_en
 
 
 REMOTE = """Traceback (most recent call last):
-  File "beam_prep/tfrecord.py", line 74, in shard_writer
+  File "beam_prep/io/tfrecord.py", line 74, in shard_writer
 OSError: [Errno 27] File too large
 
 The above exception was the direct cause of the following exception:

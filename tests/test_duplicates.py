@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep import duplicates, spill
-from beam_prep.listing import split_for
-from beam_prep.pipeline import local_runner
-from beam_prep.write import WriteImageDataset
-from beam_prep.sample import picture
+from beam_prep.tools.sample import picture
+from beam_prep.write import duplicates, spill
+from beam_prep.write.listing import split_for
+from beam_prep.write.pipeline import local_runner
+from beam_prep.write.ptransform import WriteImageDataset
 from helpers import encode, make_tree, read_split, run_prepare
 from pipelines import inspect_output
 

@@ -14,8 +14,8 @@ import urllib.parse
 import pytest
 
 from beam_prep.errors import ImageError, StorageError
-from beam_prep.gcs import GcsClient, GcsPreconditionFailed, RetryPolicy
-from beam_prep.records import FileReader
+from beam_prep.io.gcs import GcsClient, GcsPreconditionFailed, RetryPolicy
+from beam_prep.write.records import FileReader
 from helpers import REPO, make_tree, read_split
 from pipelines import prepare_images
 
@@ -108,7 +108,7 @@ def test_split_folders_are_listed_a_level_deeper(gcs_server, gcs_bucket):
 
 
 def test_pages_are_followed_to_the_end(gcs_server, gcs_bucket, monkeypatch):
-    monkeypatch.setattr("beam_prep.gcs.PAGE_SIZE", 4)
+    monkeypatch.setattr("beam_prep.io.gcs.PAGE_SIZE", 4)
     names = [f"p/cat/{i:02d}.jpg" for i in range(10)] + [f"p/{label}/x.jpg" for label in "abcdefg"]
     for name in names:
         gcs_bucket.write_bytes(name, b"x")

@@ -11,10 +11,10 @@ import pytest
 from PIL import Image, ImageDraw, ImageFilter, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 
-from beam_prep import imaging
 from beam_prep.errors import ImageError
-from beam_prep.imaging import KEPT, ImageSpec, is_image_name, process_image
-from beam_prep.sample import picture
+from beam_prep.tools.sample import picture
+from beam_prep.write import imaging
+from beam_prep.write.imaging import KEPT, ImageSpec, is_image_name, process_image
 from helpers import encode
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_prep import contact_sheet, inspection
 from beam_prep.errors import DatasetError
 from beam_prep.reader import load_info
+from beam_prep.tools import contact_sheet, inspection
 from helpers import REPO, make_tree, read_split, run_prepare
 from pipelines import cli, inspect_output
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from beam_prep.errors import OptionsError
-from beam_prep.listing import (
+from beam_prep.write.listing import (
     SKIP_DEPTH,
     SKIP_HIDDEN,
     SKIP_NOT_IMAGE,
@@ -287,9 +287,9 @@ def test_a_listing_spilled_in_many_small_buckets_reads_back_whole_and_in_key_ord
     with list_tree(str(tmp_path), validation_percent=30) as whole:
         expected = list(whole.entries())
         expected_skipped = whole.skipped
-    monkeypatch.setattr("beam_prep.spill._CHUNK_ROWS", 3)
-    monkeypatch.setattr("beam_prep.spill._BUFFERED_ROWS", 7)
-    monkeypatch.setattr("beam_prep.spill._BUCKET_ROWS", 9)
+    monkeypatch.setattr("beam_prep.write.spill._CHUNK_ROWS", 3)
+    monkeypatch.setattr("beam_prep.write.spill._BUFFERED_ROWS", 7)
+    monkeypatch.setattr("beam_prep.write.spill._BUCKET_ROWS", 9)
     with list_tree(str(tmp_path), validation_percent=30) as spilled:
         assert spilled._files._buckets.__len__() == 12  # noqa: SLF001 - 100 rows in buckets of 9
         entries = list(spilled.entries())

@@ -6,7 +6,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.api import with_local_defaults
-from beam_prep.options import DEFAULT_REMOTE_READ_CONCURRENCY, config_from_options
+from beam_prep.write.options import DEFAULT_REMOTE_READ_CONCURRENCY, config_from_options
 from pipelines import prepare_images
 from helpers import make_tree
 

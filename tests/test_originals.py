@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageOps
 
-from beam_prep.sample import picture
+from beam_prep.tools.sample import picture
 from helpers import encode, read_split, run_prepare
 
 SIDE = 64  # --image_size: the shorter side under shorter_side

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_prep.features import decode_example
-from beam_prep.sample import picture
+from beam_prep.model.features import decode_example
+from beam_prep.tools.sample import picture
 from helpers import encode, make_tree, read_split, run_prepare
 
 LABELS = {"cat": 14, "dog": 10, "émeu": 6}
@@ -149,7 +149,7 @@ def test_summary_reports_splits_and_failures(prepared):
 
 
 def test_validation_split_follows_the_stable_hash(prepared, manifest):
-    from beam_prep.listing import split_for
+    from beam_prep.write.listing import split_for
 
     out, _ = prepared
     for split in manifest["splits"]:

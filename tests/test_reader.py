@@ -20,11 +20,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_prep import features
 from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.model import features
 from beam_prep.reader import ImageInfo, RandomCropFlip, ReaderConfig, RecordFiles, load_info, make_dataset
 from beam_prep.reader.decode import decode_window, resize
-from beam_prep.sample import picture
+from beam_prep.tools.sample import picture
 from helpers import REPO, child, encode, make_tree, read_split, run_prepare
 
 SIZE = 32

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import hashlib
 
-from beam_prep.features import FILENAME, LABEL_TEXT, SHA256, decode_example
-from beam_prep.imaging import ImageSpec
-from beam_prep.listing import list_tree
-from beam_prep.records import make_example
+from beam_prep.model.features import FILENAME, LABEL_TEXT, SHA256, decode_example
+from beam_prep.write.imaging import ImageSpec
+from beam_prep.write.listing import list_tree
+from beam_prep.write.records import make_example
 from helpers import make_tree
 
 

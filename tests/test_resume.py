@@ -15,9 +15,9 @@ import time
 import psutil
 import pytest
 
-from beam_prep import layout, resume
 from beam_prep.errors import OptionsError
-from beam_prep.sample import picture
+from beam_prep.tools.sample import picture
+from beam_prep.write import layout, resume
 from helpers import REPO, encode, make_tree, run_prepare
 from pipelines.prepare_images import command
 

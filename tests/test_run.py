@@ -5,13 +5,14 @@ import pytest
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep import dataset, layout, manifest, sharding
+from beam_prep.model import dataset
 from beam_prep.errors import DatasetError
-from beam_prep.imaging import ImageSpec
-from beam_prep.options import PrepareConfig
-from beam_prep.listing import FileEntry, list_tree, order_key
-from beam_prep.pipeline import run
-from beam_prep.work_files import write_work_files
+from beam_prep.write import layout, manifest, sharding
+from beam_prep.write.imaging import ImageSpec
+from beam_prep.write.listing import FileEntry, list_tree, order_key
+from beam_prep.write.options import PrepareConfig
+from beam_prep.write.pipeline import run
+from beam_prep.write.work_files import write_work_files
 from helpers import make_tree
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from beam_prep import tfrecord
+from beam_prep.io import tfrecord
 
 _RANDOM = random.Random(0)
 RECORDS = [b"", b"x", b"\x00" * 7, _RANDOM.randbytes(300), _RANDOM.randbytes(20_000), _RANDOM.randbytes(70_001)]

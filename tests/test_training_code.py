@@ -21,11 +21,12 @@ import tensorflow as tf
 
 from PIL import Image
 
-from beam_prep import features, layout, tfds_metadata
-from beam_prep.dataset import DatasetInfo, SplitInfo
+from beam_prep.model import features, tfds_metadata
 from beam_prep.errors import DatasetError
+from beam_prep.model.dataset import DatasetInfo, SplitInfo
 from beam_prep.reader import ImageInfo, RecordFiles, load_info, make_dataset
-from beam_prep.sample import picture
+from beam_prep.tools.sample import picture
+from beam_prep.write import layout
 from helpers import encode, make_tree, read_split, run_prepare
 
 COUNTS = {"cat": 2, "dog": 3, "emu": 2}

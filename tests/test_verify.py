@@ -18,12 +18,12 @@ from typing import Callable
 
 import pytest
 
-from beam_prep import features
-from beam_prep.dataset import DatasetInfo, ImageInfo
 from beam_prep.errors import DatasetError
+from beam_prep.io.tfrecord import shard_writer, write_record
+from beam_prep.model import features
+from beam_prep.model.dataset import DatasetInfo, ImageInfo
 from beam_prep.reader.checks import batch_checker
-from beam_prep.tfrecord import shard_writer, write_record
-from beam_prep.verification import KINDS, verify
+from beam_prep.tools.verification import KINDS, verify
 from helpers import REPO, encode, make_tree, run_prepare
 from pipelines import bench_reader, cli, verify_output
 from PIL import Image

@@ -14,14 +14,14 @@ from apache_beam.testing.util import assert_that
 from PIL import Image
 
 import beam_prep
-from beam_prep import features
-from beam_prep.claim import OutputBusy, claim_output
 from beam_prep.errors import OptionsError
-from beam_prep.listing import split_for
-from beam_prep.pipeline import local_runner
+from beam_prep.model import features
 from beam_prep.reader import load_info, make_dataset
-from beam_prep.sample import picture
-from beam_prep.write import WriteImageDataset
+from beam_prep.tools.sample import picture
+from beam_prep.write.claim import OutputBusy, claim_output
+from beam_prep.write.listing import split_for
+from beam_prep.write.pipeline import local_runner
+from beam_prep.write.ptransform import WriteImageDataset
 from helpers import REPO, child, encode, make_tree, read_split
 
 HEIGHT, WIDTH = 20, 24

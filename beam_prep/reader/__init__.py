@@ -7,8 +7,8 @@
 Everything the reader needs to know (labels, image size and format, shard files
 and their record counts, compression) comes from ``manifest.json``, read
 through ``tf.io.gfile`` so local paths and ``gs://`` take the same code, and
-checked by :class:`beam_prep.dataset.DatasetInfo`, the model the writer writes it from. The
-parse spec and feature keys come from :mod:`beam_prep.features`, the module the
+checked by :class:`beam_prep.model.dataset.DatasetInfo`, the model the writer writes it from. The
+parse spec and feature keys come from :mod:`beam_prep.model.features`, the module the
 writer encodes with, so the two cannot drift apart.
 
 The pipeline is laid out for throughput on a host that feeds an accelerator
@@ -50,11 +50,11 @@ The package, one job a module:
 * :mod:`~beam_prep.reader.pipeline`: ``make_dataset``, the tf.data stages.
 
 The dataset's description itself (``DatasetInfo``, ``ImageInfo``,
-``SplitInfo``) is :mod:`beam_prep.dataset`, shared with the writer.
+``SplitInfo``) is :mod:`beam_prep.model.dataset`, shared with the writer.
 """
 from __future__ import annotations
 
-from beam_prep.dataset import DatasetInfo, ImageInfo, SplitInfo
+from beam_prep.model.dataset import DatasetInfo, ImageInfo, SplitInfo
 from beam_prep.reader.config import ReaderConfig
 from beam_prep.reader.decode import RandomCropFlip, random_crop_flip
 from beam_prep.reader.pipeline import make_dataset

@@ -1,9 +1,9 @@
 """What ``verify`` computes per batch of serialized records: each record's decoded shape and label checks.
 
 One ``tf.function`` over a batch of serialized records, traced once and
-called by :mod:`beam_prep.verification` on each batch a shard's pipeline
+called by :mod:`beam_prep.tools.verification` on each batch a shard's pipeline
 reads (and on single records, to name one that fails). It parses with the
-record spec of :mod:`beam_prep.features` and decodes with the reader's own
+record spec of :mod:`beam_prep.model.features` and decodes with the reader's own
 :func:`~beam_prep.reader.decode.decode`, so a record passes exactly when the
 reader would give training the image the manifest promises.
 
@@ -16,8 +16,8 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Callable
 
-from beam_prep import features
-from beam_prep.dataset import DatasetInfo, ImageInfo
+from beam_prep.model import features
+from beam_prep.model.dataset import DatasetInfo, ImageInfo
 from beam_prep.reader.config import DEFAULT_DCT_METHOD
 from beam_prep.reader.decode import decode
 

@@ -32,7 +32,7 @@ DCT_METHODS = ("INTEGER_ACCURATE", "INTEGER_FAST")
 class ReaderConfig:
     """How to read, beyond what :func:`~beam_prep.reader.make_dataset` takes itself.
 
-    Not :class:`beam_prep.readahead.ReadConfig`, the writer's read-ahead.
+    Not :class:`beam_prep.write.readahead.ReadConfig`, the writer's read-ahead.
 
     Order:
       shuffle_buffer: serialized records in the shuffle buffer; 0 turns it off.

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from beam_prep.dataset import ImageInfo
 from beam_prep.errors import OptionsError
+from beam_prep.model.dataset import ImageInfo
 from beam_prep.reader.config import DEFAULT_DCT_METHOD
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from beam_prep import features
-from beam_prep.dataset import ImageInfo
+from beam_prep.model import features
+from beam_prep.model.dataset import ImageInfo
 from beam_prep.reader.config import ReaderConfig
 from beam_prep.reader.plan import (
     Augment,

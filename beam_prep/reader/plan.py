@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from beam_prep import features
-from beam_prep.dataset import ImageInfo
 from beam_prep.errors import OptionsError
+from beam_prep.model import features
+from beam_prep.model.dataset import ImageInfo
 from beam_prep.reader.config import DEFAULT_DCT_METHOD
 from beam_prep.reader.decode import (
     RandomCropFlip,

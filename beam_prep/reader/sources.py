@@ -11,7 +11,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from beam_prep.dataset import (
+from beam_prep.errors import DatasetError, OptionsError, StorageError
+from beam_prep.io.storage import bucket_of, join
+from beam_prep.model.dataset import (
     MANIFEST,
     READ_COMPRESSIONS,
     DatasetInfo,
@@ -19,8 +21,6 @@ from beam_prep.dataset import (
     SplitInfo,
     parse_manifest,
 )
-from beam_prep.errors import DatasetError, OptionsError, StorageError
-from beam_prep.storage import bucket_of, join
 
 __all__ = ["RecordFiles", "Source", "load_info", "read_manifest", "resolve_source", "select_files",
            "tf_compression"]

@@ -9,8 +9,8 @@ through the GCS server's environment.
 import json
 import sys
 
-from beam_prep import features
 from beam_prep.errors import DatasetError
+from beam_prep.model import features
 from beam_prep.reader import make_dataset
 
 if __name__ == "__main__":

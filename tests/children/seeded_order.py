@@ -8,7 +8,7 @@ that repeats across runs from one that only repeats within a process.
 import json
 import sys
 
-from beam_prep import features
+from beam_prep.model import features
 from beam_prep.reader import ReaderConfig, make_dataset
 
 if __name__ == "__main__":

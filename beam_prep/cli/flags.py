@@ -1,0 +1,112 @@
+"""Which command-line flags exist, so a misspelled one fails before any work.
+
+Beam parses each options class on its own and drops flags no class defines with
+only a warning ("Discarding unparseable args"): ``--image_sise 64`` would run a
+whole job at the default size. Here every flag of every ``PipelineOptions``
+subclass (Beam's and ours) is put in one parser, as Beam's ``get_all_options``
+does, and whatever that parser does not know is an error. ``--image-size`` is
+``--image_size`` (``spelled_as_known``), as in the other commands.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from typing import NoReturn, Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_prep.cli.spelling import known_spelling, nearest_flag, unknown_flags_message
+from beam_prep.errors import OptionsError
+from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
+
+__all__ = ["all_options_parser", "bare_flags", "check_flags", "known_flags", "nearest_flag", "option_classes",
+           "spelled_as_known", "unknown_flags"]
+
+# argparse reads "-5" as a value, not a flag, when no flag looks like a number.
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_HELP = ("-h", "--help")
+
+
+class _RaisingParser(BeamArgumentParser):
+    """Beam's parser (options classes call its ``add_value_provider_argument``), but where
+    argparse would exit the process on a bad value, the library raises instead."""
+
+    def error(self, message: str) -> NoReturn:
+        raise OptionsError(message)
+
+
+def option_classes() -> list[type[PipelineOptions]]:
+    """Every options class defined so far, subclasses of subclasses too, each once."""
+    found: list[type[PipelineOptions]] = []
+    pending = list(PipelineOptions.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        if cls not in found:
+            found.append(cls)
+            pending.extend(cls.__subclasses__())
+    return found
+
+
+def all_options_parser() -> argparse.ArgumentParser:
+    """One parser with every class's flags, like Beam's own (no abbreviations either).
+
+    ``--help`` is left to Beam, so it behaves as it always has. A flag that two
+    classes define is taken once: only its name matters here.
+    """
+    parser = _RaisingParser(allow_abbrev=False, add_help=False, conflict_handler="resolve")
+    for cls in option_classes():
+        add_options_arguments(cls, parser)
+    return parser
+
+
+def known_flags(parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """Every ``--flag`` name the command line accepts."""
+    parser = parser or all_options_parser()
+    names = {name for action in parser._actions for name in action.option_strings}  # noqa: SLF001
+    return sorted(name for name in names if name.startswith("--"))
+
+
+def unknown_flags(argv: Sequence[str]) -> list[str]:
+    """The flags in ``argv`` no options class defines, by name (``--x=1`` gives ``--x``).
+
+    Values are not flags: the ``64`` of ``--image-size 64`` is skipped, and so is
+    everything after ``--``.
+
+    Raises:
+      OptionsError: when a known flag has a bad value (``--channels three``).
+    """
+    _, extras = all_options_parser().parse_known_args(list(argv))
+    unknown: list[str] = []
+    for token in extras:
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-" or _NEGATIVE_NUMBER.match(token):
+            continue
+        name = token.split("=", 1)[0]
+        if name not in _HELP and name not in unknown:
+            unknown.append(name)
+    return unknown
+
+
+def bare_flags(parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """The flags that take no value (``--overwrite``): ``prepare(overwrite=True)`` gives them."""
+    parser = parser or all_options_parser()
+    return sorted(name for action in parser._actions if action.nargs == 0  # noqa: SLF001
+                  for name in action.option_strings if name.startswith("--"))
+
+
+def spelled_as_known(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--image-size`` written ``--image_size``: both spellings of every flag work."""
+    return known_spelling(argv, known_flags())
+
+
+def check_flags(argv: Sequence[str]) -> None:
+    """Refuses flags that no options class defines, naming each and its nearest known flag.
+
+    Raises:
+      OptionsError: if any flag is unknown, or a known flag's value is malformed.
+    """
+    unknown = unknown_flags(argv)
+    if not unknown:
+        return
+    raise OptionsError(unknown_flags_message(unknown, known_flags()))

@@ -1,0 +1,106 @@
+"""The command's ``--help`` and ``--help_beam``, built from the options' own declarations.
+
+Beam parses the command line with a parser of its own, which knows none of our
+options, so its ``--help`` lists none of them. Ours is built here from
+``PrepareImagesOptions._add_argparse_args`` itself, its sections and all: an
+option added there is in the help with its default, and no second list can drift.
+"""
+from __future__ import annotations
+
+import argparse
+
+from beam_prep.cli.flags import option_classes
+from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
+from beam_prep.write.options import PrepareImagesOptions
+
+__all__ = ["HELP_BEAM", "beam_options_help", "prepare_help"]
+
+HELP_BEAM = "--help_beam"
+_WIDTH = 100
+
+USAGE = """\
+beam-prep prepare --input ROOT --output OUT [options] [Beam options]
+       python -m pipelines.prepare_images ...   (the same, without the installed script)"""
+
+DESCRIPTION = """\
+Turn a folder tree of labelled images, ROOT/<label>/<image> (or ROOT/<split>/<label>/<image>),
+on local disk or gs://, into sharded TFRecords of tf.train.Example with a manifest.
+With no --runner it runs here on Beam's DirectRunner, one worker process per core."""
+
+EPILOG = f"""\
+examples:
+  # here, every core busy:
+  beam-prep prepare --input photos --output photos-tfrecords \\
+      --image_size 224 --validation_percent 10
+
+  # on Google Cloud Dataflow:
+  beam-prep prepare --input gs://BUCKET/images --output gs://BUCKET/records \\
+      --runner DataflowRunner --project PROJECT --region us-central1 \\
+      --temp_location gs://BUCKET/tmp --setup_file ./setup.py
+
+Beam's options (--runner, --direct_num_workers, --project, --region, --temp_location,
+--machine_type, --max_num_workers, ...) are passed to Beam; {HELP_BEAM} lists them all.
+Every flag may be spelled with - or _ (--image-size, --image_size). --version prints the version.
+
+progress: a local run draws a progress bar on a terminal (images done of listed, rate,
+ETA, failures so far), or prints a line every --progress_interval seconds elsewhere.
+On Dataflow the job's counters carry the same numbers: namespace beam_prep, listed,
+written and failed_<stage>, on the job page's Job metrics tab or with
+gcloud dataflow metrics list JOB_ID --region REGION --source=user.
+
+first, on a big tree: --dry_run lists and plans (images per split, shards, labels, skipped
+files) and writes nothing. A local run stopped by Ctrl-C, SIGTERM, a kill or a crash keeps
+its finished shards: the same command again resumes it; --overwrite starts over.
+
+exit codes: 0 done, 2 bad options or input (nothing was started), 1 the job failed,
+130 / 143 stopped by Ctrl-C / SIGTERM (finished shards kept)."""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's and examples' lines, and adds each option's default.
+
+    A flag's default is "off"; a default of None stands for a choice made later
+    (a size, a count by input), which the option's help names itself.
+    """
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_WIDTH, max_help_position=32)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or "(required" in text or action.default in (None, argparse.SUPPRESS):
+            return text
+        if action.nargs == 0:
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        return f"{text} (default: %(default)s)"
+
+
+def _parser(**kwargs: object) -> argparse.ArgumentParser:
+    return BeamArgumentParser(add_help=False, allow_abbrev=False, formatter_class=_Formatter, **kwargs)
+
+
+def prepare_help() -> str:
+    """``--help`` of ``beam-prep prepare`` and ``python -m pipelines.prepare_images``."""
+    parser = _parser(usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+    add_options_arguments(PrepareImagesOptions, parser)
+    parser.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,
+                        help="Show this help and exit.")
+    parser.add_argument(HELP_BEAM, action="store_true", default=argparse.SUPPRESS,
+                        help="List Beam's own options and exit.")
+    return parser.format_help()
+
+
+def beam_options_help() -> str:
+    """``--help_beam``: every flag Beam's options classes define, a section per class."""
+    sections = ["Beam's options, which beam-prep passes to Beam (a section per Beam options class):"]
+    for cls in option_classes():
+        if issubclass(cls, PrepareImagesOptions):
+            continue
+        parser = _parser(usage=argparse.SUPPRESS)
+        add_options_arguments(cls, parser)
+        if not parser._actions:  # noqa: SLF001 - argparse has no public count of its options.
+            continue
+        # The text starts with argparse's heading for options ("options:"): the class names the section.
+        body = parser.format_help().strip().split("\n", 1)[1]
+        sections.append(f"{cls.__name__}:\n{body}")
+    return "\n\n".join(sections) + "\n"

@@ -1,0 +1,1 @@
+"""The dataset model the writer writes and the reader reads: the record spec, manifest.json, TFDS metadata."""

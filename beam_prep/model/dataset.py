@@ -1,0 +1,224 @@
+"""What a beam-prep dataset is: its labels, splits, image description and compression, and their JSON form.
+
+The one model of a dataset that both sides use: the writer builds a
+:class:`DatasetInfo` and writes ``DatasetInfo.to_json()`` into
+``manifest.json`` (:mod:`beam_prep.write.manifest`), the reader reads it back with
+``DatasetInfo.from_json`` (:func:`beam_prep.reader.load_info`). Each object
+owns both directions of its JSON, as TFDS's feature objects do, so a field
+added on one side cannot be forgotten on the other.
+
+No Beam and no TensorFlow here: Beam workers and training hosts both import it.
+Reading and writing the file itself stays with each side (Beam's
+``FileSystems`` on one, ``tf.io.gfile`` on the other).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.io.storage import join
+from beam_prep.model.features import IMAGE_FORMATS
+
+__all__ = [
+    "COMPRESSIONS",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "READ_COMPRESSIONS",
+    "Compression",
+    "DatasetInfo",
+    "ImageInfo",
+    "SplitInfo",
+    "labels_lines",
+    "parse_manifest",
+]
+
+MANIFEST = "manifest.json"
+# The manifest format this beam-prep writes, and the newest it reads.
+FORMAT_VERSION = 1
+
+
+class Compression(NamedTuple):
+    """How one ``--compression`` choice is written: file suffix, Beam's and the manifest's name."""
+
+    suffix: str
+    beam_type: str  # an apache_beam CompressionTypes value (those are plain strings)
+    manifest_name: str  # also TensorFlow's name for it
+
+
+# --compression -> how shards are written and what the manifest calls it.
+COMPRESSIONS: Mapping[str, Compression] = {
+    "gzip": Compression(".tfrecord.gz", "gzip", "GZIP"),
+    "none": Compression(".tfrecord", "uncompressed", "NONE"),
+}
+# What the reader takes: what the writer writes, and ZLIB, which TensorFlow
+# also reads (for files written elsewhere).
+READ_COMPRESSIONS = ("GZIP", "ZLIB", "NONE")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInfo:
+    """How images are stored: the manifest's ``image`` section, or given for bare files.
+
+    ``height`` and ``width`` are None when images keep varying sizes
+    (``resize_mode`` shorter_side or none); every image has ``channels``.
+    ``resize_mode`` is what the writer did (None when unknown: bare files);
+    the reader does not need it.
+    """
+
+    height: int | None
+    width: int | None
+    channels: int = 3
+    format: str = "jpeg"
+    resize_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in IMAGE_FORMATS:
+            raise OptionsError(f"image format must be one of {IMAGE_FORMATS}, not {self.format!r}")
+        if self.channels not in (1, 3):
+            raise OptionsError(f"image channels must be 1 or 3, not {self.channels}")
+        if (self.height is None) != (self.width is None):
+            raise OptionsError("image height and width are both sizes or both None (sizes vary)")
+        if self.height is not None and (self.height < 1 or self.width < 1):
+            raise OptionsError(f"image size must be positive, not {self.height}x{self.width}")
+
+    @property
+    def fixed_size(self) -> bool:
+        """Whether every stored image has the same height and width."""
+        return self.height is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"height": self.height, "width": self.width, "channels": self.channels,
+                "format": self.format, "resize_mode": self.resize_mode}
+
+    @classmethod
+    def from_json(cls, image: Mapping[str, Any]) -> ImageInfo:
+        return cls(height=image.get("height"), width=image.get("width"),
+                   channels=int(image.get("channels", 3)), format=str(image.get("format", "jpeg")),
+                   resize_mode=image.get("resize_mode"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    """One split: its shard files and, when the writer knew them, each one's record count.
+
+    ``shards`` are names relative to the dataset folder ``root`` (as the
+    manifest lists them); ``files`` are their full paths.
+    """
+
+    name: str
+    shards: tuple[str, ...]
+    num_examples: int
+    shard_num_examples: tuple[int, ...] | None = None
+    class_counts: Mapping[str, int] | None = None
+    root: str = ""
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(join(self.root, shard) for shard in self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_examples": self.num_examples, "shards": list(self.shards)}
+        if self.class_counts is not None:
+            out["class_counts"] = dict(self.class_counts)
+        if self.shard_num_examples is not None:
+            out["shard_num_examples"] = list(self.shard_num_examples)
+        return out
+
+    @classmethod
+    def from_json(cls, name: str, split: Mapping[str, Any], root: str = "") -> SplitInfo:
+        """Raises DatasetError (without the manifest's path: the caller adds it)."""
+        shards = tuple(split["shards"])
+        counts = split.get("shard_num_examples")
+        if counts is not None and len(counts) != len(shards):
+            raise DatasetError(f"split {name!r} lists {len(shards)} shards but "
+                               f"{len(counts)} shard_num_examples")
+        class_counts = split.get("class_counts")
+        return cls(name=name, shards=shards, num_examples=int(split["num_examples"]),
+                   shard_num_examples=tuple(int(n) for n in counts) if counts is not None else None,
+                   class_counts=dict(class_counts) if class_counts is not None else None, root=root)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset's description, checked: what the writer records and the reader reads.
+
+    ``root`` is the dataset folder ("" until it has one); ``compression`` is
+    the manifest's name for it (``GZIP``, ``NONE``). ``label_offset`` is what
+    the writer added to each label's index in ``labels`` to get the id it
+    stored (``--label_offset``: 1 for code that keeps 0 for background).
+    """
+
+    root: str
+    labels: tuple[str, ...]
+    splits: Mapping[str, SplitInfo]
+    image: ImageInfo
+    compression: str = "GZIP"
+    label_offset: int = 0
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.labels)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's dataset keys, in the manifest's order (the writer adds its run's record)."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "labels": list(self.labels),
+            "splits": {name: split.to_json() for name, split in self.splits.items()},
+            "image": self.image.to_json(),
+            "compression": self.compression,
+            "label_offset": self.label_offset,
+        }
+
+    @classmethod
+    def from_json(cls, manifest: Any, root: str, where: str) -> DatasetInfo:
+        """Checks a parsed manifest; ``where`` (its path) names it in errors.
+
+        Raises:
+          DatasetError: a newer format, or a manifest that is incomplete or malformed.
+        """
+        try:
+            version = manifest["format_version"]
+            if version > FORMAT_VERSION:
+                raise DatasetError(
+                    f"{where} has format_version {version}; this beam-prep reads up to "
+                    f"{FORMAT_VERSION}: upgrade beam-prep")
+            try:
+                splits = {name: SplitInfo.from_json(name, s, root)
+                          for name, s in manifest["splits"].items()}
+            except DatasetError as e:
+                raise DatasetError(f"{where}: {e}") from e
+            compression = str(manifest.get("compression", "GZIP")).upper()
+            if compression not in READ_COMPRESSIONS:
+                raise DatasetError(f"{where}: unknown compression {compression!r}")
+            return cls(root=root, labels=tuple(manifest["labels"]), splits=splits,
+                       image=ImageInfo.from_json(manifest["image"]), compression=compression,
+                       label_offset=int(manifest.get("label_offset", 0)))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise DatasetError(f"{where} is incomplete or malformed: missing or bad {e}") from e
+        except OptionsError as e:
+            raise DatasetError(f"{where}: {e}") from e
+
+
+def labels_lines(labels: Sequence[str], form: str, label_offset: int) -> list[str]:
+    """labels.txt: one name a line in label order (``names``: line k from 0 is stored id
+    k + label_offset, and the file is a valid --labels_file), or TF-slim's ``id:name``
+    lines with the ids as stored (``slim``: what its dataset_utils.read_label_file parses)."""
+    if form == "slim":
+        return [f"{i + label_offset}:{name}" for i, name in enumerate(labels)]
+    return list(labels)
+
+
+def parse_manifest(text: bytes | str, where: str) -> Any:
+    """The manifest's JSON; ``where`` (its path) names it in the error.
+
+    Raises:
+      DatasetError: not valid JSON.
+    """
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise DatasetError(f"{where} is not valid JSON: {e}") from e
