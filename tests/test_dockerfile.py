@@ -74,7 +74,7 @@ def test_the_project_installs_from_the_copied_context(tmp_path):
 
 
 def test_the_workers_get_pillow_simd_built_by_the_script_ci_tests():
-    # The same script builds the opt-in accelerated Pillow for tests/test_accelerated.py,
+    # The same script builds the opt-in accelerated Pillow for tests/write/test_accelerated.py,
     # and the image checks that it replaced the stock Pillow.
     text = dockerfile()
     assert re.search(r"^COPY \.ci/build-pillow-simd ", text, re.M)

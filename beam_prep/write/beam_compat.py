@@ -4,7 +4,7 @@ Beam keeps no promise about names with a leading underscore, nor about the
 runner modules under ``apache_beam.runners.portability``: any release may move
 or change them. The rest of beam_prep uses Beam's public API only, and imports
 what it cannot do without from here. When upgrading Beam, check each function
-below against the new release (tests/test_cli.py and tests/test_run.py exercise
+below against the new release (tests/cli/test_cli.py and tests/write/test_run.py exercise
 them all).
 
 Not here, because beam_prep frames TFRecords itself (``beam_prep.io.tfrecord``):

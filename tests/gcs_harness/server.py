@@ -53,7 +53,7 @@ Generations
 -----------
 The emulator gives every write a new generation, its ``time.time_ns()``, and
 reports it with a new ``updated`` time in the upload's answer and in the
-object's metadata, as GCS does; ``test_gcs_client.py`` checks this, since
+object's metadata, as GCS does; ``test_gcs.py`` checks this, since
 the preconditions above rely on it. The numbers only ever grow while the
 clock does.
 

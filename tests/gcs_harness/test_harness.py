@@ -1,8 +1,8 @@
 """The gs:// test harness (``server.py``) serves the code paths the product really uses.
 
 These test the test server and Google's clients against it, not beam-prep: its
-gs:// behaviour is tested in ``tests/test_gcs_pipeline.py``, ``test_gcs_client.py``
-and ``test_claim.py``.
+gs:// behaviour is tested in ``tests/write/test_gcs_pipeline.py``, ``tests/io/test_gcs.py``
+and ``tests/write/test_claim.py``.
 
 Beam's FileSystems and a DirectRunner pipeline go through google-cloud-storage
 (``STORAGE_EMULATOR_HOST``); TensorFlow goes through its own libcurl GCS

@@ -289,7 +289,7 @@ def test_image_files_are_chosen_by_extension(name, expected):
 
 
 def test_the_pillow_build_in_use_is_the_one_expected():
-    # tests/test_accelerated.py runs this file again with pillow-simd first on the path:
+    # tests/write/test_accelerated.py runs this file again with pillow-simd first on the path:
     # the fidelity tests above must then have run on it, not on the stock Pillow.
     expected = os.environ.get("BEAM_PREP_EXPECT_IMAGING", "pillow")
     assert imaging.library().split()[0] == expected

@@ -1,4 +1,4 @@
-"""The contact sheet of a dataset the JPEG one in test_inspect.py does not cover: raw grayscale pixels of
+"""The contact sheet of a dataset the JPEG one in test_inspection.py does not cover: raw grayscale pixels of
 varying sizes, a label with no images, and label ids stored from 1 (--label_offset 1)."""
 from __future__ import annotations
 

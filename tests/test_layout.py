@@ -1,0 +1,79 @@
+"""The package's rooms import one way: down the stages, never up, and no module imports itself back.
+
+errors and wording (what every room raises and says) < io < model < write and reader (neither
+imports the other) < tools < cli < api. Imports inside functions count too.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from helpers import REPO
+
+RANK = {"errors": 0, "wording": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
+PACKAGE = REPO / "beam_prep"
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """Each module of the package -> the package's modules it imports, anywhere in its body."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "beam_prep":
+                for alias in node.names:
+                    whole = f"{node.module}.{alias.name}"
+                    targets.add(whole if whole in modules else node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.split(".")[0] == "beam_prep"}
+        found[name] = targets - {name}
+    return found
+
+
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_every_room_is_ranked():
+    rooms = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    assert rooms == set(RANK)
+
+
+def test_rooms_import_only_downward():
+    upward = []
+    for module, targets in imports().items():
+        mine = room(module)
+        for target in targets:
+            theirs = room(target)
+            if mine is None or theirs is None or theirs == mine:
+                continue  # beam_prep itself (its version, its lazy names), or within one room
+            if RANK[theirs] >= RANK[mine]:
+                upward.append(f"{module} imports {target}")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph = imports()
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph.get(module, ())):
+            if target in path:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "\n".join(cycles)
