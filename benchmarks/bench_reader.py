@@ -41,29 +41,15 @@ import logging
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from beam_prep.tools.throughput import time_batches
-from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
+from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, machine
 from benchmarks.corpus import ensure_corpus
+from benchmarks.reading import (BATCH_SIZE, DEFAULT_IMAGES, NUM_SHARDS, Reader, ensure_dataset,
+                                time_reader)
 
 log = logging.getLogger(__name__)
-
-# Bump when the way the benchmark datasets are written changes: cached ones are rebuilt.
-DATASET_VERSION = 1
-DEFAULT_IMAGES = 2000
-NUM_SHARDS = 8
-BATCH_SIZE = 256
-WARMUP_SECONDS = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Reader:
-    key: str
-    label: str
-    make: Callable[[], object]  # () -> tf.data.Dataset of (images, ...) batches, repeated
 
 
 @dataclasses.dataclass
@@ -80,30 +66,6 @@ class Result:
     @property
     def images_per_cpu_s(self) -> float:
         return statistics.median(self.cpu)
-
-
-def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str,
-                   compression: str = "gzip") -> pathlib.Path:
-    """The corpus written by the real pipeline, cached; rewritten if missing or incomplete."""
-    out = CACHE_DIR / f"reader-v{DATASET_VERSION}-{images}-{image_format}-{compression}"
-    manifest = out / "manifest.json"
-    if manifest.exists():
-        m = json.loads(manifest.read_text())
-        if m["image"]["format"] == image_format and m["counts"]["listed"] == images:
-            log.info("reusing %s", out)
-            return out
-    log.info("writing %s with pipelines.prepare_images (once; cached)", out)
-    # Imported here: Beam stays out of the process that times the readers unless it must write.
-    from pipelines import prepare_images
-
-    command = prepare_images.command(
-        "--input", str(corpus_root), "--output", str(out), "--image_size", str(IMAGE_SIZE),
-        "--image_format", image_format, "--jpeg_quality", str(JPEG_QUALITY),
-        "--num_shards", str(NUM_SHARDS), "--compression", compression, "--overwrite")
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-    return out
 
 
 def readers(jpeg_dir: pathlib.Path, raw_dir: pathlib.Path, raw_plain_dir: pathlib.Path) -> list[Reader]:
@@ -156,14 +118,6 @@ def _encoded_images(files: Sequence[str]):
     return tf.concat(batches, 0)
 
 
-def time_reader(reader: Reader, seconds: float) -> tuple[float, float]:
-    """(images/s, images per CPU-second) over ``seconds`` after a warm-up, on a fresh iterator."""
-    it = iter(reader.make())
-    images, wall, cpu = time_batches(it, seconds, WARMUP_SECONDS)
-    del it
-    return images / wall, images / cpu
-
-
 def _megabytes(folder: pathlib.Path, pattern: str) -> float:
     return sum(p.stat().st_size for p in folder.glob(pattern)) / 1e6
 
@@ -211,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from benchmarks import reader_gcs
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        reader_gcs.main(argv, lambda n: ensure_dataset(ensure_corpus(n, CACHE_DIR).root, n, "jpeg"))
+        reader_gcs.main(argv)
         return
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -37,7 +37,7 @@ import time
 from collections.abc import Sequence
 
 from benchmarks import CACHE_DIR, machine
-from benchmarks.bench_reader import BATCH_SIZE, DEFAULT_IMAGES, ensure_dataset
+from benchmarks.reading import BATCH_SIZE, DEFAULT_IMAGES, ensure_dataset
 from benchmarks.corpus import ensure_corpus
 
 log = logging.getLogger(__name__)

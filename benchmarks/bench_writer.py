@@ -50,7 +50,7 @@ from beam_prep.write.imaging import ImageSpec
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine, peers
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
-from benchmarks.measure import Measured, directory_bytes, run_measured
+from benchmarks.measure import Measured, check_manifest, directory_bytes, run_measured
 from pipelines import prepare_images
 
 DEFAULT_IMAGES = 2000
@@ -177,17 +177,6 @@ def _result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
     output_bytes = directory_bytes(out) if out.exists() else 0
     return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error,
                      cpu_seconds=measured.cpu_seconds)
-
-
-def check_manifest(path: pathlib.Path, images: int) -> str | None:
-    """The pipeline writes its manifest last: without it, or short of images, the run did not finish."""
-    try:
-        written = json.loads(path.read_text())["counts"]["written"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"no usable manifest at {path.name}: {e!r}"
-    if written != images:
-        return f"manifest counts.written is {written}, corpus has {images} images"
-    return None
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:

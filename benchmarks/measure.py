@@ -11,6 +11,7 @@ monitor (or an OOM killer's accounting of a container) adds up.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import pathlib
@@ -135,3 +136,14 @@ def _kill_tree(pid: int) -> None:
 def directory_bytes(path: pathlib.Path) -> int:
     """Total size of the files under ``path``: what a run wrote."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def check_manifest(path: pathlib.Path, images: int) -> str | None:
+    """The pipeline writes its manifest last: without it, or short of images, the run did not finish."""
+    try:
+        written = json.loads(path.read_text())["counts"]["written"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no usable manifest at {path.name}: {e!r}"
+    if written != images:
+        return f"manifest counts.written is {written}, corpus has {images} images"
+    return None

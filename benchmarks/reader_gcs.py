@@ -19,27 +19,26 @@ import json
 import logging
 import pathlib
 import statistics
-from typing import Callable, Sequence
+from typing import Sequence
 
-from benchmarks import machine
+from benchmarks import CACHE_DIR, machine
+from benchmarks.corpus import ensure_corpus
 from benchmarks.gcs_server import UPLOAD_THREADS, run_child, scratch_server
+from benchmarks.reading import DEFAULT_IMAGES, ensure_dataset
 
 log = logging.getLogger(__name__)
 
 _CHILD = """
 import json, sys
 from beam_prep.reader import make_dataset
-from benchmarks.bench_reader import BATCH_SIZE, Reader, time_reader
+from benchmarks.reading import BATCH_SIZE, Reader, time_reader
 path, seconds, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 reader = Reader("a", "", lambda: make_dataset(path, "train", batch_size=BATCH_SIZE, training=True, repeat=True))
 print(json.dumps({"rates": [time_reader(reader, seconds)[0] for _ in range(rounds)]}))
 """
 
 
-def main(argv: Sequence[str] | None, dataset_of: Callable[[int], pathlib.Path]) -> None:
-    """``dataset_of(images)``: the benchmark's local JPEG dataset of that many records."""
-    from benchmarks.bench_reader import DEFAULT_IMAGES
-
+def main(argv: Sequence[str] | None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gcs", action="store_true")
     parser.add_argument("--images", type=int, default=DEFAULT_IMAGES)
@@ -48,7 +47,8 @@ def main(argv: Sequence[str] | None, dataset_of: Callable[[int], pathlib.Path]) 
     parser.add_argument("--latencies", type=int, nargs="+", default=[0, 30], metavar="MS")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
-    images, dataset = args.images, dataset_of(args.images)
+    images = args.images
+    dataset = ensure_dataset(ensure_corpus(images, CACHE_DIR).root, images, "jpeg")
     rates: dict[str, list[float]] = {}
     server_cores: dict[str, float] = {}
     with scratch_server("reader-gcs-") as (server, _):

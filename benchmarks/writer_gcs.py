@@ -33,10 +33,9 @@ from typing import Sequence
 import psutil
 
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
-from benchmarks.bench_writer import check_manifest
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, scratch_server
-from benchmarks.measure import run_measured
+from benchmarks.measure import check_manifest, run_measured
 from pipelines import prepare_images
 
 log = logging.getLogger(__name__)
