@@ -36,13 +36,11 @@ Problems are capped per kind (``max_per_kind``); the report counts the rest.
 """
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import logging
 import os
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -52,103 +50,22 @@ import numpy as np
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, SplitInfo, labels_lines
+from beam_prep.tools.verify_report import (BAD_RECORD, CLASS_COUNT, DAMAGED_SHARD, EXTRA_SHARD, IMAGE_SHAPE, KINDS,
+                                           LABEL_RANGE, LABEL_TEXT, LABELS_FILE, MANIFEST_PROBLEM, MAX_PER_KIND,
+                                           MISSING_SHARD, RUN_COUNTS, SHARD_COUNT, SPLIT_COUNT, Problem, Problems,
+                                           VerifyReport)
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-__all__ = ["KINDS", "Problem", "VerifyReport", "verify"]
+__all__ = ["KINDS", "MAX_PER_KIND", "Problem", "VerifyReport", "verify"]
 
 _LOG = logging.getLogger(__name__)
-
-# Problem kinds, in the order a report lists them.
-MANIFEST_PROBLEM = "manifest"
-LABELS_FILE = "labels_file"
-MISSING_SHARD = "missing_shard"
-EXTRA_SHARD = "extra_shard"
-DAMAGED_SHARD = "damaged_shard"
-SHARD_COUNT = "shard_count"
-SPLIT_COUNT = "split_count"
-CLASS_COUNT = "class_count"
-BAD_RECORD = "bad_record"
-IMAGE_SHAPE = "image_shape"
-LABEL_RANGE = "label_range"
-LABEL_TEXT = "label_text"
-RUN_COUNTS = "run_counts"
-KINDS = (MANIFEST_PROBLEM, RUN_COUNTS, LABELS_FILE, MISSING_SHARD, EXTRA_SHARD, DAMAGED_SHARD, SHARD_COUNT,
-         SPLIT_COUNT, CLASS_COUNT, BAD_RECORD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT)
 
 # Records per call of the check, as the reader's default batch: 2% less
 # CPU a record than 128 (measured), and a shard of a few thousand records still
 # has batches to decode in parallel.
 BATCH_RECORDS = 256
-MAX_PER_KIND = 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One thing wrong: ``kind`` (one of ``KINDS``), ``where`` (a file, with a record's
-    index and source file name; or a split, or a split's class) and what is wrong."""
-
-    kind: str
-    where: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyReport:
-    """What ``verify`` found. ``ok`` when there are no problems.
-
-    ``problems`` holds up to ``max_per_kind`` of each kind, in ``KINDS`` order;
-    ``more`` counts, by kind, those left out. ``records`` and ``shards`` are what
-    was read (records of damaged shards up to the damage); ``expected_records``
-    what the manifest lists.
-    """
-
-    root: str
-    problems: tuple[Problem, ...]
-    more: Mapping[str, int]
-    records: int
-    expected_records: int
-    shards: int
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def num_problems(self) -> int:
-        return len(self.problems) + sum(self.more.values())
-
-    @property
-    def records_per_second(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else 0.0
-
-
-class _Problems:
-    """Thread-safe, capped per kind."""
-
-    def __init__(self, max_per_kind: int):
-        self._max = max_per_kind
-        self._kept: dict[str, list[Problem]] = collections.defaultdict(list)
-        self._more: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()
-
-    def add(self, kind: str, where: str, message: str) -> None:
-        with self._lock:
-            if len(self._kept[kind]) < self._max:
-                self._kept[kind].append(Problem(kind, where, message))
-            else:
-                self._more[kind] += 1
-
-    def result(self) -> tuple[tuple[Problem, ...], dict[str, int]]:
-        # Sorted within a kind: shards are read at once, in no fixed order.
-        problems = tuple(p for kind in KINDS
-                         for p in sorted(self._kept.get(kind, ()), key=lambda p: p.where))
-        return problems, {kind: self._more[kind] for kind in KINDS if self._more[kind]}
 
 
 @dataclasses.dataclass
@@ -187,7 +104,7 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
 
     start = time.perf_counter()
     root = path.rstrip("/") or path
-    problems = _Problems(max_per_kind)
+    problems = Problems(max_per_kind)
     names = _list_folder(root)
     if MANIFEST not in names:  # no dataset: the reader's own message says so (or not finished)
         load_info(root)
@@ -234,7 +151,7 @@ def _list_folder(root: str) -> set[str]:
 
 
 def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set[str],
-                      problems: _Problems) -> None:
+                      problems: Problems) -> None:
     """The writer's record of its run adds up: every file listed was written or failed, the
     splits hold the written ones, and errors.jsonl has a line for each failure."""
     import tensorflow as tf
@@ -268,7 +185,7 @@ def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set
         problems.add(RUN_COUNTS, path, f"reports {reported} failed files; the manifest counts {failed}")
 
 
-def _check_labels_file(info: DatasetInfo, names: set[str], problems: _Problems) -> None:
+def _check_labels_file(info: DatasetInfo, names: set[str], problems: Problems) -> None:
     """labels.txt is what people read ids with: it must be the manifest's labels, in order."""
     import tensorflow as tf
 
@@ -297,7 +214,7 @@ def _check_labels_file(info: DatasetInfo, names: set[str], problems: _Problems) 
                      f"at line {first + 1}")
 
 
-def _check_shard_files(info: DatasetInfo, names: set[str], problems: _Problems) -> set[str]:
+def _check_shard_files(info: DatasetInfo, names: set[str], problems: Problems) -> set[str]:
     """Listed shards that are there; each missing one and each unlisted shard-named file is a problem."""
     from beam_prep.write.layout import is_shard_name
 
@@ -317,7 +234,7 @@ def _check_shard_files(info: DatasetInfo, names: set[str], problems: _Problems) 
     return listed & names
 
 
-def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callable, problems: _Problems,
+def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callable, problems: Problems,
                  progress: Callable[[int], None] | None) -> _ShardTally:
     """Reads one shard whole, a batch at a time, and checks every record; counts them against the manifest."""
     import tensorflow as tf
@@ -354,7 +271,7 @@ def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callabl
 
 
 def _check_rest_one_by_one(info: DatasetInfo, path: str, compression: str, check: Callable,
-                           tally: _ShardTally, problems: _Problems,
+                           tally: _ShardTally, problems: Problems,
                            progress: Callable[[int], None] | None) -> None:
     """The rest of a shard after a read error, up to that error (which ``tally`` keeps)."""
     import tensorflow as tf
@@ -374,7 +291,7 @@ def _check_rest_one_by_one(info: DatasetInfo, path: str, compression: str, check
 
 
 def _check_records(info: DatasetInfo, path: str, serialized: tf.Tensor, check: Callable,
-                   tally: _ShardTally, problems: _Problems,
+                   tally: _ShardTally, problems: Problems,
                    progress: Callable[[int], None] | None) -> None:
     """Checks the next records of a shard; when a record does not parse or decode, the batch's
     check fails as a whole, so each of its records is checked alone to name it."""
@@ -399,7 +316,7 @@ def _check_records(info: DatasetInfo, path: str, serialized: tf.Tensor, check: C
 
 
 def _tally_batch(info: DatasetInfo, path: str, first: int, out: Mapping[str, tf.Tensor],
-                 tally: _ShardTally, problems: _Problems) -> int:
+                 tally: _ShardTally, problems: Problems) -> int:
     """Counts a checked batch's labels and adds a problem for each record that failed a check."""
     label = out["label"].numpy()
     in_range = out["in_range"].numpy()
@@ -414,7 +331,7 @@ def _tally_batch(info: DatasetInfo, path: str, first: int, out: Mapping[str, tf.
 
 
 def _record_problems(info: DatasetInfo, path: str, first: int, out: Mapping[str, Any],
-                     bad: np.ndarray, problems: _Problems) -> None:
+                     bad: np.ndarray, problems: Problems) -> None:
     values = {key: tensor.numpy() for key, tensor in out.items()}
     for i in bad:
         name = values["filename"][i].decode("utf-8", "backslashreplace")
@@ -433,7 +350,7 @@ def _record_problems(info: DatasetInfo, path: str, first: int, out: Mapping[str,
 
 
 def _check_split_counts(info: DatasetInfo, split: SplitInfo, tallies: Mapping[tuple[str, int], _ShardTally],
-                        problems: _Problems) -> None:
+                        problems: Problems) -> None:
     """A split's total and per-class counts, when every shard was read whole (else the shard is the problem)."""
     shard_tallies = [tallies.get((split.name, i)) for i in range(len(split.shards))]
     if any(t is None or not t.whole for t in shard_tallies):
