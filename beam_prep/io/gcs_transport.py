@@ -1,0 +1,229 @@
+"""One GCS request over a pooled connection, retried: what ``gcs.GcsClient``'s calls all go through.
+
+Every read is checked against the CRC32C that GCS sends in ``x-goog-hash``, and
+transient failures (429, 5xx, dropped or timed-out connections, a checksum
+mismatch) are retried with exponential back-off and full jitter; the final
+failure raises ``GcsError`` naming the object and the reason.
+
+Writes ask for the read-write scope, with credentials of their own made at the
+first write; reads keep the read-only scope, so a job that only reads never
+asks for more.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import os
+import random
+import threading
+import time
+from typing import Iterator
+
+import urllib3
+
+from beam_prep.errors import StorageError
+
+__all__ = ["DEFAULT_TIMEOUT", "GcsError", "GcsPreconditionFailed", "RetryPolicy", "Transport"]
+
+_LOG = logging.getLogger(__name__)
+
+READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+# Statuses GCS documents as retryable; 401 is retried once after a token refresh.
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+DEFAULT_TIMEOUT = urllib3.Timeout(connect=20.0, read=120.0)
+
+
+class GcsError(StorageError):
+    """A GCS request that failed for good; ``code`` is its HTTP status, if it got one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class GcsPreconditionFailed(GcsError):
+    """HTTP 412: the object's generation was not the one a write or delete required.
+
+    ``after_retry`` says an earlier attempt of the same call had failed in a
+    way that leaves unknown whether GCS applied it (a dropped connection, a
+    5xx): the 412 may then answer our own earlier success.
+    """
+
+    def __init__(self, message: str, after_retry: bool = False) -> None:
+        super().__init__(message, 412)
+        self.after_retry = after_retry
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a request (a read, a list page) is retried after a transient failure.
+
+    The delays grow as ``first_delay_s * 2**n`` up to ``max_delay_s``, each drawn
+    uniformly below that bound (full jitter), so that many workers throttled at
+    once do not come back in step.
+    """
+
+    attempts: int = 6
+    first_delay_s: float = 0.25
+    max_delay_s: float = 8.0
+
+    def delays(self) -> Iterator[float]:
+        for n in range(self.attempts - 1):
+            yield random.uniform(0, min(self.max_delay_s, self.first_delay_s * 2**n))
+
+
+class _Transient(Exception):
+    """A failure worth another attempt."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Transport:
+    """Connections to one GCS endpoint, and the credentials for reads and (made at the first
+    write) for writes. Thread-safe; arguments as ``GcsClient``'s."""
+
+    def __init__(self, connections: int, retry: RetryPolicy, endpoint: str | None,
+                 timeout: urllib3.Timeout = DEFAULT_TIMEOUT) -> None:
+        endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or DEFAULT_ENDPOINT
+        if "://" not in endpoint:
+            endpoint = "http://" + endpoint
+        self._retry = retry
+        # One host, so one pool, asked with paths: a PoolManager would parse each URL again.
+        self._pool = urllib3.connection_from_url(endpoint, maxsize=max(1, connections), retries=False,
+                                                 timeout=timeout)
+        self._read_auth = _Auth(_default_credentials(READ_SCOPE, "reading"))
+        self._write_auth: _Auth | None = None  # made at the first write
+        self._write_auth_lock = threading.Lock()
+
+    def call(self, what: str, method: str, url: str, body: bytes | None = None,
+             headers: dict[str, str] | None = None, checked: bool = False) -> bytes:
+        """One request with retries: the answer's body, or GcsError."""
+        auth = self._read_auth if method == "GET" else self._auth_for_writes()
+        refreshed = False
+        retried = False
+        delays = self._retry.delays()
+        while True:
+            try:
+                return self._attempt(what, method, url, body, {**(headers or {}), **auth.headers()},
+                                     checked)
+            except _Unauthorized as e:
+                if refreshed:
+                    raise GcsError(f"cannot {what}: {e}", 401) from e
+                refreshed = True
+                auth.refresh()
+            except _PreconditionFailed as e:
+                raise GcsPreconditionFailed(f"cannot {what}: {e}", after_retry=retried) from e
+            except _Transient as e:
+                delay = next(delays, None)
+                if delay is None:
+                    raise GcsError(f"cannot {what}: {e} (gave up after {self._retry.attempts} attempts)",
+                                   e.code) from e
+                _LOG.debug("retrying %s in %.2f s: %s", what, delay, e)
+                retried = True
+                time.sleep(delay)
+
+    def _attempt(self, what: str, method: str, url: str, body: bytes | None,
+                 headers: dict[str, str], checked: bool) -> bytes:
+        try:
+            response = self._pool.urlopen(method, url, body=body, headers=headers, decode_content=False)
+        except urllib3.exceptions.HTTPError as e:  # reset, refused, timed out, cut short
+            raise _Transient(f"{type(e).__name__}: {e}") from e
+        status = response.status
+        if status in (200, 204):
+            data = response.data
+            if checked:
+                _check_crc32c(response.headers, data)
+            return data
+        if status == 401:
+            raise _Unauthorized(f"HTTP 401 {_reason(response)}")
+        if status == 412:
+            raise _PreconditionFailed("the object's generation was not the one required (HTTP 412)")
+        if status in TRANSIENT_STATUS:
+            raise _Transient(f"HTTP {status} {_reason(response)}", status)
+        if status == 404:
+            raise GcsError(f"cannot {what}: not found (HTTP 404)", 404)
+        if status == 403:
+            raise GcsError(f"cannot {what}: permission denied (HTTP 403); grant the credentials in "
+                           "use access to the bucket", 403)
+        raise GcsError(f"cannot {what}: HTTP {status} {_reason(response)}", status)
+
+    def _auth_for_writes(self) -> _Auth:
+        with self._write_auth_lock:
+            if self._write_auth is None:
+                self._write_auth = _Auth(_default_credentials(WRITE_SCOPE, "writing"))
+            return self._write_auth
+
+
+class _Auth:
+    """One set of credentials (None: anonymous) and the lock that guards their refresh."""
+
+    def __init__(self, credentials) -> None:
+        self._credentials = credentials
+        self._lock = threading.Lock()
+
+    def headers(self) -> dict[str, str]:
+        if self._credentials is None:
+            return {}
+        with self._lock:
+            if not self._credentials.valid:
+                self._refresh_locked()
+            return {"Authorization": f"Bearer {self._credentials.token}"}
+
+    def refresh(self) -> None:
+        if self._credentials is not None:
+            with self._lock:
+                self._refresh_locked()
+
+    def _refresh_locked(self) -> None:
+        from google.auth.transport.requests import Request
+
+        self._credentials.refresh(Request())
+
+
+class _Unauthorized(Exception):
+    """401: the token may have expired; refresh it once, then give up."""
+
+
+class _PreconditionFailed(Exception):
+    """412: never retried; the caller decides what a lost race means."""
+
+
+def _default_credentials(scope: str, purpose: str):
+    """The Application Default Credentials for ``scope``, or None (anonymous: public buckets) if there are none."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        credentials, _ = google.auth.default(scopes=[scope])
+    except DefaultCredentialsError as e:
+        _LOG.warning("no Google credentials found (%s); %s gs:// anonymously", e, purpose)
+        return None
+    return credentials
+
+
+def _reason(response: urllib3.BaseHTTPResponse) -> str:
+    text = response.data[:300].decode("utf-8", "replace").strip()
+    return f"{response.reason or ''}{': ' + text if text else ''}".strip()
+
+
+def _check_crc32c(headers, data: bytes) -> None:
+    """Compares the body with GCS's CRC32C of the stored object.
+
+    Skipped for objects stored gzip-encoded, which GCS may serve decompressed.
+    """
+    if headers.get("x-goog-stored-content-encoding", "identity") != "identity":
+        return
+    for part in headers.get("x-goog-hash", "").split(","):
+        algorithm, _, value = part.strip().partition("=")
+        if algorithm == "crc32c":
+            import google_crc32c
+
+            expected = int.from_bytes(base64.b64decode(value), "big")
+            if google_crc32c.value(data) != expected:
+                raise _Transient(f"CRC32C mismatch ({len(data)} bytes received)")
+            return
