@@ -38,7 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, storage_error
-from beam_prep.write.listing import printable
+from beam_prep.write.walk import printable
 from beam_prep.write.spill import SortedSpill, SpillFolder
 
 __all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line"]

@@ -17,18 +17,16 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import stat
 from typing import Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import wording
 from beam_prep.errors import OptionsError
-from beam_prep.io.gcs import GcsClient
-from beam_prep.io.storage import is_local, join, storage_error
+from beam_prep.io.storage import join
 from beam_prep.write.imaging import is_image_name
 from beam_prep.write.spill import RowFile, SortedSpill, SpillFolder
+from beam_prep.write.walk import printable, raw_name, walk_tree
 
 _LOG = logging.getLogger(__name__)
 
@@ -41,27 +39,10 @@ UNKNOWN_LABEL = -1
 JUNK_NAMES = frozenset({"__MACOSX", "@eaDir", "Thumbs.db", "desktop.ini", "$RECYCLE.BIN",
                         "System Volume Information", "lost+found"})
 
-# Why a file was skipped: the manifest counts each reason.
+# Why a file was skipped: the manifest counts each reason (walk.py has the walk's own two).
 SKIP_HIDDEN = "hidden or system file"
 SKIP_NOT_IMAGE = "not an image file"
 SKIP_DEPTH = "image outside the label folders"
-SKIP_SPECIAL = "not a regular file"
-SKIP_SEEN_FOLDER = "link to a folder listed already"
-
-
-def raw_name(text: str) -> bytes:
-    """A path's bytes as the filesystem holds them.
-
-    Python gives an undecodable byte of a local file name as a lone surrogate
-    (PEP 383); encoding it back gives the original bytes, and valid UTF-8 names
-    are unchanged.
-    """
-    return text.encode("utf-8", "surrogateescape")
-
-
-def printable(text: str) -> str:
-    """A path fit for messages, JSON and logs: undecodable bytes shown as ``\\xff``."""
-    return raw_name(text).decode("utf-8", "backslashreplace")
 
 
 def stable_hash(text: str, salt: str) -> int:
@@ -198,73 +179,6 @@ class _Skips:
             self.example[reason] = shown
 
 
-def _match_all(root: str) -> Iterator[tuple[str, int, str | None]]:
-    """Every file under ``root`` as (path, size in bytes, None), and each path passed over
-    as (path, 0, why), streamed.
-
-    gs:// trees are listed folder by folder, concurrently (``GcsClient.iter_list``);
-    other schemes through Beam's ``FileSystems.match``.
-    """
-    if is_local(root):
-        yield from _walk_local(root)
-        return
-    try:
-        if root.startswith("gs://"):
-            yield from ((path, size, None) for path, size in GcsClient().iter_list(root))
-        else:
-            yield from ((m.path, m.size_in_bytes, None)
-                        for m in FileSystems.match([join(root, "**")])[0].metadata_list)
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
-        raise storage_error("list", root, e) from e
-
-
-def _walk_local(root: str) -> Iterator[tuple[str, int, str | None]]:
-    """Walks a local tree with ``os.scandir`` (a quarter of the time of Beam's ``match``).
-
-    Links are followed, files and folders alike, since datasets are often
-    assembled from linked class folders. A folder reached a second time (a
-    loop, or two links to one folder) is listed once, in a walk order that does
-    not depend on the filesystem: breadth first, by name. A link that cannot
-    be resolved (broken, or pointing at itself) is listed, so that its read
-    fails and is reported: no image is lost without a word. Pipes, sockets and
-    devices are passed over: reading one could block forever. An unreadable
-    folder raises, naming that folder.
-    """
-    seen: dict[tuple[int, int], str] = {}
-    folders = collections.deque([root])
-    while folders:
-        folder = folders.popleft()
-        try:
-            seen.setdefault(_folder_key(os.stat(folder)), folder)
-            with os.scandir(folder) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as e:
-            raise storage_error("list", folder, e) from e
-        for entry in entries:
-            try:
-                info = entry.stat()  # follows links
-            except OSError:  # broken, a loop of links, or a target we may not see
-                yield entry.path, 0, None
-                continue
-            if stat.S_ISREG(info.st_mode):
-                yield entry.path, info.st_size, None
-            elif stat.S_ISDIR(info.st_mode):
-                key = _folder_key(info)
-                if key in seen:
-                    _LOG.warning("%s links to %s, which is listed already: listed once",
-                                 printable(entry.path), printable(seen[key]))
-                    yield entry.path, 0, SKIP_SEEN_FOLDER
-                else:
-                    seen[key] = entry.path
-                    folders.append(entry.path)
-            else:
-                yield entry.path, 0, SKIP_SPECIAL
-
-
-def _folder_key(info: os.stat_result) -> tuple[int, int]:
-    return info.st_dev, info.st_ino
-
-
 def _is_junk(part: str) -> bool:
     return part.startswith(".") or part in JUNK_NAMES
 
@@ -333,7 +247,7 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
     split_layout = False
     top_folders: set[str] = set()
     prefix = len(root) + 1
-    for path, size, reason in _match_all(root):
+    for path, size, reason in walk_tree(root):
         if not path.startswith(root + "/"):
             continue
         relpath = path[prefix:]

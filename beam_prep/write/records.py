@@ -17,7 +17,8 @@ from beam_prep.io.gcs import GcsClient
 from beam_prep.io.storage import is_local
 from beam_prep.model.features import ImageRecord, encode_example
 from beam_prep.write.imaging import ImageSpec, process_image
-from beam_prep.write.listing import FileEntry, printable
+from beam_prep.write.listing import FileEntry
+from beam_prep.write.walk import printable
 
 
 class Outcome(NamedTuple):

@@ -13,17 +13,15 @@ from beam_prep.write.listing import (
     SKIP_DEPTH,
     SKIP_HIDDEN,
     SKIP_NOT_IMAGE,
-    SKIP_SEEN_FOLDER,
-    SKIP_SPECIAL,
     UNKNOWN_LABEL,
     FileEntry,
     list_tree,
     order_key,
-    printable,
     read_labels_file,
     split_for,
     stable_hash,
 )
+from beam_prep.write.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL, printable
 from helpers import REPO, child, make_tree
 
 
