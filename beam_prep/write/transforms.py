@@ -16,7 +16,7 @@ write their shards there, for the manifest step to publish when all are complete
   an image DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that
   groups records into shards is the service's, so it scales past one machine; on
   the local runner the same grouping holds every record in memory. Everything
-  after the listing is ``WriteEntriesShuffle``, which ``write.WriteImageDataset``
+  after the listing is ``WriteEntriesShuffle``, which ``ptransform.WriteImageDataset``
   applies to a user's elements.
 
 In both, a worker's reads run ahead of its work (``readahead.ReadAhead``,
