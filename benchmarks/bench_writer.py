@@ -12,12 +12,15 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
   (d) the same command keeping the originals (``--resize_mode none
       --image_format original``), and (e) the originals recipe capped at 512
       on the shorter side (``--resize_mode shorter_side --image_size 512
-      --no_upscale --image_format original``), and (f) (d) uncompressed, each
-      run right after (c), so their ratios to it are taken on the same
-      machine minutes;
+      --no_upscale --image_format original``), and (f) (d) with GZIP (originals
+      are uncompressed by default), each run right after (c), so their ratios
+      to it are taken on the same machine minutes;
   (g) the hand-written writer a user might write instead
       (``benchmarks/handwritten_writer.py``: Pool + Pillow + TFRecordWriter);
-  (h) img2dataset, when installed (``pip install -e '.[peers]'``).
+  (h) img2dataset, when installed (``pip install -e '.[peers]'``);
+  (c′) with ``--accelerated DIR``: (c) with the pillow-simd that
+      ``.ci/build-pillow-simd --target DIR`` built first on the path (the opt-in
+      accelerator, README *Faster resizing*), checked in its manifest.
 
 Every run reports images/s, CPU ms per image (user + system of its whole
 process tree) and the PSNR of a sample of its records against the reference
@@ -62,9 +65,9 @@ ORIGINALS_RUNS = {
     "(e) originals, ≤ 512: `--resize_mode shorter_side --image_size 512 --no_upscale --image_format original`":
         ("--resize_mode", "shorter_side", "--image_size", "512", "--no_upscale", "--image_format", "original",
          "--jpeg_quality", str(JPEG_QUALITY)),
-    "(f) (d) with `--compression none`":
+    "(f) (d) with `--compression gzip`":
         ("--resize_mode", "none", "--image_format", "original", "--jpeg_quality", str(JPEG_QUALITY),
-         "--compression", "none"),
+         "--compression", "gzip"),
 }
 DEFAULT_SAMPLE = 1500
 GIB = 2**30
@@ -122,19 +125,29 @@ def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     return result
 
 
-def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAULT_FLAGS) -> RunResult:
-    """(c), or (d) and (e) with their ``flags``: beam-prep's pipeline, exactly the command a user types."""
+def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAULT_FLAGS,
+             accelerated: pathlib.Path | None = None) -> RunResult:
+    """(c), or (d) to (f) with their ``flags``: beam-prep's pipeline, exactly the command a user types;
+    (c′) with pillow-simd from ``accelerated`` first on the path of the command and its workers."""
     out = workdir / "ours"
     shutil.rmtree(out, ignore_errors=True)
+    env = None
+    if accelerated is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(accelerated.resolve()), os.environ.get("PYTHONPATH")]))}
     measured = run_measured(
         prepare_images.command("--input", str(corpus.root), "--output", str(out), *flags, "--overwrite"),
-        cwd=REPO_ROOT,
+        cwd=REPO_ROOT, env=env,
     )
     result = _result(corpus, measured, out)
     if result.error is None:
         result.error = check_manifest(out / "manifest.json", corpus.images)
     if result.error is None:
-        originals = json.loads((out / "manifest.json").read_text()).get("originals")
+        manifest = json.loads((out / "manifest.json").read_text())
+        library = manifest.get("imaging_library")
+        if (accelerated is not None) != (str(library).startswith("pillow-simd")):
+            result.error = f"the run's imaging library was {library}"
+        originals = manifest.get("originals")
         if originals is not None:
             result.details["originals"] = originals
         # Issue 5 times (c) from command start to the manifest written (the dataset is
@@ -230,6 +243,7 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
 PEER_NAMES = {
     "handwritten": "(g) hand-written Pool + Pillow + TFRecordWriter",
     "img2dataset": "(h) img2dataset (file:// list, center_crop)",
+    "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
 }
 
 def paired_ratio(ours: list[RunResult], others: list[RunResult], per_cpu: bool = False) -> float | None:
@@ -268,6 +282,20 @@ def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[
                 f"| {'—' if is_c else _times(paired_ratio(ours[size], results, per_cpu=True))} "
                 f"| {_fmt(chosen.peak_rss_bytes / GIB, 2)} | {_fmt(chosen.output_bytes / 1e6)} | {kept} |")
     return "\n".join(lines)
+
+
+def accelerated_line(runs: tuple[RunResult, RunResult], peer_runs: dict[str, RunResult]) -> str:
+    """(c′)'s own ratios: images per CPU-second against (c), the seed writer (a) and the hand-written (g)."""
+    fast = peer_runs.get("accelerated")
+    if fast is None or fast.error:
+        return "" if fast is None else f"\n(c′) failed: {fast.error}"
+    seed, ours = runs
+    against = [("(c)", ours), ("(a) the seed writer", seed), *(
+        (PEER_NAMES[name][:3] + " " + PEER_NAMES[name][4:], result)
+        for name, result in peer_runs.items() if name != "accelerated")]
+    ratios = ", ".join(f"{fast.images_per_cpu_s / other.images_per_cpu_s:.2f}× {name}"
+                       for name, other in against if other.images_per_cpu_s)
+    return f"\n(c′) with pillow-simd, images per CPU-second: {ratios}"
 
 
 def _times(ratio: float | None) -> str:
@@ -333,8 +361,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--repeat", type=int, default=1,
         help="runs of (b), (a) and (c) taking turns; each row is the median (default 1)",
     )
+    parser.add_argument(
+        "--accelerated", type=pathlib.Path, metavar="DIR",
+        help="also run (c′): (c) with the pillow-simd built by `.ci/build-pillow-simd --target DIR` "
+             "(.ci/run builds one in .ci/pillow-simd)",
+    )
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
+    if args.accelerated is not None and not (args.accelerated / "PIL").is_dir():
+        parser.error(f"--accelerated {args.accelerated} holds no PIL package: build pillow-simd there with "
+                     f".ci/build-pillow-simd --target {args.accelerated}")
     # Not a default on the argument: action="extend" would add to it.
     args.images = sorted(set(args.images or [DEFAULT_IMAGES]))
     if args.images[0] < 1 or args.sample < 1 or args.repeat < 1:
@@ -358,7 +394,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     limits: list[LimitResult] = []
     attempts: dict[int, tuple[list[RunResult], list[RunResult]]] = {size: ([], []) for size in corpora}
     img2dataset = peers.img2dataset_command()
-    peer_attempts: dict[str, list[RunResult]] = {"handwritten": [], **({"img2dataset": []} if img2dataset else {})}
+    peer_attempts: dict[str, list[RunResult]] = {"handwritten": [], **({"img2dataset": []} if img2dataset else {}),
+                                                 **({"accelerated": []} if args.accelerated else {})}
     originals: dict[str, dict[int, list[RunResult]]] = {name: {size: [] for size in corpora}
                                                          for name in ORIGINALS_RUNS}
     load: list[float] = []
@@ -374,6 +411,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 attempts[size][0].append(run_seed(corpus, workdir))
                 attempts[size][1].append(run_ours(corpus, workdir))
                 if size == max(corpora):
+                    if args.accelerated:
+                        peer_attempts["accelerated"].append(
+                            run_ours(corpus, workdir, accelerated=args.accelerated))
                     peer_attempts["handwritten"].append(run_handwritten(corpus, workdir))
                     if img2dataset:
                         peer_attempts["img2dataset"].append(run_img2dataset(img2dataset, corpus, workdir))
@@ -403,6 +443,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(limit, runs, peer_runs))
     if not img2dataset:
         print("\n(h) img2dataset is not installed: pip install -e '.[peers]' puts it beside the table")
+    print(accelerated_line(runs[max(runs)], peer_runs))
     print()
     print("Originals beside (c), run after it in each round; ÷ (c) is the median of the rounds' ratios; "
           "CPU is the whole process tree's:")
