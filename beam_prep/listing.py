@@ -297,10 +297,8 @@ def list_tree(
 ) -> Listing:
     """Lists ``root/<label>/<file>`` or ``root/<split>/<label>/<file>``.
 
-    Every file found ends in the listing or in ``skipped`` with its reason:
-    hidden and system files (names starting with a dot, ``JUNK_NAMES``, at any
-    depth), files that are not images, images outside a label folder, and
-    special files.
+    Every file found ends in the listing or in ``skipped`` with its reason (hidden
+    and system files, not images, outside a label folder, special files).
 
     Args:
       root: local path or gs:// prefix.
