@@ -9,7 +9,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["READ_BUFFER_BYTES", "read_shard"]
 
 # Read-ahead per open file: big sequential reads matter on GCS (each read is a
-# request), and times the files read at once it bounds the memory.
+# request); times the files read at once (pipeline.MAX_CYCLE_LENGTH), it bounds the memory.
 READ_BUFFER_BYTES = 4 << 20
 
 
