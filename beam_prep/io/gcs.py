@@ -1,28 +1,18 @@
 """GCS for the pipeline's own hot paths: listing a tree, and reading whole objects.
 
-A worker reads every image once, whole, and most are small, so what costs is
-the number of round trips and the client's own CPU per request, not bandwidth.
-Beam's ``FileSystems.open`` first fetches the object's metadata, then reads it
-through a buffered reader (two round trips, and the most client CPU of the
-clients we measured); google-cloud-storage's ``Blob.download_as_bytes`` makes
-one request but spends several times the CPU of a plain pooled HTTP GET. So
-this module sends that GET itself: the JSON API's media download, with the
-Application Default Credentials Beam uses, over a urllib3 pool with a
-connection per concurrent read. The README's Performance section has the
-figures.
+A worker reads every image once, whole, and most are small, so what costs is the
+round trips and the client's CPU per request, not bandwidth. So reads are one
+plain GET each (the JSON API's media download, with the Application Default
+Credentials Beam uses, over a pooled connection), checked against the CRC32C GCS
+sends and retried with back-off and jitter; the last failure raises ``GcsError``
+naming the object. ``GcsClient.list`` asks only for names and sizes, and lists a
+tree's folders concurrently, where Beam's ``match`` pages through the prefix.
 
-Listing goes the same way. GCS returns at most 1,000 names a page, one page
-after another, so a serial listing of a large bucket (Beam's ``match``) waits
-a round trip per thousand objects and parses every object's full metadata.
-``GcsClient.list`` asks only for names and sizes, finds the tree's folders
-with one delimited listing and lists them concurrently.
-
-A few small writes serve the output folder's claim (``beam_prep.write.claim``):
-``create``, ``stat`` and ``delete`` with GCS's generation preconditions
-(``ifGenerationMatch``), which GCS checks and applies atomically, so two runs
-racing for one object cannot both win. A failed precondition raises
-``GcsPreconditionFailed``. Every request goes through ``gcs_transport``:
-retries, CRC32C checks, credentials.
+A few small writes serve the output folder's claim (``beam_prep.write.claim``); every request goes through ``gcs_transport``:
+``create``, ``stat`` and ``delete`` under generation preconditions, which GCS
+applies atomically (``GcsPreconditionFailed`` when one fails). Writes use
+read-write credentials of their own, made at the first write; reads keep the
+read-only scope. See README *Images in Google Cloud Storage* for the figures.
 """
 from __future__ import annotations
 

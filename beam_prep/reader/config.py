@@ -1,12 +1,8 @@
 """``ReaderConfig``: the reader's rarely changed knobs, in one frozen object (as ``tfds.ReadConfig``).
 
-:func:`~beam_prep.reader.make_dataset` keeps as plain arguments what a
-training script sets for itself (path, split, batch size, training, dtype,
-labels, augmentation, size, repeat); the knobs below have defaults that suit
-nearly every run, and two of their groups are either/or (an ``InputContext``
-or its two numbers; a batch per replica or a global one), which this object
-checks once, when it is made. One object also travels well: a script builds
-it once and passes it to every split it reads.
+``make_dataset`` keeps as arguments what a training script sets for itself; these
+knobs suit nearly every run as they are, and their either/or pairs are checked
+once, when the object is made. See docs/reader.md.
 """
 from __future__ import annotations
 
@@ -21,9 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DCT_METHODS", "DEFAULT_DCT_METHOD", "ReaderConfig"]
 
 # libjpeg's accurate integer IDCT: the very pixels Pillow (and so the writer, and
-# most serving code) decodes. TensorFlow's own default is INTEGER_FAST, which is
-# off by up to 8 levels in two thirds of the pixels; at 224x224 the accurate one
-# measured 0-7% slower, within run-to-run noise.
+# most serving code) decodes, where TensorFlow's default (INTEGER_FAST) is off by a
+# few levels; its cost is in README *Performance*, *Reader*.
 DEFAULT_DCT_METHOD = "INTEGER_ACCURATE"
 DCT_METHODS = ("INTEGER_ACCURATE", "INTEGER_FAST")
 
@@ -34,29 +29,15 @@ class ReaderConfig:
 
     Not :class:`beam_prep.write.readahead.ReadConfig`, the writer's read-ahead.
 
-    Order:
-      shuffle_buffer: serialized records in the shuffle buffer; 0 turns it off.
-        Default when training: as many as fit in about 64 MiB
-        (:func:`~beam_prep.reader.pipeline.default_shuffle_buffer`), else 0.
-        Shard files are shuffled too whenever this is on.
-      seed: seeds the file and record shuffles, so a run can be repeated (with
-        ``deterministic``); each epoch still gets a new order.
-      deterministic: keep a fixed order (costs a little throughput when a slow
-        record holds back the rest). Default: not ``training``. Without
-        shuffling, two passes then yield the same order.
-
-    Distribution (each input pipeline reads its share of the shard files):
-      input_context: from ``strategy.distribute_datasets_from_function``.
-      num_input_pipelines, input_pipeline_id: the same without an
-        InputContext; both or neither, and not with ``input_context``.
-      global_batch_size: with ``input_context``, the global batch; the batch is
-        ``input_context.get_per_replica_batch_size(global_batch_size)``, in
-        place of ``make_dataset``'s ``batch_size``.
-
-    Decoding and tf.data:
-      dct_method: JPEG decoding: ``INTEGER_ACCURATE`` gives exactly the pixels
-        Pillow decodes; ``INTEGER_FAST`` (TensorFlow's default) is off by up to
-        8 levels and, at 224x224, at most a few percent faster.
+    Attributes:
+      shuffle_buffer: serialized records shuffled (files too); 0 turns it off.
+        Default: :func:`~beam_prep.reader.pipeline.default_shuffle_buffer` when training, else 0.
+      seed: seeds the file and record shuffles (each epoch still gets a new order).
+      deterministic: keep a fixed order; default: not ``training``.
+      input_context: from ``strategy.distribute_datasets_from_function``; each pipeline reads its files.
+      num_input_pipelines, input_pipeline_id: the same without an InputContext; both or neither.
+      global_batch_size: with ``input_context``, the global batch, in place of ``batch_size``.
+      dct_method: JPEG decoding: ``INTEGER_ACCURATE`` (Pillow's pixels) or ``INTEGER_FAST``.
       options: ``tf.data.Options`` merged over the reader's own.
 
     Raises:

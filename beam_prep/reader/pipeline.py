@@ -40,18 +40,14 @@ __all__ = ["default_shuffle_buffer", "make_dataset"]
 
 _LOG = logging.getLogger(__name__)
 
-# The training shuffle holds serialized records (before decoding), as many as
-# fit in about 64 MiB: ~2,900 records of 224x224 JPEG, ~440 of raw 224x224x3
-# pixels. Measured: a 2,048-record buffer of raw pixels (300 MB) costs a third
-# of the reader's throughput in memory traffic, one of JPEGs costs nothing. The
-# writer spreads classes over every shard in hash order and files are shuffled
-# each epoch, so a larger buffer buys little mixing.
+# The training shuffle holds serialized records (before decoding), as many as fit in
+# this many bytes: a bound on memory traffic, chosen in benchmarks/bench_reader.py
+# (README *Performance*; docs/reader.md says why more buys little mixing).
 SHUFFLE_BUFFER_BYTES = 64 << 20
 SHUFFLE_BUFFER_RECORDS = (256, 4096)  # at least, at most
 VARYING_SIZE_SHUFFLE_BUFFER = 1024
-# Shard files read at once. A fixed number (not AUTOTUNE, which follows the core
-# count) keeps a deterministic read order the same on every machine; 16 GZIP
-# streams keep a 16-core host busy and hide object-store latency.
+# Shard files read at once: fixed (not AUTOTUNE, which follows the core count) so a
+# deterministic read order is the same on every machine; enough to hide object-store latency.
 MAX_CYCLE_LENGTH = 16
 # Records parsed together on the per-image (augmentation) path before unbatching.
 PARSE_CHUNK = 64
@@ -81,73 +77,25 @@ def make_dataset(
     extra_keys: Sequence[str] = (),
     config: ReaderConfig = ReaderConfig(),
 ) -> tf.data.Dataset:
-    """A ``tf.data.Dataset`` of ``(images, labels)`` from a beam-prep dataset.
-
-    The arguments are what a training script sets for itself; the rest (order
-    and shuffling, distribution, JPEG decoding, ``tf.data.Options``) has
-    defaults that suit nearly every run and lives in ``config``, a
-    :class:`ReaderConfig` (as ``tfds.load`` takes a ``tfds.ReadConfig``), which
-    also checks its either/or pairs when made. Files without a manifest are a
-    :class:`RecordFiles` in place of the folder, not four more arguments.
+    """A ``tf.data.Dataset`` of ``(images, labels)`` batches of a dataset (README *Reading it back*).
 
     Args:
-      path: the dataset folder holding ``manifest.json`` (local or ``gs://``),
-        or :class:`RecordFiles`: TFRecord files without a manifest.
-      split: which split to read (``train``, ``validation``, ...); not used
-        with ``RecordFiles``.
-      batch_size: images per batch, or None for single images (then images of
-        varying size come out as they are). With an ``input_context`` this is the
-        per-replica size unless ``config.global_batch_size`` is given instead.
-      training: sets the defaults of ``config`` for training (shuffle, any
-        order) or evaluation (no shuffle, a fixed order). Default:
-        ``split == "train"`` (False when reading ``RecordFiles``).
-      dtype: ``uint8`` (as stored, the cheapest to move to an accelerator) or a
-        float dtype (``float32``...) scaled to [0, 1].
-      one_hot: labels as float32 one-hot vectors (depth: the number of labels)
-        instead of int64 ids.
-      augment: a per-image augmentation: ``"crop_flip"``,
-        ``"random_resized_crop"`` (ImageNet training's crop of 8-100% of the
-        image, for whole images: ``RandomCropFlip.inception()``) or a
-        :class:`RandomCropFlip` (built in, decodes only the crop of a JPEG), or a
-        function from a uint8 [h, w, c] image (at the output size) to a uint8 or
-        [0, 1] float image of one fixed shape. Off unless asked for, in training
-        too: what augmentation suits is a modelling decision.
-      resize: output (height, width), or an int for a square: each image is
-        centre-cropped to that aspect ratio and resized (bilinear, antialiased
-        when shrinking). Required to batch a dataset whose image sizes vary.
-      repeat: repeat forever (then the dataset has no length: give Keras
-        ``steps_per_epoch``).
-      drop_remainder: drop the last, smaller batch (static batch shape).
-      extra_keys: other record features (e.g. ``features.FILENAME``) to yield as a
-        third element, a dict: for evaluation and debugging (Keras ``fit`` would
-        take a third element for sample weights).
-      config: shuffling, order, distribution, JPEG decoding and ``tf.data``
-        options; see :class:`ReaderConfig`.
-
-    Returns:
-      A dataset of ``(images, labels)`` (``(images, labels, extras)`` with
-      ``extra_keys``): images [batch, h, w, c] of ``dtype``, labels int64 [batch]
-      or float32 [batch, num_classes]. Label ids index ``load_info(path).labels``
-      from 0 whatever ``--label_offset`` the dataset was written with (the stored
-      id less the offset); ``extra_keys`` hold the stored values as they are. Its
-      cardinality is known when the number of records read is (from the
-      manifest), so Keras shows progress.
+      path: the folder holding ``manifest.json`` (local or ``gs://``), or ``RecordFiles`` without one.
+      split: the split to read (``train``, ``validation``, ...); not used with ``RecordFiles``.
+      batch_size: images per batch (per replica with an input context), or None for single images.
+      training: shuffle in any order, or not and in a fixed order; default ``split == "train"``.
+      dtype: of the images: ``uint8`` as stored, or a float dtype scaled to [0, 1].
+      one_hot: float32 one-hot labels, not int64 ids; ids count from 0 whatever ``--label_offset``.
+      augment: ``"crop_flip"``, ``"random_resized_crop"``, a ``RandomCropFlip`` or a per-image function.
+      resize: (height, width) or an int: centre-crop to that aspect and resize; batches varying sizes.
+      repeat: repeat forever (no length then: give Keras ``steps_per_epoch``).
+      drop_remainder: drop the last, smaller batch, for a static batch shape.
+      extra_keys: other record features (e.g. ``features.FILENAME``) yielded as a third element, a dict.
+      config: shuffling, order, distribution, JPEG decoding and ``tf.data`` options: a :class:`ReaderConfig`.
 
     Raises:
-      DatasetError: no manifest, an unknown split, a listed shard missing, no
-        files matched, or fewer shard files than input pipelines.
-      OptionsError: arguments that do not fit together or the dataset.
-      StorageError: the dataset cannot be read (permissions, network).
-
-    While iterating (in Python, ``model.fit``, or a distributed loop alike):
-      tf.errors.InvalidArgumentError: a shard file is damaged (truncated, or
-        corrupted inside its GZIP stream or a record) or stopped being readable;
-        the message names the file by its full path (``shard file PATH is
-        damaged or could not be read: ...``). Raised where the manifest lists
-        each shard's record count (``shard_num_examples``, which beam-prep
-        writes); reading ``RecordFiles``, or a manifest without them, a damaged
-        file raises TensorFlow's own ``tf.errors.DataLossError``, which does
-        not name it. See :func:`beam_prep.reader.shards.read_shard`.
+      DatasetError, OptionsError, StorageError: no manifest or split, bad arguments, an unreadable dataset.
+      tf.errors.InvalidArgumentError: while iterating, a damaged shard, by name (docs/reader.md).
     """
     source = resolve_source(path, split)
     if training is None:
@@ -244,8 +192,8 @@ def _with_options(ds: tf.data.Dataset, deterministic: bool,
     import tensorflow as tf
 
     ds = ds.prefetch(tf.data.AUTOTUNE)
-    # Only the order is set: the other tf.data options tried (intra-op threads,
-    # slack, map_fn parallel iterations) measured within noise of the defaults.
+    # Only the order is set: the other tf.data options tried made no difference
+    # (README *Performance*, *Reader*).
     opts = tf.data.Options()
     opts.deterministic = deterministic
     ds = ds.with_options(opts)

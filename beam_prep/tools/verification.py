@@ -1,38 +1,18 @@
 """Checks a prepared dataset against its manifest, record by record: :func:`verify`.
 
-The reader stops training at the first damaged shard or bad record, which is
-right for training and wrong for finding out what a copied, restored or
-hand-edited dataset has wrong with it. ``verify`` reads every record of every
-shard and collects what it finds, as a :class:`VerifyReport` of
-:class:`Problem` s, each naming its file, split or class:
+The reader stops training at the first damaged shard or bad record; ``verify``
+reads every record of every shard and collects what it finds, a
+:class:`VerifyReport` of :class:`Problem` s (files, records, counts), each
+naming its file, split or class, capped per kind (``max_per_kind``).
 
-* files: a listed shard missing, a shard-named file the manifest does not list
-  (extra), a shard that cannot be read to its end (damaged: TensorFlow's error
-  and how many records came before it), ``labels.txt`` not the manifest's labels;
-* records: one that does not parse or decode, one whose decoded shape is not
-  the manifest's (or its own height/width/channels), a label id out of range
-  (``id - label_offset`` indexes ``labels``), or one whose ``labels`` entry is
-  not its ``image/class/text``;
-* counts: a shard's records against ``shard_num_examples``, a split's against
-  ``num_examples`` and its per-class counts (by label id) against
-  ``class_counts``. A split's counts are compared only when every one of its
-  shards was read whole: a missing or damaged shard is the problem then, and
-  the counts it throws off would only repeat it.
-
-Each shard is read by its own small ``tf.data`` pipeline (its records, batched
-and read ahead), several shards at once on threads, so one damaged file is
-named and the others are still checked. Each batch is checked by one call of a
-traced function (:func:`beam_prep.reader.checks.batch_checker`: parse, decode
-with the reader's decode, in parallel within the batch), not by a ``map`` in
-each shard's pipeline: a pipeline's map function is instantiated anew for every
-iterator, about 40 ms of CPU a shard (measured), a tenth of the whole time on
-shards of 2,000 records. Calling it per batch also keeps failures apart: a
-record that does not parse or decode fails its batch's call, and the batch's
-records are then checked one by one to name it, and the shard read on. A read
-error ends a batch early, losing the records before it in that batch; the
-shard's rest is then read one record at a time up to the error.
-
-Problems are capped per kind (``max_per_kind``); the report counts the rest.
+Each shard is read by its own small ``tf.data`` pipeline, several at once on
+threads, so one damaged file is named and the others are still checked. Each
+batch is checked by one call of a function traced once
+(:func:`beam_prep.reader.checks.batch_checker`), not a ``map`` in each shard's
+pipeline, whose function would be instantiated anew for every shard. A batch
+that fails is checked one record at a time to name the record; a read error
+ends a batch early, and the shard's rest is then read one record at a time up
+to it. See README *Checking a dataset* for the checks and the figures.
 """
 from __future__ import annotations
 
@@ -62,9 +42,9 @@ __all__ = ["KINDS", "MAX_PER_KIND", "Problem", "VerifyReport", "verify"]
 
 _LOG = logging.getLogger(__name__)
 
-# Records per call of the check, as the reader's default batch: 2% less
-# CPU a record than 128 (measured), and a shard of a few thousand records still
-# has batches to decode in parallel.
+# Records per call of the check, as the reader's default batch: chosen in
+# benchmarks/bench_verify.py (README *Performance*), small enough that a shard of a
+# few thousand records still has batches to decode in parallel.
 BATCH_RECORDS = 256
 
 

@@ -1,26 +1,13 @@
 """Exact duplicates among the written records: files with the same bytes, found by their sha256.
 
-Scraped and merged datasets hold copies, and a copy across train and
-validation silently inflates validation accuracy. The writers already hash
-every source file for ``image/key/sha256``; each also writes one line per
-record it writes to a *hash file* in the run's folder (``hash_line``: the
-sha256, the split, the source's path): the streaming sink one beside each
-shard (kept with the shard when a run resumes), the shuffle sink through
-Beam's ``WriteToText``. The manifest step reads them back (``find``): no
-second pass over the images.
-
-The step that reads them holds no object per record: 8 bytes a record while
-reading (a uint64 prefix of each sha256, in one array sorted in place), then
-48 bytes per *candidate* (a prefix seen twice or more; at most half the
-records) in flat arrays, at most 24 bytes a record when every record has a
-copy and nothing when none has; its read buffer and the external sort's
-buckets do not grow with the records. Candidates are checked against the full
-sha256 (the first file of each prefix gives it; a file with the same prefix
-and another hash is kept apart, a 2^-64 event per pair), and the files that
-have copies come back grouped, in the order of their hashes' prefixes, through
-an external sort (``spill``) keyed by each file's place in its group, so a
-group of a million copies is never held at once. See the README's
-*Duplicates* for what is reported.
+A copy across train and validation silently inflates validation accuracy. The
+writers already hash every source file, and each writes a line per record to a
+*hash file* in the run's folder (``hash_line``); the manifest step reads them
+back (``find``), with no second pass over the images and no object per record:
+a sorted array of sha256 prefixes, then the candidates checked against the full
+hash and grouped through an external sort (``spill``), so memory stays bounded
+however many records or copies. See README *Duplicates* for what is reported and
+what it costs.
 """
 from __future__ import annotations
 

@@ -211,10 +211,8 @@ def list_tree(
 ) -> Listing:
     """Lists ``root/<label>/<file>`` or ``root/<split>/<label>/<file>``.
 
-    Every file found ends in the listing or in ``skipped`` with its reason:
-    hidden and system files (names starting with a dot, ``JUNK_NAMES``, at any
-    depth), files that are not images, images outside a label folder, and
-    special files.
+    Every file found ends in the listing or in ``skipped`` with its reason (hidden
+    and system files, not images, outside a label folder, special files).
 
     Args:
       root: local path or gs:// prefix.
@@ -243,36 +241,9 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
           label_offset: int) -> Listing:
     """``list_tree`` in two passes over disk, since the split layout is known only once every file is seen."""
     skips = _Skips(RowFile(folder.file("skipped")))
-    images = RowFile(folder.file("images"))  # (relpath, size) of each file that passed the name checks
-    split_layout = False
-    top_folders: set[str] = set()
-    prefix = len(root) + 1
-    for path, size, reason in walk_tree(root):
-        if not path.startswith(root + "/"):
-            continue
-        relpath = path[prefix:]
-        parts = relpath.split("/")
-        if reason is not None:
-            skips.add(relpath, reason)
-        elif any(_is_junk(part) for part in parts):
-            skips.add(relpath, SKIP_HIDDEN)
-        else:
-            top_folders.add(parts[0])
-            if not is_image_name(relpath):
-                skips.add(relpath, SKIP_NOT_IMAGE)
-                continue
-            images.append((relpath, size))
-            # A split-named top folder holding images at <split>/<label>/<image> makes a
-            # split tree: decided by where the images are, so a stray folder or file beside
-            # train/ and validation/ cannot switch the layout (it is skipped instead).
-            split_layout = split_layout or (len(parts) == 3 and parts[0] in SPLIT_NAMES)
+    images, split_layout = _first_pass(root, folder, validation_percent, skips)
 
-    if split_layout and validation_percent:
-        raise OptionsError(
-            f"{root} already has split folders ({', '.join(sorted(top_folders & set(SPLIT_NAMES)))}); "
-            "drop --validation_percent")
     depth = 3 if split_layout else 2
-
     files = SortedSpill(folder, "files", images.count)
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     label_folders: dict[str, str] = {}
@@ -303,6 +274,40 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
     for reason, n in sorted(skips.by_reason.items()):  # the summary and the manifest count them too
         _LOG.info("skipped %s: %s (e.g. %s)", wording.count(n, "file"), reason, skips.example[reason])
     return Listing(root, names, splits, dict(counts), total_bytes, skips, folder, files, label_offset)
+
+
+def _first_pass(root: str, folder: SpillFolder, validation_percent: float,
+                skips: _Skips) -> tuple[RowFile, bool]:
+    """Every file under ``root``, skipped by name or kept as (relpath, size); and whether the tree is split."""
+    images = RowFile(folder.file("images"))  # (relpath, size) of each file that passed the name checks
+    split_layout = False
+    top_folders: set[str] = set()
+    prefix = len(root) + 1
+    for path, size, reason in walk_tree(root):
+        if not path.startswith(root + "/"):
+            continue
+        relpath = path[prefix:]
+        parts = relpath.split("/")
+        if reason is not None:
+            skips.add(relpath, reason)
+        elif any(_is_junk(part) for part in parts):
+            skips.add(relpath, SKIP_HIDDEN)
+        else:
+            top_folders.add(parts[0])
+            if not is_image_name(relpath):
+                skips.add(relpath, SKIP_NOT_IMAGE)
+                continue
+            images.append((relpath, size))
+            # A split-named top folder holding images at <split>/<label>/<image> makes a
+            # split tree: decided by where the images are, so a stray folder or file beside
+            # train/ and validation/ cannot switch the layout (it is skipped instead).
+            split_layout = split_layout or (len(parts) == 3 and parts[0] in SPLIT_NAMES)
+
+    if split_layout and validation_percent:
+        raise OptionsError(
+            f"{root} already has split folders ({', '.join(sorted(top_folders & set(SPLIT_NAMES)))}); "
+            "drop --validation_percent")
+    return images, split_layout
 
 
 def _split_rank(name: str) -> tuple[int, str]:

@@ -62,82 +62,103 @@ class PrepareImagesOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         section = {title: parser.add_argument_group(title) for title in SECTIONS}
-        section[INPUT_OUTPUT].add_argument(
-            "--input", help="Image tree root, ROOT/<label>/<image>: a local path or gs://bucket/prefix (required).")
-        section[INPUT_OUTPUT].add_argument(
-            "--output", help="Where shards, labels.txt, errors.jsonl and manifest.json go (required).")
-        section[INPUT_OUTPUT].add_argument("--overwrite", action="store_true", default=False,
-                                           help="Replace a dataset already in --output.")
-        section[INPUT_OUTPUT].add_argument(
-            "--read_concurrency", type=int, default=None,
-            help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
-                 "for gs:// input, which hides round trips; 0 for local disk: each file read when its turn comes).")
-        section[INPUT_OUTPUT].add_argument(
-            "--read_ahead_mb", type=int, default=DEFAULT_READ_AHEAD_MB,
-            help="Cap on the bytes a worker's read-ahead holds, on top of --read_concurrency's cap on files.")
+        _input_output_arguments(section[INPUT_OUTPUT])
+        _image_arguments(section[IMAGE])
+        _labels_split_arguments(section[LABELS_SPLITS])
+        _shard_arguments(section[SHARDS])
+        _run_arguments(section[RUN])
 
-        section[IMAGE].add_argument(
-            "--image_size", default=None,
-            help=f"Output size: an int for a square, or HxW (default: {DEFAULT_IMAGE_SIZE}).")
-        section[IMAGE].add_argument("--resize_mode", default="center_crop", help=f"One of {', '.join(RESIZE_MODES)}.")
-        section[IMAGE].add_argument("--channels", type=int, default=3, help="3 for RGB, 1 for grayscale.")
-        section[IMAGE].add_argument(
-            "--image_format", default="jpeg",
-            help=f"One of {', '.join(OUTPUT_FORMATS)}. original stores a source JPEG byte for byte when it "
-                 "decodes, has --channels, needs no EXIF rotation and no resize, and any other image as a "
-                 "JPEG at --jpeg_quality: for training that crops at read time (with --resize_mode none, or "
-                 "shorter_side and --no_upscale). With center_crop, stretch or pad it keeps only the sources "
-                 "already at exactly --image_size.")
-        section[IMAGE].add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-100.")
-        section[IMAGE].add_argument(
-            "--no_upscale", action="store_true", default=False,
-            help="--resize_mode shorter_side: an image already smaller than --image_size keeps its size "
-                 "(with --image_format original, a JPEG one its bytes).")
-        section[IMAGE].add_argument(
-            "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
-            help="Images with more pixels are reported as errors (decompression-bomb guard).")
 
-        section[LABELS_SPLITS].add_argument(
-            "--validation_percent", type=float, default=0.0,
-            help="Share of files put in the validation split, by a stable hash of their path.")
-        section[LABELS_SPLITS].add_argument(
-            "--labels_file", default=None,
-            help="Label order, one name a line (default: the label folders' names, sorted).")
-        section[LABELS_SPLITS].add_argument(
-            "--label_offset", type=int, default=0,
-            help="Stored label ids start at this number (1: id 0 is kept for background, as "
-                 "ImageNet-style training code expects); the reader subtracts it again.")
-        section[LABELS_SPLITS].add_argument(
-            "--labels_txt", default="names",
-            help="labels.txt's form: names (one name a line) or slim "
-                 "(TF-slim's id:name lines, ids as stored).")
+def _input_output_arguments(group: Any) -> None:
+    """--help's "input and output" section: where images come from, where the dataset goes."""
+    group.add_argument(
+        "--input", help="Image tree root, ROOT/<label>/<image>: a local path or gs://bucket/prefix (required).")
+    group.add_argument(
+        "--output", help="Where shards, labels.txt, errors.jsonl and manifest.json go (required).")
+    group.add_argument("--overwrite", action="store_true", default=False,
+                       help="Replace a dataset already in --output.")
+    group.add_argument(
+        "--read_concurrency", type=int, default=None,
+        help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
+             "for gs:// input, which hides round trips; 0 for local disk: each file read when its turn comes).")
+    group.add_argument(
+        "--read_ahead_mb", type=int, default=DEFAULT_READ_AHEAD_MB,
+        help="Cap on the bytes a worker's read-ahead holds, on top of --read_concurrency's cap on files.")
 
-        section[SHARDS].add_argument(
-            "--num_shards", type=int, default=0,
-            help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
-        section[SHARDS].add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
-                                     help="Shard size aimed at when --num_shards is 0.")
-        section[SHARDS].add_argument(
-            "--compression", default=None,
-            help="gzip or none (default: none for --image_format original, whose whole JPEGs "
-                 "compress by under 1%%, and gzip otherwise). JPEG and PNG payloads barely compress; raw pixels do, "
-                 "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
-                 "none also writes TFDS's metadata, and is what TPU ResNet and TF-slim code read "
-                 "(README: Use with existing training code).")
-        section[SHARDS].add_argument(
-            "--sink", default="auto",
-            help="streaming: each worker writes whole shards, memory stays flat (local runners); "
-                 "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
-                 "auto picks by runner.")
 
-        section[RUN].add_argument(
-            "--progress_interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
-            help="Seconds between progress lines when stderr is not a terminal (a terminal gets a "
-                 "progress bar); local runs only.")
-        section[RUN].add_argument(
-            "--verbose", action="store_true", default=False,
-            help="Show Beam's log and a failed job's full traceback on stderr, instead of "
-                 "a one-line error that names a log file holding them.")
+def _image_arguments(group: Any) -> None:
+    """--help's "image" section: the size, mode and format of each stored image."""
+    group.add_argument(
+        "--image_size", default=None,
+        help=f"Output size: an int for a square, or HxW (default: {DEFAULT_IMAGE_SIZE}).")
+    group.add_argument("--resize_mode", default="center_crop", help=f"One of {', '.join(RESIZE_MODES)}.")
+    group.add_argument("--channels", type=int, default=3, help="3 for RGB, 1 for grayscale.")
+    group.add_argument(
+        "--image_format", default="jpeg",
+        help=f"One of {', '.join(OUTPUT_FORMATS)}. original stores a source JPEG byte for byte when it "
+             "decodes, has --channels, needs no EXIF rotation and no resize, and any other image as a "
+             "JPEG at --jpeg_quality: for training that crops at read time (with --resize_mode none, or "
+             "shorter_side and --no_upscale). With center_crop, stretch or pad it keeps only the sources "
+             "already at exactly --image_size.")
+    group.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-100.")
+    group.add_argument(
+        "--no_upscale", action="store_true", default=False,
+        help="--resize_mode shorter_side: an image already smaller than --image_size keeps its size "
+             "(with --image_format original, a JPEG one its bytes).")
+    group.add_argument(
+        "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
+        help="Images with more pixels are reported as errors (decompression-bomb guard).")
+
+
+def _labels_split_arguments(group: Any) -> None:
+    """--help's "labels and splits" section."""
+    group.add_argument(
+        "--validation_percent", type=float, default=0.0,
+        help="Share of files put in the validation split, by a stable hash of their path.")
+    group.add_argument(
+        "--labels_file", default=None,
+        help="Label order, one name a line (default: the label folders' names, sorted).")
+    group.add_argument(
+        "--label_offset", type=int, default=0,
+        help="Stored label ids start at this number (1: id 0 is kept for background, as "
+             "ImageNet-style training code expects); the reader subtracts it again.")
+    group.add_argument(
+        "--labels_txt", default="names",
+        help="labels.txt's form: names (one name a line) or slim "
+             "(TF-slim's id:name lines, ids as stored).")
+
+
+def _shard_arguments(group: Any) -> None:
+    """--help's "shards and compression" section."""
+    group.add_argument(
+        "--num_shards", type=int, default=0,
+        help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
+    group.add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
+                       help="Shard size aimed at when --num_shards is 0.")
+    group.add_argument(
+        "--compression", default=None,
+        help="gzip or none (default: none for --image_format original, whose whole JPEGs "
+             "compress by under 1%%, and gzip otherwise). JPEG and PNG payloads barely compress; raw pixels do, "
+             "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
+             "none also writes TFDS's metadata, and is what TPU ResNet and TF-slim code read "
+             "(README: Use with existing training code).")
+    group.add_argument(
+        "--sink", default="auto",
+        help="streaming: each worker writes whole shards, memory stays flat (local runners); "
+             "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
+             "auto picks by runner.")
+
+
+def _run_arguments(group: Any) -> None:
+    """--help's "run" section: progress and logging."""
+    group.add_argument(
+        "--progress_interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
+        help="Seconds between progress lines when stderr is not a terminal (a terminal gets a "
+             "progress bar); local runs only.")
+    group.add_argument(
+        "--verbose", action="store_true", default=False,
+        help="Show Beam's log and a failed job's full traceback on stderr, instead of "
+             "a one-line error that names a log file holding them.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,38 +1,14 @@
 """``WriteImageDataset``: the dataset writer as a Beam PTransform, for pipelines that find images their own way.
 
-The command lists a folder tree. A user who already has a Beam pipeline (one
-that reads a CSV of paths, filters by its own rules, or holds image bytes from a
-database) applies this transform to a PCollection of ``(source, label[, split[,
-name]])``, as Beam's ``WriteToTFRecord`` or TFDS's Beam writer are used, and
-gets the command's dataset: the same records, shards, labels.txt, errors.jsonl
-and manifest.json, read by the same reader.
-
-What it shares with the command, so that the two cannot drift apart:
-
-* every element becomes a record through ``records.make_example``
-  (``imaging.process_image``, then ``features.encode_example``); paths are read by
-  the same ``FileReader``, with read-ahead, local or ``gs://``;
-* the shuffle sink's writing (``transforms.WriteEntriesShuffle``: Reshuffle, the
-  image DoFn with its dead-letter output, ``WriteToTFRecord`` per split), since
-  the transform runs on whatever runner its pipeline runs on;
-* the manifest step (``manifest.finalize``): shards written in a run folder and
-  published only when ``written + failed`` equals the elements that came in,
-  then errors.jsonl, duplicates.jsonl, labels.txt and, last, manifest.json.
-
-What differs, and why:
-
-* Labels are given (``labels``), not found: ids must be known before the first
-  element, and a fixed list is deterministic. An element whose label is not in
-  it is reported at stage ``label``, as the command reports a folder missing
-  from ``--labels_file``.
-* Splits are declared (``splits``) because the writes are built per split. An
-  element names its split or gets one by the command's stable hash of its name
-  (``validation_percent``); one naming an undeclared split is reported at stage
-  ``split``.
-* The transform cannot hold the output folder's claim while some runner runs
-  the pipeline, so it takes it twice, briefly: when applied (to refuse an
-  existing dataset without ``overwrite``, or a command running into the same
-  folder) and in the manifest step, where it publishes.
+Applied to a PCollection of ``(source, label[, split[, name]])``, as Beam's
+``WriteToTFRecord`` is, it writes the command's dataset: the same records
+(``records.make_example``, paths read by the same ``FileReader``), the shuffle
+sink's writing (``transforms.WriteEntriesShuffle``), and the same manifest step
+(``manifest.finalize``: published only when the counts add up), so the two
+cannot drift apart. Labels are given and splits declared, since writes are built
+before any element exists; and the output folder's claim is taken twice,
+briefly (when applied, and to publish), since no claim can be held while some
+runner runs the pipeline. See README *In your own Beam pipeline*.
 """
 from __future__ import annotations
 
@@ -225,25 +201,15 @@ class WriteImageDataset(beam.PTransform):
 
         Args:
           output: the dataset folder, local or ``gs://``.
-          labels: the label names in id order (labels.txt).
-          label_offset, labels_txt: as the command's flags: stored ids are a label's index
-            plus ``label_offset``; an element's int label is the index.
-          image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
-            no_upscale, compression: as the command's flags of those names (compression
-            None: none for ``image_format="original"``, gzip otherwise).
-          validation_percent: share of elements without a split put in
-            ``validation``, by the command's stable hash of their name.
-          splits: the splits elements may name, in manifest order; by default
-            ``train``, and ``validation`` with ``validation_percent``.
-          root: paths under it are named relative to it, as the command names
-            files under ``--input``: the same files then get the same records
-            and splits.
-          num_shards: shards per split; None lets the runner choose (Beam's
-            ``WriteToTFRecord`` default).
-          overwrite: replace a dataset in ``output``.
-          read_concurrency, read_ahead_mb: each worker's read-ahead, as the flags;
-            32 reads by default, since paths may be anywhere (0 reads each file in
-            the worker's thread, cheaper for local disk alone).
+          labels: the label names in id order (labels.txt); an element's int label is the index.
+          image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels, no_upscale,
+            compression, label_offset, labels_txt, overwrite: as the command's flags of those names.
+          validation_percent: share of elements without a split put in ``validation``, by name hash.
+          splits: the splits elements may name, in manifest order (default: train[, validation]).
+          root: paths under it are named relative to it, as the command names files under ``--input``.
+          num_shards: shards per split; None lets the runner choose (as ``WriteToTFRecord`` does).
+          read_concurrency, read_ahead_mb: each worker's read-ahead, as the flags; the default
+            reads ahead since paths may be anywhere (0: each file in the worker's thread).
 
         Raises:
           OptionsError: on the first bad argument.

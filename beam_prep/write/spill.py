@@ -1,7 +1,7 @@
 """Rows kept on disk instead of in memory: the launcher's external sort.
 
 A tree of millions of files cannot be held in the launcher as Python objects
-(about 600 bytes each). Rows go to a temporary folder in pickled chunks, and a
+(hundreds of bytes each). Rows go to a temporary folder in pickled chunks, and a
 ``SortedSpill`` partitions them by the top bits of a 64-bit key into buckets
 small enough to sort one at a time: reading the buckets in turn, each sorted,
 gives every row in key order while memory holds one bucket.

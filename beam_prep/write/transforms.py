@@ -1,31 +1,20 @@
 """Beam wiring: listings -> examples -> shards, with a dead-letter output for bad images.
 
-Two sinks share the same per-file step (``records.make_example``), the same
-constructor (``_ShardSink``) and the same outputs (``SinkResult``). Both read the
-listing files the launcher wrote in the run's folder (``layout.run_folder``), and
-write their shards there, for the manifest step to publish when all are complete:
+Two sinks share the per-file step (``records.make_example``), one constructor
+(``_ShardSink``) and their outputs (``SinkResult``); both read the listings the
+launcher wrote in the run's folder and write their shards there, for the
+manifest step to publish. Their DoFns are in ``dofns``.
 
-* ``WriteShardsStreaming``: the launcher has already assigned every file to its
-  shard and written one small listing per shard, so the pipeline moves only
-  shard numbers: ``Create -> Reshuffle -> dofns.WriteShardFn``, and one DoFn call turns a
-  shard's files into records and streams them into that shard's file. No runner
-  holds records, or even paths, in memory, so local runs stay flat in memory
-  however large the tree, and every record's shard and position follow from the
-  listing alone (reproducible layout). Parallelism is one shard per worker at a time.
-* ``WriteShardsShuffle`` is the element-wise shape: read the listing, Reshuffle,
-  an image DoFn per file, then ``WriteToTFRecord``. On Dataflow the shuffle that
-  groups records into shards is the service's, so it scales past one machine; on
-  the local runner the same grouping holds every record in memory. Everything
-  after the listing is ``WriteEntriesShuffle``, which ``ptransform.WriteImageDataset``
-  applies to a user's elements.
+* ``WriteShardsStreaming`` (local runners): one DoFn call streams a shard's files
+  into its file; only shard numbers move, so memory stays flat and the layout is
+  reproducible.
+* ``WriteShardsShuffle`` (distributed runners): Reshuffle, an image DoFn per
+  file, ``WriteToTFRecord``; the runner's shuffle groups the records. Its part
+  after the listing, ``WriteEntriesShuffle``, also serves ``ptransform.WriteImageDataset``.
 
-In both, a worker's reads run ahead of its work (``readahead.ReadAhead``,
-``--read_concurrency`` files and ``--read_ahead_mb`` at most): over a shard's
-listing in the streaming sink, across a bundle's elements in the shuffle sink,
-so a worker never waits a round trip per image, and records keep their order.
-
-On a local runner, both also count each image they finish for the launcher's
-progress display (``progress.reporter``), beside the Beam counters.
+In both, a worker's reads run ahead of its work (``readahead.ReadAhead``), and a
+local run counts each image for the progress display (``progress.reporter``).
+See README *Which sink runs where, and why*.
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def tree(tmp_path_factory) -> pathlib.Path:
 
 
 def _digests(out: pathlib.Path) -> dict[str, str]:
-    names = [p.name for p in out.iterdir() if p.name.endswith(".tfrecord.gz")] + list(DATASET_FILES)
+    names = [p.name for p in out.iterdir() if p.name.endswith((".tfrecord", ".tfrecord.gz"))] + list(DATASET_FILES)
     return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in sorted(names)}
 
 
@@ -62,7 +62,8 @@ def _run_folder(out: pathlib.Path) -> pathlib.Path:
 
 
 def _finished(out: pathlib.Path) -> list[pathlib.Path]:
-    return sorted((out / ".beam-prep").glob("*/*.tfrecord.gz.done.json"))
+    # Shards of either compression: originals are uncompressed unless asked.
+    return sorted((out / ".beam-prep").glob("*/*.tfrecord*.done.json"))
 
 
 def _interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str,
@@ -158,6 +159,7 @@ def test_a_resumed_run_of_originals_counts_kept_and_reencoded_as_an_uninterrupte
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming run" in resumed.stderr
     assert _digests(out) == _digests(whole)
+    assert sum(name.endswith(".tfrecord") for name in _digests(whole)) == SHARDS  # uncompressed, by default
     # Every other record is one of the fixture's photos, all larger than 48x48.
     resized = json.loads((whole / "manifest.json").read_text())["counts"]["written"] - 40
     assert resized > 200
