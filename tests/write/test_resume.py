@@ -24,6 +24,9 @@ from pipelines.prepare_images import command
 SHARDS = 16
 ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers", "2",
         "--direct_running_mode", "multi_processing")
+# Enough photos that the run is still going when the test has seen two shards finish and
+# signals it, with time to spare on a loaded machine (the kernel draft-decodes them to 48 px).
+PHOTOS_PER_LABEL = 120
 DATASET_FILES = ("errors.jsonl", "labels.txt", "duplicates.jsonl")
 
 
@@ -31,7 +34,7 @@ DATASET_FILES = ("errors.jsonl", "labels.txt", "duplicates.jsonl")
 def tree(tmp_path_factory) -> pathlib.Path:
     """Large enough photos that 16 shards take the workers a few seconds: time to stop them midway."""
     root = tmp_path_factory.mktemp("resume") / "tree"
-    make_tree(root, {"ant": 60, "bee": 60, "cat": 60, "dog": 60}, size=(640, 480))
+    make_tree(root, {label: PHOTOS_PER_LABEL for label in ("ant", "bee", "cat", "dog")}, size=(640, 480))
     (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole JPEG")
     for original, copy in (("ant/img_000.jpg", "bee/copy_a.jpg"), ("ant/img_000.jpg", "dog/copy_b.jpg"),
                            ("bee/img_001.jpg", "cat/copy_c.jpg")):  # duplicates, in shards of their own
@@ -115,7 +118,8 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
     # The finished shards were kept, not written again: the same files, moved into place.
     assert {name: (out / name).stat().st_ino for name in kept} == kept
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["counts"] == {"listed": 244, "written": 243, "failed": 1, "skipped": 0}
+    listed = 4 * PHOTOS_PER_LABEL + 4  # the broken file and the three copies
+    assert manifest["counts"] == {"listed": listed, "written": listed - 1, "failed": 1, "skipped": 0}
     assert (manifest["duplicates"]["images"], manifest["duplicates"]["extra_copies"]) == (2, 3)
     assert not (out / ".beam-prep").exists()
 
