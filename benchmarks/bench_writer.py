@@ -284,18 +284,18 @@ def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[
     return "\n".join(lines)
 
 
-def accelerated_line(runs: tuple[RunResult, RunResult], peer_runs: dict[str, RunResult]) -> str:
-    """(c′)'s own ratios: images per CPU-second against (c), the seed writer (a) and the hand-written (g)."""
+def accelerated_line(runs: tuple[RunResult, RunResult], peer_runs: dict[str, RunResult]) -> str | None:
+    """(c′)'s own ratios: images per CPU-second against (c), the seed writer (a) and the peers; None
+    without a successful (c′) (a failed one is reported with the peers)."""
     fast = peer_runs.get("accelerated")
     if fast is None or fast.error:
-        return "" if fast is None else f"\n(c′) failed: {fast.error}"
+        return None
     seed, ours = runs
-    against = [("(c)", ours), ("(a) the seed writer", seed), *(
-        (PEER_NAMES[name][:3] + " " + PEER_NAMES[name][4:], result)
-        for name, result in peer_runs.items() if name != "accelerated")]
+    against = [("(c)", ours), ("(a) the seed writer", seed),
+               *((PEER_NAMES[name], result) for name, result in peer_runs.items() if name != "accelerated")]
     ratios = ", ".join(f"{fast.images_per_cpu_s / other.images_per_cpu_s:.2f}× {name}"
                        for name, other in against if other.images_per_cpu_s)
-    return f"\n(c′) with pillow-simd, images per CPU-second: {ratios}"
+    return f"(c′) with pillow-simd, images per CPU-second: {ratios}"
 
 
 def _times(ratio: float | None) -> str:
@@ -443,7 +443,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(limit, runs, peer_runs))
     if not img2dataset:
         print("\n(h) img2dataset is not installed: pip install -e '.[peers]' puts it beside the table")
-    print(accelerated_line(runs[max(runs)], peer_runs))
+    line = accelerated_line(runs[max(runs)], peer_runs)
+    if line:
+        print(f"\n{line}")
     print()
     print("Originals beside (c), run after it in each round; ÷ (c) is the median of the rounds' ratios; "
           "CPU is the whole process tree's:")

@@ -82,9 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
 
     from beam_prep.tools import contact_sheet, inspection
+    from beam_prep.tools.summary import summarize
 
     try:
-        summary = inspection.summarize(args.output)
+        summary = summarize(args.output)
     except BeamPrepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ import sys
 from typing import Sequence
 
 from beam_prep.errors import BeamPrepError
-from beam_prep.tools.verification import MAX_PER_KIND, VerifyReport, verify
+from beam_prep.tools.verification import verify
+from beam_prep.tools.verify_report import MAX_PER_KIND, VerifyReport
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar

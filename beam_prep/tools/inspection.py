@@ -9,29 +9,12 @@ from typing import Any
 
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import ImageInfo
-from beam_prep.tools.summary import (ClassRow, FailureGroup, Imbalance, ShardStats, SplitSummary, Spread, Summary,
-                                     open_output, summarize)
+from beam_prep.tools.summary import Imbalance, SplitSummary, Spread, Summary
 from beam_prep.wording import count
 from beam_prep.write.imaging import REENCODE_REASONS
 from beam_prep.write.layout import DUPLICATES
 
-__all__ = [
-    "ClassRow",
-    "FailureGroup",
-    "Imbalance",
-    "ShardStats",
-    "SplitSummary",
-    "Spread",
-    "Summary",
-    "describe_image",
-    "format_bytes",
-    "format_number",
-    "open_output",
-    "originals_lines",
-    "render_text",
-    "summarize",
-    "to_json",
-]
+__all__ = ["describe_image", "format_bytes", "format_number", "originals_lines", "render_text", "to_json"]
 
 # The class table's row standing for the classes it leaves out.
 ELIDED = "..."

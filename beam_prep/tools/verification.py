@@ -38,7 +38,7 @@ from beam_prep.tools.verify_report import (BAD_RECORD, CLASS_COUNT, DAMAGED_SHAR
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-__all__ = ["KINDS", "MAX_PER_KIND", "Problem", "VerifyReport", "verify"]
+__all__ = ["verify"]
 
 _LOG = logging.getLogger(__name__)
 

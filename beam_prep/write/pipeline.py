@@ -28,7 +28,8 @@ from beam_prep.write.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.listing import VALIDATION_SPLIT, FileEntry, Listing, list_tree, read_labels_file
 from beam_prep.write.options import PrepareConfig
 from beam_prep.write.records import unknown_label_report
-from beam_prep.write.transforms import NAMESPACE, ParseEntryFn, WriteShardsShuffle, WriteShardsStreaming
+from beam_prep.write.dofns import NAMESPACE, ParseEntryFn
+from beam_prep.write.transforms import WriteShardsShuffle, WriteShardsStreaming
 from beam_prep.write.work_files import write_work_files
 
 if TYPE_CHECKING:

@@ -34,7 +34,8 @@ from beam_prep.write.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_
                                      check_values, default_compression, image_spec, normalised_path)
 from beam_prep.write.readahead import ReadConfig
 from beam_prep.write.records import Outcome, failure_report
-from beam_prep.write.transforms import NAMESPACE, Counters, WriteEntriesShuffle
+from beam_prep.write.dofns import NAMESPACE, Counters
+from beam_prep.write.transforms import WriteEntriesShuffle
 
 __all__ = ["ImageElement", "WriteImageDataset"]
 

@@ -33,8 +33,7 @@ from beam_prep.write.dofns import (COUNTS, FAILED, NAMESPACE, ORIGINALS, Counter
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.readahead import ReadConfig
 
-__all__ = ["NAMESPACE", "Counters", "ParseEntryFn", "SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle",
-           "WriteShardsStreaming"]
+__all__ = ["SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle", "WriteShardsStreaming"]
 
 
 class SinkResult(NamedTuple):

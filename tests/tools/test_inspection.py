@@ -17,6 +17,7 @@ from PIL import Image
 from beam_prep.errors import DatasetError
 from beam_prep.reader import load_info
 from beam_prep.tools import contact_sheet, inspection
+from beam_prep.tools.summary import summarize
 from helpers import REPO, make_tree, read_split, run_prepare
 from pipelines import cli, inspect_output
 
@@ -151,7 +152,7 @@ def test_class_ids_are_the_stored_ids(tmp_path, output):
     copy = shutil.copytree(output, tmp_path / "out")
     manifest = json.loads((copy / "manifest.json").read_text())
     (copy / "manifest.json").write_text(json.dumps({**manifest, "label_offset": 1}))
-    summary = inspection.summarize(str(copy))
+    summary = summarize(str(copy))
     assert {c.name: c.id for c in summary.classes} == {"ant": 1, "bee": 2, "cat": 3}
 
 
@@ -210,7 +211,7 @@ def test_a_dataset_without_per_shard_counts_or_errors_file_says_what_it_lacks(ca
     rows = {row[0]: row for row in table_rows(out, "split")}
     assert rows["train"][-2:] == ["unknown", "1.33"]
     assert "failures by stage (no errors.jsonl to give reasons):\n  decode: 1" in out
-    summary = inspection.to_json(inspection.summarize(str(copy)))
+    summary = inspection.to_json(summarize(str(copy)))
     assert summary["splits"]["train"]["shards"]["records"] is None and summary["failures"] == []
     assert summary["errors_file"] is None
     assert Image.open(tmp_path / "s.png").format == "PNG"

@@ -23,7 +23,8 @@ from beam_prep.io.tfrecord import shard_writer, write_record
 from beam_prep.model import features
 from beam_prep.model.dataset import DatasetInfo, ImageInfo
 from beam_prep.reader.checks import batch_checker
-from beam_prep.tools.verification import KINDS, verify
+from beam_prep.tools.verification import verify
+from beam_prep.tools.verify_report import KINDS
 from helpers import REPO, encode, make_tree, run_prepare
 from pipelines import bench_reader, cli, verify_output
 from PIL import Image
