@@ -18,7 +18,7 @@ import os
 from importlib import metadata
 
 import numpy as np
-from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
 
 from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
@@ -60,6 +60,11 @@ DRAFT_GAP = 1.0
 
 _SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
+# Composited on --background by default: white, as image viewers show transparency.
+DEFAULT_BACKGROUND = "#ffffff"
+# An output whose every channel spans at most this many levels shows nothing: one flat colour
+# (a blank scan, or a source that decoded to black). Counted, and a few named, not refused.
+FLAT_SPREAD = 2
 _SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 # How exif_transpose() turns each orientation upright: flip x, flip y, then swap the axes if 5-8.
 _FLIPPING_X = frozenset({2, 3, 7, 8})
@@ -80,8 +85,11 @@ class ImageSpec:
     jpeg_quality: int = 90
     max_pixels: int = DEFAULT_MAX_PIXELS
     no_upscale: bool = False  # shorter_side: an image smaller than the size keeps its own
+    background: str = DEFAULT_BACKGROUND  # "#rrggbb" transparent pixels are composited on
 
     def __post_init__(self) -> None:
+        if parse_colour(self.background) != self.background:
+            raise ValueError(f"background must be a colour written #rrggbb, not {self.background!r}")
         if self.resize_mode not in RESIZE_MODES:
             raise ValueError(f"resize_mode must be one of {RESIZE_MODES}, not {self.resize_mode!r}")
         if self.image_format not in OUTPUT_FORMATS:
@@ -125,17 +133,22 @@ class ImageSpec:
     def mode(self) -> str:
         return "RGB" if self.channels == 3 else "L"
 
+    @property
+    def background_rgb(self) -> tuple[int, int, int]:
+        return ImageColor.getrgb(self.background)[:3]
+
 
 @dataclasses.dataclass(frozen=True)
 class EncodedImage:
     """An image as stored; ``original`` (image_format original only): ``KEPT``, or the key of
-    ``REENCODE_REASONS`` that says why it was re-encoded."""
+    ``REENCODE_REASONS`` that says why it was re-encoded; ``flat``: it shows one flat colour."""
 
     data: bytes
     height: int
     width: int
     channels: int
     original: str | None = None
+    flat: bool = False  # one flat colour (``FLAT_SPREAD``): worth a look, counted by the run
 
 
 @functools.cache
@@ -158,6 +171,22 @@ def library() -> str:
     return f"PIL {PIL.__version__}"
 
 
+def parse_colour(text: str) -> str:
+    """A colour as Pillow names it (``white``, ``#fff``, ``rgb(0, 0, 0)``) in the one spelling
+    records keep, ``#rrggbb``.
+
+    Raises:
+      ValueError: not a colour, or one with transparency of its own.
+    """
+    try:
+        rgb = ImageColor.getrgb(text)
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{text!r} is not a colour: give a name (white, black) or #rrggbb") from e
+    if len(rgb) == 4 and rgb[3] != 255:
+        raise ValueError(f"{text!r} is not opaque: transparency is composited on an opaque background")
+    return "#{:02x}{:02x}{:02x}".format(*rgb[:3])
+
+
 def is_image_name(name: str) -> bool:
     """Chosen by extension, case-insensitively; hidden files never count."""
     base = name.rsplit("/", 1)[-1]
@@ -178,30 +207,38 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
       ImageError: with the stage that failed; never anything else for bad input.
     """
     img = _open(data, spec.max_pixels)
-    orientation = _orientation(img)
+    jpeg = img.format == "JPEG"
+    # A JPEG's EXIF is in its header, read before the (drafted) decode. Any other format is
+    # decoded whole first: a PNG's getexif() reads on through the pixel data (a damaged stream
+    # would then pass as "corrupt EXIF"), and the TIFF plugin turns some images upright as it loads.
+    orientation = _orientation(img) if jpeg else 1
     reason = None
     if spec.image_format == ORIGINAL:
         reason = _reencode_reason(img, orientation, spec)
         if reason is None:
             return _kept(data, img, spec)
-    spec = _sized_for(img.size, spec)
-    # Where the source image lies on the decoded pixel grid.
-    region: Box = (0, 0, *img.size)
-    if img.format == "JPEG":
-        region = _draft(img, spec, swapped=orientation in _SWAPPING_ORIENTATIONS) or region
+    region: Box | None = None  # where the source lies on the decoded grid, if not all of it
+    if jpeg:  # sized by the source, not by the smaller grid a draft decodes to
+        spec = _sized_for(img.size, spec)
+        region = _draft(img, spec, swapped=orientation in _SWAPPING_ORIENTATIONS)
     try:
         img.load()
+        if not jpeg:
+            orientation = _orientation(img)
+        region = region or (0, 0, *img.size)
         if orientation != 1:
             region = _oriented(region, img.size, orientation)
             img = ImageOps.exif_transpose(img)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
+    if not jpeg:
+        spec = _sized_for(img.size, spec)
     try:
-        img = _convert(img, spec.mode)
+        img = _convert(img, spec)
     except (OSError, ValueError) as e:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
     img = _resize(img, region, spec)
-    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason)
+    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img))
 
 
 def _reencode_reason(img: Image.Image, orientation: int, spec: ImageSpec) -> str | None:
@@ -248,7 +285,7 @@ def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
         img.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
-    return EncodedImage(data, height, width, spec.channels, KEPT)
+    return EncodedImage(data, height, width, spec.channels, KEPT, _is_flat(img))
 
 
 def _sized_for(size: tuple[int, int], spec: ImageSpec) -> ImageSpec:
@@ -336,21 +373,44 @@ def _oriented(box: Box, size: tuple[int, int], orientation: int) -> Box:
     return left, top, right, bottom
 
 
-def _convert(img: Image.Image, mode: str) -> Image.Image:
+def _convert(img: Image.Image, spec: ImageSpec) -> Image.Image:
+    """``img`` in ``spec.mode``: 8 bits a channel, any transparency composited on ``spec.background``."""
+    alpha = _alpha(img)
+    if img.mode in ("P", "PA", "RGBa", "La"):
+        img = img.convert("RGBA")  # palette entries, or premultiplied channels, to plain colours
     if img.mode in _SIXTEEN_BIT_MODES:
         # Pillow's convert() clips 16-bit values at 255; scale them instead.
         pixels = np.asarray(img, dtype=np.uint32) >> 8
         img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
     elif img.mode == "F":
         img = Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8))
-    has_alpha = img.mode in _ALPHA_MODES or (img.mode == "P" and "transparency" in img.info)
-    if has_alpha:
-        # Transparent pixels become white, as image viewers show them.
-        rgba = img.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        background.alpha_composite(rgba)
-        img = background
-    return img if img.mode == mode else img.convert(mode)
+    if alpha is not None:
+        canvas = Image.new("RGB", img.size, spec.background_rgb)
+        canvas.paste(img.convert("RGB"), mask=alpha)
+        img = canvas
+    return img if img.mode == spec.mode else img.convert(spec.mode)
+
+
+def _alpha(img: Image.Image) -> Image.Image | None:
+    """How opaque each pixel is (mode L), or None where every pixel is: an alpha channel, or a
+    transparent colour (PNG's tRNS, GIF's transparent index) in any mode that has one."""
+    if img.mode in _ALPHA_MODES or img.mode == "P" and "transparency" in img.info:
+        return img.convert("RGBA").getchannel("A")
+    transparent = img.info.get("transparency")
+    if transparent is None or isinstance(transparent, bytes):
+        return None
+    pixels = np.asarray(img.convert("L") if img.mode == "1" else img)
+    if pixels.ndim == 3:  # RGB: a pixel is transparent when all its channels match
+        opaque = (pixels[..., :3] != np.asarray(transparent)[:3]).any(axis=-1)
+    else:
+        opaque = pixels != transparent
+    return Image.fromarray(opaque.astype(np.uint8) * 255)
+
+
+def _is_flat(img: Image.Image) -> bool:
+    extrema = img.getextrema()
+    bands = extrema if isinstance(extrema[0], tuple) else (extrema,)
+    return all(high - low <= FLAT_SPREAD for low, high in bands)
 
 
 def _resize(img: Image.Image, region: Box, spec: ImageSpec) -> Image.Image:

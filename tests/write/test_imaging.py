@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw, ImageFilter, ImageOps
+from PIL import ExifTags, Image, ImageColor, ImageDraw, ImageFilter, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 
 from beam_prep.errors import ImageError
@@ -158,6 +158,136 @@ def test_transparent_pixels_become_white():
     rgba = Image.new("RGBA", (16, 16), (255, 0, 0, 0))
     out = process_image(encode(rgba, "PNG"), ImageSpec(height=16, width=16, image_format="raw"))
     assert set(out.data) == {255}
+
+
+def half_transparent(mode: str) -> Image.Image:
+    """16x16 in ``mode``: the left half dark grey and opaque, the right half black and transparent,
+    by an alpha channel or by a transparent colour (PNG's tRNS) as the mode allows."""
+    grey = np.full((16, 16), 64, np.uint8)
+    grey[:, 8:] = 0
+    alpha = np.full((16, 16), 255, np.uint8)
+    alpha[:, 8:] = 0
+    if mode in ("RGBA", "LA"):
+        return Image.merge(mode, [Image.fromarray(grey)] * (len(mode) - 1) + [Image.fromarray(alpha)])
+    if mode == "P, alpha per entry":  # a palette whose entries carry their own alpha (PNG's tRNS)
+        img = Image.fromarray(grey).convert("P")
+        entries = len(img.getpalette()) // 3
+        img.info["transparency"] = bytes(0 if i == img.getpixel((15, 0)) else 255 for i in range(entries))
+        return img
+    if mode == "I;16":
+        img = Image.fromarray(grey.astype(np.uint16) * 257)
+        img.info["transparency"] = 0
+        return img
+    img = Image.fromarray(grey).convert(mode)
+    img.info["transparency"] = {"L": 0, "RGB": (0, 0, 0), "P": img.getpixel((15, 0))}[mode]
+    return img
+
+
+@pytest.mark.parametrize("mode", ["L", "I;16", "RGB", "P", "P, alpha per entry", "LA", "RGBA"])
+@pytest.mark.parametrize("background", [imaging.DEFAULT_BACKGROUND, "#204060"])
+def test_transparency_is_composited_on_the_background_in_every_mode(mode, background):
+    source = half_transparent(mode)
+    data = encode(source, "PNG", transparency=source.info["transparency"]) if "transparency" in source.info \
+        else encode(source, "PNG")
+    assert Image.open(io.BytesIO(data)).mode == mode.split(",")[0]  # the PNG really is of that mode
+    out = pixels(process_image(data, ImageSpec(height=16, width=16, resize_mode="stretch", image_format="png",
+                                               background=background)).data)
+    assert (out[:, :8] == 64).all()  # opaque: its own grey, untouched
+    assert (out[:, 8:] == ImageColor.getrgb(background)).all()  # transparent: the background
+
+
+def test_background_is_one_spelling_of_a_colour():
+    assert imaging.parse_colour("white") == imaging.parse_colour("#FFF") == "#ffffff"
+    assert imaging.parse_colour("rgb(32, 64, 96)") == "#204060"
+    for bad in ("nocolour", "#12345", "#ff000080"):
+        with pytest.raises(ValueError):
+            imaging.parse_colour(bad)
+    with pytest.raises(ValueError):
+        ImageSpec(background="white")  # a spec keeps the one spelling, so reruns compare equal
+
+
+def damaged(data: bytes, at: float = 0.5, length: int = 64) -> bytes:
+    """``data`` with ``length`` bytes overwritten at the fraction ``at`` of its length."""
+    start = int(len(data) * at)
+    noise = np.random.default_rng(start).integers(0, 256, length, dtype=np.uint8).tobytes()
+    return data[:start] + noise + data[start + length:]
+
+
+def strict_decode_fails(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+    except Exception:  # noqa: BLE001 - any refusal counts
+        return True
+    return False
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF", "GIF", "WEBP"])
+def test_a_damaged_image_is_a_decode_error_never_a_record(fmt):
+    source = photo(3, 200, 150)
+    if fmt == "GIF":
+        source = source.quantize(64)
+    data = encode(source, fmt, **({"compression": "tiff_adobe_deflate"} if fmt == "TIFF" else {}))
+    bad = next(d for d in (damaged(data, at) for at in np.linspace(0.3, 0.8, 11)) if strict_decode_fails(d))
+    with pytest.raises(ImageError) as e:
+        process_image(bad, ImageSpec())
+    assert e.value.stage == "decode"
+
+
+def exif_after_pixels(png: bytes) -> bytes:
+    """``png`` with its eXIf chunk moved after the image data, where the PNG format allows it too."""
+    chunks, pos = [], 8
+    while pos < len(png):
+        length = int.from_bytes(png[pos:pos + 4], "big")
+        chunks.append(png[pos:pos + 12 + length])
+        pos += 12 + length
+    exif = [c for c in chunks if c[4:8] == b"eXIf"]
+    rest = [c for c in chunks if c[4:8] != b"eXIf"]
+    return png[:8] + b"".join(rest[:-1] + exif + rest[-1:])  # ... eXIf, IEND
+
+
+def test_reading_a_png_orientation_does_not_swallow_a_damaged_stream():
+    # A PNG's EXIF may follow its pixels: looking for it reads through them, and must not hide their damage.
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6
+    data = exif_after_pixels(encode(photo(4, 120, 80), "PNG", exif=exif.tobytes()))
+    upright = process_image(data, ImageSpec(height=None, width=None, resize_mode="none", image_format="png"))
+    assert (upright.height, upright.width) == (120, 80)  # a whole one is still turned upright
+    bad = damaged(data, 0.5)
+    assert strict_decode_fails(bad)
+    with pytest.raises(ImageError) as e:
+        process_image(bad, ImageSpec())
+    assert e.value.stage == "decode"
+
+
+# How a stored image is turned for each orientation so that its upright form is the picture.
+STORED_AS = {5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
+             8: Image.Transpose.ROTATE_270}
+
+
+@pytest.mark.parametrize("orientation", sorted(STORED_AS))
+@pytest.mark.parametrize("compression", ["group4", "tiff_lzw"])
+@pytest.mark.parametrize("resize_mode", ["center_crop", "shorter_side"])
+def test_oriented_tiffs_come_out_upright_at_the_asked_size(orientation, compression, resize_mode):
+    upright = quadrants(80, 40)
+    if compression == "group4":
+        upright = upright.convert("L").point(lambda v: 255 if v > 100 else 0).convert("1")
+    stored = upright.transpose(STORED_AS[orientation])
+    data = encode(stored, "TIFF", compression=compression, tiffinfo={ExifTags.Base.Orientation: orientation})
+    spec = ImageSpec(height=20, width=20, resize_mode=resize_mode, image_format="png")
+    out = process_image(data, spec)
+    expected = process_image(encode(upright, "PNG"), spec)
+    assert (out.height, out.width) == (expected.height, expected.width)
+    assert (out.height, out.width) == ((20, 20) if resize_mode == "center_crop" else (20, 40))
+    assert np.abs(pixels(out.data).astype(int) - pixels(expected.data).astype(int)).mean() < 2
+
+
+def test_flat_outputs_are_flagged():
+    black = process_image(encode(Image.new("RGB", (50, 40))), ImageSpec(height=16, width=16))
+    assert black.flat
+    assert not process_image(encode(photo(5, 50, 40)), ImageSpec(height=16, width=16)).flat
+    original = ImageSpec(height=None, width=None, resize_mode="none", image_format="original")
+    assert process_image(encode(Image.new("RGB", (64, 64), "red")), original).flat  # kept, and still looked at
 
 
 def test_one_channel_output():
