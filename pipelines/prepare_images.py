@@ -27,7 +27,7 @@ from beam_prep.cli.joblog import JobFailed, JobLog, is_job_failure, new_log_path
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help
 from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
-from beam_prep.tools.inspection import originals_lines
+from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
 from beam_prep.write.beam_compat import WORKER_LOG_RELAY
 from beam_prep.write.interrupt import signal_of
@@ -73,6 +73,7 @@ def summary(result: RunResult) -> str:
     for reason, n in m.get("skipped_by_reason", {}).items():
         lines.append(f"  skipped, {reason}: {n:,}")
     lines += originals_lines(m.get("originals"))
+    lines += flat_lines(m.get("flat_images"))
     copies = m.get("duplicates", {})
     if copies.get("extra_copies"):
         lines.append(f"  duplicates: {count(copies['extra_copies'], 'extra copy', 'extra copies')} of "

@@ -14,7 +14,8 @@ from beam_prep.wording import count
 from beam_prep.write.imaging import REENCODE_REASONS
 from beam_prep.write.layout import DUPLICATES
 
-__all__ = ["describe_image", "format_bytes", "format_number", "originals_lines", "render_text", "to_json"]
+__all__ = ["describe_image", "flat_lines", "format_bytes", "format_number", "originals_lines", "render_text",
+           "to_json"]
 
 # The class table's row standing for the classes it leaves out.
 ELIDED = "..."
@@ -59,6 +60,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "errors_file": summary.errors_file,
         "duplicates": dict(summary.duplicates) if summary.duplicates is not None else None,
         "originals": dict(summary.originals) if summary.originals is not None else None,
+        "flat_images": dict(summary.flat_images) if summary.flat_images is not None else None,
     }
 
 
@@ -147,6 +149,7 @@ def _counts_section(summary: Summary) -> list[str]:
            f"{_number(c.get('failed'))} failed, {_number(c.get('skipped'))} skipped"]
     out += [f"  skipped, {reason}: {n:,}" for reason, n in summary.skipped_by_reason.items()]
     out += originals_lines(summary.originals)
+    out += flat_lines(summary.flat_images)
     if summary.failures:
         out += ["", f"failures by stage and reason (every one in {summary.errors_file}):"]
         out += _table(["stage", "reason", "count", "example"],
@@ -156,6 +159,13 @@ def _counts_section(summary: Summary) -> list[str]:
         out += ["", "failures by stage (no errors.jsonl to give reasons):"]
         out += [f"  {stage}: {n}" for stage, n in summary.failed_by_stage.items()]
     return out
+
+
+def flat_lines(flat: Mapping[str, Any] | None) -> list[str]:
+    """A manifest's ``flat_images``: records of one flat colour, with the first names; none, no line."""
+    if not flat or not flat.get("count"):
+        return []
+    return [f"  one flat colour: {flat['count']:,} (written all the same; e.g. {', '.join(flat['examples'])})"]
 
 
 def originals_lines(originals: Mapping[str, Any] | None) -> list[str]:

@@ -140,6 +140,7 @@ class Summary:
     beam_prep_version: str | None = None
     duplicates: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
     originals: Mapping[str, Any] | None = None  # the manifest's, with --image_format original only
+    flat_images: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
 
     @property
     def missing_shards(self) -> tuple[str, ...]:
@@ -186,7 +187,8 @@ def summarize(path: str) -> Summary:
         failures=tuple(failures) if failures is not None else (),
         errors_file=errors_file if failures is not None else None,
         created=manifest.get("created"), beam_prep_version=manifest.get("beam_prep_version"),
-        duplicates=manifest.get("duplicates"), originals=manifest.get("originals"))
+        duplicates=manifest.get("duplicates"), originals=manifest.get("originals"),
+        flat_images=manifest.get("flat_images"))
 
 
 def _shard_sizes(files: Sequence[str]) -> dict[str, int | None]:

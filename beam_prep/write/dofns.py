@@ -19,18 +19,20 @@ from beam_prep.io import tfrecord
 from beam_prep.io.storage import join, read_lines, write_lines
 from beam_prep.io.tfrecord import write_record
 from beam_prep.write import duplicates, layout, progress, resume
+from beam_prep.write.flat import FlatImages
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.listing import FileEntry
 from beam_prep.write.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
 from beam_prep.write.records import FileReader, Outcome, make_example
 
-__all__ = ["COUNTS", "FAILED", "NAMESPACE", "ORIGINALS", "Counters", "ImageToExampleFn", "ParseEntryFn",
+__all__ = ["COUNTS", "FAILED", "FLAT", "NAMESPACE", "ORIGINALS", "Counters", "ImageToExampleFn", "ParseEntryFn",
            "SinkConfig", "WriteShardFn"]
 
 NAMESPACE = "beam_prep"  # of every counter the pipeline reports
 FAILED = "failed"
 COUNTS = "counts"
 ORIGINALS = "originals"
+FLAT = "flat"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +102,8 @@ class _Reading:
 
 
 class ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, label, example, original, hash line)``; a bad file goes to the ``failed`` output.
+    """One file to ``(split, label, example, original, hash line)``; a bad file goes to the ``failed``
+    output, and a record of one flat colour's relative path to ``flat`` as well.
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
     bytes)``, an image already in hand, whose entry only names it.
@@ -153,6 +156,8 @@ class ImageToExampleFn(beam.DoFn):
         if not ok:
             yield TaggedOutput(FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
             return
+        if outcome.flat:
+            yield TaggedOutput(FLAT, WindowedValue(entry.relpath, timestamp, (window,)))
         yield WindowedValue((entry.split, entry.label, outcome.example, outcome.original,
                              duplicates.hash_line(outcome.sha256, entry.split, entry.path)), timestamp, (window,))
 
@@ -169,8 +174,8 @@ class WriteShardFn(beam.DoFn):
     launcher only rewrites the same bytes. Its records' hashes go to its hash
     file (``layout.hashes_name``), written before it is marked finished. Outputs
     ``(split, shard_name, num_examples)``, ``((split, label), n)`` on ``counts``,
-    ``(reason, n)`` on ``originals`` and failure reports on ``failed``, the same
-    for a shard written now or kept.
+    ``(reason, n)`` on ``originals``, a ``FlatImages`` on ``flat`` and failure
+    reports on ``failed``, the same for a shard written now or kept.
     """
 
     def __init__(self, config: SinkConfig, split: str) -> None:
@@ -206,6 +211,7 @@ class WriteShardFn(beam.DoFn):
             yield TaggedOutput(COUNTS, ((split, label), n))
         for reason, n in record.originals.items():
             yield TaggedOutput(ORIGINALS, (reason, n))
+        yield TaggedOutput(FLAT, FlatImages.from_json(record.flat))
         yield split, name, record.records
 
     def _write(self, index: int, name: str, reporter: progress.Reporter) -> resume.ShardRecord:
@@ -215,6 +221,7 @@ class WriteShardFn(beam.DoFn):
         per_label: collections.Counter[str] = collections.Counter()
         originals: collections.Counter[str] = collections.Counter()
         failures = []
+        flat = []
         hashes = []
         checksum = tfrecord.Checksum()
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
@@ -231,6 +238,8 @@ class WriteShardFn(beam.DoFn):
                     per_label[entry.label] += 1
                     if outcome.original is not None:
                         originals[outcome.original] += 1
+                    if outcome.flat:
+                        flat.append(entry.relpath)
                     hashes.append(duplicates.hash_line(outcome.sha256, split, entry.path))
                 else:
                     failures.append(outcome.failure)
@@ -238,6 +247,7 @@ class WriteShardFn(beam.DoFn):
         write_lines(join(config.work, layout.hashes_name(name)), hashes)
         record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=checksum.size,
                                     sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures,
-                                    originals=dict(sorted(originals.items())))
+                                    originals=dict(sorted(originals.items())),
+                                    flat=FlatImages.of(flat).to_json())
         resume.write_shard_record(config.work, record)
         return record

@@ -181,9 +181,9 @@ def parse_colour(text: str) -> str:
     try:
         rgb = ImageColor.getrgb(text)
     except (ValueError, AttributeError) as e:
-        raise ValueError(f"{text!r} is not a colour: give a name (white, black) or #rrggbb") from e
+        raise ValueError(f"background {text!r} is not a colour: give a name (white, black) or #rrggbb") from e
     if len(rgb) == 4 and rgb[3] != 255:
-        raise ValueError(f"{text!r} is not opaque: transparency is composited on an opaque background")
+        raise ValueError(f"background {text!r} is not opaque: give a colour without transparency")
     return "#{:02x}{:02x}{:02x}".format(*rgb[:3])
 
 

@@ -19,6 +19,7 @@ from beam_prep.model.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, Dat
                                      parse_manifest)
 from beam_prep.model.features import SCHEMA
 from beam_prep.write import duplicates, imaging, layout
+from beam_prep.write.flat import FlatImages
 from beam_prep.write.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.write.options import PrepareConfig
 
@@ -50,12 +51,14 @@ def build(
     failures: list[Mapping[str, Any]],
     originals: Iterable[tuple[str, int]] = (),
     copies: Mapping[str, Any] | None = None,
+    flat: Iterable[FlatImages] = (),
 ) -> dict[str, Any]:
     """The manifest dict; checks that every listed file is written or failed.
 
     ``originals``: ``(KEPT or a re-encode reason, records)`` rows, with
     ``--image_format original``, which must account for every record written.
     ``copies``: the duplicates found (``duplicates.Duplicates.to_json``).
+    ``flat``: the parts of the records of one flat colour (``SinkResult.flat``).
 
     Raises:
       DatasetError: if the counts do not add up (a record was lost: never write a
@@ -108,6 +111,7 @@ def build(
         "failed_by_stage": dict(sorted(by_stage.items())),
         "skipped_by_reason": dict(plan.skipped_by_reason),
         **kept_or_not,
+        "flat_images": FlatImages().merge(*flat).to_json(),
         "duplicates": dict(copies) if copies is not None else duplicates.Duplicates().to_json(),
         "sink": plan.sink,
         "options": _options(config),
@@ -150,14 +154,15 @@ def finalize(
     failures: list[Mapping[str, Any]],
     hash_files: list[str],
     originals: Iterable[tuple[str, int]] = (),
+    flat: Iterable[FlatImages] = (),
 ) -> dict[str, Any]:
     """Completes the dataset: checks the counts, finds the duplicates among the records
     (``hash_files``: the sinks' ``SinkResult.hashes``), publishes the shards, writes
     errors.jsonl, duplicates.jsonl, labels.txt, TFDS's metadata where TFDS can read the
-    shards, then the manifest, then removes the run's folder. ``originals``: as ``build``'s."""
+    shards, then the manifest, then removes the run's folder. ``originals``, ``flat``: as ``build``'s."""
     found = duplicates.find(sorted(hash_files), plan.listed)
     try:
-        manifest = build(config, plan, shards, counts, failures, originals, found.to_json())
+        manifest = build(config, plan, shards, counts, failures, originals, found.to_json(), flat)
         layout.publish(config.output, plan.run_id,
                        [name for split in manifest["splits"].values() for name in split["shards"]])
         write_lines(join(config.output, layout.ERRORS), error_lines(failures))
@@ -171,6 +176,9 @@ def finalize(
         f.write(json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
     layout.remove_run_folder(config.output, plan.run_id)
     _LOG.info("wrote %s", join(config.output, MANIFEST))
+    if manifest["flat_images"]["count"]:
+        _LOG.info("records of one flat colour: %s, e.g. %s", manifest["flat_images"]["count"],
+                  ", ".join(manifest["flat_images"]["examples"]))
     return manifest
 
 

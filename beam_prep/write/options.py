@@ -18,7 +18,8 @@ from apache_beam.options.pipeline_options import (
 from beam_prep.errors import OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.dataset import COMPRESSIONS
-from beam_prep.write.imaging import DEFAULT_MAX_PIXELS, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES, ImageSpec
+from beam_prep.write.imaging import (DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES,
+                                     ImageSpec, parse_colour)
 from beam_prep.write.readahead import DEFAULT_MAX_BYTES, ReadConfig
 
 SINKS = ("auto", "streaming", "shuffle")
@@ -105,6 +106,10 @@ def _image_arguments(group: Any) -> None:
         "--no_upscale", action="store_true", default=False,
         help="--resize_mode shorter_side: an image already smaller than --image_size keeps its size "
              "(with --image_format original, a JPEG one its bytes).")
+    group.add_argument(
+        "--background", default=DEFAULT_BACKGROUND,
+        help="The colour transparent pixels are composited on: a name (white, black) or #rrggbb "
+             "(default: white, as image viewers show transparency).")
     group.add_argument(
         "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
         help="Images with more pixels are reported as errors (decompression-bomb guard).")
@@ -204,7 +209,8 @@ def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, in
 
 
 def image_spec(image_size: str | None, resize_mode: str, channels: int, image_format: str,
-               jpeg_quality: int, max_pixels: int, prefix: str = "--", no_upscale: bool = False) -> ImageSpec:
+               jpeg_quality: int, max_pixels: int, prefix: str = "--", no_upscale: bool = False,
+               background: str = DEFAULT_BACKGROUND) -> ImageSpec:
     """The image options as an ``ImageSpec``; ``prefix`` is how messages name them (flags: ``--``).
 
     Raises:
@@ -214,7 +220,7 @@ def image_spec(image_size: str | None, resize_mode: str, channels: int, image_fo
     try:
         return ImageSpec(height=height, width=width, channels=channels, resize_mode=resize_mode,
                          image_format=image_format, jpeg_quality=jpeg_quality, max_pixels=max_pixels,
-                         no_upscale=no_upscale)
+                         no_upscale=no_upscale, background=parse_colour(background))
     except ValueError as e:
         raise OptionsError(f"{prefix}{e}") from e
 
@@ -307,7 +313,7 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
     if not o.progress_interval > 0:
         raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
     spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels,
-                      no_upscale=o.no_upscale)
+                      no_upscale=o.no_upscale, background=o.background)
 
     source, target = normalised_path(o.input), normalised_path(o.output)
     if is_local(source) and not os.path.isdir(source):

@@ -29,6 +29,7 @@ from beam_prep.write.listing import VALIDATION_SPLIT, FileEntry, Listing, list_t
 from beam_prep.write.options import PrepareConfig
 from beam_prep.write.records import unknown_label_report
 from beam_prep.write.dofns import NAMESPACE, ParseEntryFn
+from beam_prep.write.flat import FlatImages, is_many
 from beam_prep.write.transforms import WriteShardsShuffle, WriteShardsStreaming
 from beam_prep.write.work_files import write_work_files
 
@@ -162,11 +163,11 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
     _ = (p
          | "Once" >> beam.Create([None])
          | "Finalize" >> beam.Map(
-             lambda _, shard_rows, count_rows, failure_rows, hash_files, original_rows: manifest.finalize(
-                 config, run_plan, shard_rows, count_rows, failure_rows, hash_files, original_rows),
+             lambda _, shard_rows, count_rows, failure_rows, hash_files, original_rows, flat: manifest.finalize(
+                 config, run_plan, shard_rows, count_rows, failure_rows, hash_files, original_rows, flat),
              beam.pvalue.AsList(written.shards), beam.pvalue.AsList(written.class_counts),
              beam.pvalue.AsList(failures), beam.pvalue.AsList(written.hashes),
-             beam.pvalue.AsList(written.originals)))
+             beam.pvalue.AsList(written.originals), beam.pvalue.AsList(written.flat)))
 
 
 def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dict[str, Any]:
@@ -193,7 +194,7 @@ def finalize_from_records(config: PrepareConfig, run_plan: manifest.Plan) -> dic
     shards = [(split, record.name, record.records) for split, record in zip(splits, records)]
     hash_files = [join(work, layout.hashes_name(name)) for name in names]
     return manifest.finalize(config, run_plan, shards, list(counts.items()), failures, hash_files,
-                             list(originals.items()))
+                             list(originals.items()), [FlatImages.from_json(r.flat) for r in records])
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
@@ -249,7 +250,19 @@ def run(config: PrepareConfig, options: PipelineOptions,
     counters: dict[str, int] = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
-    return RunResult(manifest.read(config.output), time.perf_counter() - start, counters, phases=phases)
+    written = manifest.read(config.output)
+    _warn_if_many_flat(written)
+    return RunResult(written, time.perf_counter() - start, counters, phases=phases)
+
+
+def _warn_if_many_flat(written: dict[str, Any]) -> None:
+    """Many records of one flat colour are more likely a problem than blank sources: said, with names."""
+    flat = FlatImages.from_json(written.get("flat_images"))
+    if is_many(flat, written["counts"]["written"]):
+        warnings.warn(BeamPrepWarning(
+            f"{flat.count:,} of {wording.count(written['counts']['written'], 'record')} show one flat colour "
+            f"(e.g. {', '.join(flat.examples)}): look at a few; if their transparency should show, "
+            "pass another --background"), stacklevel=2)
 
 
 def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start: float) -> RunResult:

@@ -27,7 +27,7 @@ from beam_prep.errors import ElementError, ImageError, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.write import layout, manifest
 from beam_prep.write.claim import CLAIM_NAME, claim_output, new_run_id
-from beam_prep.write.imaging import DEFAULT_MAX_PIXELS, ImageSpec
+from beam_prep.write.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.write.listing import (DEFAULT_SPLIT, VALIDATION_SPLIT, UNKNOWN_LABEL, FileEntry, check_label_name,
                                      split_for)
 from beam_prep.write.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, PrepareConfig,
@@ -147,13 +147,13 @@ class _ElementToEntryFn(beam.DoFn):
 
 
 def _finalize(listed: int, config: PrepareConfig, plan: manifest.Plan, shards: list, counts: list,
-              failures: list, hash_files: list, originals: list) -> dict[str, Any]:
+              failures: list, hash_files: list, originals: list, flat: list) -> dict[str, Any]:
     """The manifest step, under the output's claim: refuses a dataset that appeared since the
     transform was applied (unless ``overwrite``), then ``manifest.finalize``."""
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
         layout.check_output(config.output, config.overwrite, [])
         return manifest.finalize(config, dataclasses.replace(plan, listed=listed), shards, counts, failures,
-                                 hash_files, originals)
+                                 hash_files, originals, flat)
 
 
 class WriteImageDataset(beam.PTransform):
@@ -189,6 +189,7 @@ class WriteImageDataset(beam.PTransform):
         jpeg_quality: int = 90,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         no_upscale: bool = False,
+        background: str = DEFAULT_BACKGROUND,
         validation_percent: float = 0.0,
         splits: Sequence[str] | None = None,
         root: str | None = None,
@@ -204,7 +205,7 @@ class WriteImageDataset(beam.PTransform):
           output: the dataset folder, local or ``gs://``.
           labels: the label names in id order (labels.txt); an element's int label is the index.
           image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels, no_upscale,
-            compression, label_offset, labels_txt, overwrite: as the command's flags of those names.
+            background, compression, label_offset, labels_txt, overwrite: as the command's flags of those names.
           validation_percent: share of elements without a split put in ``validation``, by name hash.
           splits: the splits elements may name, in manifest order (default: train[, validation]).
           root: paths under it are named relative to it, as the command names files under ``--input``.
@@ -231,7 +232,7 @@ class WriteImageDataset(beam.PTransform):
         self._config = PrepareConfig(
             input=self._naming.root or "", output=normalised_path(output),
             spec=_checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
-                               no_upscale),
+                               no_upscale, background),
             validation_percent=validation_percent, num_shards=num_shards or 0, overwrite=overwrite,
             sink="shuffle", compression=compression,
             reads=ReadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
@@ -253,7 +254,8 @@ class WriteImageDataset(beam.PTransform):
                 | "CountElements" >> beam.combiners.Count.Globally()
                 | "Finalize" >> beam.Map(_finalize, config, plan, beam.pvalue.AsList(written.shards),
                                          beam.pvalue.AsList(written.class_counts), beam.pvalue.AsList(failures),
-                                         beam.pvalue.AsList(written.hashes), beam.pvalue.AsList(written.originals)))
+                                         beam.pvalue.AsList(written.hashes), beam.pvalue.AsList(written.originals),
+                                         beam.pvalue.AsList(written.flat)))
 
 
 def _clear_output(output: str, overwrite: bool, run_id: str) -> None:
@@ -300,8 +302,9 @@ def _checked_splits(splits: Sequence[str] | None, validation_percent: float) -> 
 
 
 def _checked_spec(image_size: int | tuple[int, int] | str | None, resize_mode: str, channels: int,
-                  image_format: str, jpeg_quality: int, max_pixels: int, no_upscale: bool) -> ImageSpec:
+                  image_format: str, jpeg_quality: int, max_pixels: int, no_upscale: bool,
+                  background: str) -> ImageSpec:
     if isinstance(image_size, tuple):
         image_size = "x".join(str(side) for side in image_size)
     return image_spec(None if image_size is None else str(image_size), resize_mode, channels, image_format,
-                      jpeg_quality, max_pixels, prefix="", no_upscale=no_upscale)
+                      jpeg_quality, max_pixels, prefix="", no_upscale=no_upscale, background=background)

@@ -22,14 +22,16 @@ from beam_prep.write.walk import printable
 
 
 class Outcome(NamedTuple):
-    """Exactly one of ``example`` and ``failure`` is set; ``original`` as ``EncodedImage.original``;
-    ``sha256`` (hex, of the source file's bytes) with ``example``, for the duplicates report."""
+    """Exactly one of ``example`` and ``failure`` is set; ``original`` and ``flat`` as
+    ``EncodedImage``'s; ``sha256`` (hex, of the source file's bytes) with ``example``, for the
+    duplicates report."""
 
     example: bytes | None
     failure: dict[str, Any] | None
     bytes_in: int
     original: str | None = None
     sha256: str | None = None
+    flat: bool = False
 
 
 class FileReader:
@@ -114,4 +116,4 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         filename=entry.relpath,
         sha256=sha256,
     )
-    return Outcome(encode_example(record), None, len(data), image.original, sha256)
+    return Outcome(encode_example(record), None, len(data), image.original, sha256, image.flat)

@@ -35,8 +35,9 @@ __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
-# Bumped whenever a run folder's files change meaning (2: a shard's originals counts and hash file).
-RUN_FORMAT = 2
+# Bumped whenever a run folder's files change meaning (2: a shard's originals counts and hash file;
+# 3: its records of one flat colour, and --background).
+RUN_FORMAT = 3
 _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads"})
@@ -125,6 +126,8 @@ class ShardRecord:
     class_counts: dict[str, int]
     failures: list[dict[str, Any]]
     originals: dict[str, int]  # --image_format original: KEPT or a re-encode reason -> records
+    # Records of one flat colour (``flat.FlatImages.to_json``); absent from older runs' records.
+    flat: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def done_name(shard: str) -> str:

@@ -28,8 +28,9 @@ from apache_beam.pvalue import PCollection
 from beam_prep.io.storage import join
 from beam_prep.io.tfrecord import count_records
 from beam_prep.write import layout
-from beam_prep.write.dofns import (COUNTS, FAILED, NAMESPACE, ORIGINALS, Counters, ImageToExampleFn, ParseEntryFn,
-                                   SinkConfig, WriteShardFn)
+from beam_prep.write.dofns import (COUNTS, FAILED, FLAT, NAMESPACE, ORIGINALS, Counters, ImageToExampleFn,
+                                   ParseEntryFn, SinkConfig, WriteShardFn)
+from beam_prep.write.flat import FlatImagesFn
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.readahead import ReadConfig
 
@@ -49,6 +50,8 @@ class SinkResult(NamedTuple):
         reason (``--image_format original``; empty otherwise).
       hashes: the path of each hash file written (``duplicates.hash_line``: one
         line per record), for the duplicates report.
+      flat: ``flat.FlatImages``, the records of one flat colour, one or more
+        parts that together count each such record once.
     """
 
     shards: PCollection
@@ -56,6 +59,7 @@ class SinkResult(NamedTuple):
     failures: PCollection
     originals: PCollection
     hashes: PCollection
+    flat: PCollection
 
 
 class _ShardSink(beam.PTransform):
@@ -93,18 +97,19 @@ class WriteShardsStreaming(_ShardSink):
     """
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> SinkResult:
-        shards, counts, failed, originals = [], [], [], []
+        shards, counts, failed, originals, flat = [], [], [], [], []
         for split, count in self._config.num_shards.items():
             results = (
                 pbegin
                 | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
                 | f"Reshuffle[{split}]" >> beam.Reshuffle()
                 | f"WriteShards[{split}]" >> beam.ParDo(WriteShardFn(self._config, split)).with_outputs(
-                    FAILED, COUNTS, ORIGINALS, main="shards"))
+                    FAILED, COUNTS, ORIGINALS, FLAT, main="shards"))
             shards.append(results.shards)
             counts.append(results[COUNTS])
             failed.append(results[FAILED])
             originals.append(results[ORIGINALS])
+            flat.append(results[FLAT])
         all_shards = tuple(shards) | "AllShards" >> beam.Flatten()
         return SinkResult(
             shards=all_shards,
@@ -113,7 +118,8 @@ class WriteShardsStreaming(_ShardSink):
             originals=(tuple(originals) | "AllOriginals" >> beam.Flatten()
                        | "SumOriginals" >> beam.CombinePerKey(sum)),
             hashes=all_shards | "HashFiles" >> beam.Map(
-                lambda row, work=self._config.work: join(work, layout.hashes_name(row[1]))))
+                lambda row, work=self._config.work: join(work, layout.hashes_name(row[1]))),
+            flat=tuple(flat) | "AllFlat" >> beam.Flatten())
 
 
 class WriteEntriesShuffle(_ShardSink):
@@ -135,7 +141,7 @@ class WriteEntriesShuffle(_ShardSink):
             | "Reshuffle" >> beam.Reshuffle()
             | "ImageToExample" >> beam.ParDo(
                 ImageToExampleFn(config.spec, config.reads, config.progress_folder)).with_outputs(
-                    FAILED, main="records"))
+                    FAILED, FLAT, main="records"))
         records = results.records
         counts = (records
                   | "KeyByLabel" >> beam.Map(lambda r: ((r[0], r[1]), 1))
@@ -172,7 +178,8 @@ class WriteEntriesShuffle(_ShardSink):
                           class_counts=counts,
                           failures=results[FAILED],
                           originals=originals,
-                          hashes=hashes)
+                          hashes=hashes,
+                          flat=results[FLAT] | "GatherFlat" >> beam.CombineGlobally(FlatImagesFn()))
 
 
 class WriteShardsShuffle(_ShardSink):

@@ -285,3 +285,31 @@ def test_uncompressed_raw_output_stores_exact_pixels(tmp_path):
             pixels = np.frombuffer(r["image/encoded"], np.uint8).reshape(HEIGHT, WIDTH, 3)
             source = np.asarray(Image.open(tree / r["image/filename"].decode()).convert("RGB"))
             np.testing.assert_array_equal(pixels, source)
+
+
+@pytest.mark.parametrize("sink", ["streaming", "shuffle"])
+def test_transparency_takes_the_background_and_flat_records_are_counted(tmp_path, sink):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"photos": 4})
+    (tree / "blank").mkdir()
+    for i in range(3):  # wholly transparent: nothing but the background shows
+        Image.new("RGBA", (40, 30), (255, 0, 0, 0)).save(tree / "blank" / f"clear{i}.png")
+    result = run_prepare("--input", str(tree), "--output", str(out), "--sink", sink, "--background", "rgb(32,64,96)")
+    assert result.returncode == 0, result.stderr
+    records = {r["image/filename"].decode(): r for r in read_split(out, "train")}
+    for i in range(3):
+        pixels = np.asarray(Image.open(io.BytesIO(records[f"blank/clear{i}.png"]["image/encoded"])), int)
+        assert np.abs(pixels - (32, 64, 96)).max() <= 2  # the background, through JPEG
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["background"] == "#204060"
+    assert manifest["flat_images"] == {"count": 3, "examples": [f"blank/clear{i}.png" for i in range(3)]}
+    assert "one flat colour: 3 (written all the same; e.g. blank/clear0.png" in result.stdout
+    assert "warning: 3 of 7 records show one flat colour" in result.stderr  # many: over 1% of them
+
+
+def test_a_bad_background_is_refused_before_any_work(tmp_path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"a": 2})
+    bad = run_prepare("--input", str(tree), "--output", str(out), "--background", "transparent-ish")
+    assert bad.returncode == 2 and "--background 'transparent-ish' is not a colour" in bad.stderr
+    assert not out.exists()
