@@ -20,3 +20,19 @@ def repo() -> pathlib.Path:
 def _children_keep_temp_files_here(tmp_path_factory, monkeypatch):
     """Child processes write temp files (a failed or killed job's log) in the test's own folder."""
     monkeypatch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))
+
+
+@pytest.fixture(scope="session")
+def pillow_images():
+    """Pillow's own test images (``real_images``): downloaded once, then from the cache.
+
+    No registry and no cache is a failure, not a skip: CI has the registry, and a
+    skipped differential test looks like a passed one.
+    """
+    from real_images import CorpusUnavailable, pillow_corpus
+
+    try:
+        return pillow_corpus()
+    except CorpusUnavailable as e:
+        why = str(e)
+    pytest.fail(why, pytrace=False)
