@@ -388,6 +388,8 @@ def _convert(img: Image.Image, spec: ImageSpec) -> Image.Image:
         canvas = Image.new("RGB", img.size, spec.background_rgb)
         canvas.paste(img.convert("RGB"), mask=alpha)
         img = canvas
+    if img.mode not in ("L", "RGB"):
+        img = img.convert("RGB")  # Pillow turns some modes (LAB, HSV) into RGB only
     return img if img.mode == spec.mode else img.convert(spec.mode)
 
 
