@@ -15,7 +15,8 @@ from beam_prep.cli.joblog import JobLog, is_job_failure, new_log_path, root_caus
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.write.listing import split_for
-from helpers import REPO, child, make_tree, run_prepare
+from beam_prep.tools.sample import picture
+from helpers import REPO, child, encode, make_tree, run_prepare
 from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
@@ -320,3 +321,47 @@ def test_a_percent_below_one_warns_with_the_images_it_gives_and_no_shard_is_empt
     assert {name: (s["num_examples"], len(s["shards"])) for name, s in splits.items()} == \
         {"train": (39, 2), "validation": (1, 1)}
     assert "  validation: 1 example in 1 shard" in result.stdout.splitlines()
+
+
+# A slip: originals with a fixed-size mode keep only the JPEGs already that size.
+
+def originals_warning(mode: str, size: str) -> str:
+    return (f"warning: --image_format original with --resize_mode {mode} keeps only the JPEGs already exactly "
+            f"{size} as they are, and re-encodes every other image at that size: --resize_mode none, or "
+            "--resize_mode shorter_side --no_upscale, keeps the rest\n")
+
+
+@pytest.mark.parametrize("mode", ["center_crop", "stretch", "pad"])
+def test_originals_with_a_fixed_size_mode_warn_before_any_work(tree, tmp_path, tmpdir_env, mode):
+    """Said before the output is even looked at: a run refused there still shows it, first."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    refused = run_prepare("--input", str(tree), "--output", str(out), "--image_format", "original",
+                          "--resize_mode", mode, "--image_size", "48x64", env=tmpdir_env)
+    assert refused.returncode == 2
+    assert refused.stderr == originals_warning(mode, "48x64") + (
+        f"error: --output {out} already holds a dataset (1 files); pass --overwrite to replace it\n")
+
+
+@pytest.mark.parametrize("flags", [("--resize_mode", "none"),
+                                   ("--resize_mode", "shorter_side", "--no_upscale"),
+                                   ("--image_format", "jpeg")])
+def test_originals_that_keep_their_size_or_no_originals_say_nothing(tree, tmp_path, tmpdir_env, flags):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    image_format = () if "--image_format" in flags else ("--image_format", "original")
+    refused = run_prepare("--input", str(tree), "--output", str(out), *image_format, *flags, env=tmpdir_env)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ") and "warning" not in refused.stderr, refused.stderr
+
+
+def test_the_originals_warning_is_printed_once_on_a_whole_run(tmp_path, tmpdir_env):
+    make_tree(tmp_path / "in", {"a": 2, "b": 2}, size=(64, 48))
+    (tmp_path / "in" / "a" / "other.jpg").write_bytes(encode(picture(9, 32, 24)))
+    result = run_prepare("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                         "--image_format", "original", "--image_size", "48x64", env=tmpdir_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == originals_warning("center_crop", "48x64")
+    assert "  originals kept byte for byte: 4" in result.stdout.splitlines()
