@@ -393,7 +393,8 @@ def test_inspect_reads_a_gs_output_as_it_reads_a_local_one(gcs_server, capsys, t
     _, out, _ = inspect(capsys, output, "--json")
     local = json.loads(out)
     assert remote["path"] == url and remote["errors_file"] == f"{url}/errors.jsonl"
-    for key in ("path", "errors_file"):
+    assert remote["skipped_file"] == f"{url}/skipped.jsonl" and remote["skipped_examples"]
+    for key in ("path", "errors_file", "skipped_file"):
         del remote[key], local[key]
     assert remote == local
     expected = contact_sheet.make_contact_sheet(load_info(str(output)), "train", per_class=2)
