@@ -185,7 +185,7 @@ def summarize(path: str) -> Summary:
     errors_file = join(info.root, ERRORS)
     failures = _failure_groups(errors_file)
     skipped_file = join(info.root, SKIPPED)
-    skipped_examples = _skipped_examples(skipped_file)
+    skipped_examples = _skipped_examples(skipped_file, manifest.get("skipped_by_reason", {}))
     return Summary(
         root=info.root, info=info, splits=splits, classes=classes,
         imbalance=Imbalance.of(totals),
@@ -271,15 +271,22 @@ def _failure_groups(errors_file: str) -> list[FailureGroup] | None:
             for (stage, reason), (n, example_path, message) in ordered]
 
 
-def _skipped_examples(skipped_file: str) -> dict[str, tuple[str, ...]] | None:
+def _skipped_examples(skipped_file: str, counts: Mapping[str, int]) -> dict[str, tuple[str, ...]] | None:
     """The first few relative paths of each reason in skipped.jsonl (sorted by path, so the
-    first by name); None if there is no such file, as in datasets from versions before it."""
+    first by name); None if there is no such file, as in datasets from versions before it.
+
+    Read only until each reason the manifest counts (``counts``) has its examples: a tree
+    of annotations beside its images may skip millions of files.
+    """
     import tensorflow as tf
 
     examples: dict[str, list[str]] = {}
+    missing = sum(min(int(n), SKIPPED_EXAMPLES) for n in counts.values())
     try:
         with tf.io.gfile.GFile(skipped_file, "r") as f:
             for number, line in enumerate(f, 1):
+                if missing <= 0:
+                    break
                 if not line.strip():
                     continue
                 try:
@@ -290,6 +297,7 @@ def _skipped_examples(skipped_file: str) -> dict[str, tuple[str, ...]] | None:
                 shown = examples.setdefault(reason, [])
                 if len(shown) < SKIPPED_EXAMPLES:
                     shown.append(relpath)
+                    missing -= reason in counts
     except tf.errors.NotFoundError:
         return None
     except tf.errors.OpError as e:

@@ -119,8 +119,8 @@ def test_table_names_skipped_files_by_reason_and_where_the_rest_are(capsys, outp
 
 
 def test_skipped_examples_are_the_first_few_of_each_reason(capsys, tmp_path, output):
-    """Counts from the manifest, examples from skipped.jsonl (first by path); a dataset from before
-    skipped.jsonl shows the counts alone."""
+    """Counts from the manifest, examples from skipped.jsonl (first by path, read no further than
+    they need); a dataset from before skipped.jsonl shows the counts alone."""
     copy = shutil.copytree(output, tmp_path / "out")
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["counts"]["skipped"] = 6
@@ -129,7 +129,7 @@ def test_skipped_examples_are_the_first_few_of_each_reason(capsys, tmp_path, out
     rows = [("a/.DS_Store", "hidden or system file")] + [(f"cat/n{i}.txt", "not an image file") for i in range(5)]
     (copy / "skipped.jsonl").write_text("".join(
         json.dumps({"path": f"/in/{relpath}", "relpath": relpath, "reason": reason}) + "\n"
-        for relpath, reason in rows))
+        for relpath, reason in rows) + "not read: the examples are found by then\n")
     _, out, _ = inspect(capsys, copy)
     assert "  skipped, hidden or system file: 1, e.g. a/.DS_Store\n" \
            "  skipped, not an image file: 5, e.g. cat/n0.txt, cat/n1.txt, cat/n2.txt and 2 more\n" \
