@@ -19,7 +19,7 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       (``benchmarks/handwritten_writer.py``: Pool + Pillow + TFRecordWriter);
   (h) img2dataset, when installed (``pip install -e '.[peers]'``);
   (c′) with ``--accelerated DIR``: (c) with the pillow-simd that
-      ``.ci/build-pillow-simd --target DIR`` built first on the path (the opt-in
+      ``bash .ci/build-pillow-simd DIR`` built first on the path (the opt-in
       accelerator, README *Faster resizing*), checked in its manifest.
 
 Every run reports images/s, CPU ms per image (user + system of its whole
@@ -363,14 +363,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--accelerated", type=pathlib.Path, metavar="DIR",
-        help="also run (c′): (c) with the pillow-simd built by `.ci/build-pillow-simd --target DIR` "
+        help="also run (c′): (c) with the pillow-simd built by `bash .ci/build-pillow-simd DIR` "
              "(.ci/run builds one in .ci/pillow-simd)",
     )
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
     if args.accelerated is not None and not (args.accelerated / "PIL").is_dir():
         parser.error(f"--accelerated {args.accelerated} holds no PIL package: build pillow-simd there with "
-                     f".ci/build-pillow-simd --target {args.accelerated}")
+                     f"bash .ci/build-pillow-simd {args.accelerated}")
     # Not a default on the argument: action="extend" would add to it.
     args.images = sorted(set(args.images or [DEFAULT_IMAGES]))
     if args.images[0] < 1 or args.sample < 1 or args.repeat < 1:

@@ -71,7 +71,7 @@ def summary(result: RunResult) -> str:
     for stage, n in m["failed_by_stage"].items():
         lines.append(f"  failed at {stage}: {n:,} (see errors.jsonl)")
     for reason, n in m.get("skipped_by_reason", {}).items():
-        lines.append(f"  skipped, {reason}: {n:,}")
+        lines.append(f"  skipped, {reason}: {n:,} (see skipped.jsonl)")
     lines += originals_lines(m.get("originals"))
     lines += flat_lines(m.get("flat_images"))
     copies = m.get("duplicates", {})

@@ -1,19 +1,28 @@
 """The Dataflow worker image: same Beam and Python as setup.py, and the project installs from its context.
 
-No Docker engine runs here, so the test checks what the build would rely on.
+No Docker engine runs here, so the tests do what the build would: the image's
+working folder is made from the context as the Dockerfile's COPY lines copy it,
+minus what .dockerignore leaves out; the project is installed from it as its
+RUN line installs it; and every ``python -c`` check of its RUN lines is run there.
 """
 from __future__ import annotations
 
 import ast
+import os
+import pathlib
 import re
-import shutil
+import shlex
 import subprocess
 import sys
 import zipfile
 
+import pytest
 from packaging.specifiers import SpecifierSet
 
 from helpers import REPO
+
+# Where tests/write/test_accelerated.py finds the pillow-simd that .ci/run builds.
+SIMD_TARGET = REPO / ".ci" / "pillow-simd"
 
 
 def setup_kwargs() -> dict:
@@ -47,23 +56,87 @@ def test_beams_boot_entrypoint_is_kept():
     assert not re.search(r"^\s*(ENTRYPOINT|CMD)\b", dockerfile(), re.M)
 
 
-def test_the_project_installs_from_the_copied_context(tmp_path):
-    context = tmp_path / "context"
-    context.mkdir()
-    for line in dockerfile().splitlines():
-        if line.startswith("COPY "):
-            *sources, _ = line.split()[1:]
-            for source in sources:
-                target = context / source
+# --- the build, without Docker ---------------------------------------------------
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """The Dockerfile's instructions as (NAME, arguments): continuation lines joined, comments dropped."""
+    found, current = [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or (not current and not line.strip()):
+            continue
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        name, _, arguments = (current + line).strip().partition(" ")
+        found.append((name.upper(), arguments.strip()))
+        current = ""
+    return found
+
+
+def _ignore_rule(pattern: str) -> tuple[re.Pattern, bool]:
+    """A .dockerignore line as (regex over a relative path, whether it re-includes): ``*`` and
+    ``?`` stay within a path segment, ``**`` spans any number of them."""
+    included = pattern.startswith("!")
+    parts = []
+    for token in re.split(r"(\*\*/|\*\*|\*|\?)", os.path.normpath(pattern.lstrip("!").strip()).lstrip("/")):
+        parts.append({"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}.get(token, re.escape(token)))
+    return re.compile("".join(parts)), included
+
+
+def ignored(relpath: str, rules: list[tuple[re.Pattern, bool]]) -> bool:
+    """Whether the build context leaves ``relpath`` out: as Docker decides, the last rule that
+    matches the path or a folder above it wins."""
+    folders = relpath.split("/")
+    candidates = ["/".join(folders[:i]) for i in range(1, len(folders) + 1)]
+    left_out = False
+    for regex, included in rules:
+        if any(regex.fullmatch(c) for c in candidates):
+            left_out = not included
+    return left_out
+
+
+def build_workdir(folder: pathlib.Path) -> pathlib.Path:
+    """The image's WORKDIR, made in ``folder`` as the COPY lines make it from the context.
+
+    A COPY source that .dockerignore leaves out is not in the context, and the
+    build fails on it: so does this, naming it.
+    """
+    rules = [_ignore_rule(line) for line in (REPO / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    workdir = folder
+    for name, arguments in instructions(dockerfile()):
+        if name == "WORKDIR":
+            workdir = folder / arguments.lstrip("/")
+        if name != "COPY":
+            continue
+        *sources, destination = arguments.split()
+        for source in sources:
+            origin = REPO / source
+            if origin.is_dir():  # its contents go into the destination folder
+                copies = [(path, workdir / destination / path.relative_to(origin))
+                          for path in sorted(origin.rglob("*")) if path.is_file()]
+            else:  # into the destination folder, or named by the destination
+                into = destination.endswith("/") or len(sources) > 1
+                copies = [(origin, workdir / destination / origin.name if into else workdir / destination)]
+            copies = [(path, target) for path, target in copies
+                      if not ignored(path.relative_to(REPO).as_posix(), rules)]
+            assert copies, f"COPY {source}: not in the build context (.dockerignore leaves it out)"
+            for path, target in copies:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                if (REPO / source).is_dir():
-                    shutil.copytree(REPO / source, target,
-                                    ignore=shutil.ignore_patterns("__pycache__"))
-                else:
-                    shutil.copy(REPO / source, target)
+                target.write_bytes(path.read_bytes())
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> pathlib.Path:
+    return build_workdir(tmp_path_factory.mktemp("image"))
+
+
+def test_the_project_installs_from_the_copied_context(workdir, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-         str(tmp_path / "wheels"), str(context)], capture_output=True, text=True, timeout=300)
+         str(tmp_path / "wheels"), str(workdir)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     (wheel,) = (tmp_path / "wheels").glob("beam_prep-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -82,3 +155,67 @@ def test_the_workers_get_pillow_simd_built_by_the_script_ci_tests():
     assert "imaging.library().startswith('pillow-simd')" in text
     script = (REPO / ".ci" / "build-pillow-simd").read_text()
     assert re.search(r'PILLOW_SIMD="pillow-simd==[\d.]+\w*"', script)
+
+
+def python_checks(text: str) -> list[tuple[str, bool]]:
+    """Every ``python -c CODE`` of the RUN lines, with whether its RUN line builds pillow-simd."""
+    checks = []
+    for name, arguments in instructions(text):
+        if name != "RUN":
+            continue
+        words = shlex.split(arguments)
+        checks += [(words[i + 2], "build-pillow-simd" in arguments) for i, word in enumerate(words[:-2])
+                   if word in ("python", "python3") and words[i + 1] == "-c"]
+    return checks
+
+
+def imports_of(code: str) -> str:
+    """``code``'s import statements alone: what a check needs importable, without what it asserts."""
+    return "\n".join(ast.unparse(node) for node in ast.walk(ast.parse(code))
+                     if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+# Appended to each check: the project's modules it imported are the image's, never this checkout's
+# (an editable install of it in the running environment would otherwise do).
+_FROM_THE_IMAGE = """
+import sys
+for name in ("beam_prep", "pipelines"):
+    module = sys.modules.get(name)
+    assert module is None or module.__file__.startswith(tuple(sys.argv[1:])), (name, module.__file__)
+"""
+
+
+def test_every_python_check_of_the_dockerfile_passes_where_the_image_runs_it(workdir, tmp_path):
+    """Each check runs as its RUN line runs it: ``python -c`` in the image's working folder, the
+    project installed from it (``pip install .``, here into a folder on PYTHONPATH, in place of
+    site-packages) and its dependencies the running environment's; the repository is on no path.
+
+    A check on a RUN line that builds pillow-simd runs with the pillow-simd that .ci/run builds
+    (``.ci/pillow-simd``, first on the path, as the image has it in place of Pillow). Where none
+    is built, that check's imports still run, so a module it names that moved fails here, and
+    only its assertion about the Pillow build is left to CI, which requires the build
+    (``BEAM_PREP_REQUIRE_PILLOW_SIMD``, as tests/write/test_accelerated.py does).
+    """
+    site = tmp_path / "site-packages"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
+         str(site), "."], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr
+    simd_built = (SIMD_TARGET / "PIL").is_dir()
+    if not simd_built and os.environ.get("BEAM_PREP_REQUIRE_PILLOW_SIMD"):
+        pytest.fail(f"pillow-simd is not built in {SIMD_TARGET.relative_to(REPO)} (.ci/run builds it)")
+    checks = python_checks(dockerfile())
+    assert len(checks) >= 2, checks  # the install's and the pillow-simd build's
+    failed = []
+    for code, needs_simd in checks:
+        path = [str(site)]
+        if needs_simd and simd_built:
+            path.insert(0, str(SIMD_TARGET))
+        elif needs_simd:
+            code = imports_of(code)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+        result = subprocess.run([sys.executable, "-c", code + _FROM_THE_IMAGE, f"{workdir}/", f"{site}/"],
+                                cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            failed.append(f"{code}\n{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}")
+    assert not failed, "\n\n".join(failed)

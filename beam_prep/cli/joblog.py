@@ -6,7 +6,9 @@ to the stderr they inherit, and the launcher's own exception carries them all
 again as text. The cause, e.g. a shard that cannot be written, is one line among
 them. While a job runs, ``JobLog`` sends all of that to a file and lets only
 beam-prep's own records through to the console; ``root_cause`` finds the line
-worth showing.
+worth showing. A run that succeeds leaves no log behind, unless Beam warned of
+something: Pillow's records about the images it was given (a TIFF's bad tags)
+are in the file but count for nothing, as each such image is in errors.jsonl.
 """
 from __future__ import annotations
 
@@ -22,12 +24,15 @@ from types import TracebackType
 from typing import TextIO
 
 from beam_prep.errors import BeamPrepError
+from beam_prep.write.beam_compat import worker_log_location
 
 # Beam appends the step to an exception raised in a DoFn; the message ends there.
 _STEP_SUFFIX = re.compile(r"\s*\[while running '.*$")
 # A traceback's "<ExceptionType>: <message>" line: starts at column 0, no space in the type.
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*\S)")
 _TRACEBACK = "Traceback (most recent call last):"
+# A module of Pillow's, by its file: a worker's relayed record names no logger, only its place.
+_PILLOW_MODULE = re.compile(r"[/\\]PIL[/\\][^/\\]+\.py:\d+$")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -109,6 +114,15 @@ def _from_beam_prep(record: logging.LogRecord) -> bool:
     return record.name == "beam_prep" or record.name.startswith("beam_prep.")
 
 
+def _from_pillow(record: logging.LogRecord) -> bool:
+    """Pillow's own record, logged in this process or relayed from a worker: about one image
+    (``More samples per pixel than can be decoded``), whose failure errors.jsonl reports."""
+    if record.name == "PIL" or record.name.startswith("PIL."):
+        return True
+    location = worker_log_location(record)
+    return location is not None and _PILLOW_MODULE.search(location) is not None
+
+
 class _LogFileHandler(logging.StreamHandler):
     """Writes records to the log; a write that fails (disk full) is noted, never printed."""
 
@@ -118,7 +132,7 @@ class _LogFileHandler(logging.StreamHandler):
         self.hidden_warnings = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING and not _from_beam_prep(record):
+        if record.levelno >= logging.WARNING and not (_from_beam_prep(record) or _from_pillow(record)):
             self.hidden_warnings += 1
         super().emit(record)
 
@@ -140,7 +154,7 @@ class JobLog:
     ``console_format``; its INFO records stay in the file.
 
     The file is removed on leaving unless a failure was recorded or something
-    other than beam-prep logged a warning (``kept`` says whether).
+    other than beam-prep or Pillow logged a warning (``kept`` says whether).
     """
 
     def __init__(self, path: str, console_format: logging.Formatter):
@@ -185,7 +199,7 @@ class JobLog:
 
     @property
     def hidden_warnings(self) -> int:
-        """Warnings and errors logged by others than beam-prep: in the file only."""
+        """Warnings and errors logged by others than beam-prep and Pillow: in the file only."""
         return self._file_handler.hidden_warnings
 
     @property

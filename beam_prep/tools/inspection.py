@@ -58,6 +58,8 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "failed_by_stage": dict(summary.failed_by_stage),
         "failures": [dataclasses.asdict(g) for g in summary.failures],
         "errors_file": summary.errors_file,
+        "skipped_examples": {reason: list(paths) for reason, paths in summary.skipped_examples.items()},
+        "skipped_file": summary.skipped_file,
         "duplicates": dict(summary.duplicates) if summary.duplicates is not None else None,
         "originals": dict(summary.originals) if summary.originals is not None else None,
         "flat_images": dict(summary.flat_images) if summary.flat_images is not None else None,
@@ -147,7 +149,7 @@ def _counts_section(summary: Summary) -> list[str]:
     c = summary.counts
     out = [f"files: {_number(c.get('listed'))} listed, {_number(c.get('written'))} written, "
            f"{_number(c.get('failed'))} failed, {_number(c.get('skipped'))} skipped"]
-    out += [f"  skipped, {reason}: {n:,}" for reason, n in summary.skipped_by_reason.items()]
+    out += _skipped_lines(summary)
     out += originals_lines(summary.originals)
     out += flat_lines(summary.flat_images)
     if summary.failures:
@@ -166,6 +168,18 @@ def flat_lines(flat: Mapping[str, Any] | None) -> list[str]:
     if not flat or not flat.get("count"):
         return []
     return [f"  one flat colour: {flat['count']:,} (written all the same; e.g. {', '.join(flat['examples'])})"]
+
+
+def _skipped_lines(summary: Summary) -> list[str]:
+    """Skipped files by reason, each with its first few (skipped.jsonl), and where the rest are."""
+    out = []
+    for reason, n in summary.skipped_by_reason.items():
+        shown = summary.skipped_examples.get(reason, ())
+        more = f" and {n - len(shown):,} more" if shown and n > len(shown) else ""
+        out.append(f"  skipped, {reason}: {n:,}" + (f", e.g. {', '.join(shown)}{more}" if shown else ""))
+    if summary.skipped_by_reason and summary.skipped_file is not None:
+        out.append(f"  every skipped file, with its reason: {summary.skipped_file}")
+    return out
 
 
 def originals_lines(originals: Mapping[str, Any] | None) -> list[str]:

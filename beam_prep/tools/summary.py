@@ -4,8 +4,9 @@
 finished run leaves: the manifest (read with the reader's own
 :func:`~beam_prep.reader.sources.read_manifest`, so inspection checks it the
 way training will), each shard file's size (one ``stat`` per shard, run
-concurrently because on ``gs://`` each is a round trip), and ``errors.jsonl``,
-whose failures are grouped by stage and reason. ``inspection`` turns it into
+concurrently because on ``gs://`` each is a round trip), ``errors.jsonl``,
+whose failures are grouped by stage and reason, and ``skipped.jsonl``, a few
+of whose files are kept per reason as examples. ``inspection`` turns it into
 the table ``beam-prep inspect`` prints, and into what ``--json`` prints.
 
 Everything goes through ``tf.io.gfile``, as the reader does, so local and
@@ -27,7 +28,7 @@ from typing import Any
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import is_local, join
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.layout import ERRORS
+from beam_prep.write.layout import ERRORS, SKIPPED
 
 __all__ = [
     "ClassRow",
@@ -45,6 +46,8 @@ _LOG = logging.getLogger(__name__)
 
 # Concurrent stat requests: a thousand shards on gs:// take a few seconds, not minutes.
 STAT_THREADS = 16
+# Skipped files shown per reason: enough to recognise what they are; the file has every one.
+SKIPPED_EXAMPLES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +144,9 @@ class Summary:
     duplicates: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
     originals: Mapping[str, Any] | None = None  # the manifest's, with --image_format original only
     flat_images: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
+    # From skipped.jsonl: reason -> the first SKIPPED_EXAMPLES relative paths, by path.
+    skipped_examples: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    skipped_file: str | None = None  # None when the folder has no skipped.jsonl (versions before it)
 
     @property
     def missing_shards(self) -> tuple[str, ...]:
@@ -164,11 +170,12 @@ def open_output(path: str) -> tuple[DatasetInfo, dict[str, Any]]:
 
 
 def summarize(path: str) -> Summary:
-    """Reads ``path``'s manifest, stats its shards and groups its ``errors.jsonl``.
+    """Reads ``path``'s manifest, stats its shards, groups its ``errors.jsonl`` and takes
+    examples from its ``skipped.jsonl``.
 
     Raises:
       DatasetError: the folder or its manifest is missing or unusable; errors.jsonl
-        is not one JSON object a line.
+        or skipped.jsonl is not one JSON object a line.
       StorageError: something cannot be read (permissions, network).
     """
     info, manifest = open_output(path)
@@ -178,6 +185,8 @@ def summarize(path: str) -> Summary:
     totals = {row.name: row.total for row in classes}
     errors_file = join(info.root, ERRORS)
     failures = _failure_groups(errors_file)
+    skipped_file = join(info.root, SKIPPED)
+    skipped_examples = _skipped_examples(skipped_file, manifest.get("skipped_by_reason", {}))
     return Summary(
         root=info.root, info=info, splits=splits, classes=classes,
         imbalance=Imbalance.of(totals),
@@ -188,7 +197,9 @@ def summarize(path: str) -> Summary:
         errors_file=errors_file if failures is not None else None,
         created=manifest.get("created"), beam_prep_version=manifest.get("beam_prep_version"),
         duplicates=manifest.get("duplicates"), originals=manifest.get("originals"),
-        flat_images=manifest.get("flat_images"))
+        flat_images=manifest.get("flat_images"),
+        skipped_examples=skipped_examples or {},
+        skipped_file=skipped_file if skipped_examples is not None else None)
 
 
 def _shard_sizes(files: Sequence[str]) -> dict[str, int | None]:
@@ -260,3 +271,37 @@ def _failure_groups(errors_file: str) -> list[FailureGroup] | None:
     ordered = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     return [FailureGroup(stage, reason, n, example_path, message)
             for (stage, reason), (n, example_path, message) in ordered]
+
+
+def _skipped_examples(skipped_file: str, counts: Mapping[str, int]) -> dict[str, tuple[str, ...]] | None:
+    """The first few relative paths of each reason in skipped.jsonl (sorted by path, so the
+    first by name); None if there is no such file, as in datasets from versions before it.
+
+    Read only until each reason the manifest counts (``counts``) has its examples: a tree
+    of annotations beside its images may skip millions of files.
+    """
+    import tensorflow as tf
+
+    examples: dict[str, list[str]] = {}
+    missing = sum(min(int(n), SKIPPED_EXAMPLES) for n in counts.values())
+    try:
+        with tf.io.gfile.GFile(skipped_file, "r") as f:
+            for number, line in enumerate(f, 1):
+                if missing <= 0:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    reason, relpath = str(row["reason"]), str(row["relpath"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise DatasetError(f"{skipped_file} line {number} is not a skipped file's: {e}") from e
+                shown = examples.setdefault(reason, [])
+                if len(shown) < SKIPPED_EXAMPLES:
+                    shown.append(relpath)
+                    missing -= reason in counts
+    except tf.errors.NotFoundError:
+        return None
+    except tf.errors.OpError as e:
+        raise StorageError(f"cannot read {skipped_file}: {e.message}") from e
+    return {reason: tuple(paths) for reason, paths in examples.items()}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from typing import TYPE_CHECKING
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
@@ -21,10 +22,13 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineRunner
 
-__all__ = ["WORKER_LOG_RELAY", "BeamArgumentParser", "WorkerNoise", "add_options_arguments", "batch_fn_api_runner"]
+__all__ = ["WORKER_LOG_RELAY", "BeamArgumentParser", "WorkerNoise", "add_options_arguments", "batch_fn_api_runner",
+           "worker_log_location"]
 
 # The logger through which the local runner relays its worker processes' log records.
 WORKER_LOG_RELAY = "apache_beam.runners.portability.local_job_service"
+# The relayed record's text holds the worker's LogEntry in protobuf text form, on one line.
+_LOG_LOCATION = re.compile(r'\blog_location: "((?:[^"\\]|\\.)*)"')
 
 
 class BeamArgumentParser(_BeamArgumentParser):
@@ -74,3 +78,18 @@ class WorkerNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not any(text in message for text in self.NOISE)
+
+
+def worker_log_location(record: logging.LogRecord) -> str | None:
+    """Where in a worker's code a relayed record was logged (``/.../PIL/TiffImagePlugin.py:1508``),
+    or None for a record the runner did not relay.
+
+    The local runner's ``BeamFnLoggingServicer`` logs each worker's record as
+    ``"Worker: %s"`` of the Fn API ``LogEntry``, whose ``log_location`` is the
+    ``pathname:lineno`` of the worker's record (``FnApiLogRecordHandler``): the
+    logger's name is lost, and the location is all that says whose record it was.
+    """
+    if record.name != WORKER_LOG_RELAY:
+        return None
+    match = _LOG_LOCATION.search(record.getMessage())
+    return match.group(1) if match else None

@@ -7,8 +7,8 @@ A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
 the listings the workers read and the shards, under their final names. Only
 when every shard is complete and the counts add up does ``publish`` move the
 shards to ``OUTPUT`` (the old dataset's manifest removed first, its other files
-after), then labels.txt, errors.jsonl, duplicates.jsonl, TFDS's metadata (uncompressed datasets)
-and manifest.json are written. So a killed run leaves no partial shard among a
+after), then labels.txt, errors.jsonl, skipped.jsonl, duplicates.jsonl, TFDS's metadata
+(uncompressed datasets) and manifest.json are written. So a killed run leaves no partial shard among a
 dataset's files, an ``--overwrite`` run leaves the old dataset readable until
 the new one is complete, and no run reads or removes another run's work files.
 """
@@ -30,6 +30,8 @@ _LOG = logging.getLogger(__name__)
 
 LABELS = "labels.txt"
 ERRORS = "errors.jsonl"
+# The files the listing passed over, with why: in the run's folder from the launcher, then the dataset's.
+SKIPPED = "skipped.jsonl"
 DUPLICATES = "duplicates.jsonl"
 # In a run's folder: each written record's source hash (duplicates.hash_line), a file per
 # shard (streaming sink) or Beam's WriteToText shards of this prefix (shuffle sink).
@@ -51,7 +53,7 @@ def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> 
 _SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count:0{n}d}}")
 _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
 _SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values())
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS)
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS)
 
 
 def is_shard_name(name: str) -> bool:
@@ -158,7 +160,7 @@ def publish(output: str, run_id: str, shard_names: list[str]) -> None:
         _filesystems().rename(sources, targets)
     except Exception as e:  # noqa: BLE001
         raise storage_error("move shards to", output, e) from e
-    rewritten = {old_manifest, join(output, LABELS), join(output, ERRORS), join(output, DUPLICATES)}
+    rewritten = {old_manifest, *(join(output, name) for name in (LABELS, ERRORS, SKIPPED, DUPLICATES))}
     delete(sorted(old - set(targets) - rewritten), f"the old dataset in {output}")
 
 

@@ -25,7 +25,7 @@ from beam_prep import wording
 from beam_prep.errors import OptionsError
 from beam_prep.io.storage import join
 from beam_prep.write.imaging import is_image_name
-from beam_prep.write.spill import RowFile, SortedSpill, SpillFolder
+from beam_prep.write.spill import RowFile, SortedRows, SortedSpill, SpillFolder
 from beam_prep.write.walk import printable, raw_name, walk_tree
 
 _LOG = logging.getLogger(__name__)
@@ -137,10 +137,14 @@ class Listing:
         for _, relpath, split, label, size in self._files:
             yield FileEntry(f"{root}/{relpath}", relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
 
+    def skipped_rows(self) -> Iterator[tuple[str, str]]:
+        """Every skipped file as (printable relative path, why), sorted by path, read back from disk."""
+        return iter(self._skips.rows)
+
     @property
     def skipped(self) -> dict[str, str]:
-        """Printable relative path -> why it was skipped, sorted by path; read from disk, for small trees."""
-        return dict(sorted(self._skips.rows))
+        """``skipped_rows`` as a dict, in memory: for small trees."""
+        return dict(self.skipped_rows())
 
     def skipped_by_reason(self) -> dict[str, int]:
         return dict(sorted(self._skips.by_reason.items()))
@@ -164,9 +168,9 @@ class Listing:
 
 
 class _Skips:
-    """Skipped files: counted by reason in memory, their paths on disk."""
+    """Skipped files: counted by reason in memory, their paths on disk, read back sorted."""
 
-    def __init__(self, rows: RowFile) -> None:
+    def __init__(self, rows: SortedRows) -> None:
         self.rows = rows
         self.by_reason: collections.Counter[str] = collections.Counter()
         self.example: dict[str, str] = {}  # reason -> its first path by name
@@ -240,7 +244,7 @@ def list_tree(
 def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
           label_offset: int) -> Listing:
     """``list_tree`` in two passes over disk, since the split layout is known only once every file is seen."""
-    skips = _Skips(RowFile(folder.file("skipped")))
+    skips = _Skips(SortedRows(folder, "skipped"))
     images, split_layout = _first_pass(root, folder, validation_percent, skips)
 
     depth = 3 if split_layout else 2

@@ -18,7 +18,7 @@ from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, labels_lines,
                                      parse_manifest)
 from beam_prep.model.features import SCHEMA
-from beam_prep.write import duplicates, imaging, layout
+from beam_prep.write import duplicates, imaging, layout, skipped
 from beam_prep.write.flat import FlatImages
 from beam_prep.write.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.write.options import PrepareConfig
@@ -158,14 +158,18 @@ def finalize(
 ) -> dict[str, Any]:
     """Completes the dataset: checks the counts, finds the duplicates among the records
     (``hash_files``: the sinks' ``SinkResult.hashes``), publishes the shards, writes
-    errors.jsonl, duplicates.jsonl, labels.txt, TFDS's metadata where TFDS can read the
-    shards, then the manifest, then removes the run's folder. ``originals``, ``flat``: as ``build``'s."""
+    errors.jsonl, skipped.jsonl (from the run's folder), duplicates.jsonl, labels.txt,
+    TFDS's metadata where TFDS can read the shards, then the manifest, then removes the
+    run's folder. ``originals``, ``flat``: as ``build``'s."""
+    work = layout.run_folder(config.output, plan.run_id)
     found = duplicates.find(sorted(hash_files), plan.listed)
     try:
         manifest = build(config, plan, shards, counts, failures, originals, found.to_json(), flat)
+        skipped.check(work, plan.skipped)
         layout.publish(config.output, plan.run_id,
                        [name for split in manifest["splits"].values() for name in split["shards"]])
         write_lines(join(config.output, layout.ERRORS), error_lines(failures))
+        skipped.publish(work, config.output, plan.skipped)
         duplicates.copy_lines(found, join(config.output, layout.DUPLICATES))
     finally:
         found.close()

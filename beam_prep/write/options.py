@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from beam_prep.errors import OptionsError
+from beam_prep.errors import BeamPrepWarning, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.dataset import COMPRESSIONS
 from beam_prep.write.imaging import (DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES,
@@ -218,11 +219,26 @@ def image_spec(image_size: str | None, resize_mode: str, channels: int, image_fo
     """
     height, width = parse_image_size(image_size, resize_mode)
     try:
-        return ImageSpec(height=height, width=width, channels=channels, resize_mode=resize_mode,
+        spec = ImageSpec(height=height, width=width, channels=channels, resize_mode=resize_mode,
                          image_format=image_format, jpeg_quality=jpeg_quality, max_pixels=max_pixels,
                          no_upscale=no_upscale, background=parse_colour(background))
     except ValueError as e:
         raise OptionsError(f"{prefix}{e}") from e
+    if spec.image_format == ORIGINAL and spec.fixed_size:
+        _warn_originals_resized(spec, prefix)
+    return spec
+
+
+def _warn_originals_resized(spec: ImageSpec, prefix: str) -> None:
+    """Originals with a fixed-size mode keep only the JPEGs already that size: allowed (a tree
+    prepared at its size keeps them all), but said before any work, as a run that keeps none
+    of its JPEGs otherwise says so only in its summary at the end."""
+    p = prefix
+    no_upscale = f"{p}no_upscale" if p else "no_upscale=True"  # a flag, or a keyword argument
+    warnings.warn(BeamPrepWarning(
+        f"{p}image_format original with {p}resize_mode {spec.resize_mode} keeps only the JPEGs already "
+        f"exactly {spec.height}x{spec.width} as they are, and re-encodes every other image at that size: "
+        f"{p}resize_mode none, or {p}resize_mode shorter_side {no_upscale}, keeps the rest"), stacklevel=3)
 
 
 def normalised_path(path: str) -> str:

@@ -36,7 +36,7 @@ __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
 # Bumped whenever a run folder's files change meaning (2: a shard's originals counts and hash file;
-# 3: its records of one flat colour, and --background).
+# 3: its records of one flat colour, skipped.jsonl, and --background).
 RUN_FORMAT = 3
 _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.

@@ -2,7 +2,8 @@
 
 The streaming sink gets one listing per shard, the shuffle sink one of every
 file; files under a label missing from --labels_file get their own listing, to
-be reported, never dropped. The lines are buffered and appended a buffer at a
+be reported, never dropped; and the skipped files theirs (``skipped``), which the
+manifest step publishes. The lines are buffered and appended a buffer at a
 time, so the launcher holds a bounded number of them however large the tree.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tempfile
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.io.storage import is_local, join, storage_error
-from beam_prep.write import layout, manifest
+from beam_prep.write import layout, manifest, skipped
 from beam_prep.write.listing import UNKNOWN_LABEL, Listing
 
 __all__ = ["write_work_files"]
@@ -82,7 +83,7 @@ def write_work_files(listing: Listing, run_plan: manifest.Plan, work: str) -> No
     at most and no worker finishes its shards long before another.
     """
     streaming = run_plan.sink == "streaming"
-    names = [layout.UNKNOWN_LABELS]
+    names = [layout.UNKNOWN_LABELS, layout.SKIPPED]
     if streaming:
         names += [layout.shard_listing_name(split, i) for split, count in run_plan.num_shards.items()
                   for i in range(count)]
@@ -100,4 +101,6 @@ def write_work_files(listing: Listing, run_plan: manifest.Plan, work: str) -> No
         else:
             name = layout.LISTING
         files.add(name, entry.to_json())
+    for line in skipped.lines(listing):
+        files.add(layout.SKIPPED, line)
     files.close()

@@ -1,6 +1,7 @@
 """What the command line says when a flag is unknown or a job fails, and where the rest goes."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,7 +16,8 @@ from beam_prep.cli.joblog import JobLog, is_job_failure, new_log_path, root_caus
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.errors import OptionsError, StorageError
 from beam_prep.write.listing import split_for
-from helpers import REPO, child, make_tree, run_prepare
+from beam_prep.tools.sample import picture
+from helpers import REPO, child, encode, make_tree, run_prepare
 from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the
@@ -258,6 +260,97 @@ def test_a_job_log_with_nothing_worth_keeping_is_removed(tmp_path):
     assert not log.kept and os.listdir(tmp_path) == []
 
 
+# Pillow's messages about an image: each such image is in errors.jsonl, so they are no warning of the job's.
+
+def relay_from_a_worker(severity: str, message: str, location: str) -> None:
+    """A worker's log record as the local runner relays it: through Beam's own logging service."""
+    from apache_beam.portability.api import beam_fn_api_pb2
+    from apache_beam.runners.portability.local_job_service import BeamFnLoggingServicer
+
+    entry = beam_fn_api_pb2.LogEntry(severity=getattr(beam_fn_api_pb2.LogEntry.Severity.Enum, severity),
+                                     message=message, log_location=location)
+    list(BeamFnLoggingServicer().Logging([beam_fn_api_pb2.LogEntry.List(log_entries=[entry])]))
+
+
+PILLOW = "/venv/lib/python3.11/site-packages/PIL/TiffImagePlugin.py:1508"
+
+
+def test_pillows_records_about_an_image_are_in_the_log_and_count_for_nothing(tmp_path):
+    """In this process (the in-memory runner) and relayed from a worker process alike."""
+    with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
+        prepare_images.logging.getLogger("PIL.TiffImagePlugin").error("More samples per pixel: %s", 5000)
+        relay_from_a_worker("ERROR", "More samples per pixel than can be decoded: 5000", PILLOW)
+        text = open(log.path, encoding="utf-8").read()
+    assert text.count("More samples per pixel") == 2 and PILLOW in text
+    assert log.hidden_warnings == 0 and not log.kept and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("logged", [
+    lambda: prepare_images.logging.getLogger("apache_beam.runners.worker.sdk_worker").error("a bundle failed"),
+    lambda: relay_from_a_worker("ERROR", "a bundle failed", "/venv/.../apache_beam/runners/worker/sdk_worker.py:9"),
+    lambda: relay_from_a_worker("ERROR", "a picture", "/home/me/PIL_tools/PIL.py:3"),  # not Pillow's
+], ids=["beam", "beam-worker", "not-pillow"])
+def test_anyone_elses_warnings_keep_the_log(tmp_path, logged):
+    with JobLog(new_log_path(str(tmp_path)), prepare_images.logging.Formatter()) as log:
+        logged()
+    assert log.hidden_warnings == 1 and log.kept and os.path.exists(log.path)
+
+
+def tiff_with_samples_per_pixel(samples: int) -> bytes:
+    """A TIFF whose SamplesPerPixel tag says ``samples``: Pillow logs an error (its logger, level
+    ERROR) before refusing to open it."""
+    data = bytearray(encode(picture(1, 24, 20), "TIFF"))
+    assert data[:2] == b"II"
+    ifd = int.from_bytes(data[4:8], "little")
+    for i in range(int.from_bytes(data[ifd:ifd + 2], "little")):
+        entry = ifd + 2 + 12 * i
+        if int.from_bytes(data[entry:entry + 2], "little") == 277:  # SamplesPerPixel, a SHORT
+            data[entry + 8:entry + 10] = samples.to_bytes(2, "little")
+            return bytes(data)
+    raise AssertionError("no SamplesPerPixel tag")
+
+
+def bad_images_tree(root) -> None:
+    """Good images beside the bad ones users have: each bad one fails at decode, into errors.jsonl."""
+    make_tree(root, {"a": 4, "b": 4}, size=(24, 20))  # 8 records of FAILING's pixels: over its file limit
+    jpeg, png = encode(picture(2, 24, 20)), encode(picture(3, 24, 20), "PNG")
+    (root / "a" / "truncated.jpg").write_bytes(jpeg[:len(jpeg) // 2])
+    (root / "a" / "damaged.png").write_bytes(png[:40] + b"\0" * 40 + png[80:])
+    (root / "b" / "samples.tif").write_bytes(tiff_with_samples_per_pixel(5000))
+    (root / "b" / "tags.tif").write_bytes(b"II*\0" + b"\xff" * 60)
+    mpo = io.BytesIO()
+    picture(4, 24, 20).save(mpo, "MPO", save_all=True, append_images=[picture(5, 24, 20)])
+    (root / "b" / "pair.jpg").write_bytes(mpo.getvalue())  # an MPO: its first picture is written
+
+
+@pytest.mark.parametrize("runner", [("--direct_running_mode", "in_memory"),  # Pillow logs in this process
+                                    ("--direct_num_workers", "2")],  # in worker processes, relayed
+                         ids=["in_memory", "multi_processing"])
+def test_a_clean_run_with_bad_images_prints_its_summary_alone_and_leaves_no_log(tmp_path, tmpdir_env, runner):
+    bad_images_tree(tmp_path / "in")
+    result = run_prepare("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--image_size", "16",
+                         *runner, env=tmpdir_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert re.fullmatch(r"beam-prep: 9 of 13 images written in .*; 4 failed, 0 skipped\n"
+                        r"  train: 9 examples in \d shards?\n"
+                        r"  failed at decode: 4 \(see errors.jsonl\)\n", result.stdout), result.stdout
+    errors = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert [e["relpath"] for e in errors] == ["a/damaged.png", "a/truncated.jpg", "b/samples.tif", "b/tags.tif"]
+    assert os.listdir(tmpdir_env["TMPDIR"]) == []
+
+
+def test_a_failed_run_keeps_its_log_with_pillows_records_and_names_it(tmp_path, tmpdir_env):
+    bad_images_tree(tmp_path / "in")
+    result = run_with_file_limit("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), *FAILING,
+                                 "--direct_num_workers", "2", env=tmpdir_env)
+    assert result.returncode == 1, result.stderr
+    log = log_named_in(result.stderr.splitlines()[-1])
+    assert os.listdir(tmpdir_env["TMPDIR"]) == [os.path.basename(log)]
+    text = open(log, encoding="utf-8").read()
+    assert "More samples per pixel than can be decoded: 5000" in text and "File too large" in text
+
+
 # Every command: --version, both spellings of each flag, a typo named with the nearest flag.
 
 @pytest.mark.parametrize("argv", [["--version"], ["prepare", "--version"], ["inspect", "--version"],
@@ -320,3 +413,47 @@ def test_a_percent_below_one_warns_with_the_images_it_gives_and_no_shard_is_empt
     assert {name: (s["num_examples"], len(s["shards"])) for name, s in splits.items()} == \
         {"train": (39, 2), "validation": (1, 1)}
     assert "  validation: 1 example in 1 shard" in result.stdout.splitlines()
+
+
+# A slip: originals with a fixed-size mode keep only the JPEGs already that size.
+
+def originals_warning(mode: str, size: str) -> str:
+    return (f"warning: --image_format original with --resize_mode {mode} keeps only the JPEGs already exactly "
+            f"{size} as they are, and re-encodes every other image at that size: --resize_mode none, or "
+            "--resize_mode shorter_side --no_upscale, keeps the rest\n")
+
+
+@pytest.mark.parametrize("mode", ["center_crop", "stretch", "pad"])
+def test_originals_with_a_fixed_size_mode_warn_before_any_work(tree, tmp_path, tmpdir_env, mode):
+    """Said before the output is even looked at: a run refused there still shows it, first."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    refused = run_prepare("--input", str(tree), "--output", str(out), "--image_format", "original",
+                          "--resize_mode", mode, "--image_size", "48x64", env=tmpdir_env)
+    assert refused.returncode == 2
+    assert refused.stderr == originals_warning(mode, "48x64") + (
+        f"error: --output {out} already holds a dataset (1 files); pass --overwrite to replace it\n")
+
+
+@pytest.mark.parametrize("flags", [("--resize_mode", "none"),
+                                   ("--resize_mode", "shorter_side", "--no_upscale"),
+                                   ("--image_format", "jpeg")])
+def test_originals_that_keep_their_size_or_no_originals_say_nothing(tree, tmp_path, tmpdir_env, flags):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    image_format = () if "--image_format" in flags else ("--image_format", "original")
+    refused = run_prepare("--input", str(tree), "--output", str(out), *image_format, *flags, env=tmpdir_env)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ") and "warning" not in refused.stderr, refused.stderr
+
+
+def test_the_originals_warning_is_printed_once_on_a_whole_run(tmp_path, tmpdir_env):
+    make_tree(tmp_path / "in", {"a": 2, "b": 2}, size=(64, 48))
+    (tmp_path / "in" / "a" / "other.jpg").write_bytes(encode(picture(9, 32, 24)))
+    result = run_prepare("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                         "--image_format", "original", "--image_size", "48x64", env=tmpdir_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == originals_warning("center_crop", "48x64")
+    assert "  originals kept byte for byte: 4" in result.stdout.splitlines()

@@ -110,6 +110,40 @@ def test_table_groups_failures_by_stage_and_reason(capsys, output, manifest):
     assert row[3].endswith("bee/broken.jpg:")
 
 
+def test_table_names_skipped_files_by_reason_and_where_the_rest_are(capsys, output, manifest):
+    _, out, _ = inspect(capsys, output)
+    lines = out.splitlines()
+    assert "  skipped, not an image file: 1, e.g. cat/notes.txt" in lines
+    assert f"  every skipped file, with its reason: {output / 'skipped.jsonl'}" in lines
+    assert manifest["counts"]["skipped"] == 1
+
+
+def test_skipped_examples_are_the_first_few_of_each_reason(capsys, tmp_path, output):
+    """Counts from the manifest, examples from skipped.jsonl (first by path, read no further than
+    they need); a dataset from before skipped.jsonl shows the counts alone."""
+    copy = shutil.copytree(output, tmp_path / "out")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["counts"]["skipped"] = 6
+    manifest["skipped_by_reason"] = {"hidden or system file": 1, "not an image file": 5}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    rows = [("a/.DS_Store", "hidden or system file")] + [(f"cat/n{i}.txt", "not an image file") for i in range(5)]
+    (copy / "skipped.jsonl").write_text("".join(
+        json.dumps({"path": f"/in/{relpath}", "relpath": relpath, "reason": reason}) + "\n"
+        for relpath, reason in rows) + "not read: the examples are found by then\n")
+    _, out, _ = inspect(capsys, copy)
+    assert "  skipped, hidden or system file: 1, e.g. a/.DS_Store\n" \
+           "  skipped, not an image file: 5, e.g. cat/n0.txt, cat/n1.txt, cat/n2.txt and 2 more\n" \
+           f"  every skipped file, with its reason: {copy / 'skipped.jsonl'}\n" in out
+    summary = json.loads(inspect(capsys, copy, "--json")[1])
+    assert summary["skipped_examples"] == {"hidden or system file": ["a/.DS_Store"],
+                                           "not an image file": ["cat/n0.txt", "cat/n1.txt", "cat/n2.txt"]}
+    assert summary["skipped_file"] == str(copy / "skipped.jsonl")
+    (copy / "skipped.jsonl").unlink()
+    _, out, err = inspect(capsys, copy)
+    assert "  skipped, not an image file: 5\n\n" in out and "every skipped file" not in out and err == ""
+    assert inspection.to_json(summarize(str(copy)))["skipped_file"] is None
+
+
 def test_long_class_tables_can_be_shortened(capsys, output):
     _, out, _ = inspect(capsys, output, "--max-classes", "1")
     rows = table_rows(out, "id ")
@@ -359,7 +393,8 @@ def test_inspect_reads_a_gs_output_as_it_reads_a_local_one(gcs_server, capsys, t
     _, out, _ = inspect(capsys, output, "--json")
     local = json.loads(out)
     assert remote["path"] == url and remote["errors_file"] == f"{url}/errors.jsonl"
-    for key in ("path", "errors_file"):
+    assert remote["skipped_file"] == f"{url}/skipped.jsonl" and remote["skipped_examples"]
+    for key in ("path", "errors_file", "skipped_file"):
         del remote[key], local[key]
     assert remote == local
     expected = contact_sheet.make_contact_sheet(load_info(str(output)), "train", per_class=2)

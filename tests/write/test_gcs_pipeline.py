@@ -23,6 +23,8 @@ def gcs_run(gcs_server, tmp_path_factory):
     make_tree(tree, LABELS)
     (tree / "dog" / "broken.jpg").write_bytes(b"not a jpeg")
     (tree / "cat" / "copy.jpg").write_bytes((tree / "dog" / "img_000.jpg").read_bytes())  # a duplicate
+    (tree / "dog" / "notes.txt").write_text("not an image")  # skipped, named in skipped.jsonl
+    (tree / "loose.jpg").write_bytes((tree / "cat" / "img_000.jpg").read_bytes())  # skipped too
     bucket = gcs_server.new_bucket()
     bucket.upload_tree(tree, "images")
     result = prepare(gcs_server, "--input", bucket.url("images"), "--output", bucket.url("records"),
@@ -34,7 +36,7 @@ def test_pipeline_reads_and_writes_gs_paths(gcs_run):
     bucket, result = gcs_run
     assert "12 of 13 images written" in result.stdout
     manifest = json.loads(bucket.read_bytes("records/manifest.json"))
-    assert manifest["counts"] == {"listed": 13, "written": 12, "failed": 1, "skipped": 0}
+    assert manifest["counts"] == {"listed": 13, "written": 12, "failed": 1, "skipped": 2}
     assert manifest["labels"] == ["cat", "dog"]
     shards = [name for split in manifest["splits"].values() for name in split["shards"]]
     assert sorted(f"records/{s}" for s in shards) == [
@@ -52,7 +54,7 @@ def test_errors_report_names_the_gs_path(gcs_run):
 
 def test_nothing_is_left_in_temporary_locations(gcs_run):
     bucket, _ = gcs_run
-    expected = {"manifest.json", "labels.txt", "errors.jsonl", "duplicates.jsonl"}
+    expected = {"manifest.json", "labels.txt", "errors.jsonl", "skipped.jsonl", "duplicates.jsonl"}
     leftovers = [n for n in bucket.list_names("records/")
                  if n.split("/", 1)[1] not in expected and not n.endswith(".tfrecord.gz")]
     assert leftovers == []
@@ -72,9 +74,17 @@ def test_shuffle_sink_finalises_on_gcs(gcs_server, gcs_run):
         assert sorted(r["path"] for r in rows) == [bucket.url("images/cat/copy.jpg"), bucket.url("images/dog/img_000.jpg")]
     assert {s: v["class_counts"] for s, v in shuffled["splits"].items()} == {
         s: v["class_counts"] for s, v in streamed["splits"].items()}
-    assert all(n.split("/", 1)[1] in ("manifest.json", "labels.txt", "errors.jsonl", "duplicates.jsonl")
+    assert all(n.split("/", 1)[1] in ("manifest.json", "labels.txt", "errors.jsonl", "skipped.jsonl",
+                                      "duplicates.jsonl")
                or n.endswith(".tfrecord.gz")
                for n in bucket.list_names("shuffled/"))
+    # Both sinks name the skipped files, each with its reason, byte for byte alike: the shuffle
+    # sink's manifest step runs in a worker and copies the file the launcher wrote to gs://.
+    skipped = bucket.read_bytes("records/skipped.jsonl")
+    assert bucket.read_bytes("shuffled/skipped.jsonl") == skipped
+    assert [json.loads(line) for line in skipped.decode().splitlines()] == [
+        {"path": bucket.url("images/dog/notes.txt"), "relpath": "dog/notes.txt", "reason": "not an image file"},
+        {"path": bucket.url("images/loose.jpg"), "relpath": "loose.jpg", "reason": "image outside the label folders"}]
 
 
 def test_empty_gs_input_is_reported(gcs_server, gcs_bucket):

@@ -2,10 +2,11 @@
 
 Each case once went wrong without a word: images dropped, a run refused, a
 folder left holding half a dataset. Every file must end in a shard, in
-errors.jsonl or in a skipped count with its reason, and the counts must add up.
+errors.jsonl or in skipped.jsonl with its reason, and the counts must add up.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
@@ -41,18 +42,40 @@ def hostile_tree(tmp_path: pathlib.Path) -> pathlib.Path:
     (root / "train" / "cat" / "Thumbs.db").write_bytes(b"x")
     make_tree(root, {"stray": 1}, size=(24, 20))                               # a label folder outside the splits
     (root / "README.md").write_text("notes")
+    with open(os.fsencode(str(root)) + b"/notes\xff.txt", "wb") as f:              # skipped, named with \xff
+        f.write(b"notes")
     return root
+
+
+# Every skipped file of hostile_tree, by its name as skipped.jsonl shows it, and why.
+SKIPPED = {
+    ".ipynb_checkpoints/train/img_000.jpg": SKIP_HIDDEN,
+    "README.md": SKIP_NOT_IMAGE,
+    "__MACOSX/train/img_000.jpg": SKIP_HIDDEN,
+    "notes\\xff.txt": SKIP_NOT_IMAGE,
+    "stray/img_000.jpg": SKIP_DEPTH,
+    "train/cat/Thumbs.db": SKIP_HIDDEN,
+    "train/dog/pipe.jpg": SKIP_SPECIAL,
+    "train/owl/again": SKIP_SEEN_FOLDER,
+}
 
 
 def test_a_hostile_tree_loses_nothing_and_counts_everything(tmp_path):
     out = tmp_path / "out"
-    result = run_prepare("--input", str(hostile_tree(tmp_path)), "--output", str(out), *ARGS)
+    tree = hostile_tree(tmp_path)
+    result = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["labels"] == ["cat", "dog", "owl"]
-    assert manifest["counts"] == {"listed": 15, "written": 14, "failed": 1, "skipped": 7}
+    assert manifest["counts"] == {"listed": 15, "written": 14, "failed": 1, "skipped": 8}
     assert manifest["skipped_by_reason"] == {SKIP_DEPTH: 1, SKIP_HIDDEN: 3, SKIP_SEEN_FOLDER: 1,
-                                             SKIP_NOT_IMAGE: 1, SKIP_SPECIAL: 1}
+                                             SKIP_NOT_IMAGE: 2, SKIP_SPECIAL: 1}
+    # Each skipped file is named with its reason, sorted by path; they add up to the manifest's counts.
+    skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert [(s["relpath"], s["reason"]) for s in skipped] == sorted(SKIPPED.items())
+    assert all(s["path"] == f"{tree}/{s['relpath']}" for s in skipped)
+    assert collections.Counter(s["reason"] for s in skipped) == manifest["skipped_by_reason"]
+    assert "  skipped, not a regular file: 1 (see skipped.jsonl)" in result.stdout.splitlines()
     assert {s: info["class_counts"] for s, info in manifest["splits"].items()} == {
         "train": {"cat": 4, "dog": 3, "owl": 2}, "validation": {"cat": 3, "dog": 2, "owl": 0}}
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]

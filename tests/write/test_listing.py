@@ -288,13 +288,28 @@ def test_a_listing_spilled_in_many_small_buckets_reads_back_whole_and_in_key_ord
     monkeypatch.setattr("beam_prep.write.spill._CHUNK_ROWS", 3)
     monkeypatch.setattr("beam_prep.write.spill._BUFFERED_ROWS", 7)
     monkeypatch.setattr("beam_prep.write.spill._BUCKET_ROWS", 9)
+    monkeypatch.setattr("beam_prep.write.spill._RUN_ROWS", 4)  # the skipped files: 8 sorted runs, merged
     with list_tree(str(tmp_path), validation_percent=30) as spilled:
         assert spilled._files._buckets.__len__() == 12  # noqa: SLF001 - 100 rows in buckets of 9
         entries = list(spilled.entries())
         assert entries == expected and len(entries) == 100
         assert [order_key(e.relpath) for e in entries] == sorted(order_key(e.relpath) for e in entries)
         assert spilled.skipped == expected_skipped and len(expected_skipped) == 30
+        assert list(spilled.skipped_rows()) == sorted(expected_skipped.items())
         assert spilled.split_counts() == {s: sum(e.split == s for e in entries) for s in ("train", "validation")}
         folder = spilled._folder.path  # noqa: SLF001
         assert os.path.isdir(folder)
     assert not os.path.exists(folder)
+
+
+def test_skipped_files_come_back_sorted_by_path_in_bounded_runs(tmp_path, monkeypatch):
+    """The walk is breadth first (a root's files before its folders'), so the skipped rows arrive
+    out of path order; they are sorted in runs on disk and merged."""
+    make_tree(tmp_path, {"a": 1, "b": 1}, size=(8, 8))
+    names = [f"z_{i}.txt" for i in range(5)] + [f"{label}/n_{i}.txt" for label in "ba" for i in range(4)]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    monkeypatch.setattr("beam_prep.write.spill._RUN_ROWS", 3)
+    with list_tree(str(tmp_path)) as listing:
+        assert list(listing.skipped_rows()) == [(name, SKIP_NOT_IMAGE) for name in sorted(names)]
+        assert len(listing._skips.rows._runs) == 5  # noqa: SLF001 - 13 rows in runs of 3

@@ -145,3 +145,15 @@ def test_reads_run_ahead_by_default_only_for_remote_input(tree, tmp_path, source
             *(["--read_concurrency", given] if given else []), "--read_ahead_mb", "16"]
     reads = config_from_options(PipelineOptions(argv)).reads
     assert reads.concurrency == expected and reads.max_bytes == 16 * 2**20
+
+
+def test_writeimagedataset_warns_of_originals_with_a_fixed_size_by_its_argument_names(tmp_path):
+    """The transform checks its image arguments as the command checks its flags: the same warning,
+    naming arguments (a library's caller sees a BeamPrepWarning, not a printed line)."""
+    from beam_prep.errors import BeamPrepWarning
+    from beam_prep.write.ptransform import WriteImageDataset
+
+    with pytest.warns(BeamPrepWarning, match=r"^image_format original with resize_mode pad keeps only the JPEGs "
+                                             r"already exactly 32x32 .*: resize_mode none, or resize_mode "
+                                             r"shorter_side no_upscale=True, keeps the rest$"):
+        WriteImageDataset(str(tmp_path / "out"), ["a"], image_format="original", resize_mode="pad", image_size=32)

@@ -183,7 +183,7 @@ def test_reruns_give_the_same_layout(prepared, manifest, tree, tmp_path):
             # Byte for byte: the GZIP header holds no time or file name (the other run wrote elsewhere).
             assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == \
                 hashlib.sha256((out / name).read_bytes()).hexdigest(), name
-    for name in ("labels.txt", "errors.jsonl"):
+    for name in ("labels.txt", "errors.jsonl", "skipped.jsonl"):
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes()
 
 
@@ -244,6 +244,10 @@ def test_shuffle_sink_writes_the_same_records(prepared, manifest, tree, tmp_path
             sum(1 for _ in tf.data.TFRecordDataset(str(tmp_path / name), "GZIP")) for name in info["shards"]]
         assert sum(info["shard_num_examples"]) == info["num_examples"] > 0
     assert (tmp_path / "errors.jsonl").read_text() == (out / "errors.jsonl").read_text()
+    # The shuffle sink's manifest step runs in the job; it publishes the launcher's skipped.jsonl alike.
+    assert (tmp_path / "skipped.jsonl").read_bytes() == (out / "skipped.jsonl").read_bytes()
+    assert [json.loads(line)["relpath"] for line in (out / "skipped.jsonl").read_text().splitlines()] == [
+        "cat/notes.txt", "dog/.DS_Store"]
     for split in manifest["splits"]:
         def payload(root):
             return sorted((r["image/filename"], r["image/encoded"]) for r in records_of(root, split))

@@ -27,7 +27,7 @@ ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers
 # Enough photos that the run is still going when the test has seen two shards finish and
 # signals it, with time to spare on a loaded machine (the kernel draft-decodes them to 48 px).
 PHOTOS_PER_LABEL = 120
-DATASET_FILES = ("errors.jsonl", "labels.txt", "duplicates.jsonl")
+DATASET_FILES = ("errors.jsonl", "skipped.jsonl", "labels.txt", "duplicates.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,8 @@ def tree(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("resume") / "tree"
     make_tree(root, {label: PHOTOS_PER_LABEL for label in ("ant", "bee", "cat", "dog")}, size=(640, 480))
     (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole JPEG")
+    (root / "dog" / "notes.txt").write_text("skipped")  # the resumed run names them as the whole run did
+    (root / "ant" / ".DS_Store").write_bytes(b"")
     for original, copy in (("ant/img_000.jpg", "bee/copy_a.jpg"), ("ant/img_000.jpg", "dog/copy_b.jpg"),
                            ("bee/img_001.jpg", "cat/copy_c.jpg")):  # duplicates, in shards of their own
         shutil.copyfile(root / original, root / copy)
@@ -119,7 +121,7 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
     assert {name: (out / name).stat().st_ino for name in kept} == kept
     manifest = json.loads((out / "manifest.json").read_text())
     listed = 4 * PHOTOS_PER_LABEL + 4  # the broken file and the three copies
-    assert manifest["counts"] == {"listed": listed, "written": listed - 1, "failed": 1, "skipped": 0}
+    assert manifest["counts"] == {"listed": listed, "written": listed - 1, "failed": 1, "skipped": 2}
     assert (manifest["duplicates"]["images"], manifest["duplicates"]["extra_copies"]) == (2, 3)
     assert not (out / ".beam-prep").exists()
 

@@ -7,7 +7,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.model import dataset
 from beam_prep.errors import DatasetError
-from beam_prep.write import layout, manifest, sharding
+from beam_prep.write import layout, manifest, sharding, skipped
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.listing import FileEntry, list_tree, order_key
 from beam_prep.write.options import PrepareConfig
@@ -85,6 +85,27 @@ def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
     assert sorted(len(s) for s in shards) == [15, 16, 16, 16]
     assert sorted(sum(shards, [])) == sorted(e.relpath for e in listing.entries())
     assert all(s == sorted(s, key=order_key) for s in shards)
+
+
+def test_the_skipped_files_publish_only_when_their_count_is_the_plans(tmp_path):
+    """skipped.jsonl goes from the run's folder into the dataset as the launcher wrote it, and a
+    count other than the plan's stops the manifest step before anything is published."""
+    make_tree(tmp_path / "in", {"a": 2}, size=(8, 8))
+    (tmp_path / "in" / "a" / "notes.txt").write_text("x")
+    (tmp_path / "in" / "loose.jpg").write_text("x")
+    listing = list_tree(str(tmp_path / "in"))
+    plan = manifest.Plan(labels=listing.labels, num_shards={"train": 1}, listed=2, skipped=2, sink="streaming")
+    work, out = tmp_path / "work", tmp_path / "out"
+    write_work_files(listing, plan, str(work))
+    skipped.check(str(work), plan.skipped)
+    out.mkdir()
+    skipped.publish(str(work), str(out), plan.skipped)
+    assert (out / layout.SKIPPED).read_bytes() == (work / layout.SKIPPED).read_bytes()
+    assert (out / layout.SKIPPED).read_text().splitlines() == [
+        skipped.line(str(tmp_path / "in"), "a/notes.txt", "not an image file"),
+        skipped.line(str(tmp_path / "in"), "loose.jpg", "image outside the label folders")]
+    with pytest.raises(DatasetError, match="names 2 skipped files but the listing skipped 3"):
+        skipped.check(str(work), 3)
 
 
 def test_never_more_shards_than_examples():
