@@ -108,9 +108,9 @@ def _image_arguments(group: Any) -> None:
         help="--resize_mode shorter_side: an image already smaller than --image_size keeps its size "
              "(with --image_format original, a JPEG one its bytes).")
     group.add_argument(
-        "--background", default=DEFAULT_BACKGROUND,
-        help="The colour transparent pixels are composited on: a name (white, black) or #rrggbb "
-             "(default: white, as image viewers show transparency).")
+        "--background", default="white",
+        help="The colour transparent pixels are composited on, as image viewers show them: a name "
+             "(white, black) or #rrggbb.")
     group.add_argument(
         "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
         help="Images with more pixels are reported as errors (decompression-bomb guard).")
