@@ -15,9 +15,12 @@ See the README's *Interrupted runs resume* for what is and is not resumed.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
+import os
+import uuid
 from typing import Any, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -25,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
 from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.io.storage import join, write_lines
+from beam_prep.io.storage import is_local, join, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
 from beam_prep.write import layout
 from beam_prep.write.options import PrepareConfig
@@ -62,8 +65,37 @@ class RunRecord:
 
 
 def write_run_record(work: str, record: RunRecord) -> None:
+    """Makes the run resumable: written last, once its listings are complete."""
     body = {"run_format": RUN_FORMAT, "beam_prep_version": beam_prep.__version__, **dataclasses.asdict(record)}
-    write_lines(join(work, RUN_RECORD), [json.dumps(body, ensure_ascii=False)])
+    _write_record(join(work, RUN_RECORD), body)
+
+
+def _write_record(path: str, body: Mapping[str, Any]) -> None:
+    """Writes a record that a resume reads, so that it is there whole or not at all.
+
+    A process killed while writing it in place would leave it empty or cut
+    short: a run or a shard taken for unfinished with no word said. A local
+    file is written under a temporary name beside ``path`` and renamed over it
+    (atomic on POSIX); an object on gs:// appears whole when it is closed, so
+    it is written in place. A killed writer may leave its temporary file,
+    which no reader matches and which goes with the run's folder.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be written.
+    """
+    line = json.dumps(body, ensure_ascii=False)
+    if not is_local(path):
+        write_lines(path, [line])
+        return
+    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(line + "\n")
+        os.replace(temporary, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise storage_error("write", path, e) from e
 
 
 def _read_run_record(work: str) -> RunRecord | None:
@@ -132,8 +164,8 @@ def done_name(shard: str) -> str:
 
 
 def write_shard_record(work: str, record: ShardRecord) -> None:
-    """Marks a shard finished: written after the shard's file is complete and in place."""
-    write_lines(join(work, done_name(record.name)), [json.dumps(dataclasses.asdict(record), ensure_ascii=False)])
+    """Marks a shard finished: written after the shard's file and its hash file are complete and in place."""
+    _write_record(join(work, done_name(record.name)), dataclasses.asdict(record))
 
 
 def finished_shard(work: str, name: str) -> ShardRecord | None:

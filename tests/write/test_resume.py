@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -65,8 +66,10 @@ def _run_folder(out: pathlib.Path) -> pathlib.Path:
 
 
 def _finished(out: pathlib.Path) -> list[pathlib.Path]:
-    # Shards of either compression: originals are uncompressed unless asked.
-    return sorted((out / ".beam-prep").glob("*/*.tfrecord*.done.json"))
+    """The records of the shards a resume takes for finished: those it can read, of either
+    compression (originals are uncompressed unless asked)."""
+    return sorted(p for p in (out / ".beam-prep").glob("*/*.tfrecord*.done.json")
+                  if resume.finished_shard(str(p.parent), p.name[:-len(".done.json")]) is not None)
 
 
 def _interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str,
@@ -258,3 +261,34 @@ def test_a_dry_run_flag_takes_false_as_false():
     assert _dry_run_as_bool(["--dry_run", "--x", "1"]) == ["--dry_run=True", "--x", "1"]
     assert _dry_run_as_bool(["--dry_run", "false", "--dry_run=0", "--y"]) == ["--y"]
     assert _dry_run_as_bool(["--dry_run=True", "--", "--dry_run"]) == ["--dry_run=True", "--", "--dry_run"]
+
+
+# Rewrites one large record again and again, so that a kill at any moment most likely
+# lands while it is being written.
+WRITER = """
+import sys
+from beam_prep.write import resume
+failures = [{"path": "x" * 20_000_000, "stage": "decode"}]
+while True:
+    resume.write_shard_record(sys.argv[1], resume.ShardRecord("train-00000", 1, 2, "0" * 64, {}, failures, {}))
+"""
+
+
+def test_a_record_is_there_whole_or_not_at_all_whenever_its_writer_is_killed(tmp_path):
+    """A writer killed mid-record leaves no record the resume cannot read: such a record is
+    silently taken for unfinished by the resume, and for finished by whoever lists the folder."""
+    for attempt in range(8):
+        work = tmp_path / f"work-{attempt}"
+        work.mkdir()
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(work)], cwd=REPO)
+        try:
+            deadline = time.monotonic() + 60
+            while not (work / "train-00000.done.json").exists():
+                assert writer.poll() is None and time.monotonic() < deadline
+                time.sleep(0.005)
+            time.sleep(0.1 + 0.037 * attempt)  # a few rewrites later, at a different point of one
+        finally:
+            writer.kill()
+            writer.wait()
+        assert resume.finished_shard(str(work), "train-00000") is not None, f"attempt {attempt}"
+        assert resume.finished_count(str(work), ["train-00000"]) == 1
