@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import uuid
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -34,7 +34,7 @@ from beam_prep.write import layout
 from beam_prep.write.options import PrepareConfig
 
 __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
-           "keep_finished", "record_options", "write_run_record", "write_shard_record"]
+           "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
@@ -158,6 +158,11 @@ class ShardRecord:
     failures: list[dict[str, Any]]
     originals: dict[str, int]  # --image_format original: KEPT or a re-encode reason -> records
 
+    @property
+    def images(self) -> int:
+        """The shard's listed images: its records and its failures."""
+        return self.records + len(self.failures)
+
 
 def done_name(shard: str) -> str:
     return shard + _DONE_SUFFIX
@@ -192,19 +197,24 @@ def finished_records(work: str, names: list[str], threads: int = 8) -> list[Shar
     return records
 
 
-def keep_finished(work: str, names: list[str], threads: int = 8) -> int:
+def images_in(records: Iterable[ShardRecord]) -> int:
+    """The listed images of shards ``records``: what a resumed run keeps of them."""
+    return sum(record.images for record in records)
+
+
+def keep_finished(work: str, names: list[str], threads: int = 8) -> list[ShardRecord]:
     """Checks every finished shard of ``names`` against its record, ``threads`` at a time, and
-    returns how many are kept. One whose file is missing, of another size or another sha256,
-    or whose hash file is missing, loses its record, so that the workers write it again, with
-    a warning naming it."""
+    returns the records of those kept. One whose file is missing, of another size or another
+    sha256, or whose hash file is missing, loses its record, so that the workers write it
+    again, with a warning naming it."""
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="beam-prep-check") as pool:
-        return sum(pool.map(lambda name: _keep(work, name), names))
+        return [record for record in pool.map(lambda name: _keep(work, name), names) if record is not None]
 
 
-def _keep(work: str, name: str) -> bool:
+def _keep(work: str, name: str) -> ShardRecord | None:
     record = finished_shard(work, name)
     if record is None:
-        return False
+        return None
     checksum = Checksum()
     try:
         with FileSystems.open(join(work, name), compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -217,10 +227,10 @@ def _keep(work: str, name: str) -> bool:
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         problem = f"cannot be read ({e})"
     if problem is None:
-        return True
+        return record
     _LOG.warning("shard %s was finished but %s: writing it again", name, problem)
     FileSystems.delete([join(work, done_name(name))])
-    return False
+    return None
 
 
 def finished_count(work: str, shard_names: list[str]) -> int:
