@@ -131,9 +131,11 @@ def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     multiple = local_workers(options) if sink == "streaming" else 1
     record_bytes = sharding.estimated_record_bytes(config.spec, listing.total_bytes / listing.listed)
     split_counts = listing.split_counts()
+    max_images = (sharding.max_shard_images(sum(split_counts.values()), multiple)
+                  if _resumable(sink, options) else None)
     num_shards = {  # an explicit --num_shards too: no split gets a shard it cannot fill
         split: min(config.num_shards, split_counts[split]) if config.num_shards else sharding.choose_num_shards(
-            split_counts[split], record_bytes, config.target_shard_mb, multiple)
+            split_counts[split], record_bytes, config.target_shard_mb, multiple, max_images)
         for split in listing.splits
     }
     if 0 < config.validation_percent < 1:
