@@ -119,8 +119,9 @@ class ProgressDisplay:
         if self._bar_done:
             return
         if self._bar is None:
-            self._bar = bar(self._stream, total=progress.total, unit="img", desc="beam-prep",
-                            mininterval=0.5, smoothing=0.1)
+            # Starting at the carried images, so that its rate is of the images processed.
+            self._bar = bar(self._stream, total=progress.total, initial=progress.carried, unit="img",
+                            desc="beam-prep", mininterval=0.5, smoothing=0.1)
         self._bar.set_postfix_str(f"{progress.failed:,} failed", refresh=False)
         self._bar.update(progress.done - self._bar.n)
         if progress.finished:

@@ -195,16 +195,15 @@ class WriteShardFn(beam.DoFn):
     def process(self, index: int):
         config, split = self._config, self._split
         name = layout.shard_name(split, index, config.num_shards[split], config.compression)
-        # Named by the shard: a retried shard starts its counts again rather than adding to them.
-        reporter = progress.reporter(config.progress_folder, f"{split}-{index:05d}")
         record = resume.finished_shard(config.work, name)
         if record is None:
+            # Named by the shard: a retried shard starts its counts again rather than adding to them.
+            reporter = progress.reporter(config.progress_folder, f"{split}-{index:05d}")
             record = self._write(index, name, reporter)
-        else:
+            reporter.flush()
+        else:  # its images are in the launcher's count already (progress.Carried), and no work of this run
             self._kept.inc()
-            self._listed.inc(record.records + len(record.failures))
-            reporter.add_many(record.records + len(record.failures), len(record.failures))
-        reporter.flush()
+            self._listed.inc(record.images)
         for failure in record.failures:
             yield TaggedOutput(FAILED, failure)
         for label, n in record.class_counts.items():

@@ -53,10 +53,13 @@ class RunResult:
     phases: progress.Phases | None = None
     """Start-up and processing apart; local runs only (their workers report progress)."""
     plan: manifest.Plan | None = None
+    kept: int = 0
+    """Images in the shards a resumed run kept from the run it continues: none of its work."""
 
     @property
     def images_per_second(self) -> float:
-        return self.manifest["counts"]["listed"] / max(self.seconds, 1e-9)
+        """The images this run processed (a resumed run's kept ones left out) over its whole time."""
+        return (self.manifest["counts"]["listed"] - self.kept) / max(self.seconds, 1e-9)
 
 
 class _Prepared(NamedTuple):
@@ -66,6 +69,14 @@ class _Prepared(NamedTuple):
     pipeline: beam.Pipeline
     plan: manifest.Plan
     resumable: bool  # the run's folder records what it finishes (streaming sink, local runner)
+    kept: tuple[resume.ShardRecord, ...] = ()  # shards a resumed run keeps from the run it continues
+
+    def carried(self) -> progress.Carried:
+        """The images finished before the workers start: the kept shards', and those under
+        labels missing from --labels_file (failures)."""
+        unknown = self.plan.unknown_labels
+        return progress.Carried(done=unknown + resume.images_in(self.kept),
+                                failed=unknown + sum(len(r.failures) for r in self.kept))
 
 
 def _runner_name(options: PipelineOptions) -> str | None:
@@ -77,6 +88,12 @@ def resolve_sink(config: PrepareConfig, options: PipelineOptions) -> str:
     if config.sink != "auto":
         return config.sink
     return "streaming" if _runner_name(options) in LOCAL_RUNNERS else "shuffle"
+
+
+def _resumable(sink: str, options: PipelineOptions) -> bool:
+    """Whether a run keeps what it finished for the same command to resume: the streaming
+    sink's shards, on a local runner, whose launcher sees its run folder to the end."""
+    return sink == "streaming" and _runner_name(options) in LOCAL_RUNNERS
 
 
 def local_workers(options: PipelineOptions) -> int:
@@ -115,9 +132,11 @@ def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     multiple = local_workers(options) if sink == "streaming" else 1
     record_bytes = sharding.estimated_record_bytes(config.spec, listing.total_bytes / listing.listed)
     split_counts = listing.split_counts()
+    max_images = (sharding.max_shard_images(sum(split_counts.values()), multiple)
+                  if _resumable(sink, options) else None)
     num_shards = {  # an explicit --num_shards too: no split gets a shard it cannot fill
         split: min(config.num_shards, split_counts[split]) if config.num_shards else sharding.choose_num_shards(
-            split_counts[split], record_bytes, config.target_shard_mb, multiple)
+            split_counts[split], record_bytes, config.target_shard_mb, multiple, max_images)
         for split in listing.splits
     }
     if 0 < config.validation_percent < 1:
@@ -245,14 +264,14 @@ def run(config: PrepareConfig, options: PipelineOptions,
                                "folder may hold both runs' files: run again with --overwrite")
         phases = None
         if folder is not None:
-            phases = progress.phases(
-                progress.read_progress(folder, job.plan.listed, job.plan.unknown_labels), launched)
+            phases = progress.phases(progress.read_progress(folder, job.plan.listed, job.carried()), launched)
     counters: dict[str, int] = {}
     for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
     written = manifest.read(config.output)
     _warn_if_many_flat(written)
-    return RunResult(written, time.perf_counter() - start, counters, phases=phases)
+    return RunResult(written, time.perf_counter() - start, counters, phases=phases,
+                     kept=resume.images_in(job.kept))
 
 
 def _warn_if_many_flat(written: dict[str, Any]) -> None:
@@ -323,7 +342,7 @@ def _watching(folder: str | None, job: _Prepared,
     if folder is None or on_progress is None:
         yield
         return
-    with progress.Watcher(folder, job.plan.listed, on_progress, job.plan.unknown_labels, interval):
+    with progress.Watcher(folder, job.plan.listed, on_progress, job.carried(), interval):
         yield
 
 
@@ -334,9 +353,10 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     Returns the pipeline, built, and its plan."""
     labels = _labels(config)
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
-    resumable = resolve_sink(config, options) == "streaming" and _runner_name(options) in LOCAL_RUNNERS
+    resumable = _resumable(resolve_sink(config, options), options)
     recorded = resume.record_options(config, labels)
     resumed = None
+    kept: list[resume.ShardRecord] = []
     if write and resumable and not config.overwrite:
         resumed = resume.find_resumable(config.output, leftovers, recorded)
     if resumed is not None:
@@ -344,8 +364,9 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         run_plan = manifest.Plan(**resumed.plan)
         names = _shard_names(config, run_plan)
         kept = resume.keep_finished(layout.run_folder(config.output, run_plan.run_id), names)
-        _LOG.warning("resuming run %s: %d of %d shards already written; it uses the listing that run made "
-                     "(--overwrite lists afresh)", run_plan.run_id, kept, len(names))
+        _LOG.warning("resuming run %s: %d of %d shards already written (%s of %s images); it uses the listing "
+                     "that run made (--overwrite lists afresh)", run_plan.run_id, len(kept), len(names),
+                     f"{resume.images_in(kept):,}", f"{sum(run_plan.split_counts.values()):,}")
     else:
         layout.check_output(config.output, config.overwrite, leftovers)
         listing, run_plan = plan(config, options, run_id, labels)
@@ -359,7 +380,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                   run_plan.skipped, run_plan.sink, run_plan.num_shards)
     p = beam.Pipeline(runner=local_runner(options), options=options)
     build(p, config, run_plan, progress_folder, finalize=not resumable)
-    return _Prepared(run_plan.run_id, p, run_plan, resumable)
+    return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept))
 
 
 def _write_run_folder(config: PrepareConfig, listing: Listing, run_plan: manifest.Plan,

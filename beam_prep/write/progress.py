@@ -6,7 +6,9 @@ each DoFn that converts images keeps its counts in a small JSON file in a
 folder the launcher made, rewritten whole (write, then rename) at most every
 ``WRITE_EVERY_S`` seconds and once at the end, and the launcher sums the files
 as it pleases (``Watcher``). Counts are of images a worker has finished, written
-or failed, not of shards started.
+or failed, not of shards started. Images finished before any worker starts (the
+shards a resumed run keeps, files under a label missing from --labels_file) are
+the launcher's to add (``Carried``): counted done, never in the rate.
 
 The folder is in the temp directory, never in ``--output``: that may be gs://,
 and must hold the dataset's files alone. A file is named by the unit of work
@@ -27,7 +29,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
-__all__ = ["Phases", "Progress", "Reporter", "Watcher", "phases", "progress_folder", "read_progress", "reporter"]
+__all__ = ["Carried", "Phases", "Progress", "Reporter", "Watcher", "phases", "progress_folder", "read_progress",
+           "reporter"]
 
 _LOG = logging.getLogger(__name__)
 # A worker rewrites its file at most this often: a few small writes a second per
@@ -56,12 +59,8 @@ class Reporter:
 
     def add(self, ok: bool) -> None:
         """Counts one finished image (``ok``: it became a record); writes the file if it is due."""
-        self.add_many(1, int(not ok))
-
-    def add_many(self, done: int, failed: int) -> None:
-        """Counts ``done`` finished images, ``failed`` of them without a record (a shard kept whole)."""
-        self.done += done
-        self.failed += failed
+        self.done += 1
+        self.failed += int(not ok)
         self._updated = self._clock()
         if self._updated - self._written_at >= WRITE_EVERY_S:
             self.flush()
@@ -85,9 +84,6 @@ class _Unwatched:
     def add(self, ok: bool) -> None:
         pass
 
-    def add_many(self, done: int, failed: int) -> None:
-        pass
-
     def flush(self) -> None:
         pass
 
@@ -98,15 +94,33 @@ def reporter(folder: str | None, name: str) -> Reporter | _Unwatched:
 
 
 @dataclasses.dataclass(frozen=True)
+class Carried:
+    """Images the launcher counts finished before any worker starts, none of them work of this
+    run's workers: the shards a resumed run keeps, and files under a label missing from
+    --labels_file (each a failure).
+
+    Attributes:
+      done: images, written or failed.
+      failed: of ``done``, those without a record.
+    """
+
+    done: int = 0
+    failed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """The job's counts so far, over all workers.
 
     Attributes:
       total: images listed.
-      done: images finished, written or failed (at most ``total``).
+      done: images finished, written or failed (at most ``total``), ``carried`` included.
       failed: images that became no record, so far.
       started: when the first worker began converting images (wall time, s), None before.
       updated: when the last image counted here was finished, None before any.
+      carried: of ``done``, the images no worker of this run processed (``Carried``):
+        left out of the rate, which would otherwise count a resumed run's kept
+        shards as work done in no time.
     """
 
     total: int
@@ -114,17 +128,23 @@ class Progress:
     failed: int = 0
     started: float | None = None
     updated: float | None = None
+    carried: int = 0
 
     @property
     def finished(self) -> bool:
         return self.done >= self.total
 
+    @property
+    def processed(self) -> int:
+        """Images this run's workers finished."""
+        return self.done - self.carried
+
     def rate(self, now: float) -> float | None:
-        """Images a second since processing began, until ``now`` or the last image; None before any."""
-        if self.started is None or self.done == 0:
+        """Images processed a second since processing began, until ``now`` or the last image; None before any."""
+        if self.started is None or self.processed <= 0:
             return None
         end = self.updated if self.finished and self.updated is not None else now
-        return self.done / max(end - self.started, 1e-3)
+        return self.processed / max(end - self.started, 1e-3)
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the rate so far; None while there is no rate."""
@@ -132,14 +152,12 @@ class Progress:
         return None if rate is None else (self.total - self.done) / rate
 
 
-def read_progress(folder: str, total: int, failed_before: int = 0) -> Progress:
-    """Sums the workers' files in ``folder``.
+def read_progress(folder: str, total: int, carried: Carried = Carried()) -> Progress:
+    """Sums the workers' files in ``folder``, and ``carried``, counted from the start.
 
-    ``failed_before``: images that fail without a worker touching them (under a
-    label missing from --labels_file), counted done and failed from the start.
     A file that cannot be read is skipped: the next reading will have it.
     """
-    done, failed, started, updated = failed_before, failed_before, None, None
+    done, failed, started, updated = carried.done, carried.failed, None, None
     try:
         names = [n for n in os.listdir(folder) if n.endswith(_SUFFIX)]
     except OSError:
@@ -157,7 +175,7 @@ def read_progress(folder: str, total: int, failed_before: int = 0) -> Progress:
             updated = u if updated is None else max(updated, u)
     # A retried bundle of the shuffle sink counts its images again: never past the listing.
     return Progress(total=total, done=min(done, total), failed=min(failed, total),
-                    started=started, updated=updated)
+                    started=started, updated=updated, carried=min(carried.done, total))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,12 +193,13 @@ class Phases:
 
 
 def phases(progress: Progress, launched: float) -> Phases | None:
-    """The phases of a finished run launched at wall time ``launched``; None if no image was processed."""
-    if progress.started is None or progress.updated is None:
+    """The phases of a finished run launched at wall time ``launched``, its rate that of the
+    images its workers processed; None if they processed none."""
+    if progress.started is None or progress.updated is None or progress.processed <= 0:
         return None
     return Phases(startup_seconds=max(progress.started - launched, 0.0),
                   processing_seconds=max(progress.updated - progress.started, 0.0),
-                  images=progress.done)
+                  images=progress.processed)
 
 
 @contextlib.contextmanager
@@ -231,8 +250,8 @@ class Watcher:
     """
 
     def __init__(self, folder: str, total: int, on_progress: Callable[[Progress], None],
-                 failed_before: int = 0, interval: float = 0.5) -> None:
-        self._read = lambda: read_progress(folder, total, failed_before)
+                 carried: Carried = Carried(), interval: float = 0.5) -> None:
+        self._read = lambda: read_progress(folder, total, carried)
         self._on_progress = on_progress
         self._interval = interval
         self._stop = threading.Event()

@@ -15,23 +15,26 @@ See the README's *Interrupted runs resume* for what is and is not resumed.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
-from typing import Any, Mapping
+import os
+import uuid
+from typing import Any, Iterable, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
 from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.io.storage import join, write_lines
+from beam_prep.io.storage import is_local, join, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
 from beam_prep.write import layout
 from beam_prep.write.options import PrepareConfig
 
 __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
-           "keep_finished", "record_options", "write_run_record", "write_shard_record"]
+           "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
@@ -63,8 +66,37 @@ class RunRecord:
 
 
 def write_run_record(work: str, record: RunRecord) -> None:
+    """Makes the run resumable: written last, once its listings are complete."""
     body = {"run_format": RUN_FORMAT, "beam_prep_version": beam_prep.__version__, **dataclasses.asdict(record)}
-    write_lines(join(work, RUN_RECORD), [json.dumps(body, ensure_ascii=False)])
+    _write_record(join(work, RUN_RECORD), body)
+
+
+def _write_record(path: str, body: Mapping[str, Any]) -> None:
+    """Writes a record that a resume reads, so that it is there whole or not at all.
+
+    A process killed while writing it in place would leave it empty or cut
+    short: a run or a shard taken for unfinished with no word said. A local
+    file is written under a temporary name beside ``path`` and renamed over it
+    (atomic on POSIX); an object on gs:// appears whole when it is closed, so
+    it is written in place. A killed writer may leave its temporary file,
+    which no reader matches and which goes with the run's folder.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be written.
+    """
+    line = json.dumps(body, ensure_ascii=False)
+    if not is_local(path):
+        write_lines(path, [line])
+        return
+    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(line + "\n")
+        os.replace(temporary, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise storage_error("write", path, e) from e
 
 
 def _read_run_record(work: str) -> RunRecord | None:
@@ -129,14 +161,19 @@ class ShardRecord:
     # Records of one flat colour (``flat.FlatImages.to_json``); absent from older runs' records.
     flat: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def images(self) -> int:
+        """The shard's listed images: its records and its failures."""
+        return self.records + len(self.failures)
+
 
 def done_name(shard: str) -> str:
     return shard + _DONE_SUFFIX
 
 
 def write_shard_record(work: str, record: ShardRecord) -> None:
-    """Marks a shard finished: written after the shard's file is complete and in place."""
-    write_lines(join(work, done_name(record.name)), [json.dumps(dataclasses.asdict(record), ensure_ascii=False)])
+    """Marks a shard finished: written after the shard's file and its hash file are complete and in place."""
+    _write_record(join(work, done_name(record.name)), dataclasses.asdict(record))
 
 
 def finished_shard(work: str, name: str) -> ShardRecord | None:
@@ -163,19 +200,24 @@ def finished_records(work: str, names: list[str], threads: int = 8) -> list[Shar
     return records
 
 
-def keep_finished(work: str, names: list[str], threads: int = 8) -> int:
+def images_in(records: Iterable[ShardRecord]) -> int:
+    """The listed images of shards ``records``: what a resumed run keeps of them."""
+    return sum(record.images for record in records)
+
+
+def keep_finished(work: str, names: list[str], threads: int = 8) -> list[ShardRecord]:
     """Checks every finished shard of ``names`` against its record, ``threads`` at a time, and
-    returns how many are kept. One whose file is missing, of another size or another sha256,
-    or whose hash file is missing, loses its record, so that the workers write it again, with
-    a warning naming it."""
+    returns the records of those kept. One whose file is missing, of another size or another
+    sha256, or whose hash file is missing, loses its record, so that the workers write it
+    again, with a warning naming it."""
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="beam-prep-check") as pool:
-        return sum(pool.map(lambda name: _keep(work, name), names))
+        return [record for record in pool.map(lambda name: _keep(work, name), names) if record is not None]
 
 
-def _keep(work: str, name: str) -> bool:
+def _keep(work: str, name: str) -> ShardRecord | None:
     record = finished_shard(work, name)
     if record is None:
-        return False
+        return None
     checksum = Checksum()
     try:
         with FileSystems.open(join(work, name), compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -188,10 +230,10 @@ def _keep(work: str, name: str) -> bool:
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         problem = f"cannot be read ({e})"
     if problem is None:
-        return True
+        return record
     _LOG.warning("shard %s was finished but %s: writing it again", name, problem)
     FileSystems.delete([join(work, done_name(name))])
-    return False
+    return None
 
 
 def finished_count(work: str, shard_names: list[str]) -> int:

@@ -42,9 +42,9 @@ def test_reports_from_every_worker_add_up(tmp_path):
     clock.now += 1
     b.add(True)
     a.flush(), b.flush()
-    got = read_progress(str(tmp_path), total=10, failed_before=1)
+    got = read_progress(str(tmp_path), total=10, carried=progress.Carried(done=1, failed=1))
     # The one under an unknown label failed before any worker began: done and failed from the start.
-    assert got == Progress(total=10, done=5, failed=2, started=1000.0, updated=1003.0)
+    assert got == Progress(total=10, done=5, failed=2, started=1000.0, updated=1003.0, carried=1)
 
 
 def test_a_report_is_written_when_work_starts_then_at_most_every_half_second(tmp_path):
@@ -91,6 +91,32 @@ def test_phases_split_start_up_from_processing():
     phases = progress.phases(Progress(total=120, done=120, started=106.0, updated=108.0), launched=100.0)
     assert (phases.startup_seconds, phases.processing_seconds, phases.rate) == (6.0, 2.0, 60.0)
     assert progress.phases(Progress(total=3), launched=100.0) is None
+
+
+def test_a_resumed_runs_rate_counts_only_the_images_its_workers_processed():
+    """A resumed run's kept shards are done from the start, and no work of its own: counted
+    in the rate, they made it look far faster than it was."""
+    resumed = Progress(total=100, done=70, failed=2, started=10.0, updated=13.0, carried=40)
+    assert resumed.processed == 30
+    assert resumed.rate(now=14.0) == 7.5 and resumed.eta(now=14.0) == 4.0
+    finished = Progress(total=100, done=100, started=10.0, updated=16.0, carried=40)
+    phases = progress.phases(finished, launched=5.0)
+    assert (phases.images, phases.processing_seconds, phases.rate) == (60, 6.0, 10.0)
+    # Every shard kept: nothing processed, so no processing phase and no rate.
+    kept_all = Progress(total=100, done=100, started=10.0, updated=10.5, carried=100)
+    assert progress.phases(kept_all, launched=5.0) is None and kept_all.rate(now=11.0) is None
+
+
+def test_the_carried_images_start_the_count_and_leave_the_rate(tmp_path):
+    clock = Clock()
+    reporter = Reporter(str(tmp_path), "train-00001", clock)
+    clock.now += 4
+    for _ in range(8):
+        reporter.add(True)
+    reporter.flush()
+    got = read_progress(str(tmp_path), total=50, carried=progress.Carried(done=30, failed=3))
+    assert (got.done, got.failed, got.carried, got.processed) == (38, 3, 30, 8)
+    assert got.rate(now=clock.now) == 2.0
 
 
 def test_the_folder_goes_when_the_run_ends():
@@ -286,6 +312,8 @@ def test_the_summary_gives_start_up_processing_and_finishing_apart():
     assert timing(phased) == "9.4 s (start-up 6.1 s, then 1,150 images/s for 2.1 s, finishing 1.2 s)"
     # A remote runner's workers report nothing here: the overall rate is all there is.
     assert timing(RunResult(manifest, 9.4, {})) == "9.4 s (13 images/s)"
+    # Without phases, a resumed run's overall rate leaves out the images it kept.
+    assert timing(RunResult(manifest, 9.4, {}, kept=27)) == "9.4 s (10 images/s)"
 
 
 def test_where_nobody_watches_a_reporter_writes_nothing(tmp_path, monkeypatch):

@@ -10,14 +10,16 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from typing import Callable
 
 import psutil
 import pytest
 
 from beam_prep.errors import OptionsError
 from beam_prep.tools.sample import picture
-from beam_prep.write import layout, resume
+from beam_prep.write import layout, progress, resume
 from helpers import REPO, encode, make_tree, run_prepare
 from pipelines.prepare_images import command
 
@@ -67,21 +69,26 @@ def _run_folder(out: pathlib.Path) -> pathlib.Path:
 
 
 def _finished(out: pathlib.Path) -> list[pathlib.Path]:
-    # Shards of either compression: originals are uncompressed unless asked.
-    return sorted((out / ".beam-prep").glob("*/*.tfrecord*.done.json"))
+    """The records of the shards a resume takes for finished: those it can read, of either
+    compression (originals are uncompressed unless asked)."""
+    return sorted(p for p in (out / ".beam-prep").glob("*/*.tfrecord*.done.json")
+                  if resume.finished_shard(str(p.parent), p.name[:-len(".done.json")]) is not None)
 
 
-def _interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str,
-               whole_group: bool = False) -> tuple[subprocess.CompletedProcess, float, list[int]]:
-    """Starts the command, waits for two finished shards, sends ``signum``; the finished
-    process, the seconds it took to end after the signal, and its worker processes' pids."""
-    process = subprocess.Popen(command("--input", str(tree), "--output", str(out), *ARGS, *extra), cwd=REPO,
+def _interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, whole_group: bool = False,
+               args: tuple[str, ...] = ARGS, ready: Callable[[int], bool] | None = None,
+               ) -> tuple[subprocess.CompletedProcess, float, list[int]]:
+    """Starts the command, waits until ``ready(its pid)`` (by default: two shards are finished),
+    sends ``signum``; the finished process, the seconds it took to end after the signal, and
+    its worker processes' pids."""
+    ready = ready or (lambda _: len(_finished(out)) >= 2)
+    process = subprocess.Popen(command("--input", str(tree), "--output", str(out), *args, *extra), cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while len(_finished(out)) < 2:
+        while not ready(process.pid):
             assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "no shard was finished in 120 s"
+            assert time.monotonic() < deadline, "the run was not ready to be stopped in 120 s"
             time.sleep(0.02)
         workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
         sent = time.monotonic()
@@ -124,6 +131,66 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
     assert manifest["counts"] == {"listed": listed, "written": listed - 1, "failed": 1, "skipped": 2}
     assert (manifest["duplicates"]["images"], manifest["duplicates"]["extra_copies"]) == (2, 3)
     assert not (out / ".beam-prep").exists()
+
+
+# Over 32 x 16 x 2 images, the default plan of a resumable run on 2 workers is 32 shards
+# (sharding.max_shard_images): the share a stop at halfway keeps is then the same at any
+# size, the issue's 5,000 images included.
+HALFWAY_IMAGES = 2560
+HALFWAY_ARGS = ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+
+
+@pytest.fixture(scope="module")
+def halfway_tree(tmp_path_factory) -> pathlib.Path:
+    """Photos whose shorter side is under twice the default 224 px, so that each is decoded
+    whole (no JPEG draft) and the run lasts long enough to be stopped halfway. A few pictures,
+    each file told apart by a JPEG comment: quicker to make than a picture each."""
+    root = tmp_path_factory.mktemp("halfway") / "tree"
+    pictures = [picture(seed, 640, 440) for seed in range(8)]
+    for i in range(HALFWAY_IMAGES):
+        folder = root / f"label_{i % 4}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"img_{i:05d}.jpg").write_bytes(encode(pictures[i % 8], "JPEG", quality=90,
+                                                         comment=f"photo {i}".encode()))
+    return root
+
+
+def _progress_of(pid: int) -> progress.Progress:
+    """The images the workers of the run launched as ``pid`` have finished, from their reports
+    (in the test's TMPDIR, which the run inherits): what its progress bar shows."""
+    folders = list(pathlib.Path(os.environ["TMPDIR"]).glob(f"{progress.FOLDER_PREFIX}{pid}-*"))
+    return progress.read_progress(str(folders[0]), HALFWAY_IMAGES) if folders else progress.Progress(HALFWAY_IMAGES)
+
+
+def test_a_run_stopped_halfway_keeps_most_of_its_work_and_rates_only_the_rest(halfway_tree, tmp_path):
+    """Ctrl-C once the workers have done half the images, with the default shard plan: the
+    resume keeps at least 40% of the images (two shards of 150 MB, one a worker, kept none).
+    The resumed run's rate is that of the images it processed, not of its kept ones too."""
+    out = tmp_path / "out"
+    shares: list[float] = []
+
+    def halfway(pid: int) -> bool:
+        shares.append(_progress_of(pid).done / HALFWAY_IMAGES)
+        return shares[-1] >= 0.5
+
+    stopped, _, _ = _interrupt(halfway_tree, out, signal.SIGINT, args=HALFWAY_ARGS, ready=halfway)
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr
+    assert shares[-1] < 0.75, f"stopped at {shares[-1]:.0%}, not halfway"
+    assert re.search(r"interrupted: \d+ of 32 shards written", stopped.stderr), stopped.stderr
+    finished = [resume.finished_shard(str(p.parent), p.name[:-len(".done.json")]) for p in _finished(out)]
+
+    resumed = run_prepare("--input", str(halfway_tree), "--output", str(out), *HALFWAY_ARGS)
+    assert resumed.returncode == 0, resumed.stderr
+    shards, images = (int(n.replace(",", "")) for n in re.search(
+        rf"resuming run \S+: (\d+) of 32 shards already written \(([\d,]+) of {HALFWAY_IMAGES:,} images\)",
+        resumed.stderr).groups())
+    assert (shards, images) == (len(finished), resume.images_in(finished))  # the finished shards' records
+    kept = images / HALFWAY_IMAGES
+    assert 0.4 <= kept < 1, f"kept {kept:.0%} of the images, stopped at {shares[-1]:.0%}"
+    rate, seconds = re.search(r"then ([\d,]+) images/s for ([\d.]+) s", resumed.stdout).groups()
+    processed = float(rate.replace(",", "")) * float(seconds)
+    assert processed == pytest.approx(HALFWAY_IMAGES - images, rel=0.15, abs=30), resumed.stdout
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == HALFWAY_IMAGES
 
 
 def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninterrupted, tmp_path):
@@ -260,3 +327,34 @@ def test_a_dry_run_flag_takes_false_as_false():
     assert _dry_run_as_bool(["--dry_run", "--x", "1"]) == ["--dry_run=True", "--x", "1"]
     assert _dry_run_as_bool(["--dry_run", "false", "--dry_run=0", "--y"]) == ["--y"]
     assert _dry_run_as_bool(["--dry_run=True", "--", "--dry_run"]) == ["--dry_run=True", "--", "--dry_run"]
+
+
+# Rewrites one large record again and again, so that a kill at any moment most likely
+# lands while it is being written.
+WRITER = """
+import sys
+from beam_prep.write import resume
+failures = [{"path": "x" * 20_000_000, "stage": "decode"}]
+while True:
+    resume.write_shard_record(sys.argv[1], resume.ShardRecord("train-00000", 1, 2, "0" * 64, {}, failures, {}))
+"""
+
+
+def test_a_record_is_there_whole_or_not_at_all_whenever_its_writer_is_killed(tmp_path):
+    """A writer killed mid-record leaves no record the resume cannot read: such a record is
+    silently taken for unfinished by the resume, and for finished by whoever lists the folder."""
+    for attempt in range(8):
+        work = tmp_path / f"work-{attempt}"
+        work.mkdir()
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(work)], cwd=REPO)
+        try:
+            deadline = time.monotonic() + 60
+            while not (work / "train-00000.done.json").exists():
+                assert writer.poll() is None and time.monotonic() < deadline
+                time.sleep(0.005)
+            time.sleep(0.1 + 0.037 * attempt)  # a few rewrites later, at a different point of one
+        finally:
+            writer.kill()
+            writer.wait()
+        assert resume.finished_shard(str(work), "train-00000") is not None, f"attempt {attempt}"
+        assert resume.finished_count(str(work), ["train-00000"]) == 1

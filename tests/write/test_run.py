@@ -118,6 +118,58 @@ def test_never_more_shards_than_examples():
     assert sharding.choose_num_shards(1000, 1e6, 150, multiple_of=1) == 7
 
 
+# A 224 px JPEG record as estimated_record_bytes makes it (23 KB): 5,000 of them are 113 MB, one shard by size.
+JPEG_224 = 224 * 224 * 3 * 0.15
+
+
+def test_a_resumable_runs_shards_each_hold_a_small_share_of_it():
+    """A stop keeps only whole shards, and each local worker writes one at a time: a plan of
+    about two shards of 150 MB kept nothing of a run stopped halfway. Shards now hold at most
+    1/SHARDS_PER_WORKER of a worker's share of the run."""
+    cap = sharding.max_shard_images(5000, 2)
+    assert cap == 157  # 5,000 / (16 shards x 2 workers), rounded up
+    assert sharding.choose_num_shards(5000, JPEG_224, 150, multiple_of=2) == 2  # not resumable: by size
+    assert sharding.choose_num_shards(5000, JPEG_224, 150, multiple_of=2, max_images=cap) == 32
+    # The run's validation split gets shards of the same size, not as many.
+    assert sharding.choose_num_shards(500, JPEG_224, 150, multiple_of=2, max_images=cap) == 4
+    # More workers, more shards, so that each still has 16 to write...
+    assert sharding.choose_num_shards(50_000, JPEG_224, 150, 8, sharding.max_shard_images(50_000, 8)) == 128
+    # ...but none of fewer than MIN_RESUMABLE_SHARD_IMAGES: a small run is done again in seconds.
+    assert sharding.max_shard_images(5000, 16) == sharding.MIN_RESUMABLE_SHARD_IMAGES == 32
+    assert sharding.choose_num_shards(5000, JPEG_224, 150, 16, sharding.max_shard_images(5000, 16)) == 160
+    assert sharding.choose_num_shards(100, JPEG_224, 150, 2, sharding.max_shard_images(100, 2)) == 4
+    assert sharding.choose_num_shards(40, JPEG_224, 150, 2, sharding.max_shard_images(40, 2)) == 2
+
+
+def test_a_large_tree_keeps_shards_near_the_target_size():
+    """Where the target size already makes shards small enough, the plan is the size's."""
+    images, workers = 2_000_000, 16  # 45 GB of 224 px JPEGs
+    by_size = sharding.choose_num_shards(images, JPEG_224, 150, workers)
+    assert by_size == 304  # 302 by size, rounded up to the workers: 148 MB each
+    cap = sharding.max_shard_images(images, workers)
+    assert sharding.choose_num_shards(images, JPEG_224, 150, workers, max_images=cap) == by_size
+
+
+@pytest.mark.parametrize("sink", ["streaming", "shuffle"])
+def test_only_a_resumable_run_plans_shards_for_stopping(tmp_path, sink):
+    """The plan takes the whole run's images (both splits) and the local workers; the shuffle
+    sink keeps nothing of a stopped run, so its shards stay near the target size."""
+    from beam_prep.write.pipeline import plan
+
+    make_tree(tmp_path / "in", {"a": 700, "b": 500}, size=(8, 8))
+    config = PrepareConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"),
+                           spec=ImageSpec(height=224, width=224), sink=sink, validation_percent=10)
+    listing, planned = plan(config, PipelineOptions(["--direct_num_workers=2",
+                                                     "--direct_running_mode=multi_processing"]))
+    listing.close()
+    if sink == "shuffle":
+        assert planned.num_shards == {"train": 1, "validation": 1}
+        return
+    largest = {split: -(-planned.split_counts[split] // n) for split, n in planned.num_shards.items()}
+    assert max(largest.values()) <= sharding.max_shard_images(1200, 2) == 38, planned
+    assert all(n % 2 == 0 for n in planned.num_shards.values()) and sum(planned.num_shards.values()) >= 32
+
+
 SHARD_COUNTS = {"train": 12, "validation": 3, "test": 1}
 
 
