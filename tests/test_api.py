@@ -47,7 +47,7 @@ def test_a_refusal_names_the_keyword_that_overrides_it(tmp_path):
     beam_prep.prepare(*args, **SMALL)
     with pytest.raises(OptionsError) as e:
         beam_prep.prepare(*args, **SMALL)
-    assert str(e.value) == (f"output {tmp_path / 'out'} already holds a dataset (5 files); "
+    assert str(e.value) == (f"output {tmp_path / 'out'} already holds a dataset (6 files); "
                             "pass overwrite=True to replace it")
 
 
