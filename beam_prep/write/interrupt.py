@@ -2,9 +2,10 @@
 
 Beam's multi-process runner starts a process per worker that does not end
 with its launcher's ``KeyboardInterrupt``, and SIGTERM ends a Python process
-without unwinding at all. So while a local job runs, SIGTERM raises in the main
-thread as Ctrl-C does, and whatever stopped the job, the launcher ends the
-worker processes it started before it says what was kept.
+without unwinding at all. So while a local job runs, SIGINT and SIGTERM stop the
+worker processes the launcher started, then raise in the main thread as Ctrl-C
+does; whatever else stopped the job, the launcher ends them too before it says
+what was kept.
 """
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["signal_of", "signals_as_interrupts", "stop_workers"]
+__all__ = ["is_worker", "signal_of", "signals_as_interrupts", "stop_workers"]
 
 _LOG = logging.getLogger(__name__)
 # What names a Beam SDK worker process in its command line (SubprocessSDKEnvironment's command).
 _WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
+_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C's ``KeyboardInterrupt`` would be."""
+class _Signalled(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where Ctrl-C's ``KeyboardInterrupt`` would be."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -31,8 +33,13 @@ class _Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_as_interrupts() -> Iterator[None]:
-    """While inside, SIGTERM raises ``KeyboardInterrupt`` (a subclass) in the main thread.
+    """While inside, SIGINT and SIGTERM stop the workers (``stop_workers``), then raise
+    ``KeyboardInterrupt`` (a subclass that names the signal) in the main thread.
 
+    The workers first: a launcher signalled alone (``kill``, a container stopped;
+    a terminal's Ctrl-C reaches the workers too) would otherwise unwind through
+    Beam's teardown, which waits for its workers while they go on writing shards,
+    so the run would stop well after it was told to, and where nobody can say.
     Does nothing off the main thread, where Python cannot handle signals.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -40,17 +47,19 @@ def signals_as_interrupts() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: object) -> None:
-        raise _Terminated(signum)
+        stop_workers()
+        raise _Signalled(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in _STOPPING_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, then in previous.items():
+            signal.signal(signum, then)
 
 
 def signal_of(interrupt: KeyboardInterrupt) -> int:
-    """The signal behind an interrupt: SIGTERM for ours, SIGINT for Python's own."""
+    """The signal behind an interrupt: the one ours names, SIGINT for Python's own."""
     return getattr(interrupt, "signum", signal.SIGINT)
 
 
@@ -64,7 +73,7 @@ def stop_workers(grace_s: float = 3.0) -> int:
     import psutil  # imported here: only a stopped local run needs it
 
     try:
-        workers = [p for p in psutil.Process().children(recursive=True) if _is_worker(p)]
+        workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p)]
     except psutil.Error:
         return 0
     for worker in workers:
@@ -80,7 +89,8 @@ def stop_workers(grace_s: float = 3.0) -> int:
     return len(workers)
 
 
-def _is_worker(process) -> bool:
+def is_worker(process) -> bool:
+    """Whether a ``psutil.Process`` is a Beam SDK worker, by its command line."""
     try:
         return any(_WORKER_MODULE in part for part in process.cmdline())
     except Exception:  # noqa: BLE001 - gone already, or not ours to see

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 import pytest
@@ -27,16 +27,27 @@ SHARDS = 16
 ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers", "2",
         "--direct_running_mode", "multi_processing")
 # Enough photos that the run is still going when the test has seen two shards finish and
-# signals it, with time to spare on a loaded machine (the kernel draft-decodes them to 48 px).
+# signals it, with time to spare on a loaded machine (see the tree fixture).
 PHOTOS_PER_LABEL = 120
 DATASET_FILES = ("errors.jsonl", "skipped.jsonl", "labels.txt", "duplicates.jsonl")
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> pathlib.Path:
-    """Large enough photos that 16 shards take the workers a few seconds: time to stop them midway."""
+    """Photos in 4 labels, a broken one, and copies, whose 16 shards keep the workers busy for
+    a while after the first two are finished: time for a signal to stop them midway.
+
+    Progressive JPEGs without chroma subsampling: their decode costs several times a baseline
+    JPEG's, which the kernel draft-decodes to 48 px almost for free (16 shards of those took
+    a fraction of a second, on a loaded machine less than the signal took to reach the workers).
+    """
     root = tmp_path_factory.mktemp("resume") / "tree"
-    make_tree(root, {label: PHOTOS_PER_LABEL for label in ("ant", "bee", "cat", "dog")}, size=(640, 480))
+    for n, label in enumerate(("ant", "bee", "cat", "dog")):
+        (root / label).mkdir(parents=True)
+        for i in range(PHOTOS_PER_LABEL):
+            photo = picture(n * PHOTOS_PER_LABEL + i, 640, 480)
+            (root / label / f"img_{i:03d}.jpg").write_bytes(
+                encode(photo, "JPEG", quality=90, progressive=True, subsampling=0))
     (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole JPEG")
     (root / "dog" / "notes.txt").write_text("skipped")  # the resumed run names them as the whole run did
     (root / "ant" / ".DS_Store").write_bytes(b"")
@@ -80,17 +91,19 @@ def _interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, 
                ) -> tuple[subprocess.CompletedProcess, float, list[int]]:
     """Starts the command, waits until ``ready(its pid)`` (by default: two shards are finished),
     sends ``signum``; the finished process, the seconds it took to end after the signal, and
-    its worker processes' pids."""
+    the pids of the processes it started.
+
+    Those processes are listed once the workers are writing, before the run is ready, so
+    that the signal follows the moment the test sees the run ready: the run's remaining work
+    must outlast the signal's way through the launcher, not the test's own steps as well.
+    """
     ready = ready or (lambda _: len(_finished(out)) >= 2)
     process = subprocess.Popen(command("--input", str(tree), "--output", str(out), *args, *extra), cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not ready(process.pid):
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the run was not ready to be stopped in 120 s"
-            time.sleep(0.02)
+        _wait_for(lambda: list(out.glob(f"{layout.WORK_DIR}/*/*.partial")), process, "a shard to be started")
         workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        _wait_for(lambda: ready(process.pid), process, "the run to be ready to stop")
         sent = time.monotonic()
         (os.killpg if whole_group else os.kill)(process.pid, signum)
         stdout, stderr = process.communicate(timeout=60)
@@ -100,6 +113,16 @@ def _interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, 
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), took, workers
+
+
+def _wait_for(condition: Callable[[], Any], process: subprocess.Popen, what: str, timeout: float = 120) -> Any:
+    """Polls ``condition`` until it gives something true, and returns that; fails if ``process`` ends first."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.02)
+    return value
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
