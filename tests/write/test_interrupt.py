@@ -23,7 +23,11 @@ def test_a_signal_stops_the_workers_before_it_raises(signum):
     workers that go on writing shards meanwhile: the run would stop late, nobody knows where."""
     worker = subprocess.Popen(STAND_IN)
     try:
-        assert interrupt.is_worker(psutil.Process(worker.pid))
+        # Between fork and exec the child still has the test's command line: wait for its own.
+        deadline = time.monotonic() + 60
+        while not interrupt.is_worker(psutil.Process(worker.pid)):
+            assert time.monotonic() < deadline, "the stand-in worker did not start in 60 s"
+            time.sleep(0.01)
         with pytest.raises(KeyboardInterrupt) as raised, interrupt.signals_as_interrupts():
             os.kill(os.getpid(), signum)
             time.sleep(5)  # ended by the handler's interrupt
