@@ -13,21 +13,20 @@ import pytest
 from beam_prep.write import interrupt
 
 # A stand-in worker: a process whose command line names Beam's worker module, as the
-# launcher's workers' do, and that runs until it is stopped.
-STAND_IN = [sys.executable, "-c", "import time; time.sleep(120)", "apache_beam.runners.worker.sdk_worker_main"]
+# launcher's workers' do, and that says so once it runs, then runs until it is stopped.
+STAND_IN = [sys.executable, "-c", "import time; print('running', flush=True); time.sleep(120)",
+            "apache_beam.runners.worker.sdk_worker_main"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_workers_before_it_raises(signum):
     """Raised first, the interrupt would unwind through Beam's teardown, which waits for
     workers that go on writing shards meanwhile: the run would stop late, nobody knows where."""
-    worker = subprocess.Popen(STAND_IN)
+    worker = subprocess.Popen(STAND_IN, stdout=subprocess.PIPE, text=True)
     try:
-        # Between fork and exec the child still has the test's command line: wait for its own.
-        deadline = time.monotonic() + 60
-        while not interrupt.is_worker(psutil.Process(worker.pid)):
-            assert time.monotonic() < deadline, "the stand-in worker did not start in 60 s"
-            time.sleep(0.01)
+        # Until it has said so, it may still be the fork of this process, with this command line.
+        assert worker.stdout.readline() == "running\n"
+        assert interrupt.is_worker(psutil.Process(worker.pid))
         with pytest.raises(KeyboardInterrupt) as raised, interrupt.signals_as_interrupts():
             os.kill(os.getpid(), signum)
             time.sleep(5)  # ended by the handler's interrupt
@@ -38,6 +37,7 @@ def test_a_signal_stops_the_workers_before_it_raises(signum):
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+        worker.stdout.close()
 
 
 def test_the_handlers_before_are_back_outside():
