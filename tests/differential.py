@@ -89,8 +89,14 @@ class Verdicts:
     rejected: dict[str, Rejected] = dataclasses.field(default_factory=dict)
     problems: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def report(self) -> str:
-        return "\n".join(f"  {name}: {why}" for name, why in sorted(self.problems.items()))
+    def report(self, refused: bool | None = None) -> str:
+        """The problems, one a line; of the files the strict decoder refused (``refused``), or
+        of the others (not ``refused``), or of all (None). Empty when there are none."""
+        shown = {name: why for name, why in self.problems.items()
+                 if refused is None or (name in self.rejected) == refused}
+        if not shown:
+            return ""
+        return f"{len(shown)} files:\n" + "\n".join(f"  {name}: {why}" for name, why in sorted(shown.items()))
 
     def figures(self, run: Run) -> str:
         """One line for the README: the run's counts and the PSNR of what it wrote."""

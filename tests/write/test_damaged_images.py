@@ -105,14 +105,12 @@ def test_pillows_broken_png_is_reported_at_decode(outcome):
 def test_what_the_strict_decoder_refuses_is_reported_at_decode_not_written(outcome):
     run, verdicts = outcome
     assert {e.stage for e in verdicts.rejected.values()} == {"decode"}
-    wrong = {name: why for name, why in verdicts.problems.items() if name in verdicts.rejected}
-    assert not wrong, f"{len(wrong)} of {len(verdicts.rejected)} refused files:\n" + Verdicts(problems=wrong).report()
+    assert not verdicts.report(refused=True), verdicts.report(refused=True)
 
 
 def test_what_still_decodes_is_written_and_matches_the_reference(outcome):
     _, verdicts = outcome
-    wrong = {name: why for name, why in verdicts.problems.items() if name not in verdicts.rejected}
-    assert not wrong, f"{len(wrong)} files:\n" + Verdicts(problems=wrong).report()
+    assert not verdicts.report(refused=False), verdicts.report(refused=False)
 
 
 def test_figures(outcome, tree, capsys):
