@@ -187,7 +187,8 @@ def _progress_of(pid: int) -> progress.Progress:
 
 def test_a_run_stopped_halfway_keeps_most_of_its_work_and_rates_only_the_rest(halfway_tree, tmp_path):
     """Ctrl-C once the workers have done half the images, with the default shard plan: the
-    resume keeps at least 40% of the images (two shards of 150 MB, one a worker, kept none).
+    resume keeps at least 40% of the images (the plan by size alone, two shards, one a worker,
+    kept none).
     The resumed run's rate is that of the images it processed, not of its kept ones too."""
     out = tmp_path / "out"
     shares: list[float] = []
