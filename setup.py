@@ -13,6 +13,9 @@ REQUIRED = [
     f"apache-beam[gcp]=={BEAM_VERSION}",
     "tensorflow>=2.21,<2.22",
     "pillow>=11.0,<13",
+    # Our resize kernel (write/resample_kernel.py): Pillow's bicubic, vectorised; compiled once
+    # into numba's cache. Without it, Pillow's own loops resize (the same pixels, slower).
+    "numba>=0.61,<1",
     "numpy>=1.26,<3",
     "protobuf>=6.31,<7",
     # GZIP for the local sink: ISA-L, ~5x faster than zlib at the same ratio.

@@ -23,6 +23,11 @@ class ElementError(BeamPrepError, TypeError):
     pipeline, not bad data, so it fails the job instead of going to errors.jsonl."""
 
 
+class KernelUnavailable(BeamPrepError):
+    """The resize kernel was required (``BEAM_PREP_RESIZE_KERNEL=numba``) and cannot load here:
+    the environment, not an image, is at fault, so it fails the job."""
+
+
 class ImageError(BeamPrepError):
     """One image that cannot become a record; it goes to the errors report, never fails a job.
 

@@ -11,11 +11,8 @@ says which happened and why, for the manifest's counts.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import math
-import os
-from importlib import metadata
 
 import numpy as np
 from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
@@ -23,6 +20,8 @@ from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
 from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
+from beam_prep.write import resample
+from beam_prep.write.resample import pillow_build as library  # noqa: F401 - its public name here
 
 RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")
 FIXED_SIZE_MODES = ("center_crop", "stretch", "pad")
@@ -47,7 +46,6 @@ IMAGE_EXTENSIONS = frozenset(
 )
 
 DEFAULT_MAX_PIXELS = 100_000_000
-RESAMPLE = Image.Resampling.BICUBIC
 # Let the JPEG decoder scale down in the DCT domain (1/2, 1/4, 1/8) while the
 # result stays at least the target size; the final bicubic resize does the rest.
 # Pillow's thumbnail() rule of twice the target costs more CPU for a fidelity
@@ -149,26 +147,6 @@ class EncodedImage:
     channels: int
     original: str | None = None
     flat: bool = False  # one flat colour (``FLAT_SPREAD``): worth a look, counted by the run
-
-
-@functools.cache
-def library() -> str:
-    """The Pillow build that decodes and resizes here: ``pillow 12.3.0``, or ``pillow-simd ...``
-    where the opt-in accelerated build is installed in its place (README, *Faster resizing*).
-
-    Their resized pixels differ by rounding, so the manifest records which made a dataset:
-    reruns are byte-identical with the same build.
-    """
-    import PIL
-
-    for name in ("pillow-simd", "pillow"):
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if os.path.realpath(dist.locate_file("PIL/__init__.py")) == os.path.realpath(PIL.__file__):
-            return f"{name} {dist.version}"
-    return f"PIL {PIL.__version__}"
 
 
 def parse_colour(text: str) -> str:
@@ -442,10 +420,10 @@ def _resize(img: Image.Image, region: Box, spec: ImageSpec) -> Image.Image:
             crop_w, crop_h = min(width, spec.width / scale), min(height, spec.height / scale)
             left, top = left + (width - crop_w) / 2, top + (height - crop_h) / 2
             box = (left, top, left + crop_w, top + crop_h)
-            return img.resize((spec.width, spec.height), RESAMPLE, box=box)
+            return resample.resize(img, (spec.width, spec.height), box)
         size = (max(1, round(scaled[0])), max(1, round(scaled[1])))
         unchanged = size == img.size and region == (0, 0, *img.size)
-        resized = img if unchanged else img.resize(size, RESAMPLE, box=region)
+        resized = img if unchanged else resample.resize(img, size, region)
         if spec.resize_mode != "pad":
             return resized
         canvas = Image.new(spec.mode, (spec.width, spec.height))

@@ -18,7 +18,7 @@ from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, labels_lines,
                                      parse_manifest)
 from beam_prep.model.features import SCHEMA
-from beam_prep.write import duplicates, imaging, layout, skipped
+from beam_prep.write import duplicates, imaging, layout, resample, skipped
 from beam_prep.write.flat import FlatImages
 from beam_prep.write.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.write.options import PrepareConfig
@@ -103,6 +103,7 @@ def build(
         "format_version": dataset.pop("format_version"),
         "beam_prep_version": beam_prep.__version__,
         "imaging_library": imaging.library(),
+        "resize_kernel": resample.available(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **dataset,
         "features": {key: kind.value for key, kind in SCHEMA.items()},

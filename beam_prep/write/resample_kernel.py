@@ -1,0 +1,124 @@
+"""The compiled loops of ``resample``: Pillow's bicubic resampling, one pass over contiguous rows.
+
+Imported only by ``resample``, which falls back to Pillow where this module
+cannot load (numba missing, or unable to compile for this machine). The
+functions are compiled for fixed argument types when this module is imported,
+and cached by numba beside the source (``__pycache__``) or, where that cannot
+be written, in the user's cache folder: a machine pays the compile (about two
+seconds) once, later processes load it.
+
+What Pillow computes (``libImaging/Resample.c``), and why the result is the
+same byte for byte on every CPU: the weights are a few double-precision
+operations in Pillow's order (no fused multiply-add: numba does not contract
+without ``fastmath``), rounded to 22-bit integers; the rest is integer
+arithmetic that no instruction set rounds differently.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# Pillow's PRECISION_BITS for 8-bit images: 32 - 8 bits of result - 2 bits of headroom.
+PRECISION_BITS = 22
+_HALF = 1 << (PRECISION_BITS - 1)
+_ONE = float(1 << PRECISION_BITS)
+
+_JIT = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
+
+
+@numba.njit("float64(float64)", **_JIT)
+def _bicubic(x: float) -> float:
+    """Pillow's bicubic filter (a = -0.5), operations in its order."""
+    if x < 0.0:
+        x = -x
+    if x < 1.0:
+        return (1.5 * x - 2.5) * x * x + 1.0
+    if x < 2.0:
+        return (((x - 5.0) * x + 8.0) * x - 4.0) * -0.5
+    return 0.0
+
+
+@numba.njit("Tuple((int32[:, ::1], int32[:, ::1]))(int64, float32, float32, int64)", **_JIT)
+def coefficients(in_size: int, in0: np.float32, in1: np.float32, out_size: int):
+    """Pillow's ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` for one axis.
+
+    Args:
+      in_size: the source's pixels along this axis.
+      in0: where the box starts, as the float32 Pillow's C code receives.
+      in1: where it ends, likewise.
+      out_size: the output's pixels along this axis.
+
+    Returns:
+      ``bounds`` (out_size, 2): each output pixel's first source pixel and tap count;
+      ``weights`` (out_size, taps): its integer weights, zero past its count.
+    """
+    scale = np.float64(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
+    filterscale = scale if scale >= 1.0 else 1.0
+    support = 2.0 * filterscale
+    taps = int(math.ceil(support)) * 2 + 1
+    inv_filterscale = 1.0 / filterscale
+    start = np.float64(in0)
+    bounds = np.empty((out_size, 2), np.int32)
+    weights = np.zeros((out_size, taps), np.int32)
+    k = np.empty(taps, np.float64)
+    for xx in range(out_size):
+        center = start + (xx + 0.5) * scale
+        xmin = int(center - support + 0.5)  # C's (int): towards zero
+        if xmin < 0:
+            xmin = 0
+        xmax = int(center + support + 0.5)
+        if xmax > in_size:
+            xmax = in_size
+        xmax -= xmin
+        total = 0.0
+        for x in range(xmax):
+            w = _bicubic((np.float64(x + xmin) - center + 0.5) * inv_filterscale)
+            k[x] = w
+            total += w
+        for x in range(xmax):
+            w = k[x] / total if total != 0.0 else k[x]
+            weights[xx, x] = int(-0.5 + w * _ONE) if w < 0 else int(0.5 + w * _ONE)
+        bounds[xx, 0] = xmin
+        bounds[xx, 1] = xmax
+    return bounds, weights
+
+
+@numba.njit("void(uint8[:, ::1], int32[:, ::1], int32[:, ::1], uint8[:, ::1], int32[::1])", **_JIT)
+def filter_rows(src, bounds, weights, out, acc) -> None:
+    """Each row of ``out`` is the weighted sum of the rows of ``src`` its bounds name, clipped to 8 bits.
+
+    A row is a whole image row (all its channels), so the inner loops run over
+    contiguous bytes and vectorise. The horizontal pass runs here too, on the
+    transposed image. ``acc``: scratch of one row, reused.
+    """
+    width = src.shape[1]
+    for yy in range(out.shape[0]):
+        first = bounds[yy, 0]
+        for i in range(width):
+            acc[i] = _HALF
+        for y in range(bounds[yy, 1]):
+            w = weights[yy, y]
+            row = src[first + y]
+            for i in range(width):
+                acc[i] += np.int32(row[i]) * w
+        line = out[yy]
+        for i in range(width):
+            v = acc[i] >> PRECISION_BITS
+            line[i] = 0 if v < 0 else (255 if v > 255 else v)
+
+
+@numba.njit("void(uint8[:, :], uint8[:, ::1])", **_JIT)
+def transpose_bytes(src, out) -> None:
+    """``out`` = ``src`` transposed, in tiles that stay in cache: one-byte pixels, where numpy's
+    strided copy is slow."""
+    rows, cols = src.shape
+    tile = 32
+    for r0 in range(0, rows, tile):
+        r1 = min(r0 + tile, rows)
+        for c0 in range(0, cols, tile):
+            c1 = min(c0 + tile, cols)
+            for c in range(c0, c1):
+                for r in range(r0, r1):
+                    out[c, r] = src[r, c]
