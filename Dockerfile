@@ -9,6 +9,9 @@ COPY beam_prep ./beam_prep
 COPY pipelines ./pipelines
 COPY .ci/build-pillow-simd ./
 RUN pip install --no-cache-dir . && python -c "import beam_prep.write.transforms, pipelines.prepare_images"
+# The resize kernel, compiled now into numba's cache beside the installed package: workers on
+# the same CPU model load it in a few tenths of a second (another CPU compiles its own, once).
+RUN python -c "from beam_prep.write import resample; kernel = resample.load(); assert kernel.startswith('numba'), kernel"
 # pillow-simd in place of Pillow (README, "Faster resizing"): the workers decode and
 # resize every image. It ships no wheels, so it is built here; the compiler and
 # headers leave again in the same layer, the libraries it links stay.

@@ -18,7 +18,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_prep.io import tfrecord
 from beam_prep.io.storage import join, read_lines, write_lines
 from beam_prep.io.tfrecord import write_record
-from beam_prep.write import duplicates, layout, progress, resample, resume
+from beam_prep.write import duplicates, layout, progress, resume
 from beam_prep.write.flat import FlatImages
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.listing import FileEntry
@@ -92,7 +92,6 @@ class _Reading:
     def setup(self) -> None:
         self._reader = FileReader(connections=max(1, self.config.concurrency))
         self._pool = thread_pool(self.config)
-        resample.start()  # the resize kernel loads while the first files are read
 
     def window(self) -> ReadAhead:
         return ReadAhead(self._reader, self.config, self._pool)

@@ -10,9 +10,9 @@ rows it needs. Pixels come from Pillow's memory without a copy (its Arrow
 export), and the scratch arrays are kept per thread, so a worker's images reuse
 the same memory.
 
-The kernel loads in the background (``start``); until it is ready, and where
-numba is missing or cannot compile (one warning), ``resize`` is Pillow's: the
-images are the same either way. With pillow-simd in Pillow's place, its own
+A process loads the kernel in the background once it has resized
+``LOAD_AFTER`` images; until it is ready, and where numba is missing or cannot
+compile (one warning), ``resize`` is Pillow's: the images are the same either way. With pillow-simd in Pillow's place, its own
 resize always runs: its rounding differs, and a rerun must give the same bytes.
 """
 from __future__ import annotations
@@ -60,10 +60,16 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
+# Images a process resizes with Pillow's loops before it loads the kernel: loading costs about as
+# much CPU as resizing a few hundred images (``benchmarks/bench_startup.py``), which a small run
+# never earns back. Larger runs load it in the background and keep going meanwhile.
+LOAD_AFTER = 500
+
+
 class _Loader:
     """Loads the kernel once per process, in a background thread: importing numba and loading
-    the compiled code takes a few tenths of a second (a first compile, seconds), and until it is
-    ready ``resize`` uses Pillow's loops, whose pixels are the same."""
+    the compiled code costs a few tenths of a second of CPU (a first compile, seconds), and
+    until it is ready ``resize`` uses Pillow's loops, whose pixels are the same."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -71,6 +77,13 @@ class _Loader:
         self._done = threading.Event()
         self.module: types.ModuleType | None = None
         self.error: str | None = None
+        self._waiting = 0
+
+    def count_one(self) -> None:
+        """One more image resized by Pillow's loops; the load starts once they are ``LOAD_AFTER``."""
+        self._waiting += 1
+        if self._waiting >= LOAD_AFTER and self._thread is None:
+            self.start()
 
     def start(self) -> None:
         with self._lock:
@@ -100,11 +113,6 @@ class _Loader:
 
 
 _LOADER = _Loader()
-
-
-def start() -> None:
-    """Starts loading the kernel now (a worker's ``setup``), so it is ready by its first images."""
-    _LOADER.start()
 
 
 def load() -> str:
@@ -168,10 +176,13 @@ def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, flo
     Raises:
       ValueError: as Pillow raises it, for an empty or out-of-bounds box or a size under 1.
     """
+    choice = os.environ.get(KERNEL_VARIABLE)
     kernel_module = _LOADER.module
+    if choice == PILLOW:
+        return img.resize(size, RESAMPLE, box=box)
     if kernel_module is None:
-        if os.environ.get(KERNEL_VARIABLE) != NUMBA:
-            _LOADER.start()
+        if choice != NUMBA:
+            _LOADER.count_one()
             return img.resize(size, RESAMPLE, box=box)
         kernel_module = _LOADER.wait()
         if kernel_module is None:
@@ -235,7 +246,7 @@ def _pixels(img: Image.Image) -> tuple[np.ndarray, object] | None:
     if img.readonly:
         return None
     try:
-        _schema, capsule = img.__arrow_c_array__()
+        capsule = img.im.__arrow_c_array__()  # the array alone: Image's own method makes a schema too
     except (ValueError, AttributeError):
         return None
     array = _ArrowArray.from_address(_capsule_pointer(capsule, b"arrow_array"))
@@ -264,6 +275,9 @@ def _transposed(kernel_module: types.ModuleType, src: np.ndarray, out: np.ndarra
     return out
 
 
+_SCRATCH_TYPES = {4: np.uint32, 1: np.uint8, 0: np.int32}
+
+
 class _Scratch(threading.local):
     """Arrays reused from image to image, one set per thread: fresh ones would touch new pages
     on every image."""
@@ -273,8 +287,10 @@ class _Scratch(threading.local):
 
     def get(self, name: str, shape: tuple[int, ...], channels: int) -> np.ndarray:
         """A C-contiguous array of ``shape``: uint32 pixels (channels 4), bytes (1), int32 (0)."""
-        dtype = {4: np.uint32, 1: np.uint8, 0: np.int32}[channels]
-        size = int(np.prod(shape))
+        dtype = _SCRATCH_TYPES[channels]
+        size = 1
+        for side in shape:
+            size *= side
         buffer = self._buffers.get(name)
         if buffer is None or buffer.dtype != dtype or buffer.size < size:
             buffer = self._buffers[name] = np.empty(max(size, 1 << 16), dtype)

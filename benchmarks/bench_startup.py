@@ -1,0 +1,102 @@
+"""Start-up benchmark: what the resize kernel costs before a run's first image, warm and cold.
+
+Each figure beside its baseline, measured in the same command:
+
+* a worker's load of the kernel (``resample.load()`` in a fresh Python process):
+  importing numba and loading the compiled code from numba's cache (warm), or
+  compiling it into an empty cache (cold, a machine's first run);
+* the whole command on the sample tree (``pipelines.make_sample``), start to
+  exit, in alternating rounds: the default (the kernel loads in the background
+  while the workers start on their first images with Pillow's loops) against
+  ``BEAM_PREP_RESIZE_KERNEL=pillow`` (numba never imported: the command as it
+  was before the kernel), with a warm cache and with an empty one.
+
+    python -m benchmarks.bench_startup [--rounds 5] [--json startup.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Sequence
+
+from beam_prep.write import resample
+from benchmarks import REPO_ROOT, machine
+from benchmarks.measure import run_measured
+
+_LOAD = """
+import json, time
+start, cpu = time.perf_counter(), time.process_time()
+from beam_prep.write import resample
+kernel = resample.load()
+print(json.dumps({"kernel": kernel, "seconds": time.perf_counter() - start,
+                  "cpu": time.process_time() - cpu}))
+"""
+
+
+def kernel_load(cache: pathlib.Path) -> dict:
+    """One fresh process's load of the kernel, numba's cache in ``cache``."""
+    done = subprocess.run([sys.executable, "-c", _LOAD], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(cache)}, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def command_seconds(sample: pathlib.Path, work: pathlib.Path, env: dict[str, str]) -> float:
+    out = pathlib.Path(tempfile.mkdtemp(dir=work))
+    measured = run_measured([sys.executable, "-m", "pipelines.prepare_images", "--input", str(sample),
+                             "--output", str(out / "out")], cwd=REPO_ROOT, env=env)
+    if measured.returncode != 0:
+        sys.exit(f"the command failed:\n{measured.stderr}")
+    return measured.seconds
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args(argv)
+    if not resample.available().startswith("numba"):
+        sys.exit(f"no kernel to measure here: {resample.available()}")
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
+        work = pathlib.Path(folder)
+        sample = work / "sample"
+        subprocess.run([sys.executable, "-m", "pipelines.make_sample", str(sample)], cwd=REPO_ROOT,
+                       check=True, capture_output=True)
+        warm_cache = work / "numba-warm"
+        kernel_load(warm_cache)  # fills it
+        for round_ in range(args.rounds):
+            cold_cache = work / f"numba-cold-{round_}"
+            cold = kernel_load(cold_cache)
+            warm = kernel_load(warm_cache)
+            results.setdefault("load, cold: s", []).append(cold["seconds"])
+            results.setdefault("load, cold: CPU s", []).append(cold["cpu"])
+            results.setdefault("load, warm: s", []).append(warm["seconds"])
+            results.setdefault("load, warm: CPU s", []).append(warm["cpu"])
+            runs = {"command, without the kernel": {resample.KERNEL_VARIABLE: resample.PILLOW},
+                    "command, kernel warm": {"NUMBA_CACHE_DIR": str(warm_cache)},
+                    "command, kernel cold": {"NUMBA_CACHE_DIR": str(work / f"numba-command-{round_}")}}
+            for name, env in (runs.items() if round_ % 2 == 0 else reversed(runs.items())):
+                results.setdefault(name, []).append(command_seconds(sample, work, env))
+    base = statistics.median(results["command, without the kernel"])
+    print(f"{machine.describe(machine.machine_info())}; {resample.available()}; {args.rounds} rounds\n")
+    print("| measure | median s | min s | max s | − without the kernel |")
+    print("|---|---:|---:|---:|---:|")
+    for name, values in results.items():
+        median = statistics.median(values)
+        extra = f"{median - base:+.2f}" if name.startswith("command") else ""
+        print(f"| {name} | {median:.2f} | {min(values):.2f} | {max(values):.2f} | {extra} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"machine": machine.machine_info(), "kernel": resample.available(), "seconds": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
