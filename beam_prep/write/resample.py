@@ -220,12 +220,14 @@ def _by_kernel(kernel_module: types.ModuleType, img: Image.Image, size: tuple[in
         x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0] + h_bounds[-1, 1])
         h_bounds[:, 0] -= x0
         v_bounds[:, 0] -= y0
-        columns = _transposed(kernel_module, _as_pixels(rows, channels)[y0:y1, x0:x1],
-                              scratch.get("columns", (x1 - x0, y1 - y0), channels))
+        columns = scratch.get("columns", (x1 - x0, y1 - y0), channels)
+        kernel_module.transpose(_as_pixels(rows, channels)[y0:y1, x0:x1], columns)
         filtered = scratch.get("filtered", (out_w, y1 - y0), channels)
         kernel_module.filter_rows(_as_bytes(columns), h_bounds, h_weights, _as_bytes(filtered),
                                   scratch.get("acc", ((y1 - y0) * channels,), 0))
-        rows = _as_bytes(_transposed(kernel_module, filtered, scratch.get("rows", (y1 - y0, out_w), channels)))
+        rows = scratch.get("rows", (y1 - y0, out_w), channels)
+        kernel_module.transpose(filtered, rows)
+        rows = _as_bytes(rows)
     if need_vertical:
         out = scratch.get("out", (out_h, out_w * channels), 1)
         kernel_module.filter_rows(rows, v_bounds, v_weights, out, scratch.get("acc", (out_w * channels,), 0))
@@ -264,15 +266,6 @@ def _as_pixels(rows: np.ndarray, channels: int) -> np.ndarray:
 
 def _as_bytes(pixels: np.ndarray) -> np.ndarray:
     return pixels.view(np.uint8)
-
-
-def _transposed(kernel_module: types.ModuleType, src: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``src`` transposed into ``out``: numpy's strided copy for 4-byte pixels, the kernel's tiles for 1."""
-    if src.dtype == np.uint32:
-        np.copyto(out, src.T)
-    else:
-        kernel_module.transpose_bytes(src, out)
-    return out
 
 
 _SCRATCH_TYPES = {4: np.uint32, 1: np.uint8, 0: np.int32}

@@ -90,7 +90,8 @@ def filter_rows(src, bounds, weights, out, acc) -> None:
     """Each row of ``out`` is the weighted sum of the rows of ``src`` its bounds name, clipped to 8 bits.
 
     A row is a whole image row (all its channels), so the inner loops run over
-    contiguous bytes and vectorise. The horizontal pass runs here too, on the
+    contiguous bytes and vectorise. Integer sums in any order are Pillow's exactly (the
+    total fits in 32 bits, which is why Pillow keeps 2 bits of headroom). The horizontal pass runs here too, on the
     transposed image. ``acc``: scratch of one row, reused.
     """
     width = src.shape[1]
@@ -98,27 +99,42 @@ def filter_rows(src, bounds, weights, out, acc) -> None:
         first = bounds[yy, 0]
         for i in range(width):
             acc[i] = _HALF
-        for y in range(bounds[yy, 1]):
+        taps = bounds[yy, 1]
+        y = 0
+        while y + 4 <= taps:  # four rows a pass: a quarter of the trips through acc
+            w0, w1, w2, w3 = weights[yy, y], weights[yy, y + 1], weights[yy, y + 2], weights[yy, y + 3]
+            r0, r1, r2, r3 = src[first + y], src[first + y + 1], src[first + y + 2], src[first + y + 3]
+            for i in range(width):
+                acc[i] += (np.int32(r0[i]) * w0 + np.int32(r1[i]) * w1
+                           + np.int32(r2[i]) * w2 + np.int32(r3[i]) * w3)
+            y += 4
+        while y < taps:
             w = weights[yy, y]
             row = src[first + y]
             for i in range(width):
                 acc[i] += np.int32(row[i]) * w
+            y += 1
         line = out[yy]
         for i in range(width):
             v = acc[i] >> PRECISION_BITS
             line[i] = 0 if v < 0 else (255 if v > 255 else v)
 
 
-@numba.njit("void(uint8[:, :], uint8[:, ::1])", **_JIT)
-def transpose_bytes(src, out) -> None:
-    """``out`` = ``src`` transposed, in tiles that stay in cache: one-byte pixels, where numpy's
-    strided copy is slow."""
+@numba.njit(["void(uint32[:, :], uint32[:, ::1])", "void(uint8[:, :], uint8[:, ::1])"], **_JIT)
+def transpose(src, out) -> None:
+    """``out`` = ``src`` transposed (pixels: uint32 for RGBX, uint8 for L), in 4x4 tiles whose
+    fixed-size loops the compiler unrolls: faster than numpy's strided copy, and cache-friendly."""
     rows, cols = src.shape
-    tile = 32
-    for r0 in range(0, rows, tile):
-        r1 = min(r0 + tile, rows)
-        for c0 in range(0, cols, tile):
-            c1 = min(c0 + tile, cols)
-            for c in range(c0, c1):
-                for r in range(r0, r1):
-                    out[c, r] = src[r, c]
+    tile = 4
+    whole_rows, whole_cols = rows - rows % tile, cols - cols % tile
+    for r0 in range(0, whole_rows, tile):
+        for c0 in range(0, whole_cols, tile):
+            for i in range(tile):
+                for j in range(tile):
+                    out[c0 + j, r0 + i] = src[r0 + i, c0 + j]
+        for c in range(whole_cols, cols):
+            for i in range(tile):
+                out[c, r0 + i] = src[r0 + i, c]
+    for r in range(whole_rows, rows):
+        for c in range(cols):
+            out[c, r] = src[r, c]
