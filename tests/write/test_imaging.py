@@ -349,14 +349,14 @@ def _stored(upright: Image.Image, orientation: int) -> bytes:
 
 
 @pytest.mark.parametrize("width,height,side,grey,orientation,scale", [
-    (501, 375, 144, False, 1, 2),
-    (999, 667, 224, False, 1, 2),
-    (1023, 769, 224, False, 1, 2),
-    (1999, 1501, 224, False, 1, 4),
-    (375, 501, 144, False, 1, 2),  # portrait
-    (667, 999, 224, True, 1, 2),
-    (769, 1023, 224, False, 6, 2),  # stored 1023x769, turned upright on decode
-    (769, 1023, 224, False, 8, 2),
+    (701, 525, 144, False, 1, 2),
+    (1601, 1067, 224, False, 1, 2),
+    (1203, 801, 224, False, 1, 2),
+    (3201, 2401, 224, False, 1, 4),
+    (525, 701, 144, False, 1, 2),  # portrait
+    (1067, 1601, 224, True, 1, 2),
+    (801, 1203, 224, False, 6, 2),  # stored 1203x801, turned upright on decode
+    (801, 1203, 224, False, 8, 2),
 ])
 def test_center_crop_after_a_scaled_jpeg_decode_matches_a_full_decode(
         monkeypatch, width, height, side, grey, orientation, scale):
@@ -389,9 +389,9 @@ def test_center_crop_after_a_scaled_jpeg_decode_matches_a_full_decode(
     assert psnr(got, reference) >= 44
 
 
-@pytest.mark.parametrize("mode,size", [("stretch", (224, 224)), ("shorter_side", (224, 298))])
+@pytest.mark.parametrize("mode,size", [("stretch", (224, 224)), ("shorter_side", (224, 336))])
 def test_whole_image_resizes_after_a_scaled_jpeg_decode_match_a_full_decode(mode, size):
-    data = _stored(photo(7, 769, 1023), 8)  # stored 1023x769, decoded at 1/2 to 512x385
+    data = _stored(photo(7, 801, 1203), 8)  # stored 1203x801, decoded at 1/2 to 602x401
     out = process_image(data, ImageSpec(height=224, width=224, resize_mode=mode, image_format="raw"))
     full = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
     reference = np.asarray(full.resize(size, Image.Resampling.LANCZOS))
@@ -399,13 +399,13 @@ def test_whole_image_resizes_after_a_scaled_jpeg_decode_match_a_full_decode(mode
 
 
 def test_center_crop_of_a_jpeg_a_multiple_of_the_draft_scale_is_that_of_the_scaled_grid():
-    # 1000x750 decodes at 1/2 to exactly 500x375: no partial pixel, the grids agree.
-    data = encode(photo(5, 1000, 750), "JPEG", quality=95)
+    # 1600x1200 decodes at 1/2 to exactly 800x600: no partial pixel, the grids agree.
+    data = encode(photo(5, 1600, 1200), "JPEG", quality=95)
     out = process_image(data, ImageSpec(height=224, width=224, image_format="raw"))
     half = Image.open(io.BytesIO(data))
-    half.draft("RGB", (500, 375))
-    assert half.size == (500, 375)
-    expected = half.convert("RGB").resize((224, 224), Image.Resampling.BICUBIC, box=(62.5, 0, 437.5, 375))
+    half.draft("RGB", (800, 600))
+    assert half.size == (800, 600)
+    expected = half.convert("RGB").resize((224, 224), Image.Resampling.BICUBIC, box=(100, 0, 700, 600))
     np.testing.assert_array_equal(np.frombuffer(out.data, np.uint8).reshape(224, 224, 3), np.asarray(expected))
 
 
