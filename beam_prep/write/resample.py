@@ -175,6 +175,7 @@ def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, flo
 
     Raises:
       ValueError: as Pillow raises it, for an empty or out-of-bounds box or a size under 1.
+      KernelUnavailable: ``BEAM_PREP_RESIZE_KERNEL=numba`` and the kernel cannot load.
     """
     choice = os.environ.get(KERNEL_VARIABLE)
     kernel_module = _LOADER.module

@@ -100,6 +100,18 @@ def test_random_geometry_resizes_to_pillows_bytes(kernel, mode):
         assert_same(got, want, f"case {case}: {mode} {width}x{height} {box} -> {size}")
 
 
+@pytest.mark.parametrize("mode", ["L", "RGB"])
+def test_one_pass_resizes_match_pillows(kernel, mode):
+    """A box as wide as the output needs no horizontal pass, one as tall no vertical pass:
+    Pillow then skips it, and so must the kernel, bounds unshifted."""
+    img = Image.effect_mandelbrot((157, 119), (-2, -1, 1, 1), 80).convert(mode)
+    for size, box in [((157, 61), (0, 0, 157, 119)), ((157, 300), (0, 3.5, 157, 110)),
+                      ((40, 119), (0, 0, 157, 119)), ((400, 119), (2.25, 0, 150, 119))]:
+        got = resample._by_kernel(kernel, img, size, box)
+        assert got is not None
+        assert_same(got, img.resize(size, BICUBIC, box=box), f"{mode} {size} {box}")
+
+
 def _pillow_weights(in_size: int, in0: float, in1: float, out_size: int) -> tuple[list, list]:
     """libImaging/Resample.c's precompute_coeffs and normalize_coeffs_8bpc, line by line, in
     Python's IEEE doubles (never fused): the weights every CPU must compute."""
