@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import io
 import json
+import os
 import pathlib
 import statistics
 from typing import Any, Iterable
@@ -19,6 +20,7 @@ from typing import Any, Iterable
 import numpy as np
 from PIL import Image
 
+from beam_prep.write import resample
 from helpers import read_split, run_prepare
 from reference_image import Rejected, Target, mismatch, psnr, reference
 
@@ -33,8 +35,13 @@ class Run:
 
 
 def prepare(tree: pathlib.Path, out: pathlib.Path, *flags: str) -> Run:
-    """``beam-prep prepare --input tree --output out FLAGS`` in a fresh process, read back."""
-    result = run_prepare("--input", str(tree), "--output", str(out), *flags)
+    """``beam-prep prepare --input tree --output out FLAGS`` in a fresh process, read back.
+
+    The resize kernel resizes from the first image (``BEAM_PREP_RESIZE_KERNEL=numba``), as it
+    does a large run's: a run this small would otherwise end before a worker loads it.
+    """
+    result = run_prepare("--input", str(tree), "--output", str(out), *flags,
+                         env={**os.environ, resample.KERNEL_VARIABLE: resample.NUMBA})
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     lines = (out / "errors.jsonl").read_text().splitlines()

@@ -13,9 +13,15 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from beam_prep.errors import ImageError
 from beam_prep.tools.sample import picture
-from beam_prep.write import imaging
+from beam_prep.write import imaging, resample
 from beam_prep.write.imaging import KEPT, ImageSpec, is_image_name, process_image
 from helpers import encode
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_kernel_resizes():
+    """The resize kernel loaded, as in a large run's workers: the resizes here are its own."""
+    assert resample.load().startswith("numba "), resample.kernel()
 
 
 def pixels(data: bytes) -> np.ndarray:
