@@ -13,8 +13,9 @@ REQUIRED = [
     f"apache-beam[gcp]=={BEAM_VERSION}",
     "tensorflow>=2.21,<2.22",
     "pillow>=11.0,<13",
-    # Our resize kernel (write/resample_kernel.py): Pillow's bicubic, vectorised; compiled once
-    # into numba's cache. Without it, Pillow's own loops resize (the same pixels, slower).
+    # Our resize kernel (write/resample_kernel.py): Pillow's bicubic, vectorised; numba builds it
+    # once a machine (workers then map its machine code without numba). Without numba, Pillow's
+    # own loops resize: the same pixels, slower.
     "numba>=0.61,<1",
     "numpy>=1.26,<3",
     "protobuf>=6.31,<7",

@@ -2,14 +2,15 @@
 
 Each figure beside its baseline, measured in the same command:
 
-* a worker's load of the kernel (``resample.load()`` in a fresh Python process):
-  importing numba and loading the compiled code from numba's cache (warm), or
-  compiling it into an empty cache (cold, a machine's first run);
+* a worker's load of the kernel (``resample.load()`` in a fresh Python process),
+  its time, CPU and memory (USS): mapping the machine code built for this CPU
+  (warm), or building it first into an empty cache (cold: a machine's first
+  run, or a new CPU model or version);
 * the whole command on the sample tree (``pipelines.make_sample``), start to
-  exit, in alternating rounds: the default (the kernel loads in the background
-  while the workers start on their first images with Pillow's loops) against
-  ``BEAM_PREP_RESIZE_KERNEL=pillow`` (numba never imported: the command as it
-  was before the kernel), with a warm cache and with an empty one.
+  exit, in alternating rounds: the default against
+  ``BEAM_PREP_RESIZE_KERNEL=pillow`` (no kernel: the command as it was before
+  it), with the kernel built and with an empty cache (the workers resize with
+  Pillow's loops while it is built).
 
     python -m benchmarks.bench_startup [--rounds 5] [--json startup.json]
 """
@@ -26,23 +27,29 @@ import tempfile
 from typing import Sequence
 
 from beam_prep.write import resample
+from beam_prep.write.resample_loader import CACHE_VARIABLE as CACHE
 from benchmarks import REPO_ROOT, machine
 from benchmarks.measure import run_measured
 
 _LOAD = """
-import json, time
+import json, sys, time
+import numpy, PIL.Image, psutil
+process = psutil.Process()
+uss = process.memory_full_info().uss
 start, cpu = time.perf_counter(), time.process_time()
 from beam_prep.write import resample
+from beam_prep.write.resample_loader import CACHE_VARIABLE as CACHE
 kernel = resample.load()
 print(json.dumps({"kernel": kernel, "seconds": time.perf_counter() - start,
-                  "cpu": time.process_time() - cpu}))
+                  "cpu": time.process_time() - cpu, "uss_mb": (process.memory_full_info().uss - uss) / 2**20,
+                  "numba_imported": "numba" in sys.modules}))
 """
 
 
 def kernel_load(cache: pathlib.Path) -> dict:
-    """One fresh process's load of the kernel, numba's cache in ``cache``."""
+    """One fresh process's load of the kernel, the kernel's cache in ``cache``."""
     done = subprocess.run([sys.executable, "-c", _LOAD], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={**os.environ, "NUMBA_CACHE_DIR": str(cache)}, check=True)
+                          env={**os.environ, CACHE: str(cache)}, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -80,18 +87,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             results.setdefault("load, cold: CPU s", []).append(cold["cpu"])
             results.setdefault("load, warm: s", []).append(warm["seconds"])
             results.setdefault("load, warm: CPU s", []).append(warm["cpu"])
+            results.setdefault("load, warm: memory MB (USS)", []).append(warm["uss_mb"])
+            if warm["numba_imported"]:
+                sys.exit("the warm load imported numba: the machine code was not mapped")
             runs = {"command, without the kernel": {resample.KERNEL_VARIABLE: resample.PILLOW},
-                    "command, kernel warm": {"NUMBA_CACHE_DIR": str(warm_cache)},
-                    "command, kernel cold": {"NUMBA_CACHE_DIR": str(work / f"numba-command-{round_}")}}
+                    "command, kernel built": {CACHE: str(warm_cache)},
+                    "command, kernel not built": {CACHE: str(work / f"numba-command-{round_}")}}
             for name, env in (runs.items() if round_ % 2 == 0 else reversed(runs.items())):
                 results.setdefault(name, []).append(command_seconds(sample, work, env))
     base = statistics.median(results["command, without the kernel"])
     print(f"{machine.describe(machine.machine_info())}; {resample.available()}; {args.rounds} rounds\n")
-    print("| measure | median s | min s | max s | − without the kernel |")
+    print("| measure | median | min | max | − without the kernel |")
     print("|---|---:|---:|---:|---:|")
     for name, values in results.items():
         median = statistics.median(values)
         extra = f"{median - base:+.2f}" if name.startswith("command") else ""
+        if "MB" in name:
+            print(f"| {name} | {median:.1f} | {min(values):.1f} | {max(values):.1f} | |")
+            continue
         print(f"| {name} | {median:.2f} | {min(values):.2f} | {max(values):.2f} | {extra} |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(

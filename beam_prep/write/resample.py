@@ -10,9 +10,10 @@ rows it needs. Pixels come from Pillow's memory without a copy (its Arrow
 export), and the scratch arrays are kept per thread, so a worker's images reuse
 the same memory.
 
-A process loads the kernel in the background once it has resized
-``LOAD_AFTER`` images; until it is ready, and where numba is missing or cannot
-compile (one warning), ``resize`` is Pillow's: the images are the same either way. With pillow-simd in Pillow's place, its own
+``resample_loader`` finds the kernel: machine code built once a machine and
+mapped in milliseconds, or numba in process where that cannot run. Until it is
+ready, and where it cannot be had (one warning), ``resize`` is Pillow's: the
+images are the same either way. With pillow-simd in Pillow's place, its own
 resize always runs: its rounding differs, and a rerun must give the same bytes.
 """
 from __future__ import annotations
@@ -23,13 +24,13 @@ import importlib.util
 import logging
 import os
 import threading
-import types
 from importlib import metadata
 
 import numpy as np
 from PIL import Image
 
 from beam_prep.errors import KernelUnavailable
+from beam_prep.write import resample_loader
 
 log = logging.getLogger(__name__)
 
@@ -60,64 +61,13 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-# Images a process resizes with Pillow's loops before it loads the kernel: loading costs about as
-# much CPU as resizing a few hundred images (``benchmarks/bench_startup.py``), which a small run
-# never earns back. Larger runs load it in the background and keep going meanwhile.
-LOAD_AFTER = 500
-
-
-class _Loader:
-    """Loads the kernel once per process, in a background thread: importing numba and loading
-    the compiled code costs a few tenths of a second of CPU (a first compile, seconds), and
-    until it is ready ``resize`` uses Pillow's loops, whose pixels are the same."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._done = threading.Event()
-        self.module: types.ModuleType | None = None
-        self.error: str | None = None
-        self._waiting = 0
-
-    def count_one(self) -> None:
-        """One more image resized by Pillow's loops; the load starts once they are ``LOAD_AFTER``."""
-        self._waiting += 1
-        if self._waiting >= LOAD_AFTER and self._thread is None:
-            self.start()
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._load, name="beam-prep-resize-kernel", daemon=True)
-                self._thread.start()
-
-    def wait(self) -> types.ModuleType | None:
-        self.start()
-        self._done.wait()
-        return self.module
-
-    def _load(self) -> None:
-        try:
-            if os.environ.get(KERNEL_VARIABLE) == PILLOW:
-                raise ImportError(f"{KERNEL_VARIABLE}={PILLOW}")
-            if not _stock_pillow():
-                raise ImportError(f"{pillow_build()} resizes with its own rounding, kept for reruns")
-            from beam_prep.write import resample_kernel
-            self.module = resample_kernel
-        except Exception as e:  # noqa: BLE001 - any failure to import or compile means Pillow's loops.
-            self.error = f"{type(e).__name__}: {e}"
-            (log.info if os.environ.get(KERNEL_VARIABLE) == PILLOW else log.warning)("The compiled resize kernel is unavailable here (%s): resizing with Pillow's "
-                        "own loops, the same pixels, more slowly.", self.error)
-        finally:
-            self._done.set()
-
-
-_LOADER = _Loader()
+_LOADER = resample_loader.Loader()
 
 
 def load() -> str:
-    """Loads the kernel and waits for it (tests, benchmarks, and the worker image's build, which
-    compiles it into numba's cache); returns ``kernel()``."""
+    """Loads the kernel and waits for it, building it first where this machine has no build (tests,
+    benchmarks, and the worker image's build); returns ``kernel()``."""
+    _refuse_where_needed()
     _LOADER.wait()
     return kernel()
 
@@ -125,7 +75,17 @@ def load() -> str:
 def kernel() -> str:
     """Which code resizes in this process once the kernel has loaded: ``numba 0.68.1`` (ours,
     compiled by that numba), or ``pillow`` where it cannot load."""
-    return PILLOW if _LOADER.module is None else f"numba {metadata.version('numba')}"
+    return PILLOW if _LOADER.kernel is None else f"numba {metadata.version('numba')}"
+
+
+def _refuse_where_needed() -> None:
+    """Tells the loader not to load where the kernel must not run: the user chose Pillow's loops,
+    or pillow-simd is installed, whose own resize rounds differently (reruns keep its bytes)."""
+    if _LOADER.refusal is None:
+        if os.environ.get(KERNEL_VARIABLE) == PILLOW:
+            _LOADER.refusal = f"{KERNEL_VARIABLE}={PILLOW}"
+        elif not _stock_pillow():
+            _LOADER.refusal = f"{pillow_build()} resizes with its own rounding, kept for reruns"
 
 
 def available() -> str:
@@ -178,21 +138,26 @@ def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, flo
       KernelUnavailable: ``BEAM_PREP_RESIZE_KERNEL=numba`` and the kernel cannot load.
     """
     choice = os.environ.get(KERNEL_VARIABLE)
-    kernel_module = _LOADER.module
     if choice == PILLOW:
         return img.resize(size, RESAMPLE, box=box)
-    if kernel_module is None:
+    compiled = _LOADER.kernel
+    if compiled is None:
+        _refuse_where_needed()
         if choice != NUMBA:
-            _LOADER.count_one()
-            return img.resize(size, RESAMPLE, box=box)
-        kernel_module = _LOADER.wait()
-        if kernel_module is None:
-            raise KernelUnavailable(f"{KERNEL_VARIABLE}={NUMBA}, but the resize kernel cannot load: {_LOADER.error}")
-    resized = _by_kernel(kernel_module, img, size, box)
+            _LOADER.on_pillow_resize()
+            compiled = _LOADER.kernel
+            if compiled is None:
+                return img.resize(size, RESAMPLE, box=box)
+        else:
+            compiled = _LOADER.wait()
+            if compiled is None:
+                raise KernelUnavailable(
+                    f"{KERNEL_VARIABLE}={NUMBA}, but the resize kernel cannot load: {_LOADER.error}")
+    resized = _by_kernel(compiled, img, size, box)
     return img.resize(size, RESAMPLE, box=box) if resized is None else resized
 
 
-def _by_kernel(kernel_module: types.ModuleType, img: Image.Image, size: tuple[int, int],
+def _by_kernel(kernel_module: resample_loader.Kernel, img: Image.Image, size: tuple[int, int],
                box: tuple[float, float, float, float]) -> Image.Image | None:
     """``resize`` by the kernel; None where Pillow's own code must run: another mode, the
     errors Pillow raises, its shortcuts for a box of the output's size (a crop, a copy), and

@@ -40,8 +40,14 @@ def _bicubic(x: float) -> float:
     return 0.0
 
 
-@numba.njit("Tuple((int32[:, ::1], int32[:, ::1]))(int64, float32, float32, int64)", **_JIT)
-def coefficients(in_size: int, in0: np.float32, in1: np.float32, out_size: int):
+def taps(in0: np.float32, in1: np.float32, out_size: int) -> int:
+    """How many weights each output pixel has at most, for ``fill_coefficients``' array."""
+    scale = float(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
+    return int(math.ceil(2.0 * max(scale, 1.0))) * 2 + 1
+
+
+@numba.njit("void(int64, float32, float32, int64, int32[:, ::1], int32[:, ::1])", **_JIT)
+def fill_coefficients(in_size, in0, in1, out_size, bounds, weights) -> None:
     """Pillow's ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` for one axis.
 
     Args:
@@ -49,20 +55,14 @@ def coefficients(in_size: int, in0: np.float32, in1: np.float32, out_size: int):
       in0: where the box starts, as the float32 Pillow's C code receives.
       in1: where it ends, likewise.
       out_size: the output's pixels along this axis.
-
-    Returns:
-      ``bounds`` (out_size, 2): each output pixel's first source pixel and tap count;
-      ``weights`` (out_size, taps): its integer weights, zero past its count.
+      bounds: (out_size, 2), filled: each output pixel's first source pixel and tap count.
+      weights: (out_size, ``taps()``), filled: its integer weights (past its count: unused).
     """
     scale = np.float64(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
     filterscale = scale if scale >= 1.0 else 1.0
     support = 2.0 * filterscale
-    taps = int(math.ceil(support)) * 2 + 1
     inv_filterscale = 1.0 / filterscale
     start = np.float64(in0)
-    bounds = np.empty((out_size, 2), np.int32)
-    weights = np.zeros((out_size, taps), np.int32)
-    k = np.empty(taps, np.float64)
     for xx in range(out_size):
         center = start + (xx + 0.5) * scale
         xmin = int(center - support + 0.5)  # C's (int): towards zero
@@ -74,15 +74,15 @@ def coefficients(in_size: int, in0: np.float32, in1: np.float32, out_size: int):
         xmax -= xmin
         total = 0.0
         for x in range(xmax):
+            total += _bicubic((np.float64(x + xmin) - center + 0.5) * inv_filterscale)
+        for x in range(xmax):  # each weight again, rather than an array to allocate: the same double
             w = _bicubic((np.float64(x + xmin) - center + 0.5) * inv_filterscale)
-            k[x] = w
-            total += w
-        for x in range(xmax):
-            w = k[x] / total if total != 0.0 else k[x]
+            w = w / total if total != 0.0 else w
             weights[xx, x] = int(-0.5 + w * _ONE) if w < 0 else int(0.5 + w * _ONE)
+        for x in range(xmax, weights.shape[1]):
+            weights[xx, x] = 0
         bounds[xx, 0] = xmin
         bounds[xx, 1] = xmax
-    return bounds, weights
 
 
 @numba.njit("void(uint8[:, ::1], int32[:, ::1], int32[:, ::1], uint8[:, ::1], int32[::1])", **_JIT)
