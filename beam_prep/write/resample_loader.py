@@ -169,7 +169,11 @@ def kernel_file() -> pathlib.Path:
     for name in _SOURCES:
         identity.update((here / name).read_bytes())
     for package in ("numba", "llvmlite"):
-        identity.update(f"{package} {metadata.version(package)}\n".encode())
+        try:
+            version = metadata.version(package)
+        except metadata.PackageNotFoundError:  # nothing can be built: the name matters little
+            version = "absent"
+        identity.update(f"{package} {version}\n".encode())
     identity.update(native_code.cpu_identity().encode())
     return cache_dir() / f"resize-kernel-{identity.hexdigest()[:20]}.bin"
 
@@ -230,7 +234,7 @@ class Loader:
             self._tried_cache = True
             try:
                 self.kernel = native(wait_for_build=False)
-            except Exception as e:  # noqa: BLE001 - a damaged file: built again when one is built
+            except (OSError, ValueError, native_code.NativeCodeError) as e:  # built again when one is built
                 log.info("the resize kernel's file cannot be loaded (%s): it will be built again", e)
                 _remove(kernel_file())
             if self.kernel is not None:
