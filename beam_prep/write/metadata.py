@@ -203,7 +203,7 @@ def _json_records(path: str, text: io.TextIOBase) -> Iterator[tuple[Any, int]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line.rstrip("\r\n"))
         except ValueError as e:
             raise OptionsError(f"--metadata {path} line {number} is not valid JSON ({e.msg}, column {e.colno}): "
                                "write one JSON object a line") from None
