@@ -135,7 +135,7 @@ def _labels_split_arguments(group: Any) -> None:
              "a file_name column (the image's path under --input), label (one name) or labels (a JSON "
              "list, or names separated by ; in CSV/TSV), an optional split column, and any other column, "
              "stored in each record as a feature of its own. Files under --input that no row names are "
-             "skipped.")
+             "skipped (default: none: each image's label is its folder's name).")
     group.add_argument(
         "--recursive", action="store_true", default=False,
         help="Images at any depth under a label folder take that top folder's label (as Keras's "
