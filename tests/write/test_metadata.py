@@ -3,15 +3,20 @@ table, Hugging Face's metadata.jsonl, images nested under label folders), read b
 plain tf.data; and every bad table refused before any work, naming its file and line."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pathlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from apache_beam.options.pipeline_options import PipelineOptions
 from PIL import Image
 
 from beam_prep.reader import load_info, make_dataset
+from beam_prep.write import layout, resume
+from beam_prep.write.options import config_from_options
 from helpers import encode, make_tree, read_split, run_prepare
 from pipelines import prepare_images
 
@@ -284,3 +289,26 @@ def test_an_empty_or_unlisted_label_is_an_error_of_its_file(tmp_path):
         "c.png": ("label", "label 'emu' is not in --labels_file")}
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["counts"] == {"listed": 3, "written": 1, "failed": 2, "skipped": 0}
+
+
+def test_a_resume_with_another_table_is_refused_naming_metadata(capsys, tmp_path):
+    """An unfinished run's record keeps its table's sha256: the same path, edited since, is another run."""
+    make_tree(tmp_path / "in", {"a": 2}, size=(12, 10))
+    table = tmp_path / "t.csv"
+    table.write_text("file_name,label\na/img_000.jpg,x\na/img_001.jpg,y\n")
+    out = tmp_path / "out"
+    argv = ["--input", str(tmp_path / "in"), "--output", str(out), "--metadata", str(table)]
+    recorded = resume.record_options(config_from_options(PipelineOptions(argv)), None)
+    work = layout.run_folder(str(out), "20260101-000000-abcdef")
+    os.makedirs(work)  # as a launcher killed after planning leaves it: its record, no shard finished
+    resume.write_run_record(work, resume.RunRecord("20260101-000000-abcdef", recorded, False, {}))
+    before = hashlib.sha256(table.read_bytes()).hexdigest()
+    table.write_text("file_name,label\na/img_000.jpg,y\na/img_001.jpg,x\n")
+    after = hashlib.sha256(table.read_bytes()).hexdigest()
+
+    assert prepare_images.main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output {out} holds unfinished run 20260101-000000-abcdef, started with --metadata {table} "
+        f"(sha256 {before[:12]}) where this run has {table} (sha256 {after[:12]}); run it with the same options "
+        "to resume it, or pass --overwrite to start over\n")
+    assert os.listdir(out / ".beam-prep") == ["20260101-000000-abcdef"]
