@@ -15,6 +15,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from PIL import Image
 
 from beam_prep.reader import load_info, make_dataset
+from beam_prep.tools import inspection, verification
+from beam_prep.tools.summary import summarize
 from beam_prep.write import layout, resume
 from beam_prep.write.options import config_from_options
 from helpers import encode, make_tree, read_split, run_prepare
@@ -312,3 +314,15 @@ def test_a_resume_with_another_table_is_refused_naming_metadata(capsys, tmp_path
         f"(sha256 {before[:12]}) where this run has {table} (sha256 {after[:12]}); run it with the same options "
         "to resume it, or pass --overwrite to start over\n")
     assert os.listdir(out / ".beam-prep") == ["20260101-000000-abcdef"]
+
+
+def test_verify_and_inspect_read_a_multi_label_dataset(captioned):
+    out, _ = captioned
+    report = verification.verify(str(out))
+    assert report.ok and report.problems == ()
+    text = inspection.render_text(summarize(str(out)))
+    assert "labels: multi-label, a list of ids a record, 1.7 labels a record on average" in text
+    assert "extra features: caption (bytes), score (float)" in text
+    as_json = inspection.to_json(summarize(str(out)))
+    assert (as_json["multi_label"], as_json["label_cardinality"], as_json["extra_features"]) == (
+        True, 10 / 6, {"caption": "bytes", "score": "float"})
