@@ -370,24 +370,25 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     unknown = total_bytes = 0
     found = iter(walked)
     current = next(found, None)
-    for row in table.rows():
-        while current is not None and current[0] < row.file_name:
+    for file_name, _, label, labels, split, extra in table.rows():  # a MetadataRow's fields
+        while current is not None and current[0] < file_name:
             skips.add(current[0], _unnamed_reason(*current))
             current = next(found, None)
         size = 0  # a file the walk did not find: listed, and its read fails
-        if current is not None and current[0] == row.file_name:
+        if current is not None and current[0] == file_name:
             size = current[1]
             current = next(found, None)
-        label = row.label if table.has_label else _top_folder(root, row.file_name)
-        names = row.labels if row.labels is not None else ((label,) if label else ())
+        if not table.has_label:
+            label = _top_folder(root, file_name)
+        names = labels if labels is not None else ((label,) if label else ())
         seen.update(names)
-        split = row.split or split_for(row.file_name, validation_percent)
+        split = split or split_for(file_name, validation_percent)
         if names and (known is None or known.issuperset(names)):
             split_counts[split] += 1
         else:
             unknown += 1
         total_bytes += size
-        files.add((order_key(row.file_name), row.file_name, split, label, size, row.labels, row.extra))
+        files.add((order_key(file_name), file_name, split, label, size, labels, extra))
     while current is not None:
         skips.add(current[0], _unnamed_reason(*current))
         current = next(found, None)

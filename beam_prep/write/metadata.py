@@ -91,18 +91,18 @@ class Table:
     def count(self) -> int:
         return self._rows.count
 
-    def rows(self) -> Iterator[MetadataRow]:
-        """Every row, sorted by ``file_name`` (then line).
+    def rows(self) -> Iterator[tuple]:
+        """Every row as a tuple of ``MetadataRow``'s fields (millions of them: no object each),
+        sorted by ``file_name`` (then line).
 
         Raises:
           OptionsError: two rows name the same file (both lines named).
         """
-        previous: MetadataRow | None = None
-        for fields in self._rows:
-            row = MetadataRow(*fields)
-            if previous is not None and previous.file_name == row.file_name:
-                raise OptionsError(f"--metadata {self.path} lines {previous.line} and {row.line} both name "
-                                   f"{row.file_name!r}: keep one row per image")
+        previous: tuple = ("", 0)
+        for row in self._rows:
+            if row[0] == previous[0]:
+                raise OptionsError(f"--metadata {self.path} lines {previous[1]} and {row[1]} both name "
+                                   f"{row[0]!r}: keep one row per image")
             previous = row
             yield row
 
@@ -240,7 +240,14 @@ class _RowReader:
             raise OptionsError(f"{where}: column {clashes[0]!r} cannot be a feature of its own "
                                "(empty, or a key of the record's image and label): rename it")
         self._header = header
+        self._keys = set(header)
         self._columns = tuple(name for name in header if name not in _RESERVED)
+        # Where each column is in a row (a JSON object's values are put in the header's order).
+        self._file_at = header.index(FILE_NAME)
+        self._label_at = header.index(LABEL) if LABEL in header else None
+        self._labels_at = header.index(LABELS) if LABELS in header else None
+        self._split_at = header.index(SPLIT) if SPLIT in header else None
+        self._extra_at = [(name, header.index(name)) for name in self._columns]
         self._kinds: dict[str, FeatureKind] = {}
         self._first: dict[str, tuple[int, Any]] = {}  # column -> (line, value) that decided its type
         self._empty: dict[str, int] = {}  # column -> first line with an empty string (CSV/TSV)
@@ -254,54 +261,53 @@ class _RowReader:
                      multi_label=LABELS in self._header, has_split=SPLIT in self._header, rows=self._rows)
 
     def add(self, values: Any, line: int) -> None:
-        where = f"--metadata {self._path} line {line}"
+        """Checks one row (a CSV/TSV row's fields, or a JSON object) and spills it."""
+        header = self._header
         if isinstance(values, dict):
-            if set(values) != set(self._header):
-                missing = sorted(set(self._header) - set(values))
-                extra = sorted(set(values) - set(self._header))
+            if values.keys() != self._keys:
+                missing = sorted(self._keys - values.keys())
+                extra = sorted(values.keys() - self._keys)
                 said = (f"lacks {', '.join(missing)}" if missing else "") + (" and " if missing and extra else "") + (
                     f"has {', '.join(extra)}, which the first row has not" if extra else "")
-                raise OptionsError(f"{where} {said}: give every row the same keys")
-            row = values
-        else:
-            if len(values) != len(self._header):
-                raise OptionsError(f"{where} has {len(values)} fields, but the header has {len(self._header)}: "
-                                   "quote fields that hold the separator")
-            row = dict(zip(self._header, values))
-        file_name = _file_name(row[FILE_NAME], where)
-        label, labels = self._labels(row, where)
-        split = self._split(row, where)
-        extra = tuple(self._value(name, row[name], line) for name in self._columns)
+                raise OptionsError(f"{_where(self._path, line)} {said}: give every row the same keys")
+            values = [values[name] for name in header]
+        elif len(values) != len(header):
+            raise OptionsError(f"{_where(self._path, line)} has {len(values)} fields, but the header has "
+                               f"{len(header)}: quote fields that hold the separator")
+        file_name = _file_name(values[self._file_at], self._path, line)
+        label, labels = self._labels(values, line)
+        split = self._split(values[self._split_at], line) if self._split_at is not None else None
+        extra = tuple([self._value(name, values[at], line) for name, at in self._extra_at])
         self._rows.append((file_name, line, label, labels, split, extra))
 
-    def _labels(self, row: dict[str, Any], where: str) -> tuple[str, tuple[str, ...] | None]:
-        if LABELS in row:
-            labels = tuple(_label_name(name, where) for name in self._label_list(row[LABELS], where))
-            labels = tuple(dict.fromkeys(name for name in labels if name))
+    def _labels(self, values: list[Any], line: int) -> tuple[str, tuple[str, ...] | None]:
+        if self._labels_at is not None:
+            names = (_label_name(name, self._path, line) for name in self._label_list(values[self._labels_at], line))
+            labels = tuple(dict.fromkeys(name for name in names if name))
             return ";".join(labels), labels
-        if LABEL in row:
-            return _label_name(row[LABEL], where), None
+        if self._label_at is not None:
+            return _label_name(values[self._label_at], self._path, line), None
         return "", None
 
-    def _label_list(self, value: Any, where: str) -> list[Any]:
+    def _label_list(self, value: Any, line: int) -> list[Any]:
         if isinstance(value, str) and self._fmt != "jsonl":
             if not value.strip().startswith("["):
                 return value.split(";")
             try:
                 value = json.loads(value)
             except ValueError as e:
-                raise OptionsError(f"{where}: {LABELS} is not a valid JSON list ({e.msg}): write [\"a\", \"b\"] "
-                                   "or a;b") from None
+                raise OptionsError(f"{_where(self._path, line)}: {LABELS} is not a valid JSON list ({e.msg}): "
+                                   "write [\"a\", \"b\"] or a;b") from None
         if not isinstance(value, list):
-            raise OptionsError(f"{where}: {LABELS} must be a list of names, not {json.dumps(value)}")
+            raise OptionsError(f"{_where(self._path, line)}: {LABELS} must be a list of names, "
+                               f"not {json.dumps(value)}")
         return value
 
-    def _split(self, row: dict[str, Any], where: str) -> str | None:
-        if SPLIT not in row:
-            return None
-        split = row[SPLIT].strip() if isinstance(row[SPLIT], str) else row[SPLIT]
+    def _split(self, value: Any, line: int) -> str:
+        split = value.strip() if isinstance(value, str) else value
         if split not in self._splits:
-            raise OptionsError(f"{where}: split {json.dumps(split)} is not one of {', '.join(self._splits)}")
+            raise OptionsError(f"{_where(self._path, line)}: split {json.dumps(split)} is not one of "
+                               f"{', '.join(self._splits)}")
         return split
 
     def _value(self, name: str, value: Any, line: int) -> Any:
@@ -311,6 +317,8 @@ class _RowReader:
         keeps every cell's text as written (ids like 007 stay strings there).
         """
         text = None
+        if self._fmt != "jsonl" and self._kinds.get(name) is FeatureKind.BYTES:
+            return value  # the common case first: a text column keeps every cell as written
         if isinstance(value, str) and self._fmt != "jsonl":
             if not value.strip():
                 self._empty.setdefault(name, line)
@@ -365,28 +373,41 @@ def _kind_of(value: Any) -> FeatureKind | None:
     return None
 
 
-def _file_name(value: Any, where: str) -> str:
+def _where(path: str, line: int) -> str:
+    return f"--metadata {path} line {line}"
+
+
+_PLAIN_PATH = re.compile(r"[^/\s.:][^:]*")  # no leading slash, dot or space: canonical unless it has "." parts
+
+
+def _file_name(value: Any, path: str, line: int) -> str:
     """``file_name`` made canonical (``./a.jpg`` is ``a.jpg``); refused where it leaves ``--input``."""
+    if (isinstance(value, str) and _PLAIN_PATH.fullmatch(value) and "//" not in value and "/." not in value
+            and not value.endswith(("/", " ", "\t"))):
+        return value  # already canonical: the common case, checked cheaply
     if not isinstance(value, str) or not value.strip():
-        raise OptionsError(f"{where}: {FILE_NAME} is empty: give the image's path under --input")
+        raise OptionsError(f"{_where(path, line)}: {FILE_NAME} is empty: give the image's path under --input")
     text = value.strip()
     if text.startswith("/") or "://" in text or re.match(r"[A-Za-z]:[\\/]", text):
-        raise OptionsError(f"{where}: {FILE_NAME} {text!r} is an absolute path: give the path under --input")
+        raise OptionsError(f"{_where(path, line)}: {FILE_NAME} {text!r} is an absolute path: "
+                           "give the path under --input")
     name = posixpath.normpath(text)
     if name == ".." or name.startswith("../"):
-        raise OptionsError(f"{where}: {FILE_NAME} {text!r} leaves --input: give a path under --input")
+        raise OptionsError(f"{_where(path, line)}: {FILE_NAME} {text!r} leaves --input: give a path under --input")
     if name == ".":
-        raise OptionsError(f"{where}: {FILE_NAME} {text!r} names --input itself: give an image's path")
+        raise OptionsError(f"{_where(path, line)}: {FILE_NAME} {text!r} names --input itself: "
+                           "give an image's path")
     return name
 
 
-def _label_name(value: Any, where: str) -> str:
+def _label_name(value: Any, path: str, line: int) -> str:
     """A label name as labels.txt can hold it: text (an integer is its digits), no line breaks."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):
-        raise OptionsError(f"{where}: a label must be a name, not {json.dumps(value)}")
+        raise OptionsError(f"{_where(path, line)}: a label must be a name, not {json.dumps(value)}")
     name = value.strip()
-    if name.splitlines() not in ([name], []):
-        raise OptionsError(f"{where}: label {name!r} has a line break: labels.txt holds one label a line")
+    if not name.isprintable() and name.splitlines() not in ([name], []):
+        raise OptionsError(f"{_where(path, line)}: label {name!r} has a line break: "
+                           "labels.txt holds one label a line")
     return name
