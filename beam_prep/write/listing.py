@@ -370,7 +370,7 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     unknown = total_bytes = 0
     found = iter(walked)
     current = next(found, None)
-    for file_name, _, label, labels, split, extra in table.rows():  # a MetadataRow's fields
+    for file_name, _, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
         while current is not None and current[0] < file_name:
             skips.add(current[0], _unnamed_reason(*current))
             current = next(found, None)
@@ -380,7 +380,7 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
             current = next(found, None)
         if not table.has_label:
             label = _top_folder(root, file_name)
-        names = labels if labels is not None else ((label,) if label else ())
+        names = row_labels if row_labels is not None else ((label,) if label else ())
         seen.update(names)
         split = split or split_for(file_name, validation_percent)
         if names and (known is None or known.issuperset(names)):
@@ -388,7 +388,7 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
         else:
             unknown += 1
         total_bytes += size
-        files.add((order_key(file_name), file_name, split, label, size, labels, extra))
+        files.add((order_key(file_name), file_name, split, label, size, row_labels, extra))
     while current is not None:
         skips.add(current[0], _unnamed_reason(*current))
         current = next(found, None)
