@@ -3,8 +3,9 @@
 Runs in the launching process, before the pipeline: the label map, the split
 layout, the shard count and every fail-fast check need the whole listing:
 folders listed concurrently on GCS, ``os.scandir`` on local disk. Every
-decision here is a pure function of a file's path relative to the root, so
-reruns and workers agree without coordination.
+decision here is a pure function of a file's path relative to the root (and,
+with ``--metadata``, of its row in the table: ``metadata``), so reruns and
+workers agree without coordination.
 
 The launcher holds counts and labels, never the files: they stream to a
 temporary folder (``spill``) and come back in order-key order, so a tree of
