@@ -178,8 +178,9 @@ class Listing:
             else:
                 label_ids = tuple(ids.get(name, UNKNOWN_LABEL) for name in labels)
                 label_id = label_ids[0] if label_ids and UNKNOWN_LABEL not in label_ids else UNKNOWN_LABEL
+            # A table's row always carries its features, none perhaps: reports then say "label", not "label folder".
             yield FileEntry(f"{root}/{relpath}", relpath, split, label, label_id, size, labels, label_ids,
-                            table.features(extra) if table.columns else None)
+                            table.features(extra))
 
     def skipped_rows(self) -> Iterator[tuple[str, str]]:
         """Every skipped file as (printable relative path, why), sorted by path, read back from disk."""

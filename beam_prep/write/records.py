@@ -93,7 +93,7 @@ def unknown_label_report(entry: FileEntry) -> dict[str, Any]:
                    else "its --metadata row gives no label")
     elif not entry.label:
         message = "it has no label: its --metadata row gives none (or it is not in a folder)"
-    elif entry.extra is not None or "/" not in entry.relpath.rstrip("/"):
+    elif entry.extra is not None:  # a --metadata row's label
         message = f"label {entry.label!r} is not in --labels_file"
     else:
         message = f"label folder {entry.label!r} is not in --labels_file"
