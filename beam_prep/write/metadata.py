@@ -13,6 +13,7 @@ a feature of its own: strings as bytes, integers as int64, floats as float.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -131,17 +132,27 @@ def check_path(path: str) -> str:
 
 
 def file_sha256(path: str) -> str:
-    """The table's sha256 (hex), read in chunks: a resume with another table is refused."""
+    """The table's sha256 (hex), read in chunks: a resume with another table is refused.
+
+    Raises:
+      OptionsError: the table cannot be read.
+    """
     digest = hashlib.sha256()
-    with _open(path) as f:
+    with _reading(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def _open(path: str):
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[Any]:
+    """The table opened for reading; a failure to open or read it (a missing object, no
+    permission: remote filesystems may say so only at the first read) is an ``OptionsError``."""
     try:
-        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            yield f
+    except (OptionsError, UnicodeDecodeError):
+        raise
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise OptionsError(f"cannot read --metadata {path}: {e}") from e
 
@@ -160,7 +171,7 @@ def read_table(path: str, folder: SpillFolder, splits: Sequence[str]) -> Table:
         leaves ``--input``, a column whose values do not fit one type.
     """
     fmt = check_path(path)
-    with _open(path) as raw:
+    with _reading(path) as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         records = _json_records(path, text) if fmt == "jsonl" else _delimited_records(path, text, fmt)
         try:

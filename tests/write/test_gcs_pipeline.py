@@ -246,3 +246,14 @@ def test_a_metadata_table_on_gcs_labels_a_flat_folder(gcs_server, gcs_bucket, tm
             values = decode_all(record)
             seen[values["image/filename"][0].decode()] = (values["image/class/label"], values["caption"][0].decode())
     assert seen == {f"flat/img_{i:03d}.jpg": ([0, 1][: i % 2 + 1], f"image {i}") for i in range(4)}
+
+
+def test_a_metadata_table_missing_from_gcs_is_refused(gcs_server, gcs_bucket, tmp_path):
+    make_tree(tmp_path / "tree", {"a": 1}, size=(24, 20))
+    gcs_bucket.upload_tree(tmp_path / "tree", "images")
+    result = prepare(gcs_server, "--input", gcs_bucket.url("images"), "--output", gcs_bucket.url("out"),
+                     "--metadata", gcs_bucket.url("nope.csv"), check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: cannot read --metadata {gcs_bucket.url('nope.csv')}: ")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert gcs_bucket.list_names("out/") == []
