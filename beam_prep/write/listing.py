@@ -350,7 +350,8 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
 
     A file no row names is skipped (for its own reason, or ``SKIP_NO_ROW``); a row
     whose file the walk did not find is listed all the same, so its read fails and
-    errors.jsonl names it.
+    errors.jsonl names it; a row naming what the walk passes over (a pipe, a device)
+    leaves it skipped, for its reason.
     """
     table = read_table(path, folder, SPLIT_NAMES)
     if table.has_split and validation_percent:
@@ -378,8 +379,11 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
             current = next(found, None)
         size = 0  # a file the walk did not find: listed, and its read fails
         if current is not None and current[0] == file_name:
-            size = current[1]
+            relpath, size, reason = current
             current = next(found, None)
+            if reason is not None:  # a pipe or device (reading it could block forever): skipped all the same
+                skips.add(relpath, reason)
+                continue
         if not table.has_label:
             label = _top_folder(root, file_name)
         names = row_labels if row_labels is not None else ((label,) if label else ())

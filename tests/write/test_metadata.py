@@ -18,6 +18,7 @@ from beam_prep.reader import load_info, make_dataset
 from beam_prep.tools import inspection, verification
 from beam_prep.tools.summary import summarize
 from beam_prep.write import layout, resume
+from beam_prep.write.listing import list_tree
 from beam_prep.write.options import config_from_options
 from helpers import encode, make_tree, read_split, run_prepare
 from pipelines import prepare_images
@@ -326,3 +327,14 @@ def test_verify_and_inspect_read_a_multi_label_dataset(captioned):
     as_json = inspection.to_json(summarize(str(out)))
     assert (as_json["multi_label"], as_json["label_cardinality"], as_json["extra_features"]) == (
         True, 10 / 6, {"caption": "bytes", "score": "float"})
+
+
+def test_a_row_naming_a_pipe_leaves_it_skipped(tmp_path):
+    """Reading a pipe could block forever: the walk passes over it, and a row naming it does not list it."""
+    write_images(tmp_path / "in", ["a.png"])
+    os.mkfifo(tmp_path / "in" / "pipe.png")
+    (tmp_path / "t.csv").write_text("file_name,label\na.png,cat\npipe.png,cat\n")
+    with list_tree(str(tmp_path / "in"), metadata=str(tmp_path / "t.csv")) as listing:
+        assert [e.relpath for e in listing.entries()] == ["a.png"]
+        assert listing.skipped == {"pipe.png": "not a regular file"}
+        assert listing.listed == 1
