@@ -172,7 +172,7 @@ def read_table(path: str, folder: SpillFolder, splits: Sequence[str]) -> Table:
     """
     fmt = check_path(path)
     with _reading(path) as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")  # a spreadsheet's BOM dropped
         records = _json_records(path, text) if fmt == "jsonl" else _delimited_records(path, text, fmt)
         try:
             header, first_line = next(records)

@@ -338,3 +338,10 @@ def test_a_row_naming_a_pipe_leaves_it_skipped(tmp_path):
         assert [e.relpath for e in listing.entries()] == ["a.png"]
         assert listing.skipped == {"pipe.png": "not a regular file"}
         assert listing.listed == 1
+
+
+def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    write_images(tmp_path / "in", ["a.png"])
+    (tmp_path / "t.csv").write_bytes("file_name,label\na.png,cat\n".encode("utf-8-sig"))
+    with list_tree(str(tmp_path / "in"), metadata=str(tmp_path / "t.csv")) as listing:
+        assert [(e.relpath, e.label) for e in listing.entries()] == [("a.png", "cat")]
