@@ -19,6 +19,7 @@ from beam_prep.tools import inspection, verification
 from beam_prep.tools.summary import summarize
 from beam_prep.write import layout, resume
 from beam_prep.write.listing import list_tree
+from beam_prep.write.records import unknown_label_report
 from beam_prep.write.options import config_from_options
 from helpers import encode, make_tree, read_split, run_prepare
 from pipelines import prepare_images
@@ -345,3 +346,18 @@ def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_first_column(tmp_path
     (tmp_path / "t.csv").write_bytes("file_name,label\na.png,cat\n".encode("utf-8-sig"))
     with list_tree(str(tmp_path / "in"), metadata=str(tmp_path / "t.csv")) as listing:
         assert [(e.relpath, e.label) for e in listing.entries()] == [("a.png", "cat")]
+
+
+def test_a_label_list_with_a_name_missing_from_labels_file_is_reported_whole(tmp_path):
+    """A record holds all its labels or is not written: one unknown name reports the file, naming it."""
+    write_images(tmp_path / "in", ["a.png", "b.png", "c.png"])
+    (tmp_path / "t.jsonl").write_text('{"file_name": "a.png", "labels": ["cat", "dog"]}\n'
+                                      '{"file_name": "b.png", "labels": ["cat", "emu", "yak"]}\n'
+                                      '{"file_name": "c.png", "labels": []}\n')
+    with list_tree(str(tmp_path / "in"), metadata=str(tmp_path / "t.jsonl"), labels=["cat", "dog"],
+                   label_offset=1) as listing:
+        entries = {e.relpath: e for e in listing.entries()}
+        assert (listing.split_counts(), listing.unknown_labels) == ({"train": 1}, 2)
+    assert entries["a.png"].label_ids == (1, 2)
+    assert unknown_label_report(entries["b.png"])["message"] == "labels 'emu', 'yak' are not in --labels_file"
+    assert unknown_label_report(entries["c.png"])["message"] == "its --metadata row gives no label"
