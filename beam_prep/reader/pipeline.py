@@ -180,7 +180,9 @@ def _images(records: tf.data.Dataset, plan: Plan, batch_size: int | None, *, dro
     # decoded one by one and batched after it.
     ds = map_(records.batch(PARSE_CHUNK), parse)
     ds = map_(ds.unbatch(), lambda parsed: decode_one(plan, parsed))
-    if batch_size is not None:
+    if batch_size is not None and plan.has_lists:  # a multi-label record's names: a list each
+        ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+    elif batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     ds = map_(ds, lambda parsed: finish(plan, parsed))
     if count is not None:

@@ -61,6 +61,12 @@ class Plan:
             keys += [features.HEIGHT, features.WIDTH]
         return tuple(dict.fromkeys(keys + list(self.extra_keys)))
 
+    @property
+    def has_lists(self) -> bool:
+        """Whether a yielded value is a list of varying length: a multi-label record's label names
+        (``image/class/text`` in ``extra_keys``), batched as a ``tf.RaggedTensor``."""
+        return self.multi_label and features.LABEL_TEXT in self.extra_keys
+
     def parse_spec(self) -> dict[str, Any]:
         """The ``tf.io.parse_example`` spec of ``parse_keys``: the schema's, a multi-label dataset's
         label lists (ragged), and the dataset's extra features by their kinds."""

@@ -361,3 +361,16 @@ def test_a_label_list_with_a_name_missing_from_labels_file_is_reported_whole(tmp
     assert entries["a.png"].label_ids == (1, 2)
     assert unknown_label_report(entries["b.png"])["message"] == "labels 'emu', 'yak' are not in --labels_file"
     assert unknown_label_report(entries["c.png"])["message"] == "its --metadata row gives no label"
+
+
+@pytest.mark.parametrize("augment", [None, tf.image.flip_left_right])
+def test_the_reader_gives_each_records_label_names_as_a_ragged_list(captioned, augment):
+    """Batched at once, or per image after a user's augmentation: the names of a record's labels, each a list."""
+    out, _ = captioned
+    ds = make_dataset(str(out), "test", batch_size=2, training=False, augment=augment,
+                      extra_keys=("image/filename", "image/class/text"))
+    ((_, labels, extra),) = list(ds)
+    names = [[n.decode() for n in row] for row in extra["image/class/text"].to_list()]
+    files = [f.decode() for f in extra["image/filename"].numpy()]
+    assert names == [CAPTIONED[f][0] for f in files]
+    assert labels.numpy().tolist() == [[float(n in CAPTIONED[f][0]) for n in ("bird", "cat", "dog")] for f in files]
