@@ -32,7 +32,7 @@ class ImageError(BeamPrepError):
     """One image that cannot become a record; it goes to the errors report, never fails a job.
 
     ``stage`` says where it failed (read, decode, too_large, convert, resize, encode,
-    label) so a user can count failures by reason.
+    label, and for ``WriteImageDataset`` split and features) so a user can count failures by reason.
     """
 
     def __init__(self, stage: str, message: str):

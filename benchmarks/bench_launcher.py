@@ -9,7 +9,10 @@ process each, in turn:
   (b) ``beam-prep prepare --dry_run``, as a user types it: listing, labels,
       splits and the shard plan (it prints the time it planned in);
   (c) the launcher's whole work before the workers start: (b)'s plan, then
-      every worker's listing written (``work_files.write_work_files``).
+      every worker's listing written (``work_files.write_work_files``);
+  (d) (b) with ``--metadata``: a CSV table of a row per file (``file_name,label``,
+      in the walk's order, not sorted), read, checked and joined with the walk
+      on disk (``metadata``, ``listing``).
 
 Peak memory is the process's resident set size (``ru_maxrss``), the figure an
 OOM killer acts on. The table gives each size and the ratios (b)/(a) in time,
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CACHE = REPO / "benchmarks" / ".cache"
 LABELS = 1000
+_DRY_RUN = "(b) beam-prep prepare --dry_run"
+_WITH_TABLE = "(d) (b) with --metadata, a row per file"
 
 _CHILDREN = {
     "(a) os.scandir walk": """
@@ -89,6 +94,32 @@ def ensure_tree(files: int) -> pathlib.Path:
     return root
 
 
+def ensure_table(files: int) -> pathlib.Path:
+    """The --metadata table of ``ensure_tree(files)``: a row per file, made once and kept in the cache."""
+    table = CACHE / f"launcher-table-{files}.csv"
+    if table.exists():
+        return table
+    labels = [f"n{i:08d}" for i in range(LABELS)]
+    partial = table.with_suffix(".partial")
+    with open(partial, "w") as f:
+        f.write("file_name,label\n")
+        for i in range(files):
+            label = labels[i % LABELS]
+            f.write(f"{label}/{label}_{i}.JPEG,{label}\n")
+    partial.rename(table)
+    return table
+
+
+def _dry_run(name: str, files: int, root: str, output: str, *flags: str) -> dict[str, object]:
+    """``beam-prep prepare --dry_run`` in a fresh process: the time it says it planned in, and its peak."""
+    out, seconds, rss = _run([sys.executable, "-m", "pipelines.prepare_images", "--input", root,
+                              "--output", output, "--dry_run", *flags])
+    planned = float(re.search(r"planned in ([\d.]+) s", out).group(1))
+    listed = int(re.search(r"lists ([\d,]+) images", out).group(1).replace(",", ""))
+    return {"run": name, "files": files, "listed": listed, "seconds": planned, "process_seconds": seconds,
+            "peak_rss_bytes": rss}
+
+
 def _run(command: list[str]) -> tuple[str, float, int]:
     """Runs ``command`` in a fresh process; its stdout, wall seconds and peak RSS."""
     os.sync()
@@ -116,12 +147,9 @@ def measure(files: int) -> list[dict[str, object]]:
             report = json.loads(out)
             rows.append({"run": name, "files": files, "listed": report["files"], "seconds": report["seconds"],
                          "process_seconds": seconds, "peak_rss_bytes": rss})
-        out, seconds, rss = _run([sys.executable, "-m", "pipelines.prepare_images", "--input", root,
-                                  "--output", os.path.join(scratch, "out"), "--dry_run"])
-        planned = float(re.search(r"planned in ([\d.]+) s", out).group(1))
-        listed = int(re.search(r"lists ([\d,]+) images", out).group(1).replace(",", ""))
-        rows.append({"run": "(b) beam-prep prepare --dry_run", "files": files, "listed": listed,
-                     "seconds": planned, "process_seconds": seconds, "peak_rss_bytes": rss})
+        rows.append(_dry_run(_DRY_RUN, files, root, os.path.join(scratch, "out")))
+        rows.append(_dry_run(_WITH_TABLE, files, root, os.path.join(scratch, "out"), "--metadata",
+                             str(ensure_table(files))))
     for row in rows:
         if row["listed"] != files:
             raise RuntimeError(f"{row['run']} listed {row['listed']} of {files} files")
@@ -150,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("|---:|---|---:|---:|---:|---:|---:|")
     smallest = min(args.files)
     for files in args.files:
-        for run in sorted(_CHILDREN.keys() | {"(b) beam-prep prepare --dry_run"}):
+        for run in sorted(_CHILDREN.keys() | {_DRY_RUN, _WITH_TABLE}):
             m = median[run, files]
             base = median["(a) os.scandir walk", files]
             print(f"| {files:,} | {run} | {m['seconds']:.1f} | {m['process_seconds']:.1f} "

@@ -149,6 +149,9 @@ class DatasetInfo:
     the manifest's name for it (``GZIP``, ``NONE``). ``label_offset`` is what
     the writer added to each label's index in ``labels`` to get the id it
     stored (``--label_offset``: 1 for code that keeps 0 for background).
+    ``multi_label``: each record holds a list of label ids (``--metadata``'s labels
+    column), not one. ``extra_features``: the record's features beyond the image and
+    label (``--metadata``'s other columns), key -> kind (bytes, int64 or float).
     """
 
     root: str
@@ -157,6 +160,8 @@ class DatasetInfo:
     image: ImageInfo
     compression: str = "GZIP"
     label_offset: int = 0
+    multi_label: bool = False
+    extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
@@ -164,7 +169,7 @@ class DatasetInfo:
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's dataset keys, in the manifest's order (the writer adds its run's record)."""
-        return {
+        out = {
             "format_version": FORMAT_VERSION,
             "labels": list(self.labels),
             "splits": {name: split.to_json() for name, split in self.splits.items()},
@@ -172,6 +177,11 @@ class DatasetInfo:
             "compression": self.compression,
             "label_offset": self.label_offset,
         }
+        if self.multi_label:  # written only where set: single-label manifests stay as they were
+            out["multi_label"] = True
+        if self.extra_features:
+            out["extra_features"] = dict(self.extra_features)
+        return out
 
     @classmethod
     def from_json(cls, manifest: Any, root: str, where: str) -> DatasetInfo:
@@ -196,11 +206,25 @@ class DatasetInfo:
                 raise DatasetError(f"{where}: unknown compression {compression!r}")
             return cls(root=root, labels=tuple(manifest["labels"]), splits=splits,
                        image=ImageInfo.from_json(manifest["image"]), compression=compression,
-                       label_offset=int(manifest.get("label_offset", 0)))
+                       label_offset=int(manifest.get("label_offset", 0)),
+                       multi_label=bool(manifest.get("multi_label", False)),
+                       extra_features=_extra_features(manifest.get("extra_features", {})))
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where} is incomplete or malformed: missing or bad {e}") from e
         except OptionsError as e:
             raise DatasetError(f"{where}: {e}") from e
+
+
+_EXTRA_KINDS = ("bytes", "int64", "float")
+
+
+def _extra_features(features: Mapping[str, Any]) -> dict[str, str]:
+    """The manifest's extra_features, checked: key -> one of bytes, int64, float."""
+    bad = {key: kind for key, kind in dict(features).items() if kind not in _EXTRA_KINDS}
+    if bad:
+        key = next(iter(bad))
+        raise OptionsError(f"extra feature {key!r} has kind {bad[key]!r}, not one of {', '.join(_EXTRA_KINDS)}")
+    return {str(key): str(kind) for key, kind in features.items()}
 
 
 def labels_lines(labels: Sequence[str], form: str, label_offset: int) -> list[str]:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class FeatureKind(enum.Enum):
     BYTES = "bytes"
     INT64 = "int64"
+    FLOAT = "float"  # extra features alone (--metadata columns)
 
 
 # key -> kind: the whole schema, in one place.
@@ -59,7 +60,13 @@ BYTES_PER_SAMPLE = {"jpeg": 0.15, "png": 0.6, "raw": 1.0}
 
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
-    """One labelled image, ready to serialise."""
+    """One labelled image, ready to serialise.
+
+    ``label_ids`` and ``label_texts``, for multi-label data, replace ``label`` and
+    ``label_text`` with lists (the same keys, each a list of every label's id or name);
+    single-label records keep one value each, so existing readers read them unchanged.
+    ``extra``: the other features (--metadata's columns), str, int or float each.
+    """
 
     encoded: bytes
     image_format: str
@@ -70,9 +77,13 @@ class ImageRecord:
     label_text: str
     filename: str
     sha256: str
+    label_ids: tuple[int, ...] | None = None
+    label_texts: tuple[str, ...] | None = None
+    extra: Mapping[str, Any] | None = None
 
     def values(self) -> dict[str, Any]:
-        return {
+        """Feature key -> value, or a list of values (multi-label labels)."""
+        values = {
             ENCODED: self.encoded,
             FORMAT: self.image_format.encode(),
             HEIGHT: self.height,
@@ -83,6 +94,12 @@ class ImageRecord:
             FILENAME: self.filename.encode("utf-8", "surrogateescape"),  # a name's own bytes
             SHA256: self.sha256.encode(),
         }
+        if self.label_ids is not None:
+            values[LABEL] = list(self.label_ids)
+            values[LABEL_TEXT] = [name.encode("utf-8") for name in self.label_texts or ()]
+        for key, value in (self.extra or {}).items():
+            values[key] = value.encode("utf-8") if isinstance(value, str) else value
+        return values
 
 
 def _example_message_class():
@@ -137,11 +154,22 @@ def encode_example(record: ImageRecord) -> bytes:
     example = Example()
     features = example.features.feature
     for key, value in record.values().items():
-        if SCHEMA[key] is FeatureKind.BYTES:
-            features[key].bytes_list.value.append(value)
+        values = value if isinstance(value, list) else [value]
+        kind = SCHEMA.get(key) or kind_of(value)
+        if kind is FeatureKind.BYTES:
+            features[key].bytes_list.value.extend(values)
+        elif kind is FeatureKind.FLOAT:
+            features[key].float_list.value.extend(values)
         else:
-            features[key].int64_list.value.append(value)
+            features[key].int64_list.value.extend(int(v) for v in values)
     return example.SerializeToString(deterministic=True)
+
+
+def kind_of(value: Any) -> FeatureKind:
+    """An extra feature's kind, by its value's Python type."""
+    if isinstance(value, (bytes, str)):
+        return FeatureKind.BYTES
+    return FeatureKind.FLOAT if isinstance(value, float) else FeatureKind.INT64
 
 
 def decode_example(serialized: bytes) -> dict[str, Any]:
@@ -153,6 +181,14 @@ def decode_example(serialized: bytes) -> dict[str, Any]:
         out[key] = (feature.bytes_list.value[0] if kind is FeatureKind.BYTES
                     else feature.int64_list.value[0])
     return out
+
+
+def decode_all(serialized: bytes) -> dict[str, list[Any]]:
+    """Every feature of one record, each as its list of values, without TensorFlow: multi-label
+    records and extra features too (for tools and tests)."""
+    example = Example.FromString(serialized)
+    return {key: list(getattr(feature, feature.WhichOneof("kind")).value) if feature.WhichOneof("kind") else []
+            for key, feature in example.features.feature.items()}
 
 
 def tf_parse_spec(keys: tuple[str, ...] | None = None) -> dict[str, "tf.io.FixedLenFeature"]:

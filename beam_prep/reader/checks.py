@@ -34,9 +34,11 @@ def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD,
                   ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """A function from a batch of serialized records (string [b]) to their checks, each [b]:
 
-    * ``label`` (int64), ``text`` and ``filename`` (string): as stored;
-    * ``in_range``: ``0 <= label - label_offset < len(labels)``;
-    * ``text_ok``: in range, and ``labels[label - label_offset]`` is the record's text;
+    * ``label`` (int64), ``text`` and ``filename`` (string): as stored; a multi-label
+      dataset's ids and names each joined by ``;`` (strings);
+    * ``counts`` (int64 [b, len(labels)]): each record's labels, one-hot (multi-hot);
+    * ``in_range``: ``0 <= label - label_offset < len(labels)``, for each of a record's ids;
+    * ``text_ok``: in range, and ``labels[label - label_offset]`` is the record's text (each one);
     * ``decoded`` (int32 [b, 3]): the shape the reader's decode gives; ``stored`` (int32
       [b, 3]): the record's own height, width, channels;
     * ``shape_ok``: decoded as the manifest says (its size when fixed, its channels
@@ -48,15 +50,18 @@ def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD,
     Raises (when called, as TensorFlow errors): a record that is not an Example
     of this spec, or whose image does not decode.
     """
-    return _batch_checker(info.image, info.labels, info.label_offset, dct_method)
+    return _batch_checker(info.image, info.labels, info.label_offset, dct_method, info.multi_label)
 
 
 @functools.lru_cache(maxsize=8)
 def _batch_checker(image: ImageInfo, label_names: tuple[str, ...], label_offset: int, dct_method: str,
-                   ) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+                   multi_label: bool = False) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     import tensorflow as tf
 
     spec = features.tf_parse_spec(CHECK_KEYS)
+    if multi_label:
+        spec[features.LABEL] = tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64)
+        spec[features.LABEL_TEXT] = tf.io.RaggedFeature(tf.string, row_splits_dtype=tf.int64)
     # Decode as stored, without the reader's size assertion: a record of another size
     # is then a problem to report, not an error that ends the shard's read.
     as_stored = dataclasses.replace(image, height=None, width=None)
@@ -82,11 +87,21 @@ def _batch_checker(image: ImageInfo, label_names: tuple[str, ...], label_offset:
         shape_ok = tf.logical_and(expected, tf.reduce_all(decoded == stored, axis=1))
 
         label = parsed[features.LABEL]
-        index = label - label_offset
-        in_range = tf.logical_and(index >= 0, index < num_labels)
-        named = tf.gather(labels, tf.clip_by_value(index, 0, max(num_labels - 1, 0)))
         text = parsed[features.LABEL_TEXT]
-        return {"label": label, "text": text, "filename": parsed[features.FILENAME],
+        index = label - label_offset
+        clipped = tf.clip_by_value(index, 0, max(num_labels - 1, 0))
+        if multi_label:  # ragged [b, (n)]: every id in range, every name its id's
+            in_range = tf.reduce_all(tf.logical_and(index >= 0, index < num_labels), axis=1)
+            named = tf.strings.reduce_join(tf.gather(labels, clipped), axis=1, separator=";")
+            text = tf.strings.reduce_join(text, axis=1, separator=";")
+            label = tf.strings.reduce_join(tf.strings.as_string(label), axis=1, separator=";")
+            counts = tf.math.bincount(clipped, minlength=num_labels, maxlength=num_labels, axis=-1,
+                                      dtype=tf.int64)
+        else:
+            in_range = tf.logical_and(index >= 0, index < num_labels)
+            named = tf.gather(labels, clipped)
+            counts = tf.one_hot(clipped, num_labels, dtype=tf.int64)
+        return {"label": label, "text": text, "filename": parsed[features.FILENAME], "counts": counts,
                 "in_range": in_range, "text_ok": tf.logical_and(in_range, tf.equal(named, text)),
                 "decoded": decoded, "stored": stored, "shape_ok": shape_ok}
 

@@ -25,6 +25,7 @@ from beam_prep.reader.plan import (
     finish,
     make_plan,
 )
+from beam_prep.reader.plan import parse as parse_records
 from beam_prep.reader.shards import read_shard
 from beam_prep.reader.sources import (
     RecordFiles,
@@ -86,11 +87,14 @@ def make_dataset(
       training: shuffle in any order, or not and in a fixed order; default ``split == "train"``.
       dtype: of the images: ``uint8`` as stored, or a float dtype scaled to [0, 1].
       one_hot: float32 one-hot labels, not int64 ids; ids count from 0 whatever ``--label_offset``.
+        A multi-label dataset (``load_info(path).multi_label``) always gives float32 multi-hot
+        labels, ``[batch, num_classes]``.
       augment: ``"crop_flip"``, ``"random_resized_crop"``, a ``RandomCropFlip`` or a per-image function.
       resize: (height, width) or an int: centre-crop to that aspect and resize; batches varying sizes.
       repeat: repeat forever (no length then: give Keras ``steps_per_epoch``).
       drop_remainder: drop the last, smaller batch, for a static batch shape.
-      extra_keys: other record features (e.g. ``features.FILENAME``) yielded as a third element, a dict.
+      extra_keys: other record features (e.g. ``features.FILENAME``, or a ``--metadata`` column listed in
+        ``load_info(path).extra_features``, with its type) yielded as a third element, a dict.
       config: shuffling, order, distribution, JPEG decoding and ``tf.data`` options: a :class:`ReaderConfig`.
 
     Raises:
@@ -108,7 +112,8 @@ def make_dataset(
     pipelines, pipeline_id = config.pipelines()
     paths, shard_counts, count = select_files(source, pipelines, pipeline_id)
     plan = make_plan(source.image, source.num_classes, batch_size, dtype, one_hot, augment, resize,
-                     extra_keys, config.dct_method, source.label_offset)
+                     extra_keys, config.dct_method, source.label_offset, source.multi_label,
+                     source.extra_features)
 
     _LOG.info(
         "reading %d of %d files (%s records)%s; batch %s, shuffle %d, %s order, augment %s",
@@ -160,10 +165,8 @@ def _images(records: tf.data.Dataset, plan: Plan, batch_size: int | None, *, dro
     and not repeated."""
     import tensorflow as tf
 
-    parse_spec = features.tf_parse_spec(plan.parse_keys)
-
     def parse(serialized):
-        return tf.io.parse_example(serialized, parse_spec)
+        return parse_records(plan, serialized)
 
     def parse_and_decode_batch(serialized):
         return finish(plan, decode_batch(plan, parse(serialized)))
@@ -177,7 +180,9 @@ def _images(records: tf.data.Dataset, plan: Plan, batch_size: int | None, *, dro
     # decoded one by one and batched after it.
     ds = map_(records.batch(PARSE_CHUNK), parse)
     ds = map_(ds.unbatch(), lambda parsed: decode_one(plan, parsed))
-    if batch_size is not None:
+    if batch_size is not None and plan.has_lists:  # a multi-label record's names: a list each
+        ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+    elif batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     ds = map_(ds, lambda parsed: finish(plan, parsed))
     if count is not None:

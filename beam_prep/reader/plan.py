@@ -27,7 +27,7 @@ from beam_prep.reader.decode import (
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-__all__ = ["Augment", "Plan", "decode_batch", "decode_one", "finish", "make_plan"]
+__all__ = ["Augment", "Plan", "decode_batch", "decode_one", "finish", "make_plan", "parse"]
 
 Augment = Union[str, RandomCropFlip, Callable[["tf.Tensor"], "tf.Tensor"]]
 
@@ -46,6 +46,8 @@ class Plan:
     extra_keys: tuple[str, ...]
     dct_method: str = DEFAULT_DCT_METHOD
     label_offset: int = 0  # stored ids start here (--label_offset); yielded ids start at 0
+    multi_label: bool = False  # each record holds a list of ids: yielded as a multi-hot vector
+    extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --metadata's columns
 
     @property
     def resizes(self) -> bool:
@@ -58,6 +60,30 @@ class Plan:
         if self.image.format == "raw" and not self.image.fixed_size:
             keys += [features.HEIGHT, features.WIDTH]
         return tuple(dict.fromkeys(keys + list(self.extra_keys)))
+
+    @property
+    def has_lists(self) -> bool:
+        """Whether a yielded value is a list of varying length: a multi-label record's label names
+        (``image/class/text`` in ``extra_keys``), batched as a ``tf.RaggedTensor``."""
+        return self.multi_label and features.LABEL_TEXT in self.extra_keys
+
+    def parse_spec(self) -> dict[str, Any]:
+        """The ``tf.io.parse_example`` spec of ``parse_keys``: the schema's, a multi-label dataset's
+        label lists (ragged), and the dataset's extra features by their kinds."""
+        import tensorflow as tf
+
+        listed = (features.LABEL, features.LABEL_TEXT) if self.multi_label else ()
+        keys = self.parse_keys
+        spec: dict[str, Any] = features.tf_parse_spec(
+            tuple(k for k in keys if k in features.SCHEMA and k not in listed))
+        dtypes = {"bytes": tf.string, "int64": tf.int64, "float": tf.float32}
+        for key in keys:
+            if key in listed:
+                spec[key] = tf.io.RaggedFeature(tf.int64 if key == features.LABEL else tf.string,
+                                                row_splits_dtype=tf.int64)
+            elif key not in features.SCHEMA:
+                spec[key] = tf.io.FixedLenFeature([], dtypes[self.extra_features[key]])
+        return spec
 
     def record_hw(self, parsed: Mapping[str, tf.Tensor]):
         return (parsed[features.HEIGHT], parsed[features.WIDTH]) if features.HEIGHT in parsed else None
@@ -80,7 +106,8 @@ class Plan:
 def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None, dtype: Any,
               one_hot: bool, augment: Augment | None, resize_to: int | tuple[int, int] | None,
               extra_keys: Sequence[str], dct_method: str = DEFAULT_DCT_METHOD,
-              label_offset: int = 0) -> Plan:
+              label_offset: int = 0, multi_label: bool = False,
+              extra_features: Mapping[str, str] | None = None) -> Plan:
     """Checks ``make_dataset``'s output arguments against the dataset, and fixes what each record becomes.
 
     Raises:
@@ -88,6 +115,7 @@ def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None,
     """
     if one_hot and num_classes is None:
         raise OptionsError("one_hot=True needs RecordFiles(num_classes=) when reading files without a manifest")
+    extra_features = dict(extra_features or {})
     size = _output_size(image, resize_to)
     crop_flip, user_augment = _augmentation(augment)
     if size is None and (batch_size is not None or crop_flip is not None):
@@ -97,7 +125,8 @@ def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None,
             "resize=(height, width), or batch_size=None for single images of their own size")
     return Plan(image=image, size=size, crop_flip=crop_flip, user_augment=user_augment,
                 dtype=_dtype(dtype), one_hot=one_hot, num_classes=num_classes,
-                extra_keys=_extra_keys(extra_keys), dct_method=dct_method, label_offset=label_offset)
+                extra_keys=_extra_keys(extra_keys, extra_features), dct_method=dct_method,
+                label_offset=label_offset, multi_label=multi_label, extra_features=extra_features)
 
 
 def _dtype(dtype: Any) -> tf.DType:
@@ -143,13 +172,39 @@ def _augmentation(augment: Augment | None) -> tuple[RandomCropFlip | None, Calla
     return None, augment
 
 
-def _extra_keys(extra_keys: Sequence[str]) -> tuple[str, ...]:
+def _extra_keys(extra_keys: Sequence[str], extra_features: Mapping[str, str]) -> tuple[str, ...]:
+    """``extra_keys``, checked: the schema's keys but the image, and the dataset's extra features."""
     keys = tuple(extra_keys)
+    known = [k for k in features.SCHEMA if k != features.ENCODED] + list(extra_features)
     for key in keys:
-        if key not in features.SCHEMA or key == features.ENCODED:
+        if key not in known:
             raise OptionsError(f"extra_keys: {key!r} is not a record feature other than the image; "
-                               f"known: {', '.join(k for k in features.SCHEMA if k != features.ENCODED)}")
+                               f"known: {', '.join(known)}")
     return keys
+
+
+def parse(plan: Plan, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+    """A batch of serialized records parsed; a multi-label dataset's id lists made multi-hot at once,
+    so that every later step (unbatch, batch) sees dense tensors."""
+    import tensorflow as tf
+
+    parsed = tf.io.parse_example(serialized, plan.parse_spec())
+    if plan.multi_label:
+        parsed[features.LABEL] = _multi_hot(plan, parsed[features.LABEL])
+    return parsed
+
+
+def _multi_hot(plan: Plan, ids: tf.RaggedTensor) -> tf.Tensor:
+    """Ragged stored ids [b, (n)] to float32 [b, num_classes]: 1 where the record has the label."""
+    import tensorflow as tf
+
+    ids = ids - plan.label_offset
+    checks = [tf.debugging.assert_non_negative(ids.flat_values, message="negative label id"),
+              tf.debugging.assert_less(ids.flat_values, tf.constant(plan.num_classes, tf.int64),
+                                       message="label id out of range of the labels")]
+    with tf.control_dependencies(checks):
+        return tf.math.bincount(ids, minlength=plan.num_classes, maxlength=plan.num_classes,
+                                binary_output=True, axis=-1, dtype=tf.float32)
 
 
 def decode_batch(plan: Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -193,6 +248,8 @@ def finish(plan: Plan, parsed: Mapping[str, tf.Tensor]):
     if image.dtype != plan.dtype:
         image = tf.image.convert_image_dtype(image, plan.dtype, saturate=True)
     labels = parsed[features.LABEL]
+    if plan.multi_label:  # multi-hot already (``parse``)
+        return (image, labels, {key: parsed[key] for key in plan.extra_keys}) if plan.extra_keys else (image, labels)
     if plan.label_offset:
         # Stored ids start at --label_offset; yielded ids index the dataset's labels from 0.
         labels = labels - plan.label_offset

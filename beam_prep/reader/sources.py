@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from beam_prep.errors import DatasetError, OptionsError, StorageError
@@ -79,6 +79,8 @@ class Source:
     num_examples: int | None
     shard_num_examples: tuple[int, ...] | None
     label_offset: int = 0  # subtracted from stored ids, so that ids index the labels from 0
+    multi_label: bool = False  # each record holds a list of ids (DatasetInfo.multi_label)
+    extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)  # key -> bytes, int64 or float
 
 
 def load_info(path: str) -> DatasetInfo:
@@ -139,7 +141,8 @@ def resolve_source(path: str | RecordFiles, split: str) -> Source:
         raise DatasetError(f"split {split!r} of {info.root} has no shard files")
     _check_files_exist(info.root, s)
     return Source(s.files, info.image, info.num_classes, info.compression,
-                  s.num_examples, s.shard_num_examples, info.label_offset)
+                  s.num_examples, s.shard_num_examples, info.label_offset, info.multi_label,
+                  dict(info.extra_features))
 
 
 def _match(files: RecordFiles) -> Source:

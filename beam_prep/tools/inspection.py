@@ -43,6 +43,9 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "image": {**info.image.to_json(), "compression": info.compression,
                   "label_offset": info.label_offset},
         "num_classes": info.num_classes,
+        "multi_label": info.multi_label,
+        "label_cardinality": label_cardinality(summary),
+        "extra_features": dict(info.extra_features),
         "splits": {s.name: {
             "num_examples": s.num_examples,
             "shards": {"count": s.shards.count, "total_bytes": s.shards.total_bytes,
@@ -82,6 +85,7 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
            + (f" (beam-prep {summary.beam_prep_version}, {summary.created})"
               if summary.created else "")]
     out += ["", "image: " + _image_line(info.image, info.compression, info.label_offset)]
+    out += _record_lines(summary)
     out += ["", *_table(
         ["split", "examples", "shards", "size total", "size min", "median", "max",
          "records min", "median", "max", "imbalance"],
@@ -102,6 +106,28 @@ def describe_image(image: ImageInfo) -> str:
     """How images are stored, in a few words: ``224x224, 3 channels, jpeg``."""
     size = f"{image.height}x{image.width}" if image.fixed_size else "sizes vary"
     return f"{size}, {image.channels} channel{'s' if image.channels != 1 else ''}, {image.format}"
+
+
+def label_cardinality(summary: Summary) -> float | None:
+    """Labels per record on average: 1 for single-label data; None where no record is counted."""
+    records = sum(s.num_examples for s in summary.splits)
+    if not summary.info.multi_label:
+        return 1.0 if records else None
+    return sum(c.total for c in summary.classes) / records if records else None
+
+
+def _record_lines(summary: Summary) -> list[str]:
+    """A multi-label dataset's label cardinality and the records' extra features (--metadata's
+    columns); nothing for a dataset of one label a record and no extra features."""
+    info = summary.info
+    lines = []
+    if info.multi_label:
+        cardinality = label_cardinality(summary)
+        lines.append("labels: multi-label, a list of ids a record"
+                     + (f", {format_number(cardinality)} labels a record on average" if cardinality else ""))
+    if info.extra_features:
+        lines.append("extra features: " + ", ".join(f"{key} ({kind})" for key, kind in info.extra_features.items()))
+    return lines
 
 
 def _image_line(image: ImageInfo, compression: str, label_offset: int) -> str:

@@ -298,16 +298,14 @@ def _check_records(info: DatasetInfo, path: str, serialized: tf.Tensor, check: C
 def _tally_batch(info: DatasetInfo, path: str, first: int, out: Mapping[str, tf.Tensor],
                  tally: _ShardTally, problems: Problems) -> int:
     """Counts a checked batch's labels and adds a problem for each record that failed a check."""
-    label = out["label"].numpy()
     in_range = out["in_range"].numpy()
     text_ok = out["text_ok"].numpy()
     shape_ok = out["shape_ok"].numpy()
-    tally.class_counts += np.bincount(label[in_range] - info.label_offset,
-                                      minlength=len(info.labels))[:len(info.labels)]
+    tally.class_counts += out["counts"].numpy()[in_range].sum(axis=0, dtype=np.int64)
     bad = np.flatnonzero(~(text_ok & shape_ok))
     if bad.size:
         _record_problems(info, path, first, out, bad, problems)
-    return int(label.shape[0])
+    return int(in_range.shape[0])
 
 
 def _record_problems(info: DatasetInfo, path: str, first: int, out: Mapping[str, Any],
@@ -316,17 +314,28 @@ def _record_problems(info: DatasetInfo, path: str, first: int, out: Mapping[str,
     for i in bad:
         name = values["filename"][i].decode("utf-8", "backslashreplace")
         where = f"{path}, record {first + i} ({name})"
-        label, text = int(values["label"][i]), values["text"][i].decode("utf-8", "backslashreplace")
+        text = values["text"][i].decode("utf-8", "backslashreplace")
+        if info.multi_label:  # ids and names, each joined by ";"
+            ids = [int(n) for n in values["label"][i].decode().split(";") if n]
+            label, names = ";".join(map(str, ids)), ";".join(_label_name(info, n) for n in ids)
+        else:
+            label = int(values["label"][i])
+            names = _label_name(info, label)
         if not values["in_range"][i]:
             problems.add(LABEL_RANGE, where, f"label id {label} is outside the labels: ids run from "
                          f"{info.label_offset} to {info.label_offset + len(info.labels) - 1} "
                          f"(label_offset {info.label_offset}, {len(info.labels)} labels)")
         elif not values["text_ok"][i]:
-            problems.add(LABEL_TEXT, where, f"label id {label} is {info.labels[label - info.label_offset]!r} "
+            problems.add(LABEL_TEXT, where, f"label id {label} is {names!r} "
                                             f"in the labels, but the record's text is {text!r}")
         if not values["shape_ok"][i]:
             problems.add(IMAGE_SHAPE, where, f"decodes to {_shape(values['decoded'][i])}; the manifest "
                          f"says {_expected_shape(info)} and the record {_shape(values['stored'][i])}")
+
+
+def _label_name(info: DatasetInfo, label_id: int) -> str:
+    index = label_id - info.label_offset
+    return info.labels[index] if 0 <= index < len(info.labels) else "?"
 
 
 def _check_split_counts(info: DatasetInfo, split: SplitInfo, tallies: Mapping[tuple[str, int], _ShardTally],

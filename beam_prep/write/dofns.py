@@ -102,7 +102,8 @@ class _Reading:
 
 
 class ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, label, example, original, hash line)``; a bad file goes to the ``failed``
+    """One file to ``(split, labels, example, original, hash line)`` (``labels``: the names it
+    counts under, ``FileEntry.counted_labels``); a bad file goes to the ``failed``
     output, and a record of one flat colour's relative path to ``flat`` as well.
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
@@ -158,7 +159,7 @@ class ImageToExampleFn(beam.DoFn):
             return
         if outcome.flat:
             yield TaggedOutput(FLAT, WindowedValue(entry.relpath, timestamp, (window,)))
-        yield WindowedValue((entry.split, entry.label, outcome.example, outcome.original,
+        yield WindowedValue((entry.split, entry.counted_labels, outcome.example, outcome.original,
                              duplicates.hash_line(outcome.sha256, entry.split, entry.path)), timestamp, (window,))
 
 
@@ -217,7 +218,8 @@ class WriteShardFn(beam.DoFn):
         config, split = self._config, self._split
         lines = read_lines(join(config.work, layout.shard_listing_name(split, index)))
         entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
-        per_label: collections.Counter[str] = collections.Counter()
+        per_label: collections.Counter[str] = collections.Counter()  # a multi-label record under each label
+        written = 0
         originals: collections.Counter[str] = collections.Counter()
         failures = []
         flat = []
@@ -234,7 +236,8 @@ class WriteShardFn(beam.DoFn):
                 reporter.add(ok)
                 if ok:
                     write_record(f, outcome.example)
-                    per_label[entry.label] += 1
+                    written += 1
+                    per_label.update(entry.counted_labels)
                     if outcome.original is not None:
                         originals[outcome.original] += 1
                     if outcome.flat:
@@ -244,7 +247,7 @@ class WriteShardFn(beam.DoFn):
                     failures.append(outcome.failure)
         FileSystems.rename([partial], [join(config.work, name)])
         write_lines(join(config.work, layout.hashes_name(name)), hashes)
-        record = resume.ShardRecord(name=name, records=sum(per_label.values()), size=checksum.size,
+        record = resume.ShardRecord(name=name, records=written, size=checksum.size,
                                     sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures,
                                     originals=dict(sorted(originals.items())),
                                     flat=FlatImages.of(flat).to_json())

@@ -41,6 +41,8 @@ class Plan:
     run_id: str = ""  # the run's folder under OUTPUT/.beam-prep until it publishes
     split_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # images listed per split
     unknown_labels: int = 0  # images listed under a folder missing from --labels_file
+    multi_label: bool = False  # records hold a list of label ids (--metadata's labels column)
+    extra_features: dict[str, str] = dataclasses.field(default_factory=dict)  # --metadata's columns: key -> kind
 
 
 def build(
@@ -75,7 +77,10 @@ def build(
         # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
         names = (tuple(layout.shard_name(split, i, count, config.compression) for i in range(count))
                  if count else tuple(sorted(shard_rows[split])))
-        num_examples = sum(class_counts[split, label] for label in plan.labels)
+        if plan.multi_label:  # a record counts under each of its labels: its shards' counts are the records
+            num_examples = sum(n or 0 for n in shard_rows[split].values())
+        else:
+            num_examples = sum(class_counts[split, label] for label in plan.labels)
         unreported = [name for name in names if name not in shard_rows[split]]
         if unreported or (num_examples and not names):
             raise DatasetError(
@@ -96,7 +101,8 @@ def build(
     kept_or_not = _originals(config, originals, written)
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
                        image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
-                       label_offset=config.label_offset)
+                       label_offset=config.label_offset, multi_label=plan.multi_label,
+                       extra_features=dict(plan.extra_features))
     dataset = info.to_json()
     by_stage = collections.Counter(f["stage"] for f in failures)
     return {
@@ -106,7 +112,7 @@ def build(
         "resize_kernel": resample.available(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **dataset,
-        "features": {key: kind.value for key, kind in SCHEMA.items()},
+        "features": {**{key: kind.value for key, kind in SCHEMA.items()}, **plan.extra_features},
         "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
                    "skipped": plan.skipped},
         "failed_by_stage": dict(sorted(by_stage.items())),

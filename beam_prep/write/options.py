@@ -21,6 +21,7 @@ from beam_prep.io.storage import is_local
 from beam_prep.model.dataset import COMPRESSIONS
 from beam_prep.write.imaging import (DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES,
                                      ImageSpec, parse_colour)
+from beam_prep.write.metadata import check_path
 from beam_prep.write.readahead import DEFAULT_MAX_BYTES, ReadConfig
 
 SINKS = ("auto", "streaming", "shuffle")
@@ -129,6 +130,17 @@ def _labels_split_arguments(group: Any) -> None:
         help="Stored label ids start at this number (1: id 0 is kept for background, as "
              "ImageNet-style training code expects); the reader subtracts it again.")
     group.add_argument(
+        "--metadata", default=None,
+        help="A table saying what each image is (CSV, TSV or JSON Lines, by extension; local or gs://): "
+             "a file_name column (the image's path under --input), label (one name) or labels (a JSON "
+             "list, or names separated by ; in CSV/TSV), an optional split column, and any other column, "
+             "stored in each record as a feature of its own. Files under --input that no row names are "
+             "skipped (default: none: each image's label is its folder's name).")
+    group.add_argument(
+        "--recursive", action="store_true", default=False,
+        help="Images at any depth under a label folder take that top folder's label (as Keras's "
+             "image_dataset_from_directory); without it, images deeper than the label folders are skipped.")
+    group.add_argument(
         "--labels_txt", default="names",
         help="labels.txt's form: names (one name a line) or slim "
              "(TF-slim's id:name lines, ids as stored).")
@@ -182,6 +194,8 @@ class PrepareConfig:
     reads: ReadConfig = ReadConfig()
     label_offset: int = 0
     labels_txt: str = "names"
+    metadata: str | None = None
+    recursive: bool = False
 
 
 def default_compression(image_format: str) -> str:
@@ -338,6 +352,7 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
     if options.view_as(StandardOptions).runner in ("DataflowRunner", "TestDataflowRunner"):
         _check_dataflow(options, source, target)
+    table = _metadata_path(o.metadata, o.recursive)
     concurrency = o.read_concurrency
     if concurrency is None:
         concurrency = 0 if is_local(source) else DEFAULT_REMOTE_READ_CONCURRENCY
@@ -346,4 +361,19 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
                          overwrite=o.overwrite, sink=o.sink, compression=compression, reads=reads,
-                         label_offset=o.label_offset, labels_txt=o.labels_txt)
+                         label_offset=o.label_offset, labels_txt=o.labels_txt, metadata=table,
+                         recursive=o.recursive)
+
+
+def _metadata_path(path: str | None, recursive: bool) -> str | None:
+    """--metadata, normalised and checked (its extension, that a local table exists); None without it.
+
+    Raises:
+      OptionsError: a table that cannot be read, or --recursive beside it (the table places each image).
+    """
+    if path is None:
+        return None
+    if recursive:
+        raise OptionsError("--metadata names each image wherever it is: drop --recursive")
+    check_path(path)
+    return normalised_path(path)

@@ -127,7 +127,7 @@ def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it.
     """
     listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels,
-                        label_offset=config.label_offset)
+                        label_offset=config.label_offset, recursive=config.recursive, metadata=config.metadata)
     sink = resolve_sink(config, options)
     multiple = local_workers(options) if sink == "streaming" else 1
     record_bytes = sharding.estimated_record_bytes(config.spec, listing.total_bytes / listing.listed)
@@ -145,7 +145,8 @@ def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
                                   skipped=listing.skipped_count, sink=sink,
                                   skipped_by_reason=listing.skipped_by_reason(), run_id=run_id,
                                   split_counts={split: split_counts[split] for split in listing.splits},
-                                  unknown_labels=listing.unknown_labels)
+                                  unknown_labels=listing.unknown_labels, multi_label=listing.multi_label,
+                                  extra_features=listing.extra_features)
 
 
 def _warn_small_percent(percent: float, split_counts: dict[str, int]) -> None:

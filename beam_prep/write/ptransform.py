@@ -1,6 +1,6 @@
 """``WriteImageDataset``: the dataset writer as a Beam PTransform, for pipelines that find images their own way.
 
-Applied to a PCollection of ``(source, label[, split[, name]])``, as Beam's
+Applied to a PCollection of ``(source, label[, split[, name[, features]]])``, as Beam's
 ``WriteToTFRecord`` is, it writes the command's dataset: the same records
 (``records.make_example``, paths read by the same ``FileReader``), the shuffle
 sink's writing (``transforms.WriteEntriesShuffle``), and the same manifest step
@@ -17,7 +17,7 @@ import hashlib
 import numbers
 import os
 import re
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -25,6 +25,7 @@ from apache_beam.pvalue import PCollection, TaggedOutput
 
 from beam_prep.errors import ElementError, ImageError, OptionsError
 from beam_prep.io.storage import is_local
+from beam_prep.model.features import SCHEMA
 from beam_prep.write import layout, manifest
 from beam_prep.write.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
@@ -49,17 +50,20 @@ class ImageElement(NamedTuple):
 
     Attributes:
       source: a path (local or ``gs://``), read by the workers, or the image file's bytes.
-      label: a name in ``labels``, or its index there.
+      label: a name in ``labels``, or its index there; with ``multi_label=True``, a list of them.
       split: the split it goes to; None picks one by ``validation_percent``.
       name: the record's ``image/filename``, hashed for its split and shown in
         errors.jsonl. None: a path's name (relative to ``root`` when under it),
         or ``sha256:<hex>`` of the bytes.
+      features: the record's extra features, a value for each key of
+        ``extra_features`` (as ``--metadata``'s columns): None where none are declared.
     """
 
     source: str | bytes
-    label: str | int
+    label: str | int | Sequence[str | int]
     split: str | None = None
     name: str | None = None
+    features: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,12 +75,14 @@ class _Naming:
     validation_percent: float
     root: str | None
     label_offset: int = 0
+    multi_label: bool = False
+    extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)  # key -> bytes, int64 or float
 
 
 def _image_element(element: Any) -> ImageElement:
     """The element as an ``ImageElement``; raises ElementError for a shape no data can excuse."""
-    if not isinstance(element, (tuple, list)) or not 2 <= len(element) <= 4:
-        raise ElementError("WriteImageDataset takes (source, label[, split[, name]]) elements, "
+    if not isinstance(element, (tuple, list)) or not 2 <= len(element) <= 5:
+        raise ElementError("WriteImageDataset takes (source, label[, split[, name[, features]]]) elements, "
                            f"not {_short(element)}")
     image = ImageElement(*element)
     if not isinstance(image.source, (str, bytes, bytearray, memoryview)):
@@ -111,22 +117,65 @@ class _ElementToEntryFn(beam.DoFn):
         image = _image_element(element)
         data = None if isinstance(image.source, str) else bytes(image.source)
         name = image.name if image.name is not None else self._default_name(image.source, data)
-        label, label_id = self._label(image.label)
+        if self._naming.multi_label:
+            labels, label_ids = self._labels(image.label, element)
+            label = ";".join(labels)
+            label_id = label_ids[0] if label_ids and UNKNOWN_LABEL not in label_ids else UNKNOWN_LABEL
+        else:
+            if isinstance(image.label, (list, tuple)):
+                raise ElementError(f"an element's label is one name or index, unless WriteImageDataset has "
+                                   f"multi_label=True: {_short(element)}")
+            (label, label_id), labels, label_ids = self._label(image.label), None, None
+        extra, misfit = self._features(image.features, element)
         split = image.split if image.split is not None else split_for(name, self._naming.validation_percent)
         entry = FileEntry(path=name if data is not None else image.source, relpath=name, split=split,
-                          label=label, label_id=label_id, size=len(data) if data is not None else 0)
+                          label=label, label_id=label_id, size=len(data) if data is not None else 0,
+                          labels=labels, label_ids=label_ids, extra=extra)
         problem = None
         if label_id == UNKNOWN_LABEL:
             problem = ImageError("label", f"label {image.label!r} is not in labels "
                                           f"({len(self._naming.labels)} names, indices 0-{len(self._naming.labels) - 1})")
         elif split not in self._naming.splits:
             problem = ImageError("split", f"split {split!r} is not in splits {list(self._naming.splits)}")
+        elif misfit is not None:
+            problem = ImageError("features", misfit)
         if problem is not None:
             failure = failure_report(entry, problem)
             self._counters.count(Outcome(None, failure, 0))
             yield TaggedOutput(_FAILED, failure)
             return
         yield entry if data is None else (entry, data)
+
+    def _labels(self, labels: Any, element: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """A multi-label element's names and ids (UNKNOWN_LABEL for a name or index not in ``labels``)."""
+        if not isinstance(labels, (list, tuple)):
+            raise ElementError(f"with multi_label=True an element's label is a list of names or indices: "
+                               f"{_short(element)}")
+        pairs = dict(self._label(label) for label in labels)  # in order, each label once
+        return tuple(pairs), tuple(pairs.values())
+
+    def _features(self, values: Any, element: Any) -> tuple[dict[str, Any] | None, str | None]:
+        """An element's extra features, and why one does not fit its declared kind (None if all do).
+
+        Raises:
+          ElementError: features that are not a dict of exactly the declared keys.
+        """
+        declared = self._naming.extra_features
+        if not declared:
+            if values is not None:
+                raise ElementError(f"an element has features, but WriteImageDataset declares no extra_features: "
+                                   f"{_short(element)}")
+            return None, None
+        if not isinstance(values, Mapping) or set(values) != set(declared):
+            raise ElementError(f"an element's features are a dict of the keys of extra_features "
+                               f"({', '.join(declared)}): {_short(element)}")
+        out = {}
+        for key, kind in declared.items():
+            value = values[key]
+            if not _fits(value, kind):
+                return None, f"feature {key!r} is {_short(value)}, not {kind}"
+            out[key] = float(value) if kind == "float" else value
+        return out, None
 
     def _label(self, label: Any) -> tuple[str, int]:
         labels = self._naming.labels
@@ -146,6 +195,15 @@ class _ElementToEntryFn(beam.DoFn):
         return full[len(root) + 1:] if full.startswith(root + "/") else path
 
 
+def _fits(value: Any, kind: str) -> bool:
+    """Whether a feature's value is of its declared kind (bytes: a str; an int counts as a float)."""
+    if kind == "bytes":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return isinstance(value, numbers.Integral) and -(2**63) <= value < 2**63 if kind == "int64" else True
+
+
 def _finalize(listed: int, config: PrepareConfig, plan: manifest.Plan, shards: list, counts: list,
               failures: list, hash_files: list, originals: list, flat: list) -> dict[str, Any]:
     """The manifest step, under the output's claim: refuses a dataset that appeared since the
@@ -157,7 +215,7 @@ def _finalize(listed: int, config: PrepareConfig, plan: manifest.Plan, shards: l
 
 
 class WriteImageDataset(beam.PTransform):
-    """Writes a PCollection of ``(source, label[, split[, name]])`` as a beam-prep dataset.
+    """Writes a PCollection of ``(source, label[, split[, name[, features]]])`` as a beam-prep dataset.
 
     ``source`` is a path (local or ``gs://``) or an image file's bytes; ``label``
     a name in ``labels`` or its index; see ``ImageElement``. Every element
@@ -198,6 +256,8 @@ class WriteImageDataset(beam.PTransform):
         overwrite: bool = False,
         read_concurrency: int = DEFAULT_REMOTE_READ_CONCURRENCY,
         read_ahead_mb: int = DEFAULT_READ_AHEAD_MB,
+        multi_label: bool = False,
+        extra_features: Mapping[str, str] | None = None,
     ) -> None:
         """Checks every argument; the README's *In your own Beam pipeline* says more.
 
@@ -212,6 +272,10 @@ class WriteImageDataset(beam.PTransform):
           num_shards: shards per split; None lets the runner choose (as ``WriteToTFRecord`` does).
           read_concurrency, read_ahead_mb: each worker's read-ahead, as the flags; the default
             reads ahead since paths may be anywhere (0: each file in the worker's thread).
+          multi_label: each element's label is a list; records hold a list of ids, as ``--metadata``'s
+            labels column makes them.
+          extra_features: feature key -> ``bytes``, ``int64`` or ``float``: each element's ``features``
+            give these, stored in its record and listed in the manifest, as ``--metadata``'s columns.
 
         Raises:
           OptionsError: on the first bad argument.
@@ -226,7 +290,8 @@ class WriteImageDataset(beam.PTransform):
         self._naming = _Naming(labels=_checked_labels(labels),
                                splits=_checked_splits(splits, validation_percent),
                                validation_percent=float(validation_percent),
-                               root=normalised_path(root) if root is not None else None, label_offset=label_offset)
+                               root=normalised_path(root) if root is not None else None, label_offset=label_offset,
+                               multi_label=bool(multi_label), extra_features=_checked_features(extra_features))
         if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 0):
             raise OptionsError(f"num_shards must be a positive int (None: the runner chooses), not {num_shards!r}")
         self._config = PrepareConfig(
@@ -243,7 +308,8 @@ class WriteImageDataset(beam.PTransform):
         run_id = new_run_id()
         _clear_output(config.output, config.overwrite, run_id)
         plan = manifest.Plan(labels=list(naming.labels), num_shards={s: config.num_shards for s in naming.splits},
-                             listed=0, skipped=0, sink=config.sink, run_id=run_id)
+                             listed=0, skipped=0, sink=config.sink, run_id=run_id, multi_label=naming.multi_label,
+                             extra_features=dict(naming.extra_features))
         entries = elements | "ToEntries" >> beam.ParDo(_ElementToEntryFn(naming)).with_outputs(
             _FAILED, main="entries")
         written = entries.entries | "WriteShards" >> WriteEntriesShuffle(
@@ -285,6 +351,21 @@ def _checked_labels(labels: Sequence[str]) -> tuple[str, ...]:
             raise OptionsError(f"labels lists {label!r} more than once")
         seen.add(label)
     return labels
+
+
+def _checked_features(extra_features: Mapping[str, str] | None) -> dict[str, str]:
+    """``extra_features``, checked: keys that are not the record's own, kinds bytes, int64 or float."""
+    if extra_features is None:
+        return {}
+    if not isinstance(extra_features, Mapping):
+        raise OptionsError(f"extra_features maps each feature's key to its kind, not {extra_features!r}")
+    for key, kind in extra_features.items():
+        if not isinstance(key, str) or not key or key in SCHEMA:
+            raise OptionsError(f"extra_features: {key!r} cannot be a feature of its own (empty, or a key of the "
+                               "record's image and label): rename it")
+        if kind not in ("bytes", "int64", "float"):
+            raise OptionsError(f"extra_features: {key!r} has kind {kind!r}, not one of bytes, int64, float")
+    return dict(extra_features)
 
 
 def _checked_splits(splits: Sequence[str] | None, validation_percent: float) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from beam_prep.io.gcs import GcsClient
 from beam_prep.io.storage import is_local
 from beam_prep.model.features import ImageRecord, encode_example
 from beam_prep.write.imaging import ImageSpec, process_image
-from beam_prep.write.listing import FileEntry
+from beam_prep.write.listing import UNKNOWN_LABEL, FileEntry
 from beam_prep.write.walk import printable
 
 
@@ -86,8 +86,18 @@ def failure_report(entry: FileEntry, error: ImageError) -> dict[str, Any]:
 
 
 def unknown_label_report(entry: FileEntry) -> dict[str, Any]:
-    return failure_report(
-        entry, ImageError("label", f"label folder {entry.label!r} is not in --labels_file"))
+    """The report of a file listed under no known label: missing from --labels_file, or none at all."""
+    if entry.labels is not None:
+        missing = [name for name, i in zip(entry.labels, entry.label_ids or ()) if i == UNKNOWN_LABEL]
+        message = (f"labels {', '.join(map(repr, missing))} are not in --labels_file" if missing
+                   else "its --metadata row gives no label")
+    elif not entry.label:
+        message = "it has no label: its --metadata row gives none (or it is not in a folder)"
+    elif entry.extra is not None:  # a --metadata row's label
+        message = f"label {entry.label!r} is not in --labels_file"
+    else:
+        message = f"label folder {entry.label!r} is not in --labels_file"
+    return failure_report(entry, ImageError("label", message))
 
 
 def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | None = None) -> Outcome:
@@ -115,5 +125,8 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         label_text=entry.label,
         filename=entry.relpath,
         sha256=sha256,
+        label_ids=entry.label_ids,
+        label_texts=entry.labels,
+        extra=entry.extra,
     )
     return Outcome(encode_example(record), None, len(data), image.original, sha256, image.flat)

@@ -31,6 +31,7 @@ from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.storage import is_local, join, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
 from beam_prep.write import layout
+from beam_prep.write.metadata import file_sha256
 from beam_prep.write.options import PrepareConfig
 
 __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
@@ -44,7 +45,7 @@ RUN_FORMAT = 3
 _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads"})
-_FLAG_OF = {"height": "image_size", "width": "image_size"}
+_FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata"}
 
 
 def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str, Any]:
@@ -52,6 +53,8 @@ def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str,
     options = {k: v for k, v in dataclasses.asdict(config).items() if k not in _FREE_OPTIONS}
     options.update(options.pop("spec"))
     options["labels"] = labels
+    # The table's content, not only its path: a table edited since is another run's records.
+    options["metadata_sha256"] = file_sha256(config.metadata) if config.metadata else None
     return json.loads(json.dumps(options))
 
 
@@ -142,6 +145,8 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
 
 
 def _shown(key: str, value: Any, options: Mapping[str, Any]) -> str:
+    if key == "metadata_sha256":
+        return f"{options.get('metadata')} (sha256 {value[:12] if value else None})"
     if key in _FLAG_OF:
         return f"{options.get('height')}x{options.get('width')}"
     return "(none)" if value is None else json.dumps(value, ensure_ascii=False)

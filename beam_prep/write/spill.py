@@ -25,6 +25,9 @@ _CHUNK_ROWS = 8192  # rows a RowFile holds before appending them to its file
 _BUFFERED_ROWS = 1 << 16  # rows a SortedSpill holds across its buckets before appending
 _BUCKET_ROWS = 1 << 15  # rows a bucket is sized for: sorted in memory at once
 _RUN_ROWS = 1 << 16  # rows a SortedRows sorts in memory before writing them as one run
+# Rows a run's chunk holds: a merge holds one chunk of every run at once, so smaller than a
+# RowFile's (a table of 2 million rows makes 31 runs: 31 chunks of 1,024 rows, not of 8,192).
+_RUN_CHUNK_ROWS = 1 << 10
 
 
 class SpillFolder:
@@ -44,15 +47,16 @@ class SpillFolder:
 class RowFile:
     """Rows (any picklable tuples) appended in chunks, read back in the order written."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, chunk_rows: int = _CHUNK_ROWS) -> None:
         self.path = path
         self.count = 0
         self._rows: list[Any] = []
+        self._chunk_rows = chunk_rows
 
     def append(self, row: Any) -> None:
         self._rows.append(row)
         self.count += 1
-        if len(self._rows) >= _CHUNK_ROWS:
+        if len(self._rows) >= self._chunk_rows:
             self.flush()
 
     def flush(self) -> None:
@@ -111,7 +115,7 @@ class SortedRows:
 
     For rows without a uniform key to bucket by (``SortedSpill``): every
     ``_RUN_ROWS`` rows are sorted in memory and written as a run, and reading
-    merges the runs, holding a chunk of each: a million rows take 16 runs.
+    merges the runs, holding a chunk of each (``_RUN_CHUNK_ROWS``): a million rows take 16 runs.
     """
 
     def __init__(self, folder: SpillFolder, name: str) -> None:
@@ -130,7 +134,7 @@ class SortedRows:
     def _flush(self) -> None:
         if not self._rows:
             return
-        run = RowFile(self._folder.file(f"{self._name}-{len(self._runs):05d}"))
+        run = RowFile(self._folder.file(f"{self._name}-{len(self._runs):05d}"), _RUN_CHUNK_ROWS)
         for row in sorted(self._rows):
             run.append(row)
         run.flush()

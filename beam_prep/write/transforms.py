@@ -144,7 +144,7 @@ class WriteEntriesShuffle(_ShardSink):
                     FAILED, FLAT, main="records"))
         records = results.records
         counts = (records
-                  | "KeyByLabel" >> beam.Map(lambda r: ((r[0], r[1]), 1))
+                  | "KeyByLabel" >> beam.FlatMap(lambda r: [((r[0], label), 1) for label in r[1]])
                   | "SumCounts" >> beam.CombinePerKey(sum))
         originals = (records
                      | "KeyByOriginal" >> beam.FlatMap(lambda r: [(r[3], 1)] if r[3] is not None else [])

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from beam_prep.model.features import decode_all
 from helpers import REPO, child, make_tree
 from pipelines import prepare_images
 
@@ -213,3 +214,46 @@ def test_an_interrupted_run_into_gs_resumes_from_its_folder_there(gcs_server, tm
     for name in [*shards, "errors.jsonl", "labels.txt"]:
         assert bucket.read_bytes(f"records/{name}") == bucket.read_bytes(f"whole/{name}"), name
     assert not [n for n in bucket.list_names("records/") if "/.beam-prep/" in n]
+
+
+def _records(data: bytes) -> list[bytes]:
+    """The records of an uncompressed TFRecord file's bytes (length, crc, data, crc)."""
+    records, at = [], 0
+    while at < len(data):
+        length = int.from_bytes(data[at:at + 8], "little")
+        records.append(data[at + 12:at + 12 + length])
+        at += 12 + length + 4
+    return records
+
+
+def test_a_metadata_table_on_gcs_labels_a_flat_folder(gcs_server, gcs_bucket, tmp_path):
+    """--metadata gs://...: the table is read from the bucket, its rows joined with the gs:// listing."""
+    make_tree(tmp_path / "tree", {"flat": 4}, size=(24, 20))
+    rows = [{"file_name": f"flat/img_{i:03d}.jpg", "labels": ["a", "b"][: i % 2 + 1], "caption": f"image {i}"}
+            for i in range(4)] + [{"file_name": "flat/gone.jpg", "labels": ["a"], "caption": "missing"}]
+    (tmp_path / "tree" / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gcs_bucket.upload_tree(tmp_path / "tree", "images")
+    prepare(gcs_server, "--input", gcs_bucket.url("images"), "--output", gcs_bucket.url("out"), "--image_size", "8",
+            "--metadata", gcs_bucket.url("images/metadata.jsonl"), "--compression", "none")
+    manifest = json.loads(gcs_bucket.read_bytes("out/manifest.json"))
+    assert manifest["counts"] == {"listed": 5, "written": 4, "failed": 1, "skipped": 1}
+    assert (manifest["multi_label"], manifest["extra_features"]) == (True, {"caption": "bytes"})
+    (error,) = [json.loads(line) for line in gcs_bucket.read_bytes("out/errors.jsonl").decode().splitlines()]
+    assert (error["path"], error["stage"]) == (gcs_bucket.url("images/flat/gone.jpg"), "read")
+    seen = {}
+    for shard in manifest["splits"]["train"]["shards"]:
+        for record in _records(gcs_bucket.read_bytes(f"out/{shard}")):
+            values = decode_all(record)
+            seen[values["image/filename"][0].decode()] = (values["image/class/label"], values["caption"][0].decode())
+    assert seen == {f"flat/img_{i:03d}.jpg": ([0, 1][: i % 2 + 1], f"image {i}") for i in range(4)}
+
+
+def test_a_metadata_table_missing_from_gcs_is_refused(gcs_server, gcs_bucket, tmp_path):
+    make_tree(tmp_path / "tree", {"a": 1}, size=(24, 20))
+    gcs_bucket.upload_tree(tmp_path / "tree", "images")
+    result = prepare(gcs_server, "--input", gcs_bucket.url("images"), "--output", gcs_bucket.url("out"),
+                     "--metadata", gcs_bucket.url("nope.csv"), check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: cannot read --metadata {gcs_bucket.url('nope.csv')}: ")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert gcs_bucket.list_names("out/") == []

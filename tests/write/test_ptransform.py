@@ -209,7 +209,7 @@ def test_a_run_holding_the_output_is_not_disturbed(tmp_path):
 
 
 def test_an_element_of_the_wrong_shape_fails_the_job_with_its_reason(tmp_path):
-    with pytest.raises(Exception, match=r"takes \(source, label\[, split\[, name\]\]\) elements"):
+    with pytest.raises(Exception, match=r"takes \(source, label\[, split\[, name\[, features\]\]\]\) elements"):
         with _pipeline() as p:
             _ = p | beam.Create(["just/a/path.png"]) | WriteImageDataset(str(tmp_path / "out"), LABELS)
     assert not (tmp_path / "out" / "manifest.json").exists()
@@ -230,6 +230,8 @@ def test_an_element_of_the_wrong_shape_fails_the_job_with_its_reason(tmp_path):
     ({"labels_txt": "csv"}, "labels_txt must be one of"),
     ({"no_upscale": True}, "no_upscale applies to the size-keeping resize modes"),
     ({"image_format": "gif"}, "image_format must be one of jpeg, png, raw, original"),
+    ({"extra_features": {"caption": "text"}}, "'caption' has kind 'text', not one of bytes, int64, float"),
+    ({"extra_features": {"image/encoded": "bytes"}}, "'image/encoded' cannot be a feature of its own"),
 ])
 def test_bad_arguments_are_refused_when_constructed(tmp_path, arguments, message):
     arguments = {"labels": LABELS, **arguments}
@@ -268,3 +270,34 @@ def _framed(data: bytes) -> list[bytes]:
         records.append(data[i + 12:i + 12 + n])
         i += 16 + n
     return records
+
+
+def test_label_lists_and_features_are_written_as_the_commands_metadata_writes_them(tree, tmp_path):
+    """multi_label and extra_features: each element's list of labels and its features reach its record
+    and the manifest; a feature of the wrong kind and an unknown label are failures of their element."""
+    out = tmp_path / "out"
+    cat, dog = str(tree / "cat" / "img_000.png"), str(tree / "dog" / "img_000.png")
+    elements = [
+        (cat, ["cat", "dog"], "train", None, {"caption": "both", "score": 2}),
+        (dog, [1], "train", None, {"caption": "a dog", "score": 0.5}),
+        (str(tree / "cat" / "img_001.png"), ["cat"], "train", None, {"caption": "bad", "score": "high"}),
+        (str(tree / "cat" / "img_002.png"), ["cat", "horse"], "train", None, {"caption": "?", "score": 1}),
+    ]
+    with _pipeline() as p:
+        _ = p | beam.Create(elements) | WriteImageDataset(
+            str(out), LABELS, root=str(tree), multi_label=True, extra_features={"caption": "bytes", "score": "float"},
+            **EXACT)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"] == {"listed": 4, "written": 2, "failed": 2, "skipped": 0}
+    assert (manifest["multi_label"], manifest["extra_features"]) == (True, {"caption": "bytes", "score": "float"})
+    assert manifest["splits"]["train"]["class_counts"] == {"cat": 1, "dog": 2}
+    errors = {e["relpath"]: (e["stage"], e["message"]) for e in
+              map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    assert errors == {"cat/img_001.png": ("features", "feature 'score' is 'high', not float"),
+                      "cat/img_002.png": ("label", "label ['cat', 'horse'] is not in labels (2 names, indices 0-1)")}
+    ds = make_dataset(str(out), "train", batch_size=None, training=False,
+                      extra_keys=(features.FILENAME, "caption", "score"))
+    got = {extra[features.FILENAME].numpy().decode(): (labels.numpy().tolist(), extra["caption"].numpy().decode(),
+                                                       float(extra["score"].numpy()))
+           for _, labels, extra in ds}
+    assert got == {"cat/img_000.png": ([1.0, 1.0], "both", 2.0), "dog/img_000.png": ([0.0, 1.0], "a dog", 0.5)}

@@ -382,3 +382,27 @@ def test_a_record_is_there_whole_or_not_at_all_whenever_its_writer_is_killed(tmp
             writer.wait()
         assert resume.finished_shard(str(work), "train-00000") is not None, f"attempt {attempt}"
         assert resume.finished_count(str(work), ["train-00000"]) == 1
+
+
+def test_a_resumed_run_with_a_table_writes_what_the_whole_run_writes(tree, tmp_path):
+    """--metadata through a stop and a resume: the resumed run works from the listing its first
+    launcher wrote, label lists and fields included, and ends with the uninterrupted run's records."""
+    names = sorted(p.relative_to(tree).as_posix() for p in tree.glob("*/*.jpg"))
+    table = tmp_path / "metadata.jsonl"
+    table.write_text("".join(
+        json.dumps({"file_name": name, "labels": sorted({name.split("/")[0], ("ant", "bee", "cat", "dog")[i % 4]}),
+                    "caption": f"photo {i}", "score": i / 7}) + "\n" for i, name in enumerate(names)))
+    args = (*ARGS, "--metadata", str(table))
+    whole = tmp_path / "whole"
+    assert run_prepare("--input", str(tree), "--output", str(whole), *args).returncode == 0
+    out = tmp_path / "out"
+    stopped, _, _ = _interrupt(tree, out, signal.SIGTERM, "--metadata", str(table))
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert 2 <= len(_finished(out)) < SHARDS, "the run ended before it could be stopped midway"
+    resumed = run_prepare("--input", str(tree), "--output", str(out), *args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run" in resumed.stderr
+    assert _digests(out) == _digests(whole)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["multi_label"], manifest["extra_features"]) == (True, {"caption": "bytes", "score": "float"})
+    assert manifest["counts"] == {"listed": len(names), "written": len(names) - 1, "failed": 1, "skipped": 2}
