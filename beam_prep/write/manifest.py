@@ -73,7 +73,7 @@ def build(
     splits = {}
     for split, count in plan.num_shards.items():
         # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
-        names = (tuple(layout.shard_name(split, i, count, config.compression) for i in range(count))
+        names = (tuple(layout.shard_name(split, i, count, config.shard_suffix) for i in range(count))
                  if count else tuple(sorted(shard_rows[split])))
         num_examples = sum(class_counts[split, label] for label in plan.labels)
         unreported = [name for name in names if name not in shard_rows[split]]
@@ -96,7 +96,7 @@ def build(
     kept_or_not = _originals(config, originals, written)
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
                        image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
-                       label_offset=config.label_offset)
+                       label_offset=config.label_offset, file_format=config.file_format)
     dataset = info.to_json()
     by_stage = collections.Counter(f["stage"] for f in failures)
     return {

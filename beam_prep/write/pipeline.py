@@ -170,7 +170,7 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
     work = layout.run_folder(config.output, run_plan.run_id)
     written = p | "WriteShards" >> sink(config.spec, config.reads, work, config.compression, run_plan.num_shards,
-                                        progress_folder)
+                                        progress_folder, config.file_format)
     if not finalize:
         return
     label_failures = (
@@ -318,7 +318,7 @@ def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException) 
 
 
 def _shard_names(config: PrepareConfig, run_plan: manifest.Plan) -> list[str]:
-    return [layout.shard_name(split, i, count, config.compression)
+    return [layout.shard_name(split, i, count, config.shard_suffix)
             for split, count in run_plan.num_shards.items() for i in range(count)]
 
 

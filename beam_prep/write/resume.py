@@ -45,6 +45,8 @@ _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads"})
 _FLAG_OF = {"height": "image_size", "width": "image_size"}
+# Options added since RUN_FORMAT 3 was first written, as runs recorded before them had them.
+_RECORDED_BEFORE = {"file_format": "tfrecord"}
 
 
 def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str, Any]:
@@ -132,7 +134,7 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
                            "resumed (stopped while listing, made by another beam-prep version, or damaged); "
                            "pass --overwrite to start over")
     for key in sorted(set(record.options) | set(options)):
-        then, now = record.options.get(key), options.get(key)
+        then, now = record.options.get(key, _RECORDED_BEFORE.get(key)), options.get(key)
         if then != now:
             flag = _FLAG_OF.get(key, key)
             raise OptionsError(f"--output {output} holds unfinished run {run_id}, started with --{flag} "

@@ -27,6 +27,7 @@ from apache_beam.pvalue import PCollection
 
 from beam_prep.io.storage import join
 from beam_prep.io.tfrecord import count_records
+from beam_prep.model.dataset import TFRECORD
 from beam_prep.write import layout
 from beam_prep.write.dofns import (COUNTS, FAILED, FLAT, NAMESPACE, ORIGINALS, Counters, ImageToExampleFn,
                                    ParseEntryFn, SinkConfig, WriteShardFn)
@@ -68,7 +69,8 @@ class _ShardSink(beam.PTransform):
     returns a ``SinkResult``."""
 
     def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
-                 num_shards: Mapping[str, int], progress_folder: str | None = None) -> None:
+                 num_shards: Mapping[str, int], progress_folder: str | None = None,
+                 file_format: str = TFRECORD) -> None:
         """Initializes a sink.
 
         Args:
@@ -82,9 +84,10 @@ class _ShardSink(beam.PTransform):
           progress_folder: a local folder where the workers report the images they
             have finished (``progress.Reporter``), for the launcher to show; None
             where the launcher cannot see the workers' files (remote runners).
+          file_format: a key of ``formats.FILE_FORMATS``: the shards' format.
         """
         super().__init__()
-        self._config = SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder)
+        self._config = SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder, file_format)
 
 
 class WriteShardsStreaming(_ShardSink):
@@ -195,4 +198,4 @@ class WriteShardsShuffle(_ShardSink):
                 | "ReadListing" >> ReadFromText(join(c.work, layout.LISTING), validate=False)
                 | "ParseEntries" >> beam.ParDo(ParseEntryFn())
                 | "Write" >> WriteEntriesShuffle(c.spec, c.reads, c.work, c.compression, c.num_shards,
-                                                 c.progress_folder))
+                                                 c.progress_folder, c.file_format))

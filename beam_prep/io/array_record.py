@@ -1,0 +1,85 @@
+"""ArrayRecord shards: the writer's options, and a shard written anywhere Beam can write.
+
+The ``array_record`` library writes only to a local path (its C++ writer opens
+the file itself; its own Beam sink says it does not work for other
+filesystems), so a shard bound for gs:// is written to local disk and copied
+up through Beam's ``FileSystems``; the caller renames it into place as it does
+any shard.
+
+``WRITER_OPTIONS`` were chosen for random access (``benchmarks/bench_writer.py
+--formats``; README *Performance*): ``group_size:1`` puts each record in its own
+chunk, so a lookup decompresses one record (about 10 us; Grain warns about any
+other group size, and a group of 65536 costs milliseconds a lookup); zstd:3
+saves 1-2% on JPEG payloads and far more on raw pixels, for some 50 us a
+record of writing; ``max_parallelism:1`` keeps a worker's compression on its own
+thread, as Beam already runs a worker per core. The same options always write
+the same bytes, which resuming a run relies on.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Callable, Iterator
+
+from beam_prep.io.libraries import require
+from beam_prep.io.storage import is_local, storage_error
+from beam_prep.io.tfrecord import Checksum, shard_writer
+
+__all__ = ["WRITER_OPTIONS", "shard_records"]
+
+WRITER_OPTIONS = "group_size:1,zstd:3,max_parallelism:1"
+_NEEDED_FOR = "--file_format array_record"
+_CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def shard_records(path: str, checksum: Checksum | None = None,
+                  shown_as: str | None = None) -> Iterator[Callable[[bytes], None]]:
+    """An ArrayRecord file at ``path`` (local or any Beam filesystem), as a function that writes one record.
+
+    ``checksum``, if given, gets the finished file's bytes; ``shown_as`` is the
+    path errors name. Nothing is left at ``path`` by a failed write but what a
+    failed write of any shard leaves: a file under its temporary name.
+
+    Raises:
+      OptionsError: the ``array_record`` library is not installed.
+      StorageError: the file cannot be written, naming it.
+    """
+    module = require("array_record", _NEEDED_FOR)
+    local = path if is_local(path) else None
+    stage = None
+    if local is None:
+        stage = tempfile.mkdtemp(prefix="beam-prep-array-record-")
+        local = os.path.join(stage, "shard.array_record")
+    try:
+        try:
+            writer = module.ArrayRecordWriter(local, WRITER_OPTIONS)
+        except Exception as e:  # noqa: BLE001 - the C++ writer raises ValueError or RuntimeError
+            raise storage_error("write", shown_as or path, e) from e
+        try:
+            yield writer.write
+        finally:
+            writer.close()
+        _copy(local, path if stage is not None else None, checksum, shown_as or path)
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _copy(local: str, target: str | None, checksum: Checksum | None, shown_as: str) -> None:
+    """Reads the finished local file once: into ``checksum``, and to ``target`` when it is remote."""
+    if checksum is None and target is None:
+        return
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(shard_writer(target, "none", checksum, shown_as)) if target else None
+        try:
+            with open(local, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    if out is not None:
+                        out.write(chunk)
+                    elif checksum is not None:
+                        checksum.update(chunk)
+        except OSError as e:
+            raise storage_error("read back", shown_as, e) from e

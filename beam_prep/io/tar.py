@@ -1,0 +1,38 @@
+"""Tar archives written a member at a time, byte for byte the same on every run.
+
+A WebDataset shard is a plain tar file; a sample is its members that share a
+key (``<key>.jpg``, ``<key>.cls``, ``<key>.json``). Each member is encoded here
+on its own (header, data, padding to 512 bytes), so a worker can encode a
+record's members where it makes the record and a shard is their concatenation
+and ``END``. The headers hold no time, owner or permissions of this machine
+(``mtime`` 0, uid/gid 0, no user or group names, mode 0644): a rerun writes the
+same bytes, which resuming a run relies on.
+"""
+from __future__ import annotations
+
+import tarfile
+
+__all__ = ["BLOCK", "END", "member"]
+
+BLOCK = 512
+# The end of an archive: two zero blocks.
+END = b"\0" * (2 * BLOCK)
+
+
+def member(name: str, data: bytes) -> bytes:
+    """One regular file of a tar archive: its USTAR header, ``data``, and zeros to a whole block.
+
+    Raises:
+      ValueError: ``name`` does not fit a USTAR header (over 100 bytes, or not ASCII).
+    """
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    try:
+        header = info.tobuf(tarfile.USTAR_FORMAT, encoding="ascii", errors="strict")
+    except (UnicodeEncodeError, tarfile.HeaderError) as e:
+        raise ValueError(f"tar member name {name!r} does not fit a USTAR header: {e}") from e
+    return b"".join((header, data, b"\0" * (-len(data) % BLOCK)))

@@ -1,0 +1,252 @@
+"""--file_format array_record and webdataset: each read back with its own library (the array_record
+package's data source, Grain, webdataset), not ours, and refused with the fix where it cannot be."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from beam_prep.errors import DatasetError
+from beam_prep.io.libraries import LIBRARIES
+from beam_prep.tools.sample import picture
+from helpers import REPO, encode, run_prepare
+
+LABELS = ("ant", "bee", "cat")
+PER_LABEL = 7
+# PNGs at their own size: the stored pixels are the source's exactly.
+ARGS = ("--image_format", "png", "--resize_mode", "none", "--validation_percent", "30", "--num_shards", "2",
+        "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+FORMATS = ("tfrecord", "array_record", "webdataset")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> pathlib.Path:
+    """PNGs of varying sizes in three labels, one with dots in its name, and a broken file."""
+    root = tmp_path_factory.mktemp("formats") / "tree"
+    seed = 0
+    for label in LABELS:
+        (root / label).mkdir(parents=True)
+        for i in range(PER_LABEL):
+            name = f"img.{i:02d}.v2.png" if i == 0 else f"img_{i:02d}.png"
+            (root / label / name).write_bytes(encode(picture(seed, 20 + seed, 16 + i), "PNG"))
+            seed += 1
+    (root / "bee" / "broken.png").write_bytes(b"\x89PNG not a whole one")
+    return root
+
+
+@pytest.fixture(scope="module")
+def outputs(tree, tmp_path_factory) -> dict[str, pathlib.Path]:
+    """The tree prepared once in each format (TFRecords uncompressed, as the others are)."""
+    out = {}
+    for file_format in FORMATS:
+        folder = tmp_path_factory.mktemp(file_format) / "out"
+        extra = ("--compression", "none") if file_format == "tfrecord" else ()
+        result = run_prepare("--input", str(tree), "--output", str(folder), "--file_format", file_format,
+                             *extra, *ARGS)
+        assert result.returncode == 0, result.stderr
+        out[file_format] = folder
+    return out
+
+
+def _manifest(folder: pathlib.Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def _source_pixels(tree: pathlib.Path, filename: str) -> np.ndarray:
+    with Image.open(tree / filename) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def _tfrecords(folder: pathlib.Path, split: str) -> list[bytes]:
+    import tensorflow as tf
+
+    names = _manifest(folder)["splits"][split]["shards"]
+    return [r.numpy() for name in names for r in tf.data.TFRecordDataset(str(folder / name))]
+
+
+def test_every_format_writes_the_same_dataset_under_its_own_shard_names(outputs):
+    manifests = {f: _manifest(folder) for f, folder in outputs.items()}
+    for file_format, manifest in manifests.items():
+        assert manifest["file_format"] == file_format
+        assert manifest["counts"] == {"listed": 22, "written": 21, "failed": 1, "skipped": 0}
+        assert manifest["compression"] == "NONE"
+        suffix = {"tfrecord": ".tfrecord", "array_record": ".array_record", "webdataset": ".tar"}[file_format]
+        for split in manifest["splits"].values():
+            assert all(re.fullmatch(rf"(train|validation)-0000[01]-of-00002{re.escape(suffix)}", s)
+                       for s in split["shards"]), split["shards"]
+            assert all((outputs[file_format] / s).is_file() for s in split["shards"])
+        for name in ("labels.txt", "errors.jsonl", "duplicates.jsonl", "skipped.jsonl"):
+            assert (outputs[file_format] / name).read_bytes() == (outputs["tfrecord"] / name).read_bytes()
+    splits = {f: {s: (v["num_examples"], v["class_counts"], v["shard_num_examples"])
+                  for s, v in m["splits"].items()} for f, m in manifests.items()}
+    assert splits["array_record"] == splits["webdataset"] == splits["tfrecord"]
+    # TFDS reads array_record as it reads tfrecord; it has no reader for tar shards.
+    assert json.loads((outputs["array_record"] / "dataset_info.json").read_text())["fileFormat"] == "array_record"
+    assert not (outputs["webdataset"] / "dataset_info.json").exists()
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_array_record_shards_hold_the_tfrecord_examples_in_the_same_order(outputs, split):
+    """Read with the array_record package's own data source: the very records of the TFRecord run."""
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    folder = outputs["array_record"]
+    names = _manifest(folder)["splits"][split]["shards"]
+    with ArrayRecordDataSource([str(folder / name) for name in names]) as source:
+        records = [source[i] for i in range(len(source))]
+    assert records == _tfrecords(outputs["tfrecord"], split)
+    assert len(records) == _manifest(folder)["splits"][split]["num_examples"]
+
+
+def test_grain_reads_data_source_by_index_with_the_source_pixels(outputs, tree):
+    import grain
+
+    import beam_prep
+
+    manifest = _manifest(outputs["array_record"])
+    source = beam_prep.data_source(outputs["array_record"], "train")
+    assert len(source) == manifest["splits"]["train"]["num_examples"]
+    dataset = grain.MapDataset.source(source).shuffle(seed=7)
+    seen = set()
+    for i in range(len(dataset)):
+        record = dataset[i]
+        label, _ = record["filename"].split("/")
+        assert record["label"] == LABELS.index(label) and record["label_text"] == label
+        assert record["image"].dtype == np.uint8
+        np.testing.assert_array_equal(record["image"], _source_pixels(tree, record["filename"]))
+        assert record["sha256"] == hashlib.sha256((tree / record["filename"]).read_bytes()).hexdigest()
+        seen.add(record["filename"])
+    assert len(seen) == len(source)
+    assert [r["filename"] for r in source.__getitems__([2, 0, 2])] == [source[2]["filename"], source[0]["filename"],
+                                                                        source[2]["filename"]]
+    assert source[-1]["filename"] == source[len(source) - 1]["filename"]
+    with pytest.raises(IndexError):
+        source[len(source)]
+
+
+def test_data_source_decodes_without_tensorflow_or_beam(outputs):
+    """A training host of JAX or PyTorch imports neither; a fresh process shows what it loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, beam_prep; s = beam_prep.data_source(sys.argv[1], 'validation'); s[0]; "
+            "print(sorted(m for m in ('tensorflow', 'apache_beam') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code, str(outputs["array_record"])], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_webdataset_reads_every_sample_with_its_key_label_and_image(outputs, tree):
+    import webdataset
+
+    folder = outputs["webdataset"]
+    manifest = _manifest(folder)
+    for split, info in manifest["splits"].items():
+        urls = [str(folder / name) for name in info["shards"]]
+        samples = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
+        assert len(samples) == info["num_examples"]
+        keys = [s["__key__"] for s in samples]
+        assert len(set(keys)) == len(keys) and all(re.fullmatch(r"[0-9a-f]{32}", k) for k in keys)
+        for sample in samples:
+            assert {k for k in sample if not k.startswith("__")} == {"png", "cls", "json"}
+            about = json.loads(sample["json"])
+            label = about["filename"].split("/")[0]
+            assert int(sample["cls"]) == about["label"] == LABELS.index(label)
+            assert about["label_text"] == label
+            source = (tree / about["filename"]).read_bytes()
+            assert about["sha256"] == hashlib.sha256(source).hexdigest() and about["size"] == len(source)
+            with Image.open(io.BytesIO(sample["png"])) as img:
+                pixels = np.asarray(img.convert("RGB"))
+            assert (about["height"], about["width"], about["channels"]) == (*pixels.shape[:2], 3)
+            np.testing.assert_array_equal(pixels, _source_pixels(tree, about["filename"]))
+        assert sorted(json.loads(s["json"])["filename"] for s in samples) == sorted(
+            r["image/filename"] for r in _parsed(outputs["tfrecord"], split))
+
+
+def _parsed(folder: pathlib.Path, split: str) -> list[dict]:
+    from beam_prep.model.features import decode_example
+
+    return [{k: v.decode() if isinstance(v, bytes) and k != "image/encoded" else v
+             for k, v in decode_example(r).items()} for r in _tfrecords(folder, split)]
+
+
+def test_webdataset_decodes_with_its_own_decoders(outputs):
+    """``.decode("rgb8")`` and ``.to_tuple``, as a PyTorch DataLoader's dataset is built."""
+    import webdataset
+
+    folder = outputs["webdataset"]
+    urls = [str(folder / n) for n in _manifest(folder)["splits"]["train"]["shards"]]
+    pairs = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8").to_tuple(
+        "png", "cls"))
+    assert len(pairs) == _manifest(folder)["splits"]["train"]["num_examples"]
+    assert all(image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3 for image, _ in pairs)
+    assert {label for _, label in pairs} == {0, 1, 2}
+
+
+def test_each_reader_refuses_another_format_naming_the_right_one(outputs):
+    import beam_prep
+
+    with pytest.raises(DatasetError, match=re.escape(
+            f"{outputs['tfrecord']} holds tfrecord shards (--file_format tfrecord), which beam_prep.data_source "
+            "does not read: read it with beam_prep.make_dataset (tf.data)")):
+        beam_prep.data_source(outputs["tfrecord"], "train")
+    with pytest.raises(DatasetError, match=re.escape(
+            f"{outputs['array_record']} holds array_record shards (--file_format array_record), which "
+            "beam_prep.make_dataset does not read: read it with beam_prep.data_source (Grain, PyTorch)")):
+        beam_prep.make_dataset(str(outputs["array_record"]), "train")
+    with pytest.raises(DatasetError, match=re.escape(
+            "which beam_prep.make_dataset does not read: read it with webdataset.WebDataset (PyTorch)")):
+        beam_prep.make_dataset(str(outputs["webdataset"]), "train")
+
+
+def test_an_unknown_format_is_refused_before_any_work_naming_the_choices(tree, tmp_path):
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "parquet")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "error: --file_format must be one of tfrecord, array_record, webdataset, not 'parquet'")
+    assert not out.exists()
+
+
+def test_gzip_is_refused_for_the_formats_that_are_not_tfrecord(tree, tmp_path):
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "webdataset",
+                         "--compression", "gzip")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "error: --compression gzip is for --file_format tfrecord only: webdataset shards are not "
+        "GZIP-compressed (drop --compression)")
+    assert not out.exists()
+
+
+def test_a_missing_library_is_refused_before_any_work_with_its_install_command(tree, tmp_path):
+    """A package of the library's name that cannot be imported, first on the path: as a machine without it."""
+    import os
+
+    shadow = tmp_path / "shadow" / "array_record"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named array_record')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "array_record", env=env)
+    assert result.returncode == 2
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("error: --file_format array_record needs the array-record library, which cannot be "
+                           "imported here"), last
+    assert last.endswith("install it with pip install 'array-record>=0.8,<0.9'"), last
+    assert not out.exists()
+
+
+def test_the_install_commands_are_setup_pys_extras():
+    setup = (REPO / "setup.py").read_text()
+    for name, library in LIBRARIES.items():
+        assert re.search(rf'"{name}": \["{re.escape(library.requirement)}"\]', setup), name
+    assert '*FORMATS["array_record"], *FORMATS["webdataset"]' in setup  # in the test extra, for CI
