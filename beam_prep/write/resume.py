@@ -133,7 +133,8 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
         raise OptionsError(f"--output {output} holds the files of unfinished run {run_id}, which cannot be "
                            "resumed (stopped while listing, made by another beam-prep version, or damaged); "
                            "pass --overwrite to start over")
-    for key in sorted(set(record.options) | set(options)):
+    # --file_format first: another format has another default --compression too, which follows from it.
+    for key in sorted(set(record.options) | set(options), key=lambda k: (k != "file_format", k)):
         then, now = record.options.get(key, _RECORDED_BEFORE.get(key)), options.get(key)
         if then != now:
             flag = _FLAG_OF.get(key, key)
