@@ -27,7 +27,7 @@ from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local, storage_error
 from beam_prep.io.tfrecord import Checksum, shard_writer
 
-__all__ = ["WRITER_OPTIONS", "shard_records"]
+__all__ = ["WRITER_OPTIONS", "count_records", "shard_records"]
 
 WRITER_OPTIONS = "group_size:1,zstd:3,max_parallelism:1"
 _NEEDED_FOR = "--file_format array_record"
@@ -83,3 +83,39 @@ def _copy(local: str, target: str | None, checksum: Checksum | None, shown_as: s
                         checksum.update(chunk)
         except OSError as e:
             raise storage_error("read back", shown_as, e) from e
+
+
+def count_records(path: str, shown_as: str | None = None) -> int:
+    """The records in an ArrayRecord file, from its footer; one not on local disk is copied here first.
+
+    Raises:
+      OptionsError: the ``array_record`` library is not installed.
+      StorageError: the file cannot be read, naming it.
+    """
+    module = require("array_record", _NEEDED_FOR)
+    with contextlib.ExitStack() as stack:
+        local = path
+        if not is_local(path):
+            stage = tempfile.mkdtemp(prefix="beam-prep-array-record-")
+            stack.callback(shutil.rmtree, stage, True)
+            local = os.path.join(stage, "shard.array_record")
+            _download(path, local, shown_as or path)
+        try:
+            reader = module.ArrayRecordReader(local)
+            try:
+                return reader.num_records()
+            finally:
+                reader.close()
+        except Exception as e:  # noqa: BLE001 - the C++ reader raises ValueError or RuntimeError
+            raise storage_error("read", shown_as or path, e) from e
+
+
+def _download(path: str, local: str, shown_as: str) -> None:
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as src, open(local, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("read", shown_as, e) from e

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import tarfile
 
-__all__ = ["BLOCK", "END", "member"]
+from beam_prep.io.storage import storage_error
+
+__all__ = ["BLOCK", "END", "count_members", "member"]
 
 BLOCK = 512
 # The end of an archive: two zero blocks.
@@ -36,3 +38,21 @@ def member(name: str, data: bytes) -> bytes:
     except (UnicodeEncodeError, tarfile.HeaderError) as e:
         raise ValueError(f"tar member name {name!r} does not fit a USTAR header: {e}") from e
     return b"".join((header, data, b"\0" * (-len(data) % BLOCK)))
+
+
+def count_members(path: str, suffix: str) -> int:
+    """The members of the tar file ``path`` (any Beam filesystem) whose names end with ``suffix``:
+    a WebDataset shard's samples, counted by the one member each has of that kind.
+
+    Raises:
+      StorageError: the file cannot be read or is not a whole tar file, naming it.
+    """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f, \
+                tarfile.open(fileobj=f, mode="r|") as archive:
+            return sum(member.name.endswith(suffix) for member in archive)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types, tarfile its own.
+        raise storage_error("read", path, e) from e

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from beam_prep.io import array_record, tar
 from beam_prep.io.libraries import require
-from beam_prep.io.tfrecord import Checksum, shard_writer, write_record
+from beam_prep.io.tfrecord import Checksum, count_records, shard_writer, write_record
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
 from beam_prep.model.features import ImageRecord, encode_example
 
@@ -52,6 +52,14 @@ class ShardFormat(abc.ABC):
           StorageError: the file cannot be written, naming it.
         """
 
+    @abc.abstractmethod
+    def count(self, path: str, compression: str) -> int:
+        """The records in the shard at ``path``: for the shuffle sink, whose writer cannot count them.
+
+        Raises:
+          DatasetError, StorageError: a damaged or unreadable shard, naming it.
+        """
+
 
 class _TFRecord(ShardFormat):
     name = TFRECORD
@@ -64,6 +72,9 @@ class _TFRecord(ShardFormat):
         with shard_writer(path, compression, checksum, shown_as) as f:
             yield lambda payload: write_record(f, payload)
 
+    def count(self, path: str, compression: str) -> int:
+        return count_records(path, compression)
+
 
 class _ArrayRecord(ShardFormat):
     name = "array_record"
@@ -73,6 +84,9 @@ class _ArrayRecord(ShardFormat):
 
     def records(self, path, compression, checksum=None, shown_as=None):
         return array_record.shard_records(path, checksum, shown_as)
+
+    def count(self, path: str, compression: str) -> int:
+        return array_record.count_records(path)
 
 
 def webdataset_key(filename: str) -> str:
@@ -106,6 +120,9 @@ class _WebDataset(ShardFormat):
         with shard_writer(path, "none", checksum, shown_as) as f:
             yield f.write
             f.write(tar.END)
+
+    def count(self, path: str, compression: str) -> int:
+        return tar.count_members(path, ".cls")  # one a sample
 
 
 _FORMATS: dict[str, ShardFormat] = {f.name: f for f in (_TFRecord(), _ArrayRecord(), _WebDataset())}

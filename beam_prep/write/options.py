@@ -159,7 +159,7 @@ def _shard_arguments(group: Any) -> None:
     group.add_argument(
         "--sink", default="auto",
         help="streaming: each worker writes whole shards, memory stays flat (local runners); "
-             "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
+             "shuffle: Beam's file sink after the runner's shuffle (distributed runners); "
              "auto picks by runner.")
 
 

@@ -9,7 +9,7 @@ manifest step to publish. Their DoFns are in ``dofns``.
   into its file; only shard numbers move, so memory stays flat and the layout is
   reproducible.
 * ``WriteShardsShuffle`` (distributed runners): Reshuffle, an image DoFn per
-  file, ``WriteToTFRecord``; the runner's shuffle groups the records. Its part
+  file, Beam's file sink (``shard_sink``); the runner's shuffle groups the records. Its part
   after the listing, ``WriteEntriesShuffle``, also serves ``ptransform.WriteImageDataset``.
 
 In both, a worker's reads run ahead of its work (``readahead.ReadAhead``), and a
@@ -22,18 +22,18 @@ from typing import Mapping, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.textio import ReadFromText, WriteToText
-from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.pvalue import PCollection
 
 from beam_prep.io.storage import join
-from beam_prep.io.tfrecord import count_records
 from beam_prep.model.dataset import TFRECORD
 from beam_prep.write import layout
 from beam_prep.write.dofns import (COUNTS, FAILED, FLAT, NAMESPACE, ORIGINALS, Counters, ImageToExampleFn,
                                    ParseEntryFn, SinkConfig, WriteShardFn)
 from beam_prep.write.flat import FlatImagesFn
+from beam_prep.write.formats import shard_format
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.readahead import ReadConfig
+from beam_prep.write.shard_sink import write_shards
 
 __all__ = ["SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle", "WriteShardsStreaming"]
 
@@ -126,7 +126,7 @@ class WriteShardsStreaming(_ShardSink):
 
 
 class WriteEntriesShuffle(_ShardSink):
-    """Entries -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split: the shuffle sink's work.
+    """Entries -> Reshuffle -> image DoFn -> Beam's file sink per split: the shuffle sink's work.
 
     Applied to a PCollection of ``FileEntry`` (read by the workers) or
     ``(FileEntry, bytes)`` (images in hand), as ``WriteShardsShuffle`` applies it
@@ -143,7 +143,7 @@ class WriteEntriesShuffle(_ShardSink):
             entries
             | "Reshuffle" >> beam.Reshuffle()
             | "ImageToExample" >> beam.ParDo(
-                ImageToExampleFn(config.spec, config.reads, config.progress_folder)).with_outputs(
+                ImageToExampleFn(config.spec, config.reads, config.progress_folder, config.file_format)).with_outputs(
                     FAILED, FLAT, main="records"))
         records = results.records
         counts = (records
@@ -154,26 +154,23 @@ class WriteEntriesShuffle(_ShardSink):
                      | "SumOriginals" >> beam.CombinePerKey(sum))
         by_split = records | "PartitionBySplit" >> beam.Partition(
             lambda r, _: splits.index(r[0]), len(splits))
-        suffix, compression_type, _ = layout.COMPRESSIONS[config.compression]
+        file_format = shard_format(config.file_format)
         shard_lists = []
         for split, part in zip(splits, by_split):
             written = (
                 part
                 | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
-                | f"WriteToTFRecord[{split}]" >> WriteToTFRecord(
-                    join(config.work, split),
-                    file_name_suffix=suffix,
-                    num_shards=config.num_shards[split],
-                    shard_name_template=layout.SHARD_TEMPLATE,
-                    compression_type=compression_type))
-            # WriteToTFRecord does not say how many records each shard got: count them,
+                | f"WriteShards[{split}]" >> write_shards(
+                    join(config.work, split), config.file_format, config.compression, config.num_shards[split],
+                    layout.SHARD_TEMPLATE))
+            # Beam's file sink does not say how many records each shard got: count them,
             # one shard a worker (the Reshuffle spreads the names out), for the manifest.
             shard_lists.append(
                 written
                 | f"SpreadShards[{split}]" >> beam.Reshuffle()
                 | f"CountRecords[{split}]" >> beam.Map(
                     lambda path, s=split, c=config.compression: (s, path.rsplit("/", 1)[-1],
-                                                                 count_records(path, c))))
+                                                                 file_format.count(path, c))))
         hashes = (records
                   | "HashLines" >> beam.Map(lambda r: r[4])
                   | "WriteHashes" >> WriteToText(join(config.work, layout.HASHES), file_name_suffix=".txt"))

@@ -177,6 +177,67 @@ def _parsed(folder: pathlib.Path, split: str) -> list[dict]:
              for k, v in decode_example(r).items()} for r in _tfrecords(folder, split)]
 
 
+def _array_records(folder: pathlib.Path, split: str) -> list[bytes]:
+    """A split's records, read with the array_record package's own data source."""
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    names = _manifest(folder)["splits"][split]["shards"]
+    with ArrayRecordDataSource([str(folder / name) for name in names]) as source:
+        return [source[i] for i in range(len(source))]
+
+
+def _samples(folder: pathlib.Path, split: str) -> list[dict]:
+    """A split's samples, read with webdataset, without its decoders: bytes as stored."""
+    import webdataset
+
+    urls = [str(folder / name) for name in _manifest(folder)["splits"][split]["shards"]]
+    return [{k: v for k, v in sample.items() if not k.startswith("__") or k == "__key__"}
+            for sample in webdataset.WebDataset(urls, shardshuffle=False, empty_check=False)]
+
+
+def _contents(folder: pathlib.Path, file_format: str) -> dict[str, list]:
+    """Each split's records, sorted: what two runs must agree on, whatever order their sink wrote."""
+    read = {"array_record": _array_records, "webdataset": _samples}[file_format]
+    return {split: sorted(read(folder, split), key=lambda r: r if isinstance(r, bytes) else r["__key__"])
+            for split in _manifest(folder)["splits"]}
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
+def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree, tmp_path, file_format):
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", file_format,
+                         "--sink", "shuffle", *ARGS)
+    assert result.returncode == 0, result.stderr
+    manifest, streamed = _manifest(out), _manifest(outputs[file_format])
+    assert manifest["sink"] == "shuffle" and manifest["counts"] == streamed["counts"]
+    for split, info in manifest["splits"].items():  # counted after Beam's sink wrote them, per format
+        assert sum(info["shard_num_examples"]) == info["num_examples"] == streamed["splits"][split]["num_examples"]
+    assert _contents(out, file_format) == _contents(outputs[file_format], file_format)
+    assert not (out / ".beam-prep").exists()
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
+def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    import beam_prep
+    from beam_prep.write.pipeline import local_runner
+
+    out = tmp_path / "out"
+    paths = sorted(tree.glob("*/*.png"))
+    options = PipelineOptions([], direct_running_mode="in_memory")
+    with beam.Pipeline(runner=local_runner(options), options=options) as p:
+        _ = (p | beam.Create([(str(path), path.parent.name) for path in paths])
+             | beam_prep.WriteImageDataset(str(out), list(LABELS), root=str(tree), image_format="png",
+                                           resize_mode="none", file_format=file_format))
+    manifest = _manifest(out)
+    assert manifest["file_format"] == file_format
+    assert manifest["counts"] == {"listed": 22, "written": 21, "failed": 1, "skipped": 0}
+    records = _contents(out, file_format)["train"]
+    assert len(records) == 21
+
+
 def test_webdataset_decodes_with_its_own_decoders(outputs):
     """``.decode("rgb8")`` and ``.to_tuple``, as a PyTorch DataLoader's dataset is built."""
     import webdataset
@@ -188,6 +249,32 @@ def test_webdataset_decodes_with_its_own_decoders(outputs):
     assert len(pairs) == _manifest(folder)["splits"]["train"]["num_examples"]
     assert all(image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3 for image, _ in pairs)
     assert {label for _, label in pairs} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("file_format, sink", [("array_record", "streaming"), ("array_record", "shuffle"),
+                                               ("webdataset", "streaming"), ("webdataset", "shuffle")])
+def test_gs_output_in_every_format(gcs_server, outputs, tree, tmp_path, file_format, sink):
+    """Shards written on gs:// (ArrayRecord's through local disk) and published last, as local ones:
+    the streaming sink's byte for byte the local run's, the shuffle sink's the same records."""
+    from pipelines import prepare_images
+
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(tree, "images")
+    gcs_server.run(prepare_images.command("--input", bucket.url("images"), "--output", bucket.url("records"),
+                                          "--file_format", file_format, "--sink", sink, *ARGS), cwd=REPO)
+    manifest = json.loads(bucket.read_bytes("records/manifest.json"))
+    assert manifest["file_format"] == file_format and manifest["sink"] == sink
+    shards = [name for split in manifest["splits"].values() for name in split["shards"]]
+    assert bucket.list_names("records/") == sorted(f"records/{name}" for name in [
+        *shards, "errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "labels.txt", "manifest.json",
+        *(["dataset_info.json", "features.json", "image.class.label.labels.txt"]
+          if file_format == "array_record" else [])])
+    local = tmp_path / "records"
+    bucket.download_tree("records/", local)
+    if sink == "streaming":
+        for name in shards:
+            assert (local / name).read_bytes() == (outputs[file_format] / name).read_bytes(), name
+    assert _contents(local, file_format) == _contents(outputs[file_format], file_format)
 
 
 def test_each_reader_refuses_another_format_naming_the_right_one(outputs):
