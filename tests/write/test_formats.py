@@ -277,6 +277,81 @@ def test_gs_output_in_every_format(gcs_server, outputs, tree, tmp_path, file_for
     assert _contents(local, file_format) == _contents(outputs[file_format], file_format)
 
 
+@pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
+def test_verify_reads_and_checks_every_record_of_every_format(outputs, file_format):
+    from beam_prep.tools.verification import verify
+
+    report = verify(str(outputs[file_format]))
+    assert report.ok, report.problems
+    assert report.records == report.expected_records == 21 and report.shards == 4
+
+
+def _damaged_copy(outputs, file_format: str, tmp_path: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """A copy of the dataset, and its first train shard's name."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(outputs[file_format], out)
+    return out, _manifest(out)["splits"]["train"]["shards"][0]
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
+def test_verify_names_a_shard_cut_short_in_every_format(outputs, tmp_path, file_format):
+    from beam_prep.tools.verification import verify
+
+    out, shard = _damaged_copy(outputs, file_format, tmp_path)
+    data = (out / shard).read_bytes()
+    (out / shard).write_bytes(data[:len(data) * 2 // 3])
+    report = verify(str(out))
+    assert [(p.kind, p.where) for p in report.problems] == [("damaged_shard", str(out / shard))]
+    assert "damaged or unreadable" in report.problems[0].message
+    assert report.records < report.expected_records
+
+
+def test_verify_names_a_webdataset_sample_whose_cls_disagrees_with_its_json(outputs, tmp_path):
+    import tarfile
+
+    from beam_prep.tools.verification import verify
+
+    out, shard = _damaged_copy(outputs, "webdataset", tmp_path)
+    data = bytearray((out / shard).read_bytes())
+    with tarfile.open(out / shard) as archive:
+        member = next(m for m in archive.getmembers() if m.name.endswith(".cls"))
+        stored = int(archive.extractfile(member).read())
+    data[member.offset_data] = ord(str((stored + 1) % 3))  # same size: the tar stays whole
+    (out / shard).write_bytes(bytes(data))
+    report = verify(str(out))
+    kinds = [p.kind for p in report.problems]
+    assert kinds[0] == "bad_record" and set(kinds) <= {"bad_record", "class_count"}, report.problems
+    assert report.problems[0].where == f"{out / shard}, record 0"
+    assert report.problems[0].message == (f"sample {member.name[:-4]}'s cls is {(stored + 1) % 3} but its json's "
+                                          f"label is {stored}")
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
+def test_inspect_names_the_format_and_draws_its_records(outputs, tree, tmp_path, capsys, file_format):
+    """The table and --json name the format and its reader; --grid decodes the shards' own images."""
+    from beam_prep.tools import contact_sheet
+    from beam_prep.tools.summary import summarize
+    from pipelines import inspect_output
+
+    grid = tmp_path / "sheet.png"
+    assert inspect_output.main([str(outputs[file_format]), "--grid", str(grid), "--per-class", "2"]) == 0
+    out = capsys.readouterr().out
+    reader = {"array_record": "beam_prep.data_source (Grain, PyTorch)",
+              "webdataset": "webdataset.WebDataset (PyTorch)"}[file_format]
+    assert f"compression NONE, {file_format} shards (read with {reader})" in out
+    assert grid.is_file()
+    assert inspect_output.main([str(outputs[file_format]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["file_format"] == file_format
+    images = contact_sheet.collect(summarize(str(outputs[file_format])).info, "train", 2)
+    assert [len(row) for row in images] == [2, 2, 2]
+    tfrecord = contact_sheet.collect(summarize(str(outputs["tfrecord"])).info, "train", 2)
+    for mine, theirs in zip(images, tfrecord):  # the same first images of each class, the same pixels
+        for a, b in zip(mine, theirs):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_each_reader_refuses_another_format_naming_the_right_one(outputs):
     import beam_prep
 
