@@ -21,12 +21,12 @@ import json
 from typing import Callable, Iterator
 
 from beam_prep.io import array_record, tar
-from beam_prep.io.libraries import require
+from beam_prep.io.libraries import LIBRARIES, Library, require
 from beam_prep.io.tfrecord import Checksum, count_records, shard_writer, write_record
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
 from beam_prep.model.features import ImageRecord, encode_example
 
-__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "webdataset_key"]
+__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "webdataset_key", "writer_library"]
 
 # The image member's extension per stored format: what webdataset's decoders key on.
 _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
@@ -136,6 +136,11 @@ def shard_format(name: str) -> ShardFormat:
 
 # The libraries a format needs to be written; webdataset's tar files need none but Python's.
 _WRITER_LIBRARIES = {"array_record": "array_record"}
+
+
+def writer_library(name: str) -> Library | None:
+    """The optional library that writing format ``name`` needs on every worker, if any."""
+    return LIBRARIES[_WRITER_LIBRARIES[name]] if name in _WRITER_LIBRARIES else None
 
 
 def check_installed(name: str) -> None:

@@ -160,7 +160,7 @@ class WriteEntriesShuffle(_ShardSink):
             written = (
                 part
                 | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
-                | f"WriteShards[{split}]" >> write_shards(
+                | f"WriteFiles[{split}]" >> write_shards(
                     join(config.work, split), config.file_format, config.compression, config.num_shards[split],
                     layout.SHARD_TEMPLATE))
             # Beam's file sink does not say how many records each shard got: count them,
