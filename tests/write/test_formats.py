@@ -130,6 +130,26 @@ def test_grain_reads_data_source_by_index_with_the_source_pixels(outputs, tree):
         source[len(source)]
 
 
+def test_grain_worker_processes_read_every_record_and_resume_from_a_checkpoint(outputs, tree):
+    """data_source pickled into Grain's worker processes, behind a global shuffle; an iterator's state
+    saved after two batches gives the same rest of the epoch."""
+    import subprocess
+
+    from helpers import child
+
+    done = subprocess.run(child("grain_workers", str(outputs["array_record"])), cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    names = [name for name, _, _ in result["read"]]
+    expected = sorted(r["image/filename"] for r in _parsed(outputs["tfrecord"], "train"))
+    assert sorted(names) == expected and names != expected  # every record once, shuffled
+    for name, label, pixels in result["read"]:
+        assert label == LABELS.index(name.split("/")[0])
+        assert pixels == int(_source_pixels(tree, name).sum())
+    assert result["again"] == names[6:]
+
+
 def test_data_source_decodes_without_tensorflow_or_beam(outputs):
     """A training host of JAX or PyTorch imports neither; a fresh process shows what it loaded."""
     import subprocess
