@@ -6,14 +6,19 @@ filesystems), so a shard bound for gs:// is written to local disk and copied
 up through Beam's ``FileSystems``; the caller renames it into place as it does
 any shard.
 
-``WRITER_OPTIONS`` were chosen for random access (``benchmarks/bench_writer.py
---formats``; README *Performance*): ``group_size:1`` puts each record in its own
-chunk, so a lookup decompresses one record (about 10 us; Grain warns about any
-other group size, and a group of 65536 costs milliseconds a lookup); zstd:3
-saves 1-2% on JPEG payloads and far more on raw pixels, for some 50 us a
-record of writing; ``max_parallelism:1`` keeps a worker's compression on its own
-thread, as Beam already runs a worker per core. The same options always write
-the same bytes, which resuming a run relies on.
+``WRITER_OPTIONS`` were chosen for random access, measured with the writer's
+records of the benchmark corpus (224x224 JPEG q90, about 17 KB each; README
+*Performance*, *File formats*): ``group_size:1`` puts each record in a chunk of
+its own, so a lookup reads one record (15-20 us; a group of 16 took 56 us, and
+65536, the library's default, 7.6 ms; Grain logs an error for any group size but
+1). No compression: JPEG and PNG payloads are compressed already (zstd:3 saved
+0.2% of the bytes for 6 times the writing CPU, some 3% of a record's whole
+cost), and raw pixels are stored to be read without work (zstd:3 saves 17% of
+them but triples a lookup, 42 to 134 us), as ``--compression none`` advises for
+raw TFRecords. ``max_parallelism:1`` keeps a worker's writing on its own
+thread, as Beam already runs a worker per core. Each file carries about 100 KB
+of footer (its index, on a 64 KiB block): nothing at the default shard size.
+The same options always write the same bytes, which resuming a run relies on.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from beam_prep.io.tfrecord import Checksum, shard_writer
 
 __all__ = ["WRITER_OPTIONS", "count_records", "shard_records"]
 
-WRITER_OPTIONS = "group_size:1,zstd:3,max_parallelism:1"
+WRITER_OPTIONS = "group_size:1,uncompressed,max_parallelism:1"
 _NEEDED_FOR = "--file_format array_record"
 _CHUNK = 1 << 20
 

@@ -150,6 +150,22 @@ def test_grain_worker_processes_read_every_record_and_resume_from_a_checkpoint(o
     assert result["again"] == names[6:]
 
 
+def test_tfds_reads_the_array_record_dataset_by_index(outputs, tree):
+    """TFDS's own array_record data source, from the metadata written beside the shards."""
+    import tensorflow_datasets as tfds
+
+    manifest = _manifest(outputs["array_record"])
+    builder = tfds.builder_from_directory(str(outputs["array_record"]))
+    for split, expected in manifest["splits"].items():
+        source = builder.as_data_source(split=split)
+        assert len(source) == expected["num_examples"]
+        for i in range(len(source)):
+            example = source[i]
+            name = example["image/filename"].decode()
+            assert example["image/class/label"] == LABELS.index(name.split("/")[0])
+            np.testing.assert_array_equal(example["image/encoded"], _source_pixels(tree, name))
+
+
 def test_data_source_decodes_without_tensorflow_or_beam(outputs):
     """A training host of JAX or PyTorch imports neither; a fresh process shows what it loaded."""
     import subprocess
@@ -370,6 +386,19 @@ def test_inspect_names_the_format_and_draws_its_records(outputs, tree, tmp_path,
     for mine, theirs in zip(images, tfrecord):  # the same first images of each class, the same pixels
         for a, b in zip(mine, theirs):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
+@pytest.mark.parametrize("order", ["training", "eval"])
+def test_bench_times_each_format_with_its_own_reader(outputs, capsys, file_format, order):
+    from pipelines import bench_reader
+
+    args = [str(outputs[file_format]), "--seconds", "0.3", "--warmup_seconds", "0", "--batch_size", "4"]
+    assert bench_reader.main(args + (["--eval"] if order == "eval" else [])) == 0
+    line = capsys.readouterr().out.strip()
+    assert re.fullmatch(rf"[\d,]+ images/s reading split 'train' of {re.escape(str(outputs[file_format]))} "
+                        rf"\([\d,]+ images in [\d.]+ s, batch 4, {order}\w* order; [\d,]+ images per CPU-second\)",
+                        line), line
 
 
 def test_each_reader_refuses_another_format_naming_the_right_one(outputs):
