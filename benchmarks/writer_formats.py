@@ -9,7 +9,9 @@ rounds that take turns so that a shared machine's drift falls on every row:
 
 Each row gives images/s (command start to manifest.json written), CPU ms per
 image of the whole process tree, output size, and the median over rounds of
-each round's ratio to uncompressed TFRecord (the issue's bar: within 5%).
+each round's ratio to uncompressed TFRecord, of images/s and of images per
+CPU-second (the bar: within 5%; on a shared machine the CPU ratio is the one
+that holds still).
 
 Then, in this process, from the last round's output: ``make_dataset``'s
 sequential rate over the TFRecord dataset (decoded uint8 batches of 256, in
@@ -57,14 +59,15 @@ READ_SECONDS = 3.0
 
 def write_table(rounds: dict[str, list[RunResult]]) -> str:
     """Each format's median run, and its paired ratio to uncompressed TFRecord."""
-    lines = ["| run | images | wall s | images/s | ÷ tfrecord none | CPU ms per image | output MB |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | images | wall s | images/s | ÷ tfrecord none | CPU ms per image | ÷ tfrecord none per CPU-s "
+             "| output MB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, (label, _) in FORMAT_RUNS.items():
         chosen = median_run(rounds[key])
-        ratio = "—" if key == BASELINE else _fmt(paired_ratio(rounds[BASELINE], rounds[key]), 3) + "×"
+        ratios = ["—" if key == BASELINE else _fmt(paired_ratio(rounds[BASELINE], rounds[key], per_cpu), 3) + "×"
+                  for per_cpu in (False, True)]
         lines.append(f"| {label} | {chosen.images:,} | {_fmt(chosen.seconds)} "
-                     f"| {'failed' if chosen.error else _fmt(chosen.images_per_s)} | {ratio} "
-                     f"| {_fmt(chosen.cpu_ms_per_image)} | {_fmt(chosen.output_bytes / 1e6)} |")
+                     f"| {'failed' if chosen.error else _fmt(chosen.images_per_s)} | {ratios[0]} "
+                     f"| {_fmt(chosen.cpu_ms_per_image)} | {ratios[1]} | {_fmt(chosen.output_bytes / 1e6)} |")
     return "\n".join(lines)
 
 
@@ -113,6 +116,7 @@ def read_rates(tfrecord: pathlib.Path, array_record: pathlib.Path, rounds: int) 
 CANDIDATE_OPTIONS = ("group_size:1,uncompressed", "group_size:1,snappy", "group_size:1,zstd:1",
                      "group_size:1,zstd:3", "group_size:16,zstd:3", "group_size:65536,zstd:3")
 LOOKUPS = 3000
+LOOKUP_SECONDS = 5.0
 
 
 def _records(tfrecord: pathlib.Path) -> list[bytes]:
@@ -150,14 +154,14 @@ def options_rows(records: list[bytes], workdir: pathlib.Path) -> list[dict[str, 
         writer.close()
         write = time.perf_counter() - start
         reader = ArrayRecordReader(path, "readahead_buffer_size:0", file_reader_buffer_size=32768)
-        keys = [rng.randrange(len(records)) for _ in range(LOOKUPS)]
-        start = time.perf_counter()
-        for key in keys:
-            reader.read([key])
+        lookups, start = 0, time.perf_counter()
+        while lookups < LOOKUPS and time.perf_counter() - start < LOOKUP_SECONDS:  # big groups: seconds a lookup
+            reader.read([rng.randrange(len(records))])
+            lookups += 1
         lookup = time.perf_counter() - start
         reader.close()
         rows.append({"options": options, "size_over_payload": os.path.getsize(path) / payload,
-                     "write_us": write / len(records) * 1e6, "lookup_us": lookup / LOOKUPS * 1e6})
+                     "write_us": write / len(records) * 1e6, "lookup_us": lookup / lookups * 1e6})
     return rows
 
 
@@ -220,5 +224,7 @@ def main(argv: Sequence[str]) -> None:
             "machine": info, "corpus": corpus.summary(),
             "runs": {key: [r.to_json() for r in results] for key, results in rounds.items()},
             "ratio_to_tfrecord_none": {key: paired_ratio(rounds[BASELINE], rounds[key]) for key in FORMAT_RUNS},
+            "ratio_to_tfrecord_none_per_cpu": {key: paired_ratio(rounds[BASELINE], rounds[key], per_cpu=True)
+                                               for key in FORMAT_RUNS},
             "reads_per_second": reads, "array_record_options": options, "load_average": load,
         }, indent=2))

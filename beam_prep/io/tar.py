@@ -10,15 +10,27 @@ same bytes, which resuming a run relies on.
 """
 from __future__ import annotations
 
+import hashlib
 import tarfile
 
 from beam_prep.io.storage import storage_error
 
-__all__ = ["BLOCK", "END", "count_members", "member"]
+__all__ = ["BLOCK", "END", "count_members", "member", "webdataset_key"]
 
 BLOCK = 512
 # The end of an archive: two zero blocks.
 END = b"\0" * (2 * BLOCK)
+
+
+def webdataset_key(filename: str) -> str:
+    """A WebDataset sample's ``__key__``: a hash of its record's file name, the same on every run.
+
+    WebDataset takes a member's key to be its name up to the first dot, and
+    joins consecutive members with one key into a sample, so a key must hold no
+    dot and differ between records; file names may hold dots, and are unique
+    within a dataset. The name itself is in the sample's json.
+    """
+    return hashlib.sha256(filename.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 def member(name: str, data: bytes) -> bytes:

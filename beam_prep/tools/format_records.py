@@ -25,8 +25,8 @@ from typing import Iterator, NamedTuple
 from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local
+from beam_prep.io.tar import webdataset_key
 from beam_prep.model.features import ImageRecord, encode_example
-from beam_prep.write.formats import webdataset_key
 
 __all__ = ["Bad", "examples"]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import hashlib
 import json
 from typing import Callable, Iterator
 
@@ -26,7 +25,7 @@ from beam_prep.io.tfrecord import Checksum, count_records, shard_writer, write_r
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
 from beam_prep.model.features import ImageRecord, encode_example
 
-__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "webdataset_key", "writer_library"]
+__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "writer_library"]
 
 # The image member's extension per stored format: what webdataset's decoders key on.
 _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
@@ -89,22 +88,11 @@ class _ArrayRecord(ShardFormat):
         return array_record.count_records(path)
 
 
-def webdataset_key(filename: str) -> str:
-    """A sample's ``__key__``: a hash of its file name, the same on every run.
-
-    WebDataset takes a member's key to be its name up to the first dot, and
-    joins consecutive members with one key into a sample, so a key must hold no
-    dot and differ between records; file names may hold dots, and are unique
-    within a dataset. The name itself is in the sample's json.
-    """
-    return hashlib.sha256(filename.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
 class _WebDataset(ShardFormat):
     name = "webdataset"
 
     def payload(self, record: ImageRecord, source_size: int) -> bytes:
-        key = webdataset_key(record.filename)
+        key = tar.webdataset_key(record.filename)
         about = {"filename": record.filename.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
                  "label": record.label, "label_text": record.label_text, "sha256": record.sha256,
                  "size": source_size, "height": record.height, "width": record.width,

@@ -252,6 +252,20 @@ def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree,
     assert not (out / ".beam-prep").exists()
 
 
+def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(tree, tmp_path):
+    import beam_prep
+    from beam_prep.errors import OptionsError
+
+    manifest = beam_prep.prepare(str(tree), str(tmp_path / "out"), file_format="webdataset", image_format="png",
+                                 resize_mode="none", direct_running_mode="in_memory")
+    assert manifest["file_format"] == "webdataset" and manifest["counts"]["written"] == 21
+    assert sum(len(_samples(tmp_path / "out", split)) for split in manifest["splits"]) == 21
+    with pytest.raises(OptionsError, match=re.escape(
+            "file_format must be one of tfrecord, array_record, webdataset, not 'zip'")):
+        beam_prep.prepare(str(tree), str(tmp_path / "other"), file_format="zip")
+    assert not (tmp_path / "other").exists()
+
+
 @pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
 def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
     import apache_beam as beam
