@@ -7,18 +7,20 @@ up through Beam's ``FileSystems``; the caller renames it into place as it does
 any shard.
 
 ``WRITER_OPTIONS`` were chosen for random access, measured with the writer's
-records of the benchmark corpus (224x224 JPEG q90, about 17 KB each; README
-*Performance*, *File formats*): ``group_size:1`` puts each record in a chunk of
-its own, so a lookup reads one record (15-20 us; a group of 16 took 56 us, and
-65536, the library's default, 7.6 ms; Grain logs an error for any group size but
-1). No compression: JPEG and PNG payloads are compressed already (zstd:3 saved
-0.2% of the bytes for 6 times the writing CPU, some 3% of a record's whole
-cost), and raw pixels are stored to be read without work (zstd:3 saves 17% of
-them but triples a lookup, 42 to 134 us), as ``--compression none`` advises for
-raw TFRecords. ``max_parallelism:1`` keeps a worker's writing on its own
-thread, as Beam already runs a worker per core. Each file carries about 100 KB
-of footer (its index, on a 64 KiB block): nothing at the default shard size.
-The same options always write the same bytes, which resuming a run relies on.
+records of the benchmark corpus (224x224 JPEG q90, about 17 KB each, and the
+same images as raw pixels; ``bench_writer --formats``, README *Performance*,
+*File formats*): ``group_size:1`` puts each record in a chunk of its own, so a
+lookup reads one record (9 us; a group of 16 took 87 us, and 65536, the
+library's default, 28 ms; Grain logs an error for any group size but 1). No
+compression, since it buys little and costs every lookup: JPEG and PNG
+payloads are compressed already (zstd:3 saved 0.2% of the bytes, snappy 0.3%,
+at 14 us a lookup), and raw pixels are stored to be read without work (zstd:3
+saves 18% of them, but a lookup takes 128 us instead of 31), as
+``--compression none`` advises for raw TFRecords. ``max_parallelism:1`` keeps a
+worker's writing on its own thread, as Beam already runs a worker per core.
+Each file carries about 100 KB of footer (its index, on a 64 KiB block): 9% of
+the benchmark's 1 MB shards, nothing at the default 150 MB. The same options
+always write the same bytes, which resuming a run relies on.
 """
 from __future__ import annotations
 

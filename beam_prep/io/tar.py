@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
+from typing import BinaryIO, Iterator
 
 from beam_prep.io.storage import storage_error
 
-__all__ = ["BLOCK", "END", "count_members", "member", "webdataset_key"]
+__all__ = ["BLOCK", "END", "count_members", "member", "read_members", "webdataset_key"]
 
 BLOCK = 512
 # The end of an archive: two zero blocks.
@@ -52,6 +53,36 @@ def member(name: str, data: bytes) -> bytes:
     return b"".join((header, data, b"\0" * (-len(data) % BLOCK)))
 
 
+def read_members(f: BinaryIO) -> Iterator[tuple[str, bytes]]:
+    """Each regular file of the tar stream ``f`` as ``(name, data)``, in order, to the end-of-archive block.
+
+    Read header by header rather than with ``tarfile``'s stream mode, which takes
+    a file cut short at a member's edge for a whole archive: here a stream that
+    ends before its end-of-archive block is cut short.
+
+    Raises:
+      ValueError: the stream is cut short or a header is damaged (its checksum), saying where.
+    """
+    offset = 0
+    while True:
+        header = f.read(BLOCK)
+        if header == b"\0" * BLOCK:
+            return
+        if len(header) < BLOCK:
+            raise ValueError(f"cut short at byte {offset + len(header)}: no end-of-archive block")
+        try:
+            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as e:
+            raise ValueError(f"damaged header at byte {offset}: {e}") from e
+        padded = info.size + (-info.size % BLOCK)
+        body = f.read(padded)
+        if len(body) < padded:
+            raise ValueError(f"cut short in member {info.name!r} (at byte {offset})")
+        offset += BLOCK + padded
+        if info.isreg():
+            yield info.name, body[:info.size]
+
+
 def count_members(path: str, suffix: str) -> int:
     """The members of the tar file ``path`` (any Beam filesystem) whose names end with ``suffix``:
     a WebDataset shard's samples, counted by the one member each has of that kind.
@@ -63,8 +94,7 @@ def count_members(path: str, suffix: str) -> int:
     from apache_beam.io.filesystems import FileSystems
 
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f, \
-                tarfile.open(fileobj=f, mode="r|") as archive:
-            return sum(member.name.endswith(suffix) for member in archive)
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types, tarfile its own.
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return sum(name.endswith(suffix) for name, _ in read_members(f))
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("read", path, e) from e

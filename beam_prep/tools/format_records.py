@@ -18,14 +18,13 @@ import contextlib
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 from typing import Iterator, NamedTuple
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local
-from beam_prep.io.tar import webdataset_key
+from beam_prep.io.tar import read_members, webdataset_key
 from beam_prep.model.features import ImageRecord, encode_example
 
 __all__ = ["Bad", "examples"]
@@ -93,18 +92,18 @@ def _webdataset_samples(path: str) -> Iterator[bytes | Bad]:
 
     key, members = None, {}
     try:
-        with tf.io.gfile.GFile(path, "rb") as f, tarfile.open(fileobj=f, mode="r|") as archive:
-            for member in archive:
-                name = member.name.rsplit("/", 1)[-1]
-                this, _, extension = name.partition(".")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            for name, data in read_members(f):
+                this, _, extension = name.rsplit("/", 1)[-1].partition(".")
                 if this != key and key is not None:
                     yield _sample_example(key, members)
                     members = {}
                 key = this
-                data = archive.extractfile(member)
-                members[extension] = data.read() if data is not None else b""
-    except (tarfile.TarError, tf.errors.OpError, OSError, EOFError) as e:
-        raise DatasetError(f"{type(e).__name__}: {getattr(e, 'message', e)}") from e
+                members[extension] = data
+    except ValueError as e:
+        raise DatasetError(f"not a whole tar file: {e}") from e
+    except tf.errors.OpError as e:
+        raise DatasetError(f"{type(e).__name__}: {e.message}") from e
     if key is not None:
         yield _sample_example(key, members)
 

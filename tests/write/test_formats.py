@@ -27,7 +27,7 @@ FORMATS = ("tfrecord", "array_record", "webdataset")
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> pathlib.Path:
-    """PNGs of varying sizes in three labels, one with dots in its name, and a broken file."""
+    """PNGs of varying sizes in three labels, one with dots in its name, a copy of one, and a broken file."""
     root = tmp_path_factory.mktemp("formats") / "tree"
     seed = 0
     for label in LABELS:
@@ -37,6 +37,7 @@ def tree(tmp_path_factory) -> pathlib.Path:
             (root / label / name).write_bytes(encode(picture(seed, 20 + seed, 16 + i), "PNG"))
             seed += 1
     (root / "bee" / "broken.png").write_bytes(b"\x89PNG not a whole one")
+    (root / "cat" / "copy.png").write_bytes((root / "ant" / "img_01.png").read_bytes())  # a duplicate
     return root
 
 
@@ -74,13 +75,16 @@ def test_every_format_writes_the_same_dataset_under_its_own_shard_names(outputs)
     manifests = {f: _manifest(folder) for f, folder in outputs.items()}
     for file_format, manifest in manifests.items():
         assert manifest["file_format"] == file_format
-        assert manifest["counts"] == {"listed": 22, "written": 21, "failed": 1, "skipped": 0}
+        assert manifest["counts"] == {"listed": 23, "written": 22, "failed": 1, "skipped": 0}
+        assert manifest["duplicates"]["extra_copies"] == 1
         assert manifest["compression"] == "NONE"
         suffix = {"tfrecord": ".tfrecord", "array_record": ".array_record", "webdataset": ".tar"}[file_format]
         for split in manifest["splits"].values():
             assert all(re.fullmatch(rf"(train|validation)-0000[01]-of-00002{re.escape(suffix)}", s)
                        for s in split["shards"]), split["shards"]
             assert all((outputs[file_format] / s).is_file() for s in split["shards"])
+    assert len((outputs["tfrecord"] / "duplicates.jsonl").read_text().splitlines()) == 2  # the copy and its original
+    for file_format, manifest in manifests.items():
         for name in ("labels.txt", "errors.jsonl", "duplicates.jsonl", "skipped.jsonl"):
             assert (outputs[file_format] / name).read_bytes() == (outputs["tfrecord"] / name).read_bytes()
     splits = {f: {s: (v["num_examples"], v["class_counts"], v["shard_num_examples"])
@@ -258,8 +262,8 @@ def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(
 
     manifest = beam_prep.prepare(str(tree), str(tmp_path / "out"), file_format="webdataset", image_format="png",
                                  resize_mode="none", direct_running_mode="in_memory")
-    assert manifest["file_format"] == "webdataset" and manifest["counts"]["written"] == 21
-    assert sum(len(_samples(tmp_path / "out", split)) for split in manifest["splits"]) == 21
+    assert manifest["file_format"] == "webdataset" and manifest["counts"]["written"] == 22
+    assert sum(len(_samples(tmp_path / "out", split)) for split in manifest["splits"]) == 22
     with pytest.raises(OptionsError, match=re.escape(
             "file_format must be one of tfrecord, array_record, webdataset, not 'zip'")):
         beam_prep.prepare(str(tree), str(tmp_path / "other"), file_format="zip")
@@ -283,9 +287,9 @@ def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
                                            resize_mode="none", file_format=file_format))
     manifest = _manifest(out)
     assert manifest["file_format"] == file_format
-    assert manifest["counts"] == {"listed": 22, "written": 21, "failed": 1, "skipped": 0}
+    assert manifest["counts"] == {"listed": 23, "written": 22, "failed": 1, "skipped": 0}
     records = _contents(out, file_format)["train"]
-    assert len(records) == 21
+    assert len(records) == 22
 
 
 def test_webdataset_decodes_with_its_own_decoders(outputs):
@@ -333,7 +337,7 @@ def test_verify_reads_and_checks_every_record_of_every_format(outputs, file_form
 
     report = verify(str(outputs[file_format]))
     assert report.ok, report.problems
-    assert report.records == report.expected_records == 21 and report.shards == 4
+    assert report.records == report.expected_records == 22 and report.shards == 4
 
 
 def _damaged_copy(outputs, file_format: str, tmp_path: pathlib.Path) -> tuple[pathlib.Path, str]:
