@@ -8,7 +8,9 @@ COPY setup.py README.md ./
 COPY beam_prep ./beam_prep
 COPY pipelines ./pipelines
 COPY .ci/build-pillow-simd ./
-RUN pip install --no-cache-dir . && python -c "import beam_prep.write.transforms, pipelines.prepare_images"
+# With --file_format's libraries (setup.py's extras), checked as a run checks them before any work.
+RUN pip install --no-cache-dir ".[array_record,webdataset]" \
+ && python -c "import beam_prep.write.transforms, pipelines.prepare_images, webdataset; from beam_prep.write.formats import check_installed; check_installed('array_record')"
 # The resize kernel, built now as machine code for this CPU into the cache (~/.cache/beam-prep):
 # workers on the same CPU model map it at their first image; on another model, a worker's first
 # large shard builds one, once, in the background.

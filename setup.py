@@ -29,6 +29,15 @@ REQUIRED = [
     "psutil>=5.9",
 ]
 
+# --file_format's libraries (beam_prep/io/libraries.py names the same requirements in its
+# install commands). array-record 0.8 has wheels for CPython 3.11-3.14 (Linux x86_64 and
+# aarch64, macOS arm64), none for 3.10; webdataset 1.0 is pure Python (3.10+). beam-prep
+# writes WebDataset's tar shards itself: webdataset is for reading them back.
+FORMATS = {
+    "array_record": ["array-record>=0.8,<0.9"],
+    "webdataset": ["webdataset>=1.0,<1.1"],
+}
+
 TEST = [
     "pytest>=8",
     "packaging>=23",
@@ -39,6 +48,10 @@ TEST = [
     # tfds.show_examples (matplotlib); the writer produces those files without either.
     "tensorflow-datasets>=4.9.10,<5",
     "matplotlib>=3.8,<4",
+    # tests/write/test_formats.py reads each format with its own library, and data_source with
+    # Grain (0.2: wheels for CPython 3.11-3.14, as array-record's).
+    *FORMATS["array_record"], *FORMATS["webdataset"],
+    "grain>=0.2,<0.3",
 ]
 
 BENCH = [
@@ -59,6 +72,6 @@ setup(
     python_requires=">=3.10,<3.14",
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
     install_requires=REQUIRED,
-    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS},
+    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, **FORMATS},
     entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},
 )

@@ -4,6 +4,9 @@
     manifest = beam_prep.prepare("images", "records", image_size=224, validation_percent=10)
     train = beam_prep.make_dataset("records", "train", batch_size=256)
 
+    # --file_format array_record, for Grain or PyTorch (no TensorFlow, no Beam):
+    source = beam_prep.data_source("records", "train")
+
     # or, inside a Beam pipeline that finds its images its own way:
     pairs | beam_prep.WriteImageDataset("records", labels=["cat", "dog"], image_size=224)
 
@@ -31,6 +34,7 @@ _HOMES = {
     "load_info": "beam_prep.reader",
     "ReaderConfig": "beam_prep.reader",
     "RecordFiles": "beam_prep.reader",
+    "data_source": "beam_prep.reader.data_source",
 }
 __all__ = ["__version__", *_HOMES]
 

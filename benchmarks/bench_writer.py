@@ -34,6 +34,8 @@ peak memory grows with the corpus.
 
 ``--gcs`` runs the gs:// mode instead (``benchmarks/writer_gcs.py``): the same
 corpus from local disk and from the test GCS server at added latencies, both sinks.
+``--formats`` runs the file formats mode (``benchmarks/writer_formats.py``): (c) in
+every ``--file_format``, and ``data_source``'s random reads beside ``make_dataset``'s.
 """
 from __future__ import annotations
 
@@ -384,6 +386,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from benchmarks import writer_gcs
 
         writer_gcs.main(argv)
+        return
+    if "--formats" in argv:
+        from benchmarks import writer_formats
+
+        writer_formats.main(argv)
         return
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -6,6 +6,8 @@
 Times ``make_dataset`` (decoded uint8 batches, training order unless
 ``--eval``) on this machine, with a progress bar on stderr, and prints the
 images per second: what one host's input pipeline can feed an accelerator.
+An array_record or webdataset dataset is timed with its own reader, in one
+process (``data_source``, ``webdataset.WebDataset``).
 See :mod:`beam_prep.tools.throughput`. (``benchmarks/bench_reader.py`` compares
 readers on a corpus of its own; this measures one dataset.)
 
@@ -26,8 +28,8 @@ from pipelines.progress_display import bar
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = CommandParser(
-        prog="beam-prep bench", description="Time the tf.data reader (make_dataset) on a beam-prep "
-        "dataset: decoded images per second on this machine.")
+        prog="beam-prep bench", description="Time the reader of a beam-prep dataset's format (make_dataset, "
+        "data_source or webdataset.WebDataset): decoded images per second on this machine.")
     parser.add_argument("output", metavar="OUT", help="the dataset folder (local or gs://)")
     parser.add_argument("--split", default="train", help="the split to read (default train)")
     parser.add_argument("--batch_size", type=int, default=256, help="images per batch (default 256)")

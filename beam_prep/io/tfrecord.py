@@ -118,7 +118,7 @@ def count_records(path: str, compression: str) -> int:
     """The records in a shard, counted by their framing: each length is checked
     against its CRC and the payload skipped, not parsed.
 
-    For a shard whose writer could not count (Beam's ``WriteToTFRecord``): the
+    For a shard whose writer could not count (the shuffle sink's, Beam's file sink): the
     manifest's per-shard counts are what TFDS, ``verify`` and the reader's
     cardinality rely on.
 

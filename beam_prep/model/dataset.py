@@ -29,10 +29,13 @@ __all__ = [
     "READ_COMPRESSIONS",
     "Compression",
     "DatasetInfo",
+    "FILE_FORMATS",
+    "FileFormat",
     "ImageInfo",
     "SplitInfo",
     "labels_lines",
     "parse_manifest",
+    "shard_suffix",
 ]
 
 MANIFEST = "manifest.json"
@@ -56,6 +59,31 @@ COMPRESSIONS: Mapping[str, Compression] = {
 # What the reader takes: what the writer writes, and ZLIB, which TensorFlow
 # also reads (for files written elsewhere).
 READ_COMPRESSIONS = ("GZIP", "ZLIB", "NONE")
+
+
+class FileFormat(NamedTuple):
+    """How one ``--file_format`` names its shards, and what reads them: said in every
+    error that finds a dataset in the hands of another format's reader."""
+
+    suffix: str  # tfrecord: its compression's suffix instead (COMPRESSIONS)
+    reader: str
+
+
+TFRECORD = "tfrecord"
+# --file_format -> its shards' suffix and its reader. TFDS's names for the same choice.
+FILE_FORMATS: Mapping[str, FileFormat] = {
+    TFRECORD: FileFormat(".tfrecord", "beam_prep.make_dataset (tf.data)"),
+    "array_record": FileFormat(".array_record", "beam_prep.data_source (Grain, PyTorch)"),
+    "webdataset": FileFormat(".tar", "webdataset.WebDataset (PyTorch)"),
+}
+
+
+def shard_suffix(file_format: str, compression: str) -> str:
+    """A shard's file name suffix: a TFRecord's says its compression (``.tfrecord.gz``); the
+    other formats are never GZIP-compressed."""
+    if file_format == TFRECORD:
+        return COMPRESSIONS[compression].suffix
+    return FILE_FORMATS[file_format].suffix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +180,7 @@ class DatasetInfo:
     ``multi_label``: each record holds a list of label ids (``--metadata``'s labels
     column), not one. ``extra_features``: the record's features beyond the image and
     label (``--metadata``'s other columns), key -> kind (bytes, int64 or float).
+    ``file_format`` is a key of ``FILE_FORMATS`` (manifests before it: ``tfrecord``).
     """
 
     root: str
@@ -162,10 +191,23 @@ class DatasetInfo:
     label_offset: int = 0
     multi_label: bool = False
     extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    file_format: str = TFRECORD
 
     @property
     def num_classes(self) -> int:
         return len(self.labels)
+
+    def require_format(self, file_format: str, reader: str) -> None:
+        """Refuses a dataset of another format than ``reader`` reads, naming the reader that does.
+
+        Raises:
+          DatasetError: the dataset's format is not ``file_format``.
+        """
+        if self.file_format != file_format:
+            right = FILE_FORMATS[self.file_format].reader
+            raise DatasetError(f"{self.root or 'this dataset'} holds {self.file_format} shards "
+                               f"(--file_format {self.file_format}), which {reader} does not read: "
+                               f"read it with {right}")
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's dataset keys, in the manifest's order (the writer adds its run's record)."""
@@ -176,6 +218,7 @@ class DatasetInfo:
             "image": self.image.to_json(),
             "compression": self.compression,
             "label_offset": self.label_offset,
+            "file_format": self.file_format,
         }
         if self.multi_label:  # written only where set: single-label manifests stay as they were
             out["multi_label"] = True
@@ -204,11 +247,16 @@ class DatasetInfo:
             compression = str(manifest.get("compression", "GZIP")).upper()
             if compression not in READ_COMPRESSIONS:
                 raise DatasetError(f"{where}: unknown compression {compression!r}")
+            file_format = str(manifest.get("file_format", TFRECORD))
+            if file_format not in FILE_FORMATS:
+                raise DatasetError(f"{where}: unknown file_format {file_format!r} (this beam-prep reads "
+                                   f"{', '.join(FILE_FORMATS)}): upgrade beam-prep")
             return cls(root=root, labels=tuple(manifest["labels"]), splits=splits,
                        image=ImageInfo.from_json(manifest["image"]), compression=compression,
                        label_offset=int(manifest.get("label_offset", 0)),
                        multi_label=bool(manifest.get("multi_label", False)),
-                       extra_features=_extra_features(manifest.get("extra_features", {})))
+                       extra_features=_extra_features(manifest.get("extra_features", {})),
+                       file_format=file_format)
         except (KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{where} is incomplete or malformed: missing or bad {e}") from e
         except OptionsError as e:

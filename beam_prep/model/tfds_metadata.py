@@ -39,7 +39,8 @@ FILES = (DATASET_INFO, FEATURES, CLASS_LABEL_NAMES)
 # Our shard names (layout.shard_name) in TFDS's template notation: "train-00003-of-00016.tfrecord".
 # SHARD_X_OF_Y is TFDS's five-digit "00003-of-00016", as layout.SHARD_TEMPLATE writes it.
 FILEPATH_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
-FILE_FORMAT = "tfrecord"
+# --file_format -> TFDS's fileFormat, for the formats TFDS reads.
+TFDS_FILE_FORMATS = {"tfrecord": "tfrecord", "array_record": "array_record"}
 VERSION = "1.0.0"
 
 _TFDS = "tensorflow_datasets.core.features."
@@ -50,6 +51,8 @@ _INT64 = {"pythonClassName": _TFDS + "scalar.Scalar",
 
 def unsupported(info: DatasetInfo) -> str | None:
     """Why TFDS could not read this dataset, or None when it can."""
+    if info.file_format not in TFDS_FILE_FORMATS:
+        return f"TFDS does not read {info.file_format} shards: write tfrecord or array_record"
     if info.compression != "NONE":
         return (f"TFDS reads only uncompressed TFRecords and these are {info.compression}: "
                 "write with --compression none")
@@ -111,7 +114,7 @@ def _dataset_info_json(info: DatasetInfo, name: str, description: str) -> dict[s
         "name": name,
         "description": description,
         "version": VERSION,
-        "fileFormat": FILE_FORMAT,
+        "fileFormat": TFDS_FILE_FORMATS[info.file_format],
         "splits": [{"name": split.name, "filepathTemplate": FILEPATH_TEMPLATE,
                     "shardLengths": [str(n) for n in split.shard_num_examples or ()]}
                    for split in info.splits.values()],

@@ -16,6 +16,7 @@ from beam_prep.io.storage import bucket_of, join
 from beam_prep.model.dataset import (
     MANIFEST,
     READ_COMPRESSIONS,
+    TFRECORD,
     DatasetInfo,
     ImageInfo,
     SplitInfo,
@@ -133,6 +134,7 @@ def resolve_source(path: str | RecordFiles, split: str) -> Source:
     if not isinstance(path, str):
         raise OptionsError(f"path must be a dataset folder or a RecordFiles, not {path!r}")
     info = load_info(path)
+    info.require_format(TFRECORD, "beam_prep.make_dataset")
     if split not in info.splits:
         raise DatasetError(
             f"{info.root} has no split {split!r}; its splits: {', '.join(info.splits) or 'none'}")

@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import io
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from PIL import Image, ImageDraw, ImageFont
@@ -27,7 +27,7 @@ from PIL import Image, ImageDraw, ImageFont
 from beam_prep.errors import DatasetError, OptionsError, StorageError
 from beam_prep.io.storage import join
 from beam_prep.model import features
-from beam_prep.model.dataset import DatasetInfo
+from beam_prep.model.dataset import TFRECORD, DatasetInfo
 from beam_prep.tools.inspection import describe_image
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,9 +128,6 @@ def collect(info: DatasetInfo, split: str, per_class: int,
     """
     import tensorflow as tf
 
-    from beam_prep.reader.shards import read_shard
-    from beam_prep.reader.sources import tf_compression
-
     if split not in info.splits:
         raise DatasetError(f"{info.root} has no split {split!r}; its splits: {', '.join(info.splits) or 'none'}")
     s = info.splits[split]
@@ -144,10 +141,8 @@ def collect(info: DatasetInfo, split: str, per_class: int,
     for path, n in zip(s.files, counts):
         if missing == 0:
             break
-        records = read_shard(tf.constant(path), tf_compression(info.compression),
-                             None if n is None else tf.constant(n, tf.int64))
         try:
-            for serialized in records.as_numpy_iterator():
+            for serialized in _serialized(info, path, n):
                 record = features.decode_example(serialized)
                 index = _label_index(info, record, path)
                 if len(kept[index]) < wanted[index]:
@@ -160,10 +155,29 @@ def collect(info: DatasetInfo, split: str, per_class: int,
                                "incomplete") from e
         except tf.errors.OpError as e:
             raise DatasetError(f"cannot read shard {path}: {e.message}") from e
+        except DatasetError as e:  # another format's shard (format_records)
+            raise DatasetError(f"cannot read shard {path}: {e}") from e
     if missing and s.class_counts is not None:
         _LOG.warning("split %s: %d images fewer than the manifest's class counts promise",
                      split, missing)
     return kept
+
+
+def _serialized(info: DatasetInfo, path: str, n: int | None) -> Iterator[bytes]:
+    """A shard's serialized Examples, in order: a TFRecord shard's read by tf.data (``n``: its
+    count, so that a shard cut short fails), another format's turned into them (``format_records``)."""
+    if info.file_format != TFRECORD:
+        from beam_prep.tools.format_records import Bad, examples
+
+        return (r for r in examples(info.file_format, path) if not isinstance(r, Bad))
+    import tensorflow as tf
+
+    from beam_prep.reader.shards import read_shard
+    from beam_prep.reader.sources import tf_compression
+
+    records = read_shard(tf.constant(path), tf_compression(info.compression),
+                         None if n is None else tf.constant(n, tf.int64))
+    return records.as_numpy_iterator()
 
 
 def _label_index(info: DatasetInfo, record: dict, path: str) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from beam_prep.io.storage import join
-from beam_prep.model.dataset import ImageInfo
+from beam_prep.model.dataset import FILE_FORMATS, TFRECORD, ImageInfo
 from beam_prep.tools.summary import Imbalance, SplitSummary, Spread, Summary
 from beam_prep.wording import count
 from beam_prep.write.imaging import REENCODE_REASONS
@@ -40,6 +40,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "path": summary.root,
         "created": summary.created,
         "beam_prep_version": summary.beam_prep_version,
+        "file_format": info.file_format,
         "image": {**info.image.to_json(), "compression": info.compression,
                   "label_offset": info.label_offset},
         "num_classes": info.num_classes,
@@ -84,7 +85,7 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
            f"{count(sum(s.num_examples for s in summary.splits), 'example')}"
            + (f" (beam-prep {summary.beam_prep_version}, {summary.created})"
               if summary.created else "")]
-    out += ["", "image: " + _image_line(info.image, info.compression, info.label_offset)]
+    out += ["", "image: " + _image_line(info.image, info.compression, info.label_offset, info.file_format)]
     out += _record_lines(summary)
     out += ["", *_table(
         ["split", "examples", "shards", "size total", "size min", "median", "max",
@@ -130,9 +131,11 @@ def _record_lines(summary: Summary) -> list[str]:
     return lines
 
 
-def _image_line(image: ImageInfo, compression: str, label_offset: int) -> str:
+def _image_line(image: ImageInfo, compression: str, label_offset: int, file_format: str) -> str:
     parts = [describe_image(image), f"resize_mode {image.resize_mode or 'unknown'}",
              f"compression {compression}"]
+    if file_format != TFRECORD:  # the reader a user needs, beside the shards' format
+        parts.append(f"{file_format} shards (read with {FILE_FORMATS[file_format].reader})")
     if label_offset:
         parts.append(f"label ids start at {label_offset}")
     return ", ".join(parts)

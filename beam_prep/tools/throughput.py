@@ -5,6 +5,12 @@ The number that matters for a training job is images per second out of
 training order (file and record shuffle) or the evaluation order. This times
 exactly that pipeline, repeated so that a small split can run for as long as
 asked, after a warm-up that fills the shuffle buffer and the prefetch.
+
+A dataset of another ``--file_format`` is timed with its own reader, in this
+one process, as a worker of Grain or of a PyTorch ``DataLoader`` would read it:
+``data_source`` (array_record: random indices in training order, in order
+otherwise) or ``webdataset.WebDataset`` with its ``rgb8`` decoder (webdataset:
+shards and records shuffled in training order).
 """
 from __future__ import annotations
 
@@ -53,15 +59,67 @@ def measure_reader(path: str, split: str = "train", *, batch_size: int = 256, tr
       DatasetError, OptionsError, StorageError: as ``make_dataset`` does (no dataset, no such
         split...); DatasetError also for a split without records.
     """
-    from beam_prep.reader import make_dataset
-
-    dataset = make_dataset(path, split, batch_size=batch_size, training=training, repeat=True)
     try:
-        images, wall, cpu = time_batches(iter(dataset), seconds, warmup_seconds, progress)
+        images, wall, cpu = time_batches(_batches(path, split, batch_size, training), seconds, warmup_seconds,
+                                         progress)
     except StopIteration:  # repeated, it ends only when empty
         raise DatasetError(f"split {split!r} of {path} holds no records: nothing to time") from None
     return Throughput(path=path, split=split, batch_size=batch_size, training=training,
                       images=images, seconds=wall, cpu_seconds=cpu)
+
+
+def _batches(path: str, split: str, batch_size: int, training: bool) -> Iterator:
+    """Endless ``(labels, ...)`` batches of decoded images from the reader of the dataset's format."""
+    from beam_prep.reader.sources import load_info
+
+    info = load_info(path)
+    if info.file_format == "array_record":
+        return _data_source_batches(path, split, batch_size, training)
+    if info.file_format == "webdataset":
+        return _webdataset_batches(info, split, batch_size, training)
+    from beam_prep.reader import make_dataset
+
+    return iter(make_dataset(path, split, batch_size=batch_size, training=training, repeat=True))
+
+
+def _data_source_batches(path: str, split: str, batch_size: int, training: bool) -> Iterator:
+    import random
+
+    import numpy as np
+
+    from beam_prep.reader.data_source import data_source
+
+    source = data_source(path, split)
+    if not len(source):
+        return
+    rng = random.Random(0)
+    position = 0
+    while True:
+        if training:
+            keys = [rng.randrange(len(source)) for _ in range(batch_size)]
+        else:
+            keys = [(position + i) % len(source) for i in range(batch_size)]
+            position = (position + batch_size) % len(source)
+        yield (np.asarray([record["label"] for record in source.__getitems__(keys)]),)
+
+
+def _webdataset_batches(info, split: str, batch_size: int, training: bool) -> Iterator:
+    import numpy as np
+
+    from beam_prep.io.libraries import require
+
+    webdataset = require("webdataset", "timing a webdataset dataset")
+    if split not in info.splits:
+        raise DatasetError(f"{info.root} has no split {split!r}; its splits: {', '.join(info.splits)}")
+    urls = list(info.splits[split].files)
+    if not urls:
+        return iter(())
+    image = {"jpeg": "jpg", "png": "png", "raw": "raw"}[info.image.format]
+    dataset = webdataset.WebDataset(urls, shardshuffle=len(urls) if training else False, empty_check=False)
+    if training:
+        dataset = dataset.shuffle(1000)
+    dataset = dataset.decode("rgb8").to_tuple(image, "cls").batched(batch_size, collation_fn=None).repeat()
+    return ((np.asarray([int(label) for _, label in batch]),) for batch in dataset)
 
 
 def time_batches(batches: Iterator, seconds: float, warmup_seconds: float,

@@ -29,7 +29,7 @@ import numpy as np
 
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join
-from beam_prep.model.dataset import MANIFEST, DatasetInfo, SplitInfo, labels_lines
+from beam_prep.model.dataset import MANIFEST, TFRECORD, DatasetInfo, SplitInfo, labels_lines
 from beam_prep.tools.verify_report import (BAD_RECORD, CLASS_COUNT, DAMAGED_SHARD, EXTRA_SHARD, IMAGE_SHAPE, KINDS,
                                            LABEL_RANGE, LABEL_TEXT, LABELS_FILE, MANIFEST_PROBLEM, MAX_PER_KIND,
                                            MISSING_SHARD, RUN_COUNTS, SHARD_COUNT, SPLIT_COUNT, Problem, Problems,
@@ -217,14 +217,33 @@ def _check_shard_files(info: DatasetInfo, names: set[str], problems: Problems) -
 def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callable, problems: Problems,
                  progress: Callable[[int], None] | None) -> _ShardTally:
     """Reads one shard whole, a batch at a time, and checks every record; counts them against the manifest."""
+    path = split.files[index]
+    tally = _ShardTally(0, np.zeros(len(info.labels), np.int64))
+    if info.file_format == TFRECORD:
+        _check_tfrecords(info, path, check, tally, problems, progress)
+    else:
+        _check_other_format(info, path, check, tally, problems, progress)
+    expected = split.shard_num_examples[index] if split.shard_num_examples is not None else None
+    listed = f" of the {expected} the manifest lists" if expected is not None else ""
+    if not tally.whole:
+        problems.add(DAMAGED_SHARD, path, f"damaged or unreadable: {tally.records} records{listed} "
+                                          f"were read before {tally.error}")
+    elif expected is not None and tally.records != expected:
+        why = " (cut short?)" if tally.records < expected else ""
+        problems.add(SHARD_COUNT, path, f"holds {tally.records} records{why}; the manifest lists "
+                                        f"{expected} for it (split {split.name!r})")
+    return tally
+
+
+def _check_tfrecords(info: DatasetInfo, path: str, check: Callable, tally: _ShardTally, problems: Problems,
+                     progress: Callable[[int], None] | None) -> None:
+    """A TFRecord shard, a ``tf.data`` batch at a time."""
     import tensorflow as tf
 
     from beam_prep.reader.shards import read_shard
     from beam_prep.reader.sources import tf_compression
 
-    path = split.files[index]
     compression = tf_compression(info.compression)
-    tally = _ShardTally(0, np.zeros(len(info.labels), np.int64))
     batches = iter(read_shard(tf.constant(path), compression).batch(BATCH_RECORDS).prefetch(1))
     while True:
         try:
@@ -238,16 +257,37 @@ def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callabl
             _check_rest_one_by_one(info, path, compression, check, tally, problems, progress)
             break
         _check_records(info, path, serialized, check, tally, problems, progress)
-    expected = split.shard_num_examples[index] if split.shard_num_examples is not None else None
-    listed = f" of the {expected} the manifest lists" if expected is not None else ""
-    if not tally.whole:
-        problems.add(DAMAGED_SHARD, path, f"damaged or unreadable: {tally.records} records{listed} "
-                                          f"were read before {tally.error}")
-    elif expected is not None and tally.records != expected:
-        why = " (cut short?)" if tally.records < expected else ""
-        problems.add(SHARD_COUNT, path, f"holds {tally.records} records{why}; the manifest lists "
-                                        f"{expected} for it (split {split.name!r})")
-    return tally
+
+
+def _check_other_format(info: DatasetInfo, path: str, check: Callable, tally: _ShardTally, problems: Problems,
+                        progress: Callable[[int], None] | None) -> None:
+    """An ArrayRecord or WebDataset shard, its records turned into Examples (``format_records``)
+    and checked a batch at a time as a TFRecord shard's; a sample that is no Example is a bad record."""
+    import tensorflow as tf
+
+    from beam_prep.tools.format_records import Bad, examples
+
+    batch: list[bytes] = []
+
+    def flush() -> None:
+        if batch:
+            _check_records(info, path, tf.constant(batch), check, tally, problems, progress)
+            batch.clear()
+
+    try:
+        for record in examples(info.file_format, path):
+            if isinstance(record, Bad):
+                flush()
+                tally.classes_known = False
+                problems.add(BAD_RECORD, f"{path}, record {tally.records}", record.reason)
+                tally.records += 1
+                continue
+            batch.append(record)
+            if len(batch) == BATCH_RECORDS:
+                flush()
+    except DatasetError as e:
+        tally.error = str(e)
+    flush()
 
 
 def _check_rest_one_by_one(info: DatasetInfo, path: str, compression: str, check: Callable,

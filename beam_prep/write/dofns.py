@@ -17,8 +17,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_prep.io import tfrecord
 from beam_prep.io.storage import join, read_lines, write_lines
-from beam_prep.io.tfrecord import write_record
+from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.write import duplicates, layout, progress, resume
+from beam_prep.write.formats import shard_format
 from beam_prep.write.flat import FlatImages
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.listing import FileEntry
@@ -45,6 +46,11 @@ class SinkConfig:
     compression: str
     num_shards: dict[str, int]
     progress_folder: str | None = None
+    file_format: str = TFRECORD
+
+    @property
+    def shard_suffix(self) -> str:
+        return shard_suffix(self.file_format, self.compression)
 
 
 class Counters:
@@ -116,8 +122,10 @@ class ImageToExampleFn(beam.DoFn):
     their own timestamp and window.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, progress_folder: str | None = None) -> None:
+    def __init__(self, spec: ImageSpec, reads: ReadConfig, progress_folder: str | None = None,
+                 file_format: str = TFRECORD) -> None:
         self._spec = spec
+        self._format = shard_format(file_format)
         self._reading = _Reading(reads)
         self._counters = Counters()
         self._window: ReadAhead | None = None
@@ -151,7 +159,7 @@ class ImageToExampleFn(beam.DoFn):
 
     def _convert(self, fetched: Fetched):
         entry, timestamp, window = fetched.item
-        outcome = make_example(entry, self._spec, fetched.error or fetched.data)
+        outcome = make_example(entry, self._spec, fetched.error or fetched.data, self._format)
         ok = self._counters.count(outcome)
         self._reporter.add(ok)
         if not ok:
@@ -195,7 +203,7 @@ class WriteShardFn(beam.DoFn):
 
     def process(self, index: int):
         config, split = self._config, self._split
-        name = layout.shard_name(split, index, config.num_shards[split], config.compression)
+        name = layout.shard_name(split, index, config.num_shards[split], config.shard_suffix)
         record = resume.finished_shard(config.work, name)
         if record is None:
             # Named by the shard: a retried shard starts its counts again rather than adding to them.
@@ -226,16 +234,17 @@ class WriteShardFn(beam.DoFn):
         hashes = []
         checksum = tfrecord.Checksum()
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
-        with tfrecord.shard_writer(partial, config.compression, checksum, shown_as=join(config.work, name)) as f, \
+        file_format = shard_format(config.file_format)
+        with file_format.records(partial, config.compression, checksum, shown_as=join(config.work, name)) as write, \
                 self._reading.window() as window:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()
-                outcome = make_example(entry, config.spec, fetched.error or fetched.data)
+                outcome = make_example(entry, config.spec, fetched.error or fetched.data, file_format)
                 ok = self._counters.count(outcome)
                 reporter.add(ok)
                 if ok:
-                    write_record(f, outcome.example)
+                    write(outcome.example)
                     written += 1
                     per_label.update(entry.counted_labels)
                     if outcome.original is not None:

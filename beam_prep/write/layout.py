@@ -23,7 +23,7 @@ from typing import Callable
 
 from beam_prep.errors import OptionsError
 from beam_prep.io.storage import is_local, join, storage_error
-from beam_prep.model.dataset import COMPRESSIONS, MANIFEST
+from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, MANIFEST
 from beam_prep.model.tfds_metadata import FILES as TFDS_FILES
 
 _LOG = logging.getLogger(__name__)
@@ -36,10 +36,10 @@ DUPLICATES = "duplicates.jsonl"
 # In a run's folder: each written record's source hash (duplicates.hash_line), a file per
 # shard (streaming sink) or Beam's WriteToText shards of this prefix (shuffle sink).
 HASHES = "sha256"
-# A shard's name is its split, this template filled in, and its compression's suffix:
-# "train-00003-of-00016.tfrecord.gz". The template is in Beam's notation (S: the shard's
+# A shard's name is its split, this template filled in, and its format's suffix
+# (model.dataset.shard_suffix): "train-00003-of-00016.tfrecord.gz", "train-00003-of-00016.tar". The template is in Beam's notation (S: the shard's
 # index from 0, N: the shard count, zero-padded to as many digits as letters) because the
-# shuffle sink hands it to Beam's WriteToTFRecord as it is; shard_name and the pattern
+# shuffle sink hands it to Beam's file sink (shard_sink) as it is; shard_name and the pattern
 # that recognises a dataset's shards are derived from it, so no two can disagree.
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 WORK_DIR = ".beam-prep"
@@ -52,12 +52,13 @@ def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> 
 
 _SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count:0{n}d}}")
 _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
-_SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix, _, _ in COMPRESSIONS.values())
+_SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix in dict.fromkeys(
+    [c.suffix for c in COMPRESSIONS.values()] + [f.suffix for f in FILE_FORMATS.values()]))
 _OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS)
 
 
 def is_shard_name(name: str) -> bool:
-    """Whether a file name is a shard's, of any split and compression: how ``verify`` tells a
+    """Whether a file name is a shard's, of any split, format and compression: how ``verify`` tells a
     shard the manifest does not list (left by another run, or copied in) from other files."""
     return any(fnmatch.fnmatchcase(name, p) for p in _SHARD_PATTERNS)
 
@@ -84,10 +85,11 @@ def hashes_name(shard: str) -> str:
     return f"{shard}.{HASHES}.txt"
 
 
-def shard_name(split: str, index: int, count: int, compression: str) -> str:
+def shard_name(split: str, index: int, count: int, suffix: str) -> str:
     """The file name of shard ``index`` (from 0) of ``count``: what Beam's sink names it with
-    ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<split>`` and the compression's suffix."""
-    return f"{split}{_SHARD_FORMAT.format(index=index, count=count)}{COMPRESSIONS[compression][0]}"
+    ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<split>`` and ``suffix``
+    (``PrepareConfig.shard_suffix``)."""
+    return f"{split}{_SHARD_FORMAT.format(index=index, count=count)}{suffix}"
 
 
 def existing_dataset_files(output: str) -> list[str]:

@@ -75,7 +75,7 @@ def build(
     splits = {}
     for split, count in plan.num_shards.items():
         # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
-        names = (tuple(layout.shard_name(split, i, count, config.compression) for i in range(count))
+        names = (tuple(layout.shard_name(split, i, count, config.shard_suffix) for i in range(count))
                  if count else tuple(sorted(shard_rows[split])))
         if plan.multi_label:  # a record counts under each of its labels: its shards' counts are the records
             num_examples = sum(n or 0 for n in shard_rows[split].values())
@@ -102,7 +102,7 @@ def build(
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
                        image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
                        label_offset=config.label_offset, multi_label=plan.multi_label,
-                       extra_features=dict(plan.extra_features))
+                       extra_features=dict(plan.extra_features), file_format=config.file_format)
     dataset = info.to_json()
     by_stage = collections.Counter(f["stage"] for f in failures)
     return {

@@ -18,7 +18,8 @@ from apache_beam.options.pipeline_options import (
 
 from beam_prep.errors import BeamPrepWarning, OptionsError
 from beam_prep.io.storage import is_local
-from beam_prep.model.dataset import COMPRESSIONS
+from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, TFRECORD, shard_suffix
+from beam_prep.write.formats import check_installed
 from beam_prep.write.imaging import (DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES,
                                      ImageSpec, parse_colour)
 from beam_prep.write.metadata import check_path
@@ -149,13 +150,20 @@ def _labels_split_arguments(group: Any) -> None:
 def _shard_arguments(group: Any) -> None:
     """--help's "shards and compression" section."""
     group.add_argument(
+        "--file_format", default=TFRECORD,
+        help="The shards' format, for the training stack that reads them: tfrecord (tf.data, "
+             "beam_prep.make_dataset), array_record (Grain and JAX, or PyTorch, through "
+             "beam_prep.data_source; needs the array-record package) or webdataset (tar shards for "
+             "PyTorch's webdataset.WebDataset). The records are the same in each.")
+    group.add_argument(
         "--num_shards", type=int, default=0,
         help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
     group.add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
                        help="Shard size aimed at when --num_shards is 0.")
     group.add_argument(
         "--compression", default=None,
-        help="gzip or none (default: none for --image_format original, whose whole JPEGs "
+        help="gzip or none, for --file_format tfrecord (the other formats are never GZIP-compressed) "
+             "(default: none for --image_format original, whose whole JPEGs "
              "compress by under 1%%, and gzip otherwise). JPEG and PNG payloads barely compress; raw pixels do, "
              "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
              "none also writes TFDS's metadata, and is what TPU ResNet and TF-slim code read "
@@ -163,7 +171,7 @@ def _shard_arguments(group: Any) -> None:
     group.add_argument(
         "--sink", default="auto",
         help="streaming: each worker writes whole shards, memory stays flat (local runners); "
-             "shuffle: WriteToTFRecord after the runner's shuffle (distributed runners); "
+             "shuffle: Beam's file sink after the runner's shuffle (distributed runners); "
              "auto picks by runner.")
 
 
@@ -196,12 +204,33 @@ class PrepareConfig:
     labels_txt: str = "names"
     metadata: str | None = None
     recursive: bool = False
+    file_format: str = TFRECORD
+
+    @property
+    def shard_suffix(self) -> str:
+        """Its shards' file name suffix (``layout.shard_name``)."""
+        return shard_suffix(self.file_format, self.compression)
 
 
-def default_compression(image_format: str) -> str:
+def default_compression(image_format: str, file_format: str = TFRECORD) -> str:
     """``--compression`` when none is given: a dataset of original JPEGs is stored uncompressed,
-    since GZIP costs a large share of its CPU for almost no bytes (README: *Originals*)."""
-    return "none" if image_format == ORIGINAL else "gzip"
+    since GZIP costs a large share of its CPU for almost no bytes (README: *Originals*), and
+    the formats other than TFRecord are never GZIP-compressed."""
+    return "none" if image_format == ORIGINAL or file_format != TFRECORD else "gzip"
+
+
+def check_file_format(file_format: str, compression: str, prefix: str = "--") -> None:
+    """The format is known, its library installed, and a compression it can have.
+
+    Raises:
+      OptionsError: an unknown format (the choices named), a missing library (its install
+        command), or GZIP asked of a format that is not TFRecord.
+    """
+    check_values({"file_format": file_format}, prefix)
+    if file_format != TFRECORD and compression != "none":
+        raise OptionsError(f"{prefix}compression {compression} is for {prefix}file_format tfrecord only: "
+                           f"{file_format} shards are not GZIP-compressed (drop {prefix}compression)")
+    check_installed(file_format)
 
 
 def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, int | None]:
@@ -291,6 +320,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "resize_mode": (lambda v: v in RESIZE_MODES, f"must be one of {', '.join(RESIZE_MODES)}"),
     "image_format": (lambda v: v in OUTPUT_FORMATS, f"must be one of {', '.join(OUTPUT_FORMATS)}"),
     "compression": (lambda v: v in COMPRESSIONS, f"must be one of {', '.join(COMPRESSIONS)}"),
+    "file_format": (lambda v: v in FILE_FORMATS, f"must be one of {', '.join(FILE_FORMATS)}"),
     "label_offset": (lambda v: isinstance(v, int) and 0 <= v <= MAX_LABEL_OFFSET,
                      f"must be in [0, {MAX_LABEL_OFFSET}] (1 keeps id 0 for background)"),
     "labels_txt": (lambda v: v in LABELS_TXT_FORMS, f"must be one of {', '.join(LABELS_TXT_FORMS)}"),
@@ -328,12 +358,14 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
         raise OptionsError("--input is required: the root of the image tree (a path or gs://bucket/prefix)")
     if not o.output:
         raise OptionsError("--output is required: where the TFRecords go (a path or gs://bucket/prefix)")
-    compression = o.compression if o.compression is not None else default_compression(o.image_format)
+    compression = (o.compression if o.compression is not None
+                   else default_compression(o.image_format, o.file_format))
     check_values({"resize_mode": o.resize_mode, "image_format": o.image_format,
                   "compression": compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
                   "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb})
     if o.read_concurrency is not None:
         check_values({"read_concurrency": o.read_concurrency})
+    check_file_format(o.file_format, compression)
     if o.sink not in SINKS:
         raise OptionsError(f"--sink must be one of {', '.join(SINKS)}, not {o.sink!r}")
     if o.num_shards < 0:
@@ -362,7 +394,7 @@ def config_from_options(options: PipelineOptions) -> PrepareConfig:
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
                          overwrite=o.overwrite, sink=o.sink, compression=compression, reads=reads,
                          label_offset=o.label_offset, labels_txt=o.labels_txt, metadata=table,
-                         recursive=o.recursive)
+                         recursive=o.recursive, file_format=o.file_format)
 
 
 def _metadata_path(path: str | None, recursive: bool) -> str | None:

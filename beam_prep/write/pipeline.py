@@ -32,6 +32,7 @@ from beam_prep.write.dofns import NAMESPACE, ParseEntryFn
 from beam_prep.write.flat import FlatImages, is_many
 from beam_prep.write.transforms import WriteShardsShuffle, WriteShardsStreaming
 from beam_prep.write.work_files import write_work_files
+from beam_prep.write.worker_requirements import add_format_requirement
 
 if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineRunner
@@ -171,7 +172,7 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: manifest.Plan,
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
     work = layout.run_folder(config.output, run_plan.run_id)
     written = p | "WriteShards" >> sink(config.spec, config.reads, work, config.compression, run_plan.num_shards,
-                                        progress_folder)
+                                        progress_folder, config.file_format)
     if not finalize:
         return
     label_failures = (
@@ -319,7 +320,7 @@ def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException) 
 
 
 def _shard_names(config: PrepareConfig, run_plan: manifest.Plan) -> list[str]:
-    return [layout.shard_name(split, i, count, config.compression)
+    return [layout.shard_name(split, i, count, config.shard_suffix)
             for split, count in run_plan.num_shards.items() for i in range(count)]
 
 
@@ -379,6 +380,8 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         _LOG.info("run %s: listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
                   run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
                   run_plan.skipped, run_plan.sink, run_plan.num_shards)
+    if _runner_name(options) not in LOCAL_RUNNERS:
+        add_format_requirement(options, config.file_format)  # remote workers need the format's library
     p = beam.Pipeline(runner=local_runner(options), options=options)
     build(p, config, run_plan, progress_folder, finalize=not resumable)
     return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept))

@@ -32,7 +32,8 @@ from beam_prep.write.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, Imag
 from beam_prep.write.listing import (DEFAULT_SPLIT, VALIDATION_SPLIT, UNKNOWN_LABEL, FileEntry, check_label_name,
                                      split_for)
 from beam_prep.write.options import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, PrepareConfig,
-                                     check_values, default_compression, image_spec, normalised_path)
+                                     check_file_format, check_values, default_compression, image_spec,
+                                     normalised_path)
 from beam_prep.write.readahead import ReadConfig
 from beam_prep.write.records import Outcome, failure_report
 from beam_prep.write.dofns import NAMESPACE, Counters
@@ -253,6 +254,7 @@ class WriteImageDataset(beam.PTransform):
         root: str | None = None,
         num_shards: int | None = None,
         compression: str | None = None,
+        file_format: str = "tfrecord",
         overwrite: bool = False,
         read_concurrency: int = DEFAULT_REMOTE_READ_CONCURRENCY,
         read_ahead_mb: int = DEFAULT_READ_AHEAD_MB,
@@ -265,7 +267,8 @@ class WriteImageDataset(beam.PTransform):
           output: the dataset folder, local or ``gs://``.
           labels: the label names in id order (labels.txt); an element's int label is the index.
           image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels, no_upscale,
-            background, compression, label_offset, labels_txt, overwrite: as the command's flags of those names.
+            background, compression, label_offset, labels_txt, overwrite, file_format: as the command's
+            flags of those names.
           validation_percent: share of elements without a split put in ``validation``, by name hash.
           splits: the splits elements may name, in manifest order (default: train[, validation]).
           root: paths under it are named relative to it, as the command names files under ``--input``.
@@ -282,7 +285,8 @@ class WriteImageDataset(beam.PTransform):
         """
         super().__init__()
         if compression is None:
-            compression = default_compression(image_format)
+            compression = default_compression(image_format, file_format)
+        check_file_format(file_format, compression, prefix="")
         check_values({"label_offset": label_offset, "labels_txt": labels_txt,
                       "validation_percent": validation_percent, "compression": compression,
                       "read_concurrency": read_concurrency, "read_ahead_mb": read_ahead_mb,
@@ -301,7 +305,7 @@ class WriteImageDataset(beam.PTransform):
             validation_percent=validation_percent, num_shards=num_shards or 0, overwrite=overwrite,
             sink="shuffle", compression=compression,
             reads=ReadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
-            label_offset=label_offset, labels_txt=labels_txt)
+            label_offset=label_offset, labels_txt=labels_txt, file_format=file_format)
 
     def expand(self, elements: PCollection) -> PCollection:
         config, naming = self._config, self._naming
@@ -314,7 +318,7 @@ class WriteImageDataset(beam.PTransform):
             _FAILED, main="entries")
         written = entries.entries | "WriteShards" >> WriteEntriesShuffle(
             config.spec, config.reads, layout.run_folder(config.output, run_id), config.compression,
-            plan.num_shards)
+            plan.num_shards, file_format=config.file_format)
         failures = (written.failures, entries[_FAILED]) | "AllFailures" >> beam.Flatten()
         return (elements
                 | "CountElements" >> beam.combiners.Count.Globally()

@@ -1,4 +1,5 @@
-"""One listed file to one serialised ``tf.train.Example``, or to a failure report.
+"""One listed file to one record (``formats``: a serialised ``tf.train.Example``, or a
+WebDataset sample), or to a failure report.
 
 Plain code shared by both sinks: whichever way the records are written, every
 file goes through exactly this function, and every failure has the same shape.
@@ -15,14 +16,16 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.io.gcs import GcsClient
 from beam_prep.io.storage import is_local
-from beam_prep.model.features import ImageRecord, encode_example
+from beam_prep.model.features import ImageRecord
+from beam_prep.write.formats import ShardFormat, shard_format
 from beam_prep.write.imaging import ImageSpec, process_image
 from beam_prep.write.listing import UNKNOWN_LABEL, FileEntry
 from beam_prep.write.walk import printable
 
 
 class Outcome(NamedTuple):
-    """Exactly one of ``example`` and ``failure`` is set; ``original`` and ``flat`` as
+    """Exactly one of ``example`` (the record's bytes, as its shard format stores them) and
+    ``failure`` is set; ``original`` and ``flat`` as
     ``EncodedImage``'s; ``sha256`` (hex, of the source file's bytes) with ``example``, for the
     duplicates report."""
 
@@ -100,11 +103,13 @@ def unknown_label_report(entry: FileEntry) -> dict[str, Any]:
     return failure_report(entry, ImageError("label", message))
 
 
-def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | None = None) -> Outcome:
+def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | None = None,
+                 file_format: ShardFormat | None = None) -> Outcome:
     """Reads, converts and serialises one file; a bad file becomes a report, never an exception.
 
     ``data`` is the file's bytes, or the ``ImageError`` its read raised, when the
-    caller has read ahead; None reads the file here.
+    caller has read ahead; None reads the file here. ``file_format`` makes the
+    record's bytes (default: TFRecord's ``tf.train.Example``).
     """
     try:
         if data is None:
@@ -129,4 +134,5 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         label_texts=entry.labels,
         extra=entry.extra,
     )
-    return Outcome(encode_example(record), None, len(data), image.original, sha256, image.flat)
+    payload = (file_format or shard_format("tfrecord")).payload(record, len(data))
+    return Outcome(payload, None, len(data), image.original, sha256, image.flat)

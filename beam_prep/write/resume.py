@@ -46,6 +46,8 @@ _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads"})
 _FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata"}
+# Options added since RUN_FORMAT 3 was first written, as runs recorded before them had them.
+_RECORDED_BEFORE = {"file_format": "tfrecord", "recursive": False}
 
 
 def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str, Any]:
@@ -134,8 +136,9 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
         raise OptionsError(f"--output {output} holds the files of unfinished run {run_id}, which cannot be "
                            "resumed (stopped while listing, made by another beam-prep version, or damaged); "
                            "pass --overwrite to start over")
-    for key in sorted(set(record.options) | set(options)):
-        then, now = record.options.get(key), options.get(key)
+    # --file_format first: another format has another default --compression too, which follows from it.
+    for key in sorted(set(record.options) | set(options), key=lambda k: (k != "file_format", k)):
+        then, now = record.options.get(key, _RECORDED_BEFORE.get(key)), options.get(key)
         if then != now:
             flag = _FLAG_OF.get(key, key)
             raise OptionsError(f"--output {output} holds unfinished run {run_id}, started with --{flag} "

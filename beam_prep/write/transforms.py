@@ -9,7 +9,7 @@ manifest step to publish. Their DoFns are in ``dofns``.
   into its file; only shard numbers move, so memory stays flat and the layout is
   reproducible.
 * ``WriteShardsShuffle`` (distributed runners): Reshuffle, an image DoFn per
-  file, ``WriteToTFRecord``; the runner's shuffle groups the records. Its part
+  file, Beam's file sink (``shard_sink``); the runner's shuffle groups the records. Its part
   after the listing, ``WriteEntriesShuffle``, also serves ``ptransform.WriteImageDataset``.
 
 In both, a worker's reads run ahead of its work (``readahead.ReadAhead``), and a
@@ -22,17 +22,18 @@ from typing import Mapping, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.textio import ReadFromText, WriteToText
-from apache_beam.io.tfrecordio import WriteToTFRecord
 from apache_beam.pvalue import PCollection
 
 from beam_prep.io.storage import join
-from beam_prep.io.tfrecord import count_records
+from beam_prep.model.dataset import TFRECORD
 from beam_prep.write import layout
 from beam_prep.write.dofns import (COUNTS, FAILED, FLAT, NAMESPACE, ORIGINALS, Counters, ImageToExampleFn,
                                    ParseEntryFn, SinkConfig, WriteShardFn)
 from beam_prep.write.flat import FlatImagesFn
+from beam_prep.write.formats import shard_format
 from beam_prep.write.imaging import ImageSpec
 from beam_prep.write.readahead import ReadConfig
+from beam_prep.write.shard_sink import write_shards
 
 __all__ = ["SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle", "WriteShardsStreaming"]
 
@@ -68,7 +69,8 @@ class _ShardSink(beam.PTransform):
     returns a ``SinkResult``."""
 
     def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
-                 num_shards: Mapping[str, int], progress_folder: str | None = None) -> None:
+                 num_shards: Mapping[str, int], progress_folder: str | None = None,
+                 file_format: str = TFRECORD) -> None:
         """Initializes a sink.
 
         Args:
@@ -82,9 +84,10 @@ class _ShardSink(beam.PTransform):
           progress_folder: a local folder where the workers report the images they
             have finished (``progress.Reporter``), for the launcher to show; None
             where the launcher cannot see the workers' files (remote runners).
+          file_format: a key of ``formats.FILE_FORMATS``: the shards' format.
         """
         super().__init__()
-        self._config = SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder)
+        self._config = SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder, file_format)
 
 
 class WriteShardsStreaming(_ShardSink):
@@ -123,7 +126,7 @@ class WriteShardsStreaming(_ShardSink):
 
 
 class WriteEntriesShuffle(_ShardSink):
-    """Entries -> Reshuffle -> image DoFn -> ``WriteToTFRecord`` per split: the shuffle sink's work.
+    """Entries -> Reshuffle -> image DoFn -> Beam's file sink per split: the shuffle sink's work.
 
     Applied to a PCollection of ``FileEntry`` (read by the workers) or
     ``(FileEntry, bytes)`` (images in hand), as ``WriteShardsShuffle`` applies it
@@ -140,7 +143,7 @@ class WriteEntriesShuffle(_ShardSink):
             entries
             | "Reshuffle" >> beam.Reshuffle()
             | "ImageToExample" >> beam.ParDo(
-                ImageToExampleFn(config.spec, config.reads, config.progress_folder)).with_outputs(
+                ImageToExampleFn(config.spec, config.reads, config.progress_folder, config.file_format)).with_outputs(
                     FAILED, FLAT, main="records"))
         records = results.records
         counts = (records
@@ -151,26 +154,23 @@ class WriteEntriesShuffle(_ShardSink):
                      | "SumOriginals" >> beam.CombinePerKey(sum))
         by_split = records | "PartitionBySplit" >> beam.Partition(
             lambda r, _: splits.index(r[0]), len(splits))
-        suffix, compression_type, _ = layout.COMPRESSIONS[config.compression]
+        file_format = shard_format(config.file_format)
         shard_lists = []
         for split, part in zip(splits, by_split):
             written = (
                 part
                 | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
-                | f"WriteToTFRecord[{split}]" >> WriteToTFRecord(
-                    join(config.work, split),
-                    file_name_suffix=suffix,
-                    num_shards=config.num_shards[split],
-                    shard_name_template=layout.SHARD_TEMPLATE,
-                    compression_type=compression_type))
-            # WriteToTFRecord does not say how many records each shard got: count them,
+                | f"WriteFiles[{split}]" >> write_shards(
+                    join(config.work, split), config.file_format, config.compression, config.num_shards[split],
+                    layout.SHARD_TEMPLATE))
+            # Beam's file sink does not say how many records each shard got: count them,
             # one shard a worker (the Reshuffle spreads the names out), for the manifest.
             shard_lists.append(
                 written
                 | f"SpreadShards[{split}]" >> beam.Reshuffle()
                 | f"CountRecords[{split}]" >> beam.Map(
                     lambda path, s=split, c=config.compression: (s, path.rsplit("/", 1)[-1],
-                                                                 count_records(path, c))))
+                                                                 file_format.count(path, c))))
         hashes = (records
                   | "HashLines" >> beam.Map(lambda r: r[4])
                   | "WriteHashes" >> WriteToText(join(config.work, layout.HASHES), file_name_suffix=".txt"))
@@ -195,4 +195,4 @@ class WriteShardsShuffle(_ShardSink):
                 | "ReadListing" >> ReadFromText(join(c.work, layout.LISTING), validate=False)
                 | "ParseEntries" >> beam.ParDo(ParseEntryFn())
                 | "Write" >> WriteEntriesShuffle(c.spec, c.reads, c.work, c.compression, c.num_shards,
-                                                 c.progress_folder))
+                                                 c.progress_folder, c.file_format))

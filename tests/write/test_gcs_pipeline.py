@@ -126,8 +126,8 @@ def test_dataflow_job_builds_offline_with_the_designed_steps(gcs_server, gcs_run
     job = json.loads(job_json.read_text())
     names = job["transforms"]
     for step in ("WriteShards/ReadListing", "WriteShards/ParseEntries", "WriteShards/Write/Reshuffle",
-                 "WriteShards/Write/ImageToExample", "WriteShards/Write/WriteToTFRecord[train]",
-                 "WriteShards/Write/WriteToTFRecord[validation]", "ReadUnknownLabels", "UnknownLabels", "Finalize"):
+                 "WriteShards/Write/ImageToExample", "WriteShards/Write/WriteFiles[train]",
+                 "WriteShards/Write/WriteFiles[validation]", "ReadUnknownLabels", "UnknownLabels", "Finalize"):
         assert step in names, step
     assert any(n.startswith("WriteShards/Write/Reshuffle/") and urn == "beam:transform:group_by_key:v1"
                for n, urn in names.items())
@@ -138,6 +138,42 @@ def test_dataflow_job_builds_offline_with_the_designed_steps(gcs_server, gcs_run
     gcs_server.run(child("dataflow_job", str(job_json), *args, "--sdk_container_image", image), cwd=REPO)
     job = json.loads(job_json.read_text())
     assert job["images"] == [image]
+
+
+def test_dataflow_workers_staged_with_setup_file_get_the_file_formats_library(gcs_server, gcs_run, tmp_path):
+    """setup.py's extras are not installed from --setup_file: the format's library is staged as a
+    requirement (the user's own requirements kept), and a worker image needs none."""
+    bucket, _ = gcs_run
+    job_json = tmp_path / "job.json"
+    args = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "my-project",
+            "--region", "us-central1", "--temp_location", bucket.url("tmp"),
+            "--input", bucket.url("images"), "--output", bucket.url("dataflow-out"),
+            "--image_size", "16", "--file_format", "array_record", "--setup_file", str(REPO / "setup.py")]
+    gcs_server.run(child("dataflow_job", str(job_json), *args), cwd=REPO)  # nothing downloaded: offline
+    job = json.loads(job_json.read_text())
+    assert {"workflow.tar.gz", "requirements.txt"} <= set(job["deps"])
+    assert "WriteShards/Write/WriteFiles[train]" in job["transforms"]
+    assert bucket.list_names("dataflow-out/") == []
+
+
+def test_the_staged_requirements_hold_the_users_lines_and_the_library(tmp_path):
+    from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
+
+    from beam_prep.write.worker_requirements import add_format_requirement
+
+    mine = tmp_path / "requirements.txt"
+    mine.write_text("pandas==2.2.3\n")
+    options = PipelineOptions(["--setup_file", "./setup.py", "--requirements_file", str(mine)])
+    staged = add_format_requirement(options, "array_record")
+    assert open(staged).read().splitlines() == ["pandas==2.2.3", "array-record>=0.8,<0.9"]
+    assert options.view_as(SetupOptions).requirements_file == staged
+    assert options.view_as(SetupOptions).requirements_cache is None  # the user's file: Beam's own choice
+    bare = PipelineOptions(["--setup_file", "./setup.py"])
+    assert open(add_format_requirement(bare, "array_record")).read() == "array-record>=0.8,<0.9\n"
+    assert bare.view_as(SetupOptions).requirements_cache == "skip"  # the workers install it from PyPI
+    assert add_format_requirement(PipelineOptions(["--setup_file", "./setup.py"]), "webdataset") is None
+    image = PipelineOptions(["--setup_file", "./setup.py", "--sdk_container_image", "gcr.io/p/beam-prep:1"])
+    assert add_format_requirement(image, "array_record") is None
 
 
 def test_reader_reads_gs_output_through_tensorflows_gcs_filesystem(gcs_server, gcs_run, tmp_path):

@@ -58,7 +58,7 @@ def tree(tmp_path_factory) -> pathlib.Path:
 
 
 def _digests(out: pathlib.Path) -> dict[str, str]:
-    names = [p.name for p in out.iterdir() if p.name.endswith((".tfrecord", ".tfrecord.gz"))] + list(DATASET_FILES)
+    names = [p.name for p in out.iterdir() if layout.is_shard_name(p.name)] + list(DATASET_FILES)
     return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in sorted(names)}
 
 
@@ -80,9 +80,9 @@ def _run_folder(out: pathlib.Path) -> pathlib.Path:
 
 
 def _finished(out: pathlib.Path) -> list[pathlib.Path]:
-    """The records of the shards a resume takes for finished: those it can read, of either
-    compression (originals are uncompressed unless asked)."""
-    return sorted(p for p in (out / ".beam-prep").glob("*/*.tfrecord*.done.json")
+    """The records of the shards a resume takes for finished: those it can read, of any
+    format and compression (originals are uncompressed unless asked)."""
+    return sorted(p for p in (out / ".beam-prep").glob("*/*.done.json")
                   if resume.finished_shard(str(p.parent), p.name[:-len(".done.json")]) is not None)
 
 
@@ -286,6 +286,57 @@ def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted
     assert "resuming" not in fresh.stderr
     assert json.loads((out / "manifest.json").read_text())["image"]["height"] == 32
     assert not (out / ".beam-prep").exists()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_as(tree, tmp_path_factory) -> Callable[[str], dict[str, str]]:
+    """The digests of an uninterrupted run in ``--file_format``, made once a format."""
+    made: dict[str, dict[str, str]] = {}
+
+    def digests(file_format: str) -> dict[str, str]:
+        if file_format not in made:
+            out = tmp_path_factory.mktemp(f"whole-{file_format}") / "out"
+            result = run_prepare("--input", str(tree), "--output", str(out), *ARGS, "--file_format", file_format)
+            assert result.returncode == 0, result.stderr
+            made[file_format] = _digests(out)
+            assert len(made[file_format]) == SHARDS + len(DATASET_FILES)
+        return made[file_format]
+
+    return digests
+
+
+@pytest.mark.parametrize("file_format, signum", [
+    ("array_record", signal.SIGKILL), ("array_record", signal.SIGINT),
+    ("webdataset", signal.SIGKILL), ("webdataset", signal.SIGTERM)])
+def test_every_file_format_resumes_to_the_bytes_of_an_uninterrupted_run(tree, uninterrupted_as, tmp_path,
+                                                                         file_format, signum):
+    """SIGKILL to the whole group, as a power loss, or the signal a user or a scheduler sends."""
+    out = tmp_path / "out"
+    stopped, _, _ = _interrupt(tree, out, signum, "--file_format", file_format,
+                               whole_group=signum == signal.SIGKILL)
+    assert stopped.returncode in (-signal.SIGKILL, 128 + signum), stopped.stderr
+    assert 2 <= len(_finished(out)) < SHARDS
+    resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS, "--file_format", file_format)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run" in resumed.stderr
+    digests = _digests(out)
+    suffix = {"array_record": ".array_record", "webdataset": ".tar"}[file_format]
+    assert sum(name.endswith(suffix) for name in digests) == SHARDS
+    assert digests == uninterrupted_as(file_format)
+
+
+def test_a_resume_with_another_file_format_is_refused_naming_it(tree, tmp_path):
+    out = tmp_path / "out"
+    stopped, _, _ = _interrupt(tree, out, signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    folder = _run_folder(out)
+    before = sorted(p.name for p in folder.iterdir())
+    refused = run_prepare("--input", str(tree), "--output", str(out), *ARGS, "--file_format", "array_record")
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == (
+        f"error: --output {out} holds unfinished run {folder.name}, started with --file_format \"tfrecord\" where "
+        'this run has "array_record"; run it with the same options to resume it, or pass --overwrite to start over')
+    assert sorted(p.name for p in folder.iterdir()) == before
 
 
 def test_an_interrupted_overwrite_resumes_without_it_and_replaces_the_dataset(tree, uninterrupted, tmp_path):

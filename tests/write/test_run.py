@@ -188,7 +188,7 @@ def test_beams_sink_names_shards_as_shard_name_does(tmp_path, compression):
                  | f"Write[{split}]" >> WriteToTFRecord(str(tmp_path / split), file_name_suffix=suffix,
                                                         num_shards=count, shard_name_template=layout.SHARD_TEMPLATE,
                                                         compression_type=compression_type))
-    expected = [layout.shard_name(split, i, count, compression)
+    expected = [layout.shard_name(split, i, count, suffix)
                 for split, count in SHARD_COUNTS.items() for i in range(count)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(expected)
     (tmp_path / "train-notes.txt").write_text("not a shard")
@@ -203,5 +203,5 @@ def test_shard_names_for_any_index_and_count():
     sink = FileBasedSink("out/train", BytesCoder(), file_name_suffix=".tfrecord.gz",
                          shard_name_template=layout.SHARD_TEMPLATE)
     for index, count in [(0, 1), (7, 16), (99_999, 100_000), (123_456, 200_000)]:
-        assert sink._get_final_name(index, count) == "out/" + layout.shard_name("train", index, count, "gzip")
-    assert layout.shard_name("train", 3, 16, "gzip") == "train-00003-of-00016.tfrecord.gz"
+        assert sink._get_final_name(index, count) == "out/" + layout.shard_name("train", index, count, ".tfrecord.gz")
+    assert layout.shard_name("train", 3, 16, ".tfrecord.gz") == "train-00003-of-00016.tfrecord.gz"

@@ -1,0 +1,128 @@
+"""ArrayRecord shards: the writer's options, and a shard written anywhere Beam can write.
+
+The ``array_record`` library writes only to a local path (its C++ writer opens
+the file itself; its own Beam sink says it does not work for other
+filesystems), so a shard bound for gs:// is written to local disk and copied
+up through Beam's ``FileSystems``; the caller renames it into place as it does
+any shard.
+
+``WRITER_OPTIONS`` were chosen for random access, measured with the writer's
+records of the benchmark corpus (224x224 JPEG q90, about 17 KB each, and the
+same images as raw pixels; ``bench_writer --formats``, README *Performance*,
+*File formats*): ``group_size:1`` puts each record in a chunk of its own, so a
+lookup reads one record (9 us; a group of 16 took 87 us, and 65536, the
+library's default, 28 ms; Grain logs an error for any group size but 1). No
+compression, since it buys little and costs every lookup: JPEG and PNG
+payloads are compressed already (zstd:3 saved 0.2% of the bytes, snappy 0.3%,
+at 14 us a lookup), and raw pixels are stored to be read without work (zstd:3
+saves 18% of them, but a lookup takes 128 us instead of 31), as
+``--compression none`` advises for raw TFRecords. ``max_parallelism:1`` keeps a
+worker's writing on its own thread, as Beam already runs a worker per core.
+Each file carries about 100 KB of footer (its index, on a 64 KiB block): 9% of
+the benchmark's 1 MB shards, nothing at the default 150 MB. The same options
+always write the same bytes, which resuming a run relies on.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Callable, Iterator
+
+from beam_prep.io.libraries import require
+from beam_prep.io.storage import is_local, storage_error
+from beam_prep.io.tfrecord import Checksum, shard_writer
+
+__all__ = ["WRITER_OPTIONS", "count_records", "shard_records"]
+
+WRITER_OPTIONS = "group_size:1,uncompressed,max_parallelism:1"
+_NEEDED_FOR = "--file_format array_record"
+_CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def shard_records(path: str, checksum: Checksum | None = None,
+                  shown_as: str | None = None) -> Iterator[Callable[[bytes], None]]:
+    """An ArrayRecord file at ``path`` (local or any Beam filesystem), as a function that writes one record.
+
+    ``checksum``, if given, gets the finished file's bytes; ``shown_as`` is the
+    path errors name. Nothing is left at ``path`` by a failed write but what a
+    failed write of any shard leaves: a file under its temporary name.
+
+    Raises:
+      OptionsError: the ``array_record`` library is not installed.
+      StorageError: the file cannot be written, naming it.
+    """
+    module = require("array_record", _NEEDED_FOR)
+    local = path if is_local(path) else None
+    stage = None
+    if local is None:
+        stage = tempfile.mkdtemp(prefix="beam-prep-array-record-")
+        local = os.path.join(stage, "shard.array_record")
+    try:
+        try:
+            writer = module.ArrayRecordWriter(local, WRITER_OPTIONS)
+        except Exception as e:  # noqa: BLE001 - the C++ writer raises ValueError or RuntimeError
+            raise storage_error("write", shown_as or path, e) from e
+        try:
+            yield writer.write
+        finally:
+            writer.close()
+        _copy(local, path if stage is not None else None, checksum, shown_as or path)
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _copy(local: str, target: str | None, checksum: Checksum | None, shown_as: str) -> None:
+    """Reads the finished local file once: into ``checksum``, and to ``target`` when it is remote."""
+    if checksum is None and target is None:
+        return
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(shard_writer(target, "none", checksum, shown_as)) if target else None
+        try:
+            with open(local, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    if out is not None:
+                        out.write(chunk)
+                    elif checksum is not None:
+                        checksum.update(chunk)
+        except OSError as e:
+            raise storage_error("read back", shown_as, e) from e
+
+
+def count_records(path: str, shown_as: str | None = None) -> int:
+    """The records in an ArrayRecord file, from its footer; one not on local disk is copied here first.
+
+    Raises:
+      OptionsError: the ``array_record`` library is not installed.
+      StorageError: the file cannot be read, naming it.
+    """
+    module = require("array_record", _NEEDED_FOR)
+    with contextlib.ExitStack() as stack:
+        local = path
+        if not is_local(path):
+            stage = tempfile.mkdtemp(prefix="beam-prep-array-record-")
+            stack.callback(shutil.rmtree, stage, True)
+            local = os.path.join(stage, "shard.array_record")
+            _download(path, local, shown_as or path)
+        try:
+            reader = module.ArrayRecordReader(local)
+            try:
+                return reader.num_records()
+            finally:
+                reader.close()
+        except Exception as e:  # noqa: BLE001 - the C++ reader raises ValueError or RuntimeError
+            raise storage_error("read", shown_as or path, e) from e
+
+
+def _download(path: str, local: str, shown_as: str) -> None:
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as src, open(local, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("read", shown_as, e) from e
