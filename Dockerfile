@@ -11,10 +11,6 @@ COPY .ci/build-pillow-simd ./
 # With --file_format's libraries (setup.py's extras), checked as a run checks them before any work.
 RUN pip install --no-cache-dir ".[array_record,webdataset]" \
  && python -c "import beam_prep.write.transforms, pipelines.prepare_images, webdataset; from beam_prep.write.formats import check_installed; check_installed('array_record')"
-# The resize kernel, built now as machine code for this CPU into the cache (~/.cache/beam-prep):
-# workers on the same CPU model map it at their first image; on another model, a worker's first
-# large shard builds one, once, in the background.
-RUN python -c "from beam_prep.write import resample; kernel = resample.load(); assert kernel.startswith('numba'), kernel"
 # pillow-simd in place of Pillow (README, "Faster resizing"): the workers decode and
 # resize every image. It ships no wheels, so it is built here; the compiler and
 # headers leave again in the same layer, the libraries it links stay.

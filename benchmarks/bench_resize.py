@@ -14,13 +14,14 @@ Every candidate turns the same JPEG bytes into the same 224x224 centre crop
 Candidates:
 
   pillow           ``imaging.process_image`` itself (``--image_format raw``):
-                   DCT-scaled decode (draft), bicubic resize of the exact crop box,
-                   by Pillow's own loops (``BEAM_PREP_RESIZE_KERNEL=pillow``);
+                   DCT-scaled decode (draft, to ``imaging.DRAFT_GAP`` times the
+                   target), bicubic resize of the exact crop box, by Pillow's own
+                   loops (``BEAM_PREP_RESIZE_KERNEL=pillow``);
   ours             the same, resized by our kernel (``write/resample.py``): the
                    same bytes as ``pillow``, so the same PSNR;
-  ..., draft 2x    the same, the draft decoding to twice the target instead of
-                   to just above it (``imaging.DRAFT_GAP``): more detail kept,
-                   more pixels decoded and resized;
+  ..., draft 1x/2x the same, the draft decoding to just above the target, or to
+                   twice it: less or more detail kept, fewer or more pixels
+                   decoded and resized;
   pyvips           libvips (``pyvips`` + ``pyvips-binary`` wheels): shrink-on-load,
                    the crop rounded to whole pixels (libvips' reduce takes no
                    sub-pixel offset), cubic reduce;
@@ -243,9 +244,10 @@ def _ours(kernel: str, draft_gap: float) -> Callable[[], Candidate]:
 
 
 CANDIDATES: dict[str, Callable[[], Candidate]] = {
-    "pillow": _ours(resample.PILLOW, 1.0),
-    "ours": _ours(resample.NUMBA, 1.0),
-    "pillow, draft 2x": _ours(resample.PILLOW, 2.0),
+    "pillow": _ours(resample.PILLOW, imaging.DRAFT_GAP),
+    "ours": _ours(resample.NUMBA, imaging.DRAFT_GAP),
+    "pillow, draft 1x": _ours(resample.PILLOW, 1.0),
+    "ours, draft 1x": _ours(resample.NUMBA, 1.0),
     "ours, draft 2x": _ours(resample.NUMBA, 2.0),
     "pyvips": _pyvips,
     "opencv-area": _opencv_area,
