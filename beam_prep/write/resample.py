@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-import logging
 import os
 import threading
 from importlib import metadata
@@ -31,8 +30,6 @@ from PIL import Image
 
 from beam_prep.errors import KernelUnavailable
 from beam_prep.write import resample_loader
-
-log = logging.getLogger(__name__)
 
 RESAMPLE = Image.Resampling.BICUBIC
 PILLOW = "pillow"
@@ -175,6 +172,7 @@ def _by_kernel(kernel_module: resample_loader.Kernel, img: Image.Image, size: tu
         return None
     view, keep_alive = pixels
     channels = _MODES[img.mode]
+    pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
     scratch = _scratch()
     need_horizontal = out_w != width or b0 != 0 or b2 != out_w  # Pillow's tests, as written
     need_vertical = out_h != height or b1 != 0 or b3 != out_h
@@ -186,17 +184,17 @@ def _by_kernel(kernel_module: resample_loader.Kernel, img: Image.Image, size: tu
         x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0] + h_bounds[-1, 1])
         h_bounds[:, 0] -= x0
         v_bounds[:, 0] -= y0
-        columns = scratch.get("columns", (x1 - x0, y1 - y0), channels)
-        kernel_module.transpose(_as_pixels(rows, channels)[y0:y1, x0:x1], columns)
-        filtered = scratch.get("filtered", (out_w, y1 - y0), channels)
+        columns = scratch.get("columns", (x1 - x0, y1 - y0), pixel)
+        kernel_module.transpose(rows.view(pixel)[y0:y1, x0:x1], columns)
+        filtered = scratch.get("filtered", (out_w, y1 - y0), pixel)
         kernel_module.filter_rows(_as_bytes(columns), h_bounds, h_weights, _as_bytes(filtered),
-                                  scratch.get("acc", ((y1 - y0) * channels,), 0))
-        rows = scratch.get("rows", (y1 - y0, out_w), channels)
+                                  scratch.get("acc", ((y1 - y0) * channels,), np.int32))
+        rows = scratch.get("rows", (y1 - y0, out_w), pixel)
         kernel_module.transpose(filtered, rows)
         rows = _as_bytes(rows)
     if need_vertical:
-        out = scratch.get("out", (out_h, out_w * channels), 1)
-        kernel_module.filter_rows(rows, v_bounds, v_weights, out, scratch.get("acc", (out_w * channels,), 0))
+        out = scratch.get("out", (out_h, out_w * channels), np.uint8)
+        kernel_module.filter_rows(rows, v_bounds, v_weights, out, scratch.get("acc", (out_w * channels,), np.int32))
         rows = out
     resized = Image.frombytes(img.mode, size, rows, "raw", "RGBX" if channels == 4 else "L")  # a copy
     del keep_alive  # Pillow's memory is read until here
@@ -225,16 +223,8 @@ def _pixels(img: Image.Image) -> tuple[np.ndarray, object] | None:
     return np.frombuffer(buffer, np.uint8), (capsule, img)
 
 
-def _as_pixels(rows: np.ndarray, channels: int) -> np.ndarray:
-    """Rows of bytes as rows of pixels, one element each (uint32 for RGBX), for transposing."""
-    return rows.view(np.uint32) if channels == 4 else rows
-
-
 def _as_bytes(pixels: np.ndarray) -> np.ndarray:
     return pixels.view(np.uint8)
-
-
-_SCRATCH_TYPES = {4: np.uint32, 1: np.uint8, 0: np.int32}
 
 
 class _Scratch(threading.local):
@@ -244,9 +234,8 @@ class _Scratch(threading.local):
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], channels: int) -> np.ndarray:
-        """A C-contiguous array of ``shape``: uint32 pixels (channels 4), bytes (1), int32 (0)."""
-        dtype = _SCRATCH_TYPES[channels]
+    def get(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """A C-contiguous array of ``shape`` and ``dtype``, in memory kept under ``name``."""
         size = 1
         for side in shape:
             size *= side

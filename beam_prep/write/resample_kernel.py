@@ -15,8 +15,6 @@ arithmetic that no instruction set rounds differently.
 """
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 
@@ -40,12 +38,6 @@ def _bicubic(x: float) -> float:
     return 0.0
 
 
-def taps(in0: np.float32, in1: np.float32, out_size: int) -> int:
-    """How many weights each output pixel has at most, for ``fill_coefficients``' array."""
-    scale = float(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
-    return int(math.ceil(2.0 * max(scale, 1.0))) * 2 + 1
-
-
 @numba.njit("void(int64, float32, float32, int64, int32[:, ::1], int32[:, ::1])", **_JIT)
 def fill_coefficients(in_size, in0, in1, out_size, bounds, weights) -> None:
     """Pillow's ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` for one axis.
@@ -56,7 +48,7 @@ def fill_coefficients(in_size, in0, in1, out_size, bounds, weights) -> None:
       in1: where it ends, likewise.
       out_size: the output's pixels along this axis.
       bounds: (out_size, 2), filled: each output pixel's first source pixel and tap count.
-      weights: (out_size, ``taps()``), filled: its integer weights (past its count: unused).
+      weights: (out_size, ``resample_loader.taps()``), filled: its integer weights (past its count: unused).
     """
     scale = np.float64(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
     filterscale = scale if scale >= 1.0 else 1.0

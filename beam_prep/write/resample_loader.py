@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 from importlib import metadata
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 

@@ -10,7 +10,6 @@ what makes the kernel's output the same on every CPU.
 from __future__ import annotations
 
 import concurrent.futures
-import io
 import json
 import math
 import os
