@@ -22,6 +22,7 @@ import time
 from typing import Sequence
 
 from beam_prep.errors import ImageError
+from beam_prep.write import resample
 from beam_prep.write.imaging import ImageSpec, process_image
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,11 @@ _SPEC: list[ImageSpec] = []
 
 
 def _init(blobs: list[bytes], spec: ImageSpec, ready: threading.Barrier | None) -> None:
-    """Keeps the sample and warms the kernel (imports, codec tables) before any timing."""
+    """Keeps the sample and warms the kernel (imports, codec tables, the resize kernel loaded as a
+    large run's workers have it) before any timing."""
     _BLOBS[:] = blobs
     _SPEC[:] = [spec]
+    resample.load()
     _run_slice(0, WARMUP_IMAGES)
     if ready is not None:
         ready.wait()
