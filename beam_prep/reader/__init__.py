@@ -12,7 +12,7 @@ should stop training, not shrink it), and a damaged shard fails naming its file.
 
 One job a module: ``sources`` (what to read), ``config`` (``ReaderConfig``),
 ``decode`` (bytes to pixels), ``plan`` (what a record becomes), ``shards`` (one
-shard file), ``pipeline`` (``make_dataset``). See docs/reader.md for why the
+shard file), ``pipeline`` (``make_dataset``). See docs/design/reader.md for why the
 pipeline is laid out as it is.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``make_dataset`` keeps as arguments what a training script sets for itself; these
 knobs suit nearly every run as they are, and their either/or pairs are checked
-once, when the object is made. See docs/reader.md.
+once, when the object is made. See docs/design/reader.md.
 """
 from __future__ import annotations
 

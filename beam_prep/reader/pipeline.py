@@ -43,7 +43,7 @@ _LOG = logging.getLogger(__name__)
 
 # The training shuffle holds serialized records (before decoding), as many as fit in
 # this many bytes: a bound on memory traffic, chosen in benchmarks/bench_reader.py
-# (README *Performance*; docs/reader.md says why more buys little mixing).
+# (README *Performance*; docs/design/reader.md says why more buys little mixing).
 SHUFFLE_BUFFER_BYTES = 64 << 20
 SHUFFLE_BUFFER_RECORDS = (256, 4096)  # at least, at most
 VARYING_SIZE_SHUFFLE_BUFFER = 1024
@@ -99,7 +99,7 @@ def make_dataset(
 
     Raises:
       DatasetError, OptionsError, StorageError: no manifest or split, bad arguments, an unreadable dataset.
-      tf.errors.InvalidArgumentError: while iterating, a damaged shard, by name (docs/reader.md).
+      tf.errors.InvalidArgumentError: while iterating, a damaged shard, by name (docs/design/reader.md).
     """
     source = resolve_source(path, split)
     if training is None:

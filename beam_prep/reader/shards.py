@@ -26,7 +26,7 @@ def read_shard(shard: tf.Tensor, compression_type: str,
     in Python loops, ``model.fit`` and ``tf.distribute`` alike. TensorFlow's own
     error is logged as a warning; the records before the damage are yielded.
 
-    Without ``num_records`` the file is read as it is. See docs/reader.md for why
+    Without ``num_records`` the file is read as it is. See docs/design/reader.md for why
     this shape, what it costs and its limits.
     """
     import tensorflow as tf

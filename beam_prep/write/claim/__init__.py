@@ -8,7 +8,7 @@ made exclusive by a kernel lock on local disk (``flock``), by generation
 preconditions on gs:// (``generations``), and best effort elsewhere
 (``best_effort``). Code that clears ``.beam-prep`` must leave ``claim.json`` alone.
 
-See docs/claim.md for how each kind works, staleness and takeover, and why the defaults.
+See docs/design/claim.md for how each kind works, staleness and takeover, and why the defaults.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ _LOG = logging.getLogger(__name__)
 def claim_output(output: str, run_id: str | None = None, *,
                  stale_after_s: float = DEFAULT_STALE_AFTER_S,
                  heartbeat_s: float | None = DEFAULT_HEARTBEAT_S) -> Claim:
-    """Claims ``output`` for this run, taking over a stale claim; see docs/claim.md.
+    """Claims ``output`` for this run, taking over a stale claim; see docs/design/claim.md.
 
     Args:
       output: the output folder, local or ``scheme://``.

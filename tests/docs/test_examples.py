@@ -1,0 +1,127 @@
+"""Every command and Python block in the README and the docs site runs, so none can rot.
+
+Each page's ``bash`` and ``python`` blocks run in order, in a fresh folder of their own
+that holds the sample tree (``python -m pipelines.make_sample sample_data``), so a later
+block can read what an earlier one wrote, as a reader following the page would. Other
+fences (``text``, ``console``, ``json``...) show output and are not run.
+
+A block that cannot run here says why on the line before its fence, with one of
+``NOT_RUN``'s reasons: ``<!-- not-run: cloud -->``. A block that shows a refused run
+says the exit code it must end with: ``<!-- exit: 2 -->``.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from helpers import REPO
+
+# Why a block may be left out: nothing else excuses one.
+NOT_RUN = {
+    "cloud": "needs a Google Cloud project (a gs:// bucket or Dataflow)",
+    "install": "sets up a machine (a virtual environment, pip install, .ci/run): CI does that itself",
+    "benchmark": "times this machine for minutes; the benchmarks' own tests run them small",
+}
+RUN = {"bash", "sh", "python"}
+BLOCK_TIMEOUT_S = 600
+
+_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>[\w+-]*)[^\n]*$")
+_MARK = re.compile(r"^\s*<!--\s*(?P<key>not-run|exit):\s*(?P<value>[\w-]+)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of a page."""
+
+    page: str
+    line: int
+    language: str
+    code: str
+    not_run: str | None = None
+    exit_code: int = 0
+
+
+def pages() -> list[pathlib.Path]:
+    """The README and every page of the site."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def blocks(page: pathlib.Path) -> list[Block]:
+    """The fenced blocks of ``page``, with the marks on the line before each."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found, i = [], 0
+    rel = page.relative_to(REPO).as_posix()
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        marks = {}
+        j = i - 1
+        while j >= 0 and _MARK.match(lines[j]):
+            mk = _MARK.match(lines[j])
+            marks[mk["key"]] = mk["value"]
+            j -= 1
+        indent, fence = len(m["indent"]), m["fence"]
+        body, k = [], i + 1
+        while k < len(lines) and not lines[k].strip().startswith(fence):
+            body.append(lines[k][indent:] if lines[k][:indent].strip() == "" else lines[k])
+            k += 1
+        found.append(Block(rel, i + 1, m["info"].lower(), "\n".join(body) + "\n",
+                           marks.get("not-run"), int(marks.get("exit", 0))))
+        i = k + 1
+    return found
+
+
+def test_every_mark_names_a_known_reason():
+    for page in pages():
+        for b in blocks(page):
+            assert b.not_run is None or b.not_run in NOT_RUN, (
+                f"{b.page}:{b.line}: not-run reason {b.not_run!r} is not one of {sorted(NOT_RUN)}")
+
+
+@pytest.fixture(scope="session")
+def sample_tree(tmp_path_factory) -> pathlib.Path:
+    tree = tmp_path_factory.mktemp("docs-sample") / "sample_data"
+    subprocess.run([sys.executable, "-m", "pipelines.make_sample", str(tree)], cwd=REPO, check=True,
+                   capture_output=True)
+    return tree
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # beam-prep and python are the ones this suite runs with; `python -m benchmarks...`
+    # and `python -m pipelines...` find the checkout.
+    env["PATH"] = os.pathsep.join([str(pathlib.Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["REPO"] = str(REPO)
+    return env
+
+
+def _runnable_pages() -> list[pathlib.Path]:
+    return [p for p in pages() if any(b.language in RUN and b.not_run is None for b in blocks(p))]
+
+
+@pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_page_examples_run(page: pathlib.Path, sample_tree: pathlib.Path, tmp_path: pathlib.Path):
+    shutil.copytree(sample_tree, tmp_path / "sample_data")
+    env = _env()
+    for b in blocks(page):
+        if b.language not in RUN or b.not_run is not None:
+            continue
+        if b.language == "python":
+            cmd = [sys.executable, "-c", b.code]
+        else:
+            cmd = ["bash", "-c", "set -euo pipefail\n" + b.code]
+        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT_S)
+        assert done.returncode == b.exit_code, (
+            f"{b.page}:{b.line}: exit {done.returncode}, expected {b.exit_code}\n"
+            f"--- code\n{b.code}--- stdout\n{done.stdout[-4000:]}--- stderr\n{done.stderr[-4000:]}")
