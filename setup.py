@@ -66,6 +66,10 @@ BENCH = [
 # versions of OpenCV and others.
 PEERS = ["img2dataset>=1.47", "tensorflow-io>=0.37"]
 
+# The documentation site (mkdocs.yml; .ci/run builds it with --strict), pinned so that a
+# release of one of them cannot fail CI or change the pages' HTML unasked.
+DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
+
 setup(
     name="beam-prep",
     version="0.1.0",
@@ -73,6 +77,6 @@ setup(
     python_requires=">=3.10,<3.14",
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
     install_requires=REQUIRED,
-    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, **FORMATS},
+    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, "docs": DOCS, **FORMATS},
     entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},
 )
