@@ -26,24 +26,30 @@ from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = CommandParser(
+def parser() -> CommandParser:
+    """The command's flags: what it parses, and what its --help and the site's reference show."""
+    p = CommandParser(
         prog="beam-prep bench", description="Time the reader of a beam-prep dataset's format (make_dataset, "
         "data_source or webdataset.WebDataset): decoded images per second on this machine.")
-    parser.add_argument("output", metavar="OUT", help="the dataset folder (local or gs://)")
-    parser.add_argument("--split", default="train", help="the split to read (default train)")
-    parser.add_argument("--batch_size", type=int, default=256, help="images per batch (default 256)")
-    parser.add_argument("--seconds", type=float, default=10.0,
-                        help="how long to time, after a warm-up (default 10)")
-    parser.add_argument("--warmup_seconds", type=float, default=1.0,
-                        help="read untimed first: shuffle buffer, prefetch (default 1)")
-    parser.add_argument("--eval", action="store_true",
-                        help="the evaluation order (fixed, no shuffle) instead of training's")
-    args = parser.parse_args(argv)
+    p.add_argument("output", metavar="OUT", help="the dataset folder (local or gs://)")
+    p.add_argument("--split", default="train", help="the split to read (default train)")
+    p.add_argument("--batch_size", type=int, default=256, help="images per batch (default 256)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="how long to time, after a warm-up (default 10)")
+    p.add_argument("--warmup_seconds", type=float, default=1.0,
+                   help="read untimed first: shuffle buffer, prefetch (default 1)")
+    p.add_argument("--eval", action="store_true",
+                   help="the evaluation order (fixed, no shuffle) instead of training's")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
     if args.batch_size < 1:
-        parser.error(f"--batch_size must be at least 1, not {args.batch_size}")
+        p.error(f"--batch_size must be at least 1, not {args.batch_size}")
     if args.seconds <= 0 or args.warmup_seconds < 0:
-        parser.error("--seconds must be positive and --warmup_seconds not negative")
+        p.error("--seconds must be positive and --warmup_seconds not negative")
     return args
 
 

@@ -15,6 +15,7 @@ its progress is drawn on stderr (``progress_display``).
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import traceback
@@ -25,7 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_prep.api import parse_command_line
 from beam_prep.cli.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
 from beam_prep.cli.spelling import known_spelling
-from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help
+from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help, prepare_parser
 from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
 from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
@@ -44,6 +45,14 @@ def command(*args: str) -> list[str]:
     the pipeline the way a user types it.
     """
     return [sys.executable, "-m", "pipelines.prepare_images", *args]
+
+
+def parser() -> argparse.ArgumentParser:
+    """What ``--help`` prints, as every command's ``parser()``: the site's reference is made from it.
+
+    Beam's options classes parse the command line itself (``parse_command_line``).
+    """
+    return prepare_parser()
 
 
 def timing(result: RunResult) -> str:

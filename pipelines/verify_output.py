@@ -26,20 +26,26 @@ from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = CommandParser(
+def parser() -> CommandParser:
+    """The command's flags: what it parses, and what its --help and the site's reference show."""
+    p = CommandParser(
         prog="beam-prep verify", description="Read every record of a beam-prep dataset and check it "
         "against its manifest. Exit 0: verified; 1: problems (listed); 2: bad usage or no dataset.")
-    parser.add_argument("output", metavar="OUT", help="the dataset folder (local or gs://)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="shards read at once (default: the core count, at least 2)")
-    parser.add_argument("--max_per_kind", type=int, default=MAX_PER_KIND,
-                        help=f"problems listed per kind; the rest are counted (default {MAX_PER_KIND})")
-    args = parser.parse_args(argv)
+    p.add_argument("output", metavar="OUT", help="the dataset folder (local or gs://)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="shards read at once (default: the core count, at least 2)")
+    p.add_argument("--max_per_kind", type=int, default=MAX_PER_KIND,
+                   help=f"problems listed per kind; the rest are counted (default {MAX_PER_KIND})")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
     if args.workers is not None and args.workers < 1:
-        parser.error(f"--workers must be at least 1, not {args.workers}")
+        p.error(f"--workers must be at least 1, not {args.workers}")
     if args.max_per_kind < 1:
-        parser.error(f"--max_per_kind must be at least 1, not {args.max_per_kind}")
+        p.error(f"--max_per_kind must be at least 1, not {args.max_per_kind}")
     return args
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 
+from apache_beam.options.pipeline_options import PipelineOptions
+
 from beam_prep.cli.flags import option_classes
 from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
 from beam_prep.write.options import PrepareImagesOptions
 
-__all__ = ["HELP_BEAM", "beam_options_help", "prepare_help"]
+__all__ = ["HELP_BEAM", "beam_option_parsers", "beam_options_help", "prepare_help", "prepare_parser"]
 
 HELP_BEAM = "--help_beam"
 _WIDTH = 100
@@ -79,28 +81,50 @@ def _parser(**kwargs: object) -> argparse.ArgumentParser:
     return BeamArgumentParser(add_help=False, allow_abbrev=False, formatter_class=_Formatter, **kwargs)
 
 
-def prepare_help() -> str:
-    """``--help`` of ``beam-prep prepare`` and ``python -m pipelines.prepare_images``."""
-    parser = _parser(usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+def prepare_parser() -> argparse.ArgumentParser:
+    """The parser whose help is ``--help`` of ``beam-prep prepare``: our options, by section.
+
+    It only prints: the command line is parsed by Beam's options classes
+    (``beam_prep.cli.flags``). ``python -m pipelines.reference_docs`` writes the
+    site's command-line reference from it too.
+    """
+    parser = _parser(prog="beam-prep prepare", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
     add_options_arguments(PrepareImagesOptions, parser)
     parser.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,
                         help="Show this help and exit.")
     parser.add_argument(HELP_BEAM, action="store_true", default=argparse.SUPPRESS,
                         help="List Beam's own options and exit.")
-    return parser.format_help()
+    return parser
+
+
+def prepare_help() -> str:
+    """``--help`` of ``beam-prep prepare`` and ``python -m pipelines.prepare_images``."""
+    return prepare_parser().format_help()
+
+
+def beam_option_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """(class name, its flags' parser) for each of Beam's options classes that has flags.
+
+    Beam's own classes only (``apache_beam.options.pipeline_options``), in the order
+    Beam defines them: other modules' subclasses exist or not depending on what was
+    imported, and each is a section of ``--help_beam``.
+    """
+    found = []
+    for cls in option_classes():
+        if issubclass(cls, PrepareImagesOptions) or cls.__module__ != PipelineOptions.__module__:
+            continue
+        parser = _parser(usage=argparse.SUPPRESS)
+        add_options_arguments(cls, parser)
+        if parser._actions:  # noqa: SLF001 - argparse has no public count of its options.
+            found.append((cls.__name__, parser))
+    return found
 
 
 def beam_options_help() -> str:
     """``--help_beam``: every flag Beam's options classes define, a section per class."""
     sections = ["Beam's options, which beam-prep passes to Beam (a section per Beam options class):"]
-    for cls in option_classes():
-        if issubclass(cls, PrepareImagesOptions):
-            continue
-        parser = _parser(usage=argparse.SUPPRESS)
-        add_options_arguments(cls, parser)
-        if not parser._actions:  # noqa: SLF001 - argparse has no public count of its options.
-            continue
+    for name, parser in beam_option_parsers():
         # The text starts with argparse's heading for options ("options:"): the class names the section.
         body = parser.format_help().strip().split("\n", 1)[1]
-        sections.append(f"{cls.__name__}:\n{body}")
+        sections.append(f"{name}:\n{body}")
     return "\n\n".join(sections) + "\n"
