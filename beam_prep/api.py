@@ -124,24 +124,37 @@ def options_to_argv(input: str, output: str, options: Mapping[str, Any]) -> list
 
 def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] | None = None,
             **options: Any) -> dict[str, Any] | None:
-    """Prepares ``input`` (``ROOT/<label>/<image>``) into ``output``, as the command does.
+    """Prepares ``input`` (``ROOT/<label>/<image>``) into ``output``, as ``beam-prep prepare`` does.
 
-    ``options`` are the command's flags and Beam's, by name: ``prepare("imgs",
-    "out", image_size=160, validation_percent=10, overwrite=True)``. Logging is
-    the caller's to configure: left unconfigured, nothing is printed, and what
-    needs the caller's attention is a ``BeamPrepWarning``. ``on_progress``, on a local
-    runner, is called about twice a second from another thread with the
-    workers' counts so far (``beam_prep.write.progress.Progress``: ``done``,
-    ``failed``, ``total``), last with the final ones: what the command's bar
-    shows, for a notebook's or a service's own display.
+    The same checks, defaults and job as the command, for a notebook or a
+    script: ``prepare("imgs", "out", image_size=160, validation_percent=10,
+    overwrite=True)``. It behaves as a library: with logging left unconfigured
+    it prints nothing, what needs the caller's attention comes as a
+    ``BeamPrepWarning``, and messages name keywords (``image_size``), not flags.
+
+    Args:
+      input: the image tree's root, a local path or ``gs://bucket/prefix`` (``--input``).
+      output: the dataset folder to write, local or ``gs://`` (``--output``).
+      on_progress: on a local runner, called about twice a second from another
+        thread with the workers' counts so far (``beam_prep.write.progress.Progress``:
+        ``done``, ``failed``, ``total``), last with the final ones: what the
+        command's progress bar shows, for a notebook's or a service's own display.
+        None: no progress is reported.
+      **options: the command's flags and Beam's, by name without the dashes
+        (``image_size=224``, ``runner="DataflowRunner"``): True gives a bare flag
+        (``overwrite=True``), False or None leaves it out, a list repeats it.
+        docs/reference/cli.md lists them all.
 
     Returns:
       The manifest that was written (a dict, as in manifest.json), or None with
       ``dry_run=True``.
 
     Raises:
-      OptionsError: bad options or input, found before any work.
-      StorageError, DatasetError: the job could not be completed.
+      OptionsError: bad options or input (an unknown keyword, with the nearest
+        known one), found before any work.
+      StorageError: a path that cannot be listed, read or written.
+      DatasetError: the job's counts do not add up, so no manifest was published.
+      RunInterrupted: a local run stopped by Ctrl-C or SIGTERM (its finished shards kept).
     """
     with _as_a_library():
         pipeline_options, config = parse_command_line(options_to_argv(input, output, options))

@@ -33,6 +33,10 @@ class ImageError(BeamPrepError):
 
     ``stage`` says where it failed (read, decode, too_large, convert, resize, encode,
     label, and for ``WriteImageDataset`` split and features) so a user can count failures by reason.
+
+    Args:
+      stage: where the image failed; errors.jsonl's ``stage`` field.
+      message: what went wrong, for a person; errors.jsonl's ``error`` field.
     """
 
     def __init__(self, stage: str, message: str):
@@ -50,6 +54,11 @@ class RunInterrupted(KeyboardInterrupt):
 
     A ``KeyboardInterrupt``, so that code that stops on one stops on this. What
     the run finished is kept for the same command to resume, where it can be.
+
+    Args:
+      message: what was stopped and what was kept, for a person.
+      signum: the signal's number (2: SIGINT, 15: SIGTERM); the command exits ``128 + signum``.
+      resumable: whether the same command resumes the run (False: it starts over).
     """
 
     def __init__(self, message: str, signum: int, resumable: bool):

@@ -29,15 +29,23 @@ class ReaderConfig:
 
     Not :class:`beam_prep.write.readahead.ReadConfig`, the writer's read-ahead.
 
-    Attributes:
+    Args:
       shuffle_buffer: serialized records shuffled (files too); 0 turns it off.
-        Default: :func:`~beam_prep.reader.pipeline.default_shuffle_buffer` when training, else 0.
-      seed: seeds the file and record shuffles (each epoch still gets a new order).
-      deterministic: keep a fixed order; default: not ``training``.
-      input_context: from ``strategy.distribute_datasets_from_function``; each pipeline reads its files.
-      num_input_pipelines, input_pipeline_id: the same without an InputContext; both or neither.
-      global_batch_size: with ``input_context``, the global batch, in place of ``batch_size``.
-      dct_method: JPEG decoding: ``INTEGER_ACCURATE`` (Pillow's pixels) or ``INTEGER_FAST``.
+        None: :func:`~beam_prep.reader.pipeline.default_shuffle_buffer` when training
+        (about a fixed number of bytes of records), else 0.
+      seed: seeds the file and record shuffles (each epoch still gets a new order);
+        None: a new order every run.
+      deterministic: keep a fixed order (slower where files are read in parallel);
+        None: not ``training``.
+      input_context: from ``strategy.distribute_datasets_from_function``: each input
+        pipeline reads its own share of the files.
+      num_input_pipelines: the number of input pipelines, without an InputContext
+        (e.g. one per host); given with ``input_pipeline_id`` or not at all.
+      input_pipeline_id: this pipeline's index in ``[0, num_input_pipelines)``.
+      global_batch_size: with ``input_context``, the global batch, in place of
+        ``make_dataset``'s ``batch_size``: each replica gets its share.
+      dct_method: JPEG decoding: ``INTEGER_ACCURATE`` (Pillow's pixels, what the
+        writer and most serving code decode) or ``INTEGER_FAST`` (TensorFlow's default, faster).
       options: ``tf.data.Options`` merged over the reader's own.
 
     Raises:

@@ -18,7 +18,7 @@ from typing import Any, Sequence, SupportsIndex
 import numpy as np
 
 from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.io.libraries import LIBRARIES, require
+from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local, join
 from beam_prep.model import features
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, SplitInfo, parse_manifest
@@ -120,8 +120,8 @@ def data_source(path: str | os.PathLike, split: str = "train") -> ArrayRecordSou
     """A random-access source over split ``split`` of the array_record dataset at ``path``.
 
     Use it as Grain's source (``grain.MapDataset.source(data_source(path))``)
-    or as a PyTorch map-style ``Dataset``; README *Training with Grain or
-    PyTorch* shows both.
+    or as a PyTorch map-style ``Dataset``; docs/guides/grain-pytorch.md shows
+    both. It reads without TensorFlow or Beam.
 
     Args:
       path: the dataset folder, on local disk.
@@ -134,7 +134,8 @@ def data_source(path: str | os.PathLike, split: str = "train") -> ArrayRecordSou
       DatasetError: no dataset there, a dataset of another format (naming its reader),
         no such split, or shards that do not hold what the manifest says.
       OptionsError: ``path`` is not local, or the array_record library is not installed
-        (with its install command: {install}).
+        (the message gives its install command; beam-prep's ``array_record`` extra
+        installs it too).
     """
     root = os.path.abspath(os.fspath(path)) if is_local(os.fspath(path)) else os.fspath(path).rstrip("/")
     info = _read_info(root)
@@ -143,5 +144,3 @@ def data_source(path: str | os.PathLike, split: str = "train") -> ArrayRecordSou
         raise DatasetError(f"{root} has no split {split!r}; it has {', '.join(info.splits)}")
     return ArrayRecordSource(info, info.splits[split])
 
-
-data_source.__doc__ = data_source.__doc__.format(install=LIBRARIES[_FORMAT].install)

@@ -78,7 +78,12 @@ def make_dataset(
     extra_keys: Sequence[str] = (),
     config: ReaderConfig = ReaderConfig(),
 ) -> tf.data.Dataset:
-    """A ``tf.data.Dataset`` of ``(images, labels)`` batches of a dataset (README *Reading it back*).
+    """A ``tf.data.Dataset`` of ``(images, labels)`` batches of a dataset (docs/guides/reading-back.md).
+
+    Everything the reader needs (labels, image size and format, shard files and
+    their record counts) comes from the dataset's ``manifest.json``, so the
+    arguments are only what a training script decides for itself; the rarely
+    changed knobs are in ``config``.
 
     Args:
       path: the folder holding ``manifest.json`` (local or ``gs://``), or ``RecordFiles`` without one.
@@ -96,6 +101,12 @@ def make_dataset(
       extra_keys: other record features (e.g. ``features.FILENAME``, or a ``--metadata`` column listed in
         ``load_info(path).extra_features``, with its type) yielded as a third element, a dict.
       config: shuffling, order, distribution, JPEG decoding and ``tf.data`` options: a :class:`ReaderConfig`.
+
+    Returns:
+      A ``tf.data.Dataset`` of ``(images, labels)``, or ``(images, labels, extras)`` with
+      ``extra_keys``: images ``[batch, height, width, channels]`` of ``dtype``, labels int64
+      ids ``[batch]`` (float32 ``[batch, num_classes]`` one-hot or multi-hot); without a
+      batch size, single images and labels. Its cardinality is known unless ``repeat``.
 
     Raises:
       DatasetError, OptionsError, StorageError: no manifest or split, bad arguments, an unreadable dataset.

@@ -37,14 +37,17 @@ class RecordFiles:
     folder. A type of its own, rather than four arguments that only count
     when there is no folder, so that a folder and files cannot be mixed up.
 
-    Attributes:
+    Args:
       files: paths or glob patterns (local or ``gs://``), read in sorted order.
-      image: how the images are stored; the reader cannot guess it.
+      image: how the images are stored (``ImageInfo``); the reader cannot guess it, so it is required.
       num_classes: the label count; needed for one-hot labels, and checks each
         label id against it.
       compression: ``GZIP`` (what beam-prep writes by default), ``ZLIB`` or ``NONE``.
       label_offset: the stored id of the first label (``--label_offset``); the
         reader subtracts it, as it does with a manifest's.
+
+    Raises:
+      OptionsError: when made: no ``image``, or a count, offset or compression out of range.
     """
 
     files: str | Sequence[str]
@@ -87,7 +90,16 @@ class Source:
 def load_info(path: str) -> DatasetInfo:
     """Reads and checks ``path/manifest.json`` (local or ``gs://``).
 
-    Use it to size a model before reading (``load_info(path).num_classes``).
+    Use it to size a model before reading (``load_info(path).num_classes``), or to
+    see what a dataset holds: its labels, splits, image spec, format and extra features.
+
+    Args:
+      path: the dataset folder, the ``--output`` of the run that wrote it.
+
+    Returns:
+      A ``DatasetInfo``: ``labels``, ``num_classes``, ``splits`` (each with its shard
+      files and record counts), ``image``, ``file_format``, ``multi_label``,
+      ``extra_features``, as the manifest says (docs/reference/manifest.md).
 
     Raises:
       DatasetError: no manifest (the dataset is missing, or its pipeline has not

@@ -8,7 +8,7 @@ sink's writing (``transforms.WriteEntriesShuffle``), and the same manifest step
 cannot drift apart. Labels are given and splits declared, since writes are built
 before any element exists; and the output folder's claim is taken twice,
 briefly (when applied, and to publish), since no claim can be held while some
-runner runs the pipeline. See README *In your own Beam pipeline*.
+runner runs the pipeline. See docs/guides/beam-pipeline.md.
 """
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ _SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 class ImageElement(NamedTuple):
     """One element of ``WriteImageDataset``'s input; a plain tuple in this order works as well.
+
+    A named tuple rather than a class of its own, so that a pipeline may yield
+    ``(path, label)`` pairs as they are and give the rest only where it has them.
+    Its fields, in order, are its constructor's arguments:
 
     Attributes:
       source: a path (local or ``gs://``), read by the workers, or the image file's bytes.
@@ -224,14 +228,48 @@ class WriteImageDataset(beam.PTransform):
     image that cannot be read or decoded, an unknown label or split), never a
     failed job. The output is the command's: shards per split, labels.txt,
     errors.jsonl and, written last, manifest.json, whose ``counts.listed`` is
-    the number of elements. Returns a PCollection of that manifest (one dict).
+    the number of elements. Applied, it returns a PCollection of that manifest
+    (one dict). Labels are given and splits declared because a pipeline's writes
+    are built before any element exists. See docs/guides/beam-pipeline.md.
 
-    Raises (when constructed or applied, before the pipeline runs):
-      OptionsError: a bad argument; ``output`` holds a dataset or an unfinished
-        run's files and ``overwrite`` is False; another run is writing into it.
-      StorageError: ``output`` cannot be listed.
-    While running, ``ElementError`` (an element that is not such a tuple) and
-    ``DatasetError`` (counts that do not add up) fail the job.
+    While the pipeline runs, ``ElementError`` (an element that is not such a
+    tuple) and ``DatasetError`` (counts that do not add up) fail the job.
+
+    Args:
+      output: the dataset folder, local or ``gs://``.
+      labels: the label names in id order (labels.txt); an element's int label is the index.
+      label_offset: stored ids start at this number (``--label_offset``: 1 keeps id 0 for background).
+      labels_txt: labels.txt's form, ``names`` or ``slim`` (``--labels_txt``).
+      image_size: an int for a square, ``(height, width)`` or ``"HxW"``; None: 224, or
+        each image's own size with ``resize_mode="none"`` (``--image_size``).
+      resize_mode: ``center_crop``, ``stretch``, ``pad``, ``shorter_side`` or ``none`` (``--resize_mode``).
+      channels: 3 for RGB, 1 for grayscale (``--channels``).
+      image_format: ``jpeg``, ``png``, ``raw`` or ``original`` (``--image_format``).
+      jpeg_quality: JPEG quality, 1-100 (``--jpeg_quality``).
+      max_pixels: images with more pixels go to errors.jsonl (``--max_pixels``, a decompression-bomb guard).
+      no_upscale: with ``shorter_side``, an image already smaller keeps its size (``--no_upscale``).
+      background: the colour transparent pixels are composited on: a name or ``#rrggbb`` (``--background``).
+      validation_percent: share of elements without a split put in ``validation``, by name hash.
+      splits: the splits elements may name, in manifest order (default: train[, validation]).
+      root: paths under it are named relative to it, as the command names files under ``--input``.
+      num_shards: shards per split; None lets the runner choose (as ``WriteToTFRecord`` does).
+      compression: ``gzip`` or ``none`` for TFRecords; None: as the command chooses
+        (``none`` for ``original`` images and for the other file formats, else ``gzip``).
+      file_format: ``tfrecord``, ``array_record`` or ``webdataset`` (``--file_format``).
+      overwrite: replace a dataset, or an unfinished run's files, already in ``output``.
+      read_concurrency: files each worker reads ahead of its work at once; the default
+        reads ahead since paths may be anywhere (0: each file in the worker's thread).
+      read_ahead_mb: cap on the bytes a worker's read-ahead holds (``--read_ahead_mb``).
+      multi_label: each element's label is a list; records hold a list of ids, as ``--metadata``'s
+        labels column makes them.
+      extra_features: feature key -> ``bytes``, ``int64`` or ``float``: each element's ``features``
+        give these, stored in its record and listed in the manifest, as ``--metadata``'s columns.
+
+    Raises:
+      OptionsError: when constructed or applied, before the pipeline runs: a bad
+        argument; ``output`` holds a dataset or an unfinished run's files and
+        ``overwrite`` is False; another run is writing into it.
+      StorageError: when applied: ``output`` cannot be listed.
     """
 
     def __init__(
@@ -261,28 +299,7 @@ class WriteImageDataset(beam.PTransform):
         multi_label: bool = False,
         extra_features: Mapping[str, str] | None = None,
     ) -> None:
-        """Checks every argument; the README's *In your own Beam pipeline* says more.
-
-        Args:
-          output: the dataset folder, local or ``gs://``.
-          labels: the label names in id order (labels.txt); an element's int label is the index.
-          image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels, no_upscale,
-            background, compression, label_offset, labels_txt, overwrite, file_format: as the command's
-            flags of those names.
-          validation_percent: share of elements without a split put in ``validation``, by name hash.
-          splits: the splits elements may name, in manifest order (default: train[, validation]).
-          root: paths under it are named relative to it, as the command names files under ``--input``.
-          num_shards: shards per split; None lets the runner choose (as ``WriteToTFRecord`` does).
-          read_concurrency, read_ahead_mb: each worker's read-ahead, as the flags; the default
-            reads ahead since paths may be anywhere (0: each file in the worker's thread).
-          multi_label: each element's label is a list; records hold a list of ids, as ``--metadata``'s
-            labels column makes them.
-          extra_features: feature key -> ``bytes``, ``int64`` or ``float``: each element's ``features``
-            give these, stored in its record and listed in the manifest, as ``--metadata``'s columns.
-
-        Raises:
-          OptionsError: on the first bad argument.
-        """
+        """Checks every argument (see the class's Args), before any pipeline is built."""
         super().__init__()
         if compression is None:
             compression = default_compression(image_format, file_format)

@@ -14,7 +14,7 @@ manifest step to publish. Their DoFns are in ``dofns``.
 
 In both, a worker's reads run ahead of its work (``readahead.ReadAhead``), and a
 local run counts each image for the progress display (``progress.reporter``).
-See README *Which sink runs where, and why*.
+See docs/design/sinks.md for which sink runs where, and why.
 """
 from __future__ import annotations
 
@@ -42,8 +42,12 @@ class SinkResult(NamedTuple):
     """What a sink outputs, each a PCollection over all splits, for the manifest step.
 
     Attributes:
-      shards: ``(split, shard file name, number of records or None)`` per shard
-        written; the shuffle sink cannot count a shard's records, so gives None.
+      shards: ``(split, shard file name, number of records)`` per shard written.
+        Both sinks count: the streaming sink as it writes a shard; the shuffle
+        sink, whose file sink does not say how many records each shard got,
+        reads each finished shard back (``CountRecords``, one shard a worker).
+        ``manifest.finalize`` still takes None for a count not known (and then
+        leaves the manifest's per-shard counts out), but no sink gives it.
       class_counts: ``((split, label), number of records)``, one per pair.
       failures: a failure report (``records.failure_report``) per file that
         became no record.
