@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep.cli.flags import bare_flags, check_flags, spelled_as_known
+from beam_prep.cli.flags import bare_flags, check_flags, check_positionals, spelled_as_known
 from beam_prep.cli.spelling import as_keywords
 from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
 from beam_prep.write.beam_compat import WORKER_LOG_RELAY, WorkerNoise
@@ -65,15 +65,18 @@ def parse_command_line(argv: Sequence[str]) -> tuple[PipelineOptions, PrepareCon
     """Beam's options and ours from command-line arguments, every check done.
 
     Raises:
-      OptionsError: an unknown flag, a bad value or a bad input, before any work.
+      OptionsError: an unknown flag, an argument without a flag (``prepare tree out``:
+        did you mean ``--input tree --output out``?), a bad value or a bad input, before any work.
     """
     argv = _dry_run_as_bool(spelled_as_known(argv))
     check_flags(argv)
+    check_positionals(argv)
     options = PipelineOptions(with_local_defaults(argv))
     return options, config_from_options(options)
 
 
 _FALSE = ("false", "0", "no")
+_TRUE = ("true", "1", "yes")
 
 
 def _dry_run_as_bool(argv: list[str]) -> list[str]:
@@ -86,7 +89,8 @@ def _dry_run_as_bool(argv: list[str]) -> list[str]:
         if token == "--":
             return out + argv[i:]
         if token == "--dry_run":
-            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None
+            # Only a yes or no is its value: ``--dry_run tree out`` is a flag, then two paths.
+            value = argv[i + 1] if i + 1 < len(argv) and argv[i + 1].lower() in _FALSE + _TRUE else None
             i += 1 if value is None else 2
             if value is None or value.lower() not in _FALSE:
                 out.append("--dry_run=True")

@@ -24,7 +24,8 @@ import warnings
 from typing import Any, Callable, NoReturn, Sequence
 
 import beam_prep
-from beam_prep.cli.spelling import known_spelling, unknown_flags_message
+from beam_prep.cli.spelling import PATH_FLAGS, as_positional_message, known_spelling, unknown_flags_message
+from beam_prep.doc_pages import doc_page
 from beam_prep.errors import BeamPrepWarning
 
 VERSION = f"beam-prep {beam_prep.__version__}"
@@ -96,6 +97,9 @@ class CommandParser(argparse.ArgumentParser):
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         argv = known_spelling(list(sys.argv[1:] if args is None else args), self._flags())
+        hint = self._as_positional(argv)
+        if hint:  # before parsing, which would only say that OUT is missing
+            self.error(hint)
         parsed, extras = self.parse_known_args(argv, namespace)
         unknown = [token.split("=", 1)[0] for token in extras if token.startswith("-") and token != "-"]
         if unknown:
@@ -103,6 +107,14 @@ class CommandParser(argparse.ArgumentParser):
         if extras:
             self.error(f"unexpected argument{'s' if len(extras) > 1 else ''}: {' '.join(extras)}")
         return parsed
+
+    def _as_positional(self, argv: Sequence[str]) -> str | None:
+        """``--output out`` where the folder is positional (and no such flag is declared): the
+        command meant, or None."""
+        positional = [action for action in self._actions if not action.option_strings]
+        if len(positional) != 1 or any(flag in self._flags() for flag in PATH_FLAGS):
+            return None
+        return as_positional_message(self.prog, argv, positional[0].metavar or positional[0].dest)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} ({self.prog} --help lists its options)\n")
@@ -113,7 +125,8 @@ def usage() -> str:
     lines = ["usage: beam-prep COMMAND [options]   (beam-prep COMMAND --help for its options)", "",
              "commands:"]
     lines += [f"  {name:<{width}}  {purpose}" for name, (_, purpose) in COMMANDS.items()]
-    lines += ["", f"{VERSION_FLAG} prints the version ({VERSION})."]
+    lines += ["", f"{VERSION_FLAG} prints the version ({VERSION}). Getting started: "
+              f"{doc_page('guides/getting-started.md')}; every flag: {doc_page('reference/cli.md')}."]
     return "\n".join(lines)
 
 

@@ -15,12 +15,13 @@ from typing import NoReturn, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep.cli.spelling import known_spelling, nearest_flag, unknown_flags_message
+from beam_prep.cli.spelling import (PATH_FLAGS, known_spelling, nearest_flag, positionals_message,
+                                    unknown_flags_message)
 from beam_prep.errors import OptionsError
 from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
 
-__all__ = ["all_options_parser", "bare_flags", "check_flags", "known_flags", "nearest_flag", "option_classes",
-           "spelled_as_known", "unknown_flags"]
+__all__ = ["PATH_FLAGS", "all_options_parser", "bare_flags", "check_flags", "check_positionals", "known_flags",
+           "nearest_flag", "option_classes", "positional_arguments", "spelled_as_known", "unknown_flags"]
 
 # argparse reads "-5" as a value, not a flag, when no flag looks like a number.
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -110,3 +111,35 @@ def check_flags(argv: Sequence[str]) -> None:
     if not unknown:
         return
     raise OptionsError(unknown_flags_message(unknown, known_flags()))
+
+
+def positional_arguments(argv: Sequence[str]) -> list[str]:
+    """The arguments in ``argv`` that no flag takes as its value (before ``--``): ``tree`` and
+    ``out`` of ``prepare tree out``, or of ``--overwrite tree out``. Every option of prepare is a
+    flag, and Beam drops what it cannot parse, so such an argument would be lost unsaid."""
+    _, extras = all_options_parser().parse_known_args(list(argv))
+    found: list[str] = []
+    for token in extras:
+        if token == "--":
+            break
+        if token == "-" or not token.startswith("-"):
+            found.append(token)
+    return found
+
+
+def check_positionals(argv: Sequence[str]) -> None:
+    """Refuses arguments given without a flag, with the command they most likely meant.
+
+    Call it after ``check_flags``: the value of an unknown flag would look positional.
+
+    Raises:
+      OptionsError: ``did you mean --input tree --output out?`` for ``prepare tree out``
+        (the path flags not given take the values, in order), or the unexpected
+        arguments named where there are more than path flags missing.
+    """
+    values = positional_arguments(argv)
+    if not values:
+        return
+    given = {token.split("=", 1)[0] for token in argv}
+    missing = [flag for flag in PATH_FLAGS if flag not in given]
+    raise OptionsError(positionals_message(values, missing, PATH_FLAGS))

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 from typing import Iterable, Sequence
 
-__all__ = ["as_keywords", "known_spelling", "nearest_flag", "unknown_flags_message"]
+__all__ = ["PATH_FLAGS", "as_keywords", "as_positional_message", "known_spelling", "nearest_flag", "positionals_message",
+           "unknown_flags_message"]
 
+# prepare's path flags, which a user often types as positional arguments (``prepare tree out``),
+# in order, each with the placeholder its usage line gives it; the other commands take the
+# dataset folder as their one positional argument, and these flags there.
+PATH_FLAGS = {"--input": "ROOT", "--output": "OUT"}
 _FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")
 
 
@@ -63,6 +69,43 @@ def unknown_flags_message(unknown: Sequence[str], known: Sequence[str]) -> str:
         return f"unknown option {flag}" + (f"; did you mean {guess}?" if guess else "")
     return "unknown options " + ", ".join(
         flag + (f" (did you mean {guess}?)" if guess else "") for flag, guess in described)
+
+
+def positionals_message(values: Sequence[str], missing: Sequence[str], placeholders: dict[str, str]) -> str:
+    """What to say of arguments given without a flag, to a command whose every option is a flag.
+
+    ``values`` are those arguments, in order; ``missing`` the flags they most likely
+    stand for (the path flags not given, in order), each with the placeholder that
+    ``placeholders`` gives it for a value not typed. ``prepare tree out`` gives
+    ``... did you mean --input tree --output out?``, ``prepare tree`` ``... --input tree
+    --output OUT?``; more values than missing flags are named as unexpected.
+    """
+    if values and len(values) <= len(missing):
+        parts = [f"{flag} {shlex.quote(value)}" for flag, value in zip(missing, values)]
+        parts += [f"{flag} {placeholders[flag]}" for flag in missing[len(values):]]
+        return f"paths are given as flags, not positional arguments: did you mean {' '.join(parts)}?"
+    named = " ".join(shlex.quote(value) for value in values)
+    usage = " ".join(f"{flag} {placeholders[flag]}" for flag in placeholders)
+    return (f"unexpected argument{'s' if len(values) > 1 else ''} {named}: every option is a flag "
+            f"({usage} [options]), and a flag's value follows it")
+
+
+def as_positional_message(prog: str, argv: Sequence[str], metavar: str) -> str | None:
+    """For a command whose folder is positional (``beam-prep verify OUT``) given it as a flag
+    (``--output out``, ``--input=out``): ``OUT is positional: did you mean beam-prep verify out?``,
+    the rest of ``argv`` kept. None when no path flag holds a value."""
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        if name not in PATH_FLAGS:
+            continue
+        if eq:
+            rest = [*argv[:i], value, *argv[i + 1:]]
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            rest = [*argv[:i], *argv[i + 1:]]
+        else:
+            return None
+        return f"{metavar} is a positional argument, not {name}: did you mean {prog} {shlex.join(rest)}?"
+    return None
 
 
 def as_keywords(message: str, bare_flags: Iterable[str] = ()) -> str:

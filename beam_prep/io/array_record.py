@@ -8,8 +8,8 @@ any shard.
 
 ``WRITER_OPTIONS`` were chosen for random access, measured with the writer's
 records of the benchmark corpus (224x224 JPEG q90, about 17 KB each, and the
-same images as raw pixels; ``bench_writer --formats``, README *Performance*,
-*File formats*): ``group_size:1`` puts each record in a chunk of its own, so a
+same images as raw pixels; ``bench_writer --formats``, docs/performance/writer.md,
+file formats): ``group_size:1`` puts each record in a chunk of its own, so a
 lookup reads one record (9 us; a group of 16 took 87 us, and 65536, the
 library's default, 28 ms; Grain logs an error for any group size but 1). No
 compression, since it buys little and costs every lookup: JPEG and PNG

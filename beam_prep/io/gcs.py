@@ -12,7 +12,7 @@ A few small writes serve the output folder's claim (``beam_prep.write.claim``); 
 ``create``, ``stat`` and ``delete`` under generation preconditions, which GCS
 applies atomically (``GcsPreconditionFailed`` when one fails). Writes use
 read-write credentials of their own, made at the first write; reads keep the
-read-only scope. See README *Images in Google Cloud Storage* for the figures.
+read-only scope. See docs/guides/gcs-dataflow.md for the figures.
 """
 from __future__ import annotations
 

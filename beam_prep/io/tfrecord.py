@@ -32,7 +32,7 @@ _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 # ISA-L at level 3 compresses JPEG payloads about as well as zlib's default level, for far
-# less CPU (chosen in benchmarks/bench_writer.py; README *Performance* has the figures).
+# less CPU (chosen in benchmarks/bench_writer.py; docs/performance/writer.md has the figures).
 GZIP_LEVEL = 3
 
 

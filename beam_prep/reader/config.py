@@ -18,7 +18,7 @@ __all__ = ["DCT_METHODS", "DEFAULT_DCT_METHOD", "ReaderConfig"]
 
 # libjpeg's accurate integer IDCT: the very pixels Pillow (and so the writer, and
 # most serving code) decodes, where TensorFlow's default (INTEGER_FAST) is off by a
-# few levels; its cost is in README *Performance*, *Reader*.
+# few levels; its cost is in docs/performance/reader.md.
 DEFAULT_DCT_METHOD = "INTEGER_ACCURATE"
 DCT_METHODS = ("INTEGER_ACCURATE", "INTEGER_FAST")
 

@@ -43,7 +43,7 @@ _LOG = logging.getLogger(__name__)
 
 # The training shuffle holds serialized records (before decoding), as many as fit in
 # this many bytes: a bound on memory traffic, chosen in benchmarks/bench_reader.py
-# (README *Performance*; docs/design/reader.md says why more buys little mixing).
+# (docs/performance/reader.md; docs/design/reader.md says why more buys little mixing).
 SHUFFLE_BUFFER_BYTES = 64 << 20
 SHUFFLE_BUFFER_RECORDS = (256, 4096)  # at least, at most
 VARYING_SIZE_SHUFFLE_BUFFER = 1024
@@ -209,7 +209,7 @@ def _with_options(ds: tf.data.Dataset, deterministic: bool,
 
     ds = ds.prefetch(tf.data.AUTOTUNE)
     # Only the order is set: the other tf.data options tried made no difference
-    # (README *Performance*, *Reader*).
+    # (docs/performance/reader.md).
     opts = tf.data.Options()
     opts.deterministic = deterministic
     ds = ds.with_options(opts)

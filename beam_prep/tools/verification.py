@@ -12,7 +12,8 @@ batch is checked by one call of a function traced once
 pipeline, whose function would be instantiated anew for every shard. A batch
 that fails is checked one record at a time to name the record; a read error
 ends a batch early, and the shard's rest is then read one record at a time up
-to it. See README *Checking a dataset* for the checks and the figures.
+to it. See docs/guides/inspect-verify-bench.md for the checks, and
+docs/performance/verify.md for the figures.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ __all__ = ["verify"]
 _LOG = logging.getLogger(__name__)
 
 # Records per call of the check, as the reader's default batch: chosen in
-# benchmarks/bench_verify.py (README *Performance*), small enough that a shard of a
+# benchmarks/bench_verify.py (docs/performance/verify.md), small enough that a shard of a
 # few thousand records still has batches to decode in parallel.
 BATCH_RECORDS = 256
 

@@ -6,7 +6,7 @@ writers already hash every source file, and each writes a line per record to a
 back (``find``), with no second pass over the images and no object per record:
 a sorted array of sha256 prefixes, then the candidates checked against the full
 hash and grouped through an external sort (``spill``), so memory stays bounded
-however many records or copies. See README *Duplicates* for what is reported and
+however many records or copies. See docs/design/duplicates.md for what is reported and
 what it costs.
 """
 from __future__ import annotations

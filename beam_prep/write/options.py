@@ -16,6 +16,7 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
+from beam_prep.doc_pages import doc_page
 from beam_prep.errors import BeamPrepWarning, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, TFRECORD, shard_suffix
@@ -35,7 +36,7 @@ MAX_LABEL_OFFSET = 16
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_TARGET_SHARD_MB = 150
 # Reads in flight per worker for remote input: chosen with the writer benchmark's gs:// mode
-# (see the README's Performance section).
+# (see docs/performance/writer.md).
 DEFAULT_REMOTE_READ_CONCURRENCY = 32
 DEFAULT_READ_AHEAD_MB = DEFAULT_MAX_BYTES // 2**20
 MAX_READ_CONCURRENCY = 256
@@ -167,7 +168,7 @@ def _shard_arguments(group: Any) -> None:
              "compress by under 1%%, and gzip otherwise). JPEG and PNG payloads barely compress; raw pixels do, "
              "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
              "none also writes TFDS's metadata, and is what TPU ResNet and TF-slim code read "
-             "(README: Use with existing training code).")
+             f"({doc_page('guides/training-code.md')}).")
     group.add_argument(
         "--sink", default="auto",
         help="streaming: each worker writes whole shards, memory stays flat (local runners); "
@@ -214,7 +215,7 @@ class PrepareConfig:
 
 def default_compression(image_format: str, file_format: str = TFRECORD) -> str:
     """``--compression`` when none is given: a dataset of original JPEGs is stored uncompressed,
-    since GZIP costs a large share of its CPU for almost no bytes (README: *Originals*), and
+    since GZIP costs a large share of its CPU for almost no bytes (docs/guides/preparing.md), and
     the formats other than TFRecord are never GZIP-compressed."""
     return "none" if image_format == ORIGINAL or file_format != TFRECORD else "gzip"
 

@@ -102,7 +102,7 @@ def _stock_pillow() -> bool:
 @functools.cache
 def pillow_build() -> str:
     """The Pillow build that decodes and resizes here: ``pillow 12.3.0``, or ``pillow-simd ...``
-    where the opt-in accelerated build is installed in its place (README, *Faster resizing*).
+    where the opt-in accelerated build is installed in its place (docs/design/resizing.md).
 
     Their resized pixels differ by rounding, so the manifest records which made a dataset:
     reruns are byte-identical with the same build.

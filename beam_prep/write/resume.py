@@ -10,7 +10,7 @@ records and the plan. A later run of the same command finds the folder, checks
 the options against its own, keeps every shard whose file still matches its
 record and redoes the rest; since a shard's bytes follow from its listing alone,
 the result is the uninterrupted run's.
-See the README's *Interrupted runs resume* for what is and is not resumed.
+See docs/guides/messy-trees.md for what is and is not resumed.
 """
 from __future__ import annotations
 
