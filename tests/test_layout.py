@@ -1,7 +1,7 @@
 """The package's rooms import one way: down the stages, never up, and no module imports itself back.
 
-errors and wording (what every room raises and says) < io < model < write and reader (neither
-imports the other) < tools < cli < api. Imports inside functions count too.
+errors, wording and doc_pages (what every room raises, says and points at) < io < model < write and
+reader (neither imports the other) < tools < cli < api. Imports inside functions count too.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pathlib
 
 from helpers import REPO
 
-RANK = {"errors": 0, "wording": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
+RANK = {"errors": 0, "wording": 0, "doc_pages": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
 PACKAGE = REPO / "beam_prep"
 
 
