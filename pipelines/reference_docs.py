@@ -206,7 +206,7 @@ FEATURE_MEANING = {
     "image/class/text": "The label's name, UTF-8 (every name, in the same order as the ids, for a "
                         "multi-label record).",
     "image/filename": "The source file's path relative to `--input` (its own bytes, for a name that is "
-                      "not UTF-8).",
+                      "not UTF-8); with `WriteImageDataset`, the element's name.",
     "image/key/sha256": "The source file's SHA-256, hex: the same bytes give the same key (duplicates).",
 }
 _DTYPES = {"bytes": "bytes (`tf.string`)", "int64": "int64", "float": "float32"}
