@@ -61,10 +61,10 @@ print(json.dumps({"files": count, "seconds": time.perf_counter() - start}))
     "(c) plan + workers' listings": """
 import json, sys, tempfile, time
 from apache_beam.options.pipeline_options import PipelineOptions
-from beam_prep.write.imaging import ImageSpec
-from beam_prep.write.options import PrepareConfig
-from beam_prep.write.pipeline import plan
-from beam_prep.write.work_files import write_work_files
+from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.run.pipeline import plan
+from beam_prep.write.plan.work_files import write_work_files
 start = time.perf_counter()
 config = PrepareConfig(input=sys.argv[1], output=sys.argv[2], spec=ImageSpec())
 listing, run_plan = plan(config, PipelineOptions([]))

@@ -64,8 +64,8 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
-from beam_prep.write import imaging, resample
-from beam_prep.write.imaging import ImageSpec, process_image
+from beam_prep.write.images import imaging, resample
+from beam_prep.write.images.imaging import ImageSpec, process_image
 from benchmarks import CACHE_DIR, IMAGE_SIZE, REPO_ROOT, corpus
 
 SIDE = IMAGE_SIZE

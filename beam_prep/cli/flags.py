@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.cli.spelling import known_spelling, nearest_flag, unknown_flags_message
 from beam_prep.errors import OptionsError
-from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
+from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 
 __all__ = ["all_options_parser", "bare_flags", "check_flags", "known_flags", "nearest_flag", "option_classes",
            "spelled_as_known", "unknown_flags"]

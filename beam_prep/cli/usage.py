@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 
 from beam_prep.cli.flags import option_classes
-from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
-from beam_prep.write.options import PrepareImagesOptions
+from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
+from beam_prep.cli.options import PrepareImagesOptions
 
 __all__ = ["HELP_BEAM", "beam_options_help", "prepare_help"]
 

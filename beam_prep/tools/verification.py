@@ -136,7 +136,7 @@ def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set
     splits hold the written ones, and errors.jsonl has a line for each failure."""
     import tensorflow as tf
 
-    from beam_prep.write.layout import ERRORS
+    from beam_prep.write.shared.layout import ERRORS
 
     counts = manifest.get("counts")
     if not isinstance(counts, Mapping):
@@ -169,7 +169,7 @@ def _check_labels_file(info: DatasetInfo, names: set[str], problems: Problems) -
     """labels.txt is what people read ids with: it must be the manifest's labels, in order."""
     import tensorflow as tf
 
-    from beam_prep.write.layout import LABELS
+    from beam_prep.write.shared.layout import LABELS
 
     path = join(info.root, LABELS)
     if LABELS not in names:
@@ -196,7 +196,7 @@ def _check_labels_file(info: DatasetInfo, names: set[str], problems: Problems) -
 
 def _check_shard_files(info: DatasetInfo, names: set[str], problems: Problems) -> set[str]:
     """Listed shards that are there; each missing one and each unlisted shard-named file is a problem."""
-    from beam_prep.write.layout import is_shard_name
+    from beam_prep.write.shared.layout import is_shard_name
 
     listed = {shard for split in info.splits.values() for shard in split.shards}
     for split in info.splits.values():
