@@ -13,9 +13,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.model.dataset import TFRECORD
 from beam_prep.write.images.imaging import DEFAULT_MAX_PIXELS, OUTPUT_FORMATS, RESIZE_MODES
-from beam_prep.write.plan.config import (DEFAULT_IMAGE_SIZE, DEFAULT_PROGRESS_INTERVAL, DEFAULT_READ_AHEAD_MB,
-                                         DEFAULT_REMOTE_READ_CONCURRENCY, DEFAULT_TARGET_SHARD_MB, PrepareConfig,
-                                         config_from_flags)
+from beam_prep.write.plan.config import (DEFAULT_IMAGE_SIZE, DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY,
+                                         DEFAULT_TARGET_SHARD_MB, PrepareConfig, config_from_flags)
 
 __all__ = ["SECTIONS", "PrepareImagesOptions", "config_from_options"]
 
@@ -28,6 +27,7 @@ LABELS_SPLITS = "labels and splits"
 SHARDS = "shards and compression"
 RUN = "run"
 SECTIONS = (INPUT_OUTPUT, IMAGE, LABELS_SPLITS, SHARDS, RUN)
+DEFAULT_PROGRESS_INTERVAL = 30.0
 
 
 class PrepareImagesOptions(PipelineOptions):

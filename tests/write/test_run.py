@@ -158,7 +158,7 @@ def test_a_large_tree_keeps_shards_near_the_target_size():
 def test_only_a_resumable_run_plans_shards_for_stopping(tmp_path, sink):
     """The plan takes the whole run's images (both splits) and the local workers; the shuffle
     sink keeps nothing of a stopped run, so its shards stay near the target size."""
-    from beam_prep.write.run.pipeline import plan
+    from beam_prep.write.run.pipeline import plan_run as plan
 
     make_tree(tmp_path / "in", {"a": 700, "b": 500}, size=(8, 8))
     config = PrepareConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"),

@@ -20,11 +20,10 @@ import shutil
 from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import DatasetError
-from beam_prep.io.storage import is_local, storage_error
+from beam_prep.io.storage import is_local, open_to_read, storage_error
 from beam_prep.write.shared.entry import printable
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 
@@ -218,7 +217,7 @@ def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
     """Each file's lines, a few MB at a time, as (file, lines)."""
     for path in files:
         try:
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with open_to_read(path) as f:
                 rest = b""
                 while block := f.read(_READ_BYTES):
                     lines = (rest + block).split(b"\n")

@@ -1,33 +1,29 @@
-"""manifest.json: what a dataset holds, written last so that its presence means complete."""
+"""manifest.json: what a dataset holds, built from what its shards report (``build``, a pure
+function: nothing is read or written) and read back (``read``). ``publish`` writes it, last,
+so that its presence means complete."""
 from __future__ import annotations
 
 import collections
 import dataclasses
 import datetime
-import json
 import logging
 from typing import Any, Iterable, Mapping
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
 from beam_prep.errors import DatasetError
-from beam_prep.io.storage import join, write_lines
-from beam_prep.model import tfds_metadata
-from beam_prep.model.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, labels_lines,
-                                     parse_manifest)
+from beam_prep.io.storage import join, read_bytes
+from beam_prep.model.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, parse_manifest)
 from beam_prep.model.features import SCHEMA
 from beam_prep.write.finish import duplicates
 from beam_prep.write.images import imaging, resample
 from beam_prep.write.shared import layout
-from beam_prep.write.plan import skipped
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.run_plan import RunPlan
 
-__all__ = ["FORMAT_VERSION", "build", "error_lines", "finalize", "read"]
+__all__ = ["FORMAT_VERSION", "build", "read"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -140,62 +136,6 @@ def _options(config: PrepareConfig) -> dict[str, Any]:
     return options
 
 
-def finalize(
-    config: PrepareConfig,
-    plan: RunPlan,
-    shards: list[tuple[str, str, int | None]],
-    counts: list[tuple[tuple[str, str], int]],
-    failures: list[Mapping[str, Any]],
-    hash_files: list[str],
-    originals: Iterable[tuple[str, int]] = (),
-    flat: Iterable[FlatImages] = (),
-) -> dict[str, Any]:
-    """Completes the dataset: checks the counts, finds the duplicates among the records
-    (``hash_files``: the sinks' ``SinkResult.hashes``), publishes the shards, writes
-    errors.jsonl, skipped.jsonl (from the run's folder), duplicates.jsonl, labels.txt,
-    TFDS's metadata where TFDS can read the shards, then the manifest, then removes the
-    run's folder. ``originals``, ``flat``: as ``build``'s."""
-    work = layout.run_folder(config.output, plan.run_id)
-    found = duplicates.find(sorted(hash_files), plan.listed)
-    try:
-        manifest = build(config, plan, shards, counts, failures, originals, found.to_json(), flat)
-        skipped.check(work, plan.skipped)
-        layout.publish(config.output, plan.run_id,
-                       [name for split in manifest["splits"].values() for name in split["shards"]])
-        write_lines(join(config.output, layout.ERRORS), error_lines(failures))
-        skipped.publish(work, config.output, plan.skipped)
-        duplicates.copy_lines(found, join(config.output, layout.DUPLICATES))
-    finally:
-        found.close()
-    write_lines(join(config.output, layout.LABELS),
-                labels_lines(plan.labels, config.labels_txt, config.label_offset))
-    write_tfds_metadata(DatasetInfo.from_json(manifest, config.output, MANIFEST))
-    with FileSystems.create(join(config.output, MANIFEST), mime_type="application/json") as f:
-        f.write(json.dumps(manifest, indent=2, ensure_ascii=False).encode("utf-8"))
-    layout.remove_run_folder(config.output, plan.run_id)
-    _LOG.info("wrote %s", join(config.output, MANIFEST))
-    if manifest["flat_images"]["count"]:
-        _LOG.info("records of one flat colour: %s, e.g. %s", manifest["flat_images"]["count"],
-                  ", ".join(manifest["flat_images"]["examples"]))
-    return manifest
-
-
-def write_tfds_metadata(info: DatasetInfo) -> None:
-    """TFDS's dataset_info.json, features.json and label names, where TFDS can read the shards."""
-    reason = tfds_metadata.unsupported(info)
-    if reason is not None:
-        _LOG.info("no TFDS metadata written: %s", reason)
-        return
-    for filename, lines in tfds_metadata.metadata_files(info).items():
-        write_lines(join(info.root, filename), lines)
-
-
-def error_lines(failures: Iterable[Mapping[str, Any]]) -> list[str]:
-    """errors.jsonl, one JSON object a line, sorted by path so reruns diff cleanly."""
-    return [json.dumps(f, ensure_ascii=False, sort_keys=True)
-            for f in sorted(failures, key=lambda f: f["path"])]
-
-
 def read(output: str) -> dict[str, Any]:
     """The whole manifest (the dataset and the run's record), checked as the reader checks it.
 
@@ -204,8 +144,7 @@ def read(output: str) -> dict[str, Any]:
     """
     path = join(output, MANIFEST)
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            text = f.read()
+        text = read_bytes(path)
     except Exception as e:  # noqa: BLE001
         raise DatasetError(f"cannot read {path}: {e}") from e
     manifest = parse_manifest(text, path)

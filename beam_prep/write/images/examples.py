@@ -10,12 +10,10 @@ import hashlib
 import threading
 from typing import Any, NamedTuple
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.io.gcs import GcsClient
-from beam_prep.io.storage import is_local
+from beam_prep.io.storage import is_local, read_bytes
 from beam_prep.model.features import ImageRecord
 from beam_prep.write.shared.shard_formats import ShardFormat, shard_format
 from beam_prep.write.images.imaging import ImageSpec, process_image
@@ -60,8 +58,7 @@ class FileReader:
                     return f.read()
             if path.startswith("gs://"):
                 return self._gcs_client().read(path)
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                return f.read()
+            return read_bytes(path)
         except StorageError as e:
             raise ImageError("read", str(e)) from e
         except Exception as e:  # noqa: BLE001 - local and remote filesystems raise different types.

@@ -14,7 +14,7 @@ The folder is in the temp directory, never in ``--output``: that may be gs://,
 and must hold the dataset's files alone. A file is named by the unit of work
 that owns it (a shard, in the streaming sink), so a retried shard rewrites its
 own counts instead of adding to them. On Dataflow none of this runs: the job's
-counters (``dofns.NAMESPACE``) carry the same numbers.
+counters (``tally.NAMESPACE``) carry the same numbers.
 """
 from __future__ import annotations
 

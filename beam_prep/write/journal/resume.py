@@ -23,12 +23,11 @@ import os
 import uuid
 from typing import Any, Iterable, Mapping
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
 from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.io.storage import is_local, join, storage_error, write_lines
+from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
 from beam_prep.write.shared import layout
 from beam_prep.write.plan.metadata import file_sha256
@@ -106,8 +105,7 @@ def _write_record(path: str, body: Mapping[str, Any]) -> None:
 
 def _read_run_record(work: str) -> RunRecord | None:
     try:
-        with FileSystems.open(join(work, RUN_RECORD), compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            body = json.loads(f.read().decode("utf-8"))
+        body = json.loads(read_bytes(join(work, RUN_RECORD)).decode("utf-8"))
         if body.pop("run_format") != RUN_FORMAT:
             return None
         body.pop("beam_prep_version", None)
@@ -187,8 +185,7 @@ def write_shard_record(work: str, record: ShardRecord) -> None:
 def finished_shard(work: str, name: str) -> ShardRecord | None:
     """The record of shard ``name`` if it is finished, else None; ``keep_finished`` has checked it."""
     try:
-        with FileSystems.open(join(work, done_name(name)), compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return ShardRecord(**json.loads(f.read().decode("utf-8")))
+        return ShardRecord(**json.loads(read_bytes(join(work, done_name(name))).decode("utf-8")))
     except Exception:  # noqa: BLE001 - not finished, or its record cut short: written again
         return None
 
@@ -228,7 +225,7 @@ def _keep(work: str, name: str) -> ShardRecord | None:
         return None
     checksum = Checksum()
     try:
-        with FileSystems.open(join(work, name), compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_to_read(join(work, name)) as f:
             while chunk := f.read(1 << 20):
                 checksum.update(chunk)
         problem = None if (checksum.size, checksum.hexdigest()) == (record.size, record.sha256) else \

@@ -47,8 +47,6 @@ MAX_READ_CONCURRENCY = 256
 # The largest output side: 16384x16384 RGB is 805 MB of pixels a record, about where
 # decoders, protobuf (2 GB a message) and accelerators give out.
 MAX_IMAGE_SIDE = 16384
-# Seconds between a local run's progress lines where stderr is not a terminal.
-DEFAULT_PROGRESS_INTERVAL = 30.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,11 +24,9 @@ import posixpath
 import re
 from typing import Any, Iterator, Sequence
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import OptionsError
-from beam_prep.io.storage import is_local
+from beam_prep.io.storage import is_local, open_to_read
 from beam_prep.model.features import SCHEMA, FeatureKind
 from beam_prep.write.plan.spill import SortedRows, SpillFolder
 
@@ -149,7 +147,7 @@ def _reading(path: str) -> Iterator[Any]:
     """The table opened for reading; a failure to open or read it (a missing object, no
     permission: remote filesystems may say so only at the first read) is an ``OptionsError``."""
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_to_read(path) as f:
             yield f
     except (OptionsError, UnicodeDecodeError):
         raise

@@ -13,11 +13,10 @@ import json
 import shutil
 from typing import Iterator
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import DatasetError
-from beam_prep.io.storage import join, storage_error, write_lines
+from beam_prep.io.storage import join, open_to_read, storage_error, write_lines
 from beam_prep.write.shared import layout
 from beam_prep.write.plan.listing import Listing
 from beam_prep.write.shared.entry import printable
@@ -52,7 +51,7 @@ def check(work: str, expected: int) -> None:
         return  # WriteImageDataset lists nothing and writes no such file
     path = join(work, layout.SKIPPED)
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_to_read(path) as f:
             found = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(_COPY_BYTES), b""))
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("read", path, e) from e
@@ -74,7 +73,7 @@ def publish(work: str, output: str, expected: int) -> None:
         return
     source = join(work, layout.SKIPPED)
     try:
-        src = FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED)
+        src = open_to_read(source)
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("read", source, e) from e
     with src:

@@ -24,7 +24,7 @@ from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, Stor
 from beam_prep.io.storage import join, read_lines
 from beam_prep.write.run import interrupt
 from beam_prep.write.shared import layout
-from beam_prep.write.finish import manifest
+from beam_prep.write.finish import manifest, publish
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.journal import progress, resume
 from beam_prep.write.plan import sharding
@@ -34,7 +34,8 @@ from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.shared.entry import VALIDATION_SPLIT, FileEntry
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.images.examples import unknown_label_report
-from beam_prep.write.sinks.steps import NAMESPACE, ParseEntryFn
+from beam_prep.write.sinks.steps import ParseEntryFn
+from beam_prep.write.sinks.tally import NAMESPACE
 from beam_prep.write.images.flat import FlatImages, is_many
 from beam_prep.write.sinks.shard_sinks import WriteShardsShuffle, WriteShardsStreaming
 from beam_prep.write.plan.work_files import write_work_files
@@ -127,8 +128,8 @@ def local_runner(options: PipelineOptions) -> PipelineRunner | None:
     return batch_fn_api_runner(options)
 
 
-def plan(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
-         labels: list[str] | None = None) -> tuple[Listing, RunPlan]:
+def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
+             labels: list[str] | None = None) -> tuple[Listing, RunPlan]:
     """Lists the tree and decides shard counts; raises before any work if something is wrong.
 
     ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it.
@@ -189,12 +190,12 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: RunPlan,
     failures = (written.failures, label_failures) | "AllFailures" >> beam.Flatten()
     _ = (p
          | "Once" >> beam.Create([None])
-         | "Finalize" >> beam.Map(
-             lambda _, shard_rows, count_rows, failure_rows, hash_files, original_rows, flat: manifest.finalize(
-                 config, run_plan, shard_rows, count_rows, failure_rows, hash_files, original_rows, flat),
-             beam.pvalue.AsList(written.shards), beam.pvalue.AsList(written.class_counts),
-             beam.pvalue.AsList(failures), beam.pvalue.AsList(written.hashes),
-             beam.pvalue.AsList(written.originals), beam.pvalue.AsList(written.flat)))
+         | "Finalize" >> beam.Map(_complete, config, run_plan, **publish.side_inputs(written, failures)))
+
+
+def _complete(_: None, config: PrepareConfig, run_plan: RunPlan, **reported: Any) -> dict[str, Any]:
+    """The job's ``Finalize`` step: ``publish.complete`` with the sink's reports."""
+    return publish.complete(config, run_plan, publish.ShardReports(**reported))
 
 
 def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str, Any]:
@@ -220,8 +221,9 @@ def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str,
                  for line in read_lines(join(work, layout.UNKNOWN_LABELS))]
     shards = [(split, record.name, record.records) for split, record in zip(splits, records)]
     hash_files = [join(work, layout.hashes_name(name)) for name in names]
-    return manifest.finalize(config, run_plan, shards, list(counts.items()), failures, hash_files,
-                             list(originals.items()), [FlatImages.from_json(r.flat) for r in records])
+    return publish.complete(config, run_plan, publish.ShardReports(
+        shards=shards, class_counts=list(counts.items()), failures=failures, hash_files=hash_files,
+        originals=list(originals.items()), flat=[FlatImages.from_json(r.flat) for r in records]))
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
@@ -296,7 +298,7 @@ def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start
     """Lists and plans, claiming and writing nothing; a remote runner also builds the job and stops
     before submitting it."""
     if local:
-        listing, run_plan = plan(config, options, labels=_labels(config))
+        listing, run_plan = plan_run(config, options, labels=_labels(config))
         listing.close()
         return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
     job = _prepare(config, options, new_run_id(), write=False)
@@ -377,7 +379,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                      f"{resume.images_in(kept):,}", f"{sum(run_plan.split_counts.values()):,}")
     else:
         layout.check_output(config.output, config.overwrite, leftovers)
-        listing, run_plan = plan(config, options, run_id, labels)
+        listing, run_plan = plan_run(config, options, run_id, labels)
         with listing:
             if write:
                 layout.remove_unfinished_runs(config.output, leftovers)

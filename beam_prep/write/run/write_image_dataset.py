@@ -2,9 +2,9 @@
 
 Applied to a PCollection of ``(source, label[, split[, name[, features]]])``, as Beam's
 ``WriteToTFRecord`` is, it writes the command's dataset: the same records
-(``records.make_example``, paths read by the same ``FileReader``), the shuffle
-sink's writing (``transforms.WriteEntriesShuffle``), and the same manifest step
-(``manifest.finalize``: published only when the counts add up), so the two
+(``examples.make_example``, paths read by the same ``FileReader``), the shuffle
+sink's writing (``shard_sinks.WriteEntriesShuffle``), and the same manifest step
+(``publish.complete``: published only when the counts add up), so the two
 cannot drift apart. Labels are given and splits declared, since writes are built
 before any element exists; and the output folder's claim is taken twice,
 briefly (when applied, and to publish), since no claim can be held while some
@@ -27,7 +27,7 @@ from beam_prep.errors import ElementError, ImageError, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.features import SCHEMA
 from beam_prep.write.shared import layout
-from beam_prep.write.finish import manifest
+from beam_prep.write.finish import publish
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
@@ -38,7 +38,7 @@ from beam_prep.write.plan.config import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_R
                                      normalised_path)
 from beam_prep.write.images.readahead import ReadConfig
 from beam_prep.write.images.examples import Outcome, failure_report
-from beam_prep.write.sinks.steps import NAMESPACE, Counters
+from beam_prep.write.sinks.tally import NAMESPACE, Counters
 from beam_prep.write.sinks.shard_sinks import WriteEntriesShuffle
 
 __all__ = ["ImageElement", "WriteImageDataset"]
@@ -207,14 +207,12 @@ def _fits(value: Any, kind: str) -> bool:
     return isinstance(value, numbers.Integral) and -(2**63) <= value < 2**63 if kind == "int64" else True
 
 
-def _finalize(listed: int, config: PrepareConfig, plan: RunPlan, shards: list, counts: list,
-              failures: list, hash_files: list, originals: list, flat: list) -> dict[str, Any]:
+def _finalize(listed: int, config: PrepareConfig, plan: RunPlan, **reported: Any) -> dict[str, Any]:
     """The manifest step, under the output's claim: refuses a dataset that appeared since the
-    transform was applied (unless ``overwrite``), then ``manifest.finalize``."""
+    transform was applied (unless ``overwrite``), then ``publish.complete`` with the sink's reports."""
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
         layout.check_output(config.output, config.overwrite, [])
-        return manifest.finalize(config, dataclasses.replace(plan, listed=listed), shards, counts, failures,
-                                 hash_files, originals, flat)
+        return publish.complete(config, dataclasses.replace(plan, listed=listed), publish.ShardReports(**reported))
 
 
 class WriteImageDataset(beam.PTransform):
@@ -324,10 +322,7 @@ class WriteImageDataset(beam.PTransform):
         failures = (written.failures, entries[_FAILED]) | "AllFailures" >> beam.Flatten()
         return (elements
                 | "CountElements" >> beam.combiners.Count.Globally()
-                | "Finalize" >> beam.Map(_finalize, config, plan, beam.pvalue.AsList(written.shards),
-                                         beam.pvalue.AsList(written.class_counts), beam.pvalue.AsList(failures),
-                                         beam.pvalue.AsList(written.hashes), beam.pvalue.AsList(written.originals),
-                                         beam.pvalue.AsList(written.flat)))
+                | "Finalize" >> beam.Map(_finalize, config, plan, **publish.side_inputs(written, failures)))
 
 
 def _clear_output(output: str, overwrite: bool, run_id: str) -> None:

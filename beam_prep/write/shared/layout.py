@@ -39,7 +39,7 @@ HASHES = "sha256"
 # A shard's name is its split, this template filled in, and its format's suffix
 # (model.dataset.shard_suffix): "train-00003-of-00016.tfrecord.gz", "train-00003-of-00016.tar". The template is in Beam's notation (S: the shard's
 # index from 0, N: the shard count, zero-padded to as many digits as letters) because the
-# shuffle sink hands it to Beam's file sink (shard_sink) as it is; shard_name and the pattern
+# shuffle sink hands it to Beam's file sink (sinks.file_sink) as it is; shard_name and the pattern
 # that recognises a dataset's shards are derived from it, so no two can disagree.
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 WORK_DIR = ".beam-prep"

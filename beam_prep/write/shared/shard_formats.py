@@ -2,7 +2,7 @@
 
 Both sinks write every format through this one small interface
 (``ShardFormat``): ``payload`` turns a converted image into the bytes a shard
-stores for it, where the record is made (``records.make_example``), and
+stores for it, where the record is made (``examples.make_example``), and
 ``records`` opens a shard and returns the function that appends one payload.
 
 * ``tfrecord``: a serialized ``tf.train.Example`` in TFRecord framing, GZIP or not.

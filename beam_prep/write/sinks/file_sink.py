@@ -3,7 +3,7 @@
 The shuffle sink's writer: Beam's ``FileBasedSink`` names, stages and renames
 the shard files (``SHARD_TEMPLATE``; each worker writes a temporary file that
 the sink renames into place once every one is complete, as ``WriteToTFRecord``
-does), and ``formats.ShardFormat`` writes each file, as the streaming sink's
+does), and ``shard_formats.ShardFormat`` writes each file, as the streaming sink's
 workers write theirs: so a record's bytes and a shard's framing have one
 implementation for both sinks. An ArrayRecord shard bound for gs:// is written
 on the worker's disk and uploaded when closed (``io.array_record``).
@@ -32,7 +32,7 @@ class _Open(NamedTuple):
 
 
 class FormatSink(FileBasedSink):
-    """A ``FileBasedSink`` of payloads (``formats.ShardFormat.payload``) in one format.
+    """A ``FileBasedSink`` of payloads (``shard_formats.ShardFormat.payload``) in one format.
 
     Args:
       file_path_prefix: each shard's path before its shard name and suffix (``<work>/<split>``).

@@ -1,16 +1,16 @@
 """Beam wiring: listings -> examples -> shards, with a dead-letter output for bad images.
 
-Two sinks share the per-file step (``records.make_example``), one constructor
+Two sinks share the per-file step (``tally.count_image``), one constructor
 (``_ShardSink``) and their outputs (``SinkResult``); both read the listings the
 launcher wrote in the run's folder and write their shards there, for the
-manifest step to publish. Their DoFns are in ``dofns``.
+manifest step to publish. Their DoFns are in ``steps``.
 
 * ``WriteShardsStreaming`` (local runners): one DoFn call streams a shard's files
   into its file; only shard numbers move, so memory stays flat and the layout is
   reproducible.
 * ``WriteShardsShuffle`` (distributed runners): Reshuffle, an image DoFn per
-  file, Beam's file sink (``shard_sink``); the runner's shuffle groups the records. Its part
-  after the listing, ``WriteEntriesShuffle``, also serves ``ptransform.WriteImageDataset``.
+  file, Beam's file sink (``file_sink``); the runner's shuffle groups the records. Its part
+  after the listing, ``WriteEntriesShuffle``, also serves ``write_image_dataset.WriteImageDataset``.
 
 In both, a worker's reads run ahead of its work (``readahead.ReadAhead``), and a
 local run counts each image for the progress display (``progress.reporter``).
@@ -147,19 +147,19 @@ class WriteEntriesShuffle(_ShardSink):
                     FAILED, FLAT, main="records"))
         records = results.records
         counts = (records
-                  | "KeyByLabel" >> beam.FlatMap(lambda r: [((r[0], label), 1) for label in r[1]])
+                  | "KeyByLabel" >> beam.FlatMap(lambda r: [((r.split, label), 1) for label in r.labels])
                   | "SumCounts" >> beam.CombinePerKey(sum))
         originals = (records
-                     | "KeyByOriginal" >> beam.FlatMap(lambda r: [(r[3], 1)] if r[3] is not None else [])
+                     | "KeyByOriginal" >> beam.FlatMap(lambda r: [(r.original, 1)] if r.original is not None else [])
                      | "SumOriginals" >> beam.CombinePerKey(sum))
         by_split = records | "PartitionBySplit" >> beam.Partition(
-            lambda r, _: splits.index(r[0]), len(splits))
+            lambda r, _: splits.index(r.split), len(splits))
         file_format = shard_format(config.file_format)
         shard_lists = []
         for split, part in zip(splits, by_split):
             written = (
                 part
-                | f"Examples[{split}]" >> beam.Map(lambda r: r[2])
+                | f"Examples[{split}]" >> beam.Map(lambda r: r.example)
                 | f"WriteFiles[{split}]" >> write_shards(
                     join(config.work, split), config.file_format, config.compression, config.num_shards[split],
                     layout.SHARD_TEMPLATE))
@@ -172,7 +172,7 @@ class WriteEntriesShuffle(_ShardSink):
                     lambda path, s=split, c=config.compression: (s, path.rsplit("/", 1)[-1],
                                                                  file_format.count(path, c))))
         hashes = (records
-                  | "HashLines" >> beam.Map(lambda r: r[4])
+                  | "HashLines" >> beam.Map(lambda r: r.hash_line)
                   | "WriteHashes" >> WriteToText(join(config.work, layout.HASHES), file_name_suffix=".txt"))
         return SinkResult(shards=tuple(shard_lists) | "AllShards" >> beam.Flatten(),
                           class_counts=counts,

@@ -1,5 +1,5 @@
-"""The sinks' steps (``transforms``): a listing's line to its entry, a file to its record,
-a shard number to its shard written; and the counters a user watches in the runner's UI.
+"""The sinks' steps (``shard_sinks``): a listing's line to its entry, a file to its record,
+a shard number to its shard written. Each file's own step is ``tally.count_image``.
 """
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import uuid
-from typing import Any, Iterable
+from typing import Iterable
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -18,7 +18,6 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_prep.io import tfrecord
 from beam_prep.io.storage import join, read_lines, write_lines
 from beam_prep.model.dataset import TFRECORD, shard_suffix
-from beam_prep.write.finish import duplicates
 from beam_prep.write.shared import layout
 from beam_prep.write.journal import progress, resume
 from beam_prep.write.shared.shard_formats import shard_format
@@ -26,12 +25,11 @@ from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.shared.entry import FileEntry
 from beam_prep.write.images.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
-from beam_prep.write.images.examples import FileReader, Outcome, make_example
+from beam_prep.write.images.examples import FileReader
+from beam_prep.write.sinks.tally import NAMESPACE, Counters, count_image
 
-__all__ = ["COUNTS", "FAILED", "FLAT", "NAMESPACE", "ORIGINALS", "Counters", "ImageToExampleFn", "ParseEntryFn",
-           "SinkConfig", "WriteShardFn"]
+__all__ = ["COUNTS", "FAILED", "FLAT", "ORIGINALS", "ImageToExampleFn", "ParseEntryFn", "SinkConfig", "WriteShardFn"]
 
-NAMESPACE = "beam_prep"  # of every counter the pipeline reports
 FAILED = "failed"
 COUNTS = "counts"
 ORIGINALS = "originals"
@@ -40,7 +38,7 @@ FLAT = "flat"
 
 @dataclasses.dataclass(frozen=True)
 class SinkConfig:
-    """What a sink and its DoFns need to write shards; see ``transforms._ShardSink`` for each field."""
+    """What a sink and its DoFns need to write shards; see ``shard_sinks._ShardSink`` for each field."""
 
     spec: ImageSpec
     reads: ReadConfig
@@ -53,29 +51,6 @@ class SinkConfig:
     @property
     def shard_suffix(self) -> str:
         return shard_suffix(self.file_format, self.compression)
-
-
-class Counters:
-    """The counters a user watches in the runner's UI (``failed_<stage>`` made as stages appear)."""
-
-    def __init__(self) -> None:
-        self.written = Metrics.counter(NAMESPACE, "written")
-        self.bytes_in = Metrics.counter(NAMESPACE, "bytes_in")
-        self.bytes_out = Metrics.counter(NAMESPACE, "bytes_out")
-        self._failed: dict[str, Any] = {}
-
-    def count(self, outcome: Outcome) -> bool:
-        """Counts one file's outcome; True if it became a record."""
-        self.bytes_in.inc(outcome.bytes_in)
-        if outcome.failure is not None:
-            stage = outcome.failure["stage"]
-            if stage not in self._failed:
-                self._failed[stage] = Metrics.counter(NAMESPACE, f"failed_{stage}")
-            self._failed[stage].inc()
-            return False
-        self.written.inc()
-        self.bytes_out.inc(len(outcome.example))
-        return True
 
 
 class ParseEntryFn(beam.DoFn):
@@ -110,9 +85,8 @@ class _Reading:
 
 
 class ImageToExampleFn(beam.DoFn):
-    """One file to ``(split, labels, example, original, hash line)`` (``labels``: the names it
-    counts under, ``FileEntry.counted_labels``); a bad file goes to the ``failed``
-    output, and a record of one flat colour's relative path to ``flat`` as well.
+    """One file to its ``tally.ExampleRow`` (``tally.count_image``); a bad file goes to the
+    ``failed`` output, and a record of one flat colour's relative path to ``flat`` as well.
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
     bytes)``, an image already in hand, whose entry only names it.
@@ -161,16 +135,14 @@ class ImageToExampleFn(beam.DoFn):
 
     def _convert(self, fetched: Fetched):
         entry, timestamp, window = fetched.item
-        outcome = make_example(entry, self._spec, fetched.error or fetched.data, self._format)
-        ok = self._counters.count(outcome)
-        self._reporter.add(ok)
-        if not ok:
-            yield TaggedOutput(FAILED, WindowedValue(outcome.failure, timestamp, (window,)))
+        row, failure = count_image(entry, fetched.error or fetched.data, self._spec, self._format, self._counters,
+                                   self._reporter)
+        if row is None:
+            yield TaggedOutput(FAILED, WindowedValue(failure, timestamp, (window,)))
             return
-        if outcome.flat:
+        if row.flat:
             yield TaggedOutput(FLAT, WindowedValue(entry.relpath, timestamp, (window,)))
-        yield WindowedValue((entry.split, entry.counted_labels, outcome.example, outcome.original,
-                             duplicates.hash_line(outcome.sha256, entry.split, entry.path)), timestamp, (window,))
+        yield WindowedValue(row, timestamp, (window,))
 
 
 class WriteShardFn(beam.DoFn):
@@ -242,20 +214,19 @@ class WriteShardFn(beam.DoFn):
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()
-                outcome = make_example(entry, config.spec, fetched.error or fetched.data, file_format)
-                ok = self._counters.count(outcome)
-                reporter.add(ok)
-                if ok:
-                    write(outcome.example)
-                    written += 1
-                    per_label.update(entry.counted_labels)
-                    if outcome.original is not None:
-                        originals[outcome.original] += 1
-                    if outcome.flat:
-                        flat.append(entry.relpath)
-                    hashes.append(duplicates.hash_line(outcome.sha256, split, entry.path))
-                else:
-                    failures.append(outcome.failure)
+                row, failure = count_image(entry, fetched.error or fetched.data, config.spec, file_format,
+                                           self._counters, reporter)
+                if row is None:
+                    failures.append(failure)
+                    continue
+                write(row.example)
+                written += 1
+                per_label.update(row.labels)
+                if row.original is not None:
+                    originals[row.original] += 1
+                if row.flat:
+                    flat.append(entry.relpath)
+                hashes.append(row.hash_line)
         FileSystems.rename([partial], [join(config.work, name)])
         write_lines(join(config.work, layout.hashes_name(name)), hashes)
         record = resume.ShardRecord(name=name, records=written, size=checksum.size,
