@@ -20,4 +20,4 @@ RUN apt-get update \
  && bash build-pillow-simd \
  && apt-get purge -y gcc libc6-dev libjpeg62-turbo-dev zlib1g-dev \
  && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
- && python -c "from beam_prep.write import imaging; assert imaging.library().startswith('pillow-simd'), imaging.library()"
+ && python -c "from beam_prep.write.images import imaging; assert imaging.library().startswith('pillow-simd'), imaging.library()"
