@@ -10,7 +10,7 @@ COPY pipelines ./pipelines
 COPY .ci/build-pillow-simd ./
 # With --file_format's libraries (setup.py's extras), checked as a run checks them before any work.
 RUN pip install --no-cache-dir ".[array_record,webdataset]" \
- && python -c "import beam_prep.write.transforms, pipelines.prepare_images, webdataset; from beam_prep.write.formats import check_installed; check_installed('array_record')"
+ && python -c "import beam_prep.write.sinks.shard_sinks, pipelines.prepare_images, webdataset; from beam_prep.write.shared.shard_formats import check_installed; check_installed('array_record')"
 # pillow-simd in place of Pillow (docs/design/resizing.md): the workers decode and
 # resize every image. It ships no wheels, so it is built here; the compiler and
 # headers leave again in the same layer, the libraries it links stay.
@@ -20,4 +20,4 @@ RUN apt-get update \
  && bash build-pillow-simd \
  && apt-get purge -y gcc libc6-dev libjpeg62-turbo-dev zlib1g-dev \
  && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
- && python -c "from beam_prep.write import imaging; assert imaging.library().startswith('pillow-simd'), imaging.library()"
+ && python -c "from beam_prep.write.images import imaging; assert imaging.library().startswith('pillow-simd'), imaging.library()"

@@ -13,7 +13,7 @@ REQUIRED = [
     f"apache-beam[gcp]=={BEAM_VERSION}",
     "tensorflow>=2.21,<2.22",
     "pillow>=11.0,<13",
-    # Our resize kernel (write/resample_kernel.py): Pillow's bicubic, vectorised; numba builds it
+    # Our resize kernel (write/images/resample_kernel.py): Pillow's bicubic, vectorised; numba builds it
     # once a machine (workers then map its machine code without numba). Without numba, Pillow's
     # own loops resize: the same pixels, slower.
     "numba>=0.61,<1",

@@ -28,8 +28,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _HOMES = {
     "prepare": "beam_prep.api",
-    "WriteImageDataset": "beam_prep.write.ptransform",
-    "ImageElement": "beam_prep.write.ptransform",
+    "WriteImageDataset": "beam_prep.write.run.write_image_dataset",
+    "ImageElement": "beam_prep.write.run.write_image_dataset",
     "make_dataset": "beam_prep.reader",
     "load_info": "beam_prep.reader",
     "ReaderConfig": "beam_prep.reader",

@@ -24,10 +24,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_prep.cli.flags import bare_flags, check_flags, check_positionals, spelled_as_known
 from beam_prep.cli.spelling import as_keywords
 from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
-from beam_prep.write.beam_compat import WORKER_LOG_RELAY, WorkerNoise
-from beam_prep.write.options import PrepareConfig, config_from_options
-from beam_prep.write.pipeline import run
-from beam_prep.write.progress import Progress
+from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY, WorkerNoise
+from beam_prep.cli.options import config_from_options
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.run.pipeline import run
+from beam_prep.write.journal.progress import Progress
 
 __all__ = ["parse_command_line", "prepare", "with_local_defaults"]
 
@@ -140,7 +141,7 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
       input: the image tree's root, a local path or ``gs://bucket/prefix`` (``--input``).
       output: the dataset folder to write, local or ``gs://`` (``--output``).
       on_progress: on a local runner, called about twice a second from another
-        thread with the workers' counts so far (``beam_prep.write.progress.Progress``:
+        thread with the workers' counts so far (``beam_prep.write.journal.progress.Progress``:
         ``done``, ``failed``, ``total``), last with the final ones: what the
         command's progress bar shows, for a notebook's or a service's own display.
         None: no progress is reported.

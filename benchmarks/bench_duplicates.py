@@ -67,7 +67,7 @@ print(json.dumps({"extra_copies": copies, "seconds": seconds, "grown_kb": peak()
 """,
     "(b) beam_prep duplicates.find": _PEAK + """
 import json, sys, time
-from beam_prep.write import duplicates
+from beam_prep.write.finish import duplicates
 files = sorted(sys.argv[2:])
 before = reset_peak()
 start = time.perf_counter()
@@ -82,7 +82,7 @@ print(json.dumps({"extra_copies": found.extra_copies, "seconds": seconds, "grown
 
 def ensure_hash_files(records: int, share: float) -> list[str]:
     """``records`` lines in files of ``RECORDS_PER_FILE``; ``share`` of the records are one of a pair."""
-    from beam_prep.write.duplicates import hash_line
+    from beam_prep.write.finish.duplicates import hash_line
 
     folder = CACHE / f"duplicates-{records}-{share}"
     done = CACHE / f"duplicates-{records}-{share}.complete"

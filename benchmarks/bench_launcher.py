@@ -61,13 +61,13 @@ print(json.dumps({"files": count, "seconds": time.perf_counter() - start}))
     "(c) plan + workers' listings": """
 import json, sys, tempfile, time
 from apache_beam.options.pipeline_options import PipelineOptions
-from beam_prep.write.imaging import ImageSpec
-from beam_prep.write.options import PrepareConfig
-from beam_prep.write.pipeline import plan
-from beam_prep.write.work_files import write_work_files
+from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.run.pipeline import plan_run
+from beam_prep.write.plan.work_files import write_work_files
 start = time.perf_counter()
 config = PrepareConfig(input=sys.argv[1], output=sys.argv[2], spec=ImageSpec())
-listing, run_plan = plan(config, PipelineOptions([]))
+listing, run_plan = plan_run(config, PipelineOptions([]))
 with listing:
     write_work_files(listing, run_plan, sys.argv[2])
 print(json.dumps({"files": run_plan.listed, "seconds": time.perf_counter() - start}))

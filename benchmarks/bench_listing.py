@@ -46,7 +46,7 @@ print(json.dumps({"seconds": time.perf_counter() - start, "cpu_s": time.process_
 """,
     "(b) beam-prep list_tree": """
 import json, sys, time
-{PEAK}from beam_prep.write.listing import list_tree
+{PEAK}from beam_prep.write.plan.listing import list_tree
 start, cpu = time.perf_counter(), time.process_time()
 listing = list_tree(sys.argv[1])
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,

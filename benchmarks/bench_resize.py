@@ -17,7 +17,7 @@ Candidates:
                    DCT-scaled decode (draft, to ``imaging.DRAFT_GAP`` times the
                    target), bicubic resize of the exact crop box, by Pillow's own
                    loops (``BEAM_PREP_RESIZE_KERNEL=pillow``);
-  ours             the same, resized by our kernel (``write/resample.py``): the
+  ours             the same, resized by our kernel (``write/images/resample.py``): the
                    same bytes as ``pillow``, so the same PSNR;
   ..., draft 1x/2x the same, the draft decoding to just above the target, or to
                    twice it: less or more detail kept, fewer or more pixels
@@ -64,8 +64,8 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
-from beam_prep.write import imaging, resample
-from beam_prep.write.imaging import ImageSpec, process_image
+from beam_prep.write.images import imaging, resample
+from beam_prep.write.images.imaging import ImageSpec, process_image
 from benchmarks import CACHE_DIR, IMAGE_SIZE, REPO_ROOT, corpus
 
 SIDE = IMAGE_SIZE

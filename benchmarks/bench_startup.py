@@ -26,8 +26,8 @@ import sys
 import tempfile
 from typing import Sequence
 
-from beam_prep.write import resample
-from beam_prep.write.resample_loader import CACHE_VARIABLE as CACHE
+from beam_prep.write.images import resample
+from beam_prep.write.images.resample_loader import CACHE_VARIABLE as CACHE
 from benchmarks import REPO_ROOT, machine
 from benchmarks.measure import run_measured
 
@@ -37,8 +37,8 @@ import numpy, PIL.Image, psutil
 process = psutil.Process()
 uss = process.memory_full_info().uss
 start, cpu = time.perf_counter(), time.process_time()
-from beam_prep.write import resample
-from beam_prep.write.resample_loader import CACHE_VARIABLE as CACHE
+from beam_prep.write.images import resample
+from beam_prep.write.images.resample_loader import CACHE_VARIABLE as CACHE
 kernel = resample.load()
 print(json.dumps({"kernel": kernel, "seconds": time.perf_counter() - start,
                   "cpu": time.process_time() - cpu, "uss_mb": (process.memory_full_info().uss - uss) / 2**20,

@@ -51,7 +51,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from beam_prep.write.imaging import ImageSpec
+from beam_prep.write.images.imaging import ImageSpec
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine, peers
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit

@@ -22,8 +22,8 @@ import time
 from typing import Sequence
 
 from beam_prep.errors import ImageError
-from beam_prep.write import resample
-from beam_prep.write.imaging import ImageSpec, process_image
+from beam_prep.write.images import resample
+from beam_prep.write.images.imaging import ImageSpec, process_image
 
 log = logging.getLogger(__name__)
 

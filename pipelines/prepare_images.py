@@ -30,10 +30,11 @@ from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help, prep
 from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
 from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
-from beam_prep.write.beam_compat import WORKER_LOG_RELAY
-from beam_prep.write.interrupt import signal_of
-from beam_prep.write.options import PrepareConfig, PrepareImagesOptions
-from beam_prep.write.pipeline import RunResult, run
+from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY
+from beam_prep.write.run.interrupt import signal_of
+from beam_prep.cli.options import PrepareImagesOptions
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.run.pipeline import RunResult, run
 from pipelines.cli import VERSION, VERSION_FLAG, ConsoleFormatter, console_logging
 from pipelines.progress_display import ProgressDisplay
 

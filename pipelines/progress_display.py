@@ -1,6 +1,6 @@
 """What a user sees while a local run works: a progress bar on a terminal, a plain line elsewhere.
 
-The counts come from the workers (``beam_prep.write.progress``): images finished,
+The counts come from the workers (``beam_prep.write.journal.progress``): images finished,
 written or failed, not shards started. A terminal gets a tqdm bar (done of
 listed, rate, ETA, failures so far) from when the first worker starts, so its
 rate is the processing rate, not diluted by start-up. A log file or a pipe gets
@@ -17,7 +17,7 @@ from typing import Callable, TextIO
 
 from tqdm import tqdm
 
-from beam_prep.write.progress import Progress
+from beam_prep.write.journal.progress import Progress
 
 __all__ = ["ProgressDisplay", "bar", "format_duration", "progress_line"]
 # The size of a bar's terminal where it reports none: some pseudo-terminals say 0x0,

@@ -7,7 +7,7 @@
 command's ``--help`` prints (every command's ``parser()``, and Beam's options
 classes for ``--help_beam``), and ``docs/reference/records.md`` from the record
 schema (``beam_prep.model.features``) and the file formats
-(``beam_prep.model.dataset``, ``beam_prep.write.formats``). The pages are never
+(``beam_prep.model.dataset``, ``beam_prep.write.shared.shard_formats``). The pages are never
 edited by hand: a flag added to a declaration is on the page at the next run,
 and tests/docs/test_reference.py fails while a committed page differs from what
 this module writes.
@@ -149,10 +149,10 @@ def _command_section(name: str, purpose: str, parser: argparse.ArgumentParser,
 
 def prepare_choices() -> dict[str, Sequence[str]]:
     """The values each ``prepare`` option takes where its declaration has no ``choices``: the
-    options are checked after parsing (``beam_prep.write.options``), against these constants."""
+    options are checked after parsing (``beam_prep.write.plan.config``), against these constants."""
     from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS
-    from beam_prep.write.imaging import OUTPUT_FORMATS, RESIZE_MODES
-    from beam_prep.write.options import LABELS_TXT_FORMS, SINKS
+    from beam_prep.write.images.imaging import OUTPUT_FORMATS, RESIZE_MODES
+    from beam_prep.write.plan.config import LABELS_TXT_FORMS, SINKS
 
     return {"--resize_mode": RESIZE_MODES, "--image_format": OUTPUT_FORMATS, "--compression": list(COMPRESSIONS),
             "--file_format": list(FILE_FORMATS), "--labels_txt": LABELS_TXT_FORMS, "--sink": SINKS,
@@ -217,7 +217,7 @@ def _webdataset_sample() -> tuple[list[str], list[str]]:
     """The member names (``<key>.…``) and json keys of one WebDataset sample, as the writer makes it."""
     from beam_prep.io.tar import webdataset_key
     from beam_prep.model.features import ImageRecord
-    from beam_prep.write.formats import shard_format
+    from beam_prep.write.shared.shard_formats import shard_format
 
     record = ImageRecord(encoded=b"\xff\xd8", image_format="jpeg", height=1, width=1, channels=3, label=0,
                          label_text="cat", filename="cat/1.jpg", sha256="0" * 64)

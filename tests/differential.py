@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import numpy as np
 from PIL import Image
 
-from beam_prep.write import resample
+from beam_prep.write.images import resample
 from helpers import read_split, run_prepare
 from reference_image import Rejected, Target, mismatch, psnr, reference
 

@@ -21,7 +21,7 @@ from typing import Iterable
 
 import PIL
 
-from beam_prep.write.imaging import IMAGE_EXTENSIONS
+from beam_prep.write.images.imaging import IMAGE_EXTENSIONS
 
 # The variable that moves the cache (default ~/.cache/beam-prep-tests); one folder a Pillow version.
 CACHE_VARIABLE = "BEAM_PREP_TEST_CACHE"

@@ -140,7 +140,7 @@ def test_the_project_installs_from_the_copied_context(workdir, tmp_path):
     assert result.returncode == 0, result.stderr
     (wheel,) = (tmp_path / "wheels").glob("beam_prep-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"beam_prep/write/transforms.py", "beam_prep/model/features.py", "pipelines/prepare_images.py"} <= names
+    assert {"beam_prep/write/sinks/shard_sinks.py", "beam_prep/model/features.py", "pipelines/prepare_images.py"} <= names
     metadata = next(n for n in names if n.endswith("METADATA"))
     requires = zipfile.ZipFile(wheel).read(metadata).decode()
     assert f"Requires-Dist: apache-beam[gcp]=={setup_kwargs()['BEAM_VERSION']}" in requires

@@ -1,7 +1,9 @@
 """The package's rooms import one way: down the stages, never up, and no module imports itself back.
 
-errors, wording and doc_pages (what every room raises, says and points at) < io < model < write and
-reader (neither imports the other) < tools < cli < api. Imports inside functions count too.
+errors, wording and doc_pages (what every room raises, says and points at) < io < model < write and reader (neither
+imports the other) < tools < cli < api. Inside the writer, its sub-rooms likewise: shared < images
+< plan < journal < finish < sinks < run (see beam_prep/write/__init__.py for why). Imports inside
+functions count too.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from helpers import REPO
 
 RANK = {"errors": 0, "wording": 0, "doc_pages": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
 PACKAGE = REPO / "beam_prep"
+WRITE_RANK = {"shared": 0, "images": 1, "plan": 2, "journal": 3, "finish": 4, "sinks": 5, "run": 6}
+MAX_MODULES = 12  # in one of the writer's sub-rooms
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -77,3 +81,37 @@ def test_no_import_cycles():
         if module not in done:
             visit(module, [module])
     assert not cycles, "\n".join(cycles)
+
+
+def write_room(module: str) -> str | None:
+    """A writer module's sub-room (``beam_prep.write.plan.listing`` -> ``plan``); None for the writer's own."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "write" else None
+
+
+def test_every_writer_room_is_ranked_and_small():
+    write = PACKAGE / "write"
+    loose = sorted(p.name for p in write.glob("*.py") if p.stem != "__init__")
+    assert not loose, f"modules outside the writer's sub-rooms: {loose}"
+    rooms = {p.name for p in write.iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == set(WRITE_RANK)
+    crowded = {room: n for room in rooms
+               if (n := sum(1 for p in (write / room).iterdir()
+                            if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()))
+               > MAX_MODULES}
+    assert not crowded, f"sub-rooms over {MAX_MODULES} modules: {crowded}"
+
+
+def test_writer_rooms_import_only_downward():
+    upward = []
+    for module, targets in imports().items():
+        mine = write_room(module)
+        if mine is None:
+            continue
+        for target in targets:
+            theirs = write_room(target)
+            if theirs is None or theirs == mine:
+                continue
+            if WRITE_RANK[theirs] >= WRITE_RANK[mine]:
+                upward.append(f"{module} imports {target}")
+    assert not upward, "\n".join(sorted(upward))

@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_prep.cli.spelling import (PATH_FLAGS, known_spelling, nearest_flag, positionals_message,
                                     unknown_flags_message)
 from beam_prep.errors import OptionsError
-from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
+from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 
 __all__ = ["PATH_FLAGS", "all_options_parser", "bare_flags", "check_flags", "check_positionals", "known_flags",
            "nearest_flag", "option_classes", "positional_arguments", "spelled_as_known", "unknown_flags"]

@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import TextIO
 
 from beam_prep.errors import BeamPrepError
-from beam_prep.write.beam_compat import worker_log_location
+from beam_prep.write.run.beam_compat import worker_log_location
 
 # Beam appends the step to an exception raised in a DoFn; the message ends there.
 _STEP_SUFFIX = re.compile(r"\s*\[while running '.*$")

@@ -12,8 +12,8 @@ import argparse
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.cli.flags import option_classes
-from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
-from beam_prep.write.options import PrepareImagesOptions
+from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
+from beam_prep.cli.options import PrepareImagesOptions
 
 __all__ = ["HELP_BEAM", "beam_option_parsers", "beam_options_help", "prepare_help", "prepare_parser"]
 

@@ -8,7 +8,7 @@ sends and retried with back-off and jitter; the last failure raises ``GcsError``
 naming the object. ``GcsClient.list`` asks only for names and sizes, and lists a
 tree's folders concurrently, where Beam's ``match`` pages through the prefix.
 
-A few small writes serve the output folder's claim (``beam_prep.write.claim``); every request goes through ``gcs_transport``:
+A few small writes serve the output folder's claim (``beam_prep.write.run.claim``); every request goes through ``gcs_transport``:
 ``create``, ``stat`` and ``delete`` under generation preconditions, which GCS
 applies atomically (``GcsPreconditionFailed`` when one fails). Writes use
 read-write credentials of their own, made at the first write; reads keep the

@@ -8,7 +8,7 @@ Beam's filesystems wrap the client's exceptions (``BeamIOError`` holding a dict 
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from beam_prep.errors import StorageError
 
@@ -41,18 +41,33 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
         raise storage_error("write", path, e) from e
 
 
+def open_to_read(path: str) -> BinaryIO:
+    """``path`` opened for reading its bytes as stored, on any filesystem.
+
+    Beam would otherwise guess a compression from the name and inflate a ``.gz``
+    file as it reads. Errors are the filesystem's own: each caller says what a
+    failure means to it.
+    """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole of the file ``path``, as stored (``open_to_read``); errors are the filesystem's own."""
+    with open_to_read(path) as f:
+        return f.read()
+
+
 def read_lines(path: str) -> list[str]:
     """The lines of the UTF-8 text file ``path``, read at once: ``write_lines``' twin.
 
     Raises:
       StorageError: naming ``path``, if it cannot be read.
     """
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read().decode("utf-8").splitlines()
+        return read_bytes(path).decode("utf-8").splitlines()
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
         raise storage_error("read", path, e) from e
 

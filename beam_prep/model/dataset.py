@@ -2,7 +2,7 @@
 
 The one model of a dataset that both sides use: the writer builds a
 :class:`DatasetInfo` and writes ``DatasetInfo.to_json()`` into
-``manifest.json`` (:mod:`beam_prep.write.manifest`), the reader reads it back with
+``manifest.json`` (:mod:`beam_prep.write.finish.manifest`), the reader reads it back with
 ``DatasetInfo.from_json`` (:func:`beam_prep.reader.load_info`). Each object
 owns both directions of its JSON, as TFDS's feature objects do, so a field
 added on one side cannot be forgotten on the other.

@@ -19,7 +19,7 @@ from beam_prep.model.dataset import ImageInfo
 from beam_prep.reader.config import ReaderConfig
 from beam_prep.reader.plan import (
     Augment,
-    Plan,
+    RecordPlan,
     decode_batch,
     decode_one,
     finish,
@@ -170,7 +170,7 @@ def _records(paths: tuple[str, ...], shard_counts: tuple[int, ...] | None, count
     return ds
 
 
-def _images(records: tf.data.Dataset, plan: Plan, batch_size: int | None, *, drop_remainder: bool,
+def _images(records: tf.data.Dataset, plan: RecordPlan, batch_size: int | None, *, drop_remainder: bool,
             deterministic: bool, count: int | None) -> tf.data.Dataset:
     """Parsed and decoded batches (or single images); ``count``: the records of one pass, when known
     and not repeated."""

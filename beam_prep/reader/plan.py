@@ -1,4 +1,4 @@
-"""What one record turns into (``Plan``), decided once in Python before tracing, and the maps that do it.
+"""What one record turns into (``RecordPlan``), decided once in Python before tracing, and the maps that do it.
 
 ``make_plan`` checks the output arguments against the dataset; the batched
 path decodes a parsed batch at once (``decode_batch``), the per-image path
@@ -27,13 +27,13 @@ from beam_prep.reader.decode import (
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-__all__ = ["Augment", "Plan", "decode_batch", "decode_one", "finish", "make_plan", "parse"]
+__all__ = ["Augment", "RecordPlan", "decode_batch", "decode_one", "finish", "make_plan", "parse"]
 
 Augment = Union[str, RandomCropFlip, Callable[["tf.Tensor"], "tf.Tensor"]]
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class RecordPlan:
     """What one record turns into; decided once, in Python, before tracing."""
 
     image: ImageInfo
@@ -107,7 +107,7 @@ def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None,
               one_hot: bool, augment: Augment | None, resize_to: int | tuple[int, int] | None,
               extra_keys: Sequence[str], dct_method: str = DEFAULT_DCT_METHOD,
               label_offset: int = 0, multi_label: bool = False,
-              extra_features: Mapping[str, str] | None = None) -> Plan:
+              extra_features: Mapping[str, str] | None = None) -> RecordPlan:
     """Checks ``make_dataset``'s output arguments against the dataset, and fixes what each record becomes.
 
     Raises:
@@ -123,7 +123,7 @@ def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None,
         raise OptionsError(
             f"this dataset's image sizes vary (no height/width in its manifest): to {what}, pass "
             "resize=(height, width), or batch_size=None for single images of their own size")
-    return Plan(image=image, size=size, crop_flip=crop_flip, user_augment=user_augment,
+    return RecordPlan(image=image, size=size, crop_flip=crop_flip, user_augment=user_augment,
                 dtype=_dtype(dtype), one_hot=one_hot, num_classes=num_classes,
                 extra_keys=_extra_keys(extra_keys, extra_features), dct_method=dct_method,
                 label_offset=label_offset, multi_label=multi_label, extra_features=extra_features)
@@ -183,7 +183,7 @@ def _extra_keys(extra_keys: Sequence[str], extra_features: Mapping[str, str]) ->
     return keys
 
 
-def parse(plan: Plan, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
+def parse(plan: RecordPlan, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
     """A batch of serialized records parsed; a multi-label dataset's id lists made multi-hot at once,
     so that every later step (unbatch, batch) sees dense tensors."""
     import tensorflow as tf
@@ -194,7 +194,7 @@ def parse(plan: Plan, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
     return parsed
 
 
-def _multi_hot(plan: Plan, ids: tf.RaggedTensor) -> tf.Tensor:
+def _multi_hot(plan: RecordPlan, ids: tf.RaggedTensor) -> tf.Tensor:
     """Ragged stored ids [b, (n)] to float32 [b, num_classes]: 1 where the record has the label."""
     import tensorflow as tf
 
@@ -207,7 +207,7 @@ def _multi_hot(plan: Plan, ids: tf.RaggedTensor) -> tf.Tensor:
                                 binary_output=True, axis=-1, dtype=tf.float32)
 
 
-def decode_batch(plan: Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+def decode_batch(plan: RecordPlan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Replaces the encoded strings of a parsed batch by their images, uint8 [b, h, w, c]."""
     import tensorflow as tf
 
@@ -229,7 +229,7 @@ def decode_batch(plan: Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tenso
     return parsed
 
 
-def decode_one(plan: Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+def decode_one(plan: RecordPlan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """One record on the per-image path: decode (or crop-decode), augment."""
     parsed = dict(parsed)
     image = plan.image_of(parsed)
@@ -240,7 +240,7 @@ def decode_one(plan: Plan, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]
     return parsed
 
 
-def finish(plan: Plan, parsed: Mapping[str, tf.Tensor]):
+def finish(plan: RecordPlan, parsed: Mapping[str, tf.Tensor]):
     """dtype, labels and output structure, once per batch."""
     import tensorflow as tf
 

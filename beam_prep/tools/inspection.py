@@ -11,8 +11,8 @@ from beam_prep.io.storage import join
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD, ImageInfo
 from beam_prep.tools.summary import Imbalance, SplitSummary, Spread, Summary
 from beam_prep.wording import count
-from beam_prep.write.imaging import REENCODE_REASONS
-from beam_prep.write.layout import DUPLICATES
+from beam_prep.write.images.imaging import REENCODE_REASONS
+from beam_prep.write.shared.layout import DUPLICATES
 
 __all__ = ["describe_image", "flat_lines", "format_bytes", "format_number", "originals_lines", "render_text",
            "to_json"]

@@ -28,7 +28,7 @@ from typing import Any
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import is_local, join
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.layout import ERRORS, SKIPPED
+from beam_prep.write.shared.layout import ERRORS, SKIPPED
 
 __all__ = [
     "ClassRow",

@@ -31,9 +31,8 @@ import numpy as np
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, TFRECORD, DatasetInfo, SplitInfo, labels_lines
-from beam_prep.tools.verify_report import (BAD_RECORD, CLASS_COUNT, DAMAGED_SHARD, EXTRA_SHARD, IMAGE_SHAPE, KINDS,
-                                           LABEL_RANGE, LABEL_TEXT, LABELS_FILE, MANIFEST_PROBLEM, MAX_PER_KIND,
-                                           MISSING_SHARD, RUN_COUNTS, SHARD_COUNT, SPLIT_COUNT, Problem, Problems,
+from beam_prep.tools.verify_report import (BAD_RECORD, CLASS_COUNT, DAMAGED_SHARD, EXTRA_SHARD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT, LABELS_FILE, MANIFEST_PROBLEM, MAX_PER_KIND,
+                                           MISSING_SHARD, RUN_COUNTS, SHARD_COUNT, SPLIT_COUNT, Problems,
                                            VerifyReport)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -137,7 +136,7 @@ def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set
     splits hold the written ones, and errors.jsonl has a line for each failure."""
     import tensorflow as tf
 
-    from beam_prep.write.layout import ERRORS
+    from beam_prep.write.shared.layout import ERRORS
 
     counts = manifest.get("counts")
     if not isinstance(counts, Mapping):
@@ -170,7 +169,7 @@ def _check_labels_file(info: DatasetInfo, names: set[str], problems: Problems) -
     """labels.txt is what people read ids with: it must be the manifest's labels, in order."""
     import tensorflow as tf
 
-    from beam_prep.write.layout import LABELS
+    from beam_prep.write.shared.layout import LABELS
 
     path = join(info.root, LABELS)
     if LABELS not in names:
@@ -197,7 +196,7 @@ def _check_labels_file(info: DatasetInfo, names: set[str], problems: Problems) -
 
 def _check_shard_files(info: DatasetInfo, names: set[str], problems: Problems) -> set[str]:
     """Listed shards that are there; each missing one and each unlisted shard-named file is a problem."""
-    from beam_prep.write.layout import is_shard_name
+    from beam_prep.write.shared.layout import is_shard_name
 
     listed = {shard for split in info.splits.values() for shard in split.shards}
     for split in info.splits.values():

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from beam_prep.write.claim import OutputBusy, claim_output
+from beam_prep.write.run.claim import OutputBusy, claim_output
 
 claims = []
 

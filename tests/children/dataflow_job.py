@@ -11,8 +11,8 @@ import sys
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from beam_prep.write.options import config_from_options
-from beam_prep.write.pipeline import run
+from beam_prep.cli.options import config_from_options
+from beam_prep.write.run.pipeline import run
 
 if __name__ == "__main__":
     out, argv = sys.argv[1], sys.argv[2:]

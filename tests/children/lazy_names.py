@@ -11,7 +11,7 @@ import beam_prep
 
 if __name__ == "__main__":
     assert "tensorflow" not in sys.modules and "apache_beam" not in sys.modules, "imported too early"
-    from beam_prep.write.ptransform import WriteImageDataset
+    from beam_prep.write.run.write_image_dataset import WriteImageDataset
 
     assert beam_prep.WriteImageDataset is WriteImageDataset
     assert "tensorflow" not in sys.modules, "the writer's transform imported TensorFlow"

@@ -4,7 +4,7 @@ Its own process so that the test can drop root's power to read any folder in it.
 """
 import sys
 
-from beam_prep.write.listing import list_tree
+from beam_prep.write.plan.listing import list_tree
 
 if __name__ == "__main__":
     try:

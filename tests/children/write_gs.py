@@ -12,9 +12,9 @@ import sys
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep.write import manifest
-from beam_prep.write.pipeline import local_runner
-from beam_prep.write.ptransform import ImageElement, WriteImageDataset
+from beam_prep.write.finish import manifest
+from beam_prep.write.run.pipeline import local_runner
+from beam_prep.write.run.write_image_dataset import ImageElement, WriteImageDataset
 
 if __name__ == "__main__":
     root, output, labels, *paths = sys.argv[1:]

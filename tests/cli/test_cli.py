@@ -15,7 +15,7 @@ from beam_prep.cli.flags import check_flags, known_flags, nearest_flag, unknown_
 from beam_prep.cli.joblog import JobLog, is_job_failure, new_log_path, root_cause
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.errors import OptionsError, StorageError
-from beam_prep.write.listing import split_for
+from beam_prep.write.plan.listing import split_for
 from beam_prep.tools.sample import picture
 from helpers import REPO, child, encode, make_tree, run_prepare
 from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from beam_prep.write.beam_compat import BeamArgumentParser, add_options_arguments
-from beam_prep.write.options import SECTIONS, PrepareImagesOptions
+from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
+from beam_prep.cli.options import SECTIONS, PrepareImagesOptions
 from helpers import REPO
 from pipelines import cli, prepare_images
 

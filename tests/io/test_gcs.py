@@ -15,7 +15,7 @@ import pytest
 
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.io.gcs import GcsClient, GcsPreconditionFailed, RetryPolicy
-from beam_prep.write.records import FileReader
+from beam_prep.write.images.examples import FileReader
 from helpers import REPO, make_tree, read_split
 from pipelines import prepare_images
 

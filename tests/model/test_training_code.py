@@ -26,7 +26,7 @@ from beam_prep.errors import DatasetError
 from beam_prep.model.dataset import DatasetInfo, SplitInfo
 from beam_prep.reader import ImageInfo, RecordFiles, load_info, make_dataset
 from beam_prep.tools.sample import picture
-from beam_prep.write import layout
+from beam_prep.write.shared import layout
 from helpers import encode, make_tree, read_split, run_prepare
 
 COUNTS = {"cat": 2, "dog": 3, "emu": 2}

@@ -1,4 +1,4 @@
-"""A run's claim on its output folder (beam_prep.write.claim), between real processes.
+"""A run's claim on its output folder (beam_prep.write.run.claim), between real processes.
 
 Each other run is an ``Agent``: a Python process that claims and releases on
 command, so that two runs can race at an agreed instant, and a holder can be
@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from beam_prep.write.claim import Holder, OutputBusy, _claim_best_effort, claim_output, claim_path, new_run_id
+from beam_prep.write.run.claim import Holder, OutputBusy, _claim_best_effort, claim_output, claim_path, new_run_id
 from helpers import REPO, child
 
 _ANSWER_TIMEOUT_S = 30.0

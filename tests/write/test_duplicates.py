@@ -15,10 +15,11 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.tools.sample import picture
-from beam_prep.write import duplicates, spill
-from beam_prep.write.listing import split_for
-from beam_prep.write.pipeline import local_runner
-from beam_prep.write.ptransform import WriteImageDataset
+from beam_prep.write.finish import duplicates
+from beam_prep.write.plan import spill
+from beam_prep.write.plan.listing import split_for
+from beam_prep.write.run.pipeline import local_runner
+from beam_prep.write.run.write_image_dataset import WriteImageDataset
 from helpers import encode, make_tree, read_split, run_prepare
 from pipelines import inspect_output
 

@@ -276,7 +276,7 @@ def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     import beam_prep
-    from beam_prep.write.pipeline import local_runner
+    from beam_prep.write.run.pipeline import local_runner
 
     out = tmp_path / "out"
     paths = sorted(tree.glob("*/*.png"))

@@ -159,7 +159,7 @@ def test_dataflow_workers_staged_with_setup_file_get_the_file_formats_library(gc
 def test_the_staged_requirements_hold_the_users_lines_and_the_library(tmp_path):
     from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
-    from beam_prep.write.worker_requirements import add_format_requirement
+    from beam_prep.write.run.worker_requirements import add_format_requirement
 
     mine = tmp_path / "requirements.txt"
     mine.write_text("pandas==2.2.3\n")

@@ -16,8 +16,8 @@ import subprocess
 import time
 
 
-from beam_prep.write.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE
-from beam_prep.write.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL
+from beam_prep.write.plan.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE
+from beam_prep.write.plan.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL
 from helpers import REPO, child, make_tree, read_split, run_prepare
 from pipelines import prepare_images
 

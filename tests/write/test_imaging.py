@@ -13,8 +13,8 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from beam_prep.errors import ImageError
 from beam_prep.tools.sample import picture
-from beam_prep.write import imaging, resample
-from beam_prep.write.imaging import KEPT, ImageSpec, is_image_name, process_image
+from beam_prep.write.images import imaging, resample
+from beam_prep.write.images.imaging import KEPT, ImageSpec, is_image_name, process_image
 from helpers import encode
 
 

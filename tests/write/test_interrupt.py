@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from beam_prep.write import interrupt
+from beam_prep.write.run import interrupt
 
 # A stand-in worker: a process whose command line names Beam's worker module, as the
 # launcher's workers' do, and that says so once it runs, then runs until it is stopped.

@@ -9,19 +9,19 @@ import subprocess
 import pytest
 
 from beam_prep.errors import OptionsError
-from beam_prep.write.listing import (
+from beam_prep.write.plan.listing import (
     SKIP_DEPTH,
     SKIP_HIDDEN,
     SKIP_NOT_IMAGE,
     UNKNOWN_LABEL,
-    FileEntry,
     list_tree,
     order_key,
     read_labels_file,
     split_for,
     stable_hash,
 )
-from beam_prep.write.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL, printable
+from beam_prep.write.plan.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL
+from beam_prep.write.shared.entry import FileEntry, printable
 from helpers import REPO, child, make_tree
 
 
@@ -285,10 +285,10 @@ def test_a_listing_spilled_in_many_small_buckets_reads_back_whole_and_in_key_ord
     with list_tree(str(tmp_path), validation_percent=30) as whole:
         expected = list(whole.entries())
         expected_skipped = whole.skipped
-    monkeypatch.setattr("beam_prep.write.spill._CHUNK_ROWS", 3)
-    monkeypatch.setattr("beam_prep.write.spill._BUFFERED_ROWS", 7)
-    monkeypatch.setattr("beam_prep.write.spill._BUCKET_ROWS", 9)
-    monkeypatch.setattr("beam_prep.write.spill._RUN_ROWS", 4)  # the skipped files: 8 sorted runs, merged
+    monkeypatch.setattr("beam_prep.write.plan.spill._CHUNK_ROWS", 3)
+    monkeypatch.setattr("beam_prep.write.plan.spill._BUFFERED_ROWS", 7)
+    monkeypatch.setattr("beam_prep.write.plan.spill._BUCKET_ROWS", 9)
+    monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 4)  # the skipped files: 8 sorted runs, merged
     with list_tree(str(tmp_path), validation_percent=30) as spilled:
         assert spilled._files._buckets.__len__() == 12  # noqa: SLF001 - 100 rows in buckets of 9
         entries = list(spilled.entries())
@@ -309,7 +309,7 @@ def test_skipped_files_come_back_sorted_by_path_in_bounded_runs(tmp_path, monkey
     names = [f"z_{i}.txt" for i in range(5)] + [f"{label}/n_{i}.txt" for label in "ba" for i in range(4)]
     for name in names:
         (tmp_path / name).write_text("x")
-    monkeypatch.setattr("beam_prep.write.spill._RUN_ROWS", 3)
+    monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 3)
     with list_tree(str(tmp_path)) as listing:
         assert list(listing.skipped_rows()) == [(name, SKIP_NOT_IMAGE) for name in sorted(names)]
         assert len(listing._skips.rows._runs) == 5  # noqa: SLF001 - 13 rows in runs of 3

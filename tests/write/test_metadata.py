@@ -17,10 +17,11 @@ from PIL import Image
 from beam_prep.reader import load_info, make_dataset
 from beam_prep.tools import inspection, verification
 from beam_prep.tools.summary import summarize
-from beam_prep.write import layout, resume
-from beam_prep.write.listing import list_tree
-from beam_prep.write.records import unknown_label_report
-from beam_prep.write.options import config_from_options
+from beam_prep.write.shared import layout
+from beam_prep.write.journal import resume
+from beam_prep.write.plan.listing import list_tree
+from beam_prep.write.images.examples import unknown_label_report
+from beam_prep.cli.options import config_from_options
 from helpers import encode, make_tree, read_split, run_prepare
 from pipelines import prepare_images
 

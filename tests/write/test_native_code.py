@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from beam_prep.write import native_code, resample, resample_loader
+from beam_prep.write.images import native_code, resample, resample_loader
 
 pytestmark = pytest.mark.skipif(not native_code.supported(), reason="machine code is mapped on Linux x86-64 only")
 

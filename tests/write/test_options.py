@@ -6,7 +6,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.api import with_local_defaults
-from beam_prep.write.options import DEFAULT_REMOTE_READ_CONCURRENCY, config_from_options
+from beam_prep.cli.options import config_from_options
+from beam_prep.write.plan.config import DEFAULT_REMOTE_READ_CONCURRENCY
 from pipelines import prepare_images
 from helpers import make_tree
 
@@ -151,7 +152,7 @@ def test_writeimagedataset_warns_of_originals_with_a_fixed_size_by_its_argument_
     """The transform checks its image arguments as the command checks its flags: the same warning,
     naming arguments (a library's caller sees a BeamPrepWarning, not a printed line)."""
     from beam_prep.errors import BeamPrepWarning
-    from beam_prep.write.ptransform import WriteImageDataset
+    from beam_prep.write.run.write_image_dataset import WriteImageDataset
 
     with pytest.warns(BeamPrepWarning, match=r"^image_format original with resize_mode pad keeps only the JPEGs "
                                              r"already exactly 32x32 .*: resize_mode none, or resize_mode "

@@ -149,7 +149,7 @@ def test_summary_reports_splits_and_failures(prepared):
 
 
 def test_validation_split_follows_the_stable_hash(prepared, manifest):
-    from beam_prep.write.listing import split_for
+    from beam_prep.write.plan.listing import split_for
 
     out, _ = prepared
     for split in manifest["splits"]:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from beam_prep.write import progress
-from beam_prep.write.progress import Progress, Reporter, Watcher, read_progress
+from beam_prep.write.journal import progress
+from beam_prep.write.journal.progress import Progress, Reporter, Watcher, read_progress
 from helpers import REPO, make_tree
 from pipelines.prepare_images import command
 from pipelines.progress_display import ProgressDisplay, format_duration, progress_line
@@ -290,7 +290,7 @@ def test_a_run_on_a_non_terminal_prints_progress_from_its_workers_before_the_sum
 @pytest.mark.parametrize("sink", ["streaming", "shuffle"])
 def test_the_python_api_times_both_sinks_phases(tmp_path, sink):
     from beam_prep.api import parse_command_line
-    from beam_prep.write.pipeline import run
+    from beam_prep.write.run.pipeline import run
 
     make_tree(tmp_path / "in", {"a": 3, "b": 3}, size=(16, 16))
     options, config = parse_command_line(["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
@@ -304,7 +304,7 @@ def test_the_python_api_times_both_sinks_phases(tmp_path, sink):
 
 
 def test_the_summary_gives_start_up_processing_and_finishing_apart():
-    from beam_prep.write.pipeline import RunResult
+    from beam_prep.write.run.pipeline import RunResult
     from pipelines.prepare_images import timing
 
     manifest = {"counts": {"listed": 121}}

@@ -18,10 +18,10 @@ from beam_prep.errors import OptionsError
 from beam_prep.model import features
 from beam_prep.reader import load_info, make_dataset
 from beam_prep.tools.sample import picture
-from beam_prep.write.claim import OutputBusy, claim_output
-from beam_prep.write.listing import split_for
-from beam_prep.write.pipeline import local_runner
-from beam_prep.write.ptransform import WriteImageDataset
+from beam_prep.write.run.claim import OutputBusy, claim_output
+from beam_prep.write.plan.listing import split_for
+from beam_prep.write.run.pipeline import local_runner
+from beam_prep.write.run.write_image_dataset import WriteImageDataset
 from helpers import REPO, child, encode, make_tree, read_split
 
 HEIGHT, WIDTH = 20, 24

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from beam_prep.errors import ImageError
-from beam_prep.write.readahead import ReadAhead, ReadConfig, thread_pool
+from beam_prep.write.images.readahead import ReadAhead, ReadConfig, thread_pool
 
 
 class RecordingRead:

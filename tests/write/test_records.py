@@ -4,9 +4,9 @@ from __future__ import annotations
 import hashlib
 
 from beam_prep.model.features import FILENAME, LABEL_TEXT, SHA256, decode_example
-from beam_prep.write.imaging import ImageSpec
-from beam_prep.write.listing import list_tree
-from beam_prep.write.records import make_example
+from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.plan.listing import list_tree
+from beam_prep.write.images.examples import make_example
 from helpers import make_tree
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from beam_prep.write import native_code, resample, resample_loader
+from beam_prep.write.images import native_code, resample, resample_loader
 from helpers import REPO, make_tree, run_prepare
 
 BICUBIC = Image.Resampling.BICUBIC
@@ -199,7 +199,7 @@ _LOAD = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 from PIL import Image
-from beam_prep.write import resample
+from beam_prep.write.images import resample
 img = Image.effect_mandelbrot((300, 200), (-2, -1, 1, 1), 50).convert("RGB")
 print("kernel:", resample.load(), type(resample._LOADER.kernel).__name__)
 print("imported:", sorted(m for m in ("numba", "llvmlite") if m in sys.modules))

@@ -19,7 +19,8 @@ import pytest
 
 from beam_prep.errors import OptionsError
 from beam_prep.tools.sample import picture
-from beam_prep.write import layout, progress, resume
+from beam_prep.write.shared import layout
+from beam_prep.write.journal import progress, resume
 from helpers import REPO, encode, make_tree, run_prepare
 from pipelines.prepare_images import command
 
@@ -408,7 +409,7 @@ def test_a_dry_run_flag_takes_false_as_false():
 # lands while it is being written.
 WRITER = """
 import sys
-from beam_prep.write import resume
+from beam_prep.write.journal import resume
 failures = [{"path": "x" * 20_000_000, "stage": "decode"}]
 while True:
     resume.write_shard_record(sys.argv[1], resume.ShardRecord("train-00000", 1, 2, "0" * 64, {}, failures, {}))

@@ -7,12 +7,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.model import dataset
 from beam_prep.errors import DatasetError
-from beam_prep.write import layout, manifest, sharding, skipped
-from beam_prep.write.imaging import ImageSpec
-from beam_prep.write.listing import FileEntry, list_tree, order_key
-from beam_prep.write.options import PrepareConfig
-from beam_prep.write.pipeline import run
-from beam_prep.write.work_files import write_work_files
+from beam_prep.write.shared import layout
+from beam_prep.write.finish import manifest
+from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.plan import sharding, skipped
+from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.plan.listing import list_tree, order_key
+from beam_prep.write.shared.entry import FileEntry
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.run.pipeline import run
+from beam_prep.write.plan.work_files import write_work_files
 from helpers import make_tree
 
 
@@ -31,7 +35,7 @@ def test_metrics_count_listed_written_failed_and_bytes(tmp_path):
 
 def test_a_manifest_is_never_built_when_records_are_missing():
     config = PrepareConfig(input="in", output="out", spec=ImageSpec())
-    plan = manifest.Plan(labels=["a"], num_shards={"train": 1}, listed=3, skipped=0, sink="streaming")
+    plan = RunPlan(labels=["a"], num_shards={"train": 1}, listed=3, skipped=0, sink="streaming")
     shards = [("train", "train-00000-of-00001.tfrecord.gz", 1)]
     with pytest.raises(DatasetError, match="3 files listed but 1 written and 1 failed"):
         manifest.build(config, plan, shards, [(("train", "a"), 1)], [{"stage": "decode", "path": "x"}])
@@ -44,14 +48,14 @@ def test_a_manifest_is_never_built_when_records_are_missing():
 def test_a_manifest_is_never_built_for_shards_the_writer_did_not_report(num_shards, reported, missing):
     """A runner that loses the writes' results must not get a manifest listing shards nobody wrote."""
     config = PrepareConfig(input="in", output="out", spec=ImageSpec())
-    plan = manifest.Plan(labels=["a"], num_shards={"train": num_shards}, listed=2, skipped=0, sink="shuffle")
+    plan = RunPlan(labels=["a"], num_shards={"train": num_shards}, listed=2, skipped=0, sink="shuffle")
     with pytest.raises(DatasetError, match=f"split 'train' holds 2 records but its writer did not report {missing}"):
         manifest.build(config, plan, reported, [(("train", "a"), 2)], [])
 
 
 def test_a_shard_count_the_runner_chose_lists_the_shards_it_wrote():
     config = PrepareConfig(input="in", output="out", spec=ImageSpec())
-    plan = manifest.Plan(labels=["a"], num_shards={"train": 0}, listed=2, skipped=0, sink="shuffle")
+    plan = RunPlan(labels=["a"], num_shards={"train": 0}, listed=2, skipped=0, sink="shuffle")
     shards = [("train", f"train-0000{i}-of-00002.tfrecord.gz", None) for i in (1, 0)]
     built = manifest.build(config, plan, shards, [(("train", "a"), 2)], [])
     assert built["splits"]["train"]["shards"] == ["train-00000-of-00002.tfrecord.gz",
@@ -60,7 +64,7 @@ def test_a_shard_count_the_runner_chose_lists_the_shards_it_wrote():
 
 def test_the_manifest_is_the_dataset_model_and_reads_back_as_it():
     config = PrepareConfig(input="in", output="out", spec=ImageSpec(height=8, width=8), compression="none")
-    plan = manifest.Plan(labels=["a", "b"], num_shards={"train": 1}, listed=3, skipped=0, sink="streaming")
+    plan = RunPlan(labels=["a", "b"], num_shards={"train": 1}, listed=3, skipped=0, sink="streaming")
     shards = [("train", "train-00000-of-00001.tfrecord", 3)]
     built = manifest.build(config, plan, shards, [(("train", "a"), 2), (("train", "b"), 1)], [])
     info = dataset.DatasetInfo.from_json(built, "out", "out/manifest.json")
@@ -76,7 +80,7 @@ def test_the_manifest_is_the_dataset_model_and_reads_back_as_it():
 def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
     make_tree(tmp_path / "in", {"a": 37, "b": 26}, size=(8, 8))
     listing = list_tree(str(tmp_path / "in"))
-    plan = manifest.Plan(labels=listing.labels, num_shards={"train": 4}, listed=63, skipped=0,
+    plan = RunPlan(labels=listing.labels, num_shards={"train": 4}, listed=63, skipped=0,
                          sink="streaming")
     write_work_files(listing, plan, str(tmp_path / "work"))
     shards = [[FileEntry.from_json(line).relpath for line in
@@ -94,7 +98,7 @@ def test_the_skipped_files_publish_only_when_their_count_is_the_plans(tmp_path):
     (tmp_path / "in" / "a" / "notes.txt").write_text("x")
     (tmp_path / "in" / "loose.jpg").write_text("x")
     listing = list_tree(str(tmp_path / "in"))
-    plan = manifest.Plan(labels=listing.labels, num_shards={"train": 1}, listed=2, skipped=2, sink="streaming")
+    plan = RunPlan(labels=listing.labels, num_shards={"train": 1}, listed=2, skipped=2, sink="streaming")
     work, out = tmp_path / "work", tmp_path / "out"
     write_work_files(listing, plan, str(work))
     skipped.check(str(work), plan.skipped)
@@ -154,7 +158,7 @@ def test_a_large_tree_keeps_shards_near_the_target_size():
 def test_only_a_resumable_run_plans_shards_for_stopping(tmp_path, sink):
     """The plan takes the whole run's images (both splits) and the local workers; the shuffle
     sink keeps nothing of a stopped run, so its shards stay near the target size."""
-    from beam_prep.write.pipeline import plan
+    from beam_prep.write.run.pipeline import plan_run as plan
 
     make_tree(tmp_path / "in", {"a": 700, "b": 500}, size=(8, 8))
     config = PrepareConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"),

@@ -1,0 +1,178 @@
+"""The command's flags, declared in the sections ``--help`` shows them in.
+
+``PrepareImagesOptions`` is the options class Beam parses the command line with, and the
+help (``beam_prep.cli.usage``) is built from its declarations; ``config_from_options``
+reads the parsed flags into the run's configuration, whose checks are the planner's
+(``beam_prep.write.plan.config``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_prep.doc_pages import doc_page
+from beam_prep.model.dataset import TFRECORD
+from beam_prep.write.images.imaging import DEFAULT_MAX_PIXELS, OUTPUT_FORMATS, RESIZE_MODES
+from beam_prep.write.plan.config import (DEFAULT_IMAGE_SIZE, DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY,
+                                         DEFAULT_TARGET_SHARD_MB, PrepareConfig, config_from_flags)
+
+__all__ = ["SECTIONS", "PrepareImagesOptions", "config_from_options"]
+
+
+# The sections of --help, in order. Every option is declared in one of them, and the
+# help is built from these declarations (beam_prep.cli.usage), so it lists each option once.
+INPUT_OUTPUT = "input and output"
+IMAGE = "image"
+LABELS_SPLITS = "labels and splits"
+SHARDS = "shards and compression"
+RUN = "run"
+SECTIONS = (INPUT_OUTPUT, IMAGE, LABELS_SPLITS, SHARDS, RUN)
+DEFAULT_PROGRESS_INTERVAL = 30.0
+
+
+class PrepareImagesOptions(PipelineOptions):
+    """Options of ``pipelines.prepare_images``; every other flag is Beam's.
+
+    Each option's help says what it is for in one line; its default is added
+    from the declaration (beam_prep.cli.usage), except where None stands for a choice
+    made later, which the help then names itself, ``(default: ...)``.
+    """
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        section = {title: parser.add_argument_group(title) for title in SECTIONS}
+        _input_output_arguments(section[INPUT_OUTPUT])
+        _image_arguments(section[IMAGE])
+        _labels_split_arguments(section[LABELS_SPLITS])
+        _shard_arguments(section[SHARDS])
+        _run_arguments(section[RUN])
+
+
+def _input_output_arguments(group: Any) -> None:
+    """--help's "input and output" section: where images come from, where the dataset goes."""
+    group.add_argument(
+        "--input", help="Image tree root, ROOT/<label>/<image>: a local path or gs://bucket/prefix (required).")
+    group.add_argument(
+        "--output", help="Where shards, labels.txt, errors.jsonl and manifest.json go (required).")
+    group.add_argument("--overwrite", action="store_true", default=False,
+                       help="Replace a dataset already in --output.")
+    group.add_argument(
+        "--read_concurrency", type=int, default=None,
+        help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
+             "for gs:// input, which hides round trips; 0 for local disk: each file read when its turn comes).")
+    group.add_argument(
+        "--read_ahead_mb", type=int, default=DEFAULT_READ_AHEAD_MB,
+        help="Cap on the bytes a worker's read-ahead holds, on top of --read_concurrency's cap on files.")
+
+
+def _image_arguments(group: Any) -> None:
+    """--help's "image" section: the size, mode and format of each stored image."""
+    group.add_argument(
+        "--image_size", default=None,
+        help=f"Output size: an int for a square, or HxW (default: {DEFAULT_IMAGE_SIZE}).")
+    group.add_argument("--resize_mode", default="center_crop", help=f"One of {', '.join(RESIZE_MODES)}.")
+    group.add_argument("--channels", type=int, default=3, help="3 for RGB, 1 for grayscale.")
+    group.add_argument(
+        "--image_format", default="jpeg",
+        help=f"One of {', '.join(OUTPUT_FORMATS)}. original stores a source JPEG byte for byte when it "
+             "decodes, has --channels, needs no EXIF rotation and no resize, and any other image as a "
+             "JPEG at --jpeg_quality: for training that crops at read time (with --resize_mode none, or "
+             "shorter_side and --no_upscale). With center_crop, stretch or pad it keeps only the sources "
+             "already at exactly --image_size.")
+    group.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality, 1-100.")
+    group.add_argument(
+        "--no_upscale", action="store_true", default=False,
+        help="--resize_mode shorter_side: an image already smaller than --image_size keeps its size "
+             "(with --image_format original, a JPEG one its bytes).")
+    group.add_argument(
+        "--background", default="white",
+        help="The colour transparent pixels are composited on, as image viewers show them: a name "
+             "(white, black) or #rrggbb.")
+    group.add_argument(
+        "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS,
+        help="Images with more pixels are reported as errors (decompression-bomb guard).")
+
+
+def _labels_split_arguments(group: Any) -> None:
+    """--help's "labels and splits" section."""
+    group.add_argument(
+        "--validation_percent", type=float, default=0.0,
+        help="Share of files put in the validation split, by a stable hash of their path.")
+    group.add_argument(
+        "--labels_file", default=None,
+        help="Label order, one name a line (default: the label folders' names, sorted).")
+    group.add_argument(
+        "--label_offset", type=int, default=0,
+        help="Stored label ids start at this number (1: id 0 is kept for background, as "
+             "ImageNet-style training code expects); the reader subtracts it again.")
+    group.add_argument(
+        "--metadata", default=None,
+        help="A table saying what each image is (CSV, TSV or JSON Lines, by extension; local or gs://): "
+             "a file_name column (the image's path under --input), label (one name) or labels (a JSON "
+             "list, or names separated by ; in CSV/TSV), an optional split column, and any other column, "
+             "stored in each record as a feature of its own. Files under --input that no row names are "
+             "skipped (default: none: each image's label is its folder's name).")
+    group.add_argument(
+        "--recursive", action="store_true", default=False,
+        help="Images at any depth under a label folder take that top folder's label (as Keras's "
+             "image_dataset_from_directory); without it, images deeper than the label folders are skipped.")
+    group.add_argument(
+        "--labels_txt", default="names",
+        help="labels.txt's form: names (one name a line) or slim "
+             "(TF-slim's id:name lines, ids as stored).")
+
+
+def _shard_arguments(group: Any) -> None:
+    """--help's "shards and compression" section."""
+    group.add_argument(
+        "--file_format", default=TFRECORD,
+        help="The shards' format, for the training stack that reads them: tfrecord (tf.data, "
+             "beam_prep.make_dataset), array_record (Grain and JAX, or PyTorch, through "
+             "beam_prep.data_source; needs the array-record package) or webdataset (tar shards for "
+             "PyTorch's webdataset.WebDataset). The records are the same in each.")
+    group.add_argument(
+        "--num_shards", type=int, default=0,
+        help="Shards per split; 0 chooses a count from the data (about --target_shard_mb each).")
+    group.add_argument("--target_shard_mb", type=int, default=DEFAULT_TARGET_SHARD_MB,
+                       help="Shard size aimed at when --num_shards is 0.")
+    group.add_argument(
+        "--compression", default=None,
+        help="gzip or none, for --file_format tfrecord (the other formats are never GZIP-compressed) "
+             "(default: none for --image_format original, whose whole JPEGs "
+             "compress by under 1%%, and gzip otherwise). JPEG and PNG payloads barely compress; raw pixels do, "
+             "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
+             "none also writes TFDS's metadata, and is what TPU ResNet and TF-slim code read "
+             f"({doc_page('guides/training-code.md')}).")
+    group.add_argument(
+        "--sink", default="auto",
+        help="streaming: each worker writes whole shards, memory stays flat (local runners); "
+             "shuffle: Beam's file sink after the runner's shuffle (distributed runners); "
+             "auto picks by runner.")
+
+
+def _run_arguments(group: Any) -> None:
+    """--help's "run" section: progress and logging."""
+    group.add_argument(
+        "--progress_interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
+        help="Seconds between progress lines when stderr is not a terminal (a terminal gets a "
+             "progress bar); local runs only.")
+    group.add_argument(
+        "--verbose", action="store_true", default=False,
+        help="Show Beam's log and a failed job's full traceback on stderr, instead of "
+             "a one-line error that names a log file holding them.")
+
+
+def config_from_options(options: PipelineOptions) -> PrepareConfig:
+    """The run's configuration from its command line, every option checked.
+
+    Args:
+      options: the parsed command line; its ``PrepareImagesOptions`` flags and Beam's.
+
+    Returns:
+      The run's ``PrepareConfig``.
+
+    Raises:
+      OptionsError: on the first problem found, with a message that says what to fix.
+    """
+    return config_from_flags(options.view_as(PrepareImagesOptions), options)

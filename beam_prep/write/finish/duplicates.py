@@ -1,0 +1,261 @@
+"""Exact duplicates among the written records: files with the same bytes, found by their sha256.
+
+A copy across train and validation silently inflates validation accuracy. The
+writers already hash every source file, and each writes a line per record to a
+*hash file* in the run's folder (``hash_line``); the manifest step reads them
+back (``find``), with no second pass over the images and no object per record:
+a sorted array of sha256 prefixes, then the candidates checked against the full
+hash and grouped through an external sort (``spill``), so memory stays bounded
+however many records or copies. See docs/design/duplicates.md for what is reported and
+what it costs.
+"""
+from __future__ import annotations
+
+import array
+import binascii
+import collections
+import dataclasses
+import json
+import shutil
+from typing import IO, Any, Iterable, Iterator
+
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep.errors import DatasetError
+from beam_prep.io.storage import is_local, open_to_read, storage_error
+from beam_prep.write.shared.entry import printable
+from beam_prep.write.plan.spill import SortedSpill, SpillFolder
+
+__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line"]
+
+EXAMPLES = 5  # groups of copies the manifest shows, and files shown of each
+_PREFIX_HEX = 16  # a sha256's first 8 bytes, as hex: the key held per record
+_SHA256_HEX = 64
+_REST_BYTES = 24  # a sha256 after its prefix
+_READ_BYTES = 1 << 22
+
+
+def hash_line(sha256_hex: str, split: str, path: str) -> str:
+    """A hash file's line for one written record: ``<sha256 hex>\\t<split>\\t<path as JSON>``,
+    the path as messages show it (``listing.printable``: a name that is not UTF-8 escaped)."""
+    return f"{sha256_hex}\t{split}\t{json.dumps(printable(path))}"
+
+
+@dataclasses.dataclass
+class Duplicates:
+    """What ``find`` found: counts for the manifest and the summary; ``lines_file`` (local,
+    temporary) holds duplicates.jsonl until the caller copies it into the dataset.
+
+    ``extra_copies`` is ``within_split + across_splits``: of ``n`` files with one
+    content, ``n - 1`` are extra; those in a split that already has the content
+    are ``within_split``, and each further split it appears in adds one to
+    ``across_splits`` (a validation image that is also in train: 1).
+    """
+
+    images: int = 0  # contents held by two files or more
+    extra_copies: int = 0
+    within_split: int = 0
+    across_splits: int = 0
+    examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    lines_file: str | None = None
+    _folder: SpillFolder | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"images": self.images, "extra_copies": self.extra_copies, "within_split": self.within_split,
+                "across_splits": self.across_splits, "examples": self.examples}
+
+    def close(self) -> None:
+        if self._folder is not None:
+            self._folder.close()
+
+
+def find(hash_files: Iterable[str], capacity: int) -> Duplicates:
+    """Reads the hash files (in the order given: pass them sorted, and reruns agree) twice,
+    and returns the duplicates among their lines.
+
+    ``capacity``: at most this many lines in all (the records written cannot exceed
+    the files listed). Close the result when its ``lines_file`` is copied.
+
+    Raises:
+      DatasetError: the files hold more lines than ``capacity``, or a line that is
+        not a hash line.
+      StorageError: a file cannot be read.
+    """
+    files = list(hash_files)
+    candidates, sizes = _candidates(files, capacity)
+    folder = SpillFolder(prefix="beam-prep-duplicates-")
+    found = Duplicates(lines_file=folder.file("duplicates.jsonl"), _folder=folder)
+    try:
+        with open(found.lines_file, "wb") as out:
+            if len(candidates):
+                _report(files, candidates, sizes, folder, found, out)
+    except BaseException:
+        found.close()
+        raise
+    return found
+
+
+def _candidates(files: list[str], capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 1: the sha256 prefixes held by two lines or more, sorted, and how many lines hold each."""
+    prefixes = np.empty(capacity, dtype=np.uint64)
+    n = 0
+    for path, lines in _chunks(files):
+        keys = _prefixes(path, lines)
+        if n + len(keys) > capacity:
+            raise DatasetError(f"the hash files hold more than {capacity:,} records, the most this run "
+                               f"can have written (at {path}): no manifest written")
+        prefixes[n:n + len(keys)] = keys
+        n += len(keys)
+    prefixes = prefixes[:n]
+    prefixes.sort()
+    repeated = prefixes[1:][prefixes[1:] == prefixes[:-1]]  # each line equal to the one before it
+    del prefixes
+    candidates, repeats = np.unique(repeated, return_counts=True)
+    return candidates, (repeats + 1).astype(np.uint32)
+
+
+def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder: SpillFolder,
+            found: Duplicates, out: IO[bytes]) -> None:
+    """Pass 2: each candidate line checked against its group's full hash and put in its group's
+    place; then the groups read back in order and written, counted and sampled.
+
+    Per candidate, beside ``candidates`` and ``sizes``: where its group starts among the places
+    (8 bytes), how many of its lines have been placed (4) and its hash after the prefix (24),
+    in flat arrays: Python objects would cost ten times that.
+    """
+    count = len(candidates)
+    starts = array.array("q")
+    starts.frombytes(np.concatenate(([0], np.cumsum(sizes[:-1], dtype=np.int64))).tobytes())
+    total = starts[-1] + int(sizes[-1])
+    seen = array.array("I", bytes(4 * count))
+    first = bytearray(_REST_BYTES * count)
+    places = SortedSpill(folder, "groups", total)
+    apart: dict[bytes, list[tuple[bytes, bytes]]] = collections.defaultdict(list)  # same prefix, other hash
+    mismatched: collections.Counter[int] = collections.Counter()
+    for path, lines in _chunks(files):
+        keys = _prefixes(path, lines)
+        at = np.minimum(np.searchsorted(candidates, keys), count - 1)
+        for i in np.flatnonzero(candidates[at] == keys).tolist():
+            group = int(at[i])
+            digest, split, quoted = _parse(path, lines[i])
+            rest = digest[8:]
+            if seen[group] == 0:
+                first[group * _REST_BYTES:(group + 1) * _REST_BYTES] = rest
+            elif first[group * _REST_BYTES:(group + 1) * _REST_BYTES] != rest:
+                apart[digest].append((split, quoted))
+                mismatched[group] += 1
+                continue
+            places.add((((starts[group] + seen[group]) << 64) // total, group, split, quoted))
+            seen[group] += 1
+    del seen, starts
+    tally = _Tally(found, out)
+    current = -1
+    for _, group, split, quoted in places:
+        if group != current:
+            tally.group_done()
+            current = group
+            rest = bytes(first[group * _REST_BYTES:(group + 1) * _REST_BYTES])
+            tally.start(int(candidates[group]).to_bytes(8, "big") + rest, int(sizes[group]) - mismatched[group])
+        tally.add(split, quoted)
+    tally.group_done()
+    for digest, files_apart in sorted(apart.items()):
+        tally.start(digest, len(files_apart))
+        for split, quoted in files_apart:
+            tally.add(split, quoted)
+        tally.group_done()
+    found.examples = tally.examples()
+
+
+class _Tally:
+    """One group of files with the same bytes at a time, streamed: written to duplicates.jsonl
+    (bytes, as the hash files hold them), counted, and the first few groups kept as the
+    manifest's examples (across splits first)."""
+
+    def __init__(self, found: Duplicates, out: IO[bytes]) -> None:
+        self._found, self._out = found, out
+        self._head, self._sha256, self._copies = b"", "", 0
+        self._per_split: collections.Counter[bytes] = collections.Counter()
+        self._shown: list[tuple[bytes, bytes]] = []
+        self._across: list[dict[str, Any]] = []
+        self._within: list[dict[str, Any]] = []
+
+    def start(self, digest: bytes, copies: int) -> None:
+        self._sha256, self._copies = digest.hex(), copies
+        self._head = b'{"sha256": "%s", "copies": %d, "split": "' % (self._sha256.encode(), copies)
+        self._per_split.clear()
+        self._shown = []
+
+    def add(self, split: bytes, quoted: bytes) -> None:
+        if self._copies < 2:  # a prefix shared by different contents: no copy at all
+            return
+        self._out.write(self._head + split + b'", "path": ' + quoted + b"}\n")
+        self._per_split[split] += 1
+        if len(self._shown) < EXAMPLES:
+            self._shown.append((split, quoted))
+
+    def group_done(self) -> None:
+        if not self._per_split:
+            return
+        f = self._found
+        f.images += 1
+        f.extra_copies += self._copies - 1
+        f.within_split += sum(n - 1 for n in self._per_split.values())
+        f.across_splits += len(self._per_split) - 1
+        kept = self._across if len(self._per_split) > 1 else self._within
+        if len(kept) < EXAMPLES:
+            kept.append({"sha256": self._sha256, "copies": self._copies,
+                         "files": [{"split": split.decode(), "path": json.loads(quoted)}
+                                   for split, quoted in self._shown]})
+        self._per_split.clear()
+
+    def examples(self) -> list[dict[str, Any]]:
+        return (self._across + self._within)[:EXAMPLES]
+
+
+def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
+    """Each file's lines, a few MB at a time, as (file, lines)."""
+    for path in files:
+        try:
+            with open_to_read(path) as f:
+                rest = b""
+                while block := f.read(_READ_BYTES):
+                    lines = (rest + block).split(b"\n")
+                    rest = lines.pop()
+                    yield path, lines
+                if rest:
+                    yield path, [rest]
+        except DatasetError:
+            raise
+        except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+            raise storage_error("read", path, e) from e
+
+
+def _prefixes(path: str, lines: list[bytes]) -> np.ndarray:
+    try:
+        return np.fromiter((int(line[:_PREFIX_HEX], 16) for line in lines), dtype=np.uint64, count=len(lines))
+    except ValueError as e:
+        raise DatasetError(f"{path} holds a line that is not a record's hash: {e}") from e
+
+
+def _parse(path: str, line: bytes) -> tuple[bytes, bytes, bytes]:
+    """A hash line's sha256 (32 bytes), split and source path (JSON-quoted), as bytes."""
+    parts = line.split(b"\t", 2)
+    try:
+        if len(parts) != 3 or len(parts[0]) != _SHA256_HEX:
+            raise ValueError("not three fields")
+        return binascii.unhexlify(parts[0]), parts[1], parts[2]
+    except (ValueError, binascii.Error) as e:
+        raise DatasetError(f"{path} holds a line that is not a record's hash: {line[:200]!r}") from e
+
+
+def copy_lines(found: Duplicates, target: str) -> None:
+    """Writes ``found``'s duplicates.jsonl to ``target`` (local or gs://)."""
+    try:
+        if is_local(target):
+            shutil.copyfile(found.lines_file, target)
+            return
+        with open(found.lines_file, "rb") as src, FileSystems.create(target, mime_type="text/plain") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("write", target, e) from e

@@ -1,0 +1,152 @@
+"""manifest.json: what a dataset holds, built from what its shards report (``build``, a pure
+function: nothing is read or written) and read back (``read``). ``publish`` writes it, last,
+so that its presence means complete."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import logging
+from typing import Any, Iterable, Mapping
+
+
+import beam_prep
+from beam_prep.errors import DatasetError
+from beam_prep.io.storage import join, read_bytes
+from beam_prep.model.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, parse_manifest)
+from beam_prep.model.features import SCHEMA
+from beam_prep.write.finish import duplicates
+from beam_prep.write.images import imaging, resample
+from beam_prep.write.shared import layout
+from beam_prep.write.images.flat import FlatImages
+from beam_prep.write.images.imaging import KEPT, ORIGINAL, REENCODE_REASONS
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.run_plan import RunPlan
+
+__all__ = ["FORMAT_VERSION", "build", "read"]
+
+_LOG = logging.getLogger(__name__)
+
+
+def build(
+    config: PrepareConfig,
+    plan: RunPlan,
+    shards: Iterable[tuple[str, str, int | None]],
+    counts: Iterable[tuple[tuple[str, str], int]],
+    failures: list[Mapping[str, Any]],
+    originals: Iterable[tuple[str, int]] = (),
+    copies: Mapping[str, Any] | None = None,
+    flat: Iterable[FlatImages] = (),
+) -> dict[str, Any]:
+    """The manifest dict; checks that every listed file is written or failed.
+
+    ``originals``: ``(KEPT or a re-encode reason, records)`` rows, with
+    ``--image_format original``, which must account for every record written.
+    ``copies``: the duplicates found (``duplicates.Duplicates.to_json``).
+    ``flat``: the parts of the records of one flat colour (``SinkResult.flat``).
+
+    Raises:
+      DatasetError: if the counts do not add up (a record was lost: never write a
+        manifest for such a dataset).
+    """
+    class_counts = collections.Counter()
+    for (split, label), n in counts:
+        class_counts[split, label] += n
+    shard_rows = collections.defaultdict(dict)
+    for split, name, n in shards:
+        shard_rows[split][name] = n
+    splits = {}
+    for split, count in plan.num_shards.items():
+        # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
+        names = (tuple(layout.shard_name(split, i, count, config.shard_suffix) for i in range(count))
+                 if count else tuple(sorted(shard_rows[split])))
+        if plan.multi_label:  # a record counts under each of its labels: its shards' counts are the records
+            num_examples = sum(n or 0 for n in shard_rows[split].values())
+        else:
+            num_examples = sum(class_counts[split, label] for label in plan.labels)
+        unreported = [name for name in names if name not in shard_rows[split]]
+        if unreported or (num_examples and not names):
+            raise DatasetError(
+                f"split {split!r} holds {num_examples} records but its writer did not report "
+                f"{unreported[0] if unreported else 'any shard file'}: no manifest written")
+        sizes = tuple(shard_rows[split][name] for name in names)
+        splits[split] = SplitInfo(
+            name=split, shards=names,
+            num_examples=num_examples,
+            shard_num_examples=sizes if all(n is not None for n in sizes) else None,
+            class_counts={label: class_counts[split, label] for label in plan.labels},
+            root=config.output)
+    written = sum(s.num_examples for s in splits.values())
+    if written + len(failures) != plan.listed:
+        raise DatasetError(
+            f"{plan.listed} files listed but {written} written and {len(failures)} failed: "
+            "records were lost; no manifest written")
+    kept_or_not = _originals(config, originals, written)
+    info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
+                       image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
+                       label_offset=config.label_offset, multi_label=plan.multi_label,
+                       extra_features=dict(plan.extra_features), file_format=config.file_format)
+    dataset = info.to_json()
+    by_stage = collections.Counter(f["stage"] for f in failures)
+    return {
+        "format_version": dataset.pop("format_version"),
+        "beam_prep_version": beam_prep.__version__,
+        "imaging_library": imaging.library(),
+        "resize_kernel": resample.available(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **dataset,
+        "features": {**{key: kind.value for key, kind in SCHEMA.items()}, **plan.extra_features},
+        "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
+                   "skipped": plan.skipped},
+        "failed_by_stage": dict(sorted(by_stage.items())),
+        "skipped_by_reason": dict(plan.skipped_by_reason),
+        **kept_or_not,
+        "flat_images": FlatImages().merge(*flat).to_json(),
+        "duplicates": dict(copies) if copies is not None else duplicates.Duplicates().to_json(),
+        "sink": plan.sink,
+        "options": _options(config),
+    }
+
+
+def _originals(config: PrepareConfig, rows: Iterable[tuple[str, int]], written: int) -> dict[str, Any]:
+    """``{"originals": ...}``: how many sources were kept byte for byte and how many re-encoded, by
+    reason, with ``--image_format original``; nothing otherwise.
+
+    Raises:
+      DatasetError: the rows do not add up to the records written.
+    """
+    if config.spec.image_format != ORIGINAL:
+        return {}
+    counts = collections.Counter()
+    for reason, n in rows:
+        counts[reason] += n
+    if sum(counts.values()) != written:
+        raise DatasetError(f"{written} records written but {sum(counts.values())} counted as kept or "
+                           "re-encoded: no manifest written")
+    kept = counts.pop(KEPT, 0)
+    return {"originals": {"kept": kept, "reencoded": sum(counts.values()),
+                          # In the order they are checked; each row's reason is one of them.
+                          "reencoded_by_reason": {reason: counts[reason] for reason in REENCODE_REASONS
+                                                  if counts[reason]}}}
+
+
+def _options(config: PrepareConfig) -> dict[str, Any]:
+    options = dataclasses.asdict(config)
+    options.update(options.pop("spec"))
+    return options
+
+
+def read(output: str) -> dict[str, Any]:
+    """The whole manifest (the dataset and the run's record), checked as the reader checks it.
+
+    Raises:
+      DatasetError: it cannot be read, or the reader could not use it.
+    """
+    path = join(output, MANIFEST)
+    try:
+        text = read_bytes(path)
+    except Exception as e:  # noqa: BLE001
+        raise DatasetError(f"cannot read {path}: {e}") from e
+    manifest = parse_manifest(text, path)
+    DatasetInfo.from_json(manifest, output, path)
+    return manifest

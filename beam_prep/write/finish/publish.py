@@ -1,0 +1,132 @@
+"""The one step that completes a dataset, whichever way its shards were written.
+
+``prepare``'s job (its ``Finalize`` step), a local run completed by its launcher
+(``pipeline.finalize_from_records``) and ``WriteImageDataset`` each gather what
+the shards report as ``ShardReports`` and hand it to ``complete``: the manifest
+is built from the reports alone (``manifest.build``), and only when the counts
+add up are the shards published and the dataset's files written, the manifest last.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Iterable, Mapping, NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep.io.storage import join, write_lines
+from beam_prep.model import tfds_metadata
+from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
+from beam_prep.write.finish import duplicates, manifest
+from beam_prep.write.images.flat import FlatImages
+from beam_prep.write.plan import skipped
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.shared import layout
+
+__all__ = ["ShardReports", "complete", "error_lines", "side_inputs", "write_tfds_metadata"]
+
+_LOG = logging.getLogger(__name__)
+
+
+class ShardReports(NamedTuple):
+    """What the sinks report, over all splits: all the manifest is built from.
+
+    Attributes:
+      shards: ``(split, shard file name, number of records or None)`` per shard written.
+      class_counts: ``((split, label), number of records)`` rows; a pair may repeat.
+      failures: a failure report per listed file that became no record.
+      hash_files: the paths of the records' hash files, for the duplicates report.
+      originals: ``(KEPT or a re-encode reason, number of records)`` rows
+        (``--image_format original``; empty otherwise).
+      flat: ``FlatImages`` parts that together count each record of one flat colour once.
+    """
+
+    shards: list[tuple[str, str, int | None]]
+    class_counts: list[tuple[tuple[str, str], int]]
+    failures: list[Mapping[str, Any]]
+    hash_files: list[str]
+    originals: Iterable[tuple[str, int]] = ()
+    flat: Iterable[FlatImages] = ()
+
+
+def side_inputs(written: Any, failures: beam.PCollection) -> dict[str, beam.pvalue.AsList]:
+    """A sink's outputs as a finishing step's side inputs, one per ``ShardReports`` field.
+
+    Args:
+      written: the sink's ``SinkResult``.
+      failures: every failure report of the run: the sink's, and any found before it.
+
+    Returns:
+      ``ShardReports``' fields by name, for ``beam.Map(fn, **side_inputs(...))``, where
+      ``fn`` makes them ``ShardReports(**fields)``.
+    """
+    return {"shards": beam.pvalue.AsList(written.shards),
+            "class_counts": beam.pvalue.AsList(written.class_counts),
+            "failures": beam.pvalue.AsList(failures),
+            "hash_files": beam.pvalue.AsList(written.hashes),
+            "originals": beam.pvalue.AsList(written.originals),
+            "flat": beam.pvalue.AsList(written.flat)}
+
+
+def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dict[str, Any]:
+    """Completes the dataset from its shards' reports, and returns its manifest.
+
+    Checks the counts, finds the duplicates among the records, publishes the shards,
+    writes errors.jsonl, skipped.jsonl (from the run's folder), duplicates.jsonl,
+    labels.txt, TFDS's metadata where TFDS can read the shards, then the manifest,
+    then removes the run's folder.
+
+    Args:
+      config: the run's configuration.
+      plan: the run's plan.
+      reports: what the shards report.
+
+    Returns:
+      The manifest written.
+
+    Raises:
+      DatasetError: the counts do not add up (a record was lost): nothing is published.
+      StorageError: a file could not be read or written.
+    """
+    work = layout.run_folder(config.output, plan.run_id)
+    found = duplicates.find(sorted(reports.hash_files), plan.listed)
+    try:
+        built = manifest.build(config, plan, reports.shards, reports.class_counts, reports.failures,
+                               reports.originals, found.to_json(), reports.flat)
+        skipped.check(work, plan.skipped)
+        layout.publish(config.output, plan.run_id,
+                       [name for split in built["splits"].values() for name in split["shards"]])
+        write_lines(join(config.output, layout.ERRORS), error_lines(reports.failures))
+        skipped.publish(work, config.output, plan.skipped)
+        duplicates.copy_lines(found, join(config.output, layout.DUPLICATES))
+    finally:
+        found.close()
+    write_lines(join(config.output, layout.LABELS),
+                labels_lines(plan.labels, config.labels_txt, config.label_offset))
+    write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST))
+    with FileSystems.create(join(config.output, MANIFEST), mime_type="application/json") as f:
+        f.write(json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"))
+    layout.remove_run_folder(config.output, plan.run_id)
+    _LOG.info("wrote %s", join(config.output, MANIFEST))
+    if built["flat_images"]["count"]:
+        _LOG.info("records of one flat colour: %s, e.g. %s", built["flat_images"]["count"],
+                  ", ".join(built["flat_images"]["examples"]))
+    return built
+
+
+def write_tfds_metadata(info: DatasetInfo) -> None:
+    """TFDS's dataset_info.json, features.json and label names, where TFDS can read the shards."""
+    reason = tfds_metadata.unsupported(info)
+    if reason is not None:
+        _LOG.info("no TFDS metadata written: %s", reason)
+        return
+    for filename, lines in tfds_metadata.metadata_files(info).items():
+        write_lines(join(info.root, filename), lines)
+
+
+def error_lines(failures: Iterable[Mapping[str, Any]]) -> list[str]:
+    """errors.jsonl, one JSON object a line, sorted by path so reruns diff cleanly."""
+    return [json.dumps(f, ensure_ascii=False, sort_keys=True)
+            for f in sorted(failures, key=lambda f: f["path"])]

@@ -1,0 +1,311 @@
+"""A run's configuration (``PrepareConfig``) and its checks, before any work starts.
+
+The command line declares its flags in ``beam_prep.cli.options``, which reads them into a
+``PrepareConfig`` with ``config_from_flags``; ``WriteImageDataset`` checks its arguments of
+the same names with ``check_values`` and ``image_spec``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    WorkerOptions,
+)
+
+from beam_prep.errors import BeamPrepWarning, OptionsError
+from beam_prep.io.storage import is_local
+from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, TFRECORD, shard_suffix
+from beam_prep.write.shared.shard_formats import check_installed
+from beam_prep.write.images.imaging import (DEFAULT_BACKGROUND, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES,
+                                     ImageSpec, parse_colour)
+from beam_prep.write.plan.metadata import check_path
+from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadConfig
+
+SINKS = ("auto", "streaming", "shuffle")
+# labels.txt's forms: one name a line (line number = index in the labels), or TF-slim's
+# "id:name" lines (ids as stored, label_offset included). See dataset.labels_lines.
+LABELS_TXT_FORMS = ("names", "slim")
+# The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
+# a few more cover other conventions, and a typo like 1000 is refused.
+MAX_LABEL_OFFSET = 16
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_TARGET_SHARD_MB = 150
+# Reads in flight per worker for remote input: chosen with the writer benchmark's gs:// mode
+# (see docs/performance/writer.md).
+DEFAULT_REMOTE_READ_CONCURRENCY = 32
+DEFAULT_READ_AHEAD_MB = DEFAULT_MAX_BYTES // 2**20
+MAX_READ_CONCURRENCY = 256
+# The largest output side: 16384x16384 RGB is 805 MB of pixels a record, about where
+# decoders, protobuf (2 GB a message) and accelerators give out.
+MAX_IMAGE_SIDE = 16384
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    """What one run of ``prepare`` is asked to do: every option that decides its dataset, checked.
+
+    Made from the command line by ``beam_prep.cli.options.config_from_options`` (or by
+    ``WriteImageDataset`` from its arguments), then read by every stage: the planner
+    lists ``input`` and picks the shard counts, the sinks write the records ``spec``
+    describes, and the manifest records the whole configuration (its ``options``).
+    Frozen: a run's configuration does not change once checked.
+
+    Attributes:
+      input: the image tree's root, ROOT/<label>/<image>: a local path made absolute
+        or a gs:// prefix without a trailing slash (``normalised_path``).
+      output: where the dataset goes, spelled as ``input`` is.
+      spec: what each image becomes: its size, resize mode, channels and format.
+      validation_percent: the share of files put in the validation split, in [0, 100).
+      labels_file: a file of label names, one a line, that fixes the labels' order;
+        None takes the label folders' names, sorted.
+      num_shards: shards per split; 0 chooses a count from the data.
+      target_shard_mb: the shard size aimed at when ``num_shards`` is 0.
+      overwrite: whether a dataset already in ``output`` may be replaced.
+      sink: ``auto``, ``streaming`` or ``shuffle`` (``SINKS``): which sink writes the shards.
+      compression: ``gzip`` or ``none``, a key of ``model.dataset.COMPRESSIONS``.
+      reads: how far each worker's reads run ahead of its work.
+      label_offset: the id stored for the first label (1 keeps id 0 for background).
+      labels_txt: labels.txt's form, ``names`` or ``slim`` (``LABELS_TXT_FORMS``).
+      metadata: a table naming each image's label(s), split and other features, normalised
+        as ``input`` is; None labels each image by its folder.
+      recursive: whether images at any depth under a label folder take its label.
+      file_format: the shards' format, a key of ``model.dataset.FILE_FORMATS``.
+    """
+
+    input: str
+    output: str
+    spec: ImageSpec
+    validation_percent: float = 0.0
+    labels_file: str | None = None
+    num_shards: int = 0
+    target_shard_mb: int = DEFAULT_TARGET_SHARD_MB
+    overwrite: bool = False
+    sink: str = "auto"
+    compression: str = "gzip"
+    reads: ReadConfig = ReadConfig()
+    label_offset: int = 0
+    labels_txt: str = "names"
+    metadata: str | None = None
+    recursive: bool = False
+    file_format: str = TFRECORD
+
+    @property
+    def shard_suffix(self) -> str:
+        """Its shards' file name suffix (``layout.shard_name``)."""
+        return shard_suffix(self.file_format, self.compression)
+
+
+def default_compression(image_format: str, file_format: str = TFRECORD) -> str:
+    """``--compression`` when none is given: a dataset of original JPEGs is stored uncompressed,
+    since GZIP costs a large share of its CPU for almost no bytes (docs/guides/preparing.md), and
+    the formats other than TFRecord are never GZIP-compressed."""
+    return "none" if image_format == ORIGINAL or file_format != TFRECORD else "gzip"
+
+
+def check_file_format(file_format: str, compression: str, prefix: str = "--") -> None:
+    """The format is known, its library installed, and a compression it can have.
+
+    Raises:
+      OptionsError: an unknown format (the choices named), a missing library (its install
+        command), or GZIP asked of a format that is not TFRecord.
+    """
+    check_values({"file_format": file_format}, prefix)
+    if file_format != TFRECORD and compression != "none":
+        raise OptionsError(f"{prefix}compression {compression} is for {prefix}file_format tfrecord only: "
+                           f"{file_format} shards are not GZIP-compressed (drop {prefix}compression)")
+    check_installed(file_format)
+
+
+def parse_image_size(text: str | None, resize_mode: str) -> tuple[int | None, int | None]:
+    if resize_mode == "none":
+        if text is not None:
+            raise OptionsError("--resize_mode none keeps each image's size: drop --image_size")
+        return None, None
+    if text is None:
+        return DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", str(text))
+    if not match:
+        raise OptionsError(f"--image_size must be an int or HxW (e.g. 224 or 240x320), not {text!r}")
+    height = int(match.group(1))
+    width = int(match.group(2) or height)
+    if height < 1 or width < 1:
+        raise OptionsError(f"--image_size must be at least 1 pixel, not {text!r}")
+    if max(height, width) > MAX_IMAGE_SIDE:
+        raise OptionsError(f"--image_size must be at most {MAX_IMAGE_SIDE} a side, not {text!r}")
+    return height, width
+
+
+def image_spec(image_size: str | None, resize_mode: str, channels: int, image_format: str,
+               jpeg_quality: int, max_pixels: int, prefix: str = "--", no_upscale: bool = False,
+               background: str = DEFAULT_BACKGROUND) -> ImageSpec:
+    """The image options as an ``ImageSpec``; ``prefix`` is how messages name them (flags: ``--``).
+
+    Raises:
+      OptionsError: a size ``parse_image_size`` refuses, or a value ``ImageSpec`` does.
+    """
+    height, width = parse_image_size(image_size, resize_mode)
+    try:
+        spec = ImageSpec(height=height, width=width, channels=channels, resize_mode=resize_mode,
+                         image_format=image_format, jpeg_quality=jpeg_quality, max_pixels=max_pixels,
+                         no_upscale=no_upscale, background=parse_colour(background))
+    except ValueError as e:
+        raise OptionsError(f"{prefix}{e}") from e
+    if spec.image_format == ORIGINAL and spec.fixed_size:
+        _warn_originals_resized(spec, prefix)
+    return spec
+
+
+def _warn_originals_resized(spec: ImageSpec, prefix: str) -> None:
+    """Originals with a fixed-size mode keep only the JPEGs already that size: allowed (a tree
+    prepared at its size keeps them all), but said before any work, as a run that keeps none
+    of its JPEGs otherwise says so only in its summary at the end."""
+    p = prefix
+    no_upscale = f"{p}no_upscale" if p else "no_upscale=True"  # a flag, or a keyword argument
+    warnings.warn(BeamPrepWarning(
+        f"{p}image_format original with {p}resize_mode {spec.resize_mode} keeps only the JPEGs already "
+        f"exactly {spec.height}x{spec.width} as they are, and re-encodes every other image at that size: "
+        f"{p}resize_mode none, or {p}resize_mode shorter_side {no_upscale}, keeps the rest"), stacklevel=3)
+
+
+def normalised_path(path: str) -> str:
+    """A local path made absolute, a gs:// one without a trailing slash: one spelling a folder."""
+    return os.path.abspath(path) if is_local(path) else path.rstrip("/")
+
+
+def _inside(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or under it, links resolved: an output reached through a link counts."""
+    if is_local(path) and is_local(folder):
+        path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _check_dataflow(options: PipelineOptions, source: str, target: str) -> None:
+    """What a Dataflow submission needs, checked before listing or staging anything."""
+    cloud = options.view_as(GoogleCloudOptions)
+    missing = [flag for flag, value in (("--project", cloud.project), ("--region", cloud.region))
+               if not value]
+    if missing:
+        raise OptionsError(f"DataflowRunner needs {' and '.join(missing)} (the GCP project and region to run in)")
+    if not (cloud.temp_location or "").startswith("gs://"):
+        raise OptionsError("DataflowRunner needs --temp_location gs://BUCKET/tmp (where Beam stages and writes temp files)")
+    for flag, path in (("--input", source), ("--output", target)):
+        if not path.startswith("gs://"):
+            raise OptionsError(f"DataflowRunner workers cannot see local paths: {flag} must be gs://, not {path}")
+    setup = options.view_as(SetupOptions)
+    if not (setup.setup_file or options.view_as(WorkerOptions).sdk_container_image):
+        raise OptionsError("DataflowRunner workers need beam-prep: pass --setup_file ./setup.py "
+                           "or --sdk_container_image with the image the Dockerfile builds")
+
+
+# The checks the command's flags and WriteImageDataset's arguments of the same name share:
+# name -> (test, what a good value is).
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "resize_mode": (lambda v: v in RESIZE_MODES, f"must be one of {', '.join(RESIZE_MODES)}"),
+    "image_format": (lambda v: v in OUTPUT_FORMATS, f"must be one of {', '.join(OUTPUT_FORMATS)}"),
+    "compression": (lambda v: v in COMPRESSIONS, f"must be one of {', '.join(COMPRESSIONS)}"),
+    "file_format": (lambda v: v in FILE_FORMATS, f"must be one of {', '.join(FILE_FORMATS)}"),
+    "label_offset": (lambda v: isinstance(v, int) and 0 <= v <= MAX_LABEL_OFFSET,
+                     f"must be in [0, {MAX_LABEL_OFFSET}] (1 keeps id 0 for background)"),
+    "labels_txt": (lambda v: v in LABELS_TXT_FORMS, f"must be one of {', '.join(LABELS_TXT_FORMS)}"),
+    "validation_percent": (lambda v: 0 <= v < 100, "must be in [0, 100)"),
+    "read_concurrency": (lambda v: isinstance(v, int) and 0 <= v <= MAX_READ_CONCURRENCY,
+                         f"must be in [0, {MAX_READ_CONCURRENCY}] (0 reads each file when its turn comes)"),
+    "read_ahead_mb": (lambda v: v >= 1, "must be at least 1"),
+}
+
+
+def check_values(values: Mapping[str, Any], prefix: str = "--") -> None:
+    """Checks values by their option's name; ``prefix`` is how the message names them (flags: ``--``).
+
+    Raises:
+      OptionsError: the first bad value, named, with what a good one is.
+    """
+    for name, value in values.items():
+        test, rule = _RULES[name]
+        try:
+            good = test(value)
+        except TypeError:
+            good = False
+        if not good:
+            raise OptionsError(f"{prefix}{name} {rule}, not {value!r}")
+
+
+def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
+    """Checks every option a user can get wrong, with a message that says what to fix.
+
+    Args:
+      o: the command's flags, parsed (``beam_prep.cli.options.PrepareImagesOptions``): an object
+        with an attribute per flag (``o.input``, ``o.image_size``, ...).
+      options: all of the run's options, Beam's too (the runner, and a Dataflow job's project,
+        region and staging, which are checked here as well).
+
+    Returns:
+      The run's configuration, its paths normalised and its defaults chosen.
+
+    Raises:
+      OptionsError: on the first problem found.
+    """
+    if not o.input:
+        raise OptionsError("--input is required: the root of the image tree (a path or gs://bucket/prefix)")
+    if not o.output:
+        raise OptionsError("--output is required: where the TFRecords go (a path or gs://bucket/prefix)")
+    compression = (o.compression if o.compression is not None
+                   else default_compression(o.image_format, o.file_format))
+    check_values({"resize_mode": o.resize_mode, "image_format": o.image_format,
+                  "compression": compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
+                  "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb})
+    if o.read_concurrency is not None:
+        check_values({"read_concurrency": o.read_concurrency})
+    check_file_format(o.file_format, compression)
+    if o.sink not in SINKS:
+        raise OptionsError(f"--sink must be one of {', '.join(SINKS)}, not {o.sink!r}")
+    if o.num_shards < 0:
+        raise OptionsError(f"--num_shards must be 0 (automatic) or more, not {o.num_shards}")
+    if o.target_shard_mb < 1:
+        raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
+    if not o.progress_interval > 0:
+        raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
+    spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels,
+                      no_upscale=o.no_upscale, background=o.background)
+
+    source, target = normalised_path(o.input), normalised_path(o.output)
+    if is_local(source) and not os.path.isdir(source):
+        raise OptionsError(f"--input {o.input} is not a directory")
+    if _inside(target, source):
+        raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
+    if options.view_as(StandardOptions).runner in ("DataflowRunner", "TestDataflowRunner"):
+        _check_dataflow(options, source, target)
+    table = _metadata_path(o.metadata, o.recursive)
+    concurrency = o.read_concurrency
+    if concurrency is None:
+        concurrency = 0 if is_local(source) else DEFAULT_REMOTE_READ_CONCURRENCY
+    reads = ReadConfig(concurrency=concurrency, max_bytes=o.read_ahead_mb * 2**20)
+    return PrepareConfig(input=source, output=target, spec=spec,
+                         validation_percent=o.validation_percent, labels_file=o.labels_file,
+                         num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
+                         overwrite=o.overwrite, sink=o.sink, compression=compression, reads=reads,
+                         label_offset=o.label_offset, labels_txt=o.labels_txt, metadata=table,
+                         recursive=o.recursive, file_format=o.file_format)
+
+
+def _metadata_path(path: str | None, recursive: bool) -> str | None:
+    """--metadata, normalised and checked (its extension, that a local table exists); None without it.
+
+    Raises:
+      OptionsError: a table that cannot be read, or --recursive beside it (the table places each image).
+    """
+    if path is None:
+        return None
+    if recursive:
+        raise OptionsError("--metadata names each image wherever it is: drop --recursive")
+    check_path(path)
+    return normalised_path(path)

@@ -1,0 +1,427 @@
+"""Listing an image tree: which files, which label, which split, in which order.
+
+Runs in the launching process, before the pipeline: the label map, the split
+layout, the shard count and every fail-fast check need the whole listing:
+folders listed concurrently on GCS, ``os.scandir`` on local disk. Every
+decision here is a pure function of a file's path relative to the root (and,
+with ``--metadata``, of its row in the table: ``metadata``), so reruns and
+workers agree without coordination.
+
+The launcher holds counts and labels, never the files: they stream to a
+temporary folder (``spill``) and come back in order-key order, so a tree of
+millions of files lists in flat memory.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+from typing import Iterator, Sequence
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep import wording
+from beam_prep.errors import OptionsError
+from beam_prep.io.storage import join
+from beam_prep.write.images.imaging import is_image_name
+from beam_prep.write.plan.metadata import Table, read_table
+from beam_prep.write.plan.spill import RowFile, SortedRows, SortedSpill, SpillFolder
+from beam_prep.write.plan.walk import walk_tree
+from beam_prep.write.shared.entry import (DEFAULT_SPLIT, UNKNOWN_LABEL, VALIDATION_SPLIT, FileEntry, printable,
+                                          raw_name)
+
+_LOG = logging.getLogger(__name__)
+
+SPLIT_NAMES = ("train", "validation", "val", "test")
+# Folders and files that operating systems, archivers and notebooks leave in a tree;
+# skipped wherever they are, as are names starting with a dot.
+JUNK_NAMES = frozenset({"__MACOSX", "@eaDir", "Thumbs.db", "desktop.ini", "$RECYCLE.BIN",
+                        "System Volume Information", "lost+found"})
+
+# Why a file was skipped: the manifest counts each reason (walk.py has the walk's own two).
+SKIP_HIDDEN = "hidden or system file"
+SKIP_NOT_IMAGE = "not an image file"
+SKIP_DEPTH = "image outside the label folders"
+SKIP_NO_ROW = "image no --metadata row names"
+
+
+def stable_hash(text: str, salt: str) -> int:
+    """A 64-bit hash that is the same on every machine, process and run.
+
+    Hashes the name's raw bytes, so a file name that is not UTF-8 hashes too.
+    """
+    digest = hashlib.sha256(salt.encode() + b":" + raw_name(text)).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def order_key(relpath: str) -> int:
+    """A file's place in its split: files are dealt to shards in key order and written in it.
+
+    A hash, not the path, so classes are interleaved in every shard.
+    """
+    return stable_hash(relpath, "order")
+
+
+def split_for(relpath: str, validation_percent: float) -> str:
+    if not validation_percent:  # no hash can fall below 0%
+        return DEFAULT_SPLIT
+    fraction = stable_hash(relpath, "split") / 2**64
+    return VALIDATION_SPLIT if fraction * 100 < validation_percent else DEFAULT_SPLIT
+
+
+class Listing:
+    """A listed tree: its labels, splits and counts in memory, its files on disk.
+
+    ``entries()`` reads the files back in order-key order, the order the
+    streaming sink deals them to shards in. Close it (or use it in a ``with``)
+    to remove its temporary folder at once; it goes when collected otherwise.
+    With ``--metadata``, ``table`` is the table read, and its rows' labels and
+    extra columns ride with the files.
+    """
+
+    def __init__(self, root: str, labels: list[str], splits: list[str], split_counts: dict[str, int],
+                 unknown_labels: int, total_bytes: int, skips: "_Skips", folder: SpillFolder, files: SortedSpill,
+                 label_offset: int, table: Table | None = None) -> None:
+        self.root = root
+        self.labels = labels
+        self.splits = splits
+        self.total_bytes = total_bytes  # of every listed image, unknown labels included
+        self.unknown_labels = unknown_labels
+        """Images under a label missing from ``labels`` (``--labels_file``), or with none: each is
+        reported, never written."""
+        self._split_counts = split_counts  # split -> images with known labels
+        self._skips = skips
+        self._folder = folder
+        self._files = files
+        self._table = table
+        self._ids = {name: i + label_offset for i, name in enumerate(labels)}
+
+    @property
+    def multi_label(self) -> bool:
+        """Whether each image has a list of labels (a ``labels`` column in ``--metadata``)."""
+        return self._table is not None and self._table.multi_label
+
+    @property
+    def extra_features(self) -> dict[str, str]:
+        """The table's extra columns: feature key -> kind (bytes, int64 or float)."""
+        return self._table.feature_kinds() if self._table is not None else {}
+
+    @property
+    def listed(self) -> int:
+        """Images listed, those with a label missing from ``labels`` included."""
+        return sum(self._split_counts.values()) + self.unknown_labels
+
+    @property
+    def skipped_count(self) -> int:
+        return sum(self._skips.by_reason.values())
+
+    def entries(self) -> Iterator[FileEntry]:
+        """Every listed image, in order-key order, read back from disk."""
+        root, ids, table = self.root, self._ids, self._table
+        for _, relpath, split, label, size, *row in self._files:
+            if not row:
+                yield FileEntry(f"{root}/{relpath}", relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
+                continue
+            labels, extra = row
+            label_ids = None
+            if labels is None:
+                label_id = ids.get(label, UNKNOWN_LABEL)
+            else:
+                label_ids = tuple(ids.get(name, UNKNOWN_LABEL) for name in labels)
+                label_id = label_ids[0] if label_ids and UNKNOWN_LABEL not in label_ids else UNKNOWN_LABEL
+            # A table's row always carries its features, none perhaps: reports then say "label", not "label folder".
+            yield FileEntry(f"{root}/{relpath}", relpath, split, label, label_id, size, labels, label_ids,
+                            table.features(extra))
+
+    def skipped_rows(self) -> Iterator[tuple[str, str]]:
+        """Every skipped file as (printable relative path, why), sorted by path, read back from disk."""
+        return iter(self._skips.rows)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """``skipped_rows`` as a dict, in memory: for small trees."""
+        return dict(self.skipped_rows())
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        return dict(sorted(self._skips.by_reason.items()))
+
+    def split_counts(self) -> dict[str, int]:
+        """Images per split, those with a known label alone."""
+        return dict(self._split_counts)
+
+    def close(self) -> None:
+        self._folder.close()
+
+    def __enter__(self) -> "Listing":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Skips:
+    """Skipped files: counted by reason in memory, their paths on disk, read back sorted."""
+
+    def __init__(self, rows: SortedRows) -> None:
+        self.rows = rows
+        self.by_reason: collections.Counter[str] = collections.Counter()
+        self.example: dict[str, str] = {}  # reason -> its first path by name
+
+    def add(self, relpath: str, reason: str) -> None:
+        shown = printable(relpath)
+        self.rows.append((shown, reason))
+        self.by_reason[reason] += 1
+        if reason not in self.example or shown < self.example[reason]:
+            self.example[reason] = shown
+
+
+def _is_junk(part: str) -> bool:
+    return part.startswith(".") or part in JUNK_NAMES
+
+
+def check_label_name(name: str, where: str, what: str = "label folder") -> None:
+    """Refuses a label name that labels.txt (one label a line, the line number its id) cannot hold.
+
+    ``what`` and ``where`` name it in the message: a label folder and its path, or
+    (``WriteImageDataset``) a label given in ``labels`` and the label itself.
+
+    Raises:
+      OptionsError: naming the label and what to change.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise OptionsError(f"{what} {printable(where)} has a name that is not UTF-8: "
+                           "labels.txt and the records hold label names as UTF-8; rename it") from None
+    if name.splitlines() != [name] or name.strip() != name:
+        raise OptionsError(f"{what} {where!r} has a line break or edge spaces in its name: "
+                           "labels.txt holds one label a line, its line number the id; rename it")
+
+
+def list_tree(
+    root: str,
+    *,
+    validation_percent: float = 0.0,
+    labels: Sequence[str] | None = None,
+    label_offset: int = 0,
+    recursive: bool = False,
+    metadata: str | None = None,
+) -> Listing:
+    """Lists ``root/<label>/<file>`` or ``root/<split>/<label>/<file>``, or the files a table names.
+
+    Every file found ends in the listing or in ``skipped`` with its reason (hidden
+    and system files, not images, outside a label folder, special files).
+
+    Args:
+      root: local path or gs:// prefix.
+      validation_percent: share of files put in "validation" when the tree has no splits.
+      labels: the label order (from --labels_file); by default the sorted folder names.
+        Files under a folder not in it are kept with ``label_id == UNKNOWN_LABEL`` so the
+        pipeline reports them instead of dropping them.
+      label_offset: added to each label's index to give its ``label_id``, the id stored in
+        the records (``--label_offset``).
+      recursive: images at any depth under a label folder take that folder's label
+        (``--recursive``), as Keras's ``image_dataset_from_directory`` reads them.
+      metadata: a table (``--metadata``, see ``metadata``) that names each image and
+        says its label(s), split and other fields; files under ``root`` that no row
+        names are skipped, and a row whose file is missing is listed, to fail its read.
+
+    Raises:
+      OptionsError: an empty tree, a split tree with ``validation_percent``, a
+        label folder name that labels.txt cannot hold, or a table ``metadata`` refuses.
+      StorageError: the root or a folder under it cannot be listed.
+    """
+    root = root.rstrip("/")
+    folder = SpillFolder()
+    try:
+        if metadata is not None:
+            return _list_table(root, folder, validation_percent, labels, label_offset, metadata)
+        return _list(root, folder, validation_percent, labels, label_offset, recursive)
+    except BaseException:
+        folder.close()
+        raise
+
+
+def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
+          label_offset: int, recursive: bool) -> Listing:
+    """``list_tree`` in two passes over disk, since the split layout is known only once every file is seen."""
+    skips = _Skips(SortedRows(folder, "skipped"))
+    images, split_layout = _first_pass(root, folder, validation_percent, skips, recursive)
+
+    depth = 3 if split_layout else 2
+    files = SortedSpill(folder, "files", images.count)
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    label_folders: dict[str, str] = {}
+    total_bytes = 0
+    for relpath, size in images:
+        parts = relpath.split("/")
+        if (len(parts) < depth if recursive else len(parts) != depth) or (
+                split_layout and parts[0] not in SPLIT_NAMES):
+            skips.add(relpath, SKIP_DEPTH)
+            continue
+        split = parts[0] if split_layout else split_for(relpath, validation_percent)
+        label = parts[depth - 2]  # the top label folder, however deep the image (--recursive)
+        if label not in label_folders:
+            label_folders[label] = "/".join(parts[:depth - 1])
+            check_label_name(label, join(root, label_folders[label]))
+        counts[split, label] += 1
+        total_bytes += size
+        files.add((order_key(relpath), relpath, split, label, size))
+
+    if not counts:
+        layout = "ROOT/<label>/<image> or ROOT/<split>/<label>/<image>"
+        raise OptionsError(
+            f"no images under {root}: expected {layout} with image files "
+            f"({sum(skips.by_reason.values())} other files skipped)")
+
+    names = list(labels) if labels is not None else sorted(label_folders)
+    known = set(names)
+    split_counts: collections.Counter[str] = collections.Counter()
+    for (split, label), n in counts.items():
+        if label in known:
+            split_counts[split] += n
+    unknown = sum(counts.values()) - sum(split_counts.values())
+    return _listing(root, names, split_counts, unknown, total_bytes, skips, folder, files, label_offset)
+
+
+def _listing(root: str, names: list[str], split_counts: collections.Counter[str], unknown: int, total_bytes: int,
+             skips: "_Skips", folder: SpillFolder, files: SortedSpill, label_offset: int,
+             table: Table | None = None) -> Listing:
+    """The ``Listing``, its skipped files logged by reason."""
+    splits = sorted(split_counts, key=_split_rank)
+    for reason, n in sorted(skips.by_reason.items()):  # the summary and the manifest count them too
+        _LOG.info("skipped %s: %s (e.g. %s)", wording.count(n, "file"), reason, skips.example[reason])
+    return Listing(root, names, splits, dict(split_counts), unknown, total_bytes, skips, folder, files,
+                   label_offset, table)
+
+
+def _list_table(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
+                label_offset: int, path: str) -> Listing:
+    """``list_tree`` with ``--metadata``: the table and the walk, each sorted by path on disk, merged.
+
+    A file no row names is skipped (for its own reason, or ``SKIP_NO_ROW``); a row
+    whose file the walk did not find is listed all the same, so its read fails and
+    errors.jsonl names it; a row naming what the walk passes over (a pipe, a device)
+    leaves it skipped, for its reason.
+    """
+    table = read_table(path, folder, SPLIT_NAMES)
+    if table.has_split and validation_percent:
+        raise OptionsError(f"--metadata {path} has a split column, which puts each image in its split: "
+                           "drop --validation_percent")
+    if not table.count:
+        raise OptionsError(f"--metadata {path} has no rows: it needs one row per image")
+    walked = SortedRows(folder, "walked")
+    prefix = len(root) + 1
+    for file_path, size, reason in walk_tree(root):
+        if file_path.startswith(root + "/"):
+            walked.append((file_path[prefix:], size, reason))
+
+    skips = _Skips(SortedRows(folder, "skipped"))
+    files = SortedSpill(folder, "files", table.count)
+    known = set(labels) if labels is not None else None
+    seen: set[str] = set()
+    split_counts: collections.Counter[str] = collections.Counter()
+    unknown = total_bytes = 0
+    found = iter(walked)
+    current = next(found, None)
+    for file_name, _, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
+        while current is not None and current[0] < file_name:
+            skips.add(current[0], _unnamed_reason(*current))
+            current = next(found, None)
+        size = 0  # a file the walk did not find: listed, and its read fails
+        if current is not None and current[0] == file_name:
+            relpath, size, reason = current
+            current = next(found, None)
+            if reason is not None:  # a pipe or device (reading it could block forever): skipped all the same
+                skips.add(relpath, reason)
+                continue
+        if not table.has_label:
+            label = _top_folder(root, file_name)
+        names = row_labels if row_labels is not None else ((label,) if label else ())
+        seen.update(names)
+        split = split or split_for(file_name, validation_percent)
+        if names and (known is None or known.issuperset(names)):
+            split_counts[split] += 1
+        else:
+            unknown += 1
+        total_bytes += size
+        files.add((order_key(file_name), file_name, split, label, size, row_labels, extra))
+    while current is not None:
+        skips.add(current[0], _unnamed_reason(*current))
+        current = next(found, None)
+    names = list(labels) if labels is not None else sorted(seen)
+    return _listing(root, names, split_counts, unknown, total_bytes, skips, folder, files, label_offset, table)
+
+
+def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:
+    """Why a file that no --metadata row names is skipped."""
+    del size
+    if reason is not None:
+        return reason
+    if any(_is_junk(part) for part in relpath.split("/")):
+        return SKIP_HIDDEN
+    return SKIP_NO_ROW if is_image_name(relpath) else SKIP_NOT_IMAGE
+
+
+def _top_folder(root: str, relpath: str) -> str:
+    """A table without labels: an image's label is its top folder under --input ("" for none)."""
+    if "/" not in relpath:
+        return ""
+    label = relpath.split("/", 1)[0]
+    check_label_name(label, join(root, label))
+    return label
+
+
+def _first_pass(root: str, folder: SpillFolder, validation_percent: float,
+                skips: _Skips, recursive: bool = False) -> tuple[RowFile, bool]:
+    """Every file under ``root``, skipped by name or kept as (relpath, size); and whether the tree is split."""
+    images = RowFile(folder.file("images"))  # (relpath, size) of each file that passed the name checks
+    split_layout = False
+    top_folders: set[str] = set()
+    prefix = len(root) + 1
+    for path, size, reason in walk_tree(root):
+        if not path.startswith(root + "/"):
+            continue
+        relpath = path[prefix:]
+        parts = relpath.split("/")
+        if reason is not None:
+            skips.add(relpath, reason)
+        elif any(_is_junk(part) for part in parts):
+            skips.add(relpath, SKIP_HIDDEN)
+        else:
+            top_folders.add(parts[0])
+            if not is_image_name(relpath):
+                skips.add(relpath, SKIP_NOT_IMAGE)
+                continue
+            images.append((relpath, size))
+            # A split-named top folder holding images at <split>/<label>/<image> makes a
+            # split tree: decided by where the images are, so a stray folder or file beside
+            # train/ and validation/ cannot switch the layout (it is skipped instead).
+            split_layout = split_layout or (
+                (len(parts) >= 3 if recursive else len(parts) == 3) and parts[0] in SPLIT_NAMES)
+
+    if split_layout and validation_percent:
+        raise OptionsError(
+            f"{root} already has split folders ({', '.join(sorted(top_folders & set(SPLIT_NAMES)))}); "
+            "drop --validation_percent")
+    return images, split_layout
+
+
+def _split_rank(name: str) -> tuple[int, str]:
+    return (SPLIT_NAMES.index(name) if name in SPLIT_NAMES else len(SPLIT_NAMES), name)
+
+
+def read_labels_file(path: str) -> list[str]:
+    """One label a line; the line number is the id."""
+    try:
+        with FileSystems.open(path) as f:
+            text = f.read().decode("utf-8")
+    except Exception as e:  # noqa: BLE001
+        raise OptionsError(f"cannot read --labels_file {path}: {e}") from e
+    names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not names:
+        raise OptionsError(f"--labels_file {path} lists no labels")
+    duplicates = [n for n, c in collections.Counter(names).items() if c > 1]
+    if duplicates:
+        raise OptionsError(f"--labels_file {path} lists {duplicates[0]!r} more than once")
+    return names

@@ -1,0 +1,84 @@
+"""skipped.jsonl: every file the listing passed over and why, beside errors.jsonl.
+
+The summary's "skipped, not an image file: 4" is only useful with the four
+names. The launcher writes the lines into the run's folder with the workers'
+listings (``work_files``), sorted by path: a resumed run reuses that folder and
+a rerun lists the same tree, so both publish the same bytes. The manifest step,
+in the launcher or (shuffle sink) on a worker, checks their count against the
+plan's and copies them into the dataset, on local disk or gs:// alike.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Iterator
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep.errors import DatasetError
+from beam_prep.io.storage import join, open_to_read, storage_error, write_lines
+from beam_prep.write.shared import layout
+from beam_prep.write.plan.listing import Listing
+from beam_prep.write.shared.entry import printable
+
+__all__ = ["check", "line", "lines", "publish"]
+
+_COPY_BYTES = 1 << 20
+
+
+def line(root: str, relpath: str, reason: str) -> str:
+    """One file's line, named as errors.jsonl names files: ``path`` (under the input root as
+    given) and ``relpath``, both as messages show them (``printable``); and the ``reason``."""
+    return json.dumps({"path": printable(join(root, relpath)), "relpath": printable(relpath), "reason": reason},
+                      ensure_ascii=False, sort_keys=True)
+
+
+def lines(listing: Listing) -> Iterator[str]:
+    """The listing's skipped files as lines, sorted by path."""
+    for relpath, reason in listing.skipped_rows():
+        yield line(listing.root, relpath, reason)
+
+
+def check(work: str, expected: int) -> None:
+    """Checks that the run's skipped.jsonl holds ``expected`` lines (the plan's skipped count),
+    before anything is published.
+
+    Raises:
+      DatasetError: it holds another number: the manifest would not add up.
+      StorageError: it cannot be read.
+    """
+    if not expected:
+        return  # WriteImageDataset lists nothing and writes no such file
+    path = join(work, layout.SKIPPED)
+    try:
+        with open_to_read(path) as f:
+            found = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(_COPY_BYTES), b""))
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
+    if found != expected:
+        raise DatasetError(f"{path} names {found} skipped files but the listing skipped {expected}: "
+                           "no manifest written")
+
+
+def publish(work: str, output: str, expected: int) -> None:
+    """Copies the run's skipped.jsonl (``check``-ed) into ``output``; an empty one where nothing
+    was skipped.
+
+    Raises:
+      StorageError: it cannot be read or written.
+    """
+    target = join(output, layout.SKIPPED)
+    if not expected:
+        write_lines(target, [])
+        return
+    source = join(work, layout.SKIPPED)
+    try:
+        src = open_to_read(source)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("read", source, e) from e
+    with src:
+        try:
+            with FileSystems.create(target, mime_type="text/plain") as dst:
+                shutil.copyfileobj(src, dst, _COPY_BYTES)
+        except Exception as e:  # noqa: BLE001
+            raise storage_error("write", target, e) from e

@@ -1,0 +1,95 @@
+"""Every use of Apache Beam's private API, each with why, so that a Beam upgrade is checked here alone.
+
+Beam keeps no promise about names with a leading underscore, nor about the
+runner modules under ``apache_beam.runners.portability``: any release may move
+or change them. The rest of beam_prep uses Beam's public API only, and imports
+what it cannot do without from here. When upgrading Beam, check each function
+below against the new release (tests/cli/test_cli.py and tests/write/test_run.py exercise
+them all).
+
+Not here, because beam_prep frames TFRecords itself (``beam_prep.io.tfrecord``):
+Beam's ``tfrecordio._TFRecordUtil``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from typing import TYPE_CHECKING
+
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+if TYPE_CHECKING:
+    from apache_beam.runners.runner import PipelineRunner
+
+__all__ = ["WORKER_LOG_RELAY", "BeamArgumentParser", "WorkerNoise", "add_options_arguments", "batch_fn_api_runner",
+           "worker_log_location"]
+
+# The logger through which the local runner relays its worker processes' log records.
+WORKER_LOG_RELAY = "apache_beam.runners.portability.local_job_service"
+# The relayed record's text holds the worker's LogEntry in protobuf text form, on one line.
+_LOG_LOCATION = re.compile(r'\blog_location: "((?:[^"\\]|\\.)*)"')
+
+
+class BeamArgumentParser(_BeamArgumentParser):
+    """Beam's argument parser, which every options class expects to be given.
+
+    Options classes call its ``add_value_provider_argument`` in their
+    ``_add_argparse_args``, which a plain ``argparse.ArgumentParser`` lacks, so
+    a parser that holds every class's flags (``beam_prep.cli.flags``) must be one.
+    """
+
+
+def add_options_arguments(cls: type[PipelineOptions], parser: argparse.ArgumentParser) -> None:
+    """Adds the flags an options class defines to ``parser``.
+
+    ``_add_argparse_args`` is the hook each options class overrides, and the one
+    Beam itself calls to collect flags (``PipelineOptions.get_all_options``);
+    Beam has no public way to ask a class for its flags.
+    """
+    cls._add_argparse_args(parser)  # noqa: SLF001
+
+
+def batch_fn_api_runner(options: PipelineOptions) -> PipelineRunner:
+    """Beam's batch FnApiRunner, built as DirectRunner builds it when it picks that runner.
+
+    DirectRunner offers no public way to skip its attempt at the Prism runner
+    (see ``beam_prep.write.run.pipeline.local_runner`` for why that must be skipped), so
+    the runner is built as ``DirectRunner.run_pipeline`` builds it: with the
+    options encoded into the provision info that its worker processes read
+    (``--direct_num_workers``, ``--direct_running_mode``, ...).
+    """
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
+class WorkerNoise(logging.Filter):
+    """Drops the two warnings every local worker process relays on every run, which ask
+    nothing of anyone: it was started without a ``semi_persistent_directory``, and it
+    cannot parse our options (it needs Beam's alone). Beam's texts, as of 2.77."""
+
+    NOISE = ("No semi_persistent_directory found", "Discarding unparseable args")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in self.NOISE)
+
+
+def worker_log_location(record: logging.LogRecord) -> str | None:
+    """Where in a worker's code a relayed record was logged (``/.../PIL/TiffImagePlugin.py:1508``),
+    or None for a record the runner did not relay.
+
+    The local runner's ``BeamFnLoggingServicer`` logs each worker's record as
+    ``"Worker: %s"`` of the Fn API ``LogEntry``, whose ``log_location`` is the
+    ``pathname:lineno`` of the worker's record (``FnApiLogRecordHandler``): the
+    logger's name is lost, and the location is all that says whose record it was.
+    """
+    if record.name != WORKER_LOG_RELAY:
+        return None
+    match = _LOG_LOCATION.search(record.getMessage())
+    return match.group(1) if match else None

@@ -1,0 +1,197 @@
+"""Names of the files in an output directory, and how a run's files get there.
+
+The one place that knows a shard's file name, so both sinks, the manifest and
+``--overwrite`` agree on what belongs to a dataset.
+
+A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
+the listings the workers read and the shards, under their final names. Only
+when every shard is complete and the counts add up does ``publish`` move the
+shards to ``OUTPUT`` (the old dataset's manifest removed first, its other files
+after), then labels.txt, errors.jsonl, skipped.jsonl, duplicates.jsonl, TFDS's metadata
+(uncompressed datasets) and manifest.json are written. So a killed run leaves no partial shard among a
+dataset's files, an ``--overwrite`` run leaves the old dataset readable until
+the new one is complete, and no run reads or removes another run's work files.
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import re
+import shutil
+from typing import Callable
+
+from beam_prep.errors import OptionsError
+from beam_prep.io.storage import is_local, join, storage_error
+from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, MANIFEST
+from beam_prep.model.tfds_metadata import FILES as TFDS_FILES
+
+_LOG = logging.getLogger(__name__)
+
+LABELS = "labels.txt"
+ERRORS = "errors.jsonl"
+# The files the listing passed over, with why: in the run's folder from the launcher, then the dataset's.
+SKIPPED = "skipped.jsonl"
+DUPLICATES = "duplicates.jsonl"
+# In a run's folder: each written record's source hash (duplicates.hash_line), a file per
+# shard (streaming sink) or Beam's WriteToText shards of this prefix (shuffle sink).
+HASHES = "sha256"
+# A shard's name is its split, this template filled in, and its format's suffix
+# (model.dataset.shard_suffix): "train-00003-of-00016.tfrecord.gz", "train-00003-of-00016.tar". The template is in Beam's notation (S: the shard's
+# index from 0, N: the shard count, zero-padded to as many digits as letters) because the
+# shuffle sink hands it to Beam's file sink (sinks.file_sink) as it is; shard_name and the pattern
+# that recognises a dataset's shards are derived from it, so no two can disagree.
+SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
+WORK_DIR = ".beam-prep"
+LISTING = "listing.jsonl"
+UNKNOWN_LABELS = "unknown-labels.jsonl"
+def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> str:
+    """SHARD_TEMPLATE with each run of S replaced by ``index(its length)``, each run of N by ``count(...)``."""
+    return re.sub("S+|N+", lambda m: (index if m[0][0] == "S" else count)(len(m[0])), SHARD_TEMPLATE)
+
+
+_SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count:0{n}d}}")
+_SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
+_SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix in dict.fromkeys(
+    [c.suffix for c in COMPRESSIONS.values()] + [f.suffix for f in FILE_FORMATS.values()]))
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS)
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether a file name is a shard's, of any split, format and compression: how ``verify`` tells a
+    shard the manifest does not list (left by another run, or copied in) from other files."""
+    return any(fnmatch.fnmatchcase(name, p) for p in _SHARD_PATTERNS)
+
+
+def _filesystems():
+    """Beam's FileSystems, imported on first use: ``verify`` names shards with this module
+    and reads with TensorFlow, and need not pay for Beam's import."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
+def run_folder(output: str, run_id: str) -> str:
+    """Where a run keeps its listings and shards until it publishes them."""
+    return join(output, WORK_DIR, run_id)
+
+
+def shard_listing_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.jsonl"
+
+
+def hashes_name(shard: str) -> str:
+    """The streaming sink's hash file of a shard, beside it in the run's folder."""
+    return f"{shard}.{HASHES}.txt"
+
+
+def shard_name(split: str, index: int, count: int, suffix: str) -> str:
+    """The file name of shard ``index`` (from 0) of ``count``: what Beam's sink names it with
+    ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<split>`` and ``suffix``
+    (``PrepareConfig.shard_suffix``)."""
+    return f"{split}{_SHARD_FORMAT.format(index=index, count=count)}{suffix}"
+
+
+def existing_dataset_files(output: str) -> list[str]:
+    """Files in ``output`` that make up a dataset (complete or not), by their names."""
+    try:
+        metadata = _filesystems().match([join(output, "*")])[0].metadata_list
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        raise storage_error("list --output", output, e) from e
+    owned = []
+    for m in metadata:
+        name = m.path[len(output.rstrip("/")) + 1:]
+        if any(fnmatch.fnmatchcase(name, p) for p in _OWNED_PATTERNS):
+            owned.append(m.path)
+    return sorted(owned)
+
+
+def unfinished_runs(output: str, claim_name: str) -> list[str]:
+    """Run folders left in ``output`` by runs that ended without publishing (killed, or failed uncleanly).
+
+    Call it only while holding the output's claim: then none of them is running.
+    """
+    work = join(output, WORK_DIR)
+    try:
+        if is_local(output):
+            names = sorted(os.listdir(work)) if os.path.isdir(work) else []
+        else:
+            paths = [m.path for m in _filesystems().match([join(work, "**")])[0].metadata_list]
+            names = sorted({p[len(work) + 1:].split("/", 1)[0] for p in paths})
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("list", work, e) from e
+    return [name for name in names if name != claim_name]
+
+
+def check_output(output: str, overwrite: bool, leftovers: list[str]) -> None:
+    """Refuses to mix runs: a dataset, or an unfinished run's files, may only be replaced with ``overwrite``.
+
+    Raises:
+      OptionsError: what the folder holds, and what to pass.
+    """
+    if overwrite:
+        return
+    existing = existing_dataset_files(output)
+    names = [p.rsplit("/", 1)[-1] for p in existing]
+    held = []
+    if MANIFEST in names:
+        held.append(f"a dataset ({len(existing)} files)")
+    elif existing:
+        held.append(f"part of a dataset without its {MANIFEST} ({len(existing)} files, e.g. {names[0]})")
+    if leftovers:
+        held.append(f"the files of unfinished run {', '.join(leftovers)} (stopped before it completed)")
+    if held:
+        raise OptionsError(f"--output {output} already holds {' and '.join(held)}; "
+                           "pass --overwrite to replace it")
+
+
+def publish(output: str, run_id: str, shard_names: list[str]) -> None:
+    """Moves a complete run's shards from its folder to ``output``, replacing the old dataset.
+
+    The old manifest goes first, so that no reader takes a half-replaced folder
+    for a dataset; the new manifest is written after this, by the caller.
+    """
+    old = set(existing_dataset_files(output))
+    old_manifest = join(output, MANIFEST)
+    if old_manifest in old:
+        delete([old_manifest], old_manifest)
+    folder = run_folder(output, run_id)
+    sources = [join(folder, name) for name in shard_names]
+    targets = [join(output, name) for name in shard_names]
+    try:
+        _filesystems().rename(sources, targets)
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("move shards to", output, e) from e
+    rewritten = {old_manifest, *(join(output, name) for name in (LABELS, ERRORS, SKIPPED, DUPLICATES))}
+    delete(sorted(old - set(targets) - rewritten), f"the old dataset in {output}")
+
+
+def delete(paths: list[str], what: str) -> None:
+    if not paths:
+        return
+    try:
+        _filesystems().delete(paths)
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("remove", what, e) from e
+
+
+def remove_unfinished_runs(output: str, run_ids: list[str]) -> None:
+    """Removes the files of runs that never finished (``unfinished_runs``), once ``--overwrite`` allows it."""
+    for run_id in run_ids:
+        _LOG.info("removing the files of unfinished run %s", run_id)
+        remove_run_folder(output, run_id)
+
+
+def remove_run_folder(output: str, run_id: str) -> None:
+    """Removes a run's folder and everything in it (its listings, and shards not published)."""
+    folder = run_folder(output, run_id)
+    try:
+        if is_local(output):
+            if os.path.isdir(folder):
+                shutil.rmtree(folder)
+        else:
+            paths = [m.path for m in _filesystems().match([join(folder, "**")])[0].metadata_list]
+            if paths:
+                _filesystems().delete(paths)
+    except Exception as e:  # noqa: BLE001
+        raise storage_error("remove", folder, e) from e

@@ -1,0 +1,141 @@
+"""``--file_format``: what one record becomes, and how a shard of records is written.
+
+Both sinks write every format through this one small interface
+(``ShardFormat``): ``payload`` turns a converted image into the bytes a shard
+stores for it, where the record is made (``examples.make_example``), and
+``records`` opens a shard and returns the function that appends one payload.
+
+* ``tfrecord``: a serialized ``tf.train.Example`` in TFRecord framing, GZIP or not.
+* ``array_record``: the same ``tf.train.Example``, in an ArrayRecord file (as
+  TFDS writes ``file_format=array_record``), for Grain's random access.
+* ``webdataset``: a tar sample per record, ``<key>.<jpg|png|raw>``, ``<key>.cls``
+  (the stored label id as text) and ``<key>.json`` (file name, label text,
+  sha256 and size of the source, image size), as ``webdataset.WebDataset`` reads.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+from typing import Callable, Iterator
+
+from beam_prep.io import array_record, tar
+from beam_prep.io.libraries import LIBRARIES, Library, require
+from beam_prep.io.tfrecord import Checksum, count_records, shard_writer, write_record
+from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
+from beam_prep.model.features import ImageRecord, encode_example
+
+__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "writer_library"]
+
+# The image member's extension per stored format: what webdataset's decoders key on.
+_EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
+
+
+class ShardFormat(abc.ABC):
+    """One ``--file_format``: the bytes of a record, and a shard file of them."""
+
+    name: str
+
+    @abc.abstractmethod
+    def payload(self, record: ImageRecord, source_size: int) -> bytes:
+        """What a shard stores for ``record``; ``source_size`` is its source file's size in bytes."""
+
+    @abc.abstractmethod
+    def records(self, path: str, compression: str, checksum: Checksum | None = None,
+                shown_as: str | None = None) -> contextlib.AbstractContextManager[Callable[[bytes], None]]:
+        """A shard file at ``path`` (local or gs://), as a function that appends one payload.
+
+        ``checksum`` gets the shard's bytes; ``shown_as`` is the path errors name.
+
+        Raises:
+          StorageError: the file cannot be written, naming it.
+        """
+
+    @abc.abstractmethod
+    def count(self, path: str, compression: str) -> int:
+        """The records in the shard at ``path``: for the shuffle sink, whose writer cannot count them.
+
+        Raises:
+          DatasetError, StorageError: a damaged or unreadable shard, naming it.
+        """
+
+
+class _TFRecord(ShardFormat):
+    name = TFRECORD
+
+    def payload(self, record: ImageRecord, source_size: int) -> bytes:
+        return encode_example(record)
+
+    @contextlib.contextmanager
+    def records(self, path, compression, checksum=None, shown_as=None) -> Iterator[Callable[[bytes], None]]:
+        with shard_writer(path, compression, checksum, shown_as) as f:
+            yield lambda payload: write_record(f, payload)
+
+    def count(self, path: str, compression: str) -> int:
+        return count_records(path, compression)
+
+
+class _ArrayRecord(ShardFormat):
+    name = "array_record"
+
+    def payload(self, record: ImageRecord, source_size: int) -> bytes:
+        return encode_example(record)
+
+    def records(self, path, compression, checksum=None, shown_as=None):
+        return array_record.shard_records(path, checksum, shown_as)
+
+    def count(self, path: str, compression: str) -> int:
+        return array_record.count_records(path)
+
+
+class _WebDataset(ShardFormat):
+    name = "webdataset"
+
+    def payload(self, record: ImageRecord, source_size: int) -> bytes:
+        key = tar.webdataset_key(record.filename)
+        about = {"filename": record.filename.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
+                 "label": record.label, "label_text": record.label_text, "sha256": record.sha256,
+                 "size": source_size, "height": record.height, "width": record.width,
+                 "channels": record.channels, "format": record.image_format}
+        return b"".join((
+            tar.member(f"{key}.{_EXTENSIONS[record.image_format]}", record.encoded),
+            tar.member(f"{key}.cls", str(record.label).encode()),
+            tar.member(f"{key}.json", json.dumps(about, ensure_ascii=False, sort_keys=True).encode("utf-8")),
+        ))
+
+    @contextlib.contextmanager
+    def records(self, path, compression, checksum=None, shown_as=None) -> Iterator[Callable[[bytes], None]]:
+        with shard_writer(path, "none", checksum, shown_as) as f:
+            yield f.write
+            f.write(tar.END)
+
+    def count(self, path: str, compression: str) -> int:
+        return tar.count_members(path, ".cls")  # one a sample
+
+
+_FORMATS: dict[str, ShardFormat] = {f.name: f for f in (_TFRecord(), _ArrayRecord(), _WebDataset())}
+assert set(_FORMATS) == set(FILE_FORMATS)
+
+
+def shard_format(name: str) -> ShardFormat:
+    """The format ``--file_format name`` writes (a key of ``FILE_FORMATS``)."""
+    return _FORMATS[name]
+
+
+# The libraries a format needs to be written; webdataset's tar files need none but Python's.
+_WRITER_LIBRARIES = {"array_record": "array_record"}
+
+
+def writer_library(name: str) -> Library | None:
+    """The optional library that writing format ``name`` needs on every worker, if any."""
+    return LIBRARIES[_WRITER_LIBRARIES[name]] if name in _WRITER_LIBRARIES else None
+
+
+def check_installed(name: str) -> None:
+    """Refuses, before any work, a format whose writer's library is missing.
+
+    Raises:
+      OptionsError: with the command that installs it.
+    """
+    if name in _WRITER_LIBRARIES:
+        require(_WRITER_LIBRARIES[name], f"--file_format {name}")
