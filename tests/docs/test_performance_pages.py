@@ -15,6 +15,7 @@ from helpers import REPO
 
 from benchmarks.report import __main__ as report_main
 from benchmarks.report import figures, render
+from benchmarks.results import Recording
 
 
 def test_committed_pages_are_a_render_of_the_committed_results():
@@ -117,3 +118,18 @@ def test_a_figure_without_its_results_is_an_error():
     with pytest.raises(figures.FigureError, match="no launcher results"):
         figures.rewrite("<!-- figure: launcher.seconds_2m -->19.7<!-- /figure -->",
                         figures.values({"writer": WRITER}), "README.md")
+
+
+def test_a_benchmark_record_says_what_ran_where_and_with_which_versions(tmp_path: pathlib.Path):
+    recording = Recording("reader", ["--rounds", "1", "--json", "out.json"], module="benchmarks.bench_reader")
+    written = recording.write(tmp_path / "results" / "reader.json", {"results": {}})
+    record = json.loads((tmp_path / "results" / "reader.json").read_text())
+    assert record == written
+    assert record["command"] == "python -m benchmarks.bench_reader --rounds 1 --json out.json"
+    assert record["results"] == {"results": {}}
+    assert len(record["machine"]["load_average_before"]) == 3 and len(record["machine"]["load_average_after"]) == 3
+    assert record["machine"]["cores"] >= 1
+    assert record["versions"]["python"].count(".") == 2
+    assert record["versions"]["beam-prep"]  # the commit the numbers belong to
+    assert record["versions"]["numpy"]
+    assert render.load_results(tmp_path / "results") == {"reader": record}
