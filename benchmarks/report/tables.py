@@ -188,6 +188,27 @@ def writer_gcs(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def gcs_read(results: Mapping) -> str:
+    """Per object read from the test GCS server, by client."""
+    lines = [f"One thread reading {results['objects']:,} objects of {results['object_bytes'] // 1000} KB, per object:",
+             "", "| client | wall ms | client CPU ms | requests | emulator CPU ms |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['client']} | {r['wall_ms']:.2f} | {r['cpu_ms']:.2f} | {r['requests']:.1f} "
+              f"| {r['emulator_cpu_ms']:.2f} |" for r in results["rows"]]
+    return "\n".join(lines)
+
+
+def listing(results: Mapping) -> str:
+    """Each lister at each added latency, on one gs:// tree."""
+    lines = [f"{results['objects']:,} objects in {results['labels']:,} label folders, a fresh process each, "
+             "after its imports:", "",
+             "| lister | added latency | seconds | lister CPU s | lister peak RSS MB | requests | emulator CPU s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['lister']} | {r['latency_ms']} ms | {r['seconds']:.2f} | {r['cpu_s']:.2f} "
+              f"| {r['peak_rss_mb']:.0f} | {r['requests']:,} | {r['emulator_cpu_s']:.2f} |"
+              for r in sorted(results["rows"], key=lambda r: (r["latency_ms"], r["lister"]))]
+    return "\n".join(lines)
+
+
 # --- the others -------------------------------------------------------------------------------
 
 def resize(results: Mapping) -> str:
@@ -328,6 +349,7 @@ def startup(results: Mapping) -> str:
 
 
 TABLES: dict[str, Callable[[Mapping], str]] = {
-    "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "resize": resize,
+    "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
+    "listing": listing, "resize": resize,
     "launcher": launcher, "duplicates": duplicates, "reader": reader, "verify": verify, "startup": startup,
 }
