@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Sequence
 
+from benchmarks.results import Recording
+
 log = logging.getLogger(__name__)
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CACHE = REPO / "benchmarks" / ".cache"
@@ -144,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="share of the records that are one of a pair")
     parser.add_argument("--json", type=pathlib.Path, help="also write every run here as JSON")
     args = parser.parse_args(argv)
+    recording = Recording("duplicates", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rows = [row for share in args.shares for records in args.records for row in measure(records, share)]
     by = {(r["search"], r["records"], r["share"]): r for r in rows}
@@ -165,8 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                           if records > smallest else "—")
                 print(f"| {records:,} | {share:.0%} | {search} | {r['seconds']:.1f} | {r['grown_bytes'] / 2**20:.0f} "
                       f"| {r['grown_bytes'] / records:.1f} | {growth} | {r['seconds'] / base['seconds']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    recording.write(args.json, {"searches": list(_SEARCHES), "runs": rows})
 
 
 if __name__ == "__main__":

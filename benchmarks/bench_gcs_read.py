@@ -11,16 +11,19 @@ thread, in a fresh process per client:
 It reports, per object, the wall time, the client's CPU, the requests the
 gateway saw, and the emulator's CPU.
 
-    python -m benchmarks.bench_gcs_read [--objects 500]
+    python -m benchmarks.bench_gcs_read [--objects 500] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import pathlib
 from typing import Sequence
 
 from benchmarks.gcs_server import run_child, scratch_server
+from benchmarks.report import tables
+from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
 OBJECT_BYTES = 55_000
@@ -58,7 +61,9 @@ print(json.dumps({{"wall_ms": (time.perf_counter() - wall) / (len(urls) - 1) * 1
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", type=int, default=500)
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
+    recording = Recording("gcs-read", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rows = []
     with scratch_server("gcs-read-") as (server, _):
@@ -74,11 +79,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"One thread reading {args.objects} objects of {OBJECT_BYTES // 1000} KB from the test GCS server, "
           "per object:")
     print()
-    print("| client | wall ms | client CPU ms | requests | emulator CPU ms |")
-    print("|---|---:|---:|---:|---:|")
-    for row in rows:
-        print(f"| {row['client']} | {row['wall_ms']:.2f} | {row['cpu_ms']:.2f} | {row['requests']:.1f} "
-              f"| {row['emulator_cpu_ms']:.2f} |")
+    results = {"objects": args.objects, "object_bytes": OBJECT_BYTES, "rows": rows}
+    print(tables.gcs_read(results))
+    recording.write(args.json, results)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import tempfile
 import time
 from typing import Sequence
 
+from benchmarks.results import Recording
+
 log = logging.getLogger(__name__)
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CACHE = REPO / "benchmarks" / ".cache"
@@ -163,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=pathlib.Path, help="also write every run here as JSON")
     args = parser.parse_args(argv)
+    recording = Recording("launcher", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rows = [row for _ in range(args.repeat) for files in args.files for row in measure(files)]
     median = {}
@@ -184,8 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"| {files:,} | {run} | {m['seconds']:.1f} | {m['process_seconds']:.1f} "
                   f"| {m['peak_rss_bytes'] / 2**20:.0f} | {m['seconds'] / base['seconds']:.2f} "
                   f"| {m['peak_rss_bytes'] / median[run, smallest]['peak_rss_bytes']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    recording.write(args.json, {"repeat": args.repeat, "labels": LABELS, "runs": rows})
 
 
 if __name__ == "__main__":

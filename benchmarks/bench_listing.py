@@ -18,7 +18,6 @@ the lister (the gateway's, in this process, is not counted).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import pathlib
 import time
@@ -26,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, run_child, scratch_server
+from benchmarks.report import tables
+from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
 # The child's own peak resident set: VmHWM starts again at exec, where getrusage's
@@ -74,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
+    recording = Recording("listing", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rows = []
     with scratch_server("listing-") as (server, _):
@@ -93,13 +95,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"Listing {args.objects:,} objects in {args.labels:,} label folders (`listing.list_tree`, "
           "a fresh process, after its imports):")
     print()
-    print("| lister | added latency | seconds | lister CPU s | lister peak RSS MB | requests | emulator CPU s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for row in sorted(rows, key=lambda r: (r["latency_ms"], r["lister"])):
-        print(f"| {row['lister']} | {row['latency_ms']} ms | {row['seconds']:.2f} | {row['cpu_s']:.2f} "
-              f"| {row['peak_rss_mb']:.0f} | {row['requests']:,} | {row['emulator_cpu_s']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    results = {"objects": args.objects, "labels": args.labels, "rows": rows}
+    print(tables.listing(results))
+    recording.write(args.json, results)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import pathlib
@@ -46,6 +45,7 @@ from collections.abc import Sequence
 
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, machine
 from benchmarks.corpus import ensure_corpus
+from benchmarks.results import Recording
 from benchmarks.reading import (BATCH_SIZE, DEFAULT_IMAGES, NUM_SHARDS, Reader, ensure_dataset,
                                 time_reader)
 
@@ -168,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         reader_gcs.main(argv)
         return
     args = _parse_args(argv)
+    recording = Recording("reader", argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("beam_prep").setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -206,14 +207,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(f"Machine: {machine.describe(info)}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": info,
+        recording.write(args.json, {
+            "sizes_mb": {"jpeg_gzip": jpeg_mb, "raw_gzip": raw_mb, "raw_none": raw_plain_mb},
             "settings": {"images": args.images, "image_size": IMAGE_SIZE, "jpeg_quality": JPEG_QUALITY,
                          "num_shards": NUM_SHARDS, "batch_size": BATCH_SIZE, "seconds": args.seconds,
                          "rounds": args.rounds},
             "results": {k: {"label": v.label, "images_per_s": v.wall, "images_per_cpu_s": v.cpu}
                         for k, v in results.items()},
-        }, indent=2))
+        })
 
 
 if __name__ == "__main__":

@@ -39,9 +39,11 @@ large, small, grayscale and EXIF-rotated photographs.
 
 ``--also-python PYTHON`` times ``pillow`` in another environment's interpreter
 as well (e.g. one with pillow-simd installed in place of Pillow), in the same
-rounds, on the same bytes, and reports its ratio to the stock kernel.
+rounds, on the same bytes, and reports its ratio to the stock kernel;
+``--accelerated DIR`` does the same with this interpreter and the PIL package in
+``DIR`` first on its path (the pillow-simd ``bash .ci/build-pillow-simd DIR`` built).
 
-    python -m benchmarks.bench_resize [--images 300] [--rounds 3] [--also-python ENV/bin/python]
+    python -m benchmarks.bench_resize [--images 300] [--rounds 3] [--accelerated .ci/pillow-simd] [--json out.json]
 
 Candidates whose library is not installed are listed as such; install them
 with ``pip install pyvips pyvips-binary opencv-python-headless simplejpeg``.
@@ -66,7 +68,9 @@ from PIL import Image, ImageOps
 
 from beam_prep.write.images import imaging, resample
 from beam_prep.write.images.imaging import ImageSpec, process_image
-from benchmarks import CACHE_DIR, IMAGE_SIZE, REPO_ROOT, corpus
+from benchmarks import CACHE_DIR, IMAGE_SIZE, REPO_ROOT, corpus, machine
+from benchmarks.report import tables
+from benchmarks.results import Recording
 
 SIDE = IMAGE_SIZE
 QUALITY_BOUND_DB = 44.0
@@ -324,11 +328,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=300, help="corpus images timed (default 300)")
     parser.add_argument("--rounds", type=int, default=3, help="timed passes per candidate; best kept (default 3)")
     parser.add_argument("--also-python", help="another interpreter whose PIL (e.g. pillow-simd) runs `pillow` too")
+    parser.add_argument("--accelerated", type=pathlib.Path, metavar="DIR",
+                        help="also time `pillow` with the PIL package in DIR (e.g. .ci/pillow-simd) first on the path")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child, args.rounds)
         return
+    if args.accelerated is not None and not (args.accelerated / "PIL").is_dir():
+        parser.error(f"--accelerated {args.accelerated} holds no PIL package")
+    recording = Recording("resize", argv)
 
     photos = corpus.load_photos()
     sets = {"corpus": [corpus.render(i, photos)[0] for i in range(args.images)], "hard": hard_set()}
@@ -340,20 +350,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ImportError:
             missing.append(name)
     other = None
-    if args.also_python:
+    if args.also_python or args.accelerated:
+        env = None
+        if args.accelerated:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(args.accelerated.resolve()), os.environ.get("PYTHONPATH")]))}
         CACHE_DIR.mkdir(exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=CACHE_DIR, suffix=".pickle") as f:
             f.write(pickle.dumps(sets))
             f.flush()
-            proc = subprocess.run([args.also_python, "-m", "benchmarks.bench_resize", "--child", f.name,
-                                   "--rounds", str(args.rounds)], cwd=REPO_ROOT, capture_output=True, text=True)
+            proc = subprocess.run([args.also_python or sys.executable, "-m", "benchmarks.bench_resize",
+                                   "--child", f.name, "--rounds", str(args.rounds)],
+                                  cwd=REPO_ROOT, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             sys.exit(f"--also-python failed:\n{proc.stderr[-2000:]}")
         other = json.loads(proc.stdout.strip().splitlines()[-1])
 
-    print("| candidate | set | µs per image | × pillow | PSNR median dB | 10th pct dB | min dB "
-          "| mean − pillow's dB | quality kept |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    table_rows = []
     for set_name, blobs in sets.items():
         refs = [reference(b) for b in blobs]
         rows = {}
@@ -370,10 +383,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             bound = QUALITY_BOUND_DB if set_name == "corpus" else base_mean - QUALITY_SLACK_DB
             ok = "yes" if mean >= bound else "no"
             median, tenth = np.percentile([min(v, 99.0) for v in scores], [50, 10])
-            print(f"| {name} | {set_name} ({len(blobs)}) | {seconds * 1e6:,.0f} | {base / seconds:.2f}× "
-                  f"| {median:.2f} | {tenth:.2f} | {min(scores):.2f} | {mean - base_mean:+.2f} | {ok} |")
+            table_rows.append({"candidate": name, "set": set_name, "images": len(blobs), "seconds": seconds,
+                               "vs_pillow": base / seconds, "psnr_median": float(median),
+                               "psnr_10th": float(tenth), "psnr_min": float(min(scores)),
+                               "psnr_mean_vs_pillow": mean - base_mean, "quality_kept": ok == "yes"})
+    print(tables.resize({"rows": table_rows}))
     if missing:
         print(f"\nnot installed: {', '.join(missing)}")
+    print(f"\nMachine: {machine.describe(machine.machine_info())}")
+    recording.write(args.json, {"images": args.images, "rounds": args.rounds, "rows": table_rows,
+                                "not_installed": missing})
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from beam_prep.write.images import resample
 from beam_prep.write.images.resample_loader import CACHE_VARIABLE as CACHE
 from benchmarks import REPO_ROOT, machine
 from benchmarks.measure import run_measured
+from benchmarks.results import Recording
 
 _LOAD = """
 import json, sys, time
@@ -69,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
+    recording = Recording("startup", argv)
     if not resample.available().startswith("numba"):
         sys.exit(f"no kernel to measure here: {resample.available()}")
     results: dict[str, list[float]] = {}
@@ -106,9 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"| {name} | {median:.1f} | {min(values):.1f} | {max(values):.1f} | |")
             continue
         print(f"| {name} | {median:.2f} | {min(values):.2f} | {max(values):.2f} | {extra} |")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(
-            {"machine": machine.machine_info(), "kernel": resample.available(), "seconds": results}, indent=1))
+    recording.write(args.json, {"kernel": resample.available(), "rounds": args.rounds, "seconds": results})
 
 
 if __name__ == "__main__":

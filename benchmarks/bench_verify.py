@@ -39,10 +39,11 @@ from collections.abc import Sequence
 from benchmarks import CACHE_DIR, machine
 from benchmarks.reading import BATCH_SIZE, DEFAULT_IMAGES, ensure_dataset
 from benchmarks.corpus import ensure_corpus
+from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
 
-DATASET_VERSION = 2
+DATASET_VERSION = 3  # 3: the manifest's run counts match the copies, as verify checks
 
 
 def ensure_copies(source: pathlib.Path, shards: int, shard_records: int) -> pathlib.Path:
@@ -78,6 +79,8 @@ def ensure_copies(source: pathlib.Path, shards: int, shard_records: int) -> path
     manifest["splits"] = {"train": {
         "num_examples": shards * shard_records, "shards": names, "class_counts": class_counts,
         "shard_num_examples": [shard_records] * shards}}
+    total = shards * shard_records
+    manifest["counts"] = {**manifest.get("counts", {}), "listed": total, "written": total, "failed": 0, "skipped": 0}
     shutil.copy(source / "labels.txt", out / "labels.txt")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out
@@ -113,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shard_records", type=int, default=8000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
+    recording = Recording("verify", argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("beam_prep").setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -146,7 +151,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         cpu = statistics.median(r[1] for r in rates)
         print(f"| {name} | {wall:,.0f} | {cpu:,.0f} | {wall / reader_wall:.2f}× | {cpu / reader_cpu:.2f}× |")
     print()
-    print(machine.machine_info())
+    print(f"Machine: {machine.describe(machine.machine_info())}")
+    recording.write(args.json, {
+        "settings": {"images": args.images, "shards": args.shards, "shard_records": args.shard_records,
+                     "seconds": args.seconds, "rounds": args.rounds, "batch_size": BATCH_SIZE},
+        "runs": {name: {"images_per_s": [r[0] for r in rates], "images_per_cpu_s": [r[1] for r in rates]}
+                 for name, rates in results.items()},
+    })
 
 
 def _rates(result) -> tuple[float, float]:

@@ -55,6 +55,7 @@ from beam_prep.write.images.imaging import ImageSpec
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine, peers
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
+from benchmarks.results import Recording
 from benchmarks.measure import Measured, check_manifest, directory_bytes, run_measured
 from pipelines import prepare_images
 
@@ -147,6 +148,7 @@ def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAU
     if result.error is None:
         manifest = json.loads((out / "manifest.json").read_text())
         library = manifest.get("imaging_library")
+        result.details["imaging_library"] = library
         if (accelerated is not None) != (str(library).startswith("pillow-simd")):
             result.error = f"the run's imaging library was {library}"
         originals = manifest.get("originals")
@@ -393,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         writer_formats.main(argv)
         return
     args = _parse_args(argv)
+    recording = Recording("writer", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     info = machine.machine_info()
     info["busy_percent_before"] = machine.busy_percent()
@@ -493,8 +496,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"\n{name} at {size:,} images failed: {result.error}")
 
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": info,
+        recording.write(args.json, {
+            "busy_percent_before": info["busy_percent_before"],
+            "img2dataset": peers.img2dataset_version(img2dataset) if img2dataset else None,
             "settings": {"image_size": IMAGE_SIZE, "jpeg_quality": JPEG_QUALITY},
             "corpora": [corpus.summary() for corpus in corpora.values()],
             "limit": limit.to_json(),
@@ -511,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for name, by_size in originals.items() for size, results in sorted(by_size.items())
             ],
             "load_average": load,
-        }, indent=2))
+        })
 
 
 if __name__ == "__main__":

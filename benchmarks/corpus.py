@@ -71,8 +71,11 @@ class Corpus:
         return sorted(self.root.glob("*/*.jpg"))
 
     def summary(self) -> dict[str, object]:
+        """The corpus as JSON; its root relative to the cache's parent (``.cache/corpus-...``), so a
+        committed record names no path of the machine it ran on."""
         info = dataclasses.asdict(self)
-        info["root"] = str(self.root)
+        info["root"] = str(self.root.relative_to(self.root.parents[2])) if len(self.root.parents) > 2 else str(
+            self.root)
         return info
 
 

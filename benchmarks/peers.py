@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 from typing import Callable
 
@@ -43,6 +44,16 @@ def img2dataset_command() -> str | None:
     """The img2dataset command beside this interpreter or on PATH; None if not installed."""
     beside = pathlib.Path(sys.executable).with_name("img2dataset")
     return str(beside) if beside.exists() else shutil.which("img2dataset")
+
+
+def img2dataset_version(command: str) -> str | None:
+    """The version of the img2dataset that ``command`` runs, from the metadata of the environment it sits in."""
+    python = pathlib.Path(command).with_name("python")
+    if not python.exists():
+        return None
+    done = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('img2dataset'))"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or None
 
 
 def run_img2dataset(command: str, corpus: Corpus, out: pathlib.Path) -> tuple[Measured, dict]:

@@ -29,7 +29,6 @@ writing time per record and the mean time of a random lookup.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import pathlib
@@ -43,6 +42,7 @@ from typing import Callable, Sequence
 from benchmarks import CACHE_DIR, machine
 from benchmarks.bench_writer import DEFAULT_FLAGS, RunResult, _fmt, median_run, paired_ratio, run_ours
 from benchmarks.corpus import ensure_corpus
+from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> None:
     args = _parse_args(argv)
+    recording = Recording("writer-formats", argv, module="benchmarks.bench_writer")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     info = machine.machine_info()
     info["busy_percent_before"] = machine.busy_percent()
@@ -224,11 +225,12 @@ def main(argv: Sequence[str]) -> None:
     print(f"Load average (1 min) after each run: min {min(load):.1f}, median {statistics.median(load):.1f}, "
           f"max {max(load):.1f} on {os.cpu_count()} cores")
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": info, "corpus": corpus.summary(),
+        recording.write(args.json, {
+            "busy_percent_before": info["busy_percent_before"], "corpus": corpus.summary(),
+            "labels": {key: label for key, (label, _) in FORMAT_RUNS.items()},
             "runs": {key: [r.to_json() for r in results] for key, results in rounds.items()},
             "ratio_to_tfrecord_none": {key: paired_ratio(rounds[BASELINE], rounds[key]) for key in FORMAT_RUNS},
             "ratio_to_tfrecord_none_per_cpu": {key: paired_ratio(rounds[BASELINE], rounds[key], per_cpu=True)
                                                for key in FORMAT_RUNS},
             "reads_per_second": reads, "array_record_options": options, "load_average": load,
-        }, indent=2))
+        })

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import pathlib
 import shutil
@@ -36,6 +35,7 @@ from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, scratch_server
 from benchmarks.measure import check_manifest, run_measured
+from benchmarks.results import Recording
 from pipelines import prepare_images
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    recording = Recording("writer-gcs", argv, module="benchmarks.bench_writer")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     info = machine.machine_info()
     plan = [(sink, size) for size in args.images for sink in ("streaming",)]
@@ -206,8 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if r.error:
             print(f"\n{r.key} failed: {r.error}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": info, "runs": [r.to_json() for r in results.values()]},
-                                        indent=2))
+        recording.write(args.json, {"repeat": args.repeat, "runs": [r.to_json() for r in results.values()]})
 
 
 if __name__ == "__main__":

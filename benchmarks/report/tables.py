@@ -1,0 +1,355 @@
+"""Markdown tables from the ``results`` of each benchmark's ``--json`` file, one function per benchmark.
+
+Each function takes the ``results`` object a benchmark wrote (see
+``benchmarks/results.py``) and returns markdown: the tables the benchmark's
+page shows. Nothing here imports Beam, TensorFlow or Pillow.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+
+GIB = 2**30
+MIB = 2**20
+
+WRITER_PEERS = {
+    "handwritten": "(g) hand-written Pool + Pillow + TFRecordWriter",
+    "img2dataset": "(h) img2dataset (file:// list, center_crop)",
+    "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
+}
+SEED = "(a) seed notebook writer (tf.data, GZIP)"
+OURS = "(c) beam-prep `pipelines.prepare_images`"
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    """``1,234.5`` (``digits`` decimals, thousands separated), or ``—`` for None."""
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def times(ratio: float | None, digits: int = 2) -> str:
+    """``1.23×``, or ``—`` for None."""
+    return "—" if ratio is None else f"{ratio:.{digits}f}×"
+
+
+# --- writer -----------------------------------------------------------------------------------
+
+def images_per_s(run: Mapping) -> float | None:
+    """A writer run's images per second of wall time; None for a failed run."""
+    return None if run.get("error") or not run["seconds"] else run["images"] / run["seconds"]
+
+
+def cpu_ms_per_image(run: Mapping) -> float | None:
+    """A writer run's CPU (its whole process tree's) per image, in ms; None for a failed run."""
+    return None if run.get("error") or not run.get("cpu_seconds") else run["cpu_seconds"] / run["images"] * 1e3
+
+
+def median_run(runs: Sequence[Mapping]) -> Mapping:
+    """The run with the median time (the first if none succeeded), as ``bench_writer`` picks it."""
+    ok = sorted((r for r in runs if not r.get("error")), key=lambda r: r["seconds"])
+    return ok[len(ok) // 2] if ok else runs[0]
+
+
+def _writer_row(name: str, run: Mapping, ours: Mapping | None) -> str:
+    rate = images_per_s(run)
+    ratio = "—" if ours is None or rate is None or images_per_s(ours) is None else times(images_per_s(ours) / rate)
+    cpu_ratio = "—"
+    if ours is not None and cpu_ms_per_image(run) and cpu_ms_per_image(ours):
+        cpu_ratio = times(cpu_ms_per_image(run) / cpu_ms_per_image(ours))
+    return (f"| {name} | {run['images']:,} | {fmt(run['seconds'])} | {'failed' if run.get('error') else fmt(rate)} "
+            f"| {ratio} | {fmt(cpu_ms_per_image(run), 2)} | {cpu_ratio} | {fmt(run.get('psnr'), 2)} "
+            f"| {fmt(run['peak_rss_bytes'] / GIB, 2)} | {fmt(run['output_bytes'] / 1e6)} |")
+
+
+def writer(results: Mapping) -> str:
+    """The main table ((a), the peers, (b), (b′), (c)), (c′)'s ratios and the originals table."""
+    runs = sorted(results["runs"], key=lambda r: r["images"])
+    largest = runs[-1]["ours"]
+    limit = results["limit"]
+    lines = ["| run | images | wall s | images/s | (c) ÷ row | CPU ms per image | (c) ÷ row per CPU-s "
+             "| PSNR dB | peak RSS GiB | output MB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [_writer_row(SEED, size["seed"], size["ours"]) for size in runs]
+    for name, run in results["peers"].items():
+        lines.append(_writer_row(WRITER_PEERS.get(name, name), run, largest))
+    kernel_ms = limit["serial_cpu_seconds"] / limit["sample"] * 1e3
+    for label, rate, seconds in (
+            (f"(b) limit: `process_image` {limit['per_core']:,.0f}/s × {limit['cores']} cores",
+             limit["images_per_s"], limit["serial_seconds"]),
+            (f"(b′) limit measured: {limit['cores']} processes at once", limit["parallel_images_per_s"],
+             limit["parallel_seconds"])):
+        ours_rate = images_per_s(largest)
+        lines.append(f"| {label} | {limit['sample']:,} | {fmt(seconds)} | {fmt(rate)} "
+                     f"| {times(ours_rate / rate) if ours_rate else '—'} | {kernel_ms:.2f} (kernel alone) "
+                     "| — | — | — | — |")
+    lines += [_writer_row(OURS, size["ours"], None) for size in runs]
+    out = ["\n".join(lines)]
+    if not results.get("img2dataset"):
+        out.append("Row (h) is absent: img2dataset was not installed where this ran "
+                   "(`pip install -e '.[peers]'` puts it beside the table).")
+    else:
+        out.append(f"Row (h) ran img2dataset {results['img2dataset']}.")
+    fast = results["peers"].get("accelerated")
+    if fast and not fast.get("error") and cpu_ms_per_image(fast):
+        against = [("(c)", largest), ("(a) the seed writer", runs[-1]["seed"]),
+                   *((WRITER_PEERS[name], run) for name, run in results["peers"].items()
+                     if name in WRITER_PEERS and name != "accelerated")]
+        ratios = ", ".join(f"{times(cpu_ms_per_image(run) / cpu_ms_per_image(fast))} {name}"
+                           for name, run in against if cpu_ms_per_image(run))
+        library = fast.get("details", {}).get("imaging_library")
+        out.append(f"(c′) with {library or 'pillow-simd'}, images per CPU-second: {ratios}.")
+    if results.get("originals"):
+        out.append("Originals beside (c), each run right after it in a round; ÷ (c) is the median of the "
+                   "rounds' ratios, CPU the whole process tree's:")
+        out.append(originals(results))
+    loads = results.get("load_average") or []
+    if loads:
+        out.append(f"Load average (1 min) after each run from (c) on: {min(loads):.1f} to {max(loads):.1f}.")
+    return "\n\n".join(out)
+
+
+def originals(results: Mapping) -> str:
+    """(c) and the originals runs (d) to (f), by corpus size."""
+    lines = ["| run | images | wall s | images/s | ÷ (c) | images per CPU-s | ÷ (c) per CPU-s | peak RSS GiB "
+             "| output MB | kept, re-encoded |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for size in sorted(results["runs"], key=lambda r: r["images"]):
+        rows = [("(c) beam-prep default: 224×224 centre crops, JPEG q90", size["ours"], None, None)]
+        rows += [(o["name"], median_run(o["runs"]), o["ratio_to_ours"], o["ratio_to_ours_per_cpu"])
+                 for o in results["originals"] if o["images"] == size["images"]]
+        for name, run, ratio, cpu_ratio in rows:
+            counts = run.get("details", {}).get("originals")
+            kept = f"{counts['kept']:,}, {counts['reencoded']:,}" if counts else "—"
+            per_cpu = None if not cpu_ms_per_image(run) else 1e3 / cpu_ms_per_image(run)
+            lines.append(f"| {name} | {run['images']:,} | {fmt(run['seconds'])} "
+                         f"| {'failed' if run.get('error') else fmt(images_per_s(run))} | {times(ratio)} "
+                         f"| {fmt(per_cpu)} | {times(cpu_ratio)} | {fmt(run['peak_rss_bytes'] / GIB, 2)} "
+                         f"| {fmt(run['output_bytes'] / 1e6)} | {kept} |")
+    return "\n".join(lines)
+
+
+def writer_formats(results: Mapping) -> str:
+    """Each ``--file_format``'s run, the reads beside them and the ArrayRecord options."""
+    base = "tfrecord-none"
+    lines = ["| run | images | wall s | images/s | ÷ tfrecord none | CPU ms per image | ÷ tfrecord none per CPU-s "
+             "| output MB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, label in results["labels"].items():
+        run = median_run(results["runs"][key])
+        ratios = ["—" if key == base else times(ratio_map[key], 3)
+                  for ratio_map in (results["ratio_to_tfrecord_none"], results["ratio_to_tfrecord_none_per_cpu"])]
+        lines.append(f"| {label} | {run['images']:,} | {fmt(run['seconds'])} "
+                     f"| {'failed' if run.get('error') else fmt(images_per_s(run))} | {ratios[0]} "
+                     f"| {fmt(cpu_ms_per_image(run), 2)} | {ratios[1]} | {fmt(run['output_bytes'] / 1e6)} |")
+    out = ["\n".join(lines)]
+    reads = results.get("reads_per_second") or {}
+    if reads:
+        out.append("Reading the runs' output in one process (batches of 256):\n\n"
+                   + "\n".join(f"- {name}: {rate:,.0f} images/s" for name, rate in reads.items()))
+    options = results.get("array_record_options") or {}
+    if options:
+        kinds = list(options)
+        header = " | ".join(f"{kind}: size ÷ payload | {kind}: random lookup µs" for kind in kinds)
+        lines = [f"| options | {header} |", "|---|" + "---:|---:|" * len(kinds)]
+        for i, row in enumerate(options[kinds[0]]):
+            cells = " | ".join(f"{options[kind][i]['size_over_payload']:.4f} | {options[kind][i]['lookup_us']:,.1f}"
+                               for kind in kinds)
+            lines.append(f"| `{row['options']}` | {cells} |")
+        out.append("ArrayRecord writer options, on the uncompressed TFRecord run's records (JPEG) and the same "
+                   "images as raw pixels:\n\n" + "\n".join(lines))
+    return "\n\n".join(out)
+
+
+def writer_gcs(results: Mapping) -> str:
+    """Local disk against gs:// at each added latency, for each sink."""
+    runs = results["runs"]
+    sinks = ("streaming", "shuffle")
+
+    def key(r: Mapping) -> tuple:
+        return r["sink"], r["source"], r["latency_ms"], r["images"], r.get("concurrency") or 0
+
+    by_key = {key(r): r for r in runs}
+    lines = ["| sink | input | added latency | reads in flight | images | wall s | images/s | ÷ same at 0 ms "
+             "| ÷ local disk | peak RSS GiB | server CPU ms/image |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(runs, key=lambda r: (sinks.index(r["sink"]) if r["sink"] in sinks else 9, r["images"],
+                                         r["source"] != "local", r["latency_ms"], r.get("concurrency") or 0)):
+        zero = by_key.get((r["sink"], "gs", 0, r["images"], 0))
+        local = by_key.get((r["sink"], "local", 0, r["images"], 0))
+
+        def ratio(base: Mapping | None, r: Mapping = r) -> str:
+            if r["source"] == "local" or not base or not base.get("images_per_s") or not r.get("images_per_s"):
+                return "—"
+            return times(r["images_per_s"] / base["images_per_s"])
+
+        server = r.get("server_ms_per_image")
+        lines.append(
+            f"| {r['sink']} | {'gs://' if r['source'] == 'gs' else 'local disk'} "
+            f"| {'—' if r['source'] == 'local' else str(r['latency_ms']) + ' ms'} "
+            f"| {r.get('concurrency') or 'default'} | {r['images']:,} | {r['seconds']:.1f} "
+            f"| {'failed' if r.get('error') else fmt(r['images_per_s'])} | {ratio(zero)} | {ratio(local)} "
+            f"| {r['peak_rss_bytes'] / GIB:.2f} | {'—' if server is None else f'{server:.2f}'} |")
+    return "\n".join(lines)
+
+
+def gcs_read(results: Mapping) -> str:
+    """Per object read from the test GCS server, by client."""
+    lines = [f"One thread reading {results['objects']:,} objects of {results['object_bytes'] // 1000} KB, per object:",
+             "", "| client | wall ms | client CPU ms | requests | emulator CPU ms |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['client']} | {r['wall_ms']:.2f} | {r['cpu_ms']:.2f} | {r['requests']:.1f} "
+              f"| {r['emulator_cpu_ms']:.2f} |" for r in results["rows"]]
+    return "\n".join(lines)
+
+
+def listing(results: Mapping) -> str:
+    """Each lister at each added latency, on one gs:// tree."""
+    lines = [f"{results['objects']:,} objects in {results['labels']:,} label folders, a fresh process each, "
+             "after its imports:", "",
+             "| lister | added latency | seconds | lister CPU s | lister peak RSS MB | requests | emulator CPU s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['lister']} | {r['latency_ms']} ms | {r['seconds']:.2f} | {r['cpu_s']:.2f} "
+              f"| {r['peak_rss_mb']:.0f} | {r['requests']:,} | {r['emulator_cpu_s']:.2f} |"
+              for r in sorted(results["rows"], key=lambda r: (r["latency_ms"], r["lister"]))]
+    return "\n".join(lines)
+
+
+# --- the others -------------------------------------------------------------------------------
+
+def resize(results: Mapping) -> str:
+    """Each candidate's time and quality on each set."""
+    lines = ["| candidate | set | µs per image | × pillow | PSNR median dB | 10th pct dB | min dB "
+             "| mean − pillow's dB | quality kept |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in results["rows"]:
+        lines.append(f"| {row['candidate']} | {row['set']} ({row['images']}) | {row['seconds'] * 1e6:,.0f} "
+                     f"| {row['vs_pillow']:.2f}× | {row['psnr_median']:.2f} | {row['psnr_10th']:.2f} "
+                     f"| {row['psnr_min']:.2f} | {row['psnr_mean_vs_pillow']:+.2f} "
+                     f"| {'yes' if row['quality_kept'] else 'no'} |")
+    out = ["\n".join(lines)]
+    if results.get("not_installed"):
+        out.append(f"Not installed where this ran, so absent: {', '.join(results['not_installed'])}.")
+    return "\n\n".join(out)
+
+
+def launcher_medians(results: Mapping) -> dict[tuple[str, int], dict[str, float]]:
+    """Each (run, files)'s median seconds, process seconds and peak RSS over the repeats."""
+    medians = {}
+    for key in {(r["run"], r["files"]) for r in results["runs"]}:
+        same = [r for r in results["runs"] if (r["run"], r["files"]) == key]
+        medians[key] = {field: statistics.median(r[field] for r in same)
+                        for field in ("seconds", "process_seconds", "peak_rss_bytes")}
+    return medians
+
+
+def launcher(results: Mapping) -> str:
+    """Each run at each tree size, against the bare walk (a)."""
+    medians = launcher_medians(results)
+    sizes = sorted({files for _, files in medians})
+    names = sorted({run for run, _ in medians})
+    walk = next(name for name in names if name.startswith("(a)"))
+    lines = ["| files | run | seconds | process s | peak RSS MB | seconds ÷ (a) | peak RSS ÷ smallest tree's |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for files in sizes:
+        for run in names:
+            m = medians[run, files]
+            first = medians[run, sizes[0]]
+            lines.append(f"| {files:,} | {run} | {m['seconds']:.1f} | {m['process_seconds']:.1f} "
+                         f"| {m['peak_rss_bytes'] / MIB:.0f} | {m['seconds'] / medians[walk, files]['seconds']:.2f} "
+                         f"| {m['peak_rss_bytes'] / first['peak_rss_bytes']:.2f} |")
+    return "\n".join(lines)
+
+
+def duplicates(results: Mapping) -> str:
+    """Each search at each size and share of copies, against the dict baseline (a)."""
+    rows = results["runs"]
+    by = {(r["search"], r["records"], r["share"]): r for r in rows}
+    searches = results["searches"]
+    sizes = sorted({r["records"] for r in rows})
+    shares = sorted({r["share"] for r in rows})
+    lines = ["| records | with a copy | search | seconds | memory MB | bytes / record "
+             "| growth / record from the smallest size | seconds ÷ (a) |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for share in shares:
+        for records in sizes:
+            for search in searches:
+                r = by[search, records, share]
+                base = by[searches[0], records, share]
+                low = by[search, sizes[0], share]
+                growth = (f"{(r['grown_bytes'] - low['grown_bytes']) / (records - sizes[0]):.1f}"
+                          if records > sizes[0] else "—")
+                lines.append(f"| {records:,} | {share:.0%} | {search} | {r['seconds']:.1f} "
+                             f"| {r['grown_bytes'] / MIB:.0f} | {r['grown_bytes'] / records:.1f} | {growth} "
+                             f"| {r['seconds'] / base['seconds']:.2f} |")
+    return "\n".join(lines)
+
+
+def reader_rate(results: Mapping, key: str) -> tuple[float, float]:
+    """A reader's median images/s and images per CPU-second over the rounds."""
+    r = results["results"][key]
+    return statistics.median(r["images_per_s"]), statistics.median(r["images_per_cpu_s"])
+
+
+def reader(results: Mapping) -> str:
+    """Each reader against the decode limit (c) and the seed notebook's reader (b)."""
+    compare = {"a": "c", "a_fast": "c_fast", "a_eval": "c", "a_crop": "c"}
+    keys = results["results"]
+    lines = ["| reader | images/s | images per CPU-s | ÷ (c) limit | ÷ (b) seed |", "|---|---:|---:|---:|---:|"]
+
+    def vs(key: str, other: str | None) -> str:
+        if other is None or other not in keys or key == other:
+            return "—"
+        (wall, cpu), (owall, ocpu) = reader_rate(results, key), reader_rate(results, other)
+        return f"{times(wall / owall)} ({times(cpu / ocpu)} per CPU-s)"
+
+    for key, r in keys.items():
+        wall, cpu = reader_rate(results, key)
+        lines.append(f"| {r['label']} | {wall:,.0f} | {cpu:,.0f} | {vs(key, compare.get(key))} "
+                     f"| {vs(key, 'b')} |")
+    settings = results.get("settings", {})
+    head = ""
+    if settings:
+        head = (f"{settings['images']:,} records of {settings['image_size']}×{settings['image_size']} JPEG "
+                f"q{settings['jpeg_quality']} in {settings['num_shards']} GZIP shards, batch "
+                f"{settings['batch_size']}; medians of {settings['rounds']} rounds of {settings['seconds']:g} s.\n\n")
+    return head + "\n".join(lines)
+
+
+def verify(results: Mapping) -> str:
+    """The reader's figures and ``verify``'s, against the one-pass reader (e) and the training reader (a)."""
+    runs = results["runs"]
+    medians = {name: (statistics.median(r["images_per_s"]), statistics.median(r["images_per_cpu_s"]))
+               for name, r in runs.items()}
+    names = list(medians)
+    first = medians[names[0]]
+    one_pass = next((medians[n] for n in names if n.startswith("(e)")), None)
+    lines = ["| run | images/s | images per CPU-s | ÷ (e) | ÷ (e) per CPU-s | ÷ (a) per CPU-s |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, (wall, cpu) in medians.items():
+        is_e = name.startswith("(e)") or one_pass is None
+        lines.append(f"| {name} | {wall:,.0f} | {cpu:,.0f} | {'—' if is_e else times(wall / one_pass[0])} "
+                     f"| {'—' if is_e else times(cpu / one_pass[1])} "
+                     f"| {'—' if name == names[0] else times(cpu / first[1])} |")
+    s = results.get("settings", {})
+    head = ""
+    if s:
+        head = (f"{s['shards']} GZIP shards of {s['shard_records']:,} records ({s['images']:,} records repeated), "
+                f"batch {s['batch_size']}; medians of {s['rounds']} rounds; the reader's figures after a "
+                f"second's warm-up, over {s['seconds']:g} s.\n\n")
+    return head + "\n".join(lines)
+
+
+def startup(results: Mapping) -> str:
+    """Each start-up measure's median, min and max, and the command's cost over the run without the kernel."""
+    seconds = results["seconds"]
+    base_values = seconds.get("command, without the kernel")
+    base = statistics.median(base_values) if base_values else None
+    lines = ["| measure | median | min | max | − without the kernel |", "|---|---:|---:|---:|---:|"]
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        digits = 1 if "MB" in name else 2
+        extra = f"{median - base:+.2f}" if name.startswith("command") and base is not None else ""
+        lines.append(f"| {name} | {median:.{digits}f} | {min(values):.{digits}f} | {max(values):.{digits}f} "
+                     f"| {extra} |")
+    return (f"Kernel: {results['kernel']}; {results['rounds']} rounds, alternating.\n\n" + "\n".join(lines))
+
+
+TABLES: dict[str, Callable[[Mapping], str]] = {
+    "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
+    "listing": listing, "resize": resize,
+    "launcher": launcher, "duplicates": duplicates, "reader": reader, "verify": verify, "startup": startup,
+}
