@@ -36,7 +36,7 @@ _HOMES = {
     "RecordFiles": "beam_prep.reader",
     "data_source": "beam_prep.reader.data_source",
 }
-__all__ = ["__version__", *_HOMES]
+__all__ = ["__version__", *_HOMES]  # noqa: PLE0604  the lazy names, listed once in _HOMES
 
 
 def __getattr__(name: str) -> Any:

@@ -17,18 +17,19 @@ import contextlib
 import logging
 import os
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.cli.flags import bare_flags, check_flags, check_positionals, spelled_as_known
+from beam_prep.cli.options import config_from_options
 from beam_prep.cli.spelling import as_keywords
 from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
-from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY, WorkerNoise
-from beam_prep.cli.options import config_from_options
-from beam_prep.write.plan.config import PrepareConfig
-from beam_prep.write.run.pipeline import run
 from beam_prep.write.journal.progress import Progress
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY, WorkerNoise
+from beam_prep.write.run.pipeline import run
 
 __all__ = ["parse_command_line", "prepare", "with_local_defaults"]
 
@@ -81,8 +82,10 @@ _TRUE = ("true", "1", "yes")
 
 
 def _dry_run_as_bool(argv: list[str]) -> list[str]:
-    """``--dry_run`` alone means True, and ``--dry_run=false`` False (Beam's flag takes any
-    string, and reads "false" as true)."""
+    """``--dry_run`` alone means True, and ``--dry_run=false`` False.
+
+    Beam's flag takes any string, and reads "false" as true.
+    """
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -168,8 +171,10 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
 
 @contextlib.contextmanager
 def _as_a_library() -> Iterator[None]:
-    """For one ``prepare`` call: nothing printed where logging is unconfigured, Beam's
-    workers' routine warnings dropped, and messages and warnings in keywords."""
+    """For one ``prepare`` call: nothing printed where logging is unconfigured.
+
+    Beam's workers' routine warnings are dropped, and messages and warnings name keywords.
+    """
     root = logging.getLogger()
     # A root logger without handlers: Beam would give it one (logging.basicConfig()),
     # and Python's last resort would print warnings. A handler that drops them stops both.

@@ -19,13 +19,17 @@ class StorageError(BeamPrepError):
 
 
 class ElementError(BeamPrepError, TypeError):
-    """An element of the wrong shape given to ``WriteImageDataset``: a bug in the calling
-    pipeline, not bad data, so it fails the job instead of going to errors.jsonl."""
+    """An element of the wrong shape given to ``WriteImageDataset``.
+
+    A bug in the calling pipeline, not bad data, so it fails the job instead of going to errors.jsonl.
+    """
 
 
 class KernelUnavailable(BeamPrepError):
-    """The resize kernel was required (``BEAM_PREP_RESIZE_KERNEL=numba``) and cannot load here:
-    the environment, not an image, is at fault, so it fails the job."""
+    """The resize kernel was required (``BEAM_PREP_RESIZE_KERNEL=numba``) and cannot load here.
+
+    The environment, not an image, is at fault, so it fails the job.
+    """
 
 
 class ImageError(BeamPrepError):
@@ -45,8 +49,10 @@ class ImageError(BeamPrepError):
 
 
 class BeamPrepWarning(UserWarning):
-    """Something the caller should look at, though the run goes on (``warnings.warn``): a
-    library's logging is the caller's to configure, and may show nothing."""
+    """Something the caller should look at, though the run goes on (``warnings.warn``).
+
+    A library's logging is the caller's to configure, and may show nothing; a warning is seen.
+    """
 
 
 class RunInterrupted(KeyboardInterrupt):

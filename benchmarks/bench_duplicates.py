@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks.results import Recording
 

@@ -14,7 +14,7 @@ import io
 import random
 import statistics
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from apache_beam.io.tfrecordio import _TFRecordUtil
 

@@ -19,7 +19,7 @@ import argparse
 import logging
 import os
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks.gcs_server import run_child, scratch_server
 from benchmarks.report import tables

@@ -21,8 +21,8 @@ import argparse
 import logging
 import pathlib
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, run_child, scratch_server
 from benchmarks.report import tables

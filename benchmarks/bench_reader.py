@@ -45,9 +45,8 @@ from collections.abc import Sequence
 
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, machine
 from benchmarks.corpus import ensure_corpus
+from benchmarks.reading import BATCH_SIZE, DEFAULT_IMAGES, NUM_SHARDS, Reader, ensure_dataset, time_reader
 from benchmarks.results import Recording
-from benchmarks.reading import (BATCH_SIZE, DEFAULT_IMAGES, NUM_SHARDS, Reader, ensure_dataset,
-                                time_reader)
 
 log = logging.getLogger(__name__)
 

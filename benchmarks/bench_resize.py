@@ -61,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from PIL import Image, ImageOps

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from beam_prep.write.images import resample
 from beam_prep.write.images.resample_loader import CACHE_VARIABLE as CACHE

@@ -37,8 +37,8 @@ import time
 from collections.abc import Sequence
 
 from benchmarks import CACHE_DIR, machine
-from benchmarks.reading import BATCH_SIZE, DEFAULT_IMAGES, ensure_dataset
 from benchmarks.corpus import ensure_corpus
+from benchmarks.reading import BATCH_SIZE, DEFAULT_IMAGES, ensure_dataset
 from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)

@@ -49,14 +49,14 @@ import shutil
 import statistics
 import sys
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from beam_prep.write.images.imaging import ImageSpec
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine, peers
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
-from benchmarks.results import Recording
 from benchmarks.measure import Measured, check_manifest, directory_bytes, run_measured
+from benchmarks.results import Recording
 from pipelines import prepare_images
 
 DEFAULT_IMAGES = 2000
@@ -413,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # next: with --repeat, (b), (a) and (c) take turns and each row is the median.
     for _ in range(args.repeat):
         limits.append(measure_limit(corpora[max(corpora)].files(), args.sample, spec))
-        logging.info("limit: %.0f images/s per core, %.0f measured on %d cores",
+        logging.getLogger(__name__).info("limit: %.0f images/s per core, %.0f measured on %d cores",
                      limits[-1].per_core, limits[-1].parallel_images_per_s, limits[-1].cores)
         for size, corpus in corpora.items():
             workdir = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=CACHE_DIR))

@@ -15,16 +15,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import psutil
 
 from benchmarks import CACHE_DIR, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
-from gcs_harness.server import GcsServer, running_gcs_server  # noqa: E402
+from gcs_harness.server import GcsServer, running_gcs_server
 
-__all__ = ["GcsServer", "ChildRun", "UPLOAD_THREADS", "run_child", "scratch_server"]
+__all__ = ["UPLOAD_THREADS", "ChildRun", "GcsServer", "run_child", "scratch_server"]
 
 # The emulator serves one request at a time with a listen backlog of five:
 # more uploaders than that time out connecting.

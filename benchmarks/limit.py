@@ -19,7 +19,7 @@ import os
 import pathlib
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from beam_prep.errors import ImageError
 from beam_prep.write.images import resample

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import psutil
 

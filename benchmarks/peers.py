@@ -17,7 +17,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -19,7 +19,7 @@ import json
 import logging
 import pathlib
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks import CACHE_DIR, machine
 from benchmarks.corpus import ensure_corpus

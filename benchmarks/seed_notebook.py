@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf

@@ -37,7 +37,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from benchmarks import CACHE_DIR, machine
 from benchmarks.bench_writer import DEFAULT_FLAGS, RunResult, _fmt, median_run, paired_ratio, run_ours

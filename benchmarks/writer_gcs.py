@@ -27,7 +27,7 @@ import logging
 import pathlib
 import shutil
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import psutil
 
@@ -133,7 +133,7 @@ def table(results: dict[tuple, GcsRun]) -> str:
         zero = results.get((r.sink, "gs", 0, r.images, 0))
         local = results.get((r.sink, "local", 0, r.images, 0))
 
-        def ratio(base: GcsRun | None) -> str:
+        def ratio(base: GcsRun | None, r: GcsRun = r) -> str:
             if r.source == "local" or base is None or base.images_per_s is None or r.images_per_s is None:
                 return "—"
             return f"{r.images_per_s / base.images_per_s:.2f}×"

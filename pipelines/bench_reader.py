@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from beam_prep.errors import BeamPrepError
 from beam_prep.tools.throughput import Throughput, measure_reader

@@ -21,7 +21,8 @@ import importlib
 import logging
 import sys
 import warnings
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import beam_prep
 from beam_prep.cli.spelling import PATH_FLAGS, as_positional_message, known_spelling, unknown_flags_message

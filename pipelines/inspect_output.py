@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from beam_prep.errors import BeamPrepError
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
-
 
 EPILOG = """\
 examples:

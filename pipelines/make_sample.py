@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from beam_prep.tools.sample import make_sample_tree
 

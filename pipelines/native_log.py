@@ -21,7 +21,7 @@ import io
 import os
 import sys
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 PREFIX = "beam-prep-tensorflow-"
 USAGE_ERROR = 2

@@ -19,21 +19,22 @@ import argparse
 import logging
 import sys
 import traceback
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.api import parse_command_line
 from beam_prep.cli.joblog import JobFailed, JobLog, is_job_failure, new_log_path, root_cause
+from beam_prep.cli.options import PrepareImagesOptions
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help, prepare_parser
 from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
 from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
+from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY
 from beam_prep.write.run.interrupt import signal_of
-from beam_prep.cli.options import PrepareImagesOptions
-from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.run.pipeline import RunResult, run
 from pipelines.cli import VERSION, VERSION_FLAG, ConsoleFormatter, console_logging
 from pipelines.progress_display import ProgressDisplay

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from tqdm import tqdm
 
@@ -42,7 +43,7 @@ def _size(stream: TextIO) -> tuple[int, int]:
 
 def format_duration(seconds: float) -> str:
     """``75`` -> ``1:15``, ``3725`` -> ``1:02:05``: short enough for a progress line."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

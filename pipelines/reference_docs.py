@@ -27,8 +27,8 @@ import json
 import re
 import sys
 import tarfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = Path("docs") / "reference"
@@ -61,7 +61,7 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
 def _usage(parser: argparse.ArgumentParser) -> str:
     """The usage lines, unwrapped: the same on every terminal."""
     formatter = argparse.HelpFormatter(prog=parser.prog, width=10_000)
-    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)  # noqa: SLF001
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
     return formatter.format_help().strip().removeprefix("usage: ")
 
 
@@ -69,13 +69,13 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     """The option's help as ``--help`` prints it (``%(default)s`` and ``%%`` expanded)."""
     if not action.help:
         return ""
-    return argparse.HelpFormatter(parser.prog)._expand_help(action)  # noqa: SLF001
+    return argparse.HelpFormatter(parser.prog)._expand_help(action)
 
 
 def _default(action: argparse.Action) -> str:
     """The default as ``--help`` states it: on/off for a flag without a value; a dash where the
     default is chosen later (the help then says which) or there is none."""
-    if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):  # noqa: SLF001
+    if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
         return ""
     if action.default is argparse.SUPPRESS:
         return ""
@@ -124,8 +124,8 @@ def _option_rows(parser: argparse.ArgumentParser, actions: Sequence[argparse.Act
 def _groups(parser: argparse.ArgumentParser) -> list[tuple[str, list[argparse.Action]]]:
     """The parser's groups as ``--help`` shows them, empty ones left out."""
     found = []
-    for group in parser._action_groups:  # noqa: SLF001 - argparse has no public list of its groups.
-        actions = [a for a in group._group_actions if a.help is not argparse.SUPPRESS]  # noqa: SLF001
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.help is not argparse.SUPPRESS]
         if actions:
             title = group.title or "options"
             found.append(("arguments" if title == "positional arguments" else title, actions))

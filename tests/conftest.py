@@ -4,7 +4,6 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-
 from helpers import REPO
 
 # A real GCS server on loopback for gs:// tests: the test harness in gcs_harness/.

@@ -15,14 +15,15 @@ import json
 import os
 import pathlib
 import statistics
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+from helpers import read_split, run_prepare
 from PIL import Image
+from reference_image import Rejected, Target, mismatch, psnr, reference
 
 from beam_prep.write.images import resample
-from helpers import read_split, run_prepare
-from reference_image import Rejected, Target, mismatch, psnr, reference
 
 
 @dataclasses.dataclass(frozen=True)

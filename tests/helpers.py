@@ -12,7 +12,8 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from PIL import Image
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from typing import Iterable
+from collections.abc import Iterable
 
 import PIL
 

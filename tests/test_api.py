@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO, child, make_tree, read_split
 
 import beam_prep
 from beam_prep.errors import BeamPrepWarning, OptionsError
-from helpers import REPO, child, make_tree, read_split
 
 SMALL = {"image_size": 16, "max_pixels": 100000, "direct_running_mode": "in_memory"}
 

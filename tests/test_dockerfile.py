@@ -17,9 +17,8 @@ import sys
 import zipfile
 
 import pytest
-from packaging.specifiers import SpecifierSet
-
 from helpers import REPO
+from packaging.specifiers import SpecifierSet
 
 # Where tests/write/test_accelerated.py finds the pillow-simd that .ci/run builds.
 SIMD_TARGET = REPO / ".ci" / "pillow-simd"
@@ -44,7 +43,7 @@ def dockerfile() -> str:
 
 
 def test_base_image_is_beams_sdk_at_the_pinned_version():
-    match = re.search(r"^FROM apache/beam_python(\d+\.\d+)_sdk:(\S+)\s*$", dockerfile(), re.M)
+    match = re.search(r"^FROM apache/beam_python(\d+\.\d+)_sdk:(\S+)\s*$", dockerfile(), re.MULTILINE)
     assert match, "the Dockerfile must build FROM apache/beam_pythonX.Y_sdk:VERSION"
     python, beam = match.groups()
     setup = setup_kwargs()
@@ -53,7 +52,7 @@ def test_base_image_is_beams_sdk_at_the_pinned_version():
 
 
 def test_beams_boot_entrypoint_is_kept():
-    assert not re.search(r"^\s*(ENTRYPOINT|CMD)\b", dockerfile(), re.M)
+    assert not re.search(r"^\s*(ENTRYPOINT|CMD)\b", dockerfile(), re.MULTILINE)
 
 
 # --- the build, without Docker ---------------------------------------------------
@@ -150,7 +149,7 @@ def test_the_workers_get_pillow_simd_built_by_the_script_ci_tests():
     # The same script builds the opt-in accelerated Pillow for tests/write/test_accelerated.py,
     # and the image checks that it replaced the stock Pillow.
     text = dockerfile()
-    assert re.search(r"^COPY \.ci/build-pillow-simd ", text, re.M)
+    assert re.search(r"^COPY \.ci/build-pillow-simd ", text, re.MULTILINE)
     assert "bash build-pillow-simd" in text
     assert "imaging.library().startswith('pillow-simd')" in text
     script = (REPO / ".ci" / "build-pillow-simd").read_text()

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep.cli.spelling import (PATH_FLAGS, known_spelling, nearest_flag, positionals_message,
-                                    unknown_flags_message)
+from beam_prep.cli.spelling import PATH_FLAGS, known_spelling, nearest_flag, positionals_message, unknown_flags_message
 from beam_prep.errors import OptionsError
 from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 
@@ -63,7 +63,7 @@ def all_options_parser() -> argparse.ArgumentParser:
 def known_flags(parser: argparse.ArgumentParser | None = None) -> list[str]:
     """Every ``--flag`` name the command line accepts."""
     parser = parser or all_options_parser()
-    names = {name for action in parser._actions for name in action.option_strings}  # noqa: SLF001
+    names = {name for action in parser._actions for name in action.option_strings}
     return sorted(name for name in names if name.startswith("--"))
 
 
@@ -92,7 +92,7 @@ def unknown_flags(argv: Sequence[str]) -> list[str]:
 def bare_flags(parser: argparse.ArgumentParser | None = None) -> list[str]:
     """The flags that take no value (``--overwrite``): ``prepare(overwrite=True)`` gives them."""
     parser = parser or all_options_parser()
-    return sorted(name for action in parser._actions if action.nargs == 0  # noqa: SLF001
+    return sorted(name for action in parser._actions if action.nargs == 0
                   for name in action.option_strings if name.startswith("--"))
 
 

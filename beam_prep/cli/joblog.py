@@ -136,7 +136,7 @@ class _LogFileHandler(logging.StreamHandler):
             self.hidden_warnings += 1
         super().emit(record)
 
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name.
+    def handleError(self, record: logging.LogRecord) -> None:
         self.failed = True
 
 

@@ -14,8 +14,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_prep.doc_pages import doc_page
 from beam_prep.model.dataset import TFRECORD
 from beam_prep.write.images.imaging import DEFAULT_MAX_PIXELS, OUTPUT_FORMATS, RESIZE_MODES
-from beam_prep.write.plan.config import (DEFAULT_IMAGE_SIZE, DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY,
-                                         DEFAULT_TARGET_SHARD_MB, PrepareConfig, config_from_flags)
+from beam_prep.write.plan.config import (
+    DEFAULT_IMAGE_SIZE,
+    DEFAULT_READ_AHEAD_MB,
+    DEFAULT_REMOTE_READ_CONCURRENCY,
+    DEFAULT_TARGET_SHARD_MB,
+    PrepareConfig,
+    config_from_flags,
+)
 
 __all__ = ["SECTIONS", "PrepareImagesOptions", "config_from_options"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 __all__ = ["PATH_FLAGS", "as_keywords", "as_positional_message", "known_spelling", "nearest_flag", "positionals_message",
            "unknown_flags_message"]

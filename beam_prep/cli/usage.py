@@ -12,8 +12,8 @@ import argparse
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.cli.flags import option_classes
-from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 from beam_prep.cli.options import PrepareImagesOptions
+from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 
 __all__ = ["HELP_BEAM", "beam_option_parsers", "beam_options_help", "prepare_help", "prepare_parser"]
 
@@ -115,7 +115,7 @@ def beam_option_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
             continue
         parser = _parser(usage=argparse.SUPPRESS)
         add_options_arguments(cls, parser)
-        if parser._actions:  # noqa: SLF001 - argparse has no public count of its options.
+        if parser._actions:
             found.append((cls.__name__, parser))
     return found
 

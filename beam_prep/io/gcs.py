@@ -21,7 +21,7 @@ import dataclasses
 import json
 import logging
 import urllib.parse
-from typing import Iterator
+from collections.abc import Iterator
 
 import urllib3
 

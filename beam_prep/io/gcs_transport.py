@@ -18,7 +18,7 @@ import os
 import random
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import urllib3
 

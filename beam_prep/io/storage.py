@@ -8,7 +8,8 @@ Beam's filesystems wrap the client's exceptions (``BeamIOError`` holding a dict 
 """
 from __future__ import annotations
 
-from typing import BinaryIO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 from beam_prep.errors import StorageError
 
@@ -37,7 +38,7 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
     try:
         with FileSystems.create(path, mime_type="text/plain") as f:
             f.write(data)
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("write", path, e) from e
 
 
@@ -68,7 +69,7 @@ def read_lines(path: str) -> list[str]:
     """
     try:
         return read_bytes(path).decode("utf-8").splitlines()
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("read", path, e) from e
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from beam_prep.io.storage import storage_error
 
@@ -96,5 +97,5 @@ def count_members(path: str, suffix: str) -> int:
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return sum(name.endswith(suffix) for name, _ in read_members(f))
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("read", path, e) from e

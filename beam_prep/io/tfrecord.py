@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import struct
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes

@@ -24,12 +24,12 @@ from beam_prep.model.features import IMAGE_FORMATS
 
 __all__ = [
     "COMPRESSIONS",
+    "FILE_FORMATS",
     "FORMAT_VERSION",
     "MANIFEST",
     "READ_COMPRESSIONS",
     "Compression",
     "DatasetInfo",
-    "FILE_FORMATS",
     "FileFormat",
     "ImageInfo",
     "SplitInfo",

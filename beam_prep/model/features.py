@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -191,7 +192,7 @@ def decode_all(serialized: bytes) -> dict[str, list[Any]]:
             for key, feature in example.features.feature.items()}
 
 
-def tf_parse_spec(keys: tuple[str, ...] | None = None) -> dict[str, "tf.io.FixedLenFeature"]:
+def tf_parse_spec(keys: tuple[str, ...] | None = None) -> dict[str, tf.io.FixedLenFeature]:
     """The ``tf.io.parse_example`` spec for ``keys`` (default: every key)."""
     import tensorflow as tf
 

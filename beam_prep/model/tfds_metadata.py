@@ -28,8 +28,17 @@ from beam_prep.errors import DatasetError
 from beam_prep.model import features
 from beam_prep.model.dataset import DatasetInfo, ImageInfo
 
-__all__ = ["CLASS_LABEL_NAMES", "DATASET_INFO", "FEATURES", "FILES", "FILEPATH_TEMPLATE",
-           "class_names", "dataset_name", "metadata_files", "unsupported"]
+__all__ = [
+    "CLASS_LABEL_NAMES",
+    "DATASET_INFO",
+    "FEATURES",
+    "FILEPATH_TEMPLATE",
+    "FILES",
+    "class_names",
+    "dataset_name",
+    "metadata_files",
+    "unsupported",
+]
 
 DATASET_INFO = "dataset_info.json"
 FEATURES = "features.json"

@@ -1,5 +1,6 @@
-"""``data_source``: an array_record dataset as a random-access source of decoded examples,
-for Grain (``grain.MapDataset.source``) and PyTorch (a map-style ``Dataset``).
+"""``data_source``: an array_record dataset as a random-access source of decoded examples.
+
+For Grain (``grain.MapDataset.source``) and PyTorch (a map-style ``Dataset``).
 
 It imports neither TensorFlow nor Beam: a JAX or PyTorch training host should
 not pay for either. Records are the writer's ``tf.train.Example``, parsed with
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Sequence, SupportsIndex
+from collections.abc import Sequence
+from typing import Any, SupportsIndex
 
 import numpy as np
 

@@ -172,8 +172,10 @@ def _records(paths: tuple[str, ...], shard_counts: tuple[int, ...] | None, count
 
 def _images(records: tf.data.Dataset, plan: RecordPlan, batch_size: int | None, *, drop_remainder: bool,
             deterministic: bool, count: int | None) -> tf.data.Dataset:
-    """Parsed and decoded batches (or single images); ``count``: the records of one pass, when known
-    and not repeated."""
+    """Parsed and decoded batches (or single images).
+
+    ``count``: the records of one pass, when known and not repeated.
+    """
     import tensorflow as tf
 
     def parse(serialized):

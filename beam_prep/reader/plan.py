@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from beam_prep.errors import OptionsError
 from beam_prep.model import features
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Augment", "RecordPlan", "decode_batch", "decode_one", "finish", "make_plan", "parse"]
 
-Augment = Union[str, RandomCropFlip, Callable[["tf.Tensor"], "tf.Tensor"]]
+Augment = str | RandomCropFlip | Callable[["tf.Tensor"], "tf.Tensor"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -283,5 +283,5 @@ def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
 
 
 def _text_size(font, text: str) -> tuple[int, int]:
-    left, top, right, bottom = font.getbbox(text)
+    left, _top, right, bottom = font.getbbox(text)
     return right - left, bottom

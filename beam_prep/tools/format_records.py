@@ -19,7 +19,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import require
@@ -64,7 +65,7 @@ def _array_records(path: str) -> Iterator[bytes]:
                     yield from reader.read(list(range(start, min(count, start + _BATCH))))
             finally:
                 reader.close()  # raises, too, for a file it could not read whole
-        except Exception as e:  # noqa: BLE001 - the C++ reader raises ValueError or RuntimeError
+        except Exception as e:
             raise DatasetError(f"{type(e).__name__}: {e}") from e
 
 

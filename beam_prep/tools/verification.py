@@ -31,9 +31,24 @@ import numpy as np
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, TFRECORD, DatasetInfo, SplitInfo, labels_lines
-from beam_prep.tools.verify_report import (BAD_RECORD, CLASS_COUNT, DAMAGED_SHARD, EXTRA_SHARD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT, LABELS_FILE, MANIFEST_PROBLEM, MAX_PER_KIND,
-                                           MISSING_SHARD, RUN_COUNTS, SHARD_COUNT, SPLIT_COUNT, Problems,
-                                           VerifyReport)
+from beam_prep.tools.verify_report import (
+    BAD_RECORD,
+    CLASS_COUNT,
+    DAMAGED_SHARD,
+    EXTRA_SHARD,
+    IMAGE_SHAPE,
+    LABEL_RANGE,
+    LABEL_TEXT,
+    LABELS_FILE,
+    MANIFEST_PROBLEM,
+    MAX_PER_KIND,
+    MISSING_SHARD,
+    RUN_COUNTS,
+    SHARD_COUNT,
+    SPLIT_COUNT,
+    Problems,
+    VerifyReport,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf

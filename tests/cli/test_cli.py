@@ -9,15 +9,15 @@ import resource
 import subprocess
 
 import pytest
+from helpers import REPO, child, encode, make_tree, run_prepare
 
 import beam_prep
 from beam_prep.cli.flags import check_flags, known_flags, nearest_flag, unknown_flags
 from beam_prep.cli.joblog import JobLog, is_job_failure, new_log_path, root_cause
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.errors import OptionsError, StorageError
-from beam_prep.write.plan.listing import split_for
 from beam_prep.tools.sample import picture
-from helpers import REPO, child, encode, make_tree, run_prepare
+from beam_prep.write.plan.listing import split_for
 from pipelines import bench_reader, cli, inspect_output, prepare_images, verify_output
 
 # Raw 64x64 RGB pixels barely compress: 8 records make a ~96 KB shard, over the

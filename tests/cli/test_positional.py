@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
 from beam_prep.api import parse_command_line
 from beam_prep.cli.spelling import PATH_FLAGS, positionals_message
 from beam_prep.errors import OptionsError
-from helpers import REPO
 from pipelines import bench_reader, inspect_output, verify_output
 
 

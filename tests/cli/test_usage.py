@@ -6,10 +6,10 @@ import re
 import subprocess
 
 import pytest
-
-from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
-from beam_prep.cli.options import SECTIONS, PrepareImagesOptions
 from helpers import REPO
+
+from beam_prep.cli.options import SECTIONS, PrepareImagesOptions
+from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 from pipelines import cli, prepare_images
 
 
@@ -17,7 +17,7 @@ def declared() -> list[tuple[str, argparse.Action]]:
     """(section title, option) for every option PrepareImagesOptions declares."""
     parser = BeamArgumentParser(add_help=False)
     add_options_arguments(PrepareImagesOptions, parser)
-    return [(group.title, action) for group in parser._action_groups for action in group._group_actions]  # noqa: SLF001
+    return [(group.title, action) for group in parser._action_groups for action in group._group_actions]
 
 
 def sections(text: str) -> dict[str, str]:
@@ -35,7 +35,7 @@ def sections(text: str) -> dict[str, str]:
 
 def entry(section: str, flag: str) -> str:
     """An option's entry in a section, its lines joined into one, spaces collapsed."""
-    match = re.search(rf"^  {re.escape(flag)}\b.*?(?=^  -|\Z)", section, re.M | re.S)
+    match = re.search(rf"^  {re.escape(flag)}\b.*?(?=^  -|\Z)", section, re.MULTILINE | re.DOTALL)
     assert match, f"{flag} not in\n{section}"
     return " ".join(match.group(0).split())
 
@@ -99,4 +99,4 @@ def test_help_beam_lists_beams_options_by_class(capsys):
 
 
 def sections_of_classes(text: str) -> dict[str, str]:
-    return dict(re.findall(r"^(\w+Options):\n(.*?)(?=^\w+Options:|\Z)", text, re.M | re.S))
+    return dict(re.findall(r"^(\w+Options):\n(.*?)(?=^\w+Options:|\Z)", text, re.MULTILINE | re.DOTALL))

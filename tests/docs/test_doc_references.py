@@ -4,10 +4,11 @@ it exists under docs/ and mkdocs.yml's nav lists it. Messages name pages through
 from __future__ import annotations
 
 import re
+
 import yaml
+from helpers import REPO
 
 from beam_prep.doc_pages import doc_page
-from helpers import REPO
 
 SOURCES = sorted(p for folder in ("beam_prep", "pipelines") for p in (REPO / folder).rglob("*.py"))
 _PAGE = re.compile(r"\bdocs/[\w./-]+?\.md\b")

@@ -8,10 +8,10 @@ import inspect
 import re
 
 import pytest
+from helpers import REPO
 
 import beam_prep
 from beam_prep import errors
-from helpers import REPO
 
 # Everything ``beam_prep`` exports, and every error a user catches (those that take arguments).
 PUBLIC = [name for name in beam_prep.__all__ if name != "__version__"]
@@ -81,8 +81,8 @@ def test_the_api_page_documents_each_public_name_from_its_home():
     """docs/reference/api.md points mkdocstrings at each name's home module (``beam_prep._HOMES``):
     ``beam_prep`` loads them lazily, so ``::: beam_prep.prepare`` would find nothing to read."""
     page = (REPO / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
-    entries = re.findall(r"^::: ([\w.]+)$", page, re.M)
-    for name, home in beam_prep._HOMES.items():  # noqa: SLF001
+    entries = re.findall(r"^::: ([\w.]+)$", page, re.MULTILINE)
+    for name, home in beam_prep._HOMES.items():
         module = importlib.import_module(home)
         real_home = getattr(module, name).__module__
         assert f"{real_home}.{name}" in entries, f"api.md has no ::: {real_home}.{name}"

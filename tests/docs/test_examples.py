@@ -20,7 +20,6 @@ import sys
 from dataclasses import dataclass
 
 import pytest
-
 from helpers import REPO
 
 # Why a block may be left out: nothing else excuses one.

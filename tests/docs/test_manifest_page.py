@@ -15,11 +15,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from helpers import REPO, run_prepare
 
 PAGE = REPO / "docs" / "reference" / "manifest.md"

@@ -31,7 +31,7 @@ def test_every_flag_of_every_command_is_on_the_cli_page(pages):
     for name, (module, _) in COMMANDS.items():
         parser = __import__(module, fromlist=["parser"]).parser()
         assert f"## beam-prep {name}" in page
-        for action in parser._actions:  # noqa: SLF001
+        for action in parser._actions:
             for flag in action.option_strings:
                 if flag.startswith("--"):
                     assert f"`{flag}" in page, f"{name} {flag} missing from the command-line reference"

@@ -19,9 +19,9 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Iterator, Mapping, Sequence
 
 from .emulator import LOOPBACK
 
@@ -117,7 +117,7 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
             if self.tunnel_host is not None:  # socketserver closes only the raw socket
                 self.connection.close()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib's name)
+    def log_message(self, format: str, *args: object) -> None:
         _log.debug("gateway %s: " + format, self.tunnel_host or "http", *args)
 
     def do_CONNECT(self) -> None:

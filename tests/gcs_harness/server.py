@@ -133,7 +133,7 @@ import pathlib
 import ssl
 import subprocess
 import uuid
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 import trustme

@@ -12,11 +12,11 @@ import threading
 import urllib.parse
 
 import pytest
+from helpers import REPO, make_tree, read_split
 
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.io.gcs import GcsClient, GcsPreconditionFailed, RetryPolicy
 from beam_prep.write.images.examples import FileReader
-from helpers import REPO, make_tree, read_split
 from pipelines import prepare_images
 
 FAST_RETRY = RetryPolicy(attempts=3, first_delay_s=0.01, max_delay_s=0.05)

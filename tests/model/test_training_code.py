@@ -11,6 +11,7 @@ Every result is compared with our own reader, record by record, by file name.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import pathlib
 import shutil
@@ -18,16 +19,15 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-
+from helpers import encode, make_tree, read_split, run_prepare
 from PIL import Image
 
-from beam_prep.model import features, tfds_metadata
 from beam_prep.errors import DatasetError
+from beam_prep.model import features, tfds_metadata
 from beam_prep.model.dataset import DatasetInfo, SplitInfo
 from beam_prep.reader import ImageInfo, RecordFiles, load_info, make_dataset
 from beam_prep.tools.sample import picture
 from beam_prep.write.shared import layout
-from helpers import encode, make_tree, read_split, run_prepare
 
 COUNTS = {"cat": 2, "dog": 3, "emu": 2}
 SIZE = 16
@@ -43,7 +43,7 @@ def tree(tmp_path_factory) -> pathlib.Path:
 def _prepare(tmp_path_factory, tree: pathlib.Path, name: str, *flags: str) -> pathlib.Path:
     """``flags`` after ``--image_size SIZE``; ``--resize_mode none`` takes none."""
     out = tmp_path_factory.mktemp(name) / "out"
-    keeps_size = any(flag == "--resize_mode" and value == "none" for flag, value in zip(flags, flags[1:]))
+    keeps_size = any(flag == "--resize_mode" and value == "none" for flag, value in itertools.pairwise(flags))
     size = () if keeps_size else ("--image_size", str(SIZE))
     result = run_prepare("--input", str(tree), "--output", str(out), *size,
                          "--num_shards", "2", "--direct_running_mode=in_memory", *flags)

@@ -18,6 +18,7 @@ import subprocess
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import REPO, child, encode, make_tree, read_split, run_prepare
 from PIL import Image
 
 from beam_prep.errors import DatasetError, OptionsError
@@ -25,7 +26,6 @@ from beam_prep.model import features
 from beam_prep.reader import ImageInfo, RandomCropFlip, ReaderConfig, RecordFiles, load_info, make_dataset
 from beam_prep.reader.decode import decode_window, resize
 from beam_prep.tools.sample import picture
-from helpers import REPO, child, encode, make_tree, read_split, run_prepare
 
 SIZE = 32
 COUNTS = {"cat": 7, "dog": 6, "eel": 5}
@@ -530,7 +530,7 @@ def test_a_crop_twice_the_output_or_more_is_decoded_scaled_down(at_least, shape)
     rows), at 1/2 for 200x150, whole for 300x150; resized to the output, the same picture."""
     data = tf.constant(encode(picture(3, 800, 600), "JPEG", quality=95))
     info = ImageInfo(None, None, 3, "jpeg")
-    box = lambda _: tf.constant([40, 80, 500, 640])  # noqa: E731
+    box = lambda _: tf.constant([40, 80, 500, 640])
     window = decode_window(data, info, box, at_least=at_least)
     assert tuple(window.shape) == shape
     output = at_least or (100, 150)

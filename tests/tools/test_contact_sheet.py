@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import make_tree, read_split, run_prepare
 from PIL import Image
 
 from beam_prep.reader import load_info
 from beam_prep.tools import contact_sheet
-from helpers import make_tree, read_split, run_prepare
 
 SIZES = {"a": (24, 16), "b": (16, 20)}  # (width, height) of each class's source images
 

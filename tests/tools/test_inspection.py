@@ -12,13 +12,13 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import REPO, make_tree, read_split, run_prepare
 from PIL import Image
 
 from beam_prep.errors import DatasetError
 from beam_prep.reader import load_info
 from beam_prep.tools import contact_sheet, inspection
 from beam_prep.tools.summary import summarize
-from helpers import REPO, make_tree, read_split, run_prepare
 from pipelines import cli, inspect_output
 
 LABELS = {"ant": 3, "bee": 7, "cat": 4}

@@ -14,9 +14,11 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
+from helpers import REPO, encode, make_tree, run_prepare
+from PIL import Image
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.tfrecord import shard_writer, write_record
@@ -25,9 +27,7 @@ from beam_prep.model.dataset import DatasetInfo, ImageInfo
 from beam_prep.reader.checks import batch_checker
 from beam_prep.tools.verification import verify
 from beam_prep.tools.verify_report import KINDS
-from helpers import REPO, encode, make_tree, run_prepare
 from pipelines import bench_reader, cli, verify_output
-from PIL import Image
 
 TRAIN0 = "train-00000-of-00002.tfrecord.gz"
 TRAIN1 = "train-00001-of-00002.tfrecord.gz"

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO
 
 SIMD_TARGET = REPO / ".ci" / "pillow-simd"

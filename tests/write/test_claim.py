@@ -16,12 +16,13 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from helpers import REPO, child
 
 from beam_prep.write.run.claim import Holder, OutputBusy, _claim_best_effort, claim_output, claim_path, new_run_id
-from helpers import REPO, child
 
 _ANSWER_TIMEOUT_S = 30.0
 # Racing agents are told to start at this long from now: both have the command by then.

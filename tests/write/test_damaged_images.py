@@ -16,7 +16,6 @@ import pathlib
 import random
 
 import pytest
-
 from differential import Run, Verdicts, assert_counts_add_up, judge, prepare
 from real_images import Corpus, tree_name
 from reference_image import Rejected, Target, strict_decode
@@ -103,7 +102,7 @@ def test_pillows_broken_png_is_reported_at_decode(outcome):
 
 
 def test_what_the_strict_decoder_refuses_is_reported_at_decode_not_written(outcome):
-    run, verdicts = outcome
+    _, verdicts = outcome
     assert {e.stage for e in verdicts.rejected.values()} == {"decode"}
     assert not verdicts.report(refused=True), verdicts.report(refused=True)
 

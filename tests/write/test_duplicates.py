@@ -13,6 +13,7 @@ import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from helpers import encode, make_tree, read_split, run_prepare
 
 from beam_prep.tools.sample import picture
 from beam_prep.write.finish import duplicates
@@ -20,7 +21,6 @@ from beam_prep.write.plan import spill
 from beam_prep.write.plan.listing import split_for
 from beam_prep.write.run.pipeline import local_runner
 from beam_prep.write.run.write_image_dataset import WriteImageDataset
-from helpers import encode, make_tree, read_split, run_prepare
 from pipelines import inspect_output
 
 PERCENT = 40

@@ -10,12 +10,12 @@ import re
 
 import numpy as np
 import pytest
+from helpers import REPO, encode, run_prepare
 from PIL import Image
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import LIBRARIES
 from beam_prep.tools.sample import picture
-from helpers import REPO, encode, run_prepare
 
 LABELS = ("ant", "bee", "cat")
 PER_LABEL = 7

@@ -5,9 +5,9 @@ import gzip
 import json
 
 import pytest
+from helpers import REPO, child, make_tree
 
 from beam_prep.model.features import decode_all
-from helpers import REPO, child, make_tree
 from pipelines import prepare_images
 
 LABELS = {"cat": 6, "dog": 5}

@@ -15,10 +15,10 @@ import signal
 import subprocess
 import time
 
+from helpers import REPO, child, make_tree, read_split, run_prepare
 
 from beam_prep.write.plan.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE
 from beam_prep.write.plan.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL
-from helpers import REPO, child, make_tree, read_split, run_prepare
 from pipelines import prepare_images
 
 ARGS = ("--image_size", "16", "--max_pixels", "100000")

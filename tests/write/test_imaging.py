@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import encode
 from PIL import ExifTags, Image, ImageColor, ImageDraw, ImageFilter, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 
@@ -15,7 +16,6 @@ from beam_prep.errors import ImageError
 from beam_prep.tools.sample import picture
 from beam_prep.write.images import imaging, resample
 from beam_prep.write.images.imaging import KEPT, ImageSpec, is_image_name, process_image
-from helpers import encode
 
 
 @pytest.fixture(scope="module", autouse=True)

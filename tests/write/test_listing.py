@@ -1,12 +1,13 @@
 """Which files, which label, which split: all decided from paths, the same on every run."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
-import ctypes
 import subprocess
 
 import pytest
+from helpers import REPO, child, make_tree
 
 from beam_prep.errors import OptionsError
 from beam_prep.write.plan.listing import (
@@ -22,7 +23,6 @@ from beam_prep.write.plan.listing import (
 )
 from beam_prep.write.plan.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL
 from beam_prep.write.shared.entry import FileEntry, printable
-from helpers import REPO, child, make_tree
 
 
 def test_labels_are_the_sorted_folder_names(tmp_path):
@@ -290,14 +290,14 @@ def test_a_listing_spilled_in_many_small_buckets_reads_back_whole_and_in_key_ord
     monkeypatch.setattr("beam_prep.write.plan.spill._BUCKET_ROWS", 9)
     monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 4)  # the skipped files: 8 sorted runs, merged
     with list_tree(str(tmp_path), validation_percent=30) as spilled:
-        assert spilled._files._buckets.__len__() == 12  # noqa: SLF001 - 100 rows in buckets of 9
+        assert spilled._files._buckets.__len__() == 12
         entries = list(spilled.entries())
         assert entries == expected and len(entries) == 100
         assert [order_key(e.relpath) for e in entries] == sorted(order_key(e.relpath) for e in entries)
         assert spilled.skipped == expected_skipped and len(expected_skipped) == 30
         assert list(spilled.skipped_rows()) == sorted(expected_skipped.items())
         assert spilled.split_counts() == {s: sum(e.split == s for e in entries) for s in ("train", "validation")}
-        folder = spilled._folder.path  # noqa: SLF001
+        folder = spilled._folder.path
         assert os.path.isdir(folder)
     assert not os.path.exists(folder)
 
@@ -312,4 +312,4 @@ def test_skipped_files_come_back_sorted_by_path_in_bounded_runs(tmp_path, monkey
     monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 3)
     with list_tree(str(tmp_path)) as listing:
         assert list(listing.skipped_rows()) == [(name, SKIP_NOT_IMAGE) for name in sorted(names)]
-        assert len(listing._skips.rows._runs) == 5  # noqa: SLF001 - 13 rows in runs of 3
+        assert len(listing._skips.rows._runs) == 5

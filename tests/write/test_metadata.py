@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from apache_beam.options.pipeline_options import PipelineOptions
+from helpers import encode, make_tree, read_split, run_prepare
 from PIL import Image
 
+from beam_prep.cli.options import config_from_options
 from beam_prep.reader import load_info, make_dataset
 from beam_prep.tools import inspection, verification
 from beam_prep.tools.summary import summarize
-from beam_prep.write.shared import layout
+from beam_prep.write.images.examples import unknown_label_report
 from beam_prep.write.journal import resume
 from beam_prep.write.plan.listing import list_tree
-from beam_prep.write.images.examples import unknown_label_report
-from beam_prep.cli.options import config_from_options
-from helpers import encode, make_tree, read_split, run_prepare
+from beam_prep.write.shared import layout
 from pipelines import prepare_images
 
 SIZE = 8

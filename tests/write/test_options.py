@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import pytest
-
 from apache_beam.options.pipeline_options import PipelineOptions
+from helpers import make_tree
 
 from beam_prep.api import with_local_defaults
 from beam_prep.cli.options import config_from_options
 from beam_prep.write.plan.config import DEFAULT_REMOTE_READ_CONCURRENCY
 from pipelines import prepare_images
-from helpers import make_tree
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ import pathlib
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import encode, read_split, run_prepare
 from PIL import Image, ImageOps
 
 from beam_prep.tools.sample import picture
-from helpers import encode, read_split, run_prepare
 
 SIDE = 64  # --image_size: the shorter side under shorter_side
 FLAGS = ("--resize_mode", "shorter_side", "--image_size", str(SIDE), "--no_upscale",

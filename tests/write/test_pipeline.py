@@ -5,16 +5,17 @@ import collections
 import gzip
 import hashlib
 import io
+import itertools
 import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import encode, make_tree, read_split, run_prepare
 from PIL import Image
 
 from beam_prep.model.features import decode_example
 from beam_prep.tools.sample import picture
-from helpers import encode, make_tree, read_split, run_prepare
 
 LABELS = {"cat": 14, "dog": 10, "émeu": 6}
 HEIGHT, WIDTH = 24, 32
@@ -169,7 +170,7 @@ def test_classes_are_mixed_within_shards(prepared, manifest):
     in_shard = collections.defaultdict(list)
     for r in records:
         in_shard[r["shard"]].append(r["image/class/label"])
-    runs = {shard: 1 + sum(a != b for a, b in zip(labels, labels[1:])) for shard, labels in in_shard.items()}
+    runs = {shard: 1 + sum(a != b for a, b in itertools.pairwise(labels)) for shard, labels in in_shard.items()}
     assert any(runs[shard] > len(set(labels)) for shard, labels in in_shard.items()), in_shard
 
 
@@ -178,7 +179,7 @@ def test_reruns_give_the_same_layout(prepared, manifest, tree, tmp_path):
     result = run_prepare("--input", str(tree), "--output", str(tmp_path), "--image_size", f"{HEIGHT}x{WIDTH}",
                          "--validation_percent", "30", "--max_pixels", "100000")
     assert result.returncode == 0, result.stderr
-    for split, info in manifest["splits"].items():
+    for info in manifest["splits"].values():
         for name in info["shards"]:
             # Byte for byte: the GZIP header holds no time or file name (the other run wrote elsewhere).
             assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == \
@@ -249,7 +250,7 @@ def test_shuffle_sink_writes_the_same_records(prepared, manifest, tree, tmp_path
     assert [json.loads(line)["relpath"] for line in (out / "skipped.jsonl").read_text().splitlines()] == [
         "cat/notes.txt", "dog/.DS_Store"]
     for split in manifest["splits"]:
-        def payload(root):
+        def payload(root, split=split):
             return sorted((r["image/filename"], r["image/encoded"]) for r in records_of(root, split))
         assert payload(tmp_path) == payload(out)
     leftovers = [p.name for p in tmp_path.iterdir()

@@ -7,16 +7,16 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 
 import pytest
+from helpers import REPO, make_tree
 
 from beam_prep.write.journal import progress
 from beam_prep.write.journal.progress import Progress, Reporter, Watcher, read_progress
-from helpers import REPO, make_tree
 from pipelines.prepare_images import command
 from pipelines.progress_display import ProgressDisplay, format_duration, progress_line
 

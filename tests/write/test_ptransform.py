@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
+from helpers import REPO, child, encode, make_tree, read_split
 from PIL import Image
 
 import beam_prep
@@ -18,11 +19,10 @@ from beam_prep.errors import OptionsError
 from beam_prep.model import features
 from beam_prep.reader import load_info, make_dataset
 from beam_prep.tools.sample import picture
-from beam_prep.write.run.claim import OutputBusy, claim_output
 from beam_prep.write.plan.listing import split_for
+from beam_prep.write.run.claim import OutputBusy, claim_output
 from beam_prep.write.run.pipeline import local_runner
 from beam_prep.write.run.write_image_dataset import WriteImageDataset
-from helpers import REPO, child, encode, make_tree, read_split
 
 HEIGHT, WIDTH = 20, 24
 LABELS = ["cat", "dog"]
@@ -203,15 +203,14 @@ def test_an_existing_dataset_is_kept_unless_overwrite(tree, tmp_path):
 
 def test_a_run_holding_the_output_is_not_disturbed(tmp_path):
     out = tmp_path / "out"
-    with claim_output(str(out)):
-        with pytest.raises(OutputBusy):
-            _ = _pipeline() | beam.Create([(b"x", 0)]) | WriteImageDataset(str(out), LABELS, overwrite=True)
+    with claim_output(str(out)), pytest.raises(OutputBusy):
+        _ = _pipeline() | beam.Create([(b"x", 0)]) | WriteImageDataset(str(out), LABELS, overwrite=True)
 
 
 def test_an_element_of_the_wrong_shape_fails_the_job_with_its_reason(tmp_path):
-    with pytest.raises(Exception, match=r"takes \(source, label\[, split\[, name\[, features\]\]\]\) elements"):
-        with _pipeline() as p:
-            _ = p | beam.Create(["just/a/path.png"]) | WriteImageDataset(str(tmp_path / "out"), LABELS)
+    with pytest.raises(Exception, match=r"takes \(source, label\[, split\[, name\[, features\]\]\]\) elements"), \
+            _pipeline() as p:
+        _ = p | beam.Create(["just/a/path.png"]) | WriteImageDataset(str(tmp_path / "out"), LABELS)
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 

@@ -26,7 +26,6 @@ import pathlib
 import statistics
 
 import pytest
-
 from differential import Run, Verdicts, assert_counts_add_up, judge, prepare
 from real_images import format_of, make_tree
 from reference_image import Target

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import hashlib
 
+from helpers import make_tree
+
 from beam_prep.model.features import FILENAME, LABEL_TEXT, SHA256, decode_example
+from beam_prep.write.images.examples import make_example
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.listing import list_tree
-from beam_prep.write.images.examples import make_example
-from helpers import make_tree
 
 
 def test_a_file_becomes_a_record_that_names_its_source(tmp_path):

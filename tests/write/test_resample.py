@@ -20,10 +20,10 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import REPO, make_tree, run_prepare
 from PIL import Image, ImageOps
 
 from beam_prep.write.images import native_code, resample, resample_loader
-from helpers import REPO, make_tree, run_prepare
 
 BICUBIC = Image.Resampling.BICUBIC
 
@@ -134,7 +134,7 @@ def _pillow_weights(in_size: int, in0: float, in1: float, out_size: int) -> tupl
     scale = float(np.float32(in1) - np.float32(in0)) / out_size
     filterscale = max(scale, 1.0)
     support = 2.0 * filterscale
-    ksize = int(math.ceil(support)) * 2 + 1
+    ksize = math.ceil(support) * 2 + 1
     bounds, weights = [], []
     for xx in range(out_size):
         center = in0 + (xx + 0.5) * scale

@@ -12,16 +12,17 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 import pytest
+from helpers import REPO, encode, make_tree, run_prepare
 
 from beam_prep.errors import OptionsError
 from beam_prep.tools.sample import picture
-from beam_prep.write.shared import layout
 from beam_prep.write.journal import progress, resume
-from helpers import REPO, encode, make_tree, run_prepare
+from beam_prep.write.shared import layout
 from pipelines.prepare_images import command
 
 SHARDS = 16

@@ -4,20 +4,20 @@ from __future__ import annotations
 import pytest
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.options.pipeline_options import PipelineOptions
-
-from beam_prep.model import dataset
-from beam_prep.errors import DatasetError
-from beam_prep.write.shared import layout
-from beam_prep.write.finish import manifest
-from beam_prep.write.plan.run_plan import RunPlan
-from beam_prep.write.plan import sharding, skipped
-from beam_prep.write.images.imaging import ImageSpec
-from beam_prep.write.plan.listing import list_tree, order_key
-from beam_prep.write.shared.entry import FileEntry
-from beam_prep.write.plan.config import PrepareConfig
-from beam_prep.write.run.pipeline import run
-from beam_prep.write.plan.work_files import write_work_files
 from helpers import make_tree
+
+from beam_prep.errors import DatasetError
+from beam_prep.model import dataset
+from beam_prep.write.finish import manifest
+from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.plan import sharding, skipped
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.listing import list_tree, order_key
+from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.plan.work_files import write_work_files
+from beam_prep.write.run.pipeline import run
+from beam_prep.write.shared import layout
+from beam_prep.write.shared.entry import FileEntry
 
 
 def test_metrics_count_listed_written_failed_and_bytes(tmp_path):
@@ -87,7 +87,7 @@ def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
                (tmp_path / "work" / layout.shard_listing_name("train", i)).read_text().splitlines()]
               for i in range(4)]
     assert sorted(len(s) for s in shards) == [15, 16, 16, 16]
-    assert sorted(sum(shards, [])) == sorted(e.relpath for e in listing.entries())
+    assert sorted(e for s in shards for e in s) == sorted(e.relpath for e in listing.entries())
     assert all(s == sorted(s, key=order_key) for s in shards)
 
 

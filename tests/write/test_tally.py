@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import hashlib
 
+from helpers import make_tree
+
 from beam_prep.model.features import FILENAME, decode_example
 from beam_prep.write.finish.duplicates import hash_line
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.listing import list_tree
 from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.sinks.tally import Counters, count_image
-from helpers import make_tree
 
 
 class _Reporter:

@@ -17,15 +17,16 @@ import collections
 import dataclasses
 import json
 import shutil
-from typing import IO, Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, open_to_read, storage_error
-from beam_prep.write.shared.entry import printable
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
+from beam_prep.write.shared.entry import printable
 
 __all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line"]
 
@@ -227,7 +228,7 @@ def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
                     yield path, [rest]
         except DatasetError:
             raise
-        except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+        except Exception as e:
             raise storage_error("read", path, e) from e
 
 
@@ -257,5 +258,5 @@ def copy_lines(found: Duplicates, target: str) -> None:
             return
         with open(found.lines_file, "rb") as src, FileSystems.create(target, mime_type="text/plain") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("write", target, e) from e

@@ -7,21 +7,21 @@ import collections
 import dataclasses
 import datetime
 import logging
-from typing import Any, Iterable, Mapping
-
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import beam_prep
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, read_bytes
-from beam_prep.model.dataset import (COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, parse_manifest)
+from beam_prep.model.dataset import COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, parse_manifest
 from beam_prep.model.features import SCHEMA
 from beam_prep.write.finish import duplicates
 from beam_prep.write.images import imaging, resample
-from beam_prep.write.shared import layout
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.shared import layout
 
 __all__ = ["FORMAT_VERSION", "build", "read"]
 
@@ -145,7 +145,7 @@ def read(output: str) -> dict[str, Any]:
     path = join(output, MANIFEST)
     try:
         text = read_bytes(path)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise DatasetError(f"cannot read {path}: {e}") from e
     manifest = parse_manifest(text, path)
     DatasetInfo.from_json(manifest, output, path)

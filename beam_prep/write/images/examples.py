@@ -10,14 +10,13 @@ import hashlib
 import threading
 from typing import Any, NamedTuple
 
-
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.io.gcs import GcsClient
 from beam_prep.io.storage import is_local, read_bytes
 from beam_prep.model.features import ImageRecord
-from beam_prep.write.shared.shard_formats import ShardFormat, shard_format
 from beam_prep.write.images.imaging import ImageSpec, process_image
 from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
+from beam_prep.write.shared.shard_formats import ShardFormat, shard_format
 
 
 class Outcome(NamedTuple):
@@ -61,7 +60,7 @@ class FileReader:
             return read_bytes(path)
         except StorageError as e:
             raise ImageError("read", str(e)) from e
-        except Exception as e:  # noqa: BLE001 - local and remote filesystems raise different types.
+        except Exception as e:
             raise ImageError("read", f"cannot read file: {e}") from e
 
     def _gcs_client(self) -> GcsClient:

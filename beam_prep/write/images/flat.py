@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import apache_beam as beam
 
@@ -27,19 +28,19 @@ class FlatImages:
     examples: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, paths: Iterable[str]) -> "FlatImages":
+    def of(cls, paths: Iterable[str]) -> FlatImages:
         paths = list(paths)
         return cls(len(paths), tuple(heapq.nsmallest(EXAMPLES, paths)))
 
     @classmethod
-    def from_json(cls, value: Any) -> "FlatImages":
+    def from_json(cls, value: Any) -> FlatImages:
         """A shard record's or a manifest's ``flat``; absent (older runs) is none."""
         if isinstance(value, FlatImages):
             return value
         value = value or {}
         return cls(int(value.get("count", 0)), tuple(value.get("examples", ())))
 
-    def merge(self, *others: "FlatImages") -> "FlatImages":
+    def merge(self, *others: FlatImages) -> FlatImages:
         parts = (self, *others)
         return FlatImages(sum(p.count for p in parts),
                           tuple(heapq.nsmallest(EXAMPLES, {e for p in parts for e in p.examples})))

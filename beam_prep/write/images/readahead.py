@@ -16,11 +16,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 from beam_prep.errors import ImageError
 
-__all__ = ["ReadAhead", "ReadConfig", "Fetched"]
+__all__ = ["Fetched", "ReadAhead", "ReadConfig"]
 
 T = TypeVar("T")
 

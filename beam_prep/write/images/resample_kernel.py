@@ -51,18 +51,16 @@ def fill_coefficients(in_size, in0, in1, out_size, bounds, weights) -> None:
       weights: (out_size, ``resample_loader.taps()``), filled: its integer weights (past its count: unused).
     """
     scale = np.float64(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
-    filterscale = scale if scale >= 1.0 else 1.0
+    filterscale = max(scale, 1.0)
     support = 2.0 * filterscale
     inv_filterscale = 1.0 / filterscale
     start = np.float64(in0)
     for xx in range(out_size):
         center = start + (xx + 0.5) * scale
         xmin = int(center - support + 0.5)  # C's (int): towards zero
-        if xmin < 0:
-            xmin = 0
+        xmin = max(xmin, 0)
         xmax = int(center + support + 0.5)
-        if xmax > in_size:
-            xmax = in_size
+        xmax = min(xmax, in_size)
         xmax -= xmin
         total = 0.0
         for x in range(xmax):
@@ -109,7 +107,7 @@ def filter_rows(src, bounds, weights, out, acc) -> None:
         line = out[yy]
         for i in range(width):
             v = acc[i] >> PRECISION_BITS
-            line[i] = 0 if v < 0 else (255 if v > 255 else v)
+            line[i] = 0 if v < 0 else (min(v, 255))
 
 
 @numba.njit(["void(uint32[:, :], uint32[:, ::1])", "void(uint8[:, :], uint8[:, ::1])"], **_JIT)

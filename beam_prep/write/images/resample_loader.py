@@ -61,7 +61,7 @@ class Kernel(Protocol):
 def taps(in0: np.float32, in1: np.float32, out_size: int) -> int:
     """The most weights one output pixel has, as Pillow sizes its coefficient array."""
     scale = float(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
-    return int(math.ceil(2.0 * max(scale, 1.0))) * 2 + 1
+    return math.ceil(2.0 * max(scale, 1.0)) * 2 + 1
 
 
 def _arrays(in_size: int, in0: np.float32, in1: np.float32, out_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = ["Carried", "Phases", "Progress", "Reporter", "Watcher", "phases", "progress_folder", "read_progress",
            "reporter"]

@@ -21,7 +21,8 @@ import json
 import logging
 import os
 import uuid
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -29,9 +30,9 @@ import beam_prep
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
-from beam_prep.write.shared import layout
-from beam_prep.write.plan.metadata import file_sha256
 from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.metadata import file_sha256
+from beam_prep.write.shared import layout
 
 __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
            "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]

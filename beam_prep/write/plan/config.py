@@ -24,11 +24,17 @@ from apache_beam.options.pipeline_options import (
 from beam_prep.errors import BeamPrepWarning, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, TFRECORD, shard_suffix
-from beam_prep.write.shared.shard_formats import check_installed
-from beam_prep.write.images.imaging import (DEFAULT_BACKGROUND, ORIGINAL, OUTPUT_FORMATS, RESIZE_MODES,
-                                     ImageSpec, parse_colour)
-from beam_prep.write.plan.metadata import check_path
+from beam_prep.write.images.imaging import (
+    DEFAULT_BACKGROUND,
+    ORIGINAL,
+    OUTPUT_FORMATS,
+    RESIZE_MODES,
+    ImageSpec,
+    parse_colour,
+)
 from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadConfig
+from beam_prep.write.plan.metadata import check_path
+from beam_prep.write.shared.shard_formats import check_installed
 
 SINKS = ("auto", "streaming", "shuffle")
 # labels.txt's forms: one name a line (line number = index in the labels), or TF-slim's

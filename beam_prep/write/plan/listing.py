@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -27,8 +27,7 @@ from beam_prep.write.images.imaging import is_image_name
 from beam_prep.write.plan.metadata import Table, read_table
 from beam_prep.write.plan.spill import RowFile, SortedRows, SortedSpill, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
-from beam_prep.write.shared.entry import (DEFAULT_SPLIT, UNKNOWN_LABEL, VALIDATION_SPLIT, FileEntry, printable,
-                                          raw_name)
+from beam_prep.write.shared.entry import DEFAULT_SPLIT, UNKNOWN_LABEL, VALIDATION_SPLIT, FileEntry, printable, raw_name
 
 _LOG = logging.getLogger(__name__)
 
@@ -80,7 +79,7 @@ class Listing:
     """
 
     def __init__(self, root: str, labels: list[str], splits: list[str], split_counts: dict[str, int],
-                 unknown_labels: int, total_bytes: int, skips: "_Skips", folder: SpillFolder, files: SortedSpill,
+                 unknown_labels: int, total_bytes: int, skips: _Skips, folder: SpillFolder, files: SortedSpill,
                  label_offset: int, table: Table | None = None) -> None:
         self.root = root
         self.labels = labels
@@ -152,7 +151,7 @@ class Listing:
     def close(self) -> None:
         self._folder.close()
 
-    def __enter__(self) -> "Listing":
+    def __enter__(self) -> Listing:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -285,7 +284,7 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
 
 
 def _listing(root: str, names: list[str], split_counts: collections.Counter[str], unknown: int, total_bytes: int,
-             skips: "_Skips", folder: SpillFolder, files: SortedSpill, label_offset: int,
+             skips: _Skips, folder: SpillFolder, files: SortedSpill, label_offset: int,
              table: Table | None = None) -> Listing:
     """The ``Listing``, its skipped files logged by reason."""
     splits = sorted(split_counts, key=_split_rank)
@@ -416,7 +415,7 @@ def read_labels_file(path: str) -> list[str]:
     try:
         with FileSystems.open(path) as f:
             text = f.read().decode("utf-8")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise OptionsError(f"cannot read --labels_file {path}: {e}") from e
     names = [line.strip() for line in text.splitlines() if line.strip()]
     if not names:

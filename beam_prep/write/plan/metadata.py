@@ -22,16 +22,26 @@ import json
 import os
 import posixpath
 import re
-from typing import Any, Iterator, Sequence
-
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from beam_prep.errors import OptionsError
 from beam_prep.io.storage import is_local, open_to_read
 from beam_prep.model.features import SCHEMA, FeatureKind
 from beam_prep.write.plan.spill import SortedRows, SpillFolder
 
-__all__ = ["FORMATS", "LABEL", "LABELS", "FILE_NAME", "SPLIT", "MetadataRow", "Table", "check_path",
-           "file_sha256", "read_table"]
+__all__ = [
+    "FILE_NAME",
+    "FORMATS",
+    "LABEL",
+    "LABELS",
+    "SPLIT",
+    "MetadataRow",
+    "Table",
+    "check_path",
+    "file_sha256",
+    "read_table",
+]
 
 FILE_NAME = "file_name"
 LABEL = "label"
@@ -151,7 +161,7 @@ def _reading(path: str) -> Iterator[Any]:
             yield f
     except (OptionsError, UnicodeDecodeError):
         raise
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise OptionsError(f"cannot read --metadata {path}: {e}") from e
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error, write_lines
-from beam_prep.write.shared import layout
 from beam_prep.write.plan.listing import Listing
+from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import printable
 
 __all__ = ["check", "line", "lines", "publish"]
@@ -53,7 +53,7 @@ def check(work: str, expected: int) -> None:
     try:
         with open_to_read(path) as f:
             found = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(_COPY_BYTES), b""))
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("read", path, e) from e
     if found != expected:
         raise DatasetError(f"{path} names {found} skipped files but the listing skipped {expected}: "
@@ -74,11 +74,11 @@ def publish(work: str, output: str, expected: int) -> None:
     source = join(work, layout.SKIPPED)
     try:
         src = open_to_read(source)
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("read", source, e) from e
     with src:
         try:
             with FileSystems.create(target, mime_type="text/plain") as dst:
                 shutil.copyfileobj(src, dst, _COPY_BYTES)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise storage_error("write", target, e) from e

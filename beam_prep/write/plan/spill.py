@@ -17,7 +17,8 @@ import pickle
 import shutil
 import tempfile
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["RowFile", "SortedRows", "SortedSpill", "SpillFolder"]
 
@@ -91,7 +92,7 @@ class SortedSpill:
 
     def add(self, row: tuple) -> None:
         bucket = self._buckets[(row[0] * len(self._buckets)) >> 64]
-        bucket._rows.append(row)  # noqa: SLF001 - flushed below, all buckets at once
+        bucket._rows.append(row)
         bucket.count += 1
         self._buffered += 1
         if self._buffered >= self._limit:

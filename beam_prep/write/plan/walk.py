@@ -9,7 +9,7 @@ import collections
 import logging
 import os
 import stat
-from typing import Iterator
+from collections.abc import Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -42,7 +42,7 @@ def walk_tree(root: str) -> Iterator[tuple[str, int, str | None]]:
         else:
             yield from ((m.path, m.size_in_bytes, None)
                         for m in FileSystems.match([join(root, "**")])[0].metadata_list)
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("list", root, e) from e
 
 

@@ -16,10 +16,10 @@ import tempfile
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.io.storage import is_local, join, storage_error
-from beam_prep.write.shared import layout
-from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan import skipped
 from beam_prep.write.plan.listing import Listing
+from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import UNKNOWN_LABEL
 
 __all__ = ["write_work_files"]
@@ -72,7 +72,7 @@ class _TextFiles:
                     with open(os.path.join(self._stage, name), "rb") as src, \
                             FileSystems.create(target, mime_type="text/plain") as dst:
                         shutil.copyfileobj(src, dst, 1 << 20)
-                except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+                except Exception as e:
                     raise storage_error("write", target, e) from e
         finally:
             shutil.rmtree(self._stage, ignore_errors=True)

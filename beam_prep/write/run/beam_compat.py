@@ -47,7 +47,7 @@ def add_options_arguments(cls: type[PipelineOptions], parser: argparse.ArgumentP
     Beam itself calls to collect flags (``PipelineOptions.get_all_options``);
     Beam has no public way to ask a class for its flags.
     """
-    cls._add_argparse_args(parser)  # noqa: SLF001
+    cls._add_argparse_args(parser)
 
 
 def batch_fn_api_runner(options: PipelineOptions) -> PipelineRunner:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = ["is_worker", "signal_of", "signals_as_interrupts", "stop_workers"]
 

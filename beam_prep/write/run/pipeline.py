@@ -12,7 +12,8 @@ import logging
 import os
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.textio import ReadFromText
@@ -22,24 +23,24 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from beam_prep import wording
 from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, StorageError
 from beam_prep.io.storage import join, read_lines
-from beam_prep.write.run import interrupt
-from beam_prep.write.shared import layout
 from beam_prep.write.finish import manifest, publish
-from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.images.examples import unknown_label_report
+from beam_prep.write.images.flat import FlatImages, is_many
 from beam_prep.write.journal import progress, resume
 from beam_prep.write.plan import sharding
+from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
+from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.plan.work_files import write_work_files
+from beam_prep.write.run import interrupt
 from beam_prep.write.run.beam_compat import batch_fn_api_runner
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
-from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
+from beam_prep.write.run.worker_requirements import add_format_requirement
+from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import VALIDATION_SPLIT, FileEntry
-from beam_prep.write.plan.config import PrepareConfig
-from beam_prep.write.images.examples import unknown_label_report
+from beam_prep.write.sinks.shard_sinks import WriteShardsShuffle, WriteShardsStreaming
 from beam_prep.write.sinks.steps import ParseEntryFn
 from beam_prep.write.sinks.tally import NAMESPACE
-from beam_prep.write.images.flat import FlatImages, is_many
-from beam_prep.write.sinks.shard_sinks import WriteShardsShuffle, WriteShardsStreaming
-from beam_prep.write.plan.work_files import write_work_files
-from beam_prep.write.run.worker_requirements import add_format_requirement
 
 if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineRunner

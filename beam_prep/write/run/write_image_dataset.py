@@ -17,7 +17,8 @@ import hashlib
 import numbers
 import os
 import re
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -26,20 +27,27 @@ from apache_beam.pvalue import PCollection, TaggedOutput
 from beam_prep.errors import ElementError, ImageError, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.features import SCHEMA
-from beam_prep.write.shared import layout
 from beam_prep.write.finish import publish
+from beam_prep.write.images.examples import Outcome, failure_report
+from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
+from beam_prep.write.images.readahead import ReadConfig
+from beam_prep.write.plan.config import (
+    DEFAULT_READ_AHEAD_MB,
+    DEFAULT_REMOTE_READ_CONCURRENCY,
+    PrepareConfig,
+    check_file_format,
+    check_values,
+    default_compression,
+    image_spec,
+    normalised_path,
+)
+from beam_prep.write.plan.listing import check_label_name, split_for
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
-from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
-from beam_prep.write.plan.listing import check_label_name, split_for
+from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import DEFAULT_SPLIT, UNKNOWN_LABEL, VALIDATION_SPLIT, FileEntry
-from beam_prep.write.plan.config import (DEFAULT_READ_AHEAD_MB, DEFAULT_REMOTE_READ_CONCURRENCY, PrepareConfig,
-                                     check_file_format, check_values, default_compression, image_spec,
-                                     normalised_path)
-from beam_prep.write.images.readahead import ReadConfig
-from beam_prep.write.images.examples import Outcome, failure_report
-from beam_prep.write.sinks.tally import NAMESPACE, Counters
 from beam_prep.write.sinks.shard_sinks import WriteEntriesShuffle
+from beam_prep.write.sinks.tally import NAMESPACE, Counters
 
 __all__ = ["ImageElement", "WriteImageDataset"]
 
@@ -107,8 +115,10 @@ def _short(value: Any) -> str:
 
 
 class _ElementToEntryFn(beam.DoFn):
-    """A user's element to ``FileEntry`` (a path, read later) or ``(FileEntry, bytes)``;
-    an unknown label or split goes to the ``failed`` output, counted as the sinks count."""
+    """A user's element to ``FileEntry`` (a path, read later) or ``(FileEntry, bytes)``.
+
+    An unknown label or split goes to the ``failed`` output, counted as the sinks count.
+    """
 
     def __init__(self, naming: _Naming) -> None:
         self._naming = naming
@@ -212,8 +222,11 @@ def _fits(value: Any, kind: str) -> bool:
 
 
 def _finalize(listed: int, config: PrepareConfig, plan: RunPlan, **reported: Any) -> dict[str, Any]:
-    """The manifest step, under the output's claim: refuses a dataset that appeared since the
-    transform was applied (unless ``overwrite``), then ``publish.complete`` with the sink's reports."""
+    """The manifest step, under the output's claim.
+
+    Refuses a dataset that appeared since the transform was applied (unless ``overwrite``),
+    then ``publish.complete`` with the sink's reports.
+    """
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
         layout.check_output(config.output, config.overwrite, [])
         return publish.complete(config, dataclasses.replace(plan, listed=listed), publish.ShardReports(**reported))
@@ -325,6 +338,7 @@ class WriteImageDataset(beam.PTransform):
             label_offset=label_offset, labels_txt=labels_txt, file_format=file_format)
 
     def expand(self, elements: PCollection) -> PCollection:
+        """Beam's PTransform entry point: the elements written as the dataset (see the class)."""
         config, naming = self._config, self._naming
         run_id = new_run_id()
         _clear_output(config.output, config.overwrite, run_id)

@@ -67,7 +67,7 @@ class FileEntry:
         return line + "}"
 
     @classmethod
-    def from_json(cls, line: str) -> "FileEntry":
+    def from_json(cls, line: str) -> FileEntry:
         fields = json.loads(line)
         for key in ("labels", "label_ids"):
             if fields.get(key) is not None:

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import shutil
-from typing import Callable
+from collections.abc import Callable
 
 from beam_prep.errors import OptionsError
 from beam_prep.io.storage import is_local, join, storage_error
@@ -96,7 +96,7 @@ def existing_dataset_files(output: str) -> list[str]:
     """Files in ``output`` that make up a dataset (complete or not), by their names."""
     try:
         metadata = _filesystems().match([join(output, "*")])[0].metadata_list
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error("list --output", output, e) from e
     owned = []
     for m in metadata:
@@ -118,7 +118,7 @@ def unfinished_runs(output: str, claim_name: str) -> list[str]:
         else:
             paths = [m.path for m in _filesystems().match([join(work, "**")])[0].metadata_list]
             names = sorted({p[len(work) + 1:].split("/", 1)[0] for p in paths})
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise storage_error("list", work, e) from e
     return [name for name in names if name != claim_name]
 
@@ -160,7 +160,7 @@ def publish(output: str, run_id: str, shard_names: list[str]) -> None:
     targets = [join(output, name) for name in shard_names]
     try:
         _filesystems().rename(sources, targets)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise storage_error("move shards to", output, e) from e
     rewritten = {old_manifest, *(join(output, name) for name in (LABELS, ERRORS, SKIPPED, DUPLICATES))}
     delete(sorted(old - set(targets) - rewritten), f"the old dataset in {output}")
@@ -171,7 +171,7 @@ def delete(paths: list[str], what: str) -> None:
         return
     try:
         _filesystems().delete(paths)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise storage_error("remove", what, e) from e
 
 
@@ -193,5 +193,5 @@ def remove_run_folder(output: str, run_id: str) -> None:
             paths = [m.path for m in _filesystems().match([join(folder, "**")])[0].metadata_list]
             if paths:
                 _filesystems().delete(paths)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise storage_error("remove", folder, e) from e

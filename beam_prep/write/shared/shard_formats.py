@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from beam_prep.io import array_record, tar
 from beam_prep.io.libraries import LIBRARIES, Library, require

@@ -11,7 +11,8 @@ on the worker's disk and uploaded when closed (``io.array_record``).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from apache_beam.coders import BytesCoder
 from apache_beam.io.filebasedsink import FileBasedSink

@@ -18,7 +18,8 @@ See docs/design/sinks.md for which sink runs where, and why.
 """
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.textio import ReadFromText, WriteToText
@@ -26,14 +27,22 @@ from apache_beam.pvalue import PCollection
 
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import TFRECORD
-from beam_prep.write.shared import layout
-from beam_prep.write.sinks.steps import (COUNTS, FAILED, FLAT, ORIGINALS, ImageToExampleFn,
-                                   ParseEntryFn, SinkConfig, WriteShardFn)
 from beam_prep.write.images.flat import FlatImagesFn
-from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.images.readahead import ReadConfig
+from beam_prep.write.shared import layout
+from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.sinks.file_sink import write_shards
+from beam_prep.write.sinks.steps import (
+    COUNTS,
+    FAILED,
+    FLAT,
+    ORIGINALS,
+    ImageToExampleFn,
+    ParseEntryFn,
+    SinkConfig,
+    WriteShardFn,
+)
 
 __all__ = ["SinkResult", "WriteEntriesShuffle", "WriteShardsShuffle", "WriteShardsStreaming"]
 

@@ -7,7 +7,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -18,14 +18,14 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_prep.io import tfrecord
 from beam_prep.io.storage import join, read_lines, write_lines
 from beam_prep.model.dataset import TFRECORD, shard_suffix
-from beam_prep.write.shared import layout
-from beam_prep.write.journal import progress, resume
-from beam_prep.write.shared.shard_formats import shard_format
+from beam_prep.write.images.examples import FileReader
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import ImageSpec
-from beam_prep.write.shared.entry import FileEntry
 from beam_prep.write.images.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
-from beam_prep.write.images.examples import FileReader
+from beam_prep.write.journal import progress, resume
+from beam_prep.write.shared import layout
+from beam_prep.write.shared.entry import FileEntry
+from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.sinks.tally import NAMESPACE, Counters, count_image
 
 __all__ = ["COUNTS", "FAILED", "FLAT", "ORIGINALS", "ImageToExampleFn", "ParseEntryFn", "SinkConfig", "WriteShardFn"]

@@ -8,13 +8,12 @@ import secrets
 import socket
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from beam_prep.errors import BeamPrepError, OptionsError
-from beam_prep.io.storage import join
-from beam_prep.io.storage import storage_error
+from beam_prep.io.storage import join, storage_error
 from beam_prep.write.shared.layout import WORK_DIR
-
 
 CLAIM_NAME = "claim.json"
 DEFAULT_HEARTBEAT_S = 30.0
@@ -143,7 +142,7 @@ def _guarded(path: str, action: str, call: Callable[[], _T]) -> _T:
         return call()
     except BeamPrepError:
         raise
-    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types.
+    except Exception as e:
         raise storage_error(action, path, e) from e
 
 
