@@ -55,10 +55,10 @@ class SinkResult(NamedTuple):
         Both sinks count: the streaming sink as it writes a shard; the shuffle
         sink, whose file sink does not say how many records each shard got,
         reads each finished shard back (``CountRecords``, one shard a worker).
-        ``manifest.finalize`` still takes None for a count not known (and then
-        leaves the manifest's per-shard counts out), but no sink gives it.
+        ``publish.ShardReports`` still takes None for a count not known (and the
+        manifest then leaves its per-shard counts out), but no sink gives it.
       class_counts: ``((split, label), number of records)``, one per pair.
-      failures: a failure report (``records.failure_report``) per file that
+      failures: a failure report (``examples.failure_report``) per file that
         became no record.
       originals: ``(KEPT or a re-encode reason, number of records)``, one per
         reason (``--image_format original``; empty otherwise).
