@@ -2,7 +2,8 @@
 
 Each page's ``bash`` and ``python`` blocks run in order, in a fresh folder of their own
 that holds the sample tree (``python -m pipelines.make_sample sample_data``), so a later
-block can read what an earlier one wrote, as a reader following the page would. Other
+block can read what an earlier one wrote, as a reader following the page would; consecutive
+``python`` blocks share one interpreter, as in a notebook. Other
 fences (``text``, ``console``, ``json``...) show output and are not run.
 
 A block that cannot run here says why on the line before its fence, with one of
@@ -11,6 +12,7 @@ says the exit code it must end with: ``<!-- exit: 2 -->``.
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -108,19 +110,54 @@ def _runnable_pages() -> list[pathlib.Path]:
     return [p for p in pages() if any(b.language in RUN and b.not_run is None for b in blocks(p))]
 
 
+# Consecutive Python blocks run in one interpreter, one after the other in one namespace, as a
+# reader runs them in a notebook or a REPL: each block's own process would import TensorFlow again.
+_SESSION = """
+import json, sys, traceback
+ns = {"__name__": "__main__"}
+for where, code in json.load(open(sys.argv[1])):
+    try:
+        exec(compile(code, where, "exec"), ns)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            print(f"{where}: exited {e.code}", file=sys.stderr)
+            sys.exit(e.code if isinstance(e.code, int) else 1)
+    except BaseException:
+        traceback.print_exc()
+        print(f"{where}: failed", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def _steps(page: pathlib.Path) -> list[list[Block]]:
+    """The page's runnable blocks in order, consecutive Python blocks (exit 0) grouped as one step."""
+    steps: list[list[Block]] = []
+    for b in blocks(page):
+        if b.language not in RUN or b.not_run is not None:
+            continue
+        if (b.language == "python" and b.exit_code == 0 and steps and steps[-1][0].language == "python"
+                and steps[-1][0].exit_code == 0):
+            steps[-1].append(b)
+        else:
+            steps.append([b])
+    return steps
+
+
 @pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_page_examples_run(page: pathlib.Path, sample_tree: pathlib.Path, tmp_path: pathlib.Path):
     shutil.copytree(sample_tree, tmp_path / "sample_data")
     env = _env()
-    for b in blocks(page):
-        if b.language not in RUN or b.not_run is not None:
-            continue
-        if b.language == "python":
-            cmd = [sys.executable, "-c", b.code]
+    for n, step in enumerate(_steps(page)):
+        first = step[0]
+        if first.language == "python":
+            listing = tmp_path.parent / f"{tmp_path.name}-blocks-{n}.json"
+            listing.write_text(json.dumps([[f"{b.page}:{b.line}", b.code] for b in step]))
+            cmd = [sys.executable, "-c", _SESSION, str(listing)]
         else:
-            cmd = ["bash", "-c", "set -euo pipefail\n" + b.code]
+            cmd = ["bash", "-c", "set -euo pipefail\n" + first.code]
         done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=BLOCK_TIMEOUT_S)
-        assert done.returncode == b.exit_code, (
-            f"{b.page}:{b.line}: exit {done.returncode}, expected {b.exit_code}\n"
-            f"--- code\n{b.code}--- stdout\n{done.stdout[-4000:]}--- stderr\n{done.stderr[-4000:]}")
+        code = "".join(f"# {b.page}:{b.line}\n{b.code}" for b in step)
+        assert done.returncode == first.exit_code, (
+            f"{first.page}:{first.line}: exit {done.returncode}, expected {first.exit_code}\n"
+            f"--- code\n{code}--- stdout\n{done.stdout[-4000:]}--- stderr\n{done.stderr[-4000:]}")
