@@ -27,7 +27,7 @@ DCT_METHODS = ("INTEGER_ACCURATE", "INTEGER_FAST")
 class ReaderConfig:
     """How to read, beyond what :func:`~beam_prep.reader.make_dataset` takes itself.
 
-    Not :class:`beam_prep.write.images.readahead.ReadConfig`, the writer's read-ahead.
+    Not :class:`beam_prep.write.images.readahead.ReadAheadConfig`, the writer's read-ahead.
 
     Args:
       shuffle_buffer: serialized records shuffled (files too); 0 turns it off.

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from beam_prep.errors import ImageError
-from beam_prep.write.images.readahead import ReadAhead, ReadConfig, thread_pool
+from beam_prep.write.images.readahead import ReadAhead, ReadAheadConfig, thread_pool
 
 
 class RecordingRead:
@@ -49,7 +49,7 @@ def paths(n: int) -> list[str]:
 
 def test_results_come_back_in_order_with_reads_in_flight_up_to_the_cap(pool):
     read = RecordingRead()
-    window = ReadAhead(read, ReadConfig(concurrency=6), pool)
+    window = ReadAhead(read, ReadAheadConfig(concurrency=6), pool)
     fetched = list(window.stream(paths(40), lambda p: p, lambda p: 100))
     assert [f.item for f in fetched] == paths(40)
     assert [f.data for f in fetched] == [p.encode() for p in paths(40)]
@@ -58,7 +58,7 @@ def test_results_come_back_in_order_with_reads_in_flight_up_to_the_cap(pool):
 
 def test_the_byte_cap_limits_reads_in_flight(pool):
     read = RecordingRead()
-    window = ReadAhead(read, ReadConfig(concurrency=16, max_bytes=3_000), pool)
+    window = ReadAhead(read, ReadAheadConfig(concurrency=16, max_bytes=3_000), pool)
     fetched = list(window.stream(paths(30), lambda p: p, lambda p: 1_000))
     assert len(fetched) == 30
     assert read.max_active == 3
@@ -66,7 +66,7 @@ def test_the_byte_cap_limits_reads_in_flight(pool):
 
 def test_a_file_larger_than_the_byte_cap_is_still_read_alone(pool):
     read = RecordingRead()
-    window = ReadAhead(read, ReadConfig(concurrency=8, max_bytes=1_000), pool)
+    window = ReadAhead(read, ReadAheadConfig(concurrency=8, max_bytes=1_000), pool)
     fetched = list(window.stream(paths(5), lambda p: p, lambda p: 5_000))
     assert [f.data for f in fetched] == [p.encode() for p in paths(5)]
     assert read.max_active == 1
@@ -74,7 +74,7 @@ def test_a_file_larger_than_the_byte_cap_is_still_read_alone(pool):
 
 def test_a_failed_read_is_handed_back_in_its_place(pool):
     read = RecordingRead(fail=frozenset({"file-003"}))
-    fetched = list(ReadAhead(read, ReadConfig(concurrency=4), pool).stream(
+    fetched = list(ReadAhead(read, ReadAheadConfig(concurrency=4), pool).stream(
         paths(8), lambda p: p, lambda p: 10))
     assert [f.item for f in fetched] == paths(8)
     failed = [f for f in fetched if f.error is not None]
@@ -83,7 +83,7 @@ def test_a_failed_read_is_handed_back_in_its_place(pool):
 
 
 def test_push_holds_items_until_the_window_is_full(pool):
-    window = ReadAhead(RecordingRead(seconds=0), ReadConfig(concurrency=3), pool)
+    window = ReadAhead(RecordingRead(seconds=0), ReadAheadConfig(concurrency=3), pool)
     assert [window.push(p, p, 1) for p in paths(3)] == [[], [], []]
     (oldest,) = window.push("file-003", "file-003", 1)
     assert oldest.item == "file-000"
@@ -92,11 +92,11 @@ def test_push_holds_items_until_the_window_is_full(pool):
 
 def test_concurrency_zero_reads_inline_in_the_callers_thread():
     read = RecordingRead(seconds=0)
-    window = ReadAhead(read, ReadConfig(concurrency=0), None)
+    window = ReadAhead(read, ReadAheadConfig(concurrency=0), None)
     (fetched,) = window.push("file-000", "file-000", 1)
     assert fetched.data == b"file-000"
     assert read.threads == {threading.current_thread().name}
-    assert thread_pool(ReadConfig(concurrency=0)) is None
+    assert thread_pool(ReadAheadConfig(concurrency=0)) is None
 
 
 def test_cancel_drops_reads_not_started():
@@ -109,7 +109,7 @@ def test_cancel_drops_reads_not_started():
         return b""
 
     with concurrent.futures.ThreadPoolExecutor(1) as one_thread:
-        with ReadAhead(read, ReadConfig(concurrency=4), one_thread) as window:
+        with ReadAhead(read, ReadAheadConfig(concurrency=4), one_thread) as window:
             for p in paths(4):
                 window.push(p, p, 1)
         gate.set()

@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 
 from beam_prep.errors import ImageError
 
-__all__ = ["Fetched", "ReadAhead", "ReadConfig"]
+__all__ = ["Fetched", "ReadAhead", "ReadAheadConfig"]
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ DEFAULT_MAX_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
-class ReadConfig:
+class ReadAheadConfig:
     """How many reads a worker keeps in flight, and how many bytes they may hold.
 
     ``concurrency`` 0 reads each file in the caller's thread when its turn comes
@@ -64,7 +64,7 @@ class ReadAhead(Generic[T]):
         them); unused, and may be None, when ``config.concurrency`` is 0.
     """
 
-    def __init__(self, read: Callable[[str], bytes], config: ReadConfig,
+    def __init__(self, read: Callable[[str], bytes], config: ReadAheadConfig,
                  pool: concurrent.futures.Executor | None) -> None:
         if config.concurrency and pool is None:
             raise ValueError("a read-ahead with concurrency needs a thread pool")
@@ -122,7 +122,7 @@ class ReadAhead(Generic[T]):
             return Fetched(item, None, e)
 
 
-def thread_pool(config: ReadConfig) -> concurrent.futures.ThreadPoolExecutor | None:
+def thread_pool(config: ReadAheadConfig) -> concurrent.futures.ThreadPoolExecutor | None:
     """The pool a worker's read-ahead runs on, or None when it reads inline."""
     if not config.concurrency:
         return None

@@ -32,7 +32,7 @@ from beam_prep.write.images.imaging import (
     ImageSpec,
     parse_colour,
 )
-from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadConfig
+from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadAheadConfig
 from beam_prep.write.plan.metadata import check_path
 from beam_prep.write.shared.shard_formats import check_installed
 
@@ -97,7 +97,7 @@ class PrepareConfig:
     overwrite: bool = False
     sink: str = "auto"
     compression: str = "gzip"
-    reads: ReadConfig = ReadConfig()
+    reads: ReadAheadConfig = ReadAheadConfig()
     label_offset: int = 0
     labels_txt: str = "names"
     metadata: str | None = None
@@ -294,7 +294,7 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
     concurrency = o.read_concurrency
     if concurrency is None:
         concurrency = 0 if is_local(source) else DEFAULT_REMOTE_READ_CONCURRENCY
-    reads = ReadConfig(concurrency=concurrency, max_bytes=o.read_ahead_mb * 2**20)
+    reads = ReadAheadConfig(concurrency=concurrency, max_bytes=o.read_ahead_mb * 2**20)
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,

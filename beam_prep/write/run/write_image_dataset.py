@@ -30,7 +30,7 @@ from beam_prep.model.features import SCHEMA
 from beam_prep.write.finish import publish
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
-from beam_prep.write.images.readahead import ReadConfig
+from beam_prep.write.images.readahead import ReadAheadConfig
 from beam_prep.write.plan.config import (
     DEFAULT_READ_AHEAD_MB,
     DEFAULT_REMOTE_READ_CONCURRENCY,
@@ -334,7 +334,7 @@ class WriteImageDataset(beam.PTransform):
                                no_upscale, background),
             validation_percent=validation_percent, num_shards=num_shards or 0, overwrite=overwrite,
             sink="shuffle", compression=compression,
-            reads=ReadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
+            reads=ReadAheadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
             label_offset=label_offset, labels_txt=labels_txt, file_format=file_format)
 
     def expand(self, elements: PCollection) -> PCollection:

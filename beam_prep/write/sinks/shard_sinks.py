@@ -29,7 +29,7 @@ from beam_prep.io.storage import join
 from beam_prep.model.dataset import TFRECORD
 from beam_prep.write.images.flat import FlatImagesFn
 from beam_prep.write.images.imaging import ImageSpec
-from beam_prep.write.images.readahead import ReadConfig
+from beam_prep.write.images.readahead import ReadAheadConfig
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.sinks.file_sink import write_shards
@@ -81,7 +81,7 @@ class _ShardSink(beam.PTransform):
     to a PCollection of entries), a sink writes every split's shards into ``work`` and
     returns a ``SinkResult``."""
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, work: str, compression: str,
+    def __init__(self, spec: ImageSpec, reads: ReadAheadConfig, work: str, compression: str,
                  num_shards: Mapping[str, int], progress_folder: str | None = None,
                  file_format: str = TFRECORD) -> None:
         """Initializes a sink.

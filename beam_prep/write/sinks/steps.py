@@ -21,7 +21,7 @@ from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.write.images.examples import FileReader
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import ImageSpec
-from beam_prep.write.images.readahead import Fetched, ReadAhead, ReadConfig, thread_pool
+from beam_prep.write.images.readahead import Fetched, ReadAhead, ReadAheadConfig, thread_pool
 from beam_prep.write.journal import progress, resume
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry
@@ -41,7 +41,7 @@ class SinkConfig:
     """What a sink and its DoFns need to write shards; see ``shard_sinks._ShardSink`` for each field."""
 
     spec: ImageSpec
-    reads: ReadConfig
+    reads: ReadAheadConfig
     work: str
     compression: str
     num_shards: dict[str, int]
@@ -67,7 +67,7 @@ class ParseEntryFn(beam.DoFn):
 class _Reading:
     """A worker's file reader and read-ahead threads, made in ``setup``: neither can be pickled."""
 
-    def __init__(self, config: ReadConfig) -> None:
+    def __init__(self, config: ReadAheadConfig) -> None:
         self.config = config
         self._reader: FileReader | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -98,7 +98,7 @@ class ImageToExampleFn(beam.DoFn):
     their own timestamp and window.
     """
 
-    def __init__(self, spec: ImageSpec, reads: ReadConfig, progress_folder: str | None = None,
+    def __init__(self, spec: ImageSpec, reads: ReadAheadConfig, progress_folder: str | None = None,
                  file_format: str = TFRECORD) -> None:
         self._spec = spec
         self._format = shard_format(file_format)
