@@ -12,6 +12,7 @@ says the exit code it must end with: ``<!-- exit: 2 -->``.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -32,6 +33,7 @@ NOT_RUN = {
 }
 RUN = {"bash", "sh", "python"}
 BLOCK_TIMEOUT_S = 600
+PAGES_AT_ONCE = 2
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>[\w+-]*)[^\n]*$")
 _MARK = re.compile(r"^\s*<!--\s*(?P<key>not-run|exit):\s*(?P<value>[\w-]+)\s*-->\s*$")
@@ -143,21 +145,47 @@ def _steps(page: pathlib.Path) -> list[list[Block]]:
     return steps
 
 
-@pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
-def test_page_examples_run(page: pathlib.Path, sample_tree: pathlib.Path, tmp_path: pathlib.Path):
-    shutil.copytree(sample_tree, tmp_path / "sample_data")
+def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Path) -> str | None:
+    """Runs ``page``'s examples in ``folder``; None, or why the first failing step failed."""
+    shutil.copytree(sample_tree, folder / "sample_data")
     env = _env()
     for n, step in enumerate(_steps(page)):
         first = step[0]
         if first.language == "python":
-            listing = tmp_path.parent / f"{tmp_path.name}-blocks-{n}.json"
+            listing = folder.parent / f"{folder.name}-blocks-{n}.json"
             listing.write_text(json.dumps([[f"{b.page}:{b.line}", b.code] for b in step]))
             cmd = [sys.executable, "-c", _SESSION, str(listing)]
         else:
             cmd = ["bash", "-c", "set -euo pipefail\n" + first.code]
-        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=BLOCK_TIMEOUT_S)
-        code = "".join(f"# {b.page}:{b.line}\n{b.code}" for b in step)
-        assert done.returncode == first.exit_code, (
-            f"{first.page}:{first.line}: exit {done.returncode}, expected {first.exit_code}\n"
-            f"--- code\n{code}--- stdout\n{done.stdout[-4000:]}--- stderr\n{done.stderr[-4000:]}")
+        try:
+            done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
+                                  timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return f"{first.page}:{first.line}: still running after {BLOCK_TIMEOUT_S} s"
+        if done.returncode != first.exit_code:
+            code = "".join(f"# {b.page}:{b.line}\n{b.code}" for b in step)
+            return (f"{first.page}:{first.line}: exit {done.returncode}, expected {first.exit_code}\n"
+                    f"--- code\n{code}--- stdout\n{done.stdout[-4000:]}--- stderr\n{done.stderr[-4000:]}")
+    return None
+
+
+@pytest.fixture(scope="session")
+def page_failures(request, sample_tree: pathlib.Path, tmp_path_factory) -> dict[pathlib.Path, str | None]:
+    """The selected pages' examples, run two pages at a time (each in its own folder).
+
+    Most of a page's time is processes starting and importing on one core, so two pages
+    at once keep both cores busy: the suite's time, not the examples, is what this saves.
+    """
+    wanted = [item.callspec.params["page"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_page_examples_run"]
+
+    def run(page: pathlib.Path) -> str | None:
+        return _run_page(page, sample_tree, tmp_path_factory.mktemp("page"))
+
+    with concurrent.futures.ThreadPoolExecutor(PAGES_AT_ONCE) as pool:
+        return dict(zip(wanted, pool.map(run, wanted)))
+
+
+@pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_page_examples_run(page: pathlib.Path, page_failures: dict[pathlib.Path, str | None]):
+    assert page_failures[page] is None, page_failures[page]
