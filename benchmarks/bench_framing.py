@@ -5,20 +5,21 @@ each, into a file object that drops the bytes, so the time is the framing alone
 (CRC32C, packing, joining); runs alternate, so other load falls on both alike.
 Both outputs are first checked to be byte-identical.
 
-    python -m benchmarks.bench_framing
+    python -m benchmarks.bench_framing [--records 20000] [--repeat 15] [--json framing.json]
 """
 from __future__ import annotations
 
 import argparse
 import io
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from beam_prep.io import tfrecord
+from benchmarks.report import tables
+from benchmarks.results import Recording
 
 Write = Callable[[object, bytes], None]
 
@@ -40,7 +41,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--json", help="also write the results here as JSON")
     args = parser.parse_args(argv)
+    recording = Recording("framing", argv)
     rng = random.Random(0)
     records = [rng.randbytes(rng.randint(15_000, 25_000)) for _ in range(args.records)]
     writers: dict[str, Write] = {"Beam _TFRecordUtil.write_record": _TFRecordUtil.write_record,
@@ -56,13 +59,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for _ in range(args.repeat):
         for name, write in writers.items():
             times[name].append(_seconds(write, records))
-    total = sum(map(len, records))
-    print(f"{len(records):,} records, {total / 1e6:.0f} MB, byte-identical; {args.repeat} alternating runs")
-    for name, ts in times.items():
-        median = statistics.median(ts)
-        print(f"{name}: median {median * 1e3:.1f} ms (min {min(ts) * 1e3:.1f}), "
-              f"{len(records) / median:,.0f} records/s, {total / median / 1e9:.2f} GB/s")
-
+    results = {"records": len(records), "bytes": sum(map(len, records)), "repeat": args.repeat,
+               "seconds": times}
+    recording.write(args.json, results)
+    print(tables.framing(results))
 
 if __name__ == "__main__":
     main()

@@ -348,8 +348,22 @@ def startup(results: Mapping) -> str:
     return (f"Kernel: {results['kernel']}; {results['rounds']} rounds, alternating.\n\n" + "\n".join(lines))
 
 
+def framing(results: Mapping) -> str:
+    """Each framing's median time over the alternating runs, its rates, and its speed over Beam's."""
+    medians = {name: statistics.median(ts) for name, ts in results["seconds"].items()}
+    beam = next(iter(medians.values()))
+    lines = ["| framing | median ms | min ms | records/s | GB/s | × Beam's |", "|---|---:|---:|---:|---:|---:|"]
+    for name, median in medians.items():
+        lines.append(f"| {name} | {median * 1e3:,.1f} | {min(results['seconds'][name]) * 1e3:,.1f} "
+                     f"| {results['records'] / median:,.0f} | {results['bytes'] / median / 1e9:.2f} "
+                     f"| {times(beam / median)} |")
+    return (f"{results['records']:,} records, {results['bytes'] / 1e6:,.0f} MB, byte-identical; "
+            f"{results['repeat']} alternating runs.\n\n" + "\n".join(lines))
+
+
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
     "launcher": launcher, "duplicates": duplicates, "reader": reader, "verify": verify, "startup": startup,
+    "framing": framing,
 }
