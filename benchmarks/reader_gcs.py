@@ -15,16 +15,16 @@ meanwhile, on the same machine as the reader.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import pathlib
-import statistics
 from collections.abc import Sequence
 
-from benchmarks import CACHE_DIR, machine
+from benchmarks import CACHE_DIR
 from benchmarks.corpus import ensure_corpus
 from benchmarks.gcs_server import UPLOAD_THREADS, run_child, scratch_server
 from benchmarks.reading import DEFAULT_IMAGES, ensure_dataset
+from benchmarks.report import tables
+from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ def main(argv: Sequence[str] | None) -> None:
     parser.add_argument("--latencies", type=int, nargs="+", default=[0, 30], metavar="MS")
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
+    recording = Recording("reader-gcs", argv, module="benchmarks.bench_reader")
     images = args.images
     dataset = ensure_dataset(ensure_corpus(images, CACHE_DIR).root, images, "jpeg")
     rates: dict[str, list[float]] = {}
@@ -61,21 +62,8 @@ def main(argv: Sequence[str] | None) -> None:
             rates[name] = run.report["rates"]
             server_cores[name] = run.server_cpu_s / run.seconds
             log.info("%s: %s images/s", name, [round(r) for r in rates[name]])
-    medians = {name: statistics.median(r) for name, r in rates.items()}
-    zero = medians.get("gs:// 0 ms")
-    local = medians["local disk"]
+    results = {"images": images, "seconds": args.seconds, "rounds": args.rounds, "rates": rates,
+               "server_cores": server_cores}
+    recording.write(args.json, results)
     print()
-    print(f"Reader (a) from gs://: {images:,} records of the benchmark's JPEG dataset, training defaults, "
-          f"batch 256; median of {args.rounds} rounds of {args.seconds:g} s, each source in a fresh process")
-    print()
-    print("| source | images/s | ÷ gs:// at 0 ms | ÷ local disk | server CPU, cores busy |")
-    print("|---|---:|---:|---:|---:|")
-    for name, rate in medians.items():
-        vs_zero = "—" if zero is None or name == "local disk" else f"{rate / zero:.2f}×"
-        vs_local = "—" if name == "local disk" else f"{rate / local:.2f}×"
-        cores = "—" if name == "local disk" else f"{server_cores[name]:.2f}"
-        print(f"| {name} | {rate:,.0f} | {vs_zero} | {vs_local} | {cores} |")
-    print()
-    print(f"Machine: {machine.describe(machine.machine_info())}")
-    if args.json:
-        args.json.write_text(json.dumps({"rates": rates}, indent=2))
+    print(tables.reader_gcs(results))

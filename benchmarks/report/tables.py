@@ -348,6 +348,23 @@ def startup(results: Mapping) -> str:
     return (f"Kernel: {results['kernel']}; {results['rounds']} rounds, alternating.\n\n" + "\n".join(lines))
 
 
+def reader_gcs(results: Mapping) -> str:
+    """Reader (a)'s median images/s from each source, its ratios to gs:// at 0 ms and to local disk,
+    and the cores the storage server kept busy meanwhile."""
+    medians = {name: statistics.median(r) for name, r in results["rates"].items()}
+    zero, local = medians.get("gs:// 0 ms"), medians["local disk"]
+    lines = ["| source | images/s | ÷ gs:// at 0 ms | ÷ local disk | server CPU, cores busy |",
+             "|---|---:|---:|---:|---:|"]
+    for name, rate in medians.items():
+        remote = name != "local disk"
+        lines.append(f"| {name} | {rate:,.0f} | {times(rate / zero) if remote and zero else '—'} "
+                     f"| {times(rate / local) if remote else '—'} "
+                     f"| {fmt(results['server_cores'][name], 2) if remote else '—'} |")
+    return (f"Reader (a) from gs://: {results['images']:,} records of the benchmark's JPEG dataset, training "
+            f"defaults, batch 256; median of {results['rounds']} rounds of {results['seconds']:g} s, each source "
+            "in a fresh process.\n\n" + "\n".join(lines))
+
+
 def framing(results: Mapping) -> str:
     """Each framing's median time over the alternating runs, its rates, and its speed over Beam's."""
     medians = {name: statistics.median(ts) for name, ts in results["seconds"].items()}
@@ -365,5 +382,5 @@ TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
     "launcher": launcher, "duplicates": duplicates, "reader": reader, "verify": verify, "startup": startup,
-    "framing": framing,
+    "framing": framing, "reader-gcs": reader_gcs,
 }
