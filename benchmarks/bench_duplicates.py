@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from benchmarks.report import tables
 from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
@@ -149,26 +150,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     recording = Recording("duplicates", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rows = [row for share in args.shares for records in args.records for row in measure(records, share)]
-    by = {(r["search"], r["records"], r["share"]): r for r in rows}
-    smallest = min(args.records)
+    results = {"searches": list(_SEARCHES), "runs": rows}
     print()
-    print("Duplicates among hash files, each search in a fresh process (memory: growth of peak RSS "
-          "over the process before the search):")
-    print()
-    print("| records | with a copy | search | seconds | memory MB | bytes / record | "
-          "growth / record from the smallest size | seconds / (a) |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
-    for share in args.shares:
-        for records in args.records:
-            for search in _SEARCHES:
-                r = by[search, records, share]
-                base = by[next(iter(_SEARCHES)), records, share]
-                low = by[search, smallest, share]
-                growth = (f"{(r['grown_bytes'] - low['grown_bytes']) / (records - smallest):.1f}"
-                          if records > smallest else "—")
-                print(f"| {records:,} | {share:.0%} | {search} | {r['seconds']:.1f} | {r['grown_bytes'] / 2**20:.0f} "
-                      f"| {r['grown_bytes'] / records:.1f} | {growth} | {r['seconds'] / base['seconds']:.2f} |")
-    recording.write(args.json, {"searches": list(_SEARCHES), "runs": rows})
+    print(tables.duplicates(results))
+    recording.write(args.json, results)
 
 
 if __name__ == "__main__":

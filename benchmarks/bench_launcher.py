@@ -29,13 +29,13 @@ import os
 import pathlib
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 
+from benchmarks.report import tables
 from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
@@ -168,26 +168,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     recording = Recording("launcher", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rows = [row for _ in range(args.repeat) for files in args.files for row in measure(files)]
-    median = {}
-    for key in {(r["run"], r["files"]) for r in rows}:
-        same = [r for r in rows if (r["run"], r["files"]) == key]
-        median[key] = {field: statistics.median(r[field] for r in same)
-                       for field in ("seconds", "process_seconds", "peak_rss_bytes")}
+    results = {"repeat": args.repeat, "labels": LABELS, "runs": rows}
     print()
-    print(f"Launcher, local tree of empty image files in {LABELS:,} folders, medians of {args.repeat} "
-          "(fresh process each; seconds: listing and planning, after imports; process: the whole command):")
-    print()
-    print("| files | run | seconds | process s | peak RSS MB | seconds / (a) | peak RSS / smallest tree's |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
-    smallest = min(args.files)
-    for files in args.files:
-        for run in sorted(_CHILDREN.keys() | {_DRY_RUN, _WITH_TABLE}):
-            m = median[run, files]
-            base = median["(a) os.scandir walk", files]
-            print(f"| {files:,} | {run} | {m['seconds']:.1f} | {m['process_seconds']:.1f} "
-                  f"| {m['peak_rss_bytes'] / 2**20:.0f} | {m['seconds'] / base['seconds']:.2f} "
-                  f"| {m['peak_rss_bytes'] / median[run, smallest]['peak_rss_bytes']:.2f} |")
-    recording.write(args.json, {"repeat": args.repeat, "labels": LABELS, "runs": rows})
+    print(tables.launcher(results))
+    recording.write(args.json, results)
 
 
 if __name__ == "__main__":

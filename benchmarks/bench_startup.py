@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from beam_prep.write.images import resample
 from beam_prep.write.images.resample_loader import CACHE_VARIABLE as CACHE
 from benchmarks import REPO_ROOT, machine
 from benchmarks.measure import run_measured
+from benchmarks.report import tables
 from benchmarks.results import Recording
 
 _LOAD = """
@@ -97,18 +97,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "command, kernel not built": {CACHE: str(work / f"numba-command-{round_}")}}
             for name, env in (runs.items() if round_ % 2 == 0 else reversed(runs.items())):
                 results.setdefault(name, []).append(command_seconds(sample, work, env))
-    base = statistics.median(results["command, without the kernel"])
-    print(f"{machine.describe(machine.machine_info())}; {resample.available()}; {args.rounds} rounds\n")
-    print("| measure | median | min | max | − without the kernel |")
-    print("|---|---:|---:|---:|---:|")
-    for name, values in results.items():
-        median = statistics.median(values)
-        extra = f"{median - base:+.2f}" if name.startswith("command") else ""
-        if "MB" in name:
-            print(f"| {name} | {median:.1f} | {min(values):.1f} | {max(values):.1f} | |")
-            continue
-        print(f"| {name} | {median:.2f} | {min(values):.2f} | {max(values):.2f} | {extra} |")
-    recording.write(args.json, {"kernel": resample.available(), "rounds": args.rounds, "seconds": results})
+    record = {"kernel": resample.available(), "rounds": args.rounds, "seconds": results}
+    print(f"{machine.describe(machine.machine_info())}\n")
+    print(tables.startup(record))
+    recording.write(args.json, record)
 
 
 if __name__ == "__main__":

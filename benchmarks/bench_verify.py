@@ -32,13 +32,13 @@ import logging
 import os
 import pathlib
 import shutil
-import statistics
 import time
 from collections.abc import Sequence
 
 from benchmarks import CACHE_DIR, machine
 from benchmarks.corpus import ensure_corpus
 from benchmarks.reading import BATCH_SIZE, DEFAULT_IMAGES, ensure_dataset
+from benchmarks.report import tables
 from benchmarks.results import Recording
 
 log = logging.getLogger(__name__)
@@ -142,22 +142,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name, run in runs.items():
             results[name].append(run())
             log.info("round %d %s: %.0f images/s, %.0f per CPU-s", round_ + 1, name, *results[name][-1])
-    reader_wall = statistics.median(r[0] for r in results[next(iter(runs))])
-    reader_cpu = statistics.median(r[1] for r in results[next(iter(runs))])
-    print("| run | images/s | images per CPU-s | ÷ (a) | ÷ (a) per CPU-s |")
-    print("|---|---:|---:|---:|---:|")
-    for name, rates in results.items():
-        wall = statistics.median(r[0] for r in rates)
-        cpu = statistics.median(r[1] for r in rates)
-        print(f"| {name} | {wall:,.0f} | {cpu:,.0f} | {wall / reader_wall:.2f}× | {cpu / reader_cpu:.2f}× |")
-    print()
-    print(f"Machine: {machine.describe(machine.machine_info())}")
-    recording.write(args.json, {
+    record = {
         "settings": {"images": args.images, "shards": args.shards, "shard_records": args.shard_records,
                      "seconds": args.seconds, "rounds": args.rounds, "batch_size": BATCH_SIZE},
         "runs": {name: {"images_per_s": [r[0] for r in rates], "images_per_cpu_s": [r[1] for r in rates]}
                  for name, rates in results.items()},
-    })
+    }
+    print(tables.verify(record))
+    print()
+    print(f"Machine: {machine.describe(machine.machine_info())}")
+    recording.write(args.json, record)
 
 
 def _rates(result) -> tuple[float, float]:
