@@ -136,7 +136,7 @@ class _LogFileHandler(logging.StreamHandler):
             self.hidden_warnings += 1
         super().emit(record)
 
-    def handleError(self, record: logging.LogRecord) -> None:
+    def handleError(self, record: logging.LogRecord) -> None:  # logging's name.
         self.failed = True
 
 

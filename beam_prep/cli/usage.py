@@ -115,7 +115,7 @@ def beam_option_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
             continue
         parser = _parser(usage=argparse.SUPPRESS)
         add_options_arguments(cls, parser)
-        if parser._actions:
+        if parser._actions:  # argparse has no public count of its options.
             found.append((cls.__name__, parser))
     return found
 

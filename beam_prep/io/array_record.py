@@ -63,7 +63,7 @@ def shard_records(path: str, checksum: Checksum | None = None,
     try:
         try:
             writer = module.ArrayRecordWriter(local, WRITER_OPTIONS)
-        except Exception as e:
+        except Exception as e:  # the C++ writer raises ValueError or RuntimeError
             raise storage_error("write", shown_as or path, e) from e
         try:
             yield writer.write
@@ -113,7 +113,7 @@ def count_records(path: str, shown_as: str | None = None) -> int:
                 return reader.num_records()
             finally:
                 reader.close()
-        except Exception as e:
+        except Exception as e:  # the C++ reader raises ValueError or RuntimeError
             raise storage_error("read", shown_as or path, e) from e
 
 
@@ -124,5 +124,5 @@ def _download(path: str, local: str, shown_as: str) -> None:
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as src, open(local, "wb") as dst:
             shutil.copyfileobj(src, dst, _CHUNK)
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("read", shown_as, e) from e

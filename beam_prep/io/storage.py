@@ -38,7 +38,7 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
     try:
         with FileSystems.create(path, mime_type="text/plain") as f:
             f.write(data)
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("write", path, e) from e
 
 
@@ -69,7 +69,7 @@ def read_lines(path: str) -> list[str]:
     """
     try:
         return read_bytes(path).decode("utf-8").splitlines()
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("read", path, e) from e
 
 

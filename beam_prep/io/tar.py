@@ -97,5 +97,5 @@ def count_members(path: str, suffix: str) -> int:
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             return sum(name.endswith(suffix) for name, _ in read_members(f))
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types, tarfile its own.
         raise storage_error("read", path, e) from e

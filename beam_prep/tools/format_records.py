@@ -65,7 +65,7 @@ def _array_records(path: str) -> Iterator[bytes]:
                     yield from reader.read(list(range(start, min(count, start + _BATCH))))
             finally:
                 reader.close()  # raises, too, for a file it could not read whole
-        except Exception as e:
+        except Exception as e:  # the C++ reader raises ValueError or RuntimeError
             raise DatasetError(f"{type(e).__name__}: {e}") from e
 
 

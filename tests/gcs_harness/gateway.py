@@ -117,7 +117,7 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
             if self.tunnel_host is not None:  # socketserver closes only the raw socket
                 self.connection.close()
 
-    def log_message(self, format: str, *args: object) -> None:
+    def log_message(self, format: str, *args: object) -> None:  # stdlib's name
         _log.debug("gateway %s: " + format, self.tunnel_host or "http", *args)
 
     def do_CONNECT(self) -> None:

@@ -290,7 +290,7 @@ def test_a_listing_spilled_in_many_small_buckets_reads_back_whole_and_in_key_ord
     monkeypatch.setattr("beam_prep.write.plan.spill._BUCKET_ROWS", 9)
     monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 4)  # the skipped files: 8 sorted runs, merged
     with list_tree(str(tmp_path), validation_percent=30) as spilled:
-        assert spilled._files._buckets.__len__() == 12
+        assert spilled._files._buckets.__len__() == 12  # 100 rows in buckets of 9
         entries = list(spilled.entries())
         assert entries == expected and len(entries) == 100
         assert [order_key(e.relpath) for e in entries] == sorted(order_key(e.relpath) for e in entries)
@@ -312,4 +312,4 @@ def test_skipped_files_come_back_sorted_by_path_in_bounded_runs(tmp_path, monkey
     monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 3)
     with list_tree(str(tmp_path)) as listing:
         assert list(listing.skipped_rows()) == [(name, SKIP_NOT_IMAGE) for name in sorted(names)]
-        assert len(listing._skips.rows._runs) == 5
+        assert len(listing._skips.rows._runs) == 5  # 13 rows in runs of 3

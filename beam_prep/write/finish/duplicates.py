@@ -228,7 +228,7 @@ def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
                     yield path, [rest]
         except DatasetError:
             raise
-        except Exception as e:
+        except Exception as e:  # each filesystem raises its own types.
             raise storage_error("read", path, e) from e
 
 
@@ -258,5 +258,5 @@ def copy_lines(found: Duplicates, target: str) -> None:
             return
         with open(found.lines_file, "rb") as src, FileSystems.create(target, mime_type="text/plain") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("write", target, e) from e

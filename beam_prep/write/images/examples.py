@@ -60,7 +60,7 @@ class FileReader:
             return read_bytes(path)
         except StorageError as e:
             raise ImageError("read", str(e)) from e
-        except Exception as e:
+        except Exception as e:  # local and remote filesystems raise different types.
             raise ImageError("read", f"cannot read file: {e}") from e
 
     def _gcs_client(self) -> GcsClient:

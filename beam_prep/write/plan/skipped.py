@@ -53,7 +53,7 @@ def check(work: str, expected: int) -> None:
     try:
         with open_to_read(path) as f:
             found = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(_COPY_BYTES), b""))
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("read", path, e) from e
     if found != expected:
         raise DatasetError(f"{path} names {found} skipped files but the listing skipped {expected}: "
@@ -74,7 +74,7 @@ def publish(work: str, output: str, expected: int) -> None:
     source = join(work, layout.SKIPPED)
     try:
         src = open_to_read(source)
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("read", source, e) from e
     with src:
         try:

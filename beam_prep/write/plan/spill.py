@@ -92,7 +92,7 @@ class SortedSpill:
 
     def add(self, row: tuple) -> None:
         bucket = self._buckets[(row[0] * len(self._buckets)) >> 64]
-        bucket._rows.append(row)
+        bucket._rows.append(row)  # flushed below, all buckets at once
         bucket.count += 1
         self._buffered += 1
         if self._buffered >= self._limit:

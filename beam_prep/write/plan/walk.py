@@ -42,7 +42,7 @@ def walk_tree(root: str) -> Iterator[tuple[str, int, str | None]]:
         else:
             yield from ((m.path, m.size_in_bytes, None)
                         for m in FileSystems.match([join(root, "**")])[0].metadata_list)
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("list", root, e) from e
 
 

@@ -72,7 +72,7 @@ class _TextFiles:
                     with open(os.path.join(self._stage, name), "rb") as src, \
                             FileSystems.create(target, mime_type="text/plain") as dst:
                         shutil.copyfileobj(src, dst, 1 << 20)
-                except Exception as e:
+                except Exception as e:  # each filesystem raises its own types.
                     raise storage_error("write", target, e) from e
         finally:
             shutil.rmtree(self._stage, ignore_errors=True)

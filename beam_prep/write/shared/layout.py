@@ -96,7 +96,7 @@ def existing_dataset_files(output: str) -> list[str]:
     """Files in ``output`` that make up a dataset (complete or not), by their names."""
     try:
         metadata = _filesystems().match([join(output, "*")])[0].metadata_list
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error("list --output", output, e) from e
     owned = []
     for m in metadata:

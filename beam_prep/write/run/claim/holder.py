@@ -142,7 +142,7 @@ def _guarded(path: str, action: str, call: Callable[[], _T]) -> _T:
         return call()
     except BeamPrepError:
         raise
-    except Exception as e:
+    except Exception as e:  # each filesystem raises its own types.
         raise storage_error(action, path, e) from e
 
 
