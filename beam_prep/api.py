@@ -162,6 +162,8 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
         known one), found before any work.
       StorageError: a path that cannot be listed, read or written.
       DatasetError: the job's counts do not add up, so no manifest was published.
+      TooManyFailures: more files failed than ``max_failures`` allows; the dataset was
+        written all the same (its manifest is the error's ``result.manifest``).
       RunInterrupted: a local run stopped by Ctrl-C or SIGTERM (its finished shards kept).
     """
     with _as_a_library():

@@ -18,6 +18,21 @@ class StorageError(BeamPrepError):
     """A path that cannot be listed, read or written (missing bucket, no permission...)."""
 
 
+class TooManyFailures(BeamPrepError):
+    """More files failed than ``--max_failures`` allows; the dataset was written all the same.
+
+    For an automated job: the command exits 1 with this one line after its summary.
+
+    Args:
+      message: how many failed against the budget, and where errors.jsonl is.
+      result: the finished run (``pipeline.RunResult``), its manifest included.
+    """
+
+    def __init__(self, message: str, result: object = None):
+        super().__init__(message)
+        self.result = result
+
+
 class ElementError(BeamPrepError, TypeError):
     """An element of the wrong shape given to ``WriteImageDataset``.
 

@@ -7,7 +7,8 @@ With no ``--runner`` it runs on Beam's DirectRunner with one worker process per
 core. The same module is what Dataflow jobs are submitted with
 (``--runner DataflowRunner --setup_file ./setup.py ...``). Exit codes: 0 done,
 2 bad options or input, unknown flags included (nothing was started), 1 the job
-failed, 130 or 143 stopped by SIGINT or SIGTERM (a local run keeps its finished
+failed (or, with ``--max_failures``, more files failed than it allows: the
+dataset is written, and the summary comes before the line), 130 or 143 stopped by SIGINT or SIGTERM (a local run keeps its finished
 shards, and the same command resumes it). A failed job ends with one line on stderr, its cause and the log file
 that holds Beam's records and the full traceback (``--verbose`` prints them).
 ``--help`` lists our options, ``--help_beam`` Beam's. While a local job runs,
@@ -29,7 +30,7 @@ from beam_prep.cli.joblog import JobFailed, JobLog, is_job_failure, new_log_path
 from beam_prep.cli.options import PrepareImagesOptions
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help, prepare_parser
-from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted
+from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted, TooManyFailures
 from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
 from beam_prep.write.plan.config import PrepareConfig
@@ -179,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OptionsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TooManyFailures as e:  # the dataset is written: its summary, then why the run fails
+        print(summary(e.result))
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except BeamPrepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -106,6 +106,16 @@ def _labels_split_arguments(group: Any) -> None:
         "--validation_percent", type=float, default=0.0,
         help="Share of files put in the validation split, by a stable hash of their path.")
     group.add_argument(
+        "--stratify", action="store_true", default=False,
+        help="Give each label round(--validation_percent of its files) validation images, the files "
+             "with the lowest stable hash, instead of letting each file's hash decide alone; a label "
+             "keeps at least one training image.")
+    group.add_argument(
+        "--max_per_class", type=int, default=None,
+        help="Keep at most this many files of each label, chosen by a stable hash of their path; the "
+             "rest are skipped and named in skipped.jsonl (default: all): for quick experiments on a "
+             "big tree.")
+    group.add_argument(
         "--labels_file", default=None,
         help="Label order, one name a line (default: the label folders' names, sorted).")
     group.add_argument(
@@ -158,7 +168,7 @@ def _shard_arguments(group: Any) -> None:
 
 
 def _run_arguments(group: Any) -> None:
-    """--help's "run" section: progress and logging."""
+    """--help's "run" section: progress, logging and the failure budget."""
     group.add_argument(
         "--progress_interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
         help="Seconds between progress lines when stderr is not a terminal (a terminal gets a "
@@ -167,6 +177,11 @@ def _run_arguments(group: Any) -> None:
         "--verbose", action="store_true", default=False,
         help="Show Beam's log and a failed job's full traceback on stderr, instead of "
              "a one-line error that names a log file holding them.")
+    group.add_argument(
+        "--max_failures", default=None,
+        help="The most files that may fail (errors.jsonl) for the run to succeed: a count (10) or a "
+             "percent of the files listed (2.5%%). The run writes everything all the same, then exits "
+             "1 with one line when more failed (default: any number).")
 
 
 def config_from_options(options: PipelineOptions) -> PrepareConfig:

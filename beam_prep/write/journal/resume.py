@@ -44,10 +44,10 @@ RUN_RECORD = "run.json"
 RUN_FORMAT = 3
 _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
-_FREE_OPTIONS = frozenset({"overwrite", "reads"})
+_FREE_OPTIONS = frozenset({"overwrite", "reads", "max_failures"})
 _FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata"}
 # Options added since RUN_FORMAT 3 was first written, as runs recorded before them had them.
-_RECORDED_BEFORE = {"file_format": "tfrecord", "recursive": False}
+_RECORDED_BEFORE = {"file_format": "tfrecord", "recursive": False, "stratify": False, "max_per_class": None}
 
 
 def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from beam_prep.write.images.imaging import (
     parse_colour,
 )
 from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadAheadConfig
+from beam_prep.write.plan.failure_budget import parse_max_failures
 from beam_prep.write.plan.metadata import check_path
 from beam_prep.write.shared.shard_formats import check_installed
 
@@ -85,6 +86,12 @@ class PrepareConfig:
         as ``input`` is; None labels each image by its folder.
       recursive: whether images at any depth under a label folder take its label.
       file_format: the shards' format, a key of ``model.dataset.FILE_FORMATS``.
+      stratify: whether each label gets its own ``validation_percent`` share of
+        validation images (``selection``) instead of each file's hash deciding alone.
+      max_per_class: the most files each label keeps, chosen by a stable hash (the rest
+        skipped); None keeps them all.
+      max_failures: how many files may fail before the run exits non-zero, a count (``"10"``)
+        or a percent of the files listed (``"2.5%"``) (``failure_budget``); None: any number.
     """
 
     input: str
@@ -103,6 +110,9 @@ class PrepareConfig:
     metadata: str | None = None
     recursive: bool = False
     file_format: str = TFRECORD
+    stratify: bool = False
+    max_per_class: int | None = None
+    max_failures: str | None = None
 
     @property
     def shard_suffix(self) -> str:
@@ -278,6 +288,8 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--num_shards must be 0 (automatic) or more, not {o.num_shards}")
     if o.target_shard_mb < 1:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
+    _check_selection(o.stratify, o.validation_percent, o.max_per_class)
+    max_failures = parse_max_failures(o.max_failures) if o.max_failures is not None else None
     if not o.progress_interval > 0:
         raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
     spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels,
@@ -300,7 +312,21 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
                          overwrite=o.overwrite, sink=o.sink, compression=compression, reads=reads,
                          label_offset=o.label_offset, labels_txt=o.labels_txt, metadata=table,
-                         recursive=o.recursive, file_format=o.file_format)
+                         recursive=o.recursive, file_format=o.file_format, stratify=o.stratify,
+                         max_per_class=o.max_per_class, max_failures=max_failures)
+
+
+def _check_selection(stratify: bool, validation_percent: float, max_per_class: int | None) -> None:
+    """--stratify shares out a validation percent, so it needs one; --max_per_class keeps at least one file.
+
+    Raises:
+      OptionsError: naming the flag and what to give.
+    """
+    if stratify and not validation_percent:
+        raise OptionsError("--stratify gives each label its --validation_percent share of validation images: "
+                           "give --validation_percent too (e.g. --validation_percent 10)")
+    if max_per_class is not None and max_per_class < 1:
+        raise OptionsError(f"--max_per_class must be at least 1 (files kept per label), not {max_per_class}")
 
 
 def _metadata_path(path: str | None, recursive: bool) -> str | None:

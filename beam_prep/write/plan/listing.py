@@ -5,7 +5,8 @@ layout, the shard count and every fail-fast check need the whole listing:
 folders listed concurrently on GCS, ``os.scandir`` on local disk. Every
 decision here is a pure function of a file's path relative to the root (and,
 with ``--metadata``, of its row in the table: ``metadata``), so reruns and
-workers agree without coordination.
+workers agree without coordination; ``--stratify`` and ``--max_per_class`` rank
+each label's files by such a hash (``selection``), a pure function of the tree.
 
 The launcher holds counts and labels, never the files: they stream to a
 temporary folder (``spill``) and come back in order-key order, so a tree of
@@ -14,7 +15,6 @@ millions of files lists in flat memory.
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 
@@ -24,10 +24,12 @@ from beam_prep import wording
 from beam_prep.errors import OptionsError
 from beam_prep.io.storage import join
 from beam_prep.write.images.imaging import is_image_name
+from beam_prep.write.plan.hashing import order_key, split_for, stable_hash  # noqa: F401 - imported from here
 from beam_prep.write.plan.metadata import Table, read_table
+from beam_prep.write.plan.selection import Selection
 from beam_prep.write.plan.spill import RowFile, SortedRows, SortedSpill, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
-from beam_prep.write.shared.entry import DEFAULT_SPLIT, UNKNOWN_LABEL, VALIDATION_SPLIT, FileEntry, printable, raw_name
+from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
 
 _LOG = logging.getLogger(__name__)
 
@@ -42,30 +44,6 @@ SKIP_HIDDEN = "hidden or system file"
 SKIP_NOT_IMAGE = "not an image file"
 SKIP_DEPTH = "image outside the label folders"
 SKIP_NO_ROW = "image no --metadata row names"
-
-
-def stable_hash(text: str, salt: str) -> int:
-    """A 64-bit hash that is the same on every machine, process and run.
-
-    Hashes the name's raw bytes, so a file name that is not UTF-8 hashes too.
-    """
-    digest = hashlib.sha256(salt.encode() + b":" + raw_name(text)).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-def order_key(relpath: str) -> int:
-    """A file's place in its split: files are dealt to shards in key order and written in it.
-
-    A hash, not the path, so classes are interleaved in every shard.
-    """
-    return stable_hash(relpath, "order")
-
-
-def split_for(relpath: str, validation_percent: float) -> str:
-    if not validation_percent:  # no hash can fall below 0%
-        return DEFAULT_SPLIT
-    fraction = stable_hash(relpath, "split") / 2**64
-    return VALIDATION_SPLIT if fraction * 100 < validation_percent else DEFAULT_SPLIT
 
 
 class Listing:
@@ -205,6 +183,8 @@ def list_tree(
     label_offset: int = 0,
     recursive: bool = False,
     metadata: str | None = None,
+    stratify: bool = False,
+    max_per_class: int | None = None,
 ) -> Listing:
     """Lists ``root/<label>/<file>`` or ``root/<split>/<label>/<file>``, or the files a table names.
 
@@ -224,63 +204,61 @@ def list_tree(
       metadata: a table (``--metadata``, see ``metadata``) that names each image and
         says its label(s), split and other fields; files under ``root`` that no row
         names are skipped, and a row whose file is missing is listed, to fail its read.
+      stratify: each label gets its own ``validation_percent`` share of the files whose
+        split is hashed (``selection``).
+      max_per_class: the most files each label keeps (``selection``); the rest are skipped.
 
     Raises:
       OptionsError: an empty tree, a split tree with ``validation_percent``, a
-        label folder name that labels.txt cannot hold, or a table ``metadata`` refuses.
+        label folder name that labels.txt cannot hold, a table ``metadata`` refuses, or
+        ``stratify`` or ``max_per_class`` with a multi-label table.
       StorageError: the root or a folder under it cannot be listed.
     """
     root = root.rstrip("/")
     folder = SpillFolder()
     try:
         if metadata is not None:
-            return _list_table(root, folder, validation_percent, labels, label_offset, metadata)
-        return _list(root, folder, validation_percent, labels, label_offset, recursive)
+            return _list_table(root, folder, validation_percent, labels, label_offset, metadata,
+                               stratify, max_per_class)
+        return _list(root, folder, validation_percent, labels, label_offset, recursive, stratify, max_per_class)
     except BaseException:
         folder.close()
         raise
 
 
 def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
-          label_offset: int, recursive: bool) -> Listing:
+          label_offset: int, recursive: bool, stratify: bool = False, max_per_class: int | None = None) -> Listing:
     """``list_tree`` in two passes over disk, since the split layout is known only once every file is seen."""
     skips = _Skips(SortedRows(folder, "skipped"))
     images, split_layout = _first_pass(root, folder, validation_percent, skips, recursive)
 
     depth = 3 if split_layout else 2
-    files = SortedSpill(folder, "files", images.count)
-    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    choice = Selection(folder, images.count, validation_percent, stratify, max_per_class)
+    known = set(labels) if labels is not None else None
     label_folders: dict[str, str] = {}
-    total_bytes = 0
     for relpath, size in images:
         parts = relpath.split("/")
         if (len(parts) < depth if recursive else len(parts) != depth) or (
                 split_layout and parts[0] not in SPLIT_NAMES):
             skips.add(relpath, SKIP_DEPTH)
             continue
-        split = parts[0] if split_layout else split_for(relpath, validation_percent)
+        split = parts[0] if split_layout else choice.split(relpath)
         label = parts[depth - 2]  # the top label folder, however deep the image (--recursive)
         if label not in label_folders:
             label_folders[label] = "/".join(parts[:depth - 1])
             check_label_name(label, join(root, label_folders[label]))
-        counts[split, label] += 1
-        total_bytes += size
-        files.add((order_key(relpath), relpath, split, label, size))
+        choice.add((order_key(relpath), relpath, split, label, size), known is None or label in known)
 
-    if not counts:
+    if not choice.added:
         layout = "ROOT/<label>/<image> or ROOT/<split>/<label>/<image>"
         raise OptionsError(
             f"no images under {root}: expected {layout} with image files "
             f"({sum(skips.by_reason.values())} other files skipped)")
 
     names = list(labels) if labels is not None else sorted(label_folders)
-    known = set(names)
-    split_counts: collections.Counter[str] = collections.Counter()
-    for (split, label), n in counts.items():
-        if label in known:
-            split_counts[split] += n
-    unknown = sum(counts.values()) - sum(split_counts.values())
-    return _listing(root, names, split_counts, unknown, total_bytes, skips, folder, files, label_offset)
+    chosen = choice.finish(skips.add)
+    return _listing(root, names, chosen.split_counts, chosen.unknown, chosen.total_bytes, skips, folder,
+                    chosen.files, label_offset)
 
 
 def _listing(root: str, names: list[str], split_counts: collections.Counter[str], unknown: int, total_bytes: int,
@@ -295,7 +273,7 @@ def _listing(root: str, names: list[str], split_counts: collections.Counter[str]
 
 
 def _list_table(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
-                label_offset: int, path: str) -> Listing:
+                label_offset: int, path: str, stratify: bool = False, max_per_class: int | None = None) -> Listing:
     """``list_tree`` with ``--metadata``: the table and the walk, each sorted by path on disk, merged.
 
     A file no row names is skipped (for its own reason, or ``SKIP_NO_ROW``); a row
@@ -316,11 +294,11 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
             walked.append((file_path[prefix:], size, reason))
 
     skips = _Skips(SortedRows(folder, "skipped"))
-    files = SortedSpill(folder, "files", table.count)
+    choice = Selection(folder, table.count, validation_percent, stratify, max_per_class)
+    if table.multi_label:
+        choice.check_single_label(path)
     known = set(labels) if labels is not None else None
     seen: set[str] = set()
-    split_counts: collections.Counter[str] = collections.Counter()
-    unknown = total_bytes = 0
     found = iter(walked)
     current = next(found, None)
     for file_name, _, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
@@ -338,18 +316,16 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
             label = _top_folder(root, file_name)
         names = row_labels if row_labels is not None else ((label,) if label else ())
         seen.update(names)
-        split = split or split_for(file_name, validation_percent)
-        if names and (known is None or known.issuperset(names)):
-            split_counts[split] += 1
-        else:
-            unknown += 1
-        total_bytes += size
-        files.add((order_key(file_name), file_name, split, label, size, row_labels, extra))
+        split = split or choice.split(file_name)
+        choice.add((order_key(file_name), file_name, split, label, size, row_labels, extra),
+                   bool(names) and (known is None or known.issuperset(names)))
     while current is not None:
         skips.add(current[0], _unnamed_reason(*current))
         current = next(found, None)
     names = list(labels) if labels is not None else sorted(seen)
-    return _listing(root, names, split_counts, unknown, total_bytes, skips, folder, files, label_offset, table)
+    chosen = choice.finish(skips.add)
+    return _listing(root, names, chosen.split_counts, chosen.unknown, chosen.total_bytes, skips, folder,
+                    chosen.files, label_offset, table)
 
 
 def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:

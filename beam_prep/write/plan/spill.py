@@ -17,7 +17,7 @@ import pickle
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["RowFile", "SortedRows", "SortedSpill", "SpillFolder"]
@@ -82,10 +82,13 @@ class RowFile:
 class SortedSpill:
     """Rows whose first field is a uniform 64-bit key, read back sorted by it.
 
-    ``expected_rows`` sizes the buckets; more rows only make each bucket larger.
+    ``expected_rows`` sizes the buckets; more rows only make each bucket larger. ``key``
+    sorts each bucket (``itemgetter(0, 1)`` breaks ties by the second field).
     """
 
-    def __init__(self, folder: SpillFolder, name: str, expected_rows: int) -> None:
+    def __init__(self, folder: SpillFolder, name: str, expected_rows: int,
+                 key: Callable[[tuple], Any] = operator.itemgetter(0)) -> None:
+        self._key = key
         self._buckets = [RowFile(folder.file(f"{name}-{i:05d}")) for i in range(expected_rows // _BUCKET_ROWS + 1)]
         self._buffered = 0
         self._limit = max(_BUFFERED_ROWS, 64 * len(self._buckets))
@@ -107,7 +110,7 @@ class SortedSpill:
         self._flush()
         for bucket in self._buckets:
             rows = list(bucket)
-            rows.sort(key=operator.itemgetter(0))
+            rows.sort(key=self._key)
             yield from rows
 
 

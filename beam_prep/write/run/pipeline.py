@@ -21,13 +21,13 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import wording
-from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, StorageError
+from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, StorageError, TooManyFailures
 from beam_prep.io.storage import join, read_lines
 from beam_prep.write.finish import manifest, publish
 from beam_prep.write.images.examples import unknown_label_report
 from beam_prep.write.images.flat import FlatImages, is_many
 from beam_prep.write.journal import progress, resume
-from beam_prep.write.plan import sharding
+from beam_prep.write.plan import failure_budget, sharding
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.plan.run_plan import RunPlan
@@ -136,7 +136,8 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it.
     """
     listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels,
-                        label_offset=config.label_offset, recursive=config.recursive, metadata=config.metadata)
+                        label_offset=config.label_offset, recursive=config.recursive, metadata=config.metadata,
+                        stratify=config.stratify, max_per_class=config.max_per_class)
     sink = resolve_sink(config, options)
     multiple = local_workers(options) if sink == "streaming" else 1
     record_bytes = sharding.estimated_record_bytes(config.spec, listing.total_bytes / listing.listed)
@@ -249,6 +250,8 @@ def run(config: PrepareConfig, options: PipelineOptions,
         run took the output folder over while this one ran.
       RunInterrupted: a local run was stopped by Ctrl-C or SIGTERM; its workers
         are stopped and what it finished is kept.
+      TooManyFailures: more files failed than ``config.max_failures`` allows; the
+        dataset was written all the same, and the error holds the ``RunResult``.
     """
     start = time.perf_counter()
     launched = time.time()  # wall time: the workers' reports are in it
@@ -281,8 +284,12 @@ def run(config: PrepareConfig, options: PipelineOptions,
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
     written = manifest.read(config.output)
     _warn_if_many_flat(written)
-    return RunResult(written, time.perf_counter() - start, counters, phases=phases,
-                     kept=resume.images_in(job.kept))
+    result = RunResult(written, time.perf_counter() - start, counters, phases=phases,
+                       kept=resume.images_in(job.kept))
+    too_many = failure_budget.exceeded(config.max_failures, written["counts"], config.output)
+    if too_many is not None:
+        raise TooManyFailures(too_many, result)
+    return result
 
 
 def _warn_if_many_flat(written: dict[str, Any]) -> None:
