@@ -12,7 +12,11 @@ process each, in turn:
       every worker's listing written (``work_files.write_work_files``);
   (d) (b) with ``--metadata``: a CSV table of a row per file (``file_name,label``,
       in the walk's order, not sorted), read, checked and joined with the walk
-      on disk (``metadata``, ``listing``).
+      on disk (``metadata``, ``listing``);
+  (e) (b) with ``--validation_percent 10 --stratify``: every file ranked within
+      its label on disk before its split is chosen (``selection``);
+  (f) (e) with ``--max_per_class`` half of each label's files: ranked by the cap's
+      hash, the kept half ranked again for its split, the rest skipped.
 
 Peak memory is the process's resident set size (``ru_maxrss``), the figure an
 OOM killer acts on. The table gives each size and the ratios (b)/(a) in time,
@@ -44,6 +48,8 @@ CACHE = REPO / "benchmarks" / ".cache"
 LABELS = 1000
 _DRY_RUN = "(b) beam-prep prepare --dry_run"
 _WITH_TABLE = "(d) (b) with --metadata, a row per file"
+_STRATIFIED = "(e) (b) with --validation_percent 10 --stratify"
+_CAPPED = "(f) (e) with --max_per_class half of each label"
 
 _CHILDREN = {
     "(a) os.scandir walk": """
@@ -152,9 +158,15 @@ def measure(files: int) -> list[dict[str, object]]:
         rows.append(_dry_run(_DRY_RUN, files, root, os.path.join(scratch, "out")))
         rows.append(_dry_run(_WITH_TABLE, files, root, os.path.join(scratch, "out"), "--metadata",
                              str(ensure_table(files))))
+        stratified = ("--validation_percent", "10", "--stratify")
+        rows.append(_dry_run(_STRATIFIED, files, root, os.path.join(scratch, "out"), *stratified))
+        cap = max(1, files // LABELS // 2)
+        rows.append(_dry_run(_CAPPED, files, root, os.path.join(scratch, "out"), *stratified,
+                             "--max_per_class", str(cap)))
     for row in rows:
-        if row["listed"] != files:
-            raise RuntimeError(f"{row['run']} listed {row['listed']} of {files} files")
+        expected = min(files, cap * LABELS) if row["run"] == _CAPPED else files
+        if row["listed"] != expected:
+            raise RuntimeError(f"{row['run']} listed {row['listed']} of {expected} files")
         log.info("%s", row)
     return rows
 

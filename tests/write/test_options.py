@@ -57,6 +57,16 @@ def test_empty_tree_is_reported(capsys, tmp_path):
     ("--label_offset", "1000", "--label_offset must be in [0, 16]"),
     ("--labels_txt", "ids", "--labels_txt must be one of names, slim"),
     ("--progress_interval", "0", "--progress_interval must be more than 0 seconds"),
+    ("--max_per_class", "0", "error: --max_per_class must be at least 1 (files kept per label), not 0\n"),
+    ("--max_per_class", "-3", "--max_per_class must be at least 1 (files kept per label), not -3"),
+    ("--max_per_class", "abc", "argument --max_per_class: invalid int value: 'abc'"),
+    ("--max_failures", "-1", "error: --max_failures must be a number of files (0 or more, e.g. 10) or a percent "
+                             "of the files listed from 0% to 100% (e.g. 2.5%), not '-1'\n"),
+    ("--max_failures", "abc", "--max_failures must be a number of files (0 or more, e.g. 10) or a percent"),
+    ("--max_failures", "150%", "from 0% to 100% (e.g. 2.5%), not '150%'"),
+    ("--stratify", "--validation_percent=0", "error: --stratify gives each label its --validation_percent share "
+                                             "of validation images: give --validation_percent too (e.g. "
+                                             "--validation_percent 10)\n"),
 ])
 def test_bad_values_are_reported(capsys, tree, tmp_path, flag, value, message):
     err = fails(capsys, "--input", str(tree), "--output", str(tmp_path / "out"), flag, value)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import math
-import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
@@ -31,7 +30,8 @@ __all__ = ["SKIP_OVER_CAP", "Chosen", "Selection", "capped", "stratified", "vali
 SKIP_OVER_CAP = "over --max_per_class"  # skipped.jsonl's reason for a file past its label's cap
 CAP_SALT = "cap"
 SPLIT_SALT = "split"  # split_for's: a stratified label's validation files are those of lowest split hash
-_BY_RANK = operator.itemgetter(0, 1)  # a ranked row: (hash, relpath, row, known)
+# A ranked row is (hash, relpath, row, known): sorted as a tuple, ties in the hash broken by path.
+_BY_RANK = None
 
 Row = tuple  # a listing row: (order key, relpath, split, label, size, *table fields)
 Ranked = tuple[int, str, Row, bool]

@@ -83,11 +83,12 @@ class SortedSpill:
     """Rows whose first field is a uniform 64-bit key, read back sorted by it.
 
     ``expected_rows`` sizes the buckets; more rows only make each bucket larger. ``key``
-    sorts each bucket (``itemgetter(0, 1)`` breaks ties by the second field).
+    sorts each bucket; None sorts the rows themselves, ties in the key broken by the next
+    fields (as fast where the keys differ: CPython compares the first fields first).
     """
 
     def __init__(self, folder: SpillFolder, name: str, expected_rows: int,
-                 key: Callable[[tuple], Any] = operator.itemgetter(0)) -> None:
+                 key: Callable[[tuple], Any] | None = operator.itemgetter(0)) -> None:
         self._key = key
         self._buckets = [RowFile(folder.file(f"{name}-{i:05d}")) for i in range(expected_rows // _BUCKET_ROWS + 1)]
         self._buffered = 0
