@@ -18,7 +18,7 @@ from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.failure_budget import exceeded, parse_max_failures
 from beam_prep.write.plan.hashing import stable_hash
 from beam_prep.write.plan.listing import list_tree
-from beam_prep.write.plan.selection import SKIP_OVER_CAP, capped, stratified, validation_count
+from beam_prep.write.plan.selection import SKIP_OVER_CAP, Placed, thresholds, validation_count
 from beam_prep.write.shared import layout
 
 SIZES = {"one": 1, "two": 2, "three": 3, "dozen": 12, "fifty": 50, "many": 101}
@@ -172,17 +172,19 @@ def test_a_multi_label_table_is_refused(tmp_path):
         list_tree(str(tmp_path), metadata=str(table), validation_percent=10, stratify=True)
 
 
-def test_the_walks_as_pure_functions():
-    rows = [(stable_hash(f"c/{i}", "x"), f"c/{i}", (0, f"c/{i}", "train", "c", 1), True) for i in range(5)]
-    rows += [(stable_hash(f"d/{i}", "x"), f"d/{i}", (0, f"d/{i}", "train", "d", 1), False) for i in range(2)]
-    rows.sort()
-    skipped = []
-    kept = list(capped(rows, 3, lambda relpath, reason: skipped.append((relpath, reason))))
-    assert len(kept) == 5 and len(skipped) == 2 and all(reason == SKIP_OVER_CAP for _, reason in skipped)
-    assert [r for r, _ in kept if r[3] == "c"] == [row for _, _, row, _ in rows if row[3] == "c"][:3]
-    dealt = list(stratified(rows, collections.Counter(c=5, d=2), 40))
-    assert [(row[3], row[2]) for row, _ in dealt if row[3] == "c"] == [("c", "validation")] * 2 + [("c", "train")] * 3
-    assert [known for _, known in dealt] == [known for *_, known in rows]
+def test_thresholds_and_placing_as_pure_functions():
+    paths = [f"c/{i}" for i in range(5)] + ["d/0", "d/1"]
+    ranked = sorted((stable_hash(p, "x"), p, p[0]) for p in paths)
+    first_c = [r for r in ranked if r[2] == "c"][:2]
+    found = thresholds(ranked, {"c": 2, "d": 0})
+    assert found == {"c": first_c[1][:2]}
+    hashes = {p: h for h, p, _ in ranked}
+    rows = [(i, p, (0, hashes[p]), p[0], 1) for i, p in enumerate(paths)]
+    placed = {row[1]: row[2] for row in Placed(rows, None, found)}
+    assert {p for p, split in placed.items() if split == "validation"} == {r[1] for r in first_c}
+    assert len(placed) == len(paths)
+    capped = {row[1] for row in Placed([(0, p, (hashes[p], "train"), p[0], 1) for p in paths], found, None)}
+    assert capped == {r[1] for r in first_c} | {"d/0", "d/1"}
 
 
 @pytest.mark.parametrize("text,spelled", [("0", "0"), ("10", "10"), (" 007 ", "7"), ("2.5%", "2.5%"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -27,7 +27,7 @@ from beam_prep.write.images.imaging import is_image_name
 from beam_prep.write.plan.hashing import order_key, split_for, stable_hash  # noqa: F401 - imported from here
 from beam_prep.write.plan.metadata import Table, read_table
 from beam_prep.write.plan.selection import Selection
-from beam_prep.write.plan.spill import RowFile, SortedRows, SortedSpill, SpillFolder
+from beam_prep.write.plan.spill import RowFile, SortedRows, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
 from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
 
@@ -57,7 +57,7 @@ class Listing:
     """
 
     def __init__(self, root: str, labels: list[str], splits: list[str], split_counts: dict[str, int],
-                 unknown_labels: int, total_bytes: int, skips: _Skips, folder: SpillFolder, files: SortedSpill,
+                 unknown_labels: int, total_bytes: int, skips: _Skips, folder: SpillFolder, files: Iterable[tuple],
                  label_offset: int, table: Table | None = None) -> None:
         self.root = root
         self.labels = labels
@@ -262,7 +262,7 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
 
 
 def _listing(root: str, names: list[str], split_counts: collections.Counter[str], unknown: int, total_bytes: int,
-             skips: _Skips, folder: SpillFolder, files: SortedSpill, label_offset: int,
+             skips: _Skips, folder: SpillFolder, files: Iterable[tuple], label_offset: int,
              table: Table | None = None) -> Listing:
     """The ``Listing``, its skipped files logged by reason."""
     splits = sorted(split_counts, key=_split_rank)

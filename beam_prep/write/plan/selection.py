@@ -7,17 +7,20 @@ lowest split hash (the hash ``split_for`` compares with the percent, so turning
 ``--stratify`` on moves few files). Capped, each label keeps the ``max_per_class``
 files of lowest cap hash (another salt: the kept files' splits stay a fair draw).
 
-Both need a label's count before any of its files is placed, so the listing's rows
-go to a spill keyed by the hash (ties broken by path) and come back in hash order,
-where each label's first files take its places: memory holds a few counters per
-label however many files. The same tree gives the same choice on every run, and a
-resumed run reuses the listing its first run made.
+Both need a label's count before any of its files is placed. The listing's rows go
+to its spill as ever, with their hashes in place of their split; a small row per file
+(hash, path, label) goes to a second spill, read back in hash order, where each
+label's first files set its threshold: the (hash, path) of its last validation (or
+kept) file. Reading the listing back (``Placed``) compares each row with its label's
+thresholds. Memory holds a few values per label however many files, and no row is
+written twice. The same tree gives the same choice on every run, and a resumed run
+reuses the listing its first run made.
 """
 from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from beam_prep.errors import OptionsError
@@ -25,16 +28,14 @@ from beam_prep.write.plan.hashing import split_for, stable_hash
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared.entry import DEFAULT_SPLIT, VALIDATION_SPLIT
 
-__all__ = ["SKIP_OVER_CAP", "Chosen", "Selection", "capped", "stratified", "validation_count"]
+__all__ = ["SKIP_OVER_CAP", "Chosen", "Placed", "Selection", "thresholds", "validation_count"]
 
 SKIP_OVER_CAP = "over --max_per_class"  # skipped.jsonl's reason for a file past its label's cap
 CAP_SALT = "cap"
 SPLIT_SALT = "split"  # split_for's: a stratified label's validation files are those of lowest split hash
-# A ranked row is (hash, relpath, row, known): sorted as a tuple, ties in the hash broken by path.
-_BY_RANK = None
 
 Row = tuple  # a listing row: (order key, relpath, split, label, size, *table fields)
-Ranked = tuple[int, str, Row, bool]
+Threshold = tuple[int, str]  # a label's last chosen (hash, relpath): its rows up to it are chosen
 
 
 def validation_count(files: int, percent: float) -> int:
@@ -43,35 +44,54 @@ def validation_count(files: int, percent: float) -> int:
     return max(0, min(math.floor(files * percent / 100 + 0.5), files - 1))
 
 
-def capped(ranked: Iterable[Ranked], cap: int, skip: Callable[[str, str], None]) -> Iterator[tuple[Row, bool]]:
-    """Each label's first ``cap`` rows in rank order; the others are ``skip``-ped (``SKIP_OVER_CAP``)."""
-    taken: collections.Counter[str] = collections.Counter()
-    for _, relpath, row, known in ranked:
-        label = row[3]
-        if taken[label] >= cap:
-            skip(relpath, SKIP_OVER_CAP)
-            continue
-        taken[label] += 1
-        yield row, known
+def thresholds(ranked: Iterable[tuple], quota: Mapping[str, int]) -> dict[str, Threshold]:
+    """Each label's ``quota``-th (hash, relpath) in ``ranked``'s order, for the labels with a quota.
+
+    Args:
+      ranked: ``(hash, relpath, label, ...)`` rows, sorted.
+      quota: how many rows each label takes, by label.
+    """
+    taken: dict[str, int] = {}
+    found: dict[str, Threshold] = {}
+    for h, relpath, label, *_ in ranked:
+        place = taken.get(label, 0) + 1
+        taken[label] = place
+        if place == quota[label]:
+            found[label] = (h, relpath)
+    return found
 
 
-def stratified(ranked: Iterable[Ranked], files: collections.Counter[str],
-               percent: float) -> Iterator[tuple[Row, bool]]:
-    """Every row, each label's first ``validation_count(files[label], percent)`` in rank order in
-    validation and the rest in train."""
-    quota = {label: validation_count(n, percent) for label, n in files.items()}
-    taken: collections.Counter[str] = collections.Counter()
-    for _, _, row, known in ranked:
-        label = row[3]
-        place = taken[label]
-        taken[label] = place + 1
-        yield (*row[:2], VALIDATION_SPLIT if place < quota[label] else DEFAULT_SPLIT, *row[3:]), known
+class Placed:
+    """The listing's rows read back in order-key order, each placed by its label's thresholds.
+
+    A row holds ``(cap hash, split or split hash)`` where its split goes: dropped past its
+    label's cap threshold, and, stratified, in validation up to its split threshold.
+    """
+
+    def __init__(self, rows: Iterable[Row], kept: Mapping[str, Threshold] | None,
+                 validation: Mapping[str, Threshold] | None) -> None:
+        self._rows = rows
+        self._kept = kept
+        self._validation = validation
+
+    def __iter__(self) -> Iterator[Row]:
+        kept, validation = self._kept, self._validation
+        for row in self._rows:
+            (cap_hash, split), relpath, label = row[2], row[1], row[3]
+            if kept is not None:
+                last = kept.get(label)
+                if last is not None and (cap_hash, relpath) > last:
+                    continue
+            if validation is not None:
+                last = validation.get(label)
+                split = VALIDATION_SPLIT if last is not None and (split, relpath) <= last else DEFAULT_SPLIT
+            yield (row[0], relpath, split) + row[3:]
 
 
 class Chosen(NamedTuple):
-    """What the listing keeps: its rows, in order-key order on disk, and their counts."""
+    """What the listing keeps: its rows, in order-key order, and their counts."""
 
-    files: SortedSpill
+    files: Iterable[Row]
     split_counts: collections.Counter[str]  # split -> rows whose labels are all known
     unknown: int  # rows with a label missing from --labels_file, or none
     total_bytes: int  # of every row kept, unknown labels included
@@ -81,8 +101,7 @@ class Selection:
     """The listing's rows on their way to its spill: passed straight through, or ranked per label.
 
     The listing asks ``split`` for a file's hashed split and ``add``s each row; ``finish``
-    gives what is kept. Without ``stratify`` or ``max_per_class`` nothing is ranked and no
-    row is held back.
+    gives what is kept. Without ``stratify`` or ``max_per_class`` nothing is ranked.
 
     Args:
       folder: where the rows spill.
@@ -100,10 +119,11 @@ class Selection:
         self._cap = max_per_class
         self.active = stratify or max_per_class is not None
         self.added = 0
-        self._files_per_label: collections.Counter[str] = collections.Counter()
-        self._ranked = SortedSpill(folder, "ranked", expected_rows, _BY_RANK) if self.active else None
-        self._salt = CAP_SALT if max_per_class is not None else SPLIT_SALT
-        self._kept = SortedSpill(folder, "files", expected_rows)
+        self._files = SortedSpill(folder, "files", expected_rows)
+        # Sorted as tuples: ties in the hash broken by path.
+        self._ranked = SortedSpill(folder, "ranked", expected_rows, None) if self.active else None
+        self._files_per_label: dict[str, int] = {}
+        self._known: dict[str, bool] = {}  # rows are single-label here: a label's rows are all known or not
         self._split_counts: collections.Counter[str] = collections.Counter()
         self._unknown = self._bytes = 0
 
@@ -126,41 +146,74 @@ class Selection:
         """One listed file; ``known``: its labels are all in the label list (else it is reported)."""
         self.added += 1
         if self._ranked is None:
-            self._keep(row, known)
+            self._count(row[2], known, row[4])
+            self._files.add(row)
             return
-        self._files_per_label[row[3]] += 1
-        self._ranked.add((stable_hash(row[1], self._salt), row[1], row, known))
+        relpath, label, size = row[1], row[3], row[4]
+        self._files_per_label[label] = self._files_per_label.get(label, 0) + 1
+        self._known[label] = known
+        split = stable_hash(relpath, SPLIT_SALT) if self._stratify else row[2]
+        if self._cap is None:
+            cap_hash = 0
+            self._ranked.add((split, relpath, label))
+            self._bytes += size
+        else:
+            cap_hash = stable_hash(relpath, CAP_SALT)
+            self._ranked.add((cap_hash, relpath, label, size, split))
+        self._files.add((row[0], relpath, (cap_hash, split)) + row[3:])
 
     def finish(self, skip: Callable[[str, str], None]) -> Chosen:
         """The rows kept, each in its split; ``skip(relpath, reason)`` is called for each one left out."""
-        if self._ranked is not None:
-            for row, known in self._chosen(skip):
-                self._keep(row, known)
-            self._ranked = None
-        return Chosen(self._kept, self._split_counts, self._unknown, self._bytes)
+        if self._ranked is None:
+            return Chosen(self._files, self._split_counts, self._unknown, self._bytes)
+        kept, ranked, files = None, self._ranked, self._files_per_label
+        if self._cap is not None:
+            kept, ranked, files = self._capped(skip)
+        validation = self._stratified(ranked, files) if self._stratify else None
+        self._ranked = None
+        return Chosen(Placed(self._files, kept, validation), self._split_counts, self._unknown, self._bytes)
 
-    def _chosen(self, skip: Callable[[str, str], None]) -> Iterator[tuple[Row, bool]]:
-        assert self._ranked is not None
-        if self._cap is None:
-            yield from stratified(self._ranked, self._files_per_label, self._percent)
-            return
-        rows = capped(self._ranked, self._cap, skip)
-        if not self._stratify:
-            yield from rows
-            return
-        # Capped, then stratified among the files kept, by their split hash.
-        kept = SortedSpill(self._folder, "stratified", sum(min(n, self._cap) for n in self._files_per_label.values()),
-                           _BY_RANK)
-        kept_per_label: collections.Counter[str] = collections.Counter()
-        for row, known in rows:
-            kept_per_label[row[3]] += 1
-            kept.add((stable_hash(row[1], SPLIT_SALT), row[1], row, known))
-        yield from stratified(kept, kept_per_label, self._percent)
+    def _capped(self, skip: Callable[[str, str], None]) -> tuple[dict[str, Threshold], Iterable[tuple], dict[str, int]]:
+        """Each label's first ``max_per_class`` files by cap hash kept and counted, the rest skipped.
 
-    def _keep(self, row: Row, known: bool) -> None:
+        Returns each capped label's threshold, and, stratified, the kept files ranked by split
+        hash with their count per label.
+        """
+        assert self._ranked is not None and self._cap is not None
+        cap = self._cap
+        ranked = SortedSpill(self._folder, "stratified", sum(min(n, cap) for n in self._files_per_label.values()),
+                             None) if self._stratify else None
+        taken: dict[str, int] = {}
+        kept: dict[str, Threshold] = {}
+        for h, relpath, label, size, split in self._ranked:
+            place = taken.get(label, 0)
+            if place == cap:
+                skip(relpath, SKIP_OVER_CAP)
+                continue
+            taken[label] = place + 1
+            if place + 1 == cap:
+                kept[label] = (h, relpath)
+            self._bytes += size
+            if ranked is not None:
+                ranked.add((split, relpath, label))
+            else:
+                self._count(split, self._known[label], 0)
+        return kept, ranked if ranked is not None else (), taken
+
+    def _stratified(self, ranked: Iterable[tuple], files: Mapping[str, int]) -> dict[str, Threshold]:
+        """Each label's validation threshold; the splits counted."""
+        quota = {label: validation_count(n, self._percent) for label, n in files.items()}
+        for label, n in files.items():
+            known = self._known[label]
+            if quota[label]:
+                self._count(VALIDATION_SPLIT, known, 0, quota[label])
+            if n > quota[label]:
+                self._count(DEFAULT_SPLIT, known, 0, n - quota[label])
+        return thresholds(ranked, quota)
+
+    def _count(self, split: str, known: bool, size: int, n: int = 1) -> None:
         if known:
-            self._split_counts[row[2]] += 1
+            self._split_counts[split] += n
         else:
-            self._unknown += 1
-        self._bytes += row[4]
-        self._kept.add(row)
+            self._unknown += n
+        self._bytes += size
