@@ -16,7 +16,7 @@ from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.journal import resume
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.failure_budget import exceeded, parse_max_failures
-from beam_prep.write.plan.hashing import stable_hash
+from beam_prep.write.plan.hashing import split_and_cap_hashes, stable_hash
 from beam_prep.write.plan.listing import list_tree
 from beam_prep.write.plan.selection import SKIP_OVER_CAP, Placed, thresholds, validation_count
 from beam_prep.write.shared import layout
@@ -45,6 +45,16 @@ def per_label(splits: dict[str, str]) -> dict[str, collections.Counter]:
     for relpath, split in splits.items():
         counts[relpath.split("/")[0]][split] += 1
     return counts
+
+
+@pytest.mark.parametrize("relpath,split_hash,cap_hash", [
+    ("cat/1.jpg", 578668867960451635, 13742128484145179214),
+    ("raw/bad\udcff.jpg", 15493024407272098372, 4650171441374723537),  # byte 0xff
+])
+def test_the_cap_hash_is_a_known_value_beside_the_split_hash(relpath, split_hash, cap_hash):
+    """Pinned as test_listing pins the split hash: a file's cap must hold on every run and release."""
+    assert split_and_cap_hashes(relpath) == (split_hash, cap_hash)
+    assert stable_hash(relpath, "split") == split_hash
 
 
 @pytest.mark.parametrize("files,percent,expected", [
@@ -101,7 +111,7 @@ def test_max_per_class_keeps_each_labels_lowest_cap_hashes_and_skips_the_rest(tr
         assert listing.total_bytes == sum(int(p.rsplit("_", 1)[1][:-4]) + 1 for p in kept)
     assert set(skipped.values()) == {SKIP_OVER_CAP}
     for label, n in SIZES.items():
-        ranked = sorted((f"{label}/{label}_{i}.jpg" for i in range(n)), key=lambda p: stable_hash(p, "cap"))
+        ranked = sorted((f"{label}/{label}_{i}.jpg" for i in range(n)), key=lambda p: split_and_cap_hashes(p)[1])
         assert {p for p in kept if p.startswith(f"{label}/")} == set(ranked[:10])
         assert {p for p in skipped if p.startswith(f"{label}/")} == set(ranked[10:])
 
@@ -174,17 +184,23 @@ def test_a_multi_label_table_is_refused(tmp_path):
 
 def test_thresholds_and_placing_as_pure_functions():
     paths = [f"c/{i}" for i in range(5)] + ["d/0", "d/1"]
-    ranked = sorted((stable_hash(p, "x"), p, p[0]) for p in paths)
-    first_c = [r for r in ranked if r[2] == "c"][:2]
-    found = thresholds(ranked, {"c": 2, "d": 0})
-    assert found == {"c": first_c[1][:2]}
-    hashes = {p: h for h, p, _ in ranked}
+    hashes = {p: stable_hash(p, "x") for p in paths}
+    ids = {"c": 0, "d": 1}
+    ranked = sorted((h, ids[p[0]]) for p, h in hashes.items())
+    first_c = sorted((p for p in paths if p[0] == "c"), key=hashes.get)[:2]
+    found, chosen = thresholds(ranked, [2, 0])
+    assert found == {0: hashes[first_c[1]]} and chosen == {0: 2}
     rows = [(i, p, (0, hashes[p]), p[0], 1) for i, p in enumerate(paths)]
-    placed = {row[1]: row[2] for row in Placed(rows, None, found)}
-    assert {p for p, split in placed.items() if split == "validation"} == {r[1] for r in first_c}
+    placed = {row[1]: row[2] for row in Placed(rows, None, {"c": found[0]})}
+    assert {p for p, split in placed.items() if split == "validation"} == set(first_c)
     assert len(placed) == len(paths)
-    capped = {row[1] for row in Placed([(0, p, (hashes[p], "train"), p[0], 1) for p in paths], found, None)}
-    assert capped == {r[1] for r in first_c} | {"d/0", "d/1"}
+    kept = Placed([(0, p, (hashes[p], "train"), p[0], 1) for p in paths], {"c": (hashes[first_c[1]], first_c[1])}, None)
+    assert {row[1] for row in kept} == set(first_c) | {"d/0", "d/1"}
+
+
+def test_a_tie_at_the_threshold_puts_both_in_validation_and_is_counted():
+    found, chosen = thresholds([(5, 0), (7, 0), (7, 0), (9, 0)], [2])
+    assert found == {0: 7} and chosen == {0: 3}
 
 
 @pytest.mark.parametrize("text,spelled", [("0", "0"), ("10", "10"), (" 007 ", "7"), ("2.5%", "2.5%"),

@@ -5,14 +5,16 @@ By ``--validation_percent`` alone a file's split is a pure function of its path
 chance. Stratified, each label gets ``validation_count(n, percent)``: its files of
 lowest split hash (the hash ``split_for`` compares with the percent, so turning
 ``--stratify`` on moves few files). Capped, each label keeps the ``max_per_class``
-files of lowest cap hash (another salt: the kept files' splits stay a fair draw).
+files of lowest cap hash (the next 64 bits of the split hash's SHA-256, independent
+of them: the kept files' splits stay a fair draw).
 
 Both need a label's count before any of its files is placed. The listing's rows go
 to its spill as ever, with their hashes in place of their split; a small row per file
-(hash, path, label) goes to a second spill, read back in hash order, where each
-label's first files set its threshold: the (hash, path) of its last validation (or
-kept) file. Reading the listing back (``Placed``) compares each row with its label's
-thresholds. Memory holds a few values per label however many files, and no row is
+goes to a second spill, read back in hash order, where each label's first files set
+its threshold: the split hash of its last validation file (a tie in a 64-bit hash, one
+chance in billions, puts both files in validation), or the (cap hash, path) of its
+last kept file (the others are skipped by name). Reading the listing back
+(``Placed``) compares each row with its label's thresholds. Memory holds a few values per label however many files, and no row is
 written twice. The same tree gives the same choice on every run, and a resumed run
 reuses the listing its first run made.
 """
@@ -20,22 +22,20 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from beam_prep.errors import OptionsError
-from beam_prep.write.plan.hashing import split_for, stable_hash
+from beam_prep.write.plan.hashing import hashed_split, split_and_cap_hashes, split_for
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared.entry import DEFAULT_SPLIT, VALIDATION_SPLIT
 
 __all__ = ["SKIP_OVER_CAP", "Chosen", "Placed", "Selection", "thresholds", "validation_count"]
 
 SKIP_OVER_CAP = "over --max_per_class"  # skipped.jsonl's reason for a file past its label's cap
-CAP_SALT = "cap"
-SPLIT_SALT = "split"  # split_for's: a stratified label's validation files are those of lowest split hash
 
 Row = tuple  # a listing row: (order key, relpath, split, label, size, *table fields)
-Threshold = tuple[int, str]  # a label's last chosen (hash, relpath): its rows up to it are chosen
+Threshold = tuple[int, str]  # a label's last kept (cap hash, relpath): its rows up to it are kept
 
 
 def validation_count(files: int, percent: float) -> int:
@@ -44,21 +44,26 @@ def validation_count(files: int, percent: float) -> int:
     return max(0, min(math.floor(files * percent / 100 + 0.5), files - 1))
 
 
-def thresholds(ranked: Iterable[tuple], quota: Mapping[str, int]) -> dict[str, Threshold]:
-    """Each label's ``quota``-th (hash, relpath) in ``ranked``'s order, for the labels with a quota.
+def thresholds(ranked: Iterable[tuple[int, int]], quota: Sequence[int]) -> tuple[dict[int, int], dict[int, int]]:
+    """Each label's ``quota``-th hash in ``ranked``'s order (for the labels with a quota), and how many
+    of its rows hash no higher: the quota, or more where hashes tie at the threshold.
 
     Args:
-      ranked: ``(hash, relpath, label, ...)`` rows, sorted.
-      quota: how many rows each label takes, by label.
+      ranked: ``(hash, label id)`` rows, sorted.
+      quota: how many rows each label takes, by label id.
     """
-    taken: dict[str, int] = {}
-    found: dict[str, Threshold] = {}
-    for h, relpath, label, *_ in ranked:
-        place = taken.get(label, 0) + 1
+    taken = [0] * len(quota)
+    found: dict[int, int] = {}
+    chosen: dict[int, int] = {}
+    for h, label in ranked:
+        place = taken[label] + 1
         taken[label] = place
         if place == quota[label]:
-            found[label] = (h, relpath)
-    return found
+            found[label] = h
+            chosen[label] = place
+        elif place > quota[label] and found.get(label) == h:
+            chosen[label] += 1
+    return found, chosen
 
 
 class Placed:
@@ -69,7 +74,7 @@ class Placed:
     """
 
     def __init__(self, rows: Iterable[Row], kept: Mapping[str, Threshold] | None,
-                 validation: Mapping[str, Threshold] | None) -> None:
+                 validation: Mapping[str, int] | None) -> None:
         self._rows = rows
         self._kept = kept
         self._validation = validation
@@ -83,8 +88,8 @@ class Placed:
                 if last is not None and (cap_hash, relpath) > last:
                     continue
             if validation is not None:
-                last = validation.get(label)
-                split = VALIDATION_SPLIT if last is not None and (split, relpath) <= last else DEFAULT_SPLIT
+                top = validation.get(label)
+                split = VALIDATION_SPLIT if top is not None and split <= top else DEFAULT_SPLIT
             yield (row[0], relpath, split) + row[3:]
 
 
@@ -122,8 +127,10 @@ class Selection:
         self._files = SortedSpill(folder, "files", expected_rows)
         # Sorted as tuples: ties in the hash broken by path.
         self._ranked = SortedSpill(folder, "ranked", expected_rows, None) if self.active else None
-        self._files_per_label: dict[str, int] = {}
-        self._known: dict[str, bool] = {}  # rows are single-label here: a label's rows are all known or not
+        self._ids: dict[str, int] = {}  # label -> its index in the lists below
+        self._labels: list[str] = []
+        self._files_per_label: list[int] = []
+        self._known: list[bool] = []  # rows are single-label here: a label's rows are all known or not
         self._split_counts: collections.Counter[str] = collections.Counter()
         self._unknown = self._bytes = 0
 
@@ -138,9 +145,9 @@ class Selection:
             raise OptionsError(f"{flag} works per label, and --metadata {where} gives images several "
                                f"(a labels column): drop {flag}")
 
-    def split(self, relpath: str) -> str:
-        """A file's split where the tree and table give none; stratified, a stand-in ``finish`` replaces."""
-        return DEFAULT_SPLIT if self._stratify else split_for(relpath, self._percent)
+    def split(self, relpath: str) -> str | None:
+        """A file's split where the tree and table give none; None where ``add`` hashes it (ranked)."""
+        return None if self.active else split_for(relpath, self._percent)
 
     def add(self, row: Row, known: bool) -> None:
         """One listed file; ``known``: its labels are all in the label list (else it is reported)."""
@@ -149,16 +156,27 @@ class Selection:
             self._count(row[2], known, row[4])
             self._files.add(row)
             return
-        relpath, label, size = row[1], row[3], row[4]
-        self._files_per_label[label] = self._files_per_label.get(label, 0) + 1
-        self._known[label] = known
-        split = stable_hash(relpath, SPLIT_SALT) if self._stratify else row[2]
+        relpath, size = row[1], row[4]
+        label = self._ids.get(row[3])
+        if label is None:
+            label = self._ids[row[3]] = len(self._labels)
+            self._labels.append(row[3])
+            self._files_per_label.append(0)
+            self._known.append(known)
+        self._files_per_label[label] += 1
+        split, cap_hash = row[2], None
+        if split is None:  # hashed here: one SHA-256 for the split hash and the cap hash
+            split, cap_hash = split_and_cap_hashes(relpath)
+            if not self._stratify:
+                split = hashed_split(split, self._percent)
+        elif self._stratify:
+            raise ValueError(f"{relpath} has its split ({split}): stratified splits are hashed")
         if self._cap is None:
-            cap_hash = 0
-            self._ranked.add((split, relpath, label))
+            self._ranked.add((split, label))
             self._bytes += size
         else:
-            cap_hash = stable_hash(relpath, CAP_SALT)
+            if cap_hash is None:  # a split the tree or table gives
+                cap_hash = split_and_cap_hashes(relpath)[1]
             self._ranked.add((cap_hash, relpath, label, size, split))
         self._files.add((row[0], relpath, (cap_hash, split)) + row[3:])
 
@@ -173,7 +191,7 @@ class Selection:
         self._ranked = None
         return Chosen(Placed(self._files, kept, validation), self._split_counts, self._unknown, self._bytes)
 
-    def _capped(self, skip: Callable[[str, str], None]) -> tuple[dict[str, Threshold], Iterable[tuple], dict[str, int]]:
+    def _capped(self, skip: Callable[[str, str], None]) -> tuple[dict[str, Threshold], Iterable[tuple], list[int]]:
         """Each label's first ``max_per_class`` files by cap hash kept and counted, the rest skipped.
 
         Returns each capped label's threshold, and, stratified, the kept files ranked by split
@@ -181,35 +199,35 @@ class Selection:
         """
         assert self._ranked is not None and self._cap is not None
         cap = self._cap
-        ranked = SortedSpill(self._folder, "stratified", sum(min(n, cap) for n in self._files_per_label.values()),
+        ranked = SortedSpill(self._folder, "stratified", sum(min(n, cap) for n in self._files_per_label),
                              None) if self._stratify else None
-        taken: dict[str, int] = {}
+        taken = [0] * len(self._labels)
         kept: dict[str, Threshold] = {}
         for h, relpath, label, size, split in self._ranked:
-            place = taken.get(label, 0)
+            place = taken[label]
             if place == cap:
                 skip(relpath, SKIP_OVER_CAP)
                 continue
             taken[label] = place + 1
             if place + 1 == cap:
-                kept[label] = (h, relpath)
+                kept[self._labels[label]] = (h, relpath)
             self._bytes += size
             if ranked is not None:
-                ranked.add((split, relpath, label))
+                ranked.add((split, label))
             else:
                 self._count(split, self._known[label], 0)
         return kept, ranked if ranked is not None else (), taken
 
-    def _stratified(self, ranked: Iterable[tuple], files: Mapping[str, int]) -> dict[str, Threshold]:
-        """Each label's validation threshold; the splits counted."""
-        quota = {label: validation_count(n, self._percent) for label, n in files.items()}
-        for label, n in files.items():
-            known = self._known[label]
-            if quota[label]:
-                self._count(VALIDATION_SPLIT, known, 0, quota[label])
-            if n > quota[label]:
-                self._count(DEFAULT_SPLIT, known, 0, n - quota[label])
-        return thresholds(ranked, quota)
+    def _stratified(self, ranked: Iterable[tuple[int, int]], files: Sequence[int]) -> dict[str, int]:
+        """Each label's validation threshold, by label name; the splits counted."""
+        found, chosen = thresholds(ranked, [validation_count(n, self._percent) for n in files])
+        for label, n in enumerate(files):
+            known, validation = self._known[label], chosen.get(label, 0)
+            if validation:
+                self._count(VALIDATION_SPLIT, known, 0, validation)
+            if n > validation:
+                self._count(DEFAULT_SPLIT, known, 0, n - validation)
+        return {self._labels[label]: h for label, h in found.items()}
 
     def _count(self, split: str, known: bool, size: int, n: int = 1) -> None:
         if known:
