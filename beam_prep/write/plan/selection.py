@@ -8,15 +8,18 @@ lowest split hash (the hash ``split_for`` compares with the percent, so turning
 files of lowest cap hash (the next 64 bits of the split hash's SHA-256, independent
 of them: the kept files' splits stay a fair draw).
 
+With both, the cap comes first and each label's share is of the files it keeps.
+
 Both need a label's count before any of its files is placed. The listing's rows go
 to its spill as ever, with their hashes in place of their split; a small row per file
 goes to a second spill, read back in hash order, where each label's first files set
 its threshold: the split hash of its last validation file (a tie in a 64-bit hash, one
-chance in billions, puts both files in validation), or the (cap hash, path) of its
-last kept file (the others are skipped by name). Reading the listing back
-(``Placed``) compares each row with its label's thresholds. Memory holds a few values per label however many files, and no row is
-written twice. The same tree gives the same choice on every run, and a resumed run
-reuses the listing its first run made.
+chance in billions, puts both files in validation, and is counted), or the (cap hash,
+path) of its last kept file (the others are skipped by name). Reading the listing
+back (``Placed``) compares each row with its label's thresholds. Memory holds a few
+values per label however many files, and no row is written twice. The same tree
+gives the same choice on every run, and a resumed run reuses the listing its first
+run made.
 """
 from __future__ import annotations
 
