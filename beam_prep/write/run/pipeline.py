@@ -307,7 +307,7 @@ def _warn_if_resized_by_pillow(written: dict[str, Any]) -> None:
     if reasons:
         kernel = written.get("resize_kernel")
         by_pillow = kernel.get(resample.PILLOW) if isinstance(kernel, dict) else None
-        images = f"{by_pillow:,} images were" if by_pillow is not None else "the images were"
+        images = f"{by_pillow:,} images were" if by_pillow is not None else "every image was"
         warnings.warn(BeamPrepWarning(
             f"{images} resized with Pillow's own loops (the same pixels, more CPU): {'; '.join(reasons)}"),
             stacklevel=2)
