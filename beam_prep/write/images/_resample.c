@@ -17,6 +17,15 @@
 
 #define PRECISION_BITS (32 - 8 - 2) /* Pillow's, for 8-bit images */
 
+/* The integer loops compiled twice on x86-64 Linux with GCC, for the baseline and for AVX2, the
+ * one this CPU runs chosen when the module loads (an ifunc): wider vectors where the CPU has them,
+ * and no build that another CPU cannot run. Integer arithmetic: the same bytes either way. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 6
+#define WIDE_VECTORS __attribute__((target_clones("avx2", "default")))
+#else
+#define WIDE_VECTORS
+#endif
+
 static inline double
 bicubic_filter(double x) {
     /* Pillow's, a = -0.5, operations in its order */
@@ -124,7 +133,7 @@ coefficients(PyObject *self, PyObject *args) {
 /* Each row of out: the weighted sum of the rows of src its bounds name, clipped to 8 bits. The
  * inner loops run over whole contiguous rows (all channels), which gcc vectorises. Integer sums in
  * any order are Pillow's exactly: every partial sum fits in 32 bits. */
-static void
+WIDE_VECTORS static void
 filter_rows_loop(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights,
                  int taps, uint8_t *out, int out_rows, int32_t *acc) {
     for (int yy = 0; yy < out_rows; yy++) {
@@ -223,7 +232,7 @@ release_src:
 
 /* out (cols x rows) = the rows x cols block of src at (y0, x0) transposed, in 4x4 tiles. */
 #define TRANSPOSE(T)                                                                              \
-    static void transpose_##T(const T *src, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t cols,  \
+    WIDE_VECTORS static void transpose_##T(const T *src, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t cols,  \
                               T *out) {                                                           \
         Py_ssize_t whole_rows = rows - rows % 4, whole_cols = cols - cols % 4;                    \
         for (Py_ssize_t r0 = 0; r0 < whole_rows; r0 += 4) {                                       \
