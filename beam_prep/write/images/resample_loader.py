@@ -34,7 +34,8 @@ EXTENSION = "beam_prep.write.images._resample"
 # The Pillow versions the kernel was checked against, byte for byte (tests/write/test_resample.py on
 # each), and whether each resizes an image taller than 100 times its width vertically first (Pillow
 # 12.2's Image.resize, PR #9524). Any other version resizes with Pillow's own loops (one warning):
-# its rules may differ. Add a version here only after the property tests pass with it installed.
+# its rules may differ. Add a version here only after the property tests pass with it installed, e.g.
+# pip install --no-deps --target /tmp/pil pillow==X; PYTHONPATH=/tmp/pil:. pytest tests/write/test_resample.py
 CHECKED_PILLOW = {"11.3.0": False, "12.3.0": True}
 
 _REBUILD = ("reinstall beam-prep where a C compiler is found (e.g. apt-get install gcc python3-dev; "
