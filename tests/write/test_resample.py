@@ -261,6 +261,10 @@ def test_unknown_kernel_choices_are_refused(monkeypatch, value):
         resample.check_choice()
     with pytest.raises(OptionsError):
         resample.resize(Image.new("L", (9, 9)), (3, 3), (0, 0, 9, 9))
+    from beam_prep.write.run.write_image_dataset import WriteImageDataset
+
+    with pytest.raises(OptionsError, match="BEAM_PREP_RESIZE_KERNEL must be"):
+        WriteImageDataset("/nonexistent/out", ["cat"], image_size=16)
 
 
 class _FailingImport:
