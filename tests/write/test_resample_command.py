@@ -48,7 +48,7 @@ def tree(tmp_path_factory) -> pathlib.Path:
     return root
 
 
-def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str | None):
+def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str | None, *flags: str):
     env = dict(os.environ)
     env.pop(resample.KERNEL_VARIABLE, None)
     if kernel is not None:
@@ -60,7 +60,7 @@ def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str |
         (site / "sitecustomize.py").write_text(_STATES[state])
         path.insert(0, str(site))
     env["PYTHONPATH"] = os.pathsep.join(path)
-    return run_prepare("--input", str(tree), "--output", str(out), *ARGS, env=env)
+    return run_prepare("--input", str(tree), "--output", str(out), *ARGS, *flags, env=env)
 
 
 def _fallback_lines(stderr: str) -> list[str]:
@@ -94,6 +94,16 @@ def test_every_kernel_state_writes_pillows_shards_and_says_so_once(tree, tmp_pat
         assert manifests[name]["resize_kernel"] == resample.PILLOW
         assert len(manifests[name]["resize_fallback"]) == 1
     assert not list(tmp_path.glob("**/.*.partial")) and not list(tmp_path.glob("**/*.partial"))
+
+
+def test_the_shuffle_sink_counts_what_resized_too(tree, tmp_path):
+    """The other sink carries its workers' counts per image (``ImageToExampleFn``), not per shard."""
+    for state, kernel, fallback in [(None, resample.KERNEL, 0), ("not built", resample.PILLOW, 1)]:
+        done = _run(tree, tmp_path / f"shuffle-{state}".replace(" ", "-"), state, None, "--sink", "shuffle")
+        assert done.returncode == 0, done.stderr[-3000:]
+        manifest = json.loads((tmp_path / f"shuffle-{state}".replace(" ", "-") / "manifest.json").read_text())
+        assert manifest["resize_kernel"] == kernel and len(manifest["resize_fallback"]) == fallback
+        assert len(_fallback_lines(done.stderr)) == fallback, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("state, kernel, message", [
