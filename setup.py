@@ -3,7 +3,9 @@
 The same file stages the project onto Dataflow workers (``--setup_file``), so
 the pins here are the pins every worker runs with.
 """
-from setuptools import find_packages, setup
+import os
+
+from setuptools import Extension, find_packages, setup
 
 # Beam is pinned exactly: a Dataflow job's launcher and its workers (the Dockerfile's
 # apache/beam_python*_sdk image) must run the same SDK. The other ranges were checked
@@ -12,11 +14,9 @@ BEAM_VERSION = "2.77.0"
 REQUIRED = [
     f"apache-beam[gcp]=={BEAM_VERSION}",
     "tensorflow>=2.21,<2.22",
-    "pillow>=11.0,<13",
-    # Our resize kernel (write/images/resample_kernel.py): Pillow's bicubic, vectorised; numba builds it
-    # once a machine (workers then map its machine code without numba). Without numba, Pillow's
-    # own loops resize: the same pixels, slower.
-    "numba>=0.61,<1",
+    # Below the next minor release: its resize may change, and our kernel resizes only for the Pillow
+    # versions it was checked against (write/images/resample.py CHECKED_PILLOW; Pillow's loops otherwise).
+    "pillow>=11.0,<12.4",
     "numpy>=1.26,<3",
     "protobuf>=6.31,<7",
     # GZIP for the local sink: ISA-L, ~5x faster than zlib at the same ratio.
@@ -72,12 +72,21 @@ PEERS = ["img2dataset>=1.47", "tensorflow-io>=0.37"]
 # release of one of them cannot fail CI or change the pages' HTML unasked.
 DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
 
+# Our resize kernel (write/images/_resample.c): Pillow's bicubic loops, vectorised, built by the
+# install where a C compiler is found. Optional: without one the install still succeeds, and
+# Pillow's own loops resize (the same pixels, slower; the run says so once). -ffp-contract=off:
+# no fused multiply-add in the weights, whose roundings must be Pillow's.
+RESIZE_KERNEL = Extension(
+    "beam_prep.write.images._resample", ["beam_prep/write/images/_resample.c"], optional=True,
+    extra_compile_args=["/O2", "/fp:precise"] if os.name == "nt" else ["-O3", "-ffp-contract=off"])
+
 setup(
     name="beam-prep",
     version="0.1.0",
     description="Image folder trees to sharded GZIP TFRecords with Apache Beam, and a tf.data reader for them.",
     python_requires=">=3.10,<3.14",
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
+    ext_modules=[RESIZE_KERNEL],
     install_requires=REQUIRED,
     extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, "docs": DOCS, **FORMATS},
     entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},

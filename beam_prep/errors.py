@@ -41,7 +41,7 @@ class ElementError(BeamPrepError, TypeError):
 
 
 class KernelUnavailable(BeamPrepError):
-    """The resize kernel was required (``BEAM_PREP_RESIZE_KERNEL=numba``) and cannot load here.
+    """The resize kernel was required (``BEAM_PREP_RESIZE_KERNEL=kernel``) and cannot load here.
 
     The environment, not an image, is at fault, so it fails the job.
     """

@@ -230,11 +230,11 @@ def _fit(arr: np.ndarray) -> np.ndarray:
 
 
 def _ours(kernel: str, draft_gap: float) -> Callable[[], Candidate]:
-    """``process_image`` itself, resizing with ``kernel`` (``resample.NUMBA``: ours; ``PILLOW``:
+    """``process_image`` itself, resizing with ``kernel`` (``resample.KERNEL``: ours; ``PILLOW``:
     Pillow's loops) after a draft decode to ``draft_gap`` times the target."""
     def make() -> Candidate:
-        if kernel == resample.NUMBA and not resample.load().startswith("numba"):
-            raise ImportError("the resize kernel does not load here")
+        if kernel == resample.KERNEL and resample.available() != resample.KERNEL:
+            raise ImportError("the resize kernel is not built here")
 
         def run(data: bytes) -> np.ndarray:
             if os.environ.get(resample.KERNEL_VARIABLE) != kernel:
@@ -249,10 +249,10 @@ def _ours(kernel: str, draft_gap: float) -> Callable[[], Candidate]:
 
 CANDIDATES: dict[str, Callable[[], Candidate]] = {
     "pillow": _ours(resample.PILLOW, imaging.DRAFT_GAP),
-    "ours": _ours(resample.NUMBA, imaging.DRAFT_GAP),
+    "ours": _ours(resample.KERNEL, imaging.DRAFT_GAP),
     "pillow, draft 1x": _ours(resample.PILLOW, 1.0),
-    "ours, draft 1x": _ours(resample.NUMBA, 1.0),
-    "ours, draft 2x": _ours(resample.NUMBA, 2.0),
+    "ours, draft 1x": _ours(resample.KERNEL, 1.0),
+    "ours, draft 2x": _ours(resample.KERNEL, 2.0),
     "pyvips": _pyvips,
     "opencv-area": _opencv_area,
     "opencv-exact": _opencv_exact,

@@ -1,16 +1,13 @@
-"""Start-up benchmark: what the resize kernel costs before a run's first image, warm and cold.
+"""Start-up benchmark: what the resize kernel costs before a run's first image.
 
 Each figure beside its baseline, measured in the same command:
 
-* a worker's load of the kernel (``resample.load()`` in a fresh Python process),
-  its time, CPU and memory (USS): mapping the machine code built for this CPU
-  (warm), or building it first into an empty cache (cold: a machine's first
-  run, or a new CPU model or version);
+* a worker's load of the kernel (the C extension's import, in a fresh Python
+  process after numpy and Pillow), its time, CPU and private memory (USS). There
+  is no cold case: the kernel is built at install time, nothing at run time;
 * the whole command on the sample tree (``pipelines.make_sample``), start to
   exit, in alternating rounds: the default against
-  ``BEAM_PREP_RESIZE_KERNEL=pillow`` (no kernel: the command as it was before
-  it), with the kernel built and with an empty cache (the workers resize with
-  Pillow's loops while it is built).
+  ``BEAM_PREP_RESIZE_KERNEL=pillow`` (no kernel: the command as it was before it).
 
     python -m benchmarks.bench_startup [--rounds 5] [--json startup.json]
 """
@@ -26,7 +23,6 @@ import tempfile
 from collections.abc import Sequence
 
 from beam_prep.write.images import resample
-from beam_prep.write.images.resample_loader import CACHE_VARIABLE as CACHE
 from benchmarks import REPO_ROOT, machine
 from benchmarks.measure import run_measured
 from benchmarks.report import tables
@@ -39,18 +35,16 @@ process = psutil.Process()
 uss = process.memory_full_info().uss
 start, cpu = time.perf_counter(), time.process_time()
 from beam_prep.write.images import resample
-from beam_prep.write.images.resample_loader import CACHE_VARIABLE as CACHE
-kernel = resample.load()
+kernel = resample.available()
 print(json.dumps({"kernel": kernel, "seconds": time.perf_counter() - start,
-                  "cpu": time.process_time() - cpu, "uss_mb": (process.memory_full_info().uss - uss) / 2**20,
-                  "numba_imported": "numba" in sys.modules}))
+                  "cpu": time.process_time() - cpu, "uss_mb": (process.memory_full_info().uss - uss) / 2**20}))
 """
 
 
-def kernel_load(cache: pathlib.Path) -> dict:
-    """One fresh process's load of the kernel, the kernel's cache in ``cache``."""
+def kernel_load() -> dict:
+    """One fresh process's load of the kernel."""
     done = subprocess.run([sys.executable, "-c", _LOAD], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={**os.environ, CACHE: str(cache)}, check=True)
+                          env=dict(os.environ), check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -71,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     recording = Recording("startup", argv)
-    if not resample.available().startswith("numba"):
+    if resample.available() != resample.KERNEL:
         sys.exit(f"no kernel to measure here: {resample.available()}")
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
@@ -79,24 +73,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         sample = work / "sample"
         subprocess.run([sys.executable, "-m", "pipelines.make_sample", str(sample)], cwd=REPO_ROOT,
                        check=True, capture_output=True)
-        warm_cache = work / "numba-warm"
-        kernel_load(warm_cache)  # fills it
         for round_ in range(args.rounds):
-            cold_cache = work / f"numba-cold-{round_}"
-            cold = kernel_load(cold_cache)
-            warm = kernel_load(warm_cache)
-            results.setdefault("load, cold: s", []).append(cold["seconds"])
-            results.setdefault("load, cold: CPU s", []).append(cold["cpu"])
-            results.setdefault("load, warm: s", []).append(warm["seconds"])
-            results.setdefault("load, warm: CPU s", []).append(warm["cpu"])
-            results.setdefault("load, warm: memory MB (USS)", []).append(warm["uss_mb"])
-            if warm["numba_imported"]:
-                sys.exit("the warm load imported numba: the machine code was not mapped")
+            load = kernel_load()
+            results.setdefault("load: s", []).append(load["seconds"])
+            results.setdefault("load: CPU s", []).append(load["cpu"])
+            results.setdefault("load: memory MB (USS)", []).append(load["uss_mb"])
             runs = {"command, without the kernel": {resample.KERNEL_VARIABLE: resample.PILLOW},
-                    "command, kernel built": {CACHE: str(warm_cache)},
-                    "command, kernel not built": {CACHE: str(work / f"numba-command-{round_}")}}
+                    "command, with the kernel": {}}
             for name, env in (runs.items() if round_ % 2 == 0 else reversed(runs.items())):
-                results.setdefault(name, []).append(command_seconds(sample, work, env))
+                results.setdefault(name, []).append(command_seconds(sample, work, {**os.environ, **env}))
     record = {"kernel": resample.available(), "rounds": args.rounds, "seconds": results}
     print(f"{machine.describe(machine.machine_info())}\n")
     print(tables.startup(record))

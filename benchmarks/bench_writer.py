@@ -36,6 +36,9 @@ peak memory grows with the corpus.
 corpus from local disk and from the test GCS server at added latencies, both sinks.
 ``--formats`` runs the file formats mode (``benchmarks/writer_formats.py``): (c) in
 every ``--file_format``, and ``data_source``'s random reads beside ``make_dataset``'s.
+``--kernel`` runs (c) with each resize kernel, alternating (``benchmarks/writer_kernel.py``):
+this checkout's, Pillow's loops, and another checkout's (``--baseline DIR``), with CPU ms per
+image and peak RSS, PSS and USS.
 """
 from __future__ import annotations
 
@@ -393,6 +396,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from benchmarks import writer_formats
 
         writer_formats.main(argv)
+        return
+    if "--kernel" in argv:
+        from benchmarks import writer_kernel
+
+        writer_kernel.main(argv)
         return
     args = _parse_args(argv)
     recording = Recording("writer", argv)

@@ -41,6 +41,10 @@ class Measured:
     stderr_tail: str
     started_at: float  # time.time() at start, to time files the command writes
     cpu_seconds: float = 0.0  # user + system time of the command and every process under it
+    # Peak summed PSS (shared pages split between their processes) and USS (pages only one process
+    # maps) of the tree, where ``run_measured`` was asked for them: RSS counts a shared page once a process.
+    peak_pss_bytes: int = 0
+    peak_uss_bytes: int = 0
 
     def seconds_until_written(self, path: pathlib.Path) -> float:
         """From command start until ``path`` was last written (its mtime)."""
@@ -48,10 +52,14 @@ class Measured:
 
 
 class TreeMemorySampler:
-    """Keeps the peak summed RSS of a process and all its descendants."""
+    """Keeps the peak summed RSS of a process and all its descendants, and with ``private`` their
+    peak summed PSS and USS too (read from smaps: slower, so only where asked)."""
 
-    def __init__(self, pid: int, interval: float = SAMPLE_SECONDS) -> None:
+    def __init__(self, pid: int, interval: float = SAMPLE_SECONDS, private: bool = False) -> None:
         self._root = psutil.Process(pid)
+        self._private = private
+        self.peak_pss_bytes = 0
+        self.peak_uss_bytes = 0
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -76,17 +84,23 @@ class TreeMemorySampler:
             processes = [self._root, *self._root.children(recursive=True)]
         except psutil.Error:  # The root has exited.
             return 0
-        total = 0
+        total = pss = uss = 0
         for process in processes:
             try:
-                total += process.memory_info().rss
+                if self._private:
+                    full = process.memory_full_info()
+                    total, pss, uss = total + full.rss, pss + full.pss, uss + full.uss
+                else:
+                    total += process.memory_info().rss
             except psutil.Error:  # A child exited between listing and reading.
                 continue
+        self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
+        self.peak_uss_bytes = max(self.peak_uss_bytes, uss)
         return total
 
 
 def run_measured(
-    command: Sequence[str], cwd: pathlib.Path, env: dict[str, str] | None = None
+    command: Sequence[str], cwd: pathlib.Path, env: dict[str, str] | None = None, private: bool = False
 ) -> Measured:
     """Runs ``command`` to completion, timed from start to exit, sampling its tree's memory.
 
@@ -105,7 +119,7 @@ def run_measured(
             list(command), cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err
         )
         try:
-            with TreeMemorySampler(process.pid) as sampler:
+            with TreeMemorySampler(process.pid, private=private) as sampler:
                 returncode = process.wait()
             seconds = time.perf_counter() - start
         finally:
@@ -116,7 +130,7 @@ def run_measured(
         out.seek(0)
         err.seek(0)
         return Measured(seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:],
-                        started_at, cpu)
+                        started_at, cpu, sampler.peak_pss_bytes, sampler.peak_uss_bytes)
 
 
 def _kill_tree(pid: int) -> None:

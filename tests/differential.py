@@ -38,11 +38,11 @@ class Run:
 def prepare(tree: pathlib.Path, out: pathlib.Path, *flags: str) -> Run:
     """``beam-prep prepare --input tree --output out FLAGS`` in a fresh process, read back.
 
-    The resize kernel resizes from the first image (``BEAM_PREP_RESIZE_KERNEL=numba``), as it
+    The resize kernel resizes from the first image (``BEAM_PREP_RESIZE_KERNEL=kernel``), as it
     does a large run's: a run this small would otherwise end before a worker loads it.
     """
     result = run_prepare("--input", str(tree), "--output", str(out), *flags,
-                         env={**os.environ, resample.KERNEL_VARIABLE: resample.NUMBA})
+                         env={**os.environ, resample.KERNEL_VARIABLE: resample.KERNEL})
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     lines = (out / "errors.jsonl").read_text().splitlines()

@@ -20,10 +20,10 @@ from beam_prep.write.images.imaging import KEPT, ImageSpec, is_image_name, proce
 
 @pytest.fixture(scope="module", autouse=True)
 def _the_kernel_resizes():
-    """The resize kernel loaded, as in a large run's workers: the resizes here are its own (with
+    """The resize kernel built, as in a run's workers: the resizes here are its own (with
     pillow-simd in Pillow's place, its own resize, as in a run: tests/write/test_accelerated.py)."""
-    kernel = resample.load()
-    assert kernel.startswith("numba ") or not resample.pillow_build().startswith("pillow "), kernel
+    kernel = resample.available()
+    assert kernel == resample.KERNEL or not resample.pillow_build().startswith("pillow "), kernel
 
 
 def pixels(data: bytes) -> np.ndarray:

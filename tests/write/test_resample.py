@@ -10,35 +10,30 @@ what makes the kernel's output the same on every CPU.
 from __future__ import annotations
 
 import concurrent.futures
-import json
+import dataclasses
+import logging
 import math
-import os
-import pathlib
 import random
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from helpers import REPO, make_tree, run_prepare
 from PIL import Image, ImageOps
 
-from beam_prep.write.images import native_code, resample, resample_loader
+from beam_prep.errors import KernelUnavailable, OptionsError
+from beam_prep.write.images import resample, resample_loader
 
 BICUBIC = Image.Resampling.BICUBIC
 
 
-@pytest.fixture(scope="module", params=["machine code", "numba in process"])
-def kernel(request):
-    """Each way the kernel runs: machine code built for this CPU and mapped (Linux x86-64), and
-    numba's in-process compile (elsewhere)."""
-    assert resample.load().startswith("numba "), resample._LOADER.error
-    if request.param == "numba in process":
-        return resample_loader.NumbaKernel()
-    if not native_code.supported():
-        pytest.skip("machine code is mapped on Linux x86-64 only")
-    assert isinstance(resample._LOADER.kernel, resample_loader.NativeKernel)
-    return resample._LOADER.kernel
+@pytest.fixture(scope="module")
+def kernel():
+    """The kernel as this checkout built it (``python setup.py build_ext --inplace``, or the
+    editable install): the tests hold it against the installed Pillow, which must be a checked one."""
+    loaded = resample_loader.load()
+    assert loaded.kernel is not None, (f"{loaded.fallback} (in a checkout: python setup.py build_ext "
+                                       "--inplace)")
+    return loaded
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +66,8 @@ def assert_same(got: Image.Image, want: Image.Image, case: str) -> None:
 
 
 def test_the_kernel_loads_and_says_so(kernel):
-    assert resample.kernel() == resample.available() == f"numba {__import__('numba').__version__}"
+    assert resample.available() == resample.KERNEL
+    assert resample_loader.pillow_build().split()[1] in resample_loader.CHECKED_PILLOW
 
 
 def test_photos_resize_to_pillows_bytes(kernel, photos):
@@ -159,7 +155,7 @@ def test_weights_are_pillows_in_plain_doubles(kernel):
         in0 = rng.choice([0.0, rng.uniform(0, in_size / 2)])
         in1 = rng.choice([float(in_size), rng.uniform(in0 + 1e-3, in_size)])
         out_size = rng.randint(1, 700)
-        bounds, weights = kernel.coefficients(in_size, np.float32(in0), np.float32(in1), out_size)
+        bounds, weights = resample._coefficients(kernel.kernel, in_size, np.float32(in0), np.float32(in1), out_size)
         want_bounds, want_weights = _pillow_weights(in_size, in0, in1, out_size)
         assert bounds.tolist() == want_bounds, (in_size, in0, in1, out_size)
         assert weights.tolist() == want_weights, (in_size, in0, in1, out_size)
@@ -195,82 +191,142 @@ def test_pillow_resizes_what_the_kernel_cannot_take(kernel):
         resample.resize(rgb, (10, 10), (0, 0, 601, 400))
 
 
-_LOAD = """
-import logging, sys
-logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-from PIL import Image
-from beam_prep.write.images import resample
-img = Image.effect_mandelbrot((300, 200), (-2, -1, 1, 1), 50).convert("RGB")
-print("kernel:", resample.load(), type(resample._LOADER.kernel).__name__)
-print("imported:", sorted(m for m in ("numba", "llvmlite") if m in sys.modules))
-same = resample.resize(img, (64, 48), (2.5, 1, 290, 199)).tobytes() == img.resize(
-    (64, 48), Image.Resampling.BICUBIC, box=(2.5, 1, 290, 199)).tobytes()
-print("same:", same)
-"""
 
 
-def _run(code: str, env: dict[str, str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+def _strip_cases(rng: random.Random) -> list[tuple[int, int, tuple[float, ...], tuple[int, int]]]:
+    """Geometry where Pillow's rules branch: strips past 100:1 both ways (Pillow 12.2+ resizes the
+    tall ones vertically first), one-pixel sides, and up- and downscales of each."""
+    cases = [(3, 647, (0, 0, 3, 647), (12, 13)),  # the issue's strip: 43 of 156 bytes differed
+             (1, 101, (0, 0, 1, 101), (1, 100)), (1, 101, (0, 0, 1, 101), (5, 100)),
+             (2, 200, (0, 0, 2, 200), (2, 200)), (2, 201, (0, 0, 2, 201), (3, 400))]  # just past 100:1; upscales
+    for _ in range(120):
+        thin, long = rng.choice([1, 1, 2, 3, 5, 9]), rng.randint(90, 3000)
+        width, height = (thin, long) if rng.random() < 0.6 else (long, thin)
+        box = rng.choice([(0, 0, width, height), random_box(rng, width, height),
+                          (0, 0.5, width, height - 0.25), (0.25, 0, width, height)])
+        size = (rng.choice([1, rng.randint(1, 8), rng.randint(1, 300)]),
+                rng.choice([1, rng.randint(1, 8), rng.randint(1, 300)]))
+        cases.append((width, height, box, size))
+    return cases
 
 
-@pytest.mark.skipif(not native_code.supported(), reason="machine code is mapped on Linux x86-64 only")
-def test_a_worker_maps_the_built_kernel_without_numba_or_llvm(tmp_path):
-    """The first process builds the machine code into the cache (in a process of its own); the
-    next loads it without importing numba or LLVM (their memory is what this saves), and a
-    damaged file is built again rather than mapped."""
-    env = {**os.environ, resample_loader.CACHE_VARIABLE: str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    for _ in range(2):
-        done = _run(_LOAD, env, tmp_path)
-        assert done.returncode == 0, done.stderr
-        assert "kernel: numba" in done.stdout and "NativeKernel" in done.stdout and "same: True" in done.stdout
-        assert "imported: []" in done.stdout
-    (built,) = (tmp_path / "cache").glob("resize-kernel-*.bin")
-    data = bytearray(built.read_bytes())
-    data[-100] ^= 0xFF
-    built.write_bytes(bytes(data))
-    done = _run(_LOAD, env, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "NativeKernel" in done.stdout and "same: True" in done.stdout
-    assert built.read_bytes() != bytes(data)  # built again
+@pytest.mark.parametrize("mode", ["L", "RGB"])
+def test_strips_and_one_pixel_sides_resize_to_pillows_bytes(kernel, mode):
+    rng = random.Random(f"strips {mode}")
+    pixels = np.random.default_rng(11)
+    resized = 0
+    for width, height, box, size in _strip_cases(rng):
+        shape = (height, width, 3) if mode == "RGB" else (height, width)
+        img = Image.fromarray(pixels.integers(0, 256, shape, dtype=np.uint8)).copy()
+        got = resample._by_kernel(kernel, img, size, box)
+        want = img.resize(size, BICUBIC, box=box)
+        if got is None:  # Pillow's own crop: a box of the output's size at whole pixels (in either step)
+            continue
+        resized += 1
+        assert_same(got, want, f"{mode} {width}x{height} {box} -> {size}")
+    assert resized >= 100
 
 
-def test_without_numba_pillow_resizes_after_one_warning(tmp_path):
-    """A machine where numba cannot load and nothing is built yet: a package named numba that
-    fails to import stands first on the path, as a broken install would."""
-    stub = tmp_path / "stub" / "numba"
-    stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text("raise ImportError('numba cannot load here')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub.parent), str(REPO)]),
-           resample_loader.CACHE_VARIABLE: str(tmp_path / "empty-cache")}
-    env.pop(resample.KERNEL_VARIABLE, None)
-    done = _run(_LOAD, env, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "kernel: pillow" in done.stdout and "same: True" in done.stdout
-    (warning,) = [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
-    assert warning.startswith("WARNING The compiled resize kernel is unavailable here (")
-    assert "numba cannot load here" in warning
-    assert warning.endswith("resizing with Pillow's own loops, the same pixels, more slowly.")
-    required = _run(_LOAD.replace("resample.load()", "0") + """
-resample.resize(img, (64, 48), (2.5, 1, 290, 199))
-""", {**env, resample.KERNEL_VARIABLE: resample.NUMBA}, tmp_path)
-    assert required.returncode == 1
-    assert "KernelUnavailable: BEAM_PREP_RESIZE_KERNEL=numba, but the resize kernel cannot load: " in required.stderr
-    assert "numba cannot load here" in required.stderr
+def test_the_tall_strip_rule_is_what_makes_the_bytes_pillows(kernel):
+    """The same strip with the pass order of Pillow before 12.2: other bytes, so the rule is needed
+    (and the test above would catch its absence) with the Pillow installed here."""
+    if not kernel.tall_first:
+        pytest.skip("this Pillow resizes every image horizontally first")
+    img = Image.fromarray(np.random.default_rng(5).integers(0, 256, (647, 3, 3), dtype=np.uint8)).copy()
+    want = img.resize((12, 13), BICUBIC, box=(0, 0, 3, 647))
+    assert resample._by_kernel(kernel, img, (12, 13), (0, 0, 3, 647)).tobytes() == want.tobytes()
+    horizontal_first = dataclasses.replace(kernel, tall_first=False)
+    assert resample._by_kernel(horizontal_first, img, (12, 13), (0, 0, 3, 647)).tobytes() != want.tobytes()
 
 
-def test_either_kernel_writes_the_same_dataset(tmp_path):
-    """The whole command, once with the kernel from the first image and once with Pillow's
-    loops: the same shards, byte for byte; the manifests say which kernel resized."""
-    tree = tmp_path / "tree"
-    make_tree(tree, {"cat": 9, "dog": 7}, size=(173, 131))
-    shards = {}
-    for kernel in (resample.NUMBA, resample.PILLOW):
-        out = tmp_path / kernel
-        done = run_prepare("--input", str(tree), "--output", str(out), "--image_size", "61x83",
-                           env={**os.environ, resample.KERNEL_VARIABLE: kernel})
-        assert done.returncode == 0, done.stderr
-        manifest = json.loads((out / "manifest.json").read_text())
-        assert manifest["resize_kernel"].split()[0] == kernel
-        shards[kernel] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
-    assert shards[resample.NUMBA] and shards[resample.NUMBA] == shards[resample.PILLOW]
+def test_counting_says_what_resized_each_image(kernel, monkeypatch):
+    img = Image.effect_mandelbrot((60, 40), (-2, -1, 1, 1), 30)
+    with resample.counting() as counted:
+        resample.resize(img, (20, 10), (0.5, 0, 60, 40))
+        resample.resize(img.convert("RGBA"), (20, 10), (0.5, 0, 60, 40))  # no loop for RGBA: Pillow's
+        monkeypatch.setenv(resample.KERNEL_VARIABLE, resample.PILLOW)
+        resample.resize(img, (20, 10), (0.5, 0, 60, 40))
+    assert counted == {resample.KERNEL: 1, resample.PILLOW: 2}
+    assert resample.summary(counted.items()) == {"resize_kernel": {"kernel": 1, "pillow": 2}, "resize_fallback": []}
+    assert resample.summary([("kernel", 5)]) == {"resize_kernel": "kernel", "resize_fallback": []}
+    assert resample.summary([]) == {"resize_kernel": "none", "resize_fallback": []}
+    assert resample.summary([(resample.fallback_key("why"), 2), (resample.PILLOW, 1)]) == {
+        "resize_kernel": "pillow", "resize_fallback": ["why"]}
+
+
+@pytest.mark.parametrize("value", ["Pillow", "off", "numba", "KERNEL", " pillow"])
+def test_unknown_kernel_choices_are_refused(monkeypatch, value):
+    monkeypatch.setenv(resample.KERNEL_VARIABLE, value)
+    with pytest.raises(OptionsError, match=f"BEAM_PREP_RESIZE_KERNEL must be pillow or kernel .*not {value!r}"):
+        resample.check_choice()
+    with pytest.raises(OptionsError):
+        resample.resize(Image.new("L", (9, 9)), (3, 3), (0, 0, 9, 9))
+    from beam_prep.write.run.write_image_dataset import WriteImageDataset
+
+    with pytest.raises(OptionsError, match="BEAM_PREP_RESIZE_KERNEL must be"):
+        WriteImageDataset("/nonexistent/out", ["cat"], image_size=16)
+
+
+class _FailingImport:
+    """A finder that makes the extension's import raise ``error``, as a broken build would."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def find_spec(self, name, path=None, target=None):
+        if name == resample_loader.EXTENSION:
+            raise self.error
+
+
+@pytest.fixture
+def reload_kernel(monkeypatch):
+    """``resample_loader.load`` found again under the test's conditions, and again after it."""
+    monkeypatch.delitem(sys.modules, resample_loader.EXTENSION, raising=False)
+    monkeypatch.delenv(resample.KERNEL_VARIABLE, raising=False)
+    resample_loader.load.cache_clear()
+    yield
+    resample_loader.load.cache_clear()
+
+
+@pytest.mark.parametrize("state, reason", [
+    ("not built", "the resize kernel is not built in this install: reinstall beam-prep where a C compiler"),
+    ("import fails", "the resize kernel cannot load (RuntimeError: undefined symbol: clip8)"),
+    ("unchecked Pillow", "Pillow 99.0.0 is not a version the resize kernel was checked against"),
+])
+def test_without_the_kernel_pillow_resizes_the_same_bytes_and_says_why(reload_kernel, monkeypatch, state, reason):
+    if state == "not built":
+        monkeypatch.setitem(sys.modules, resample_loader.EXTENSION, None)  # ModuleNotFoundError, as unbuilt
+    elif state == "import fails":
+        monkeypatch.setattr(sys, "meta_path", [_FailingImport(RuntimeError("undefined symbol: clip8")), *sys.meta_path])
+    else:
+        monkeypatch.setattr(resample_loader, "pillow_build", lambda: "pillow 99.0.0")
+    img = Image.effect_mandelbrot((300, 200), (-2, -1, 1, 1), 50).convert("RGB")
+    box = (2.5, 1, 290, 199)
+    with resample.counting() as counted:
+        got = resample.resize(img, (64, 48), box)
+    assert got.tobytes() == img.resize((64, 48), BICUBIC, box=box).tobytes()
+    ((key, n),) = counted.items()
+    assert n == 1 and key.startswith(resample.fallback_key(reason)), key
+    assert resample.available() == resample.PILLOW
+    monkeypatch.setenv(resample.KERNEL_VARIABLE, resample.KERNEL)
+    with pytest.raises(OptionsError, match=f"BEAM_PREP_RESIZE_KERNEL=kernel, but {reason[:30]}"):
+        resample.check_choice()
+    with pytest.raises(KernelUnavailable):
+        resample.resize(img, (64, 48), box)
+
+
+def test_a_kernel_failing_at_work_hands_over_to_pillow_once(kernel, monkeypatch, caplog):
+    class Failing:
+        def coefficients(self, *args):
+            raise MemoryError("out of memory in the kernel")
+
+    monkeypatch.setattr(resample, "_BROKEN", resample._Broken())
+    monkeypatch.setattr(resample_loader, "load", lambda: dataclasses.replace(kernel, kernel=Failing()))
+    img = Image.effect_mandelbrot((120, 80), (-2, -1, 1, 1), 50)
+    with caplog.at_level(logging.INFO, logger=resample.__name__), resample.counting() as counted:
+        for _ in range(3):
+            assert resample.resize(img, (50, 30), (1, 1, 119, 79)).tobytes() == img.resize(
+                (50, 30), BICUBIC, box=(1, 1, 119, 79)).tobytes()
+    ((key, n),) = counted.items()
+    assert n == 3 and "the resize kernel failed (MemoryError: out of memory in the kernel)" in key
+    assert len([r for r in caplog.records if "Pillow's own loops" in r.getMessage()]) == 1

@@ -37,6 +37,7 @@ def build(
     originals: Iterable[tuple[str, int]] = (),
     copies: Mapping[str, Any] | None = None,
     flat: Iterable[FlatImages] = (),
+    resized: Iterable[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """The manifest dict; checks that every listed file is written or failed.
 
@@ -44,6 +45,7 @@ def build(
     ``--image_format original``, which must account for every record written.
     ``copies``: the duplicates found (``duplicates.Duplicates.to_json``).
     ``flat``: the parts of the records of one flat colour (``SinkResult.flat``).
+    ``resized``: what resized the images, counted (``resample.counting``; ``resample.summary``).
 
     Raises:
       DatasetError: if the counts do not add up (a record was lost: never write a
@@ -92,7 +94,7 @@ def build(
         "format_version": dataset.pop("format_version"),
         "beam_prep_version": beam_prep.__version__,
         "imaging_library": imaging.library(),
-        "resize_kernel": resample.available(),
+        **resample.summary(resized),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **dataset,
         "features": {**{key: kind.value for key, kind in SCHEMA.items()}, **plan.extra_features},

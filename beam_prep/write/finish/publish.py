@@ -42,6 +42,7 @@ class ShardReports(NamedTuple):
       originals: ``(KEPT or a re-encode reason, number of records)`` rows
         (``--image_format original``; empty otherwise).
       flat: ``FlatImages`` parts that together count each record of one flat colour once.
+      resized: ``(what resized, number of images)`` rows (``resample.counting``'s keys).
     """
 
     shards: list[tuple[str, str, int | None]]
@@ -50,6 +51,7 @@ class ShardReports(NamedTuple):
     hash_files: list[str]
     originals: Iterable[tuple[str, int]] = ()
     flat: Iterable[FlatImages] = ()
+    resized: Iterable[tuple[str, int]] = ()
 
 
 def side_inputs(written: Any, failures: beam.PCollection) -> dict[str, beam.pvalue.AsList]:
@@ -68,7 +70,8 @@ def side_inputs(written: Any, failures: beam.PCollection) -> dict[str, beam.pval
             "failures": beam.pvalue.AsList(failures),
             "hash_files": beam.pvalue.AsList(written.hashes),
             "originals": beam.pvalue.AsList(written.originals),
-            "flat": beam.pvalue.AsList(written.flat)}
+            "flat": beam.pvalue.AsList(written.flat),
+            "resized": beam.pvalue.AsList(written.resized)}
 
 
 def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dict[str, Any]:
@@ -95,7 +98,7 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
     found = duplicates.find(sorted(reports.hash_files), plan.listed)
     try:
         built = manifest.build(config, plan, reports.shards, reports.class_counts, reports.failures,
-                               reports.originals, found.to_json(), reports.flat)
+                               reports.originals, found.to_json(), reports.flat, reports.resized)
         skipped.check(work, plan.skipped)
         layout.publish(config.output, plan.run_id,
                        [name for split in built["splits"].values() for name in split["shards"]])

@@ -1,44 +1,55 @@
 """Pillow's bicubic resize, computed by a vectorised kernel of our own: the same pixels, faster.
 
 ``resize(img, size, box)`` returns what ``img.resize(size, BICUBIC, box=box)``
-returns, byte for byte: the kernel (``resample_kernel``, compiled with numba)
-computes Pillow's own integer weights and sums, horizontal pass first, each
-8-bit result clipped as Pillow clips it. Pillow's scalar loops gather each
-output pixel's taps one by one; here each pass runs over whole contiguous rows,
-which the compiler vectorises: the horizontal pass on a transposed copy of the
-rows it needs. Pixels come from Pillow's memory without a copy (its Arrow
-export), and the scratch arrays are kept per thread, so a worker's images reuse
-the same memory.
+returns, byte for byte, for the Pillow versions the kernel was checked against
+(``resample_loader.CHECKED_PILLOW``): the kernel (the C extension
+``_resample``) computes Pillow's own integer weights and sums, and this module
+holds every rule of Pillow's resize around them: the box checks and shortcuts
+of ``_imaging.c``, the pass order of ``ImagingResampleInner`` (horizontal
+first, skipped where not needed), and ``Image.resize``'s own (from Pillow 12.2,
+an image taller than 100 times its width resized vertically first, then
+horizontally). Each pass runs over whole contiguous rows, which the compiler
+vectorises: the horizontal pass on a transposed copy of the rows it needs.
+Pixels come from Pillow's memory without a copy (its Arrow export), and the
+scratch arrays are kept per thread.
 
-``resample_loader`` finds the kernel: machine code built once a machine and
-mapped in milliseconds, or numba in process where that cannot run. Until it is
-ready, and where it cannot be had (one warning), ``resize`` is Pillow's: the
-images are the same either way. With pillow-simd in Pillow's place, its own
-resize always runs: its rounding differs, and a rerun must give the same bytes.
+Where the kernel is not there (not built, a Pillow version not checked, an
+error), Pillow's loops resize: the same pixels. Each resize is counted by what
+did it (``counting``), so the run can say so once and the manifest records it.
+With pillow-simd in Pillow's place its own resize always runs: its rounding
+differs, and a rerun must give the same bytes.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import functools
-import importlib.util
-import os
+import logging
+import math
 import threading
-from importlib import metadata
+from collections.abc import Iterable, Iterator
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from beam_prep.errors import KernelUnavailable
+from beam_prep.errors import KernelUnavailable, OptionsError
 from beam_prep.write.images import resample_loader
+from beam_prep.write.images.resample_loader import KERNEL, KERNEL_VARIABLE, PILLOW, pillow_build
+
+__all__ = ["KERNEL", "KERNEL_VARIABLE", "PILLOW", "available", "check_choice", "counting", "fallback_key",
+           "pillow_build", "resize", "summary"]
+
+log = logging.getLogger(__name__)
 
 RESAMPLE = Image.Resampling.BICUBIC
-PILLOW = "pillow"
-# Which code resizes, where a user sets it: unset, the kernel once it has loaded (Pillow's loops
-# until then); "pillow", Pillow's loops (to compare, or to rule the kernel out); "numba", the
-# kernel from the first image, and an error where it cannot load. The pixels are the same.
-KERNEL_VARIABLE = "BEAM_PREP_RESIZE_KERNEL"
-NUMBA = "numba"
 _MODES = {"L": 1, "RGB": 4}  # bytes a pixel in Pillow's memory: RGB is stored as RGBX
+_INT_MAX = 2**31 - 1
+_TALL = 100  # Pillow 12.2+: an image taller than this many times its width is resized vertically first
+# A count's key for images Pillow resized because the kernel could not (``fallback_key``): the reason follows.
+_FALLBACK = f"{PILLOW}: "
 
 
 class _ArrowArray(ctypes.Structure):
@@ -58,69 +69,105 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-_LOADER = resample_loader.Loader()
-
-
-def load() -> str:
-    """Loads the kernel and waits for it, building it first where this machine has no build (tests,
-    benchmarks, and the worker image's build); returns ``kernel()``."""
-    _refuse_where_needed()
-    _LOADER.wait()
-    return kernel()
-
-
-def kernel() -> str:
-    """Which code resizes in this process once the kernel has loaded: ``numba 0.68.1`` (ours,
-    compiled by that numba), or ``pillow`` where it cannot load."""
-    return PILLOW if _LOADER.kernel is None else f"numba {metadata.version('numba')}"
-
-
-def _refuse_where_needed() -> None:
-    """Tells the loader not to load where the kernel must not run: the user chose Pillow's loops,
-    or pillow-simd is installed, whose own resize rounds differently (reruns keep its bytes)."""
-    if _LOADER.refusal is None:
-        if os.environ.get(KERNEL_VARIABLE) == PILLOW:
-            _LOADER.refusal = f"{KERNEL_VARIABLE}={PILLOW}"
-        elif not _stock_pillow():
-            _LOADER.refusal = f"{pillow_build()} resizes with its own rounding, kept for reruns"
-
-
 def available() -> str:
-    """The kernel this environment provides, found without loading it (the launcher's view, which
-    the manifest records): ``numba 0.68.1``, or ``pillow`` where numba is not installed or the
-    Pillow build is pillow-simd, whose own resize runs (its rounding differs from Pillow's)."""
-    if (os.environ.get(KERNEL_VARIABLE) == PILLOW or not _stock_pillow()
-            or importlib.util.find_spec("numba") is None):
-        return PILLOW
-    return f"numba {metadata.version('numba')}"
+    """What resizes in this environment, found without resizing (the launcher's view):
+    ``kernel``, or ``pillow`` where the kernel is not built, not chosen, or not checked against
+    this Pillow (``resample_loader.load``).
 
-
-def _stock_pillow() -> bool:
-    return pillow_build().startswith("pillow ")
-
-
-@functools.cache
-def pillow_build() -> str:
-    """The Pillow build that decodes and resizes here: ``pillow 12.3.0``, or ``pillow-simd ...``
-    where the opt-in accelerated build is installed in its place (docs/design/resizing.md).
-
-    Their resized pixels differ by rounding, so the manifest records which made a dataset:
-    reruns are byte-identical with the same build.
+    Raises:
+      OptionsError: ``BEAM_PREP_RESIZE_KERNEL`` holds a value it does not take.
     """
-    import PIL
+    if resample_loader.choice() == PILLOW or resample_loader.load().kernel is None:
+        return PILLOW
+    return KERNEL
 
-    for name in ("pillow-simd", "pillow"):
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if os.path.realpath(dist.locate_file("PIL/__init__.py")) == os.path.realpath(PIL.__file__):
-            return f"{name} {dist.version}"
-    return f"PIL {PIL.__version__}"
+
+def check_choice() -> str:
+    """Refuses a run before any work where ``BEAM_PREP_RESIZE_KERNEL`` is wrong: a value it does not
+    take, or ``kernel`` where this environment cannot have it; returns ``available()``.
+
+    Raises:
+      OptionsError: naming the value and what to do.
+    """
+    if resample_loader.choice() == KERNEL and resample_loader.load().kernel is None:
+        raise OptionsError(f"{KERNEL_VARIABLE}={KERNEL}, but {_why_not()}: unset it to resize with "
+                           "Pillow's loops (the same pixels)")
+    return available()
+
+
+def _why_not() -> str:
+    loaded = resample_loader.load()
+    if _BROKEN.reason is not None:
+        return _BROKEN.reason
+    return loaded.fallback or f"{pillow_build()} is installed, whose own resize runs"
+
+
+class _Broken:
+    """Set once the kernel failed in this process: Pillow's loops resize from then on."""
+
+    reason: str | None = None
+    lock = threading.Lock()
+
+
+_BROKEN = _Broken()
+
+
+class _Counts(threading.local):
+    counter: collections.Counter | None = None
+
+
+_COUNTS = _Counts()
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[collections.Counter]:
+    """Counts the images this thread resizes, by what resized them: ``kernel``, ``pillow``, or
+    ``fallback_key(reason)`` where Pillow's loops resized because the kernel could not.
+
+    A sink wraps a shard's (or an element's) work in it, and carries the counts to the manifest
+    (``summary``): per thread, so the threads of one worker never count each other's images.
+    """
+    previous = _COUNTS.counter
+    counter = _COUNTS.counter = collections.Counter()
+    try:
+        yield counter
+    finally:
+        _COUNTS.counter = previous
+
+
+def fallback_key(reason: str) -> str:
+    """The count's key of an image Pillow's loops resized because the kernel could not, for ``reason``."""
+    return _FALLBACK + reason
+
+
+def summary(rows: Iterable[tuple[str, int]]) -> dict[str, Any]:
+    """The manifest's ``resize_kernel`` and ``resize_fallback`` from ``counting``'s rows.
+
+    ``resize_kernel``: what resized the images, ``kernel`` or ``pillow``, or both with their counts
+    (``{"kernel": 990, "pillow": 10}``) where both did, ``none`` where no image needed a resize.
+    ``resize_fallback``: why Pillow's loops resized where the kernel could have, and what to do
+    (sorted; empty where nothing fell back).
+    """
+    by: collections.Counter[str] = collections.Counter()
+    reasons = set()
+    for key, n in rows:
+        if key.startswith(_FALLBACK):
+            reasons.add(key[len(_FALLBACK):])
+            key = PILLOW
+        by[key] += n
+    resized = {name: by[name] for name in sorted(by) if by[name]}
+    kernel: Any = next(iter(resized)) if len(resized) == 1 else (resized or "none")
+    return {"resize_kernel": kernel, "resize_fallback": sorted(reasons)}
+
+
+def _count(key: str) -> None:
+    counter = _COUNTS.counter
+    if counter is not None:
+        counter[key] += 1
 
 
 def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, float, float]) -> Image.Image:
-    """``img.resize(size, Image.Resampling.BICUBIC, box=box)``, by the compiled kernel where it runs.
+    """``img.resize(size, Image.Resampling.BICUBIC, box=box)``, by the kernel where it runs.
 
     Args:
       img: an image in mode L or RGB (any other mode goes to Pillow).
@@ -132,73 +179,145 @@ def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, flo
 
     Raises:
       ValueError: as Pillow raises it, for an empty or out-of-bounds box or a size under 1.
-      KernelUnavailable: ``BEAM_PREP_RESIZE_KERNEL=numba`` and the kernel cannot load.
+      KernelUnavailable: ``BEAM_PREP_RESIZE_KERNEL=kernel`` and the kernel cannot run here.
+      OptionsError: ``BEAM_PREP_RESIZE_KERNEL`` holds a value it does not take.
     """
-    choice = os.environ.get(KERNEL_VARIABLE)
-    if choice == PILLOW:
+    chosen = resample_loader.choice()
+    if chosen == PILLOW:
+        _count(PILLOW)
         return img.resize(size, RESAMPLE, box=box)
-    compiled = _LOADER.kernel
-    if compiled is None:
-        _refuse_where_needed()
-        if choice != NUMBA:
-            _LOADER.on_pillow_resize()
-            compiled = _LOADER.kernel
-            if compiled is None:
-                return img.resize(size, RESAMPLE, box=box)
+    loaded = resample_loader.load()
+    if loaded.kernel is not None and _BROKEN.reason is None:
+        try:
+            resized = _by_kernel(loaded, img, size, box)
+        except Exception as e:  # noqa: BLE001 - a kernel that fails means Pillow's loops from here on, said once.
+            _break(f"the resize kernel failed ({type(e).__name__}: {e}): please report it; "
+                   f"{KERNEL_VARIABLE}={PILLOW} avoids it")
         else:
-            compiled = _LOADER.wait()
-            if compiled is None:
-                raise KernelUnavailable(
-                    f"{KERNEL_VARIABLE}={NUMBA}, but the resize kernel cannot load: {_LOADER.error}")
-    resized = _by_kernel(compiled, img, size, box)
-    return img.resize(size, RESAMPLE, box=box) if resized is None else resized
+            if resized is not None:
+                _count(KERNEL)
+                return resized
+            _count(PILLOW)  # Pillow's own shortcut, or an image the kernel does not take
+            return img.resize(size, RESAMPLE, box=box)
+    if chosen == KERNEL:
+        raise KernelUnavailable(f"{KERNEL_VARIABLE}={KERNEL}, but {_why_not()}")
+    reason = _BROKEN.reason or loaded.fallback
+    _count(PILLOW if reason is None else fallback_key(reason))
+    return img.resize(size, RESAMPLE, box=box)
 
 
-def _by_kernel(kernel_module: resample_loader.Kernel, img: Image.Image, size: tuple[int, int],
+def _break(reason: str) -> None:
+    with _BROKEN.lock:
+        if _BROKEN.reason is None:
+            _BROKEN.reason = reason
+            # A worker's log: the run's console line comes from the launcher, once (the manifest's resize_fallback).
+            log.info("resizing with Pillow's own loops from now on, the same pixels: %s", reason)
+
+
+def _by_kernel(loaded: resample_loader.Loaded, img: Image.Image, size: tuple[int, int],
                box: tuple[float, float, float, float]) -> Image.Image | None:
     """``resize`` by the kernel; None where Pillow's own code must run: another mode, the
-    errors Pillow raises, its shortcuts for a box of the output's size (a crop, a copy), and
-    pixels it cannot hand over without a copy."""
+    errors Pillow raises, its shortcuts for a box of the output's size (a crop), and pixels it
+    cannot hand over without a copy. ``Image.resize``'s rule, then ``_imaging.c``'s for each call."""
+    if img.mode not in _MODES:
+        return None
     width, height = img.size
     out_w, out_h = size
-    b0, b1, b2, b3 = (np.float32(v) for v in box)  # Pillow's C code takes the box as float32
-    if (img.mode not in _MODES or out_w < 1 or out_h < 1
-            or b0 < 0 or b1 < 0 or b2 > width or b3 > height or b2 - b0 < 0 or b3 - b1 < 0
-            or (b0 == int(b0) and b2 - b0 == out_w and b1 == int(b1) and b3 - b1 == out_h)):
-        return None
+    if (loaded.tall_first and height > width * _TALL and out_h < height
+            and out_w >= 1 and out_h >= 1):  # Image.resize: vertically, then horizontally
+        first_box = (0, box[1], width, box[3])
+        second_box = (box[0], 0, box[2], out_h)
+        if _shortcut(img.size, (width, out_h), first_box) or _shortcut((width, out_h), size, second_box):
+            return None
+        steps = [((width, out_h), first_box), (size, second_box)]
+    else:
+        if _shortcut(img.size, size, box):
+            return None
+        steps = [(size, box)]
     img.load()
     pixels = _pixels(img)
     if pixels is None:
         return None
     view, keep_alive = pixels
     channels = _MODES[img.mode]
-    pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
+    rows = view.reshape(height, width * channels)
+    for stage, (step_size, step_box) in enumerate(steps):
+        rows = _resample(loaded.kernel, rows, (width, height), channels, step_size, step_box, f"{stage}:")
+        if rows is None:
+            return None
+        width, height = step_size
+    resized = Image.frombytes(img.mode, size, rows, "raw", "RGBX" if channels == 4 else "L")  # a copy
+    del keep_alive  # Pillow's memory is read until here
+    return resized
+
+
+def _float32_box(box: tuple[float, float, float, float]) -> tuple[np.float32, ...]:
+    return tuple(np.float32(v) for v in box)  # Pillow's C code takes the box as float32
+
+
+def _shortcut(in_size: tuple[int, int], size: tuple[int, int], box: tuple[float, float, float, float]) -> bool:
+    """Where ``_imaging.c``'s resize does not resample: it raises (a size under 1, a box out of
+    bounds or empty), or crops (a box of the output's size at whole pixels)."""
+    width, height = in_size
+    out_w, out_h = size
+    b0, b1, b2, b3 = _float32_box(box)
+    return bool(out_w < 1 or out_h < 1 or b0 < 0 or b1 < 0 or b2 > width or b3 > height
+                or b2 - b0 < 0 or b3 - b1 < 0
+                or (b0 == int(b0) and b2 - b0 == out_w and b1 == int(b1) and b3 - b1 == out_h))
+
+
+def _coefficients(kernel: ModuleType, in_size: int, in0: np.float32, in1: np.float32,
+                  out_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Pillow's bounds and integer weights for one axis; None where Pillow raises MemoryError."""
+    scale = float(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
+    taps = math.ceil(2.0 * max(scale, 1.0)) * 2 + 1
+    if out_size > _INT_MAX // (taps * 8):
+        return None
+    bounds, weights = np.empty((out_size, 2), np.int32), np.empty((out_size, taps), np.int32)
+    kernel.coefficients(in_size, float(in0), float(in1), out_size, taps, bounds, weights)
+    return bounds, weights
+
+
+def _resample(kernel: ModuleType, rows: np.ndarray, in_size: tuple[int, int], channels: int,
+              size: tuple[int, int], box: tuple[float, float, float, float], stage: str) -> np.ndarray | None:
+    """One ``ImagingResampleInner`` call: ``rows`` (height x width*channels bytes) to the output's
+    rows, horizontal pass first where needed (only over the source rows the vertical pass
+    reads), then vertical where needed. ``stage`` names its scratch arrays apart from another
+    call's whose output it reads."""
+    width, height = in_size
+    out_w, out_h = size
+    b0, b1, b2, b3 = _float32_box(box)
     scratch = _scratch()
+    pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
     need_horizontal = out_w != width or b0 != 0 or b2 != out_w  # Pillow's tests, as written
     need_vertical = out_h != height or b1 != 0 or b3 != out_h
-    v_bounds, v_weights = kernel_module.coefficients(height, b1, b3, out_h)
-    rows = view.reshape(height, width * channels)
+    vertical = _coefficients(kernel, height, b1, b3, out_h)
+    if vertical is None:
+        return None
+    v_bounds, v_weights = vertical
     if need_horizontal:
-        h_bounds, h_weights = kernel_module.coefficients(width, b0, b2, out_w)
+        horizontal = _coefficients(kernel, width, b0, b2, out_w)
+        if horizontal is None:
+            return None
+        h_bounds, h_weights = horizontal
         y0, y1 = int(v_bounds[0, 0]), int(v_bounds[-1, 0] + v_bounds[-1, 1])
         x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0] + h_bounds[-1, 1])
         h_bounds[:, 0] -= x0
         v_bounds[:, 0] -= y0
-        columns = scratch.get("columns", (x1 - x0, y1 - y0), pixel)
-        kernel_module.transpose(rows.view(pixel)[y0:y1, x0:x1], columns)
-        filtered = scratch.get("filtered", (out_w, y1 - y0), pixel)
-        kernel_module.filter_rows(_as_bytes(columns), h_bounds, h_weights, _as_bytes(filtered),
-                                  scratch.get("acc", ((y1 - y0) * channels,), np.int32))
-        rows = scratch.get("rows", (y1 - y0, out_w), pixel)
-        kernel_module.transpose(filtered, rows)
-        rows = _as_bytes(rows)
+        columns = scratch.get(stage + "columns", (x1 - x0, y1 - y0), pixel)
+        kernel.transpose(rows, height, width, y0, x0, y1 - y0, x1 - x0, channels, columns)
+        filtered = scratch.get(stage + "filtered", (out_w, y1 - y0), pixel)
+        kernel.filter_rows(columns, x1 - x0, (y1 - y0) * channels, h_bounds, h_weights, h_weights.shape[1],
+                           filtered, out_w, scratch.get("acc", ((y1 - y0) * channels,), np.int32))
+        transposed = scratch.get(stage + "rows", (y1 - y0, out_w), pixel)
+        kernel.transpose(filtered, out_w, y1 - y0, 0, 0, out_w, y1 - y0, channels, transposed)
+        rows, height = transposed.view(np.uint8), y1 - y0
     if need_vertical:
-        out = scratch.get("out", (out_h, out_w * channels), np.uint8)
-        kernel_module.filter_rows(rows, v_bounds, v_weights, out, scratch.get("acc", (out_w * channels,), np.int32))
+        out = scratch.get(stage + "out", (out_h, out_w * channels), np.uint8)
+        kernel.filter_rows(rows, height, out_w * channels, v_bounds, v_weights, v_weights.shape[1], out, out_h,
+                           scratch.get("acc", (out_w * channels,), np.int32))
         rows = out
-    resized = Image.frombytes(img.mode, size, rows, "raw", "RGBX" if channels == 4 else "L")  # a copy
-    del keep_alive  # Pillow's memory is read until here
-    return resized
+    return rows
 
 
 def _pixels(img: Image.Image) -> tuple[np.ndarray, object] | None:

@@ -167,6 +167,8 @@ class ShardRecord:
     originals: dict[str, int]  # --image_format original: KEPT or a re-encode reason -> records
     # Records of one flat colour (``flat.FlatImages.to_json``); absent from older runs' records.
     flat: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # What resized its images, counted (``resample.counting``); absent from older runs' records.
+    resized: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def images(self) -> int:

@@ -24,6 +24,7 @@ from beam_prep import wording
 from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, StorageError, TooManyFailures
 from beam_prep.io.storage import join, read_lines
 from beam_prep.write.finish import manifest, publish
+from beam_prep.write.images import resample
 from beam_prep.write.images.examples import unknown_label_report
 from beam_prep.write.images.flat import FlatImages, is_many
 from beam_prep.write.journal import progress, resume
@@ -214,10 +215,12 @@ def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str,
     records = resume.finished_records(work, names)
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     originals: collections.Counter[str] = collections.Counter()
+    resized: collections.Counter[str] = collections.Counter()
     failures = []
     for split, record in zip(splits, records):
         counts.update({(split, label): n for label, n in record.class_counts.items()})
         originals.update(record.originals)
+        resized.update(record.resized)
         failures += record.failures
     failures += [unknown_label_report(FileEntry.from_json(line))
                  for line in read_lines(join(work, layout.UNKNOWN_LABELS))]
@@ -225,7 +228,8 @@ def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str,
     hash_files = [join(work, layout.hashes_name(name)) for name in names]
     return publish.complete(config, run_plan, publish.ShardReports(
         shards=shards, class_counts=list(counts.items()), failures=failures, hash_files=hash_files,
-        originals=list(originals.items()), flat=[FlatImages.from_json(r.flat) for r in records]))
+        originals=list(originals.items()), flat=[FlatImages.from_json(r.flat) for r in records],
+        resized=list(resized.items())))
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
@@ -284,6 +288,7 @@ def run(config: PrepareConfig, options: PipelineOptions,
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
     written = manifest.read(config.output)
     _warn_if_many_flat(written)
+    _warn_if_resized_by_pillow(written)
     result = RunResult(written, time.perf_counter() - start, counters, phases=phases,
                        kept=resume.images_in(job.kept))
     too_many = failure_budget.exceeded(config.max_failures, written["counts"], config.output)
@@ -300,6 +305,19 @@ def _warn_if_many_flat(written: dict[str, Any]) -> None:
             f"{flat.count:,} of {wording.count(written['counts']['written'], 'record')} show one flat colour "
             f"(e.g. {', '.join(flat.examples)}): look at a few; if their transparency should show, "
             "pass another --background"), stacklevel=2)
+
+
+def _warn_if_resized_by_pillow(written: dict[str, Any]) -> None:
+    """The workers' resize fallback, said once on the launcher's console: their own logs may show
+    nowhere, and the images are the same but took more CPU."""
+    reasons = written.get("resize_fallback") or []
+    if reasons:
+        kernel = written.get("resize_kernel")
+        by_pillow = kernel.get(resample.PILLOW) if isinstance(kernel, dict) else None
+        images = f"{by_pillow:,} images were" if by_pillow is not None else "every image was"
+        warnings.warn(BeamPrepWarning(
+            f"{images} resized with Pillow's own loops (the same pixels, more CPU): {'; '.join(reasons)}"),
+            stacklevel=2)
 
 
 def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start: float) -> RunResult:

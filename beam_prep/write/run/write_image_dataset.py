@@ -28,6 +28,7 @@ from beam_prep.errors import ElementError, ImageError, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.features import SCHEMA
 from beam_prep.write.finish import publish
+from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.write.images.readahead import ReadAheadConfig
@@ -321,6 +322,7 @@ class WriteImageDataset(beam.PTransform):
                       "validation_percent": validation_percent, "compression": compression,
                       "read_concurrency": read_concurrency, "read_ahead_mb": read_ahead_mb,
                       "resize_mode": resize_mode, "image_format": image_format}, prefix="")
+        resample_loader.choice()  # a BEAM_PREP_RESIZE_KERNEL value it does not take: refused here, not per image
         self._naming = _Naming(labels=_checked_labels(labels),
                                splits=_checked_splits(splits, validation_percent),
                                validation_percent=float(validation_percent),

@@ -38,6 +38,7 @@ from beam_prep.write.sinks.steps import (
     FAILED,
     FLAT,
     ORIGINALS,
+    RESIZED,
     ImageToExampleFn,
     ParseEntryFn,
     SinkConfig,
@@ -66,6 +67,8 @@ class SinkResult(NamedTuple):
         line per record), for the duplicates report.
       flat: ``flat.FlatImages``, the records of one flat colour, one or more
         parts that together count each such record once.
+      resized: ``(what resized, number of images)`` (``resample.counting``'s keys), for the
+        manifest's ``resize_kernel`` and the launcher's one warning where Pillow's loops stood in.
     """
 
     shards: PCollection
@@ -74,6 +77,7 @@ class SinkResult(NamedTuple):
     originals: PCollection
     hashes: PCollection
     flat: PCollection
+    resized: PCollection
 
 
 class _ShardSink(beam.PTransform):
@@ -113,19 +117,20 @@ class WriteShardsStreaming(_ShardSink):
     """
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> SinkResult:
-        shards, counts, failed, originals, flat = [], [], [], [], []
+        shards, counts, failed, originals, flat, resized = [], [], [], [], [], []
         for split, count in self._config.num_shards.items():
             results = (
                 pbegin
                 | f"Shards[{split}]" >> beam.Create(list(range(count)), reshuffle=False)
                 | f"Reshuffle[{split}]" >> beam.Reshuffle()
                 | f"WriteShards[{split}]" >> beam.ParDo(WriteShardFn(self._config, split)).with_outputs(
-                    FAILED, COUNTS, ORIGINALS, FLAT, main="shards"))
+                    FAILED, COUNTS, ORIGINALS, FLAT, RESIZED, main="shards"))
             shards.append(results.shards)
             counts.append(results[COUNTS])
             failed.append(results[FAILED])
             originals.append(results[ORIGINALS])
             flat.append(results[FLAT])
+            resized.append(results[RESIZED])
         all_shards = tuple(shards) | "AllShards" >> beam.Flatten()
         return SinkResult(
             shards=all_shards,
@@ -135,7 +140,8 @@ class WriteShardsStreaming(_ShardSink):
                        | "SumOriginals" >> beam.CombinePerKey(sum)),
             hashes=all_shards | "HashFiles" >> beam.Map(
                 lambda row, work=self._config.work: join(work, layout.hashes_name(row[1]))),
-            flat=tuple(flat) | "AllFlat" >> beam.Flatten())
+            flat=tuple(flat) | "AllFlat" >> beam.Flatten(),
+            resized=tuple(resized) | "AllResized" >> beam.Flatten() | "SumResized" >> beam.CombinePerKey(sum))
 
 
 class WriteEntriesShuffle(_ShardSink):
@@ -157,7 +163,7 @@ class WriteEntriesShuffle(_ShardSink):
             | "Reshuffle" >> beam.Reshuffle()
             | "ImageToExample" >> beam.ParDo(
                 ImageToExampleFn(config.spec, config.reads, config.progress_folder, config.file_format)).with_outputs(
-                    FAILED, FLAT, main="records"))
+                    FAILED, FLAT, RESIZED, main="records"))
         records = results.records
         counts = (records
                   | "KeyByLabel" >> beam.FlatMap(lambda r: [((r.split, label), 1) for label in r.labels])
@@ -192,7 +198,8 @@ class WriteEntriesShuffle(_ShardSink):
                           failures=results[FAILED],
                           originals=originals,
                           hashes=hashes,
-                          flat=results[FLAT] | "GatherFlat" >> beam.CombineGlobally(FlatImagesFn()))
+                          flat=results[FLAT] | "GatherFlat" >> beam.CombineGlobally(FlatImagesFn()),
+                          resized=results[RESIZED] | "SumResized" >> beam.CombinePerKey(sum))
 
 
 class WriteShardsShuffle(_ShardSink):

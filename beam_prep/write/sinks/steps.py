@@ -18,6 +18,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_prep.io import tfrecord
 from beam_prep.io.storage import join, read_lines, write_lines
 from beam_prep.model.dataset import TFRECORD, shard_suffix
+from beam_prep.write.images import resample
 from beam_prep.write.images.examples import FileReader
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import ImageSpec
@@ -28,12 +29,13 @@ from beam_prep.write.shared.entry import FileEntry
 from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.sinks.tally import NAMESPACE, Counters, count_image
 
-__all__ = ["COUNTS", "FAILED", "FLAT", "ORIGINALS", "ImageToExampleFn", "ParseEntryFn", "SinkConfig", "WriteShardFn"]
+__all__ = ["COUNTS", "FAILED", "FLAT", "ORIGINALS", "RESIZED", "ImageToExampleFn", "ParseEntryFn", "SinkConfig", "WriteShardFn"]
 
 FAILED = "failed"
 COUNTS = "counts"
 ORIGINALS = "originals"
 FLAT = "flat"
+RESIZED = "resized"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +88,8 @@ class _Reading:
 
 class ImageToExampleFn(beam.DoFn):
     """One file to its ``tally.ExampleRow`` (``tally.count_image``); a bad file goes to the
-    ``failed`` output, and a record of one flat colour's relative path to ``flat`` as well.
+    ``failed`` output, and a record of one flat colour's relative path to ``flat`` as well;
+    what resized its image to ``resized`` (``resample.counting``'s key, 1).
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
     bytes)``, an image already in hand, whose entry only names it.
@@ -135,8 +138,11 @@ class ImageToExampleFn(beam.DoFn):
 
     def _convert(self, fetched: Fetched):
         entry, timestamp, window = fetched.item
-        row, failure = count_image(entry, fetched.error or fetched.data, self._spec, self._format, self._counters,
-                                   self._reporter)
+        with resample.counting() as resized:
+            row, failure = count_image(entry, fetched.error or fetched.data, self._spec, self._format,
+                                       self._counters, self._reporter)
+        for key, n in resized.items():
+            yield TaggedOutput(RESIZED, WindowedValue((key, n), timestamp, (window,)))
         if row is None:
             yield TaggedOutput(FAILED, WindowedValue(failure, timestamp, (window,)))
             return
@@ -157,8 +163,8 @@ class WriteShardFn(beam.DoFn):
     launcher only rewrites the same bytes. Its records' hashes go to its hash
     file (``layout.hashes_name``), written before it is marked finished. Outputs
     ``(split, shard_name, num_examples)``, ``((split, label), n)`` on ``counts``,
-    ``(reason, n)`` on ``originals``, a ``FlatImages`` on ``flat`` and failure
-    reports on ``failed``, the same for a shard written now or kept.
+    ``(reason, n)`` on ``originals``, a ``FlatImages`` on ``flat``, ``(what resized, n)`` on
+    ``resized`` and failure reports on ``failed``, the same for a shard written now or kept.
     """
 
     def __init__(self, config: SinkConfig, split: str) -> None:
@@ -194,6 +200,8 @@ class WriteShardFn(beam.DoFn):
         for reason, n in record.originals.items():
             yield TaggedOutput(ORIGINALS, (reason, n))
         yield TaggedOutput(FLAT, FlatImages.from_json(record.flat))
+        for key, n in record.resized.items():
+            yield TaggedOutput(RESIZED, (key, n))
         yield split, name, record.records
 
     def _write(self, index: int, name: str, reporter: progress.Reporter) -> resume.ShardRecord:
@@ -210,7 +218,7 @@ class WriteShardFn(beam.DoFn):
         partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
         file_format = shard_format(config.file_format)
         with file_format.records(partial, config.compression, checksum, shown_as=join(config.work, name)) as write, \
-                self._reading.window() as window:
+                self._reading.window() as window, resample.counting() as resized:
             for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
                 entry = fetched.item
                 self._listed.inc()
@@ -232,6 +240,6 @@ class WriteShardFn(beam.DoFn):
         record = resume.ShardRecord(name=name, records=written, size=checksum.size,
                                     sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures,
                                     originals=dict(sorted(originals.items())),
-                                    flat=FlatImages.of(flat).to_json())
+                                    flat=FlatImages.of(flat).to_json(), resized=dict(sorted(resized.items())))
         resume.write_shard_record(config.work, record)
         return record

@@ -1,0 +1,138 @@
+"""``bench_writer --kernel``: the default command (c) with each resize kernel, in alternating rounds.
+
+On the cached corpus and (c)'s settings (224x224 centre crops, JPEG q90), in
+rounds that take turns so that a shared machine's drift falls on every row:
+
+  * ``kernel``: this checkout, its C extension built (``python setup.py
+    build_ext --inplace`` in a checkout; ``pip install -e .`` builds it too);
+  * ``pillow``: the same with ``BEAM_PREP_RESIZE_KERNEL=pillow`` (Pillow's loops);
+  * ``baseline``: with ``--baseline DIR``, the command of another checkout (e.g.
+    ``git worktree add /tmp/beam-prep-main main``: today's loader), first on the
+    path of the command and its workers; one untimed run first fills its kernel
+    cache, so the rounds time its steady state.
+
+Each row gives the median over rounds of images/s (command start to
+manifest.json written), CPU ms per image (user + system of the whole process
+tree: the figure that holds still on a shared machine), and the peak memory of
+the whole tree as RSS (a shared page counted once a process), PSS (shared
+pages split between their processes) and USS (pages only one process maps),
+and the CPU per image over the first row's (the bar: the default command's
+may rise at most 3% over the baseline's).
+
+    python -m benchmarks.bench_writer --kernel [--images 2000] [--repeat 5] [--baseline DIR] [--json k.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pathlib
+import shutil
+import statistics
+import tempfile
+from collections.abc import Sequence
+
+from beam_prep.write.images import resample
+from benchmarks import CACHE_DIR, REPO_ROOT, machine
+from benchmarks.corpus import Corpus, ensure_corpus
+from benchmarks.measure import check_manifest, run_measured
+from benchmarks.results import Recording
+from pipelines import prepare_images
+
+DEFAULT_IMAGES = 2000
+FLAGS = ("--image_size", "224", "--jpeg_quality", "90")
+MIB = 2**20
+
+
+def variants(baseline: pathlib.Path | None) -> dict[str, tuple[pathlib.Path, dict[str, str]]]:
+    """Each variant's checkout and its environment's changes."""
+    runs = {}
+    if baseline is not None:
+        runs["baseline"] = (baseline.resolve(), {})
+    runs["kernel"] = (REPO_ROOT, {})
+    runs["pillow"] = (REPO_ROOT, {resample.KERNEL_VARIABLE: resample.PILLOW})
+    return runs
+
+
+def run_variant(corpus: Corpus, workdir: pathlib.Path, checkout: pathlib.Path, env: dict[str, str]) -> dict:
+    """One timed command of a variant: its figures, or its error."""
+    out = workdir / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+    if resample.KERNEL_VARIABLE not in env:
+        full_env.pop(resample.KERNEL_VARIABLE, None)
+    measured = run_measured(prepare_images.command("--input", str(corpus.root), "--output", str(out), *FLAGS,
+                                                   "--overwrite"), cwd=checkout, env=full_env, private=True)
+    if measured.returncode != 0:
+        return {"error": f"exit status {measured.returncode}: {measured.stderr_tail[-2000:]}"}
+    error = check_manifest(out / "manifest.json", corpus.images)
+    if error:
+        return {"error": error}
+    manifest = json.loads((out / "manifest.json").read_text())
+    seconds = measured.seconds_until_written(out / "manifest.json")
+    return {"images_per_s": corpus.images / seconds, "cpu_ms_per_image": measured.cpu_seconds / corpus.images * 1e3,
+            "peak_rss_mib": measured.peak_rss_bytes / MIB, "peak_pss_mib": measured.peak_pss_bytes / MIB,
+            "peak_uss_mib": measured.peak_uss_bytes / MIB, "resize_kernel": manifest.get("resize_kernel")}
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    """The median of each variant's rounds, and its CPU per image over the first variant's."""
+    keys = ("images_per_s", "cpu_ms_per_image", "peak_rss_mib", "peak_pss_mib", "peak_uss_mib")
+    medians = {}
+    for name, rounds in results.items():
+        ok = [r for r in rounds if "error" not in r]
+        medians[name] = {k: statistics.median(r[k] for r in ok) for k in keys} if ok else None
+    first = next(iter(medians.values()))
+    lines = ["| variant | images/s | CPU ms/image | ÷ first, CPU | peak RSS MiB | peak PSS MiB | peak USS MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, m in medians.items():
+        if m is None:
+            lines.append(f"| {name} | failed | | | | | |")
+            continue
+        ratio = f"{m['cpu_ms_per_image'] / first['cpu_ms_per_image']:.3f}" if first else "—"
+        lines.append(f"| {name} | {m['images_per_s']:,.0f} | {m['cpu_ms_per_image']:.2f} | {ratio} "
+                     f"| {m['peak_rss_mib']:,.0f} | {m['peak_pss_mib']:,.0f} | {m['peak_uss_mib']:,.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_writer --kernel",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernel", action="store_true", help="this mode")
+    parser.add_argument("--images", type=int, default=DEFAULT_IMAGES, help=f"corpus size (default {DEFAULT_IMAGES})")
+    parser.add_argument("--repeat", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--baseline", type=pathlib.Path, metavar="DIR",
+                        help="another checkout to run as the first row (e.g. main, with today's loader)")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
+    args = parser.parse_args(argv)
+    if args.images < 1 or args.repeat < 1:
+        parser.error("--images and --repeat must be positive")
+    if args.baseline is not None and not (args.baseline / "pipelines" / "prepare_images.py").is_file():
+        parser.error(f"--baseline {args.baseline} is not a beam-prep checkout")
+    if resample.available() != resample.KERNEL:
+        parser.error("the kernel is not built in this checkout: python setup.py build_ext --inplace")
+    recording = Recording("writer-kernel", argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    corpus = ensure_corpus(args.images, CACHE_DIR)
+    runs = variants(args.baseline)
+    results: dict[str, list[dict]] = {name: [] for name in runs}
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="kernel-", dir=CACHE_DIR))
+    try:
+        if args.baseline is not None:  # its kernel cache filled, untimed
+            run_variant(corpus, workdir, *runs["baseline"])
+        for round_ in range(args.repeat):
+            order = list(runs.items()) if round_ % 2 == 0 else list(reversed(runs.items()))
+            for name, (checkout, env) in order:
+                results[name].append(run_variant(corpus, workdir, checkout, env))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{machine.describe(machine.machine_info())}\n")
+    print(f"{corpus.images} images, {args.repeat} rounds, alternating; medians.\n")
+    print(table(results))
+    for name, rounds in results.items():
+        for r in rounds:
+            if "error" in r:
+                print(f"{name}: {r['error']}")
+    recording.write(args.json, {"images": corpus.images, "rounds": args.repeat, "results": results})

@@ -1,0 +1,120 @@
+"""The whole command in each state the resize kernel can be in: the same shards, said once.
+
+The kernel is a C extension built at install time (docs/design/resizing.md), so
+its hostile environments are few: built; not built (no compiler at install);
+built but failing to import (a broken or foreign build); or ruled out by the
+user. In each, every process of the run (the launcher and its workers) is put in
+that state by a ``sitecustomize`` first on their path, and the run must write
+the same shards as Pillow's loops, with one console line where the kernel fell
+back, and a manifest that says what resized the images. A bad
+``BEAM_PREP_RESIZE_KERNEL`` is refused before any work (exit 2, nothing made).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+from helpers import REPO, make_tree, run_prepare
+from PIL import Image
+
+from beam_prep.write.images import resample, resample_loader
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("--image_size", "61x83", "--resize_mode", "stretch")
+_STATES = {
+    "not built": f"import sys\nsys.modules[{resample_loader.EXTENSION!r}] = None\n",
+    "import fails": f"""import sys
+class _Broken:
+    def find_spec(self, name, path=None, target=None):
+        if name == {resample_loader.EXTENSION!r}:
+            raise ImportError("undefined symbol: clip8 (a build for another Python)")
+sys.meta_path.insert(0, _Broken())
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> pathlib.Path:
+    """Photos-like images, and strips past 100:1 both ways, which Pillow 12.2+ resizes in another order."""
+    root = tmp_path_factory.mktemp("kernel-states") / "tree"
+    make_tree(root, {"cat": 5, "dog": 4}, size=(173, 131))
+    pixels = np.random.default_rng(3)
+    for i, shape in enumerate([(647, 3, 3), (401, 2, 3), (3, 520, 3), (900, 5, 3)]):
+        Image.fromarray(pixels.integers(0, 256, shape, dtype=np.uint8)).save(root / "cat" / f"strip_{i}.png")
+    return root
+
+
+def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str | None, *flags: str):
+    env = dict(os.environ)
+    env.pop(resample.KERNEL_VARIABLE, None)
+    if kernel is not None:
+        env[resample.KERNEL_VARIABLE] = kernel
+    path = [str(REPO)]
+    if state is not None:
+        site = out.parent / f"site-{out.name}"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(_STATES[state])
+        path.insert(0, str(site))
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    return run_prepare("--input", str(tree), "--output", str(out), *ARGS, *flags, env=env)
+
+
+def _fallback_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "Pillow's own loops" in line]
+
+
+def test_every_kernel_state_writes_pillows_shards_and_says_so_once(tree, tmp_path):
+    runs = {"built": (None, None), "pillow chosen": (None, resample.PILLOW),
+            "not built": ("not built", None), "import fails": ("import fails", None)}
+    shards, manifests = {}, {}
+    for name, (state, kernel) in runs.items():
+        out = tmp_path / name.replace(" ", "-")
+        done = _run(tree, out, state, kernel)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        manifests[name] = json.loads((out / "manifest.json").read_text())
+        shards[name] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
+        lines = _fallback_lines(done.stderr)
+        if state is None:
+            assert lines == [], f"{name}: {lines}"
+        else:
+            assert len(lines) == 1, f"{name}: {done.stderr[-3000:]}"
+            assert lines[0].startswith("warning: every image was resized with Pillow's own loops"), lines[0]
+            assert ("not built in this install" if state == "not built" else "undefined symbol") in lines[0]
+            assert "reinstall beam-prep where a C compiler is found" in lines[0]
+    assert shards["built"] and all(s == shards["pillow chosen"] for s in shards.values())
+    assert manifests["built"]["resize_kernel"] == resample.KERNEL
+    assert manifests["built"]["resize_fallback"] == []
+    assert manifests["pillow chosen"]["resize_kernel"] == resample.PILLOW
+    assert manifests["pillow chosen"]["resize_fallback"] == []
+    for name in ("not built", "import fails"):
+        assert manifests[name]["resize_kernel"] == resample.PILLOW
+        assert len(manifests[name]["resize_fallback"]) == 1
+    assert not list(tmp_path.glob("**/.*.partial")) and not list(tmp_path.glob("**/*.partial"))
+
+
+def test_the_shuffle_sink_counts_what_resized_too(tree, tmp_path):
+    """The other sink carries its workers' counts per image (``ImageToExampleFn``), not per shard."""
+    for state, kernel, fallback in [(None, resample.KERNEL, 0), ("not built", resample.PILLOW, 1)]:
+        done = _run(tree, tmp_path / f"shuffle-{state}".replace(" ", "-"), state, None, "--sink", "shuffle")
+        assert done.returncode == 0, done.stderr[-3000:]
+        manifest = json.loads((tmp_path / f"shuffle-{state}".replace(" ", "-") / "manifest.json").read_text())
+        assert manifest["resize_kernel"] == kernel and len(manifest["resize_fallback"]) == fallback
+        assert len(_fallback_lines(done.stderr)) == fallback, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("state, kernel, message", [
+    (None, "Pillow", "BEAM_PREP_RESIZE_KERNEL must be pillow or kernel"),
+    (None, "off", "BEAM_PREP_RESIZE_KERNEL must be pillow or kernel"),
+    ("not built", "kernel", "BEAM_PREP_RESIZE_KERNEL=kernel, but the resize kernel is not built in this install"),
+])
+def test_a_bad_kernel_choice_is_refused_before_any_work(tree, tmp_path, state, kernel, message):
+    out = tmp_path / "out"
+    done = _run(tree, out, state, kernel)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert message in line, line
+    assert not out.exists()
