@@ -110,6 +110,7 @@ def test_array_record_shards_hold_the_tfrecord_examples_in_the_same_order(output
 
 def test_grain_reads_data_source_by_index_with_the_source_pixels(outputs, tree):
     import grain
+    import jax  # noqa: F401  as a JAX training script has it
 
     import beam_prep
 
