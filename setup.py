@@ -38,6 +38,17 @@ FORMATS = {
     "webdataset": ["webdataset>=1.0,<1.1"],
 }
 
+# docs/guides/grain-pytorch.md's every block, run in CI by .ci/run: Grain, JAX for the CPU, PyTorch
+# and torchvision beside both formats' libraries. torch and torchvision are pinned exactly, as a
+# pair: another version would download gigabytes of CUDA wheels. Grain has wheels for CPython 3.11+.
+GRAIN_PYTORCH = [
+    *(f"{r}; python_version >= '3.11'" for r in FORMATS["array_record"]), *FORMATS["webdataset"],
+    "grain>=0.2,<0.3; python_version >= '3.11'",
+    "jax[cpu]>=0.10,<0.11",
+    "torch==2.14.1",
+    "torchvision==0.29.1",
+]
+
 TEST = [
     "pytest>=8",
     # The lint gate .ci/run runs (ruff.toml): pinned, so a ruff release's new findings arrive by choice.
@@ -88,6 +99,7 @@ setup(
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
     ext_modules=[RESIZE_KERNEL],
     install_requires=REQUIRED,
-    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, "docs": DOCS, **FORMATS},
+    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, "docs": DOCS, "grain-pytorch": GRAIN_PYTORCH,
+                    **FORMATS},
     entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},
 )

@@ -6,6 +6,8 @@
 
     # --file_format array_record, for Grain or PyTorch (no TensorFlow, no Beam):
     source = beam_prep.data_source("records", "train")
+    # --file_format webdataset, for PyTorch's webdataset:
+    dataset = beam_prep.webdataset_pipeline("records", "train")
 
     # or, inside a Beam pipeline that finds its images its own way:
     pairs | beam_prep.WriteImageDataset("records", labels=["cat", "dog"], image_size=224)
@@ -35,6 +37,8 @@ _HOMES = {
     "ReaderConfig": "beam_prep.reader",
     "RecordFiles": "beam_prep.reader",
     "data_source": "beam_prep.reader.data_source",
+    "webdataset_pipeline": "beam_prep.reader.webdataset_recipe",
+    "shard_urls": "beam_prep.reader.webdataset_recipe",
 }
 __all__ = ["__version__", *_HOMES]  # noqa: PLE0604  the lazy names, listed once in _HOMES
 

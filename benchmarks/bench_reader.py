@@ -31,6 +31,9 @@ wall-clock numbers only from a quiet machine.
 
 ``--gcs`` runs the gs:// mode instead (``benchmarks/reader_gcs.py``): reader (a)
 from local disk and from the test GCS server at 0 and 30 ms per request.
+``--pytorch`` runs the PyTorch and Grain mode (``benchmarks/reader_pytorch.py``):
+torch DataLoaders over ``data_source`` and the WebDataset recipe, Grain, and
+torchvision's ``ImageFolder`` on the source JPEGs.
 """
 from __future__ import annotations
 
@@ -165,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         reader_gcs.main(argv)
+        return
+    if "--pytorch" in argv:
+        from benchmarks import reader_pytorch
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("beam_prep").setLevel(logging.WARNING)
+        reader_pytorch.main(argv)
         return
     args = _parse_args(argv)
     recording = Recording("reader", argv)

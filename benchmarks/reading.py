@@ -34,9 +34,11 @@ class Reader:
 
 
 def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str,
-                   compression: str = "gzip") -> pathlib.Path:
+                   compression: str = "gzip", file_format: str = "tfrecord",
+                   cache_dir: pathlib.Path = CACHE_DIR) -> pathlib.Path:
     """The corpus written by the real pipeline, cached; rewritten if missing or incomplete."""
-    out = CACHE_DIR / f"reader-v{DATASET_VERSION}-{images}-{image_format}-{compression}"
+    shards = "" if file_format == "tfrecord" else f"-{file_format}"
+    out = cache_dir / f"reader-v{DATASET_VERSION}-{images}-{image_format}-{compression}{shards}"
     manifest = out / "manifest.json"
     if manifest.exists():
         m = json.loads(manifest.read_text())
@@ -50,7 +52,8 @@ def ensure_dataset(corpus_root: pathlib.Path, images: int, image_format: str,
     command = prepare_images.command(
         "--input", str(corpus_root), "--output", str(out), "--image_size", str(IMAGE_SIZE),
         "--image_format", image_format, "--jpeg_quality", str(JPEG_QUALITY),
-        "--num_shards", str(NUM_SHARDS), "--compression", compression, "--overwrite")
+        "--num_shards", str(NUM_SHARDS), "--compression", compression, "--file_format", file_format,
+        "--overwrite")
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")

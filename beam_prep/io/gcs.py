@@ -107,6 +107,22 @@ class GcsClient:
                 return None
             raise
 
+    def bucket_exists(self, bucket: str) -> bool:
+        """Whether ``gs://bucket`` exists (what a 404 for an object in it cannot tell).
+
+        Raises:
+          GcsError: the bucket is forbidden, or every attempt failed.
+        """
+        name = bucket.removeprefix("gs://")
+        try:
+            self._transport.call(f"stat gs://{name}", "GET", f"/storage/v1/b/{urllib.parse.quote(name, safe='')}"
+                                 "?fields=name")
+        except GcsError as e:
+            if e.code == 404 and not isinstance(e, GcsPreconditionFailed):
+                return False
+            raise
+        return True
+
     def create(self, path: str, data: bytes, if_generation_match: int | None = 0,
                content_type: str = "application/octet-stream") -> ObjectInfo:
         """Writes ``data`` as the object, only if its generation is ``if_generation_match``.

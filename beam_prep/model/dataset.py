@@ -74,7 +74,7 @@ TFRECORD = "tfrecord"
 FILE_FORMATS: Mapping[str, FileFormat] = {
     TFRECORD: FileFormat(".tfrecord", "beam_prep.make_dataset (tf.data)"),
     "array_record": FileFormat(".array_record", "beam_prep.data_source (Grain, PyTorch)"),
-    "webdataset": FileFormat(".tar", "webdataset.WebDataset (PyTorch)"),
+    "webdataset": FileFormat(".tar", "beam_prep.webdataset_pipeline (webdataset, PyTorch)"),
 }
 
 

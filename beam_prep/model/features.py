@@ -184,6 +184,14 @@ def decode_example(serialized: bytes) -> dict[str, Any]:
     return out
 
 
+def label_and_filename(serialized: bytes) -> tuple[int, str]:
+    """A record's stored label id and file name, without TensorFlow and without decoding its image
+    (what a reader's ``targets`` and ``samples`` are read from)."""
+    feature = Example.FromString(serialized).features.feature
+    return (int(feature[LABEL].int64_list.value[0]),
+            feature[FILENAME].bytes_list.value[0].decode("utf-8", "surrogateescape"))
+
+
 def decode_all(serialized: bytes) -> dict[str, list[Any]]:
     """Every feature of one record, each as its list of values, without TensorFlow: multi-label
     records and extra features too (for tools and tests)."""

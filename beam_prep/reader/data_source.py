@@ -1,6 +1,8 @@
 """``data_source``: an array_record dataset as a random-access source of decoded examples.
 
-For Grain (``grain.MapDataset.source``) and PyTorch (a map-style ``Dataset``).
+For Grain (``grain.MapDataset.source``) and PyTorch (a map-style ``Dataset``, with
+torchvision's ``ImageFolder`` surface: ``classes``, ``class_to_idx``, ``targets``,
+``transform=``, ``(image, label)`` items, PIL images on request).
 
 It imports neither TensorFlow nor Beam: a JAX or PyTorch training host should
 not pay for either. Records are the writer's ``tf.train.Example``, parsed with
@@ -8,117 +10,157 @@ protobuf alone (``features.decode_example``); images are decoded with Pillow,
 as the writer encoded them, so the pixels are the writer's own. Lookups go
 through the ``array_record`` library's ``ArrayRecordDataSource``, which Grain
 itself uses: it opens each shard on first use, and pickles without its open
-files, so a source can be handed to worker processes.
+files, so a source can be handed to worker processes. A ``gs://`` dataset is read
+from a local copy of its shards (``shard_cache``): the array_record library opens
+local files only.
 """
 from __future__ import annotations
 
-import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, SupportsIndex
-
-import numpy as np
 
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.libraries import require
-from beam_prep.io.storage import is_local, join
+from beam_prep.io.storage import is_local
 from beam_prep.model import features
-from beam_prep.model.dataset import MANIFEST, DatasetInfo, SplitInfo, parse_manifest
+from beam_prep.model.dataset import DatasetInfo, SplitInfo
+from beam_prep.reader.images import stored_image
+from beam_prep.reader.manifest_file import normalise_root, read_manifest_info
 
 __all__ = ["ArrayRecordSource", "data_source"]
 
 _FORMAT = "array_record"
 _READER = "beam_prep.data_source"
-
-
-def _read_info(root: str) -> DatasetInfo:
-    """The manifest at ``root``, read with ``open()``: ArrayRecord files are read from local disk only.
-
-    Raises:
-      DatasetError: no manifest, or one that is malformed.
-      OptionsError: ``root`` is not a local path.
-    """
-    if not is_local(root):
-        raise OptionsError(f"{_READER} reads ArrayRecord files from local disk (the array_record library "
-                           f"opens them itself), not {root}: copy the dataset to local disk first "
-                           f"(gcloud storage cp -r {root} .), or mount the bucket (gcsfuse)")
-    path = join(root, MANIFEST)
-    try:
-        with open(path, "rb") as f:
-            text = f.read()
-    except FileNotFoundError as e:
-        raise DatasetError(f"no {MANIFEST} at {path}: not a beam-prep dataset, or its pipeline has not "
-                           "finished (the manifest is written last, after every shard)") from e
-    except OSError as e:
-        raise DatasetError(f"cannot read {path}: {e}") from e
-    return DatasetInfo.from_json(parse_manifest(text, path), root, path)
+_LABELS_AT_ONCE = 1024  # records read at a time for ``targets``: memory bounded, one call per chunk
 
 
 class ArrayRecordSource:
     """A split's records by index: ``len(source)``, ``source[i]`` and ``source.__getitems__(keys)``.
 
-    Each record is a dict: ``image`` (uint8, height x width x channels), ``label``
-    (the label's index in ``labels``: the stored id less ``label_offset``, as
-    ``make_dataset`` gives it), ``label_text``, ``filename`` and ``sha256`` (of
-    the source file). Made by ``data_source``.
+    Each item is a dict: ``image`` (a writable uint8 array, height x width x
+    channels, or a PIL image with ``pil_images``), ``label`` (the label's index
+    in ``labels.txt``: the stored id less ``label_offset``, as ``make_dataset``
+    gives it), ``label_text``, ``filename`` and ``sha256`` (of the source file);
+    or, with ``pairs``, the tuple ``(image, label)`` that torchvision's
+    ``ImageFolder`` gives. ``transform`` applies to the image and
+    ``target_transform`` to the label, in either form. Made by ``data_source``.
+
+    ``classes``, ``class_to_idx``, ``targets`` and ``samples`` are ``ImageFolder``'s
+    names; none decodes an image.
     """
 
-    def __init__(self, info: DatasetInfo, split: SplitInfo) -> None:
+    def __init__(self, info: DatasetInfo, split: SplitInfo, *, pairs: bool = False, pil_images: bool = False,
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, origin: str | None = None) -> None:
         require(_FORMAT, _READER)  # the C++ module, with its install command if missing
         from array_record.python.array_record_data_source import ArrayRecordDataSource
 
         self.info = info
         self.split = split
+        self.pairs = pairs
+        self.pil_images = pil_images
+        self.transform = transform
+        self.target_transform = target_transform
+        self.origin = origin or info.root  # the folder asked for: gs://... for a cached copy
+        self._index: tuple[list[int], list[str]] | None = None
         self._records = ArrayRecordDataSource(list(split.files)) if split.shards else None
         if len(self) != split.num_examples:
-            raise DatasetError(f"split {split.name!r} of {info.root} holds {len(self)} records but its "
+            raise DatasetError(f"split {split.name!r} of {self.origin} holds {len(self)} records but its "
                                f"manifest says {split.num_examples}: the dataset is damaged")
 
     def __len__(self) -> int:
         return len(self._records) if self._records is not None else 0
 
-    def __getitem__(self, index: SupportsIndex) -> dict[str, Any]:
+    def __getitem__(self, index: SupportsIndex) -> Any:
         index = index.__index__()
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"record {index} of split {self.split.name!r}, which holds {len(self)}")
-        return self.decode(self._records[index])
+        return self._item(self._records[index])
 
-    def __getitems__(self, indices: Sequence[SupportsIndex]) -> list[dict[str, Any]]:
+    def __getitems__(self, indices: Sequence[SupportsIndex]) -> list[Any]:
         """Several records in one call, read in parallel by shard (what Grain and PyTorch batch with)."""
-        return [self.decode(record) for record in self._records.__getitems__(list(indices))]
+        return [self._item(record) for record in self._records.__getitems__(list(indices))]
+
+    @property
+    def classes(self) -> list[str]:
+        """The label names, in id order: ``labels.txt``'s lines (``ImageFolder.classes``)."""
+        return list(self.info.labels)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Label name -> the ``label`` this source gives (``ImageFolder.class_to_idx``)."""
+        return {name: i for i, name in enumerate(self.info.labels)}
+
+    @property
+    def targets(self) -> list[int]:
+        """Every record's ``label``, in index order (``ImageFolder.targets``), for samplers and class weights.
+
+        Read from the records' label field once, on first use, without decoding an
+        image (a read of the split's bytes: seconds for a million small records on
+        local disk); kept, and pickled with the source.
+        """
+        return list(self._labels_and_names()[0])
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(filename, label)`` per record, in index order (``ImageFolder.samples``).
+
+        The file name is relative to the tree the dataset was prepared from. Read as ``targets`` is.
+        """
+        labels, names = self._labels_and_names()
+        return list(zip(names, labels))
 
     def decode(self, serialized: bytes) -> dict[str, Any]:
-        """One stored record as this source returns it."""
+        """One stored record as a dict (whatever ``pairs`` and the transforms say)."""
         values = features.decode_example(serialized)
         return {
-            "image": _pixels(values, self.info.image.format),
+            "image": stored_image(values[features.ENCODED], self.info.image.format, int(values[features.HEIGHT]),
+                                  int(values[features.WIDTH]), int(values[features.CHANNELS]), self.pil_images),
             "label": int(values[features.LABEL]) - self.info.label_offset,
             "label_text": values[features.LABEL_TEXT].decode("utf-8"),
             "filename": values[features.FILENAME].decode("utf-8", "surrogateescape"),
             "sha256": values[features.SHA256].decode("ascii"),
         }
 
+    def _item(self, serialized: bytes) -> Any:
+        record = self.decode(serialized)
+        image, label = record["image"], record["label"]
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        if self.pairs:
+            return image, label
+        record["image"], record["label"] = image, label
+        return record
+
+    def _labels_and_names(self) -> tuple[list[int], list[str]]:
+        if self._index is None:
+            labels: list[int] = []
+            names: list[str] = []
+            for start in range(0, len(self), _LABELS_AT_ONCE):
+                chunk = list(range(start, min(start + _LABELS_AT_ONCE, len(self))))
+                for serialized in self._records.__getitems__(chunk):
+                    label, name = features.label_and_filename(serialized)
+                    labels.append(label - self.info.label_offset)
+                    names.append(name)
+            self._index = (labels, names)
+        return self._index
+
     def __repr__(self) -> str:
+        cached = f", cached from {self.origin!r}" if self.origin != self.info.root else ""
         return (f"ArrayRecordSource({self.info.root!r}, split={self.split.name!r}, "
-                f"records={len(self)}, shards={len(self.split.shards)})")
+                f"records={len(self)}, shards={len(self.split.shards)}{cached})")
 
 
-def _pixels(values: dict[str, Any], image_format: str) -> np.ndarray:
-    """A record's image as uint8 height x width x channels."""
-    height, width, channels = (int(values[k]) for k in (features.HEIGHT, features.WIDTH, features.CHANNELS))
-    encoded = values[features.ENCODED]
-    if image_format == "raw":
-        return np.frombuffer(encoded, dtype=np.uint8).reshape(height, width, channels)
-    from PIL import Image
-
-    with Image.open(io.BytesIO(encoded)) as img:
-        pixels = np.asarray(img.convert("L" if channels == 1 else "RGB"))
-    return pixels.reshape(height, width, channels)
-
-
-def data_source(path: str | os.PathLike, split: str = "train") -> ArrayRecordSource:
+def data_source(path: str | os.PathLike, split: str = "train", *, pairs: bool = False, pil_images: bool = False,
+                transform: Callable[[Any], Any] | None = None,
+                target_transform: Callable[[int], Any] | None = None,
+                cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None
+                ) -> ArrayRecordSource:
     """A random-access source over split ``split`` of the array_record dataset at ``path``.
 
     Use it as Grain's source (``grain.MapDataset.source(data_source(path))``)
@@ -126,23 +168,46 @@ def data_source(path: str | os.PathLike, split: str = "train") -> ArrayRecordSou
     both. It reads without TensorFlow or Beam.
 
     Args:
-      path: the dataset folder, on local disk.
+      path: the dataset folder, on local disk or ``gs://``. A ``gs://`` dataset's
+        split is fetched once into a local cache (``cache_dir``), its shards in
+        parallel, each checked, and reused by later runs and other processes.
       split: a split in the manifest.
+      pairs: items are ``(image, label)`` tuples, as torchvision's ``ImageFolder``
+        gives them, instead of dicts.
+      pil_images: images are PIL images (RGB, or L for one channel), as torchvision's
+        transforms take them, instead of uint8 arrays.
+      transform: called on each image (after decoding), e.g. a torchvision transform.
+      target_transform: called on each label id.
+      cache_dir: where ``gs://`` datasets are cached; default ``$BEAM_PREP_CACHE``,
+        else ``~/.cache/beam-prep``.
+      cache_max_bytes: the most the cache may hold; least recently used datasets are
+        evicted to make room. Default ``$BEAM_PREP_CACHE_MAX_BYTES``, else no bound
+        beyond the disk's free space.
 
     Returns:
-      An ``ArrayRecordSource``: ``len``, and a decoded dict per index.
+      An ``ArrayRecordSource``: ``len``, an item per index, ``classes``,
+      ``class_to_idx`` and ``targets``.
 
     Raises:
-      DatasetError: no dataset there, a dataset of another format (naming its reader),
+      DatasetError: no dataset there (a folder that does not exist, a file given for
+        the folder, no manifest), a dataset of another format (naming its reader),
         no such split, or shards that do not hold what the manifest says.
-      OptionsError: ``path`` is not local, or the array_record library is not installed
-        (the message gives its install command; beam-prep's ``array_record`` extra
-        installs it too).
+      StorageError: a ``gs://`` dataset cannot be fetched, or does not fit the cache.
+      OptionsError: the array_record library is not installed (the message gives its
+        install command; beam-prep's ``array_record`` extra installs it too).
     """
-    root = os.path.abspath(os.fspath(path)) if is_local(os.fspath(path)) else os.fspath(path).rstrip("/")
-    info = _read_info(root)
+    origin = normalise_root(path)
+    if is_local(origin):
+        info = read_manifest_info(origin)[0]
+    elif origin.startswith("gs://"):
+        from beam_prep.reader import shard_cache
+
+        info = shard_cache.cached_split(origin, split, _FORMAT, _READER, cache_dir=cache_dir,
+                                        max_bytes=cache_max_bytes)
+    else:
+        raise OptionsError(f"{_READER} reads local folders and gs://, not {origin}")
     info.require_format(_FORMAT, _READER)
     if split not in info.splits:
-        raise DatasetError(f"{root} has no split {split!r}; it has {', '.join(info.splits)}")
-    return ArrayRecordSource(info, info.splits[split])
-
+        raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(info.splits)}")
+    return ArrayRecordSource(info, info.splits[split], pairs=pairs, pil_images=pil_images, transform=transform,
+                             target_transform=target_transform, origin=origin)

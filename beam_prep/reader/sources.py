@@ -12,16 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from beam_prep.errors import DatasetError, OptionsError, StorageError
-from beam_prep.io.storage import bucket_of, join
 from beam_prep.model.dataset import (
-    MANIFEST,
     READ_COMPRESSIONS,
     TFRECORD,
     DatasetInfo,
     ImageInfo,
     SplitInfo,
-    parse_manifest,
 )
+from beam_prep.reader.manifest_file import read_manifest_info
 
 __all__ = ["RecordFiles", "Source", "load_info", "read_manifest", "resolve_source", "select_files",
            "tf_compression"]
@@ -92,6 +90,7 @@ def load_info(path: str) -> DatasetInfo:
 
     Use it to size a model before reading (``load_info(path).num_classes``), or to
     see what a dataset holds: its labels, splits, image spec, format and extra features.
+    It imports no TensorFlow: a JAX or PyTorch host reads the manifest for free.
 
     Args:
       path: the dataset folder, the ``--output`` of the run that wrote it.
@@ -102,8 +101,9 @@ def load_info(path: str) -> DatasetInfo:
       ``extra_features``, as the manifest says (docs/reference/manifest.md).
 
     Raises:
-      DatasetError: no manifest (the dataset is missing, or its pipeline has not
-        finished: the manifest is written last), or one this reader cannot use.
+      DatasetError: the folder does not exist, is a file (a shard given for its folder),
+        or has no manifest (its pipeline has not finished: the manifest is written
+        last), or one this reader cannot use.
       StorageError: the path cannot be read (permissions, network).
     """
     return read_manifest(path)[0]
@@ -116,27 +116,7 @@ def read_manifest(path: str) -> tuple[DatasetInfo, dict[str, Any]]:
     by stage, skipped files by reason), which tools such as ``beam-prep
     inspect`` show and the dataset model leaves out. Raises as ``load_info``.
     """
-    import tensorflow as tf
-
-    root = path.rstrip("/") or path
-    manifest_path = join(root, MANIFEST)
-    try:
-        with tf.io.gfile.GFile(manifest_path, "rb") as f:
-            text = f.read()
-    except tf.errors.NotFoundError as e:
-        bucket = bucket_of(root)
-        if bucket and not tf.io.gfile.exists(bucket + "/"):
-            raise StorageError(f"cannot read {manifest_path}: bucket {bucket} does not exist") from e
-        raise DatasetError(
-            f"no {MANIFEST} at {manifest_path}: not a beam-prep dataset, or its pipeline has not "
-            "finished (the manifest is written last, after every shard)") from e
-    except tf.errors.PermissionDeniedError as e:
-        raise StorageError(f"cannot read {manifest_path}: permission denied; grant the credentials "
-                           f"in use read access to {bucket_of(root) or root}") from e
-    except tf.errors.OpError as e:
-        raise StorageError(f"cannot read {manifest_path}: {e.message}") from e
-    manifest = parse_manifest(text, manifest_path)
-    return DatasetInfo.from_json(manifest, root, manifest_path), manifest
+    return read_manifest_info(path.rstrip("/") or path)
 
 
 def resolve_source(path: str | RecordFiles, split: str) -> Source:

@@ -365,6 +365,21 @@ def reader_gcs(results: Mapping) -> str:
             "in a fresh process.\n\n" + "\n".join(lines))
 
 
+def reader_pytorch(results: Mapping) -> str:
+    """Each PyTorch or Grain reader's median images/s and CPU per image, against ImageFolder (i)."""
+    readers = results["readers"]
+    base = statistics.median(readers["i"]["images_per_s"]) if "i" in readers else None
+    lines = ["| reader | images/s | CPU-s per 1,000 images | ÷ (i) ImageFolder |", "|---|---:|---:|---:|"]
+    for key, r in readers.items():
+        rate = statistics.median(r["images_per_s"])
+        lines.append(f"| {r['label']} | {rate:,.0f} | {statistics.median(r['cpu_s_per_1000']):.2f} "
+                     f"| {times(rate / base) if base and key != 'i' else '—'} |")
+    return (f"{results['images']:,} images, {results['image_size']}×{results['image_size']} JPEG "
+            f"q{results['jpeg_quality']} in {results['num_shards']} shards; {results['workers']} worker processes "
+            f"a loader, batch {results['batch_size']}; medians of {results['rounds']} rounds of "
+            f"{results['seconds']:g} s.\n\n" + "\n".join(lines))
+
+
 def framing(results: Mapping) -> str:
     """Each framing's median time over the alternating runs, its rates, and its speed over Beam's."""
     medians = {name: statistics.median(ts) for name, ts in results["seconds"].items()}
@@ -382,5 +397,5 @@ TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
     "launcher": launcher, "duplicates": duplicates, "reader": reader, "verify": verify, "startup": startup,
-    "framing": framing, "reader-gcs": reader_gcs,
+    "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
 }

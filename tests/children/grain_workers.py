@@ -1,4 +1,4 @@
-"""Reads an array_record dataset's train split through Grain with worker processes, as a training run does.
+"""Reads an array_record dataset's train split through Grain with worker processes, as a JAX training run does.
 
     python -m tests.children.grain_workers DATASET
 
@@ -12,9 +12,18 @@ import json
 import sys
 
 import grain
+import jax  # noqa: F401  imported as a JAX training script does: it changes Grain's start-up (below)
 import numpy as np
+from absl import flags
 
 import beam_prep
+
+# Grain 0.2.18 reads its absl flag --grain_enable_multiprocess_worker_profiling when mp_prefetch
+# starts, and once jax is imported (Grain then loads its JAX profiler) that read raises
+# UnparsedFlagAccessError unless the flags were parsed, as only absl.app.run does. Fixed in
+# Grain after 0.2.18; until then, mark them parsed: every flag keeps its default.
+if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 
 def keep(record: dict) -> dict:

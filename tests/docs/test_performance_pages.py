@@ -133,3 +133,16 @@ def test_a_benchmark_record_says_what_ran_where_and_with_which_versions(tmp_path
     assert record["versions"]["beam-prep"]  # the commit the numbers belong to
     assert record["versions"]["numpy"]
     assert render.load_results(tmp_path / "results") == {"reader": record}
+
+
+def test_the_pytorch_reader_table_gives_medians_and_the_ratio_to_imagefolder():
+    from benchmarks.report import tables
+
+    readers = {"p": {"label": "(p) data_source", "images_per_s": [900.0, 1000.0, 5000.0], "cpu_s_per_1000": [2, 1, 3]},
+               "i": {"label": "(i) ImageFolder", "images_per_s": [250.0, 200.0, 300.0], "cpu_s_per_1000": [4, 4, 4]}}
+    table = tables.reader_pytorch({"images": 2000, "image_size": 224, "jpeg_quality": 90, "num_shards": 8,
+                                   "workers": 2, "batch_size": 256, "rounds": 3, "seconds": 3.0,
+                                   "readers": readers})
+    assert "| (p) data_source | 1,000 | 2.00 | 4.00× |" in table
+    assert "| (i) ImageFolder | 250 | 4.00 | — |" in table
+    assert table.startswith("2,000 images, 224×224 JPEG q90 in 8 shards; 2 worker processes a loader")

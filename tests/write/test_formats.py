@@ -110,6 +110,7 @@ def test_array_record_shards_hold_the_tfrecord_examples_in_the_same_order(output
 
 def test_grain_reads_data_source_by_index_with_the_source_pixels(outputs, tree):
     import grain
+    import jax  # noqa: F401  as a JAX training script has it
 
     import beam_prep
 
@@ -393,7 +394,7 @@ def test_inspect_names_the_format_and_draws_its_records(outputs, tree, tmp_path,
     assert inspect_output.main([str(outputs[file_format]), "--grid", str(grid), "--per-class", "2"]) == 0
     out = capsys.readouterr().out
     reader = {"array_record": "beam_prep.data_source (Grain, PyTorch)",
-              "webdataset": "webdataset.WebDataset (PyTorch)"}[file_format]
+              "webdataset": "beam_prep.webdataset_pipeline (webdataset, PyTorch)"}[file_format]
     assert f"compression NONE, {file_format} shards (read with {reader})" in out
     assert grid.is_file()
     assert inspect_output.main([str(outputs[file_format]), "--json"]) == 0
@@ -431,7 +432,7 @@ def test_each_reader_refuses_another_format_naming_the_right_one(outputs):
             "beam_prep.make_dataset does not read: read it with beam_prep.data_source (Grain, PyTorch)")):
         beam_prep.make_dataset(str(outputs["array_record"]), "train")
     with pytest.raises(DatasetError, match=re.escape(
-            "which beam_prep.make_dataset does not read: read it with webdataset.WebDataset (PyTorch)")):
+            "which beam_prep.make_dataset does not read: read it with beam_prep.webdataset_pipeline (webdataset, PyTorch)")):
         beam_prep.make_dataset(str(outputs["webdataset"]), "train")
 
 
