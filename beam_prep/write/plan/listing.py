@@ -16,15 +16,22 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import os
 from collections.abc import Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import wording
 from beam_prep.errors import OptionsError
-from beam_prep.io.storage import join
+from beam_prep.io.storage import is_local, join
 from beam_prep.write.images.imaging import is_image_name
-from beam_prep.write.plan.metadata import Table, read_table
+from beam_prep.write.plan.metadata import (
+    PARQUET_TABLE_NAME,
+    SPLIT_TABLE_NAMES,
+    Table,
+    combine_tables,
+    read_table,
+)
 from beam_prep.write.plan.spill import RowFile, SortedRows, SortedSpill, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
 from beam_prep.write.shared.entry import DEFAULT_SPLIT, UNKNOWN_LABEL, VALIDATION_SPLIT, FileEntry, printable, raw_name
@@ -224,17 +231,28 @@ def list_tree(
       metadata: a table (``--metadata``, see ``metadata``) that names each image and
         says its label(s), split and other fields; files under ``root`` that no row
         names are skipped, and a row whose file is missing is listed, to fail its read.
+        Without it, a ``metadata.jsonl`` or ``metadata.csv`` in each split folder
+        (Hugging Face's imagefolder layout, ``find_split_tables``) is read the same way.
 
     Raises:
       OptionsError: an empty tree, a split tree with ``validation_percent``, a
-        label folder name that labels.txt cannot hold, or a table ``metadata`` refuses.
+        label folder name that labels.txt cannot hold, a table ``metadata`` refuses,
+        or tables that would mix splits silently (a split folder without its table
+        beside one with, a table naming split folders' images without a split column).
       StorageError: the root or a folder under it cannot be listed.
     """
     root = root.rstrip("/")
+    split_tables = find_split_tables(root)
+    if split_tables and metadata is not None:
+        raise OptionsError(f"--metadata {metadata} given, but {', '.join(path for _, path in split_tables)} "
+                           "also found: drop --metadata to read the table in each split folder, or remove those")
+    if split_tables and recursive:
+        raise OptionsError(f"{root} has a table in each split folder, which names each image wherever it is: "
+                           "drop --recursive")
     folder = SpillFolder()
     try:
-        if metadata is not None:
-            return _list_table(root, folder, validation_percent, labels, label_offset, metadata)
+        if metadata is not None or split_tables:
+            return _list_table(root, folder, validation_percent, labels, label_offset, metadata, split_tables)
         return _list(root, folder, validation_percent, labels, label_offset, recursive)
     except BaseException:
         folder.close()
@@ -294,21 +312,67 @@ def _listing(root: str, names: list[str], split_counts: collections.Counter[str]
                    label_offset, table)
 
 
+def find_split_tables(root: str) -> list[tuple[str, str]]:
+    """The table in each split folder, as Hugging Face's imagefolder finds them: (split, path),
+    in the folders' name order (the order ``metadata.combine_tables`` needs).
+
+    Raises:
+      OptionsError: a split folder with two tables, or only a ``metadata.parquet``.
+    """
+    found = []
+    for split in sorted(SPLIT_NAMES):
+        paths = [join(root, split, name) for name in (*SPLIT_TABLE_NAMES, PARQUET_TABLE_NAME)]
+        present = [path for path in paths if _is_file(path)]
+        if len(present) > 1:
+            raise OptionsError(f"{join(root, split)} holds {' and '.join(p.rsplit('/', 1)[1] for p in present)}: "
+                               "keep one table a split folder")
+        if present and present[0].endswith(PARQUET_TABLE_NAME):
+            raise OptionsError(f"{present[0]}: beam-prep reads CSV, TSV and JSON Lines tables: save it as "
+                               f"{' or '.join(SPLIT_TABLE_NAMES)}")
+        found += [(split, path) for path in present]
+    return found
+
+
+def _is_file(path: str) -> bool:
+    if is_local(path):
+        return os.path.isfile(path)
+    return FileSystems.exists(path)
+
+
+def _read_tables(root: str, folder: SpillFolder, validation_percent: float, metadata: str | None,
+                 split_tables: list[tuple[str, str]]) -> Table:
+    """``--metadata``'s table, or the tables of each split folder as one; refused with
+    ``--validation_percent`` where each image's split is given."""
+    if metadata is not None:
+        table = read_table(metadata, folder, SPLIT_NAMES)
+        if table.has_split and validation_percent:
+            raise OptionsError(f"--metadata {metadata} has a split column, which puts each image in its split: "
+                               "drop --validation_percent")
+        if not table.count:
+            raise OptionsError(f"--metadata {metadata} has no rows: it needs one row per image")
+        return table
+    if validation_percent:
+        raise OptionsError(f"{root} already has split folders ({', '.join(split for split, _ in split_tables)}), "
+                           "each with its table; drop --validation_percent")
+    tables = [read_table(path, folder, SPLIT_NAMES, split_folder=split) for split, path in split_tables]
+    if not sum(table.count for table in tables):
+        raise OptionsError(f"--metadata {', '.join(path for _, path in split_tables)} have no rows: "
+                           "they need one row per image")
+    return combine_tables(tables)
+
+
 def _list_table(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
-                label_offset: int, path: str) -> Listing:
-    """``list_tree`` with ``--metadata``: the table and the walk, each sorted by path on disk, merged.
+                label_offset: int, path: str | None, split_tables: list[tuple[str, str]]) -> Listing:
+    """``list_tree`` with ``--metadata`` or split folders' tables: the table and the walk, each
+    sorted by path on disk, merged.
 
     A file no row names is skipped (for its own reason, or ``SKIP_NO_ROW``); a row
     whose file the walk did not find is listed all the same, so its read fails and
     errors.jsonl names it; a row naming what the walk passes over (a pipe, a device)
-    leaves it skipped, for its reason.
+    leaves it skipped, for its reason. Without a label column, an image's label is
+    its folder below the split folder (below ``--input`` without split folders).
     """
-    table = read_table(path, folder, SPLIT_NAMES)
-    if table.has_split and validation_percent:
-        raise OptionsError(f"--metadata {path} has a split column, which puts each image in its split: "
-                           "drop --validation_percent")
-    if not table.count:
-        raise OptionsError(f"--metadata {path} has no rows: it needs one row per image")
+    table = _read_tables(root, folder, validation_percent, path, split_tables)
     walked = SortedRows(folder, "walked")
     prefix = len(root) + 1
     for file_path, size, reason in walk_tree(root):
@@ -318,14 +382,24 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     skips = _Skips(SortedRows(folder, "skipped"))
     files = SortedSpill(folder, "files", table.count)
     known = set(labels) if labels is not None else None
+    with_tables = {split for split, _ in split_tables}
+    untabled: dict[str, str] = {}  # split folder without a table -> an image in it
     seen: set[str] = set()
     split_counts: collections.Counter[str] = collections.Counter()
     unknown = total_bytes = 0
     found = iter(walked)
     current = next(found, None)
-    for file_name, _, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
+
+    def skip(relpath: str, size: int, reason: str | None) -> None:
+        why = _unnamed_reason(relpath, size, reason)
+        top = relpath.split("/", 1)[0]
+        if why == SKIP_NO_ROW and with_tables and top in SPLIT_NAMES and top not in with_tables:
+            untabled.setdefault(top, relpath)
+        skips.add(relpath, why)
+
+    for file_name, line, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
         while current is not None and current[0] < file_name:
-            skips.add(current[0], _unnamed_reason(*current))
+            skip(*current)
             current = next(found, None)
         size = 0  # a file the walk did not find: listed, and its read fails
         if current is not None and current[0] == file_name:
@@ -334,8 +408,10 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
             if reason is not None:  # a pipe or device (reading it could block forever): skipped all the same
                 skips.add(relpath, reason)
                 continue
+        if split is None:
+            _check_no_split_folder(table, file_name, line)
         if not table.has_label:
-            label = _top_folder(root, file_name)
+            label = _label_folder(root, file_name, split is not None)
         names = row_labels if row_labels is not None else ((label,) if label else ())
         seen.update(names)
         split = split or split_for(file_name, validation_percent)
@@ -346,10 +422,42 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
         total_bytes += size
         files.add((order_key(file_name), file_name, split, label, size, row_labels, extra))
     while current is not None:
-        skips.add(current[0], _unnamed_reason(*current))
+        skip(*current)
         current = next(found, None)
+    if untabled:
+        split, example = min(untabled.items())
+        raise OptionsError(f"{join(root, split)} holds images ({example}, ...) but no {' or '.join(SPLIT_TABLE_NAMES)}, "
+                           f"where {', '.join(sorted(with_tables))} has one: put a table in each split folder")
+    if not split_counts:
+        raise OptionsError(_no_labels_message(table, unknown, labels is not None))
     names = list(labels) if labels is not None else sorted(seen)
     return _listing(root, names, split_counts, unknown, total_bytes, skips, folder, files, label_offset, table)
+
+
+def _check_no_split_folder(table: Table, file_name: str, line: int) -> None:
+    """A table without a split column must not name an image in a split folder: its split would
+    come from the hash, not the folder, a silent mix (a test image trained on).
+
+    Raises:
+      OptionsError: saying to add a split column or put a table in each split folder.
+    """
+    top, _, rest = file_name.partition("/")
+    if rest and top in SPLIT_NAMES:
+        raise OptionsError(f"--metadata {table.path} line {line} names {file_name!r}, in split folder {top}, "
+                           f"but has no split column: add a split column, or put a "
+                           f"{' or '.join(SPLIT_TABLE_NAMES)} in each split folder")
+
+
+def _no_labels_message(table: Table, unknown: int, labels_file: bool) -> str:
+    """Why no image could be written: none has a (known) label."""
+    if labels_file:
+        return (f"none of the {wording.count(unknown, 'image')} --metadata {table.path} names has a label in "
+                "--labels_file: check the file's names against the table's labels")
+    if table.has_label:
+        return (f"--metadata {table.path} gives no label on any row: fill its "
+                f"{'labels' if table.multi_label else 'label'} column")
+    return (f"--metadata {table.path} has no label column and its images are in no label folder: add a label "
+            "column (the same name on every row makes one class)")
 
 
 def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:
@@ -362,13 +470,15 @@ def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:
     return SKIP_NO_ROW if is_image_name(relpath) else SKIP_NOT_IMAGE
 
 
-def _top_folder(root: str, relpath: str) -> str:
-    """A table without labels: an image's label is its top folder under --input ("" for none)."""
-    if "/" not in relpath:
+def _label_folder(root: str, relpath: str, in_split: bool) -> str:
+    """A table without labels: an image's label is its top folder under --input, or under its
+    split folder where the table gives splits and the image is in one ("" for none)."""
+    parts = relpath.split("/")
+    depth = 1 if in_split and parts[0] in SPLIT_NAMES else 0
+    if len(parts) < depth + 2:
         return ""
-    label = relpath.split("/", 1)[0]
-    check_label_name(label, join(root, label))
-    return label
+    check_label_name(parts[depth], join(root, *parts[:depth + 1]))
+    return parts[depth]
 
 
 def _first_pass(root: str, folder: SpillFolder, validation_percent: float,
