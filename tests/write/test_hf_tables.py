@@ -13,7 +13,6 @@ import pathlib
 import pytest
 from PIL import Image
 
-from beam_prep.errors import OptionsError
 from beam_prep.write.plan.listing import SKIP_NO_ROW, SKIP_NOT_IMAGE, list_tree
 from pipelines import prepare_images
 
@@ -170,7 +169,7 @@ def test_tables_that_cannot_be_read_as_one_are_refused(capsys, tmp_path, setup, 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     flags = tuple(flag.replace("TMP", str(tmp_path)) for flag in flags)
-    if "test/metadata.jsonl" not in setup and not flags[:1] == ("--metadata",):
+    if "test/metadata.jsonl" not in setup and flags[:1] != ("--metadata",):
         (tmp_path / "in" / "test" / "b.png").unlink()  # a split folder with no table would be refused first
     assert refused(capsys, tmp_path / "in", *flags) == message
 
