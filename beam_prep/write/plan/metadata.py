@@ -357,8 +357,13 @@ class _RowReader:
                 raise OptionsError(f"{_where(self._path, line)} {said}: give every row the same keys")
             values = [values[name] for name in self._source_header]
         elif len(values) != len(header):
-            advice = ("a tab inside a field splits it (TSV has no quoting): replace it, or save the table as CSV"
-                      if self._fmt == "tsv" else "quote fields that hold the separator")
+            separator = "tab" if self._fmt == "tsv" else "comma"
+            if len(values) < len(header):
+                advice = f"give each row every column, an empty one as nothing between two {separator}s"
+            elif self._fmt == "tsv":
+                advice = "a tab inside a field splits it (TSV has no quoting): replace it, or save the table as CSV"
+            else:
+                advice = "quote fields that hold the separator"
             raise OptionsError(f"{_where(self._path, line)} has {len(values)} fields, but the header has "
                                f"{len(header)}: {advice}")
         file_name = self._prefix + _file_name(values[self._file_at], self._path, line, self._split_folder)
