@@ -12,7 +12,11 @@ process each, in turn:
       every worker's listing written (``work_files.write_work_files``);
   (d) (b) with ``--metadata``: a CSV table of a row per file (``file_name,label``,
       in the walk's order, not sorted), read, checked and joined with the walk
-      on disk (``metadata``, ``listing``).
+      on disk (``metadata``, ``listing``);
+  (e) Hugging Face's layout of the same files: ``<split>/<label>/<file>`` (a tenth in
+      ``validation``) with a ``metadata.csv`` in each split folder, found without a flag,
+      its ``file_name`` relative to its folder and no label column (labels from the
+      folders below the split folder): the tables read and combined, then (d)'s merge.
 
 Peak memory is the process's resident set size (``ru_maxrss``), the figure an
 OOM killer acts on. The table gives each size and the ratios (b)/(a) in time,
@@ -44,6 +48,8 @@ CACHE = REPO / "benchmarks" / ".cache"
 LABELS = 1000
 _DRY_RUN = "(b) beam-prep prepare --dry_run"
 _WITH_TABLE = "(d) (b) with --metadata, a row per file"
+_SPLIT_TABLES = "(e) (b) with a table in each split folder"
+SPLITS = ("train", "validation")
 
 _CHILDREN = {
     "(a) os.scandir walk": """
@@ -112,6 +118,34 @@ def ensure_table(files: int) -> pathlib.Path:
     return table
 
 
+def ensure_split_tree(files: int) -> pathlib.Path:
+    """``ensure_tree``'s files as Hugging Face lays them out, a table in each split folder
+    (``file_name`` relative to it, no label column): made once and kept in the cache."""
+    root = CACHE / f"launcher-split-tree-{files}"
+    done = CACHE / f"launcher-split-tree-{files}.complete"
+    if done.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    labels = [f"n{i:08d}" for i in range(LABELS)]
+    for split in SPLITS:
+        for label in labels:
+            (root / split / label).mkdir(parents=True)
+    tables = {split: open(root / split / "metadata.csv", "w") for split in SPLITS}
+    try:
+        for table in tables.values():
+            table.write("file_name\n")
+        for i in range(files):
+            label, split = labels[i % LABELS], SPLITS[i % 10 == 0]
+            name = f"{label}/{label}_{i}.JPEG"
+            os.close(os.open(root / split / name, os.O_CREAT | os.O_WRONLY, 0o644))
+            tables[split].write(name + "\n")
+    finally:
+        for table in tables.values():
+            table.close()
+    done.touch()
+    return root
+
+
 def _dry_run(name: str, files: int, root: str, output: str, *flags: str) -> dict[str, object]:
     """``beam-prep prepare --dry_run`` in a fresh process: the time it says it planned in, and its peak."""
     out, seconds, rss = _run([sys.executable, "-m", "pipelines.prepare_images", "--input", root,
@@ -152,6 +186,7 @@ def measure(files: int) -> list[dict[str, object]]:
         rows.append(_dry_run(_DRY_RUN, files, root, os.path.join(scratch, "out")))
         rows.append(_dry_run(_WITH_TABLE, files, root, os.path.join(scratch, "out"), "--metadata",
                              str(ensure_table(files))))
+        rows.append(_dry_run(_SPLIT_TABLES, files, str(ensure_split_tree(files)), os.path.join(scratch, "out")))
     for row in rows:
         if row["listed"] != files:
             raise RuntimeError(f"{row['run']} listed {row['listed']} of {files} files")
