@@ -115,8 +115,30 @@ def flat_with_table(root: pathlib.Path) -> None:
     (root / "metadata.csv").write_text("file_name,label\n" + "".join(f"{n},{label}\n" for n, label in names.items()))
 
 
+def captions(root: pathlib.Path) -> None:
+    """Hugging Face's image-captioning layout: a table in each split of file_name, text and a score,
+    no label column and no label folder: a dataset without labels."""
+    rows = {"train": [{"file_name": "a.png", "text": "a red square", "score": 0.5},
+                      {"file_name": "b.png", "text": "two, then three", "score": 1.0}],
+            "test": [{"file_name": "c.png", "text": "nothing", "score": -2.0}]}
+    for split, split_rows in rows.items():
+        for row in split_rows:
+            image(root / split / row["file_name"])
+        jsonl(root / split / "metadata.jsonl", split_rows)
+
+
+def flat_captions(root: pathlib.Path) -> None:
+    """The same in one flat folder, its table at the root (--metadata: a root table is named)."""
+    for name in ("a.png", "b.png"):
+        image(root / name)
+    (root / "metadata.csv").write_text('file_name,text\na.png,"a, b"\nb.png,c\n')
+
+
 LAYOUTS = {"per_split_jsonl": per_split_jsonl, "per_split_csv": per_split_csv, "folders": folders,
-           "folders_and_tables": folders_and_tables, "multi_label": multi_label, "flat_with_table": flat_with_table}
+           "folders_and_tables": folders_and_tables, "multi_label": multi_label, "flat_with_table": flat_with_table,
+           "captions": captions, "flat_captions": flat_captions}
+# A table at the root is read with --metadata, Hugging Face finds it itself.
+ROOT_TABLES = ("flat_with_table", "flat_captions")
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +192,7 @@ def hf_view(datasets, data_dir: pathlib.Path, cache: str, **config) -> dict:
 
 # The layouts the shuffle sink reads too: those of a table in each split folder (the listing is
 # the launcher's, shared by both sinks; one run a layout keeps the suite's time).
-SHUFFLED = ("per_split_jsonl", "per_split_csv", "folders_and_tables")
+SHUFFLED = ("per_split_jsonl", "captions")
 
 
 @pytest.fixture(scope="module", params=["streaming", "shuffle"])
@@ -180,7 +202,7 @@ def ours(request, hf, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"ours-{request.param}")
     views = {}
     for name in LAYOUTS if request.param == "streaming" else SHUFFLED:
-        flags = ("--metadata", str(root / name / "metadata.csv")) if name == "flat_with_table" else ()
+        flags = ("--metadata", str(root / name / "metadata.csv")) if name in ROOT_TABLES else ()
         result = run_prepare("--input", str(root / name), "--output", str(out / name), "--image_size", "4",
                              "--image_format", "png", "--compression", "none", "--sink", request.param, *flags)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -207,14 +229,18 @@ def our_view(out: pathlib.Path) -> dict:
             for payload in tfrecords(out / shard):
                 record = features.decode_all(payload)
                 relpath = record[features.FILENAME][0].decode()
-                texts = tuple(t.decode() for t in record[features.LABEL_TEXT])
-                ids = tuple(record[features.LABEL])
-                label = (texts, ids) if manifest.get("multi_label") else (texts[0], ids[0])
+                if not manifest["labels"]:  # a dataset without labels: its records hold none
+                    assert features.LABEL not in record and features.LABEL_TEXT not in record
+                    label = (None, None)
+                else:
+                    texts = tuple(t.decode() for t in record[features.LABEL_TEXT])
+                    ids = tuple(record[features.LABEL])
+                    label = (texts, ids) if manifest.get("multi_label") else (texts[0], ids[0])
                 columns = {key: (v[0].decode() if kind == "bytes" else v[0])
                            for key, kind in extra.items() for v in [record[key]]}
                 assert relpath not in rows, f"{relpath} written twice"
                 rows[relpath] = (split, *label, columns)
-    return {"rows": rows, "types": extra, "manifest": manifest}
+    return {"rows": rows, "types": extra, "manifest": manifest, "path": out}
 
 
 # Hugging Face's column types -> ours (BOOL_AS_INT64, FLOAT32).
@@ -243,7 +269,8 @@ def assert_types(hf_types: dict, ours_types: dict) -> None:
     assert ours_types == {key: TYPES[value] for key, value in columns.items()}
 
 
-@pytest.mark.parametrize("layout", ["per_split_jsonl", "per_split_csv", "folders", "multi_label", "flat_with_table"])
+@pytest.mark.parametrize("layout", ["per_split_jsonl", "per_split_csv", "folders", "multi_label", "flat_with_table",
+                                    "captions", "flat_captions"])
 def test_each_image_split_label_and_column_as_hugging_face_reads_them(hf, ours, layout):
     if layout not in ours:
         pytest.skip("read by the streaming sink alone (SHUFFLED)")
@@ -275,3 +302,35 @@ def test_folder_labels_beside_tables_are_hugging_faces_labels_of_the_folders(hf,
                 for relpath, (split, _, _, columns) in default["rows"].items()}
     assert_same(combined, ours["folders_and_tables"]["rows"])
     assert_types(default["types"], ours["folders_and_tables"]["types"])
+
+
+def test_a_dataset_without_labels_reads_back_as_images_and_columns(hf, ours):
+    """make_dataset yields what there is (images, and the columns asked for); inspect and verify read it."""
+    import tensorflow as tf
+
+    from beam_prep.reader import load_info, make_dataset
+    from beam_prep.tools import inspection, verification
+    from beam_prep.tools.summary import summarize
+
+    if ours["captions"]["manifest"]["sink"] != "streaming":
+        pytest.skip("the reader reads what either sink wrote alike: checked once")
+    _, hf_views = hf
+    out = str(ours["captions"]["path"])
+    info = load_info(out)
+    assert (info.labels, info.num_classes, dict(info.extra_features)) == ((), 0, {"text": "bytes", "score": "float"})
+    assert "image/class/label" not in ours["captions"]["manifest"]["features"]
+    got = {}
+    for split in ("train", "test"):
+        for images, extra in make_dataset(out, split, batch_size=1, training=False,
+                                          extra_keys=("image/filename", "text", "score")):
+            assert images.shape == (1, 4, 4, 3) and images.dtype == tf.uint8
+            got[extra["image/filename"][0].numpy().decode()] = (split, extra["text"][0].numpy().decode(),
+                                                               float(extra["score"][0].numpy()))
+    assert got == {relpath: (split, columns["text"], columns["score"])
+                   for relpath, (split, _, _, columns) in hf_views["captions"]["rows"].items()}
+    (only,) = list(make_dataset(out, "test", batch_size=1, training=False))  # no extra_keys: the images alone
+    assert isinstance(only, tf.Tensor) and only.shape == (1, 4, 4, 3)
+    text = inspection.render_text(summarize(out))
+    assert "no labels, 3 examples" in text and "classes: none (a dataset without labels)" in text
+    report = verification.verify(out)
+    assert report.ok and report.problems == ()

@@ -13,6 +13,8 @@ import pathlib
 import pytest
 from PIL import Image
 
+from beam_prep.model import features
+from beam_prep.model.features import NO_LABEL
 from beam_prep.write.plan.listing import SKIP_NO_ROW, SKIP_NOT_IMAGE, list_tree
 from pipelines import prepare_images
 
@@ -56,6 +58,32 @@ def test_without_a_label_column_labels_are_the_folders_below_the_split_folder(tm
     assert listed(tmp_path) == {"train/cat/a.png": ("train", "cat", 0, {"caption": "one"}),
                                 "train/dog/b.png": ("train", "dog", 1, {"caption": "two"}),
                                 "test/cat/c.png": ("test", "cat", 0, {"caption": "three"})}
+
+
+def test_a_table_without_labels_over_images_in_no_label_folder_is_a_dataset_without_labels(tmp_path):
+    """Hugging Face's image-captioning layout: images and their columns, no label at all."""
+    images(tmp_path, "train/a.png", "train/b.png", "test/c.png")
+    jsonl(tmp_path / "train" / "metadata.jsonl", {"file_name": "a.png", "text": "one"},
+          {"file_name": "b.png", "text": "two"})
+    jsonl(tmp_path / "test" / "metadata.jsonl", {"file_name": "c.png", "text": "three"})
+    with list_tree(str(tmp_path)) as listing:
+        assert (listing.unlabelled, listing.labels, listing.split_counts(), listing.unknown_labels) == (
+            True, [], {"train": 2, "test": 1}, 0)
+        entries = {e.relpath: (e.split, e.label_id, e.extra) for e in listing.entries()}
+    assert entries == {"train/a.png": ("train", NO_LABEL, {"text": "one"}),
+                       "train/b.png": ("train", NO_LABEL, {"text": "two"}),
+                       "test/c.png": ("test", NO_LABEL, {"text": "three"})}
+    record = features.decode_all(features.encode_example(features.ImageRecord(
+        b"x", "png", 1, 1, 3, NO_LABEL, "", "train/a.png", "0" * 64, extra={"text": "one"})))
+    assert features.LABEL not in record and features.LABEL_TEXT not in record and record["text"] == [b"one"]
+
+
+def test_some_images_in_label_folders_make_the_others_label_errors(tmp_path):
+    """Labelled once any image is in a label folder: those in none are reported, not written unlabelled."""
+    images(tmp_path, "cat/a.png", "b.png")
+    (tmp_path / "t.csv").write_text("file_name,text\ncat/a.png,x\nb.png,y\n")
+    with list_tree(str(tmp_path), metadata=str(tmp_path / "t.csv")) as listing:
+        assert (listing.unlabelled, listing.labels, listing.unknown_labels) == (False, ["cat"], 1)
 
 
 def test_a_root_table_with_a_split_column_takes_labels_below_the_split_folder(tmp_path):
@@ -155,13 +183,11 @@ def test_a_split_folder_without_a_table_beside_one_with_is_refused(capsys, tmp_p
     ({"train/metadata.jsonl": '{"file_name": "a.png", "other_file_name": "b.png", "label": "x"}\n'}, (),
      "--metadata TMP/in/train/metadata.jsonl line 1: image columns file_name, other_file_name: a record holds one "
      "image; keep one file_name column (and store other paths under a name not ending in _file_name)"),
-    ({"train/metadata.jsonl": '{"file_name": "a.png", "text": "x"}\n'}, (),
-     "--metadata TMP/in/train/metadata.jsonl has no label column and its images are in no label folder: add a "
-     "label column (the same name on every row makes one class)"),
     ({"train/metadata.csv": "file_name,label\na.png,\n"}, (),
-     "--metadata TMP/in/train/metadata.csv gives no label on any row: fill its label column"),
+     "--metadata TMP/in/train/metadata.csv gives no label on any row: fill its label column, or drop it for a "
+     "dataset without labels"),
 ], ids=["two-tables", "parquet", "validation-percent", "metadata-and-split-tables", "split-column-elsewhere",
-        "leaves-its-folder", "other-columns", "other-types", "two-images", "no-labels", "empty-labels"])
+        "leaves-its-folder", "other-columns", "other-types", "two-images", "empty-labels"])
 def test_tables_that_cannot_be_read_as_one_are_refused(capsys, tmp_path, setup, flags, message):
     images(tmp_path / "in", "train/a.png", "test/b.png")
     for name, text in setup.items():

@@ -24,6 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep import wording
 from beam_prep.errors import OptionsError
 from beam_prep.io.storage import is_local, join
+from beam_prep.model.features import NO_LABEL
 from beam_prep.write.images.imaging import is_image_name
 from beam_prep.write.plan.metadata import (
     PARQUET_TABLE_NAME,
@@ -87,9 +88,12 @@ class Listing:
 
     def __init__(self, root: str, labels: list[str], splits: list[str], split_counts: dict[str, int],
                  unknown_labels: int, total_bytes: int, skips: _Skips, folder: SpillFolder, files: SortedSpill,
-                 label_offset: int, table: Table | None = None) -> None:
+                 label_offset: int, table: Table | None = None, unlabelled: bool = False) -> None:
         self.root = root
         self.labels = labels
+        self.unlabelled = unlabelled
+        """A dataset without labels (a table without a label column over images in no label
+        folder): ``labels`` is empty, and each image is written with ``NO_LABEL``."""
         self.splits = splits
         self.total_bytes = total_bytes  # of every listed image, unknown labels included
         self.unknown_labels = unknown_labels
@@ -130,7 +134,9 @@ class Listing:
                 continue
             labels, extra = row
             label_ids = None
-            if labels is None:
+            if self.unlabelled:
+                label_id = NO_LABEL
+            elif labels is None:
                 label_id = ids.get(label, UNKNOWN_LABEL)
             else:
                 label_ids = tuple(ids.get(name, UNKNOWN_LABEL) for name in labels)
@@ -303,13 +309,13 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
 
 def _listing(root: str, names: list[str], split_counts: collections.Counter[str], unknown: int, total_bytes: int,
              skips: _Skips, folder: SpillFolder, files: SortedSpill, label_offset: int,
-             table: Table | None = None) -> Listing:
+             table: Table | None = None, unlabelled: bool = False) -> Listing:
     """The ``Listing``, its skipped files logged by reason."""
     splits = sorted(split_counts, key=_split_rank)
     for reason, n in sorted(skips.by_reason.items()):  # the summary and the manifest count them too
         _LOG.info("skipped %s: %s (e.g. %s)", wording.count(n, "file"), reason, skips.example[reason])
     return Listing(root, names, splits, dict(split_counts), unknown, total_bytes, skips, folder, files,
-                   label_offset, table)
+                   label_offset, table, unlabelled)
 
 
 def find_split_tables(root: str) -> list[tuple[str, str]]:
@@ -370,7 +376,8 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     whose file the walk did not find is listed all the same, so its read fails and
     errors.jsonl names it; a row naming what the walk passes over (a pipe, a device)
     leaves it skipped, for its reason. Without a label column, an image's label is
-    its folder below the split folder (below ``--input`` without split folders).
+    its folder below the split folder (below ``--input`` without split folders); where
+    no image is in such a folder, the dataset has no labels (``Listing.unlabelled``).
     """
     table = _read_tables(root, folder, validation_percent, path, split_tables)
     walked = SortedRows(folder, "walked")
@@ -386,6 +393,7 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     untabled: dict[str, str] = {}  # split folder without a table -> an image in it
     seen: set[str] = set()
     split_counts: collections.Counter[str] = collections.Counter()
+    listed: collections.Counter[str] = collections.Counter()  # every row, by split: a dataset without labels
     unknown = total_bytes = 0
     found = iter(walked)
     current = next(found, None)
@@ -415,6 +423,7 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
         names = row_labels if row_labels is not None else ((label,) if label else ())
         seen.update(names)
         split = split or split_for(file_name, validation_percent)
+        listed[split] += 1
         if names and (known is None or known.issuperset(names)):
             split_counts[split] += 1
         else:
@@ -428,6 +437,9 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
         split, example = min(untabled.items())
         raise OptionsError(f"{join(root, split)} holds images ({example}, ...) but no {' or '.join(SPLIT_TABLE_NAMES)}, "
                            f"where {', '.join(sorted(with_tables))} has one: put a table in each split folder")
+    if not table.has_label and not seen and labels is None:  # images and their columns, no labels at all
+        return _listing(root, [], listed, 0, total_bytes, skips, folder, files, label_offset, table,
+                        unlabelled=True)
     if not split_counts:
         raise OptionsError(_no_labels_message(table, unknown, labels is not None))
     names = list(labels) if labels is not None else sorted(seen)
@@ -453,11 +465,8 @@ def _no_labels_message(table: Table, unknown: int, labels_file: bool) -> str:
     if labels_file:
         return (f"none of the {wording.count(unknown, 'image')} --metadata {table.path} names has a label in "
                 "--labels_file: check the file's names against the table's labels")
-    if table.has_label:
-        return (f"--metadata {table.path} gives no label on any row: fill its "
-                f"{'labels' if table.multi_label else 'label'} column")
-    return (f"--metadata {table.path} has no label column and its images are in no label folder: add a label "
-            "column (the same name on every row makes one class)")
+    return (f"--metadata {table.path} gives no label on any row: fill its "
+            f"{'labels' if table.multi_label else 'label'} column, or drop it for a dataset without labels")
 
 
 def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:
