@@ -186,6 +186,8 @@ def decode_example(serialized: bytes) -> dict[str, Any]:
     example = Example.FromString(serialized)
     out: dict[str, Any] = {}
     for key, kind in SCHEMA.items():
+        if key in LABEL_KEYS and key not in example.features.feature:
+            continue  # a record of a dataset without labels
         feature = example.features.feature[key]
         out[key] = (feature.bytes_list.value[0] if kind is FeatureKind.BYTES
                     else feature.int64_list.value[0])
