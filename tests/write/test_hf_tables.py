@@ -7,15 +7,21 @@ The runs against Hugging Face's own loader are in test_hf_oracle.py.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pathlib
 
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 from PIL import Image
 
+from beam_prep.cli.options import config_from_options
 from beam_prep.model import features
 from beam_prep.model.features import NO_LABEL
+from beam_prep.write.journal import resume
 from beam_prep.write.plan.listing import SKIP_NO_ROW, SKIP_NOT_IMAGE, list_tree
+from beam_prep.write.shared import layout
 from pipelines import prepare_images
 
 
@@ -231,3 +237,25 @@ def test_the_advice_for_an_empty_number_cell_works(tmp_path, fix):
                                       '{"file_name": "b.png", "label": "x", "score": NaN}\n')
     with list_tree(str(tmp_path), metadata=str(tmp_path / "t.jsonl")) as listing:
         assert listing.extra_features == {"score": "float"}
+
+
+def test_a_resume_with_a_split_folders_table_edited_since_is_refused(capsys, tmp_path):
+    """The tables found in the split folders are the run's as --metadata's is: their sha256 recorded."""
+    images(tmp_path / "in", "train/a.png")
+    table = tmp_path / "in" / "train" / "metadata.jsonl"
+    jsonl(table, {"file_name": "a.png", "label": "x"})
+    out = tmp_path / "out"
+    argv = ["--input", str(tmp_path / "in"), "--output", str(out)]
+    recorded = resume.record_options(config_from_options(PipelineOptions(argv)), None)
+    work = layout.run_folder(str(out), "20260101-000000-abcdef")
+    os.makedirs(work)  # as a launcher killed after planning leaves it
+    resume.write_run_record(work, resume.RunRecord("20260101-000000-abcdef", recorded, False, {}))
+    before = hashlib.sha256(table.read_bytes()).hexdigest()
+    jsonl(table, {"file_name": "a.png", "label": "y"})
+    after = hashlib.sha256(table.read_bytes()).hexdigest()
+
+    assert prepare_images.main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output {out} holds unfinished run 20260101-000000-abcdef, started with --metadata {table} "
+        f"(sha256 {before[:12]}) where this run has {table} (sha256 {after[:12]}); run it with the same options "
+        "to resume it, or pass --overwrite to start over\n")
