@@ -8,9 +8,11 @@ The runs against Hugging Face's own loader are in test_hf_oracle.py.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pathlib
+import tarfile
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -22,6 +24,7 @@ from beam_prep.model.features import NO_LABEL
 from beam_prep.write.journal import resume
 from beam_prep.write.plan.listing import SKIP_NO_ROW, SKIP_NOT_IMAGE, list_tree
 from beam_prep.write.shared import layout
+from beam_prep.write.shared.shard_formats import shard_format
 from pipelines import prepare_images
 
 
@@ -79,9 +82,15 @@ def test_a_table_without_labels_over_images_in_no_label_folder_is_a_dataset_with
     assert entries == {"train/a.png": ("train", NO_LABEL, {"text": "one"}),
                        "train/b.png": ("train", NO_LABEL, {"text": "two"}),
                        "test/c.png": ("test", NO_LABEL, {"text": "three"})}
-    record = features.decode_all(features.encode_example(features.ImageRecord(
-        b"x", "png", 1, 1, 3, NO_LABEL, "", "train/a.png", "0" * 64, extra={"text": "one"})))
+    unlabelled = features.ImageRecord(b"x", "png", 1, 1, 3, NO_LABEL, "", "train/a.png", "0" * 64,
+                                      extra={"text": "one"})
+    record = features.decode_all(features.encode_example(unlabelled))
     assert features.LABEL not in record and features.LABEL_TEXT not in record and record["text"] == [b"one"]
+    assert features.LABEL not in features.decode_example(features.encode_example(unlabelled))
+    with tarfile.open(fileobj=io.BytesIO(shard_format("webdataset").payload(unlabelled, 1))) as tar:
+        members = {m.name.rsplit(".", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert sorted(members) == ["json", "png"]  # no .cls
+    assert "label" not in json.loads(members["json"])
 
 
 def test_some_images_in_label_folders_make_the_others_label_errors(tmp_path):
