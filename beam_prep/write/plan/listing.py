@@ -23,7 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import wording
 from beam_prep.errors import OptionsError
-from beam_prep.io.storage import is_local, join
+from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.model.features import NO_LABEL
 from beam_prep.write.images.imaging import is_image_name
 from beam_prep.write.plan.metadata import (
@@ -340,9 +340,17 @@ def find_split_tables(root: str) -> list[tuple[str, str]]:
 
 
 def _is_file(path: str) -> bool:
+    """Whether ``path`` is a file (an object, on gs://).
+
+    Raises:
+      StorageError: the filesystem cannot say (a missing bucket, no permission).
+    """
     if is_local(path):
         return os.path.isfile(path)
-    return FileSystems.exists(path)
+    try:
+        return FileSystems.exists(path)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("stat", path, e) from e
 
 
 def _read_tables(root: str, folder: SpillFolder, validation_percent: float, metadata: str | None,
