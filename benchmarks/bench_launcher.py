@@ -17,6 +17,10 @@ process each, in turn:
       its label on disk before its split is chosen (``selection``);
   (f) (e) with ``--max_per_class`` half of each label's files: ranked by the cap's
       hash, the kept half ranked again for its split, the rest skipped.
+  (g) Hugging Face's layout of the same files: ``<split>/<label>/<file>`` (a tenth in
+      ``validation``) with a ``metadata.csv`` in each split folder, found without a flag,
+      its ``file_name`` relative to its folder and no label column (labels from the
+      folders below the split folder): the tables read and combined, then (d)'s merge.
 
 Peak memory is the process's resident set size (``ru_maxrss``), the figure an
 OOM killer acts on. The table gives each size and the ratios (b)/(a) in time,
@@ -50,6 +54,8 @@ _DRY_RUN = "(b) beam-prep prepare --dry_run"
 _WITH_TABLE = "(d) (b) with --metadata, a row per file"
 _STRATIFIED = "(e) (b) with --validation_percent 10 --stratify"
 _CAPPED = "(f) (e) with --max_per_class half of each label"
+_SPLIT_TABLES = "(g) (b) with a table in each split folder"
+SPLITS = ("train", "validation")
 
 _CHILDREN = {
     "(a) os.scandir walk": """
@@ -118,6 +124,34 @@ def ensure_table(files: int) -> pathlib.Path:
     return table
 
 
+def ensure_split_tree(files: int) -> pathlib.Path:
+    """``ensure_tree``'s files as Hugging Face lays them out, a table in each split folder
+    (``file_name`` relative to it, no label column): made once and kept in the cache."""
+    root = CACHE / f"launcher-split-tree-{files}"
+    done = CACHE / f"launcher-split-tree-{files}.complete"
+    if done.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    labels = [f"n{i:08d}" for i in range(LABELS)]
+    for split in SPLITS:
+        for label in labels:
+            (root / split / label).mkdir(parents=True)
+    tables = {split: open(root / split / "metadata.csv", "w") for split in SPLITS}
+    try:
+        for table in tables.values():
+            table.write("file_name\n")
+        for i in range(files):
+            label, split = labels[i % LABELS], SPLITS[i % 10 == 0]
+            name = f"{label}/{label}_{i}.JPEG"
+            os.close(os.open(root / split / name, os.O_CREAT | os.O_WRONLY, 0o644))
+            tables[split].write(name + "\n")
+    finally:
+        for table in tables.values():
+            table.close()
+    done.touch()
+    return root
+
+
 def _dry_run(name: str, files: int, root: str, output: str, *flags: str) -> dict[str, object]:
     """``beam-prep prepare --dry_run`` in a fresh process: the time it says it planned in, and its peak."""
     out, seconds, rss = _run([sys.executable, "-m", "pipelines.prepare_images", "--input", root,
@@ -163,6 +197,7 @@ def measure(files: int) -> list[dict[str, object]]:
         cap = max(1, files // LABELS // 2)
         rows.append(_dry_run(_CAPPED, files, root, os.path.join(scratch, "out"), *stratified,
                              "--max_per_class", str(cap)))
+        rows.append(_dry_run(_SPLIT_TABLES, files, str(ensure_split_tree(files)), os.path.join(scratch, "out")))
     for row in rows:
         expected = min(files, cap * LABELS) if row["run"] == _CAPPED else files
         if row["listed"] != expected:

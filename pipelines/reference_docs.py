@@ -202,7 +202,8 @@ FEATURE_MEANING = {
     "image/width": "The stored image's width in pixels.",
     "image/channels": "3 (RGB) or 1 (grayscale), as `--channels`.",
     "image/class/label": "The label id: its index in labels.txt plus `--label_offset`. A multi-label record "
-                         "(a `--metadata` `labels` column) holds every label's id.",
+                         "(a `--metadata` `labels` column) holds every label's id; a dataset without labels "
+                         "(its manifest's `labels` empty) holds none.",
     "image/class/text": "The label's name, UTF-8 (every name, in the same order as the ids, for a "
                         "multi-label record).",
     "image/filename": "The source file's path relative to `--input` (its own bytes, for a name that is "

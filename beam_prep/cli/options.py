@@ -127,8 +127,10 @@ def _labels_split_arguments(group: Any) -> None:
         help="A table saying what each image is (CSV, TSV or JSON Lines, by extension; local or gs://): "
              "a file_name column (the image's path under --input), label (one name) or labels (a JSON "
              "list, or names separated by ; in CSV/TSV), an optional split column, and any other column, "
-             "stored in each record as a feature of its own. Files under --input that no row names are "
-             "skipped (default: none: each image's label is its folder's name).")
+             "stored in each record as a feature of its own; file_name is relative to --input wherever the "
+             "table lives. Files under --input that no row names are skipped (default: a metadata.jsonl or "
+             "metadata.csv inside each split folder, as Hugging Face's imagefolder has it, its file_name "
+             "relative to that folder; without those, each image's label is its folder's name).")
     group.add_argument(
         "--recursive", action="store_true", default=False,
         help="Images at any depth under a label folder take that top folder's label (as Keras's "

@@ -53,6 +53,11 @@ SCHEMA: Mapping[str, FeatureKind] = {
     SHA256: FeatureKind.BYTES,
 }
 
+# The label id of a record in a dataset without labels (a table without a label column over
+# images in no label folder, as an image-captioning set): it holds no label features at all.
+NO_LABEL = -2
+LABEL_KEYS = (LABEL, LABEL_TEXT)
+
 IMAGE_FORMATS = ("jpeg", "png", "raw")
 # Stored bytes per sample (pixel x channel) of a 224-ish photo in each format, measured
 # on photographs: for sizing shards (writer) and shuffle buffers (reader), nothing exact.
@@ -67,6 +72,7 @@ class ImageRecord:
     ``label_text`` with lists (the same keys, each a list of every label's id or name);
     single-label records keep one value each, so existing readers read them unchanged.
     ``extra``: the other features (--metadata's columns), str, int or float each.
+    A ``label`` of ``NO_LABEL`` (a dataset without labels) leaves both label keys out.
     """
 
     encoded: bytes
@@ -95,7 +101,9 @@ class ImageRecord:
             FILENAME: self.filename.encode("utf-8", "surrogateescape"),  # a name's own bytes
             SHA256: self.sha256.encode(),
         }
-        if self.label_ids is not None:
+        if self.label == NO_LABEL:
+            del values[LABEL], values[LABEL_TEXT]
+        elif self.label_ids is not None:
             values[LABEL] = list(self.label_ids)
             values[LABEL_TEXT] = [name.encode("utf-8") for name in self.label_texts or ()]
         for key, value in (self.extra or {}).items():
@@ -178,6 +186,8 @@ def decode_example(serialized: bytes) -> dict[str, Any]:
     example = Example.FromString(serialized)
     out: dict[str, Any] = {}
     for key, kind in SCHEMA.items():
+        if key in LABEL_KEYS and key not in example.features.feature:
+            continue  # a record of a dataset without labels
         feature = example.features.feature[key]
         out[key] = (feature.bytes_list.value[0] if kind is FeatureKind.BYTES
                     else feature.int64_list.value[0])

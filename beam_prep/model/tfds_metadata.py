@@ -70,6 +70,8 @@ def unsupported(info: DatasetInfo) -> str | None:
                 "(edited, or written by an older beam-prep): prepare the dataset again")
     if info.image.format == "raw" and not info.image.fixed_size:
         return "TFDS cannot describe raw pixels of varying size: give --image_size, or write jpeg or png"
+    if not info.labels:
+        return "the records hold no label, which this TFDS description (one ClassLabel) needs: read them with beam_prep.reader"
     if info.multi_label or info.extra_features:
         return ("the records hold a list of labels or --metadata's extra features, which this TFDS "
                 "description (one ClassLabel) does not cover: read them with beam_prep.reader")

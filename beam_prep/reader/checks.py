@@ -51,7 +51,9 @@ def batch_checker(info: DatasetInfo, dct_method: str = DEFAULT_DCT_METHOD,
     Raises (when called, as TensorFlow errors): a record that is not an Example
     of this spec, or whose image does not decode.
     """
-    return _batch_checker(info.image, info.labels, info.label_offset, dct_method, info.multi_label)
+    # A dataset without labels is checked as label lists: each record's must be empty.
+    return _batch_checker(info.image, info.labels, info.label_offset, dct_method,
+                          info.multi_label or not info.labels)
 
 
 @functools.lru_cache(maxsize=8)

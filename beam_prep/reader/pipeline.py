@@ -107,6 +107,8 @@ def make_dataset(
       ``extra_keys``: images ``[batch, height, width, channels]`` of ``dtype``, labels int64
       ids ``[batch]`` (float32 ``[batch, num_classes]`` one-hot or multi-hot); without a
       batch size, single images and labels. Its cardinality is known unless ``repeat``.
+      A dataset without labels (its manifest's ``labels`` empty) yields ``images``, or
+      ``(images, extras)`` with ``extra_keys``.
 
     Raises:
       DatasetError, OptionsError, StorageError: no manifest or split, bad arguments, an unreadable dataset.

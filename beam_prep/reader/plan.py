@@ -55,8 +55,14 @@ class RecordPlan:
                                           or self.size != (self.image.height, self.image.width))
 
     @property
+    def labelled(self) -> bool:
+        """Whether the records hold labels: not those of a dataset without any (its manifest's
+        labels empty), which yields images (and ``extra_keys``) alone."""
+        return self.num_classes != 0
+
+    @property
     def parse_keys(self) -> tuple[str, ...]:
-        keys = [features.ENCODED, features.LABEL]
+        keys = [features.ENCODED, features.LABEL] if self.labelled else [features.ENCODED]
         if self.image.format == "raw" and not self.image.fixed_size:
             keys += [features.HEIGHT, features.WIDTH]
         return tuple(dict.fromkeys(keys + list(self.extra_keys)))
@@ -115,6 +121,9 @@ def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None,
     """
     if one_hot and num_classes is None:
         raise OptionsError("one_hot=True needs RecordFiles(num_classes=) when reading files without a manifest")
+    if one_hot and num_classes == 0:
+        raise OptionsError("one_hot=True: this dataset has no labels (its records hold images and their "
+                           "columns alone): drop one_hot")
     extra_features = dict(extra_features or {})
     size = _output_size(image, resize_to)
     crop_flip, user_augment = _augmentation(augment)
@@ -125,7 +134,7 @@ def make_plan(image: ImageInfo, num_classes: int | None, batch_size: int | None,
             "resize=(height, width), or batch_size=None for single images of their own size")
     return RecordPlan(image=image, size=size, crop_flip=crop_flip, user_augment=user_augment,
                 dtype=_dtype(dtype), one_hot=one_hot, num_classes=num_classes,
-                extra_keys=_extra_keys(extra_keys, extra_features), dct_method=dct_method,
+                extra_keys=_extra_keys(extra_keys, extra_features, num_classes != 0), dct_method=dct_method,
                 label_offset=label_offset, multi_label=multi_label, extra_features=extra_features)
 
 
@@ -172,10 +181,13 @@ def _augmentation(augment: Augment | None) -> tuple[RandomCropFlip | None, Calla
     return None, augment
 
 
-def _extra_keys(extra_keys: Sequence[str], extra_features: Mapping[str, str]) -> tuple[str, ...]:
-    """``extra_keys``, checked: the schema's keys but the image, and the dataset's extra features."""
+def _extra_keys(extra_keys: Sequence[str], extra_features: Mapping[str, str], labelled: bool = True
+                ) -> tuple[str, ...]:
+    """``extra_keys``, checked: the schema's keys but the image (and the labels, in a dataset
+    without any), and the dataset's extra features."""
     keys = tuple(extra_keys)
-    known = [k for k in features.SCHEMA if k != features.ENCODED] + list(extra_features)
+    known = [k for k in features.SCHEMA if k != features.ENCODED and (labelled or k not in features.LABEL_KEYS)]
+    known += list(extra_features)
     for key in keys:
         if key not in known:
             raise OptionsError(f"extra_keys: {key!r} is not a record feature other than the image; "
@@ -247,6 +259,8 @@ def finish(plan: RecordPlan, parsed: Mapping[str, tf.Tensor]):
     image = parsed["image"]
     if image.dtype != plan.dtype:
         image = tf.image.convert_image_dtype(image, plan.dtype, saturate=True)
+    if not plan.labelled:  # a dataset without labels: images, and the columns asked for
+        return (image, {key: parsed[key] for key in plan.extra_keys}) if plan.extra_keys else image
     labels = parsed[features.LABEL]
     if plan.multi_label:  # multi-hot already (``parse``)
         return (image, labels, {key: parsed[key] for key in plan.extra_keys}) if plan.extra_keys else (image, labels)

@@ -81,7 +81,8 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
     None shows every class.
     """
     info = summary.info
-    out = [f"{summary.root}: {count(info.num_classes, 'class', 'classes')}, "
+    classes = count(info.num_classes, 'class', 'classes') if info.labels else "no labels"
+    out = [f"{summary.root}: {classes}, "
            f"{count(sum(s.num_examples for s in summary.splits), 'example')}"
            + (f" (beam-prep {summary.beam_prep_version}, {summary.created})"
               if summary.created else "")]
@@ -112,6 +113,8 @@ def describe_image(image: ImageInfo) -> str:
 def label_cardinality(summary: Summary) -> float | None:
     """Labels per record on average: 1 for single-label data; None where no record is counted."""
     records = sum(s.num_examples for s in summary.splits)
+    if not summary.info.labels:
+        return 0.0 if records else None
     if not summary.info.multi_label:
         return 1.0 if records else None
     return sum(c.total for c in summary.classes) / records if records else None
@@ -122,7 +125,9 @@ def _record_lines(summary: Summary) -> list[str]:
     columns); nothing for a dataset of one label a record and no extra features."""
     info = summary.info
     lines = []
-    if info.multi_label:
+    if not info.labels:
+        lines.append("labels: none, each record an image and its extra features (a table without labels)")
+    elif info.multi_label:
         cardinality = label_cardinality(summary)
         lines.append("labels: multi-label, a list of ids a record"
                      + (f", {format_number(cardinality)} labels a record on average" if cardinality else ""))
@@ -151,6 +156,8 @@ def _split_row(s: SplitSummary) -> list[str]:
 
 
 def _class_section(summary: Summary, max_classes: int | None) -> list[str]:
+    if not summary.info.labels:
+        return ["classes: none (a dataset without labels)"]
     if not summary.classes:
         return [f"classes: {summary.info.num_classes} (the manifest has no per-class counts)"]
     split_names = [s.name for s in summary.splits]

@@ -370,7 +370,7 @@ def _record_problems(info: DatasetInfo, path: str, first: int, out: Mapping[str,
         name = values["filename"][i].decode("utf-8", "backslashreplace")
         where = f"{path}, record {first + i} ({name})"
         text = values["text"][i].decode("utf-8", "backslashreplace")
-        if info.multi_label:  # ids and names, each joined by ";"
+        if info.multi_label or not info.labels:  # ids and names, each joined by ";" (none without labels)
             ids = [int(n) for n in values["label"][i].decode().split(";") if n]
             label, names = ";".join(map(str, ids)), ";".join(_label_name(info, n) for n in ids)
         else:

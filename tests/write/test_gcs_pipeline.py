@@ -293,3 +293,16 @@ def test_a_metadata_table_missing_from_gcs_is_refused(gcs_server, gcs_bucket, tm
     assert result.stderr.startswith(f"error: cannot read --metadata {gcs_bucket.url('nope.csv')}: ")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert gcs_bucket.list_names("out/") == []
+
+
+def test_tables_in_split_folders_on_gcs_are_found_without_a_flag(gcs_server, gcs_bucket, tmp_path):
+    """Hugging Face's layout in a bucket: each split folder's table found and read (a dry run lists it)."""
+    make_tree(tmp_path / "tree" / "train", {"cat": 3}, size=(24, 20))
+    make_tree(tmp_path / "tree" / "test", {"dog": 2}, size=(24, 20))
+    for split, label, n in (("train", "cat", 3), ("test", "dog", 2)):
+        rows = [{"file_name": f"{label}/img_{i:03d}.jpg", "caption": f"{split} {i}"} for i in range(n)]
+        (tmp_path / "tree" / split / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gcs_bucket.upload_tree(tmp_path / "tree", "hf")
+    result = prepare(gcs_server, "--input", gcs_bucket.url("hf"), "--output", gcs_bucket.url("out"), "--dry_run")
+    assert "lists 5 images in 2 labels (cat, dog)" in result.stdout, result.stdout
+    assert "train: 3 images" in result.stdout and "test: 2 images" in result.stdout, result.stdout

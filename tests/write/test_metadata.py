@@ -228,7 +228,8 @@ def refused(capsys, tree: pathlib.Path, name: str, text: str, *flags: str) -> st
     ("t.csv", "file_name,label\na/img_000.jpg,a,extra\n",
      "--metadata TABLE line 2 has 3 fields, but the header has 2: quote fields that hold the separator"),
     ("t.tsv", "file_name\tlabel\na/img_000.jpg\n",
-     "--metadata TABLE line 2 has 1 fields, but the header has 2: quote fields that hold the separator"),
+     "--metadata TABLE line 2 has 1 fields, but the header has 2: give each row every column, an empty one as "
+     "nothing between two tabs"),
     ("t.jsonl", '{"file_name": "a/img_000.jpg", "label": "a"}\n{"file_name": "a/img_001.jpg", "label": \n',
      "--metadata TABLE line 2 is not valid JSON (Expecting value, column 41): write one JSON object a line"),
     ("t.jsonl", '{"file_name": "a/img_000.jpg", "label": "a"}\n{"file_name": "a/img_001.jpg"}\n',

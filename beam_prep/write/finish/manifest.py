@@ -14,7 +14,7 @@ import beam_prep
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, read_bytes
 from beam_prep.model.dataset import COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, parse_manifest
-from beam_prep.model.features import SCHEMA
+from beam_prep.model.features import LABEL_KEYS, SCHEMA
 from beam_prep.write.finish import duplicates
 from beam_prep.write.images import imaging, resample
 from beam_prep.write.images.flat import FlatImages
@@ -64,6 +64,8 @@ def build(
                  if count else tuple(sorted(shard_rows[split])))
         if plan.multi_label:  # a record counts under each of its labels: its shards' counts are the records
             num_examples = sum(n or 0 for n in shard_rows[split].values())
+        elif not plan.labels:  # a dataset without labels: its records count under the empty name
+            num_examples = class_counts[split, ""]
         else:
             num_examples = sum(class_counts[split, label] for label in plan.labels)
         unreported = [name for name in names if name not in shard_rows[split]]
@@ -97,7 +99,8 @@ def build(
         **resample.summary(resized),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **dataset,
-        "features": {**{key: kind.value for key, kind in SCHEMA.items()}, **plan.extra_features},
+        "features": {**{key: kind.value for key, kind in SCHEMA.items() if plan.labels or key not in LABEL_KEYS},
+                     **plan.extra_features},
         "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
                    "skipped": plan.skipped},
         "failed_by_stage": dict(sorted(by_stage.items())),

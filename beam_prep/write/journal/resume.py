@@ -31,6 +31,7 @@ from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
 from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.listing import find_split_tables
 from beam_prep.write.plan.metadata import file_sha256
 from beam_prep.write.shared import layout
 
@@ -45,7 +46,8 @@ RUN_FORMAT = 3
 _DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads", "max_failures"})
-_FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata"}
+_FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata",
+            "split_tables_sha256": "metadata"}
 # Options added since RUN_FORMAT 3 was first written, as runs recorded before them had them.
 _RECORDED_BEFORE = {"file_format": "tfrecord", "recursive": False, "stratify": False, "max_per_class": None}
 
@@ -57,6 +59,10 @@ def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str,
     options["labels"] = labels
     # The table's content, not only its path: a table edited since is another run's records.
     options["metadata_sha256"] = file_sha256(config.metadata) if config.metadata else None
+    # Likewise the tables found in the split folders (Hugging Face's layout), where there are any.
+    tables = find_split_tables(config.input) if not config.metadata else []
+    if tables:
+        options["split_tables_sha256"] = {path: file_sha256(path) for _, path in tables}
     return json.loads(json.dumps(options))
 
 
@@ -149,6 +155,8 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
 def _shown(key: str, value: Any, options: Mapping[str, Any]) -> str:
     if key == "metadata_sha256":
         return f"{options.get('metadata')} (sha256 {value[:12] if value else None})"
+    if key == "split_tables_sha256":
+        return ", ".join(f"{path} (sha256 {sha[:12]})" for path, sha in (value or {}).items()) or "(none)"
     if key in _FLAG_OF:
         return f"{options.get('height')}x{options.get('width')}"
     return "(none)" if value is None else json.dumps(value, ensure_ascii=False)

@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 from collections.abc import Iterable, Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep import wording
 from beam_prep.errors import OptionsError
-from beam_prep.io.storage import join
+from beam_prep.io.storage import is_local, join, storage_error
+from beam_prep.model.features import NO_LABEL
 from beam_prep.write.images.imaging import is_image_name
 from beam_prep.write.plan.hashing import order_key, split_for, stable_hash  # noqa: F401 - imported from here
-from beam_prep.write.plan.metadata import Table, read_table
+from beam_prep.write.plan.metadata import (
+    PARQUET_TABLE_NAME,
+    SPLIT_TABLE_NAMES,
+    Table,
+    combine_tables,
+    read_table,
+)
 from beam_prep.write.plan.selection import Selection
 from beam_prep.write.plan.spill import RowFile, SortedRows, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
@@ -58,9 +66,12 @@ class Listing:
 
     def __init__(self, root: str, labels: list[str], splits: list[str], split_counts: dict[str, int],
                  unknown_labels: int, total_bytes: int, skips: _Skips, folder: SpillFolder, files: Iterable[tuple],
-                 label_offset: int, table: Table | None = None) -> None:
+                 label_offset: int, table: Table | None = None, unlabelled: bool = False) -> None:
         self.root = root
         self.labels = labels
+        self.unlabelled = unlabelled
+        """A dataset without labels (a table without a label column over images in no label
+        folder): ``labels`` is empty, and each image is written with ``NO_LABEL``."""
         self.splits = splits
         self.total_bytes = total_bytes  # of every listed image, unknown labels included
         self.unknown_labels = unknown_labels
@@ -101,7 +112,9 @@ class Listing:
                 continue
             labels, extra = row
             label_ids = None
-            if labels is None:
+            if self.unlabelled:
+                label_id = NO_LABEL
+            elif labels is None:
                 label_id = ids.get(label, UNKNOWN_LABEL)
             else:
                 label_ids = tuple(ids.get(name, UNKNOWN_LABEL) for name in labels)
@@ -207,18 +220,29 @@ def list_tree(
       stratify: each label gets its own ``validation_percent`` share of the files whose
         split is hashed (``selection``).
       max_per_class: the most files each label keeps (``selection``); the rest are skipped.
+        Without ``metadata``, a ``metadata.jsonl`` or ``metadata.csv`` in each split folder
+        (Hugging Face's imagefolder layout, ``find_split_tables``) is read the same way.
 
     Raises:
       OptionsError: an empty tree, a split tree with ``validation_percent``, a
-        label folder name that labels.txt cannot hold, a table ``metadata`` refuses, or
-        ``stratify`` or ``max_per_class`` with a multi-label table.
+        label folder name that labels.txt cannot hold, a table ``metadata`` refuses,
+        ``stratify`` or ``max_per_class`` with a multi-label table or one without labels,
+        or tables that would mix splits silently (a split folder without its table
+        beside one with, a table naming split folders' images without a split column).
       StorageError: the root or a folder under it cannot be listed.
     """
     root = root.rstrip("/")
+    split_tables = find_split_tables(root)
+    if split_tables and metadata is not None:
+        raise OptionsError(f"--metadata {metadata} given, but {', '.join(path for _, path in split_tables)} "
+                           "also found: drop --metadata to read the table in each split folder, or remove those")
+    if split_tables and recursive:
+        raise OptionsError(f"{root} has a table in each split folder, which names each image wherever it is: "
+                           "drop --recursive")
     folder = SpillFolder()
     try:
-        if metadata is not None:
-            return _list_table(root, folder, validation_percent, labels, label_offset, metadata,
+        if metadata is not None or split_tables:
+            return _list_table(root, folder, validation_percent, labels, label_offset, metadata, split_tables,
                                stratify, max_per_class)
         return _list(root, folder, validation_percent, labels, label_offset, recursive, stratify, max_per_class)
     except BaseException:
@@ -263,30 +287,86 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
 
 def _listing(root: str, names: list[str], split_counts: collections.Counter[str], unknown: int, total_bytes: int,
              skips: _Skips, folder: SpillFolder, files: Iterable[tuple], label_offset: int,
-             table: Table | None = None) -> Listing:
+             table: Table | None = None, unlabelled: bool = False) -> Listing:
     """The ``Listing``, its skipped files logged by reason."""
     splits = sorted(split_counts, key=_split_rank)
     for reason, n in sorted(skips.by_reason.items()):  # the summary and the manifest count them too
         _LOG.info("skipped %s: %s (e.g. %s)", wording.count(n, "file"), reason, skips.example[reason])
     return Listing(root, names, splits, dict(split_counts), unknown, total_bytes, skips, folder, files,
-                   label_offset, table)
+                   label_offset, table, unlabelled)
+
+
+def find_split_tables(root: str) -> list[tuple[str, str]]:
+    """The table in each split folder, as Hugging Face's imagefolder finds them: (split, path),
+    in the folders' name order (the order ``metadata.combine_tables`` needs).
+
+    Raises:
+      OptionsError: a split folder with two tables, or only a ``metadata.parquet``.
+    """
+    found = []
+    for split in sorted(SPLIT_NAMES):
+        paths = [join(root, split, name) for name in (*SPLIT_TABLE_NAMES, PARQUET_TABLE_NAME)]
+        present = [path for path in paths if _is_file(path)]
+        if len(present) > 1:
+            raise OptionsError(f"{join(root, split)} holds {' and '.join(p.rsplit('/', 1)[1] for p in present)}: "
+                               "keep one table a split folder")
+        if present and present[0].endswith(PARQUET_TABLE_NAME):
+            raise OptionsError(f"{present[0]}: beam-prep reads CSV, TSV and JSON Lines tables: save it as "
+                               f"{' or '.join(SPLIT_TABLE_NAMES)}")
+        found += [(split, path) for path in present]
+    return found
+
+
+def _is_file(path: str) -> bool:
+    """Whether ``path`` is a file (an object, on gs://).
+
+    Raises:
+      StorageError: the filesystem cannot say (a missing bucket, no permission).
+    """
+    if is_local(path):
+        return os.path.isfile(path)
+    try:
+        return FileSystems.exists(path)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("stat", path, e) from e
+
+
+def _read_tables(root: str, folder: SpillFolder, validation_percent: float, metadata: str | None,
+                 split_tables: list[tuple[str, str]]) -> Table:
+    """``--metadata``'s table, or the tables of each split folder as one; refused with
+    ``--validation_percent`` where each image's split is given."""
+    if metadata is not None:
+        table = read_table(metadata, folder, SPLIT_NAMES)
+        if table.has_split and validation_percent:
+            raise OptionsError(f"--metadata {metadata} has a split column, which puts each image in its split: "
+                               "drop --validation_percent")
+        if not table.count:
+            raise OptionsError(f"--metadata {metadata} has no rows: it needs one row per image")
+        return table
+    if validation_percent:
+        raise OptionsError(f"{root} already has split folders ({', '.join(split for split, _ in split_tables)}), "
+                           "each with its table; drop --validation_percent")
+    tables = [read_table(path, folder, SPLIT_NAMES, split_folder=split) for split, path in split_tables]
+    if not sum(table.count for table in tables):
+        raise OptionsError(f"--metadata {', '.join(path for _, path in split_tables)} have no rows: "
+                           "they need one row per image")
+    return combine_tables(tables)
 
 
 def _list_table(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
-                label_offset: int, path: str, stratify: bool = False, max_per_class: int | None = None) -> Listing:
-    """``list_tree`` with ``--metadata``: the table and the walk, each sorted by path on disk, merged.
+                label_offset: int, path: str | None, split_tables: list[tuple[str, str]], stratify: bool = False,
+                max_per_class: int | None = None) -> Listing:
+    """``list_tree`` with ``--metadata`` or split folders' tables: the table and the walk, each
+    sorted by path on disk, merged.
 
     A file no row names is skipped (for its own reason, or ``SKIP_NO_ROW``); a row
     whose file the walk did not find is listed all the same, so its read fails and
     errors.jsonl names it; a row naming what the walk passes over (a pipe, a device)
-    leaves it skipped, for its reason.
+    leaves it skipped, for its reason. Without a label column, an image's label is
+    its folder below the split folder (below ``--input`` without split folders); where
+    no image is in such a folder, the dataset has no labels (``Listing.unlabelled``).
     """
-    table = read_table(path, folder, SPLIT_NAMES)
-    if table.has_split and validation_percent:
-        raise OptionsError(f"--metadata {path} has a split column, which puts each image in its split: "
-                           "drop --validation_percent")
-    if not table.count:
-        raise OptionsError(f"--metadata {path} has no rows: it needs one row per image")
+    table = _read_tables(root, folder, validation_percent, path, split_tables)
     walked = SortedRows(folder, "walked")
     prefix = len(root) + 1
     for file_path, size, reason in walk_tree(root):
@@ -296,14 +376,25 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     skips = _Skips(SortedRows(folder, "skipped"))
     choice = Selection(folder, table.count, validation_percent, stratify, max_per_class)
     if table.multi_label:
-        choice.check_single_label(path)
+        choice.check_single_label(table.path)
     known = set(labels) if labels is not None else None
+    with_tables = {split for split, _ in split_tables}
+    untabled: dict[str, str] = {}  # split folder without a table -> an image in it
     seen: set[str] = set()
+    listed: collections.Counter[str] = collections.Counter()  # every row, by split: a dataset without labels
     found = iter(walked)
     current = next(found, None)
-    for file_name, _, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
+
+    def skip(relpath: str, size: int, reason: str | None) -> None:
+        why = _unnamed_reason(relpath, size, reason)
+        top = relpath.split("/", 1)[0]
+        if why == SKIP_NO_ROW and with_tables and top in SPLIT_NAMES and top not in with_tables:
+            untabled.setdefault(top, relpath)
+        skips.add(relpath, why)
+
+    for file_name, line, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
         while current is not None and current[0] < file_name:
-            skips.add(current[0], _unnamed_reason(*current))
+            skip(*current)
             current = next(found, None)
         size = 0  # a file the walk did not find: listed, and its read fails
         if current is not None and current[0] == file_name:
@@ -312,20 +403,60 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
             if reason is not None:  # a pipe or device (reading it could block forever): skipped all the same
                 skips.add(relpath, reason)
                 continue
+        if split is None:
+            _check_no_split_folder(table, file_name, line)
         if not table.has_label:
-            label = _top_folder(root, file_name)
+            label = _label_folder(root, file_name, split is not None)
         names = row_labels if row_labels is not None else ((label,) if label else ())
         seen.update(names)
         split = split or choice.split(file_name)
+        if split is not None:
+            listed[split] += 1
         choice.add((order_key(file_name), file_name, split, label, size, row_labels, extra),
                    bool(names) and (known is None or known.issuperset(names)))
     while current is not None:
-        skips.add(current[0], _unnamed_reason(*current))
+        skip(*current)
         current = next(found, None)
-    names = list(labels) if labels is not None else sorted(seen)
+    if untabled:
+        split, example = min(untabled.items())
+        raise OptionsError(f"{join(root, split)} holds images ({example}, ...) but no {' or '.join(SPLIT_TABLE_NAMES)}, "
+                           f"where {', '.join(sorted(with_tables))} has one: put a table in each split folder")
+    unlabelled = not table.has_label and not seen and labels is None  # images and their columns, no labels
+    if unlabelled and choice.active:
+        flag = "--stratify" if stratify else "--max_per_class"
+        raise OptionsError(f"{flag} works per label, and {table.path} gives no label: drop {flag}")
     chosen = choice.finish(skips.add)
+    if unlabelled:
+        return _listing(root, [], listed, 0, chosen.total_bytes, skips, folder, chosen.files, label_offset, table,
+                        unlabelled=True)
+    if not chosen.split_counts:
+        raise OptionsError(_no_labels_message(table, chosen.unknown, labels is not None))
+    names = list(labels) if labels is not None else sorted(seen)
     return _listing(root, names, chosen.split_counts, chosen.unknown, chosen.total_bytes, skips, folder,
                     chosen.files, label_offset, table)
+
+
+def _check_no_split_folder(table: Table, file_name: str, line: int) -> None:
+    """A table without a split column must not name an image in a split folder: its split would
+    come from the hash, not the folder, a silent mix (a test image trained on).
+
+    Raises:
+      OptionsError: saying to add a split column or put a table in each split folder.
+    """
+    top, _, rest = file_name.partition("/")
+    if rest and top in SPLIT_NAMES:
+        raise OptionsError(f"--metadata {table.path} line {line} names {file_name!r}, in split folder {top}, "
+                           f"but has no split column: add a split column, or put a "
+                           f"{' or '.join(SPLIT_TABLE_NAMES)} in each split folder")
+
+
+def _no_labels_message(table: Table, unknown: int, labels_file: bool) -> str:
+    """Why no image could be written: none has a (known) label."""
+    if labels_file:
+        return (f"none of the {wording.count(unknown, 'image')} --metadata {table.path} names has a label in "
+                "--labels_file: check the file's names against the table's labels")
+    return (f"--metadata {table.path} gives no label on any row: fill its "
+            f"{'labels' if table.multi_label else 'label'} column, or drop it for a dataset without labels")
 
 
 def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:
@@ -338,13 +469,15 @@ def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:
     return SKIP_NO_ROW if is_image_name(relpath) else SKIP_NOT_IMAGE
 
 
-def _top_folder(root: str, relpath: str) -> str:
-    """A table without labels: an image's label is its top folder under --input ("" for none)."""
-    if "/" not in relpath:
+def _label_folder(root: str, relpath: str, in_split: bool) -> str:
+    """A table without labels: an image's label is its top folder under --input, or under its
+    split folder where the table gives splits and the image is in one ("" for none)."""
+    parts = relpath.split("/")
+    depth = 1 if in_split and parts[0] in SPLIT_NAMES else 0
+    if len(parts) < depth + 2:
         return ""
-    label = relpath.split("/", 1)[0]
-    check_label_name(label, join(root, label))
-    return label
+    check_label_name(parts[depth], join(root, *parts[:depth + 1]))
+    return parts[depth]
 
 
 def _first_pass(root: str, folder: SpillFolder, validation_percent: float,

@@ -23,7 +23,7 @@ from beam_prep.io import array_record, tar
 from beam_prep.io.libraries import LIBRARIES, Library, require
 from beam_prep.io.tfrecord import Checksum, count_records, shard_writer, write_record
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
-from beam_prep.model.features import ImageRecord, encode_example
+from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example
 
 __all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "writer_library"]
 
@@ -97,9 +97,12 @@ class _WebDataset(ShardFormat):
                  "label": record.label, "label_text": record.label_text, "sha256": record.sha256,
                  "size": source_size, "height": record.height, "width": record.width,
                  "channels": record.channels, "format": record.image_format}
+        labelled = record.label != NO_LABEL  # a dataset without labels: no .cls, no label in the .json
+        if not labelled:
+            del about["label"], about["label_text"]
         return b"".join((
             tar.member(f"{key}.{_EXTENSIONS[record.image_format]}", record.encoded),
-            tar.member(f"{key}.cls", str(record.label).encode()),
+            tar.member(f"{key}.cls", str(record.label).encode()) if labelled else b"",
             tar.member(f"{key}.json", json.dumps(about, ensure_ascii=False, sort_keys=True).encode("utf-8")),
         ))
 
