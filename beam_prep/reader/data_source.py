@@ -47,7 +47,9 @@ class ArrayRecordSource:
     ``target_transform`` to the label, in either form. Made by ``data_source``.
 
     ``classes``, ``class_to_idx``, ``targets`` and ``samples`` are ``ImageFolder``'s
-    names; none decodes an image.
+    names; none decodes an image. A dataset without labels (a table of images and
+    their columns) gives dicts without ``label`` and ``label_text``, and refuses
+    ``pairs`` and ``targets``.
     """
 
     def __init__(self, info: DatasetInfo, split: SplitInfo, *, pairs: bool = False, pil_images: bool = False,
@@ -63,6 +65,8 @@ class ArrayRecordSource:
         self.transform = transform
         self.target_transform = target_transform
         self.origin = origin or info.root  # the folder asked for: gs://... for a cached copy
+        if pairs and not info.labels:
+            raise DatasetError(f"{self.origin} is a dataset without labels: read its items as dicts, without pairs")
         self._index: tuple[list[int], list[str]] | None = None
         self._records = ArrayRecordDataSource(list(split.files)) if split.shards else None
         if len(self) != split.num_examples:
@@ -116,28 +120,30 @@ class ArrayRecordSource:
     def decode(self, serialized: bytes) -> dict[str, Any]:
         """One stored record as a dict (whatever ``pairs`` and the transforms say)."""
         values = features.decode_example(serialized)
-        return {
+        record = {
             "image": stored_image(values[features.ENCODED], self.info.image.format, int(values[features.HEIGHT]),
                                   int(values[features.WIDTH]), int(values[features.CHANNELS]), self.pil_images),
-            "label": int(values[features.LABEL]) - self.info.label_offset,
-            "label_text": values[features.LABEL_TEXT].decode("utf-8"),
             "filename": values[features.FILENAME].decode("utf-8", "surrogateescape"),
             "sha256": values[features.SHA256].decode("ascii"),
         }
+        if features.LABEL in values:  # a dataset without labels has neither label key
+            record["label"] = int(values[features.LABEL]) - self.info.label_offset
+            record["label_text"] = values[features.LABEL_TEXT].decode("utf-8")
+        return record
 
     def _item(self, serialized: bytes) -> Any:
         record = self.decode(serialized)
-        image, label = record["image"], record["label"]
         if self.transform is not None:
-            image = self.transform(image)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
+            record["image"] = self.transform(record["image"])
+        if self.target_transform is not None and "label" in record:
+            record["label"] = self.target_transform(record["label"])
         if self.pairs:
-            return image, label
-        record["image"], record["label"] = image, label
+            return record["image"], record["label"]
         return record
 
     def _labels_and_names(self) -> tuple[list[int], list[str]]:
+        if not self.info.labels:
+            raise DatasetError(f"{self.origin} is a dataset without labels: it has no targets or samples")
         if self._index is None:
             labels: list[int] = []
             names: list[str] = []

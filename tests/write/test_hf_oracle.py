@@ -331,3 +331,28 @@ def test_a_dataset_without_labels_reads_back_as_images_and_columns(hf, ours):
     assert "no labels, 3 examples" in text and "classes: none (a dataset without labels)" in text
     report = verification.verify(out)
     assert report.ok and report.problems == ()
+
+
+def test_a_dataset_without_labels_reads_through_data_source_as_dicts_of_images_and_columns(tmp_path):
+    """Grain's and PyTorch's reader on a captioning layout: every image once, no label keys; pairs and
+    targets, which need labels, refused with what to do."""
+    pytest.importorskip("array_record")
+    from beam_prep import data_source
+    from beam_prep.errors import DatasetError
+
+    captions(tmp_path / "tree")
+    out = tmp_path / "out"
+    done = run_prepare("--input", str(tmp_path / "tree"), "--output", str(out), "--image_size", "4",
+                       "--file_format", "array_record")
+    assert done.returncode == 0, done.stderr
+    source = data_source(out, "train")
+    items = [source[i] for i in range(len(source))]
+    assert len(items) == len(source) > 0
+    assert all("label" not in item and "label_text" not in item and item["image"].shape == (4, 4, 3)
+               for item in items)
+    assert len({item["filename"] for item in items}) == len(items)
+    assert source.classes == [] and source.class_to_idx == {}
+    with pytest.raises(DatasetError, match="without labels: it has no targets"):
+        source.targets  # noqa: B018 - the property is what is tested
+    with pytest.raises(DatasetError, match="without labels: read its items as dicts"):
+        data_source(out, "train", pairs=True)
