@@ -1,0 +1,231 @@
+"""Near duplicates among the written records: pictures whose perceptual hashes (``phash``) are within a
+Hamming distance of each other, grouped into connected components.
+
+The search is exact for its threshold ``t``: the 64 bits are split into ``m``
+bands; two hashes within ``t`` bits differ in at most ``t`` bands, so they agree
+exactly on at least ``k = m - t`` of them (pigeonhole, as in multi-index
+hashing). For each choice of ``k`` bands, the hashes are sorted by those bands'
+bits (``hash & mask``), and only hashes with equal keys are compared, on all 64
+bits: every pair within ``t`` is found, and no pair beyond it is kept. ``m`` is
+chosen for the number of distinct hashes, to balance the number of sorts
+against the pairs a key holds. Pairs join components in a union-find held in
+flat arrays; memory is a few arrays of one entry per distinct hash, whatever
+the number of pairs. See docs/design/duplicates.md.
+"""
+from __future__ import annotations
+
+import array
+import itertools
+import json
+import math
+from collections.abc import Callable, Iterator
+from typing import IO, Any, NamedTuple
+
+import numpy as np
+
+from beam_prep.write.plan.spill import SortedSpill, SpillFolder
+
+__all__ = ["DEFAULT_DISTANCE", "NearFound", "band_plan", "components", "near_pairs", "report"]
+
+DEFAULT_DISTANCE = 10  # chosen on docs/performance/near-duplicates.md
+_BITS = 64
+
+
+def band_plan(count: int, distance: int) -> tuple[int, int]:
+    """``(m, k)``: the number of bands and how many of them a key holds, for ``count`` distinct
+    hashes and a threshold ``distance``; the cheapest by a cost model of sorted keys plus the
+    pairs equal keys hold among uniform hashes."""
+    best: tuple[float, int, int] | None = None
+    for m in range(distance + 1, _BITS + 1):
+        k = m - distance
+        keys = math.comb(m, k)
+        if keys > 20_000:
+            break
+        key_bits = _BITS * k / m
+        cost = keys * (count + count * count / 2 / 2 ** key_bits)
+        if best is None or cost < best[0]:
+            best = (cost, m, k)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _masks(m: int, k: int) -> Iterator[int]:
+    """The key mask of each choice of ``k`` of the ``m`` bands (contiguous, sizes differing by one)."""
+    edges = [round(i * _BITS / m) for i in range(m + 1)]
+    bands = [((1 << (edges[i + 1] - edges[i])) - 1) << edges[i] for i in range(m)]
+    for chosen in itertools.combinations(bands, k):
+        yield sum(chosen)
+
+
+def near_pairs(hashes: np.ndarray, distance: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Every pair of positions in ``hashes`` (distinct uint64 values) within ``distance`` bits, in
+    batches ``(i, j)``; a pair may come in more than one batch.
+
+    Args:
+      hashes: distinct 64-bit hashes (uint64).
+      distance: the largest Hamming distance of a pair (0 to 63).
+    """
+    n = len(hashes)
+    if n < 2:
+        return
+    m, k = band_plan(n, distance)
+    for mask in _masks(m, k):
+        keys = hashes & np.uint64(mask)
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        active = np.flatnonzero(keys[1:] == keys[:-1])  # i where the key at i equals the next one
+        step = 1
+        while active.size:
+            a, b = order[active], order[active + step]
+            close = np.bitwise_count(hashes[a] ^ hashes[b]) <= distance
+            if close.any():
+                yield a[close], b[close]
+            step += 1
+            active = active[active + step < n]
+            active = active[keys[active + step] == keys[active]]
+
+
+def components(count: int, pairs: Iterator[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The connected component of each of ``count`` nodes given edges in batches: its smallest node.
+
+    A union-find in one array: each batch links the roots of its ends, the larger to the smaller,
+    until they agree; pointer jumping keeps the trees flat.
+    """
+    parent = np.arange(count, dtype=np.int64)
+    for i, j in pairs:
+        while True:
+            parent = _flattened(parent)
+            ri, rj = parent[i], parent[j]
+            apart = ri != rj
+            if not apart.any():
+                break
+            low, high = np.minimum(ri, rj)[apart], np.maximum(ri, rj)[apart]
+            np.minimum.at(parent, high, low)
+            i, j = i[apart], j[apart]
+    return _flattened(parent)
+
+
+def _flattened(parent: np.ndarray) -> np.ndarray:
+    while True:
+        up = parent[parent]
+        if np.array_equal(up, parent):
+            return parent
+        parent = up
+
+
+class NearFound(NamedTuple):
+    """What ``report`` found: counts for the manifest (``to_json``) and its example groups."""
+
+    groups: int
+    files: int
+    within_split: int
+    across_splits: int
+    validation_files_across: int
+    distance: int
+    examples: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"distance": self.distance, "groups": self.groups, "files": self.files,
+                "within_split": self.within_split, "across_splits": self.across_splits,
+                "validation_files_across": self.validation_files_across, "examples": self.examples}
+
+
+def report(lines: Callable[[], Iterator[list[bytes]]], distance: int, out: IO[bytes],
+           folder: SpillFolder) -> NearFound:
+    """Finds the near-duplicate groups among the hash lines and writes them to ``out``.
+
+    A group is a connected component of records whose hashes are within ``distance``
+    bits, holding two contents or more (a component of one content is an exact group,
+    reported as such). Each of its files is a line of ``out``: ``kind`` near, ``group``
+    (numbered from 1 in the order of the components' smallest hash), ``distance`` (its
+    hash's from the group's first file's; ``group_distance``, the largest in the group),
+    its sha256, perceptual hash, split and path.
+
+    Args:
+      lines: called twice, each time gives the hash files' lines, a chunk at a time, in one order.
+      distance: the threshold.
+      out: where the lines go.
+      folder: a temporary folder, for the external sort of the groups' files.
+    """
+    pictures, hashed, contents, splits, names = _read(lines())
+    valid = np.flatnonzero(hashed)
+    unique, inverse = np.unique(pictures[valid], return_inverse=True)
+    labels = components(len(unique), near_pairs(unique, distance))
+    group = np.full(len(pictures), -1, dtype=np.int64)
+    group[valid] = labels[inverse]
+    del unique, inverse, labels
+    # Components of two contents or more, and each one's splits.
+    members = np.flatnonzero(group >= 0)
+    if not len(members):
+        return NearFound(0, 0, 0, 0, 0, distance, [])
+    by_content = np.unique(np.stack([group[members], contents[members].view(np.int64)]), axis=1)[0]
+    ids, counts = np.unique(by_content, return_counts=True)
+    near_ids = ids[counts >= 2]
+    del by_content, ids, counts
+    if not len(near_ids):
+        return NearFound(0, 0, 0, 0, 0, distance, [])
+    in_near = np.isin(group, near_ids)
+    rows = np.flatnonzero(in_near)
+    order = rows[np.lexsort((rows, np.searchsorted(near_ids, group[rows])))]
+    number = np.searchsorted(near_ids, group[order])  # 0-based, in the order of near_ids
+    starts = np.flatnonzero(np.r_[True, number[1:] != number[:-1]])
+    first_hash = pictures[order[starts]]
+    gap = np.bitwise_count(pictures[order] ^ np.repeat(first_hash, np.diff(np.r_[starts, len(order)])))
+    widest = np.maximum.reduceat(gap, starts)
+    split_sets = np.unique(np.stack([number, splits[order].astype(np.int64)]), axis=1)
+    split_count = np.bincount(split_sets[0], minlength=len(near_ids))
+    across = split_count >= 2
+    validation = names.get(b"validation", -1)
+    in_across = across[number]
+    validation_across = int(np.count_nonzero(in_across & (splits[order] == validation)))
+    # Each line's place in the report, by its index: the second pass reads lines in index order.
+    place = np.empty(len(pictures), dtype=np.int64)
+    place[order] = np.arange(len(order))
+    spill = SortedSpill(folder, "near", max(1, len(order)))
+    index = 0
+    for chunk in lines():
+        chosen = np.flatnonzero(in_near[index:index + len(chunk)])
+        for i in chosen.tolist():
+            at = int(place[index + i])
+            spill.add(((at << 64) // max(1, len(order)), at, chunk[i]))
+        index += len(chunk)
+    examples_across: list[dict[str, Any]] = []
+    examples_within: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []
+    current = -1
+    for _, at, line in spill:
+        g = int(number[at])
+        digest, split, picture, quoted = line.split(b"\t", 3)
+        out.write(b'{"kind": "near", "group": %d, "distance": %d, "group_distance": %d, "sha256": "%s", '
+                  b'"phash": "%s", "split": "%s", "path": %s}\n'
+                  % (g + 1, int(gap[at]), int(widest[g]), digest, picture, split, quoted))
+        if g != current:
+            current, shown = g, []
+            kept = examples_across if across[g] else examples_within
+            if len(kept) < _EXAMPLES:
+                kept.append({"group": g + 1, "distance": int(widest[g]), "files": shown})
+        if len(shown) < _EXAMPLES:
+            shown.append({"split": split.decode(), "path": json.loads(quoted), "distance": int(gap[at])})
+    return NearFound(groups=len(near_ids), files=len(order), within_split=int(np.count_nonzero(~across)),
+                     across_splits=int(np.count_nonzero(across)), validation_files_across=validation_across,
+                     distance=distance, examples=(examples_across + examples_within)[:_EXAMPLES])
+
+
+_EXAMPLES = 5
+
+
+def _read(chunks: Iterator[list[bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[bytes, int]]:
+    """Per line: its perceptual hash, whether it has one (``-``: none), its sha256's first 8
+    bytes and its split's code; and the codes by split name."""
+    pictures, contents, splits = array.array("Q"), array.array("Q"), array.array("B")
+    hashed = bytearray()
+    names: dict[bytes, int] = {}
+    for chunk in chunks:
+        for line in chunk:
+            digest, split, picture, _ = line.split(b"\t", 3)
+            hashed.append(picture != b"-")
+            pictures.append(int(picture, 16) if hashed[-1] else 0)
+            contents.append(int(digest[:16], 16))
+            splits.append(names.setdefault(split, len(names)))
+    return (np.frombuffer(pictures, dtype=np.uint64), np.frombuffer(hashed, dtype=bool),
+            np.frombuffer(contents, dtype=np.uint64), np.frombuffer(splits, dtype=np.uint8), names)
