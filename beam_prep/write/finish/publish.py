@@ -92,7 +92,8 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
       StorageError: a file could not be read or written.
     """
     work = layout.run_folder(config.output, plan.run_id)
-    found = duplicates.find(sorted(reports.hash_files), plan.listed)
+    distance = config.near_duplicate_distance
+    found = duplicates.find(sorted(reports.hash_files), plan.listed, distance if distance >= 0 else None)
     try:
         built = manifest.build(config, plan, reports.shards, reports.class_counts, reports.failures,
                                reports.originals, found.to_json(), reports.flat)

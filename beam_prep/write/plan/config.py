@@ -40,6 +40,9 @@ SINKS = ("auto", "streaming", "shuffle")
 # labels.txt's forms: one name a line (line number = index in the labels), or TF-slim's
 # "id:name" lines (ids as stored, label_offset included). See dataset.labels_lines.
 LABELS_TXT_FORMS = ("names", "slim")
+# What a run does about a copy or near copy across splits (docs/design/duplicates.md).
+CROSS_SPLIT_ACTIONS = ("report", "fail")
+MAX_NEAR_DUPLICATE_DISTANCE = 32  # half the hash's bits: beyond, unrelated pictures match
 # The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
 # a few more cover other conventions, and a typo like 1000 is refused.
 MAX_LABEL_OFFSET = 16
@@ -85,6 +88,10 @@ class PrepareConfig:
         as ``input`` is; None labels each image by its folder.
       recursive: whether images at any depth under a label folder take its label.
       file_format: the shards' format, a key of ``model.dataset.FILE_FORMATS``.
+      near_duplicate_distance: the largest Hamming distance between two records' perceptual
+        hashes that makes them near duplicates; -1 looks for exact copies only.
+      cross_split_duplicates: ``report`` the copies across splits, or ``fail`` the run once
+        its reports are written (``CROSS_SPLIT_ACTIONS``).
     """
 
     input: str
@@ -103,6 +110,8 @@ class PrepareConfig:
     metadata: str | None = None
     recursive: bool = False
     file_format: str = TFRECORD
+    near_duplicate_distance: int = 10  # finish.near.DEFAULT_DISTANCE
+    cross_split_duplicates: str = "report"
 
     @property
     def shard_suffix(self) -> str:
@@ -226,6 +235,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "read_concurrency": (lambda v: isinstance(v, int) and 0 <= v <= MAX_READ_CONCURRENCY,
                          f"must be in [0, {MAX_READ_CONCURRENCY}] (0 reads each file when its turn comes)"),
     "read_ahead_mb": (lambda v: v >= 1, "must be at least 1"),
+    "near_duplicate_distance": (lambda v: isinstance(v, int) and -1 <= v <= MAX_NEAR_DUPLICATE_DISTANCE,
+                                f"must be in [0, {MAX_NEAR_DUPLICATE_DISTANCE}] bits, or -1 for exact copies only"),
+    "cross_split_duplicates": (lambda v: v in CROSS_SPLIT_ACTIONS, f"must be one of {', '.join(CROSS_SPLIT_ACTIONS)}"),
 }
 
 
@@ -268,7 +280,9 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                    else default_compression(o.image_format, o.file_format))
     check_values({"resize_mode": o.resize_mode, "image_format": o.image_format,
                   "compression": compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
-                  "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb})
+                  "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb,
+                  "near_duplicate_distance": o.near_duplicate_distance,
+                  "cross_split_duplicates": o.cross_split_duplicates})
     if o.read_concurrency is not None:
         check_values({"read_concurrency": o.read_concurrency})
     check_file_format(o.file_format, compression)
@@ -300,7 +314,9 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
                          overwrite=o.overwrite, sink=o.sink, compression=compression, reads=reads,
                          label_offset=o.label_offset, labels_txt=o.labels_txt, metadata=table,
-                         recursive=o.recursive, file_format=o.file_format)
+                         recursive=o.recursive, file_format=o.file_format,
+                         near_duplicate_distance=o.near_duplicate_distance,
+                         cross_split_duplicates=o.cross_split_duplicates)
 
 
 def _metadata_path(path: str | None, recursive: bool) -> str | None:
