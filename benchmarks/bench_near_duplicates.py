@@ -39,8 +39,8 @@ def measure() -> dict[str, object]:
     pictures = photographs()
     # A picture of one flat colour (as the run tells them, ``flat``) is left out of the search, as the
     # run leaves it out: all dark frames look alike, and the run already names them.
-    flat = sorted(n for n, img in pictures.items() if _is_flat(img))
-    names = sorted(set(pictures) - set(flat))
+    flat_pictures = sorted(n for n, img in pictures.items() if _is_flat(img))
+    names = sorted(set(pictures) - set(flat_pictures))
     hashes = np.empty((len(names), 1 + len(TRANSFORMS)), dtype=np.uint64)
     for i, name in enumerate(names):
         img = pictures[name]
@@ -59,7 +59,7 @@ def measure() -> dict[str, object]:
     cumulative = np.cumsum(histogram)
     return {
         "pictures": len(names),
-        "flat_left_out": len(flat),
+        "flat_left_out": len(flat_pictures),
         "sources": {kind: sum(1 for n in names if n.split("#")[0].split("/")[0] == kind and
                               ("#" in n) == tiled)
                     for kind, tiled in (("pillow", False), ("skimage", False))} | {

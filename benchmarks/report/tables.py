@@ -292,6 +292,16 @@ def near_duplicates(results: Mapping) -> str:
             f"{results['unrelated_pairs']:,} pairs of images of different pictures.\n\n" + "\n".join(lines))
 
 
+def near_search(results: Mapping) -> str:
+    """Each count of hashes and threshold: seconds, CPU seconds, memory added, and the plan."""
+    lines = ["| hashes | distance ≤ | bands, agreeing | seconds | CPU seconds | memory MB | bytes / hash |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results["runs"]:
+        lines.append(f"| {r['hashes']:,} | {r['distance']} | {r['bands']}, {r['key_bands']} | {r['seconds']:.1f} "
+                     f"| {r['cpu_seconds']:.1f} | {r['grown_bytes'] / MIB:.0f} | {r['grown_bytes'] / r['hashes']:.1f} |")
+    return "\n".join(lines)
+
+
 def reader_rate(results: Mapping, key: str) -> tuple[float, float]:
     """A reader's median images/s and images per CPU-second over the rounds."""
     r = results["results"][key]
@@ -395,6 +405,6 @@ def framing(results: Mapping) -> str:
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
-    "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates, "reader": reader, "verify": verify, "startup": startup,
+    "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates, "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs,
 }

@@ -15,9 +15,12 @@ the number of pairs. See docs/design/duplicates.md.
 from __future__ import annotations
 
 import array
+import collections
+import concurrent.futures
 import itertools
 import json
 import math
+import os
 from collections.abc import Callable, Iterator
 from typing import IO, Any, NamedTuple
 
@@ -31,78 +34,137 @@ DEFAULT_DISTANCE = 10  # chosen on docs/performance/near-duplicates.md
 _BITS = 64
 
 
+# The cost model's weights, in nanoseconds: sorting one hash by a key (the key made, packed with
+# its position and sorted), and comparing one pair of hashes with equal keys.
+_SORT_NS, _PAIR_NS = 15.0, 3.0
+_MAX_KEYS = 20_000
+
+
 def band_plan(count: int, distance: int) -> tuple[int, int]:
     """``(m, k)``: the number of bands and how many of them a key holds, for ``count`` distinct
-    hashes and a threshold ``distance``; the cheapest by a cost model of sorted keys plus the
-    pairs equal keys hold among uniform hashes."""
+    hashes and a threshold ``distance``: the cheapest by a cost model of one sort per key and the
+    pairs that equal keys hold among uniform hashes (docs/design/duplicates.md)."""
     best: tuple[float, int, int] | None = None
     for m in range(distance + 1, _BITS + 1):
         k = m - distance
         keys = math.comb(m, k)
-        if keys > 20_000:
+        if keys > _MAX_KEYS:
             break
-        key_bits = _BITS * k / m
-        cost = keys * (count + count * count / 2 / 2 ** key_bits)
+        pairs = count * (count - 1) / 2 / 2 ** (_BITS * k / m)
+        cost = keys * (count * _SORT_NS + pairs * _PAIR_NS)
         if best is None or cost < best[0]:
             best = (cost, m, k)
     assert best is not None
     return best[1], best[2]
 
 
-def _masks(m: int, k: int) -> Iterator[int]:
-    """The key mask of each choice of ``k`` of the ``m`` bands (contiguous, sizes differing by one)."""
+def _keys(m: int, k: int) -> list[tuple[tuple[int, int], ...]]:
+    """Each choice of ``k`` of the ``m`` bands (contiguous, sizes differing by one bit at most), as
+    ``(first bit, width)`` per band."""
     edges = [round(i * _BITS / m) for i in range(m + 1)]
-    bands = [((1 << (edges[i + 1] - edges[i])) - 1) << edges[i] for i in range(m)]
-    for chosen in itertools.combinations(bands, k):
-        yield sum(chosen)
+    bands = [(edges[i], edges[i + 1] - edges[i]) for i in range(m)]
+    return list(itertools.combinations(bands, k))
 
 
-def near_pairs(hashes: np.ndarray, distance: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def near_pairs(hashes: np.ndarray, distance: int, workers: int | None = None
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Every pair of positions in ``hashes`` (distinct uint64 values) within ``distance`` bits, in
-    batches ``(i, j)``; a pair may come in more than one batch.
+    batches ``(i, j)``, one batch per key; a pair may come in more than one batch.
 
     Args:
       hashes: distinct 64-bit hashes (uint64).
       distance: the largest Hamming distance of a pair (0 to 63).
+      workers: keys searched at once, in threads (numpy lets go of the GIL while it sorts and
+        compares); default: the machine's CPUs.
     """
     n = len(hashes)
     if n < 2:
         return
     m, k = band_plan(n, distance)
-    for mask in _masks(m, k):
+    index_bits = max(1, (n - 1).bit_length())
+    threads = max(1, min(workers or os.cpu_count() or 1, 4))
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        pending: collections.deque[concurrent.futures.Future] = collections.deque()
+        for bands in _keys(m, k):
+            pending.append(pool.submit(_pairs_of_key, hashes, distance, bands, index_bits))
+            if len(pending) >= 2 * threads:  # a bounded number in flight: memory stays a few keys' arrays
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _pairs_of_key(hashes: np.ndarray, distance: int, bands: tuple[tuple[int, int], ...],
+                  index_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs within ``distance`` among the hashes that agree on ``bands``: the hashes sorted by
+    those bands' bits, and each compared with the ones after it while their keys agree."""
+    n = len(hashes)
+    key_bits = sum(width for _, width in bands)
+    if key_bits + index_bits <= _BITS:  # the key and the position packed in one word: one plain sort
+        key = np.zeros(n, dtype=np.uint64)
+        shift = 0
+        for first, width in bands:
+            key |= ((hashes >> np.uint64(first)) & np.uint64((1 << width) - 1)) << np.uint64(shift)
+            shift += width
+        packed = np.sort((key << np.uint64(index_bits)) | np.arange(n, dtype=np.uint64))
+        del key
+        keys = packed >> np.uint64(index_bits)
+        order = (packed & np.uint64((1 << index_bits) - 1)).astype(np.int64)
+        del packed
+    else:
+        mask = sum(((1 << width) - 1) << first for first, width in bands)
         keys = hashes & np.uint64(mask)
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
-        active = np.flatnonzero(keys[1:] == keys[:-1])  # i where the key at i equals the next one
-        step = 1
-        while active.size:
-            a, b = order[active], order[active + step]
-            close = np.bitwise_count(hashes[a] ^ hashes[b]) <= distance
-            if close.any():
-                yield a[close], b[close]
-            step += 1
-            active = active[active + step < n]
-            active = active[keys[active + step] == keys[active]]
+    found_i, found_j = [], []
+    active = np.flatnonzero(keys[1:] == keys[:-1])  # i where the key at i equals the next one
+    step = 1
+    while active.size:
+        a, b = order[active], order[active + step]
+        close = np.bitwise_count(hashes[a] ^ hashes[b]) <= distance
+        found_i.append(a[close])
+        found_j.append(b[close])
+        step += 1
+        active = active[active + step < n]
+        active = active[keys[active + step] == keys[active]]
+    if not found_i:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(found_i), np.concatenate(found_j)
 
 
 def components(count: int, pairs: Iterator[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """The connected component of each of ``count`` nodes given edges in batches: its smallest node.
 
-    A union-find in one array: each batch links the roots of its ends, the larger to the smaller,
-    until they agree; pointer jumping keeps the trees flat.
+    A union-find in one array: the edges, gathered up to ``_EDGES`` at a time, link the roots of
+    their ends, the larger to the smaller, until they agree; pointer jumping keeps the trees flat.
     """
     parent = np.arange(count, dtype=np.int64)
-    for i, j in pairs:
-        while True:
-            parent = _flattened(parent)
-            ri, rj = parent[i], parent[j]
-            apart = ri != rj
-            if not apart.any():
-                break
-            low, high = np.minimum(ri, rj)[apart], np.maximum(ri, rj)[apart]
-            np.minimum.at(parent, high, low)
-            i, j = i[apart], j[apart]
+    held_i: list[np.ndarray] = []
+    held_j: list[np.ndarray] = []
+    held = 0
+    for i, j in itertools.chain(pairs, [(None, None)]):
+        if i is not None and len(i):
+            held_i.append(i)
+            held_j.append(j)
+            held += len(i)
+        if held and (held >= _EDGES or i is None):
+            parent = _linked(parent, np.concatenate(held_i), np.concatenate(held_j))
+            held_i, held_j, held = [], [], 0
     return _flattened(parent)
+
+
+_EDGES = 1 << 20
+
+
+def _linked(parent: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    while True:
+        parent = _flattened(parent)
+        ri, rj = parent[i], parent[j]
+        apart = ri != rj
+        if not apart.any():
+            return parent
+        low, high = np.minimum(ri, rj)[apart], np.maximum(ri, rj)[apart]
+        np.minimum.at(parent, high, low)
+        i, j = i[apart], j[apart]
 
 
 def _flattened(parent: np.ndarray) -> np.ndarray:
