@@ -64,14 +64,14 @@ def test_near_groups_are_listed_with_their_distance_and_counted_within_and_acros
     assert found.images == 1 and found.across_splits == 0
     nearby = [(r["group"], r["path"], r["split"], r["distance"], r["group_distance"])
               for r in lines if r["kind"] == "near"]
-    assert nearby == [(1, "/t/a.jpg", "train", 0, 6), (1, "/v/a_small.jpg", "validation", 2, 6),
-                      (1, "/t/a_crop.jpg", "train", 6, 6),
+    assert nearby == [(1, "/t/a.jpg", "train", 0, 6), (1, "/t/a_crop.jpg", "train", 6, 6),
+                      (1, "/v/a_small.jpg", "validation", 2, 6),  # a group's files by path
                       (2, "/t/b.jpg", "train", 0, 0), (2, "/t/b_again.jpg", "train", 0, 0),
                       (2, "/t/b_copy.jpg", "train", 0, 0)]
     assert [r["path"] for r in lines if r["kind"] == "exact"] == ["/t/b.jpg", "/t/b_copy.jpg"]
     assert found.near == {"distance": 4, "groups": 2, "files": 6, "within_split": 1, "across_splits": 1,
                           "validation_files_across": 1, "examples": found.near["examples"]}
-    assert found.near["examples"][0]["files"][1] == {"split": "validation", "path": "/v/a_small.jpg", "distance": 2}
+    assert found.near["examples"][0]["files"][2] == {"split": "validation", "path": "/v/a_small.jpg", "distance": 2}
 
 
 def test_no_hashes_no_near_groups(tmp_path):
@@ -80,3 +80,32 @@ def test_no_hashes_no_near_groups(tmp_path):
     found = duplicates.find([str(path)], 1)
     found.close()
     assert found.near["groups"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("distance", [4, 10])
+def test_the_beam_transforms_find_each_pair_the_launcher_finds_once(tmp_path, distance):
+    """NearPairs on the DirectRunner against the launcher's search over the same hash files: the
+    same pairs, each once, so the same groups."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beam_prep.write.finish.near_beam import NearPairs
+
+    rng = np.random.default_rng(distance)
+    base = rng.integers(0, 2**63, size=150, dtype=np.uint64) << np.uint64(1)
+    flips = [sum(1 << int(b) for b in rng.choice(64, rng.integers(0, distance + 4), replace=False))
+             for _ in range(150)]
+    hashes = np.concatenate([base, base ^ np.array(flips, dtype=np.uint64), base[:10]])  # and exact copies
+    files = []
+    for part in range(2):
+        path = tmp_path / f"hashes-{part}.txt"
+        path.write_text("".join(_line(f"{part}-{i}", "train", int(h), f"/{part}/{i}.jpg") + "\n"
+                                for i, h in enumerate(hashes[part::2])) + _line("flat", "train", None, "/f.jpg") + "\n")
+        files.append(str(path))
+    unique = np.unique(hashes)
+    expected = [(int(unique[min(a, b)]), int(unique[max(a, b)])) for a, b in _brute(unique, distance)]
+    with beam.Pipeline() as p:
+        pairs = p | beam.Create(files) | NearPairs(distance, count=len(unique))
+        assert_that(pairs, equal_to(expected))  # each once: a repeated pair would fail equal_to
+    assert len(expected) > 20

@@ -76,13 +76,16 @@ class Duplicates:
             self._folder.close()
 
 
-def find(hash_files: Iterable[str], capacity: int, distance: int | None = near.DEFAULT_DISTANCE) -> Duplicates:
+def find(hash_files: Iterable[str], capacity: int, distance: int | None = near.DEFAULT_DISTANCE,
+         pairs: Iterable[tuple[int, int]] | None = None) -> Duplicates:
     """Reads the hash files (in the order given: pass them sorted, and reruns agree) twice,
     and returns the duplicates among their lines: exact copies, then near duplicates.
 
     ``capacity``: at most this many lines in all (the records written cannot exceed
     the files listed). ``distance``: the near-duplicate threshold in bits of the
-    perceptual hash (``near.report``); None finds exact copies only. Close the
+    perceptual hash (``near.report``); None finds exact copies only. ``pairs``: the
+    pairs of hashes within it, found already (``near_beam.NearPairs``); None searches
+    here. Close the
     result when its ``lines_file`` is copied.
 
     Raises:
@@ -100,7 +103,7 @@ def find(hash_files: Iterable[str], capacity: int, distance: int | None = near.D
                 _report(files, candidates, sizes, folder, found, out)
             if distance is not None:
                 found.near = near.report(lambda: (lines for _, lines in _chunks(files)), distance, out,
-                                         folder).to_json()
+                                         folder, pairs).to_json()
     except BaseException:
         found.close()
         raise

@@ -20,15 +20,16 @@ import concurrent.futures
 import itertools
 import json
 import math
+import operator
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, NamedTuple
 
 import numpy as np
 
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 
-__all__ = ["DEFAULT_DISTANCE", "NearFound", "band_plan", "components", "near_pairs", "report"]
+__all__ = ["DEFAULT_DISTANCE", "NearFound", "band_keys", "band_plan", "components", "near_pairs", "report"]
 
 DEFAULT_DISTANCE = 10  # chosen on docs/performance/near-duplicates.md
 _BITS = 64
@@ -40,10 +41,11 @@ _SORT_NS, _PAIR_NS = 15.0, 3.0
 _MAX_KEYS = 20_000
 
 
-def band_plan(count: int, distance: int) -> tuple[int, int]:
+def band_plan(count: int, distance: int, sort_ns: float = _SORT_NS) -> tuple[int, int]:
     """``(m, k)``: the number of bands and how many of them a key holds, for ``count`` distinct
     hashes and a threshold ``distance``: the cheapest by a cost model of one sort per key and the
-    pairs that equal keys hold among uniform hashes (docs/design/duplicates.md)."""
+    pairs that equal keys hold among uniform hashes (docs/design/duplicates.md). ``sort_ns``: what
+    a hash costs per key, in nanoseconds (a Beam pipeline's shuffle: far more than a sort)."""
     best: tuple[float, int, int] | None = None
     for m in range(distance + 1, _BITS + 1):
         k = m - distance
@@ -51,14 +53,14 @@ def band_plan(count: int, distance: int) -> tuple[int, int]:
         if keys > _MAX_KEYS:
             break
         pairs = count * (count - 1) / 2 / 2 ** (_BITS * k / m)
-        cost = keys * (count * _SORT_NS + pairs * _PAIR_NS)
+        cost = keys * (count * sort_ns + pairs * _PAIR_NS)
         if best is None or cost < best[0]:
             best = (cost, m, k)
     assert best is not None
     return best[1], best[2]
 
 
-def _keys(m: int, k: int) -> list[tuple[tuple[int, int], ...]]:
+def band_keys(m: int, k: int) -> list[tuple[tuple[int, int], ...]]:
     """Each choice of ``k`` of the ``m`` bands (contiguous, sizes differing by one bit at most), as
     ``(first bit, width)`` per band."""
     edges = [round(i * _BITS / m) for i in range(m + 1)]
@@ -85,7 +87,7 @@ def near_pairs(hashes: np.ndarray, distance: int, workers: int | None = None
     threads = max(1, min(workers or os.cpu_count() or 1, 4))
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         pending: collections.deque[concurrent.futures.Future] = collections.deque()
-        for bands in _keys(m, k):
+        for bands in band_keys(m, k):
             pending.append(pool.submit(_pairs_of_key, hashes, distance, bands, index_bits))
             if len(pending) >= 2 * threads:  # a bounded number in flight: memory stays a few keys' arrays
                 yield pending.popleft().result()
@@ -155,6 +157,14 @@ def components(count: int, pairs: Iterator[tuple[np.ndarray, np.ndarray]]) -> np
 _EDGES = 1 << 20
 
 
+def _positions(unique: np.ndarray, pairs: Iterable[tuple[int, int]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Pairs of hash values as pairs of their positions in ``unique`` (sorted), in batches."""
+    found = np.array(list(pairs), dtype=np.uint64).reshape(-1, 2)
+    for start in range(0, len(found), _EDGES):
+        batch = found[start:start + _EDGES]
+        yield np.searchsorted(unique, batch[:, 0]), np.searchsorted(unique, batch[:, 1])
+
+
 def _linked(parent: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     while True:
         parent = _flattened(parent)
@@ -193,7 +203,7 @@ class NearFound(NamedTuple):
 
 
 def report(lines: Callable[[], Iterator[list[bytes]]], distance: int, out: IO[bytes],
-           folder: SpillFolder) -> NearFound:
+           folder: SpillFolder, pairs: Iterable[tuple[int, int]] | None = None) -> NearFound:
     """Finds the near-duplicate groups among the hash lines and writes them to ``out``.
 
     A group is a connected component of records whose hashes are within ``distance``
@@ -208,11 +218,13 @@ def report(lines: Callable[[], Iterator[list[bytes]]], distance: int, out: IO[by
       distance: the threshold.
       out: where the lines go.
       folder: a temporary folder, for the external sort of the groups' files.
+      pairs: the pairs of hashes within ``distance``, found already (by the pipeline:
+        ``near_beam.NearPairs``); None: found here (``near_pairs``).
     """
     pictures, hashed, contents, splits, names = _read(lines())
     valid = np.flatnonzero(hashed)
     unique, inverse = np.unique(pictures[valid], return_inverse=True)
-    labels = components(len(unique), near_pairs(unique, distance))
+    labels = components(len(unique), near_pairs(unique, distance) if pairs is None else _positions(unique, pairs))
     group = np.full(len(pictures), -1, dtype=np.int64)
     group[valid] = labels[inverse]
     del unique, inverse, labels
@@ -231,43 +243,42 @@ def report(lines: Callable[[], Iterator[list[bytes]]], distance: int, out: IO[by
     order = rows[np.lexsort((rows, np.searchsorted(near_ids, group[rows])))]
     number = np.searchsorted(near_ids, group[order])  # 0-based, in the order of near_ids
     starts = np.flatnonzero(np.r_[True, number[1:] != number[:-1]])
-    first_hash = pictures[order[starts]]
-    gap = np.bitwise_count(pictures[order] ^ np.repeat(first_hash, np.diff(np.r_[starts, len(order)])))
-    widest = np.maximum.reduceat(gap, starts)
     split_sets = np.unique(np.stack([number, splits[order].astype(np.int64)]), axis=1)
     split_count = np.bincount(split_sets[0], minlength=len(near_ids))
     across = split_count >= 2
     validation = names.get(b"validation", -1)
     in_across = across[number]
     validation_across = int(np.count_nonzero(in_across & (splits[order] == validation)))
-    # Each line's place in the report, by its index: the second pass reads lines in index order.
+    # Each line goes to its group's place in the report; within a group, its files are ordered by
+    # path when read back, an order neither the sink nor the hash files' order changes.
     place = np.empty(len(pictures), dtype=np.int64)
-    place[order] = np.arange(len(order))
+    place[order] = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
     spill = SortedSpill(folder, "near", max(1, len(order)))
     index = 0
     for chunk in lines():
         chosen = np.flatnonzero(in_near[index:index + len(chunk)])
         for i in chosen.tolist():
             at = int(place[index + i])
-            spill.add(((at << 64) // max(1, len(order)), at, chunk[i]))
+            spill.add(((at << 64) // len(order), at, chunk[i]))
         index += len(chunk)
     examples_across: list[dict[str, Any]] = []
     examples_within: list[dict[str, Any]] = []
-    shown: list[dict[str, Any]] = []
-    current = -1
-    for _, at, line in spill:
+    for at, members in itertools.groupby(spill, key=operator.itemgetter(1)):
         g = int(number[at])
-        digest, split, picture, quoted = line.split(b"\t", 3)
-        out.write(b'{"kind": "near", "group": %d, "distance": %d, "group_distance": %d, "sha256": "%s", '
-                  b'"phash": "%s", "split": "%s", "path": %s}\n'
-                  % (g + 1, int(gap[at]), int(widest[g]), digest, picture, split, quoted))
-        if g != current:
-            current, shown = g, []
-            kept = examples_across if across[g] else examples_within
-            if len(kept) < _EXAMPLES:
-                kept.append({"group": g + 1, "distance": int(widest[g]), "files": shown})
-        if len(shown) < _EXAMPLES:
-            shown.append({"split": split.decode(), "path": json.loads(quoted), "distance": int(gap[at])})
+        files = sorted(line.split(b"\t", 3) for _, _, line in members)
+        files.sort(key=operator.itemgetter(3))
+        first = int(files[0][2], 16)
+        gaps = [(int(picture, 16) ^ first).bit_count() for _, _, picture, _ in files]
+        widest = max(gaps)
+        for (digest, split, picture, quoted), gap in zip(files, gaps):
+            out.write(b'{"kind": "near", "group": %d, "distance": %d, "group_distance": %d, "sha256": "%s", '
+                      b'"phash": "%s", "split": "%s", "path": %s}\n'
+                      % (g + 1, gap, widest, digest, picture, split, quoted))
+        kept = examples_across if across[g] else examples_within
+        if len(kept) < _EXAMPLES:
+            kept.append({"group": g + 1, "distance": widest, "files": [
+                {"split": split.decode(), "path": json.loads(quoted), "distance": gap}
+                for (_, split, _, quoted), gap in zip(files[:_EXAMPLES], gaps)]})
     return NearFound(groups=len(near_ids), files=len(order), within_split=int(np.count_nonzero(~across)),
                      across_splits=int(np.count_nonzero(across)), validation_files_across=validation_across,
                      distance=distance, examples=(examples_across + examples_within)[:_EXAMPLES])
