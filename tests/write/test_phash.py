@@ -12,6 +12,7 @@ from PIL import Image
 from real_images import pillow_corpus
 
 from beam_prep.tools.sample import picture
+from beam_prep.write.images.imaging import ImageSpec, process_image
 from beam_prep.write.images.phash import distance, phash
 
 
@@ -60,3 +61,11 @@ def test_near_copies_are_near_and_other_pictures_far():
 def test_the_hash_is_64_bits_first_coefficient_highest():
     """A flat image: only the DC coefficient is above the (zero) median, and it is the top bit."""
     assert phash(Image.new("RGB", (40, 30), "gray")) == 1 << 63
+
+
+def test_a_run_for_exact_copies_only_hashes_nothing():
+    """--near_duplicate_distance -1 turns the hash off in the workers (its cost measured against it)."""
+    buf = io.BytesIO()
+    picture(5, 64, 48).save(buf, "JPEG")
+    assert process_image(buf.getvalue(), ImageSpec(height=16, width=16)).phash is not None
+    assert process_image(buf.getvalue(), ImageSpec(height=16, width=16, perceptual_hash=False)).phash is None

@@ -87,6 +87,7 @@ class ImageSpec:
     max_pixels: int = DEFAULT_MAX_PIXELS
     no_upscale: bool = False  # shorter_side: an image smaller than the size keeps its own
     background: str = DEFAULT_BACKGROUND  # "#rrggbb" transparent pixels are composited on
+    perceptual_hash: bool = True  # False: no ``phash`` (a run that looks for exact copies only)
 
     def __post_init__(self) -> None:
         if parse_colour(self.background) != self.background:
@@ -219,7 +220,7 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
         img = _convert(img, spec)
     except (OSError, ValueError) as e:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
-    picture = phash(img)  # before the resize: the source's picture, whatever the run makes of it
+    picture = phash(img) if spec.perceptual_hash else None  # before the resize: the source's picture, whatever the run makes of it
     img = _resize(img, region, spec)
     return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img), picture)
 
@@ -268,7 +269,8 @@ def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
         img.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
-    return EncodedImage(data, height, width, spec.channels, KEPT, _is_flat(img), phash(img))
+    return EncodedImage(data, height, width, spec.channels, KEPT, _is_flat(img),
+                        phash(img) if spec.perceptual_hash else None)
 
 
 def _sized_for(size: tuple[int, int], spec: ImageSpec) -> ImageSpec:

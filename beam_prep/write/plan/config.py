@@ -309,6 +309,8 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
     if concurrency is None:
         concurrency = 0 if is_local(source) else DEFAULT_REMOTE_READ_CONCURRENCY
     reads = ReadAheadConfig(concurrency=concurrency, max_bytes=o.read_ahead_mb * 2**20)
+    if o.near_duplicate_distance < 0:  # exact copies only: the workers need not hash the pictures
+        spec = dataclasses.replace(spec, perceptual_hash=False)
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
