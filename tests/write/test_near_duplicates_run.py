@@ -2,14 +2,18 @@
 listed and counted, and --cross_split_duplicates fail exits 1 once the dataset is written."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
 from helpers import run_prepare
 from PIL import Image
 
+from beam_prep.tools import leakage_sheet
 from beam_prep.tools.sample import picture
 from beam_prep.write.plan.listing import split_for
+from pipelines import inspect_output
 
 pytestmark = pytest.mark.slow
 PERCENT = 40
@@ -56,6 +60,17 @@ def test_both_sinks_find_the_same_near_groups_and_fail_says_so_after_writing(tre
         groups[sink] = _near(out)
     assert groups["streaming"] == groups["shuffle"]
     assert {path: split for _, split, path in groups["streaming"]} == expected
+    # inspect lists the group and draws it: the validation file first, beside its training copy.
+    sheet_path = tmp_path / "leaks.png"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert inspect_output.main([str(tmp_path / "streaming"), "--leakage", str(sheet_path)]) == 0
+    assert "near duplicates: 1 group of 2 files within 10 bits (0 within a split, 1 across splits" in printed.getvalue()
+    assert f"leakage sheet: {sheet_path} (1 group across splits)" in printed.getvalue()
+    sheet = leakage_sheet.make_leakage_sheet(str(tmp_path / "streaming"))
+    (caption, files), = sheet.rows
+    assert caption.startswith("near group 1") and [split for split, _ in files] == ["validation", "train"]
+    assert Image.open(sheet_path).size == sheet.image.size
 
 
 def test_minus_one_turns_the_near_search_off(tree, tmp_path):
