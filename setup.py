@@ -57,6 +57,8 @@ TEST = [
     "gcp-storage-emulator>=2024.8.3",
     "trustme>=1.1",
     "psutil>=5.9",
+    # The reference the perceptual hash is checked against (tests/write/test_phash.py).
+    "imagehash>=4.3",
     # The TFDS metadata test reads our output with the real tfds.builder_from_directory and
     # tfds.show_examples (matplotlib); the writer produces those files without either.
     "tensorflow-datasets>=4.9.10,<5",

@@ -13,8 +13,9 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       --image_format original``), and (e) the originals recipe capped at 512
       on the shorter side (``--resize_mode shorter_side --image_size 512
       --no_upscale --image_format original``), and (f) (d) with GZIP (originals
-      are uncompressed by default), each run right after (c), so their ratios
-      to it are taken on the same machine minutes;
+      are uncompressed by default), and (i) (c) without the perceptual hash
+      (``--near_duplicate_distance -1``: its cost), each run right after (c), so
+      their ratios to it are taken on the same machine minutes;
   (g) the hand-written writer a user might write instead
       (``benchmarks/handwritten_writer.py``: Pool + Pillow + TFRecordWriter);
   (h) img2dataset, when installed (``pip install -e '.[peers]'``);
@@ -74,6 +75,10 @@ ORIGINALS_RUNS = {
     "(f) (d) with `--compression gzip`":
         ("--resize_mode", "none", "--image_format", "original", "--jpeg_quality", str(JPEG_QUALITY),
          "--compression", "gzip"),
+    # Not an originals command: (c) without the perceptual hash each image gets for the near-duplicate
+    # search, whose ratio to (c) per CPU-second is the hash's cost (issue: at most 3%).
+    "(i) (c) without the perceptual hash: `--near_duplicate_distance -1`":
+        (*DEFAULT_FLAGS, "--near_duplicate_distance", "-1"),
 }
 DEFAULT_SAMPLE = 1500
 GIB = 2**30

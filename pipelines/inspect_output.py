@@ -43,6 +43,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object instead of a table")
     p.add_argument("--max-classes", dest="max_classes", type=_positive, metavar="N",
                    help="show only the N largest and N smallest classes in the table (default: all)")
+    leaks = p.add_argument_group("leakage")
+    leaks.add_argument("--leakage", metavar="SHEET.png",
+                       help="write a PNG of the closest groups of copies or near copies across splits "
+                            "(duplicates.jsonl): a row per group, its source files side by side with their splits")
+    leaks.add_argument("--leakage-groups", dest="leakage_groups", type=_positive, default=8, metavar="N",
+                       help="groups on the leakage sheet (default 8)")
     grid = p.add_argument_group("contact sheet")
     grid.add_argument("--grid", metavar="SHEET.png",
                       help="write a PNG contact sheet (local path or gs://): a row per class")
@@ -109,6 +115,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {len(summary.missing_shards)} shards the manifest lists are missing from "
               f"{summary.root}: the dataset is incomplete", file=sys.stderr)
         status = 1
+    if args.leakage:
+        from beam_prep.tools import leakage_sheet
+        from beam_prep.wording import count
+        try:
+            leaks = leakage_sheet.make_leakage_sheet(summary.root, args.leakage_groups)
+            if leaks is not None:
+                leakage_sheet.save(leaks, args.leakage)
+        except BeamPrepError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"leakage sheet: {args.leakage} ({count(len(leaks.rows), 'group')} across splits)" if leaks is not None
+              else "leakage sheet: no group of copies across splits, none written",
+              file=sys.stderr if args.json else sys.stdout)
     if args.grid:
         try:
             sheet = contact_sheet.make_contact_sheet(summary.info, split, args.per_class, args.cell,

@@ -91,7 +91,22 @@ def summary(result: RunResult) -> str:
         lines.append(f"  duplicates: {count(copies['extra_copies'], 'extra copy', 'extra copies')} of "
                      f"{count(copies['images'], 'image')}, {copies['across_splits']:,} across splits "
                      "(written all the same; see duplicates.jsonl)")
+    near = copies.get("near") or {}
+    if near.get("groups"):
+        lines.append(f"  near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} "
+                     f"within {near['distance']} bits, {near['across_splits']:,} across splits (see duplicates.jsonl)")
+    leaks = leakage(m)
+    if leaks:
+        lines.append(f"  cross-split leakage: {count(leaks, 'group')} of copies or near copies in two splits "
+                     f"({near.get('validation_files_across', 0):,} validation files near a file of another split); "
+                     "see duplicates.jsonl, or beam-prep inspect")
     return "\n".join(lines)
+
+
+def leakage(manifest: dict) -> int:
+    """Groups of exact or near copies that lie in two splits or more."""
+    copies = manifest.get("duplicates") or {}
+    return int(copies.get("across_splits", 0)) + int((copies.get("near") or {}).get("across_splits", 0))
 
 
 def plan_summary(result: RunResult, input_root: str) -> str:
@@ -195,6 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal_of(e)
     if result.manifest is not None:
         print(summary(result))
+        leaks = leakage(result.manifest)
+        if leaks and config.cross_split_duplicates == "fail":
+            print(f"error: --cross_split_duplicates fail: {count(leaks, 'group')} of copies across splits "
+                  f"(the dataset is written; see {config.output}/duplicates.jsonl)", file=sys.stderr)
+            return 1
     elif result.job is not None:
         print(plan_summary(result, config.input))
         print("dry run: the job was built and not submitted")

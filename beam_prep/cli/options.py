@@ -136,6 +136,16 @@ def _labels_split_arguments(group: Any) -> None:
         help="Images at any depth under a label folder take that top folder's label (as Keras's "
              "image_dataset_from_directory); without it, images deeper than the label folders are skipped.")
     group.add_argument(
+        "--near_duplicate_distance", type=int, default=10,
+        help="Records whose perceptual hashes (64 bits) differ in at most this many bits are near "
+             "duplicates (a re-encoded, resized or recoloured copy), listed in duplicates.jsonl and "
+             "counted within and across splits; -1 finds exact copies only "
+             f"({doc_page('design/duplicates.md')}).")
+    group.add_argument(
+        "--cross_split_duplicates", default="report",
+        help="What a copy or near copy in two splits (leakage) does: report (in the summary, the "
+             "manifest and duplicates.jsonl), or fail (the same, then exit 1: for automated jobs).")
+    group.add_argument(
         "--labels_txt", default="names",
         help="labels.txt's form: names (one name a line) or slim "
              "(TF-slim's id:name lines, ids as stored).")

@@ -231,8 +231,9 @@ def originals_lines(originals: Mapping[str, Any] | None) -> list[str]:
 def _duplicates_section(summary: Summary) -> list[str]:
     """Files with the same bytes, counted, and the manifest's examples: across splits first."""
     d = summary.duplicates
+    near = _near_lines(d.get("near"), join(summary.root, DUPLICATES))
     if not d.get("extra_copies"):
-        return ["duplicates: none (no two written files have the same bytes)"]
+        return ["duplicates: none (no two written files have the same bytes)", *near]
     out = [f"duplicates: {count(d['extra_copies'], 'extra copy', 'extra copies')} of {count(d['images'], 'image')} "
            f"({d['within_split']:,} within a split, {d['across_splits']:,} across splits; every one in "
            f"{join(summary.root, DUPLICATES)})"]
@@ -240,6 +241,21 @@ def _duplicates_section(summary: Summary) -> list[str]:
         files = ", ".join(f"{f['split']} {f['path']}" for f in group["files"])
         more = f" and {group['copies'] - len(group['files']):,} more" if group["copies"] > len(group["files"]) else ""
         out.append(f"  {group['sha256'][:12]} ({group['copies']:,} files): {files}{more}")
+    return out + near
+
+
+def _near_lines(near: Mapping[str, Any] | None, where: str) -> list[str]:
+    """The near-duplicate groups, counted, and the manifest's examples: across splits first."""
+    if near is None:
+        return []
+    if not near["groups"]:
+        return [f"near duplicates: none within {near['distance']} bits"]
+    out = [f"near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} within "
+           f"{near['distance']} bits ({near['within_split']:,} within a split, {near['across_splits']:,} across "
+           f"splits, {near['validation_files_across']:,} validation files among them; every one in {where})"]
+    for group in near.get("examples", []):
+        files = ", ".join(f"{f['split']} {f['path']} ({f['distance']} bits)" for f in group["files"])
+        out.append(f"  group {group['group']} (up to {group['distance']} bits): {files}")
     return out
 
 

@@ -278,6 +278,30 @@ def duplicates(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def near_duplicates(results: Mapping) -> str:
+    """Recall per transformation and false pairs per million unrelated pairs, at each threshold."""
+    transforms = results["transforms"]
+    lines = ["| distance ≤ | " + " | ".join(f"recall: {t}" for t in transforms) + " | false pairs | per million pairs |",
+             "|---:|" + "---:|" * (len(transforms) + 2)]
+    for i, k in enumerate(results["thresholds"]):
+        recall = " | ".join(f"{results['recall'][t][i]:.1%}" for t in transforms)
+        false = results["false_pairs"][i]
+        lines.append(f"| {k} | {recall} | {false:,} | {false / results['unrelated_pairs'] * 1e6:.2f} |")
+    return (f"{results['pictures']:,} pictures ({results['flat_left_out']} of one flat colour left out), "
+            f"each with {len(transforms)} copies; "
+            f"{results['unrelated_pairs']:,} pairs of images of different pictures.\n\n" + "\n".join(lines))
+
+
+def near_search(results: Mapping) -> str:
+    """Each count of hashes and threshold: seconds, CPU seconds, memory added, and the plan."""
+    lines = ["| hashes | distance ≤ | bands, agreeing | seconds | CPU seconds | memory MB | bytes / hash |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results["runs"]:
+        lines.append(f"| {r['hashes']:,} | {r['distance']} | {r['bands']}, {r['key_bands']} | {r['seconds']:.1f} "
+                     f"| {r['cpu_seconds']:.1f} | {r['grown_bytes'] / MIB:.0f} | {r['grown_bytes'] / r['hashes']:.1f} |")
+    return "\n".join(lines)
+
+
 def reader_rate(results: Mapping, key: str) -> tuple[float, float]:
     """A reader's median images/s and images per CPU-second over the rounds."""
     r = results["results"][key]
@@ -396,6 +420,7 @@ def framing(results: Mapping) -> str:
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
-    "launcher": launcher, "duplicates": duplicates, "reader": reader, "verify": verify, "startup": startup,
+    "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates,
+    "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
 }

@@ -166,7 +166,8 @@ def test_a_good_run_keeps_its_output_and_no_log(tree, tmp_path, tmpdir_env):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # the summary says it all: our INFO records are for a failed job's log
     assert re.fullmatch(r"beam-prep: 8 of 8 images written in .*; 0 failed, 0 skipped\n"
-                        r"  train: 8 examples in 1 shard\n", result.stdout)
+                        r"  train: 8 examples in 1 shard\n"
+                        r"(  near duplicates: .* 0 across splits \(see duplicates.jsonl\)\n)?", result.stdout)
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
 
 
@@ -334,7 +335,8 @@ def test_a_clean_run_with_bad_images_prints_its_summary_alone_and_leaves_no_log(
     assert result.stderr == ""
     assert re.fullmatch(r"beam-prep: 9 of 13 images written in .*; 4 failed, 0 skipped\n"
                         r"  train: 9 examples in \d shards?\n"
-                        r"  failed at decode: 4 \(see errors.jsonl\)\n", result.stdout), result.stdout
+                        r"  failed at decode: 4 \(see errors.jsonl\)\n"
+                        r"(  near duplicates: .* 0 across splits \(see duplicates.jsonl\)\n)?", result.stdout), result.stdout
     errors = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
     assert [e["relpath"] for e in errors] == ["a/damaged.png", "a/truncated.jpg", "b/samples.tif", "b/tags.tif"]
     assert os.listdir(tmpdir_env["TMPDIR"]) == []

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import REPO, run_prepare
+from PIL import Image
 
 PAGE = REPO / "docs" / "reference" / "manifest.md"
 # Objects whose keys are names of the data, not the format's: the page writes them as placeholders.
@@ -75,12 +76,14 @@ def outputs(tmp_path_factory) -> list[Path]:
                    check=True, capture_output=True, timeout=120)
     first = sorted((tree / "circles").glob("*.jpg"))[1]
     shutil.copyfile(first, tree / "squares" / "copy.jpg")  # a duplicate, across labels
+    with Image.open(first) as image:  # a near duplicate: half the size, at JPEG quality 50
+        image.resize((image.width // 2, image.height // 2)).save(tree / "squares" / "near.jpg", quality=50)
     table = work / "table.csv"
     with open(table, "w", newline="", encoding="utf-8") as f:
         rows = csv.writer(f)
         rows.writerow(["file_name", "labels", "rating"])
         # circles' first files: broken.jpg (a failure) and the duplicated one among them.
-        listed = sorted(p for p in tree.rglob("*") if p.suffix in (".jpg", ".png") and p.name != "copy.jpg")
+        listed = sorted(p for p in tree.rglob("*") if p.suffix in (".jpg", ".png") and p.name not in ("copy.jpg", "near.jpg"))
         for i, image in enumerate(listed[:12]):
             label = image.parent.name
             rows.writerow([image.relative_to(tree).as_posix(), f"{label};stripes" if i % 3 == 0 else label, i])

@@ -56,6 +56,8 @@ def tree(tmp_path_factory) -> pathlib.Path:
     for original, copy in (("ant/img_000.jpg", "bee/copy_a.jpg"), ("ant/img_000.jpg", "dog/copy_b.jpg"),
                            ("bee/img_001.jpg", "cat/copy_c.jpg")):  # duplicates, in shards of their own
         shutil.copyfile(root / original, root / copy)
+    # A near duplicate: half the size, at JPEG quality 50 (the resumed run must group it the same).
+    picture(PHOTOS_PER_LABEL + 5, 640, 480).resize((320, 240)).save(root / "dog" / "near_e.jpg", quality=50)
     return root
 
 
@@ -72,7 +74,10 @@ def uninterrupted(tree, tmp_path_factory) -> dict[str, str]:
     digests = _digests(out)
     assert len(digests) == SHARDS + len(DATASET_FILES)
     assert json.loads((out / "manifest.json").read_text())["duplicates"]["extra_copies"] == 3
-    assert len((out / "duplicates.jsonl").read_text().splitlines()) == 5
+    lines = [json.loads(line) for line in (out / "duplicates.jsonl").read_text().splitlines()]
+    assert len([r for r in lines if r["kind"] == "exact"]) == 5
+    near = {r["path"]: r["group"] for r in lines if r["kind"] == "near"}
+    assert near[str(tree / "bee" / "img_005.jpg")] == near[str(tree / "dog" / "near_e.jpg")]
     return digests
 
 
@@ -152,7 +157,7 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
     # The finished shards were kept, not written again: the same files, moved into place.
     assert {name: (out / name).stat().st_ino for name in kept} == kept
     manifest = json.loads((out / "manifest.json").read_text())
-    listed = 4 * PHOTOS_PER_LABEL + 4  # the broken file and the three copies
+    listed = 4 * PHOTOS_PER_LABEL + 5  # the broken file, the three copies and the near copy
     assert manifest["counts"] == {"listed": listed, "written": listed - 1, "failed": 1, "skipped": 2}
     assert (manifest["duplicates"]["images"], manifest["duplicates"]["extra_copies"]) == (2, 3)
     assert not (out / ".beam-prep").exists()

@@ -4,10 +4,12 @@ from __future__ import annotations
 import hashlib
 
 from helpers import make_tree
+from PIL import Image
 
 from beam_prep.model.features import FILENAME, decode_example
 from beam_prep.write.finish.duplicates import hash_line
 from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.images.phash import distance, phash
 from beam_prep.write.plan.listing import list_tree
 from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.sinks.tally import Counters, count_image
@@ -30,7 +32,12 @@ def test_a_good_image_becomes_a_row_with_its_split_labels_and_hash_line(tmp_path
     assert failure is None and reporter.added == [True]
     assert (row.split, row.labels, row.original, row.flat) == ("train", ("cat",), None, False)
     assert decode_example(row.example)[FILENAME] == b"cat/img_000.jpg"
-    assert row.hash_line == hash_line(hashlib.sha256(path.read_bytes()).hexdigest(), "train", entry.path)
+    with Image.open(path) as source:  # the decoded source's perceptual hash (a JPEG decoded drafted: near it)
+        picture = phash(source.convert("RGB"))
+    stored = row.hash_line.split("\t")[2]
+    assert row.hash_line == hash_line(hashlib.sha256(path.read_bytes()).hexdigest(), "train", entry.path,
+                                      int(stored, 16))
+    assert distance(int(stored, 16), picture) <= 4
 
 
 def test_a_bad_image_becomes_its_failure_report_and_is_counted_as_not_done(tmp_path):

@@ -25,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, open_to_read, storage_error
+from beam_prep.write.finish import near
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared.entry import printable
 
@@ -37,10 +38,13 @@ _REST_BYTES = 24  # a sha256 after its prefix
 _READ_BYTES = 1 << 22
 
 
-def hash_line(sha256_hex: str, split: str, path: str) -> str:
-    """A hash file's line for one written record: ``<sha256 hex>\\t<split>\\t<path as JSON>``,
-    the path as messages show it (``listing.printable``: a name that is not UTF-8 escaped)."""
-    return f"{sha256_hex}\t{split}\t{json.dumps(printable(path))}"
+def hash_line(sha256_hex: str, split: str, path: str, phash: int | None = None) -> str:
+    """A hash file's line for one written record:
+    ``<sha256 hex>\\t<split>\\t<perceptual hash, 16 hex digits>\\t<path as JSON>``, the path as
+    messages show it (``listing.printable``: a name that is not UTF-8 escaped). ``phash`` None
+    (``-``): the record takes no part in the near-duplicate search (an image of one flat colour)."""
+    picture = "-" if phash is None else f"{phash:016x}"
+    return f"{sha256_hex}\t{split}\t{picture}\t{json.dumps(printable(path))}"
 
 
 @dataclasses.dataclass
@@ -59,24 +63,30 @@ class Duplicates:
     within_split: int = 0
     across_splits: int = 0
     examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    near: dict[str, Any] | None = None  # near.NearFound.to_json(); None: no near search
     lines_file: str | None = None
     _folder: SpillFolder | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"images": self.images, "extra_copies": self.extra_copies, "within_split": self.within_split,
-                "across_splits": self.across_splits, "examples": self.examples}
+                "across_splits": self.across_splits, "examples": self.examples, "near": self.near}
 
     def close(self) -> None:
         if self._folder is not None:
             self._folder.close()
 
 
-def find(hash_files: Iterable[str], capacity: int) -> Duplicates:
+def find(hash_files: Iterable[str], capacity: int, distance: int | None = near.DEFAULT_DISTANCE,
+         pairs: Iterable[tuple[int, int]] | None = None) -> Duplicates:
     """Reads the hash files (in the order given: pass them sorted, and reruns agree) twice,
-    and returns the duplicates among their lines.
+    and returns the duplicates among their lines: exact copies, then near duplicates.
 
     ``capacity``: at most this many lines in all (the records written cannot exceed
-    the files listed). Close the result when its ``lines_file`` is copied.
+    the files listed). ``distance``: the near-duplicate threshold in bits of the
+    perceptual hash (``near.report``); None finds exact copies only. ``pairs``: the
+    pairs of hashes within it, found already (``near_beam.NearPairs``); None searches
+    here. Close the
+    result when its ``lines_file`` is copied.
 
     Raises:
       DatasetError: the files hold more lines than ``capacity``, or a line that is
@@ -91,6 +101,9 @@ def find(hash_files: Iterable[str], capacity: int) -> Duplicates:
         with open(found.lines_file, "wb") as out:
             if len(candidates):
                 _report(files, candidates, sizes, folder, found, out)
+            if distance is not None:
+                found.near = near.report(lambda: (lines for _, lines in _chunks(files)), distance, out,
+                                         folder, pairs).to_json()
     except BaseException:
         found.close()
         raise
@@ -183,7 +196,7 @@ class _Tally:
 
     def start(self, digest: bytes, copies: int) -> None:
         self._sha256, self._copies = digest.hex(), copies
-        self._head = b'{"sha256": "%s", "copies": %d, "split": "' % (self._sha256.encode(), copies)
+        self._head = b'{"kind": "exact", "sha256": "%s", "copies": %d, "split": "' % (self._sha256.encode(), copies)
         self._per_split.clear()
         self._shown = []
 
@@ -241,11 +254,11 @@ def _prefixes(path: str, lines: list[bytes]) -> np.ndarray:
 
 def _parse(path: str, line: bytes) -> tuple[bytes, bytes, bytes]:
     """A hash line's sha256 (32 bytes), split and source path (JSON-quoted), as bytes."""
-    parts = line.split(b"\t", 2)
+    parts = line.split(b"\t", 3)
     try:
-        if len(parts) != 3 or len(parts[0]) != _SHA256_HEX:
-            raise ValueError("not three fields")
-        return binascii.unhexlify(parts[0]), parts[1], parts[2]
+        if len(parts) != 4 or len(parts[0]) != _SHA256_HEX:
+            raise ValueError("not four fields")
+        return binascii.unhexlify(parts[0]), parts[1], parts[3]
     except (ValueError, binascii.Error) as e:
         raise DatasetError(f"{path} holds a line that is not a record's hash: {line[:200]!r}") from e
 

@@ -138,6 +138,7 @@ def _originals(config: PrepareConfig, rows: Iterable[tuple[str, int]], written: 
 def _options(config: PrepareConfig) -> dict[str, Any]:
     options = dataclasses.asdict(config)
     options.update(options.pop("spec"))
+    del options["perceptual_hash"]  # near_duplicate_distance says it
     return options
 
 

@@ -20,6 +20,7 @@ from beam_prep.io.storage import join, write_lines
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import duplicates, manifest
+from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.plan import skipped
 from beam_prep.write.plan.config import PrepareConfig
@@ -43,6 +44,8 @@ class ShardReports(NamedTuple):
         (``--image_format original``; empty otherwise).
       flat: ``FlatImages`` parts that together count each record of one flat colour once.
       resized: ``(what resized, number of images)`` rows (``resample.counting``'s keys).
+      near_pairs: the pairs of perceptual hashes within the run's threshold, found by the
+        pipeline (``near_beam.NearPairs``); None: the near search runs here (``near.report``).
     """
 
     shards: list[tuple[str, str, int | None]]
@@ -52,20 +55,29 @@ class ShardReports(NamedTuple):
     originals: Iterable[tuple[str, int]] = ()
     flat: Iterable[FlatImages] = ()
     resized: Iterable[tuple[str, int]] = ()
+    near_pairs: list[tuple[int, int]] | None = None
 
 
-def side_inputs(written: Any, failures: beam.PCollection) -> dict[str, beam.pvalue.AsList]:
-    """A sink's outputs as a finishing step's side inputs, one per ``ShardReports`` field.
+def side_inputs(written: Any, failures: beam.PCollection, config: PrepareConfig,
+                count: int) -> dict[str, beam.pvalue.AsList]:
+    """A sink's outputs as a finishing step's side inputs, one per ``ShardReports`` field; the near
+    pairs found by Beam transforms over the sink's hash files (``near_beam.NearPairs``).
 
     Args:
       written: the sink's ``SinkResult``.
       failures: every failure report of the run: the sink's, and any found before it.
+      config: the run's configuration (its near-duplicate threshold).
+      count: about how many records the run writes (it chooses the search's bands).
 
     Returns:
       ``ShardReports``' fields by name, for ``beam.Map(fn, **side_inputs(...))``, where
       ``fn`` makes them ``ShardReports(**fields)``.
     """
-    return {"shards": beam.pvalue.AsList(written.shards),
+    near_pairs = {}
+    if config.near_duplicate_distance >= 0:
+        pairs = written.hashes | "NearPairs" >> NearPairs(config.near_duplicate_distance, count)
+        near_pairs = {"near_pairs": beam.pvalue.AsList(pairs)}
+    return {**near_pairs, "shards": beam.pvalue.AsList(written.shards),
             "class_counts": beam.pvalue.AsList(written.class_counts),
             "failures": beam.pvalue.AsList(failures),
             "hash_files": beam.pvalue.AsList(written.hashes),
@@ -95,7 +107,9 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
       StorageError: a file could not be read or written.
     """
     work = layout.run_folder(config.output, plan.run_id)
-    found = duplicates.find(sorted(reports.hash_files), plan.listed)
+    distance = config.near_duplicate_distance
+    found = duplicates.find(sorted(reports.hash_files), plan.listed, distance if distance >= 0 else None,
+                            reports.near_pairs)
     try:
         built = manifest.build(config, plan, reports.shards, reports.class_counts, reports.failures,
                                reports.originals, found.to_json(), reports.flat, reports.resized)

@@ -22,7 +22,7 @@ from beam_prep.write.shared.shard_formats import ShardFormat, shard_format
 class Outcome(NamedTuple):
     """Exactly one of ``example`` (the record's bytes, as its shard format stores them) and
     ``failure`` is set; ``original`` and ``flat`` as
-    ``EncodedImage``'s; ``sha256`` (hex, of the source file's bytes) with ``example``, for the
+    ``EncodedImage``'s, and ``phash``; ``sha256`` (hex, of the source file's bytes) with ``example``, for the
     duplicates report."""
 
     example: bytes | None
@@ -31,6 +31,7 @@ class Outcome(NamedTuple):
     original: str | None = None
     sha256: str | None = None
     flat: bool = False
+    phash: int | None = None
 
 
 class FileReader:
@@ -130,4 +131,4 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
         extra=entry.extra,
     )
     payload = (file_format or shard_format("tfrecord")).payload(record, len(data))
-    return Outcome(payload, None, len(data), image.original, sha256, image.flat)
+    return Outcome(payload, None, len(data), image.original, sha256, image.flat, image.phash)

@@ -21,6 +21,7 @@ from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
 from beam_prep.write.images import resample
+from beam_prep.write.images.phash import phash
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
 
 RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")
@@ -86,6 +87,7 @@ class ImageSpec:
     max_pixels: int = DEFAULT_MAX_PIXELS
     no_upscale: bool = False  # shorter_side: an image smaller than the size keeps its own
     background: str = DEFAULT_BACKGROUND  # "#rrggbb" transparent pixels are composited on
+    perceptual_hash: bool = True  # False: no ``phash`` (a run that looks for exact copies only)
 
     def __post_init__(self) -> None:
         if parse_colour(self.background) != self.background:
@@ -149,6 +151,7 @@ class EncodedImage:
     channels: int
     original: str | None = None
     flat: bool = False  # one flat colour (``FLAT_SPREAD``): worth a look, counted by the run
+    phash: int | None = None  # the decoded, upright image's perceptual hash (``phash.phash``)
 
 
 def parse_colour(text: str) -> str:
@@ -217,8 +220,9 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
         img = _convert(img, spec)
     except (OSError, ValueError) as e:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
+    picture = phash(img) if spec.perceptual_hash else None  # before the resize: the source's picture, whatever the run makes of it
     img = _resize(img, region, spec)
-    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img))
+    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img), picture)
 
 
 def _reencode_reason(img: Image.Image, orientation: int, spec: ImageSpec) -> str | None:
@@ -265,7 +269,8 @@ def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
         img.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
-    return EncodedImage(data, height, width, spec.channels, KEPT, _is_flat(img))
+    return EncodedImage(data, height, width, spec.channels, KEPT, _is_flat(img),
+                        phash(img) if spec.perceptual_hash else None)
 
 
 def _sized_for(size: tuple[int, int], spec: ImageSpec) -> ImageSpec:

@@ -42,6 +42,9 @@ SINKS = ("auto", "streaming", "shuffle")
 # labels.txt's forms: one name a line (line number = index in the labels), or TF-slim's
 # "id:name" lines (ids as stored, label_offset included). See dataset.labels_lines.
 LABELS_TXT_FORMS = ("names", "slim")
+# What a run does about a copy or near copy across splits (docs/design/duplicates.md).
+CROSS_SPLIT_ACTIONS = ("report", "fail")
+MAX_NEAR_DUPLICATE_DISTANCE = 32  # half the hash's bits: beyond, unrelated pictures match
 # The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
 # a few more cover other conventions, and a typo like 1000 is refused.
 MAX_LABEL_OFFSET = 16
@@ -93,6 +96,10 @@ class PrepareConfig:
         skipped); None keeps them all.
       max_failures: how many files may fail before the run exits non-zero, a count (``"10"``)
         or a percent of the files listed (``"2.5%"``) (``failure_budget``); None: any number.
+      near_duplicate_distance: the largest Hamming distance between two records' perceptual
+        hashes that makes them near duplicates; -1 looks for exact copies only.
+      cross_split_duplicates: ``report`` the copies across splits, or ``fail`` the run once
+        its reports are written (``CROSS_SPLIT_ACTIONS``).
     """
 
     input: str
@@ -114,6 +121,8 @@ class PrepareConfig:
     stratify: bool = False
     max_per_class: int | None = None
     max_failures: str | None = None
+    near_duplicate_distance: int = 10  # finish.near.DEFAULT_DISTANCE
+    cross_split_duplicates: str = "report"
 
     @property
     def shard_suffix(self) -> str:
@@ -237,6 +246,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "read_concurrency": (lambda v: isinstance(v, int) and 0 <= v <= MAX_READ_CONCURRENCY,
                          f"must be in [0, {MAX_READ_CONCURRENCY}] (0 reads each file when its turn comes)"),
     "read_ahead_mb": (lambda v: v >= 1, "must be at least 1"),
+    "near_duplicate_distance": (lambda v: isinstance(v, int) and -1 <= v <= MAX_NEAR_DUPLICATE_DISTANCE,
+                                f"must be in [0, {MAX_NEAR_DUPLICATE_DISTANCE}] bits, or -1 for exact copies only"),
+    "cross_split_duplicates": (lambda v: v in CROSS_SPLIT_ACTIONS, f"must be one of {', '.join(CROSS_SPLIT_ACTIONS)}"),
 }
 
 
@@ -279,7 +291,9 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                    else default_compression(o.image_format, o.file_format))
     check_values({"resize_mode": o.resize_mode, "image_format": o.image_format,
                   "compression": compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
-                  "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb})
+                  "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb,
+                  "near_duplicate_distance": o.near_duplicate_distance,
+                  "cross_split_duplicates": o.cross_split_duplicates})
     if o.read_concurrency is not None:
         check_values({"read_concurrency": o.read_concurrency})
     check_file_format(o.file_format, compression)
@@ -309,13 +323,17 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
     if concurrency is None:
         concurrency = 0 if is_local(source) else DEFAULT_REMOTE_READ_CONCURRENCY
     reads = ReadAheadConfig(concurrency=concurrency, max_bytes=o.read_ahead_mb * 2**20)
+    if o.near_duplicate_distance < 0:  # exact copies only: the workers need not hash the pictures
+        spec = dataclasses.replace(spec, perceptual_hash=False)
     return PrepareConfig(input=source, output=target, spec=spec,
                          validation_percent=o.validation_percent, labels_file=o.labels_file,
                          num_shards=o.num_shards, target_shard_mb=o.target_shard_mb,
                          overwrite=o.overwrite, sink=o.sink, compression=compression, reads=reads,
                          label_offset=o.label_offset, labels_txt=o.labels_txt, metadata=table,
                          recursive=o.recursive, file_format=o.file_format, stratify=o.stratify,
-                         max_per_class=o.max_per_class, max_failures=max_failures)
+                         max_per_class=o.max_per_class, max_failures=max_failures,
+                         near_duplicate_distance=o.near_duplicate_distance,
+                         cross_split_duplicates=o.cross_split_duplicates)
 
 
 def _check_selection(stratify: bool, validation_percent: float, max_per_class: int | None) -> None:

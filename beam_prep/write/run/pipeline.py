@@ -193,7 +193,8 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: RunPlan,
     failures = (written.failures, label_failures) | "AllFailures" >> beam.Flatten()
     _ = (p
          | "Once" >> beam.Create([None])
-         | "Finalize" >> beam.Map(_complete, config, run_plan, **publish.side_inputs(written, failures)))
+         | "Finalize" >> beam.Map(_complete, config, run_plan,
+                                  **publish.side_inputs(written, failures, config, run_plan.listed)))
 
 
 def _complete(_: None, config: PrepareConfig, run_plan: RunPlan, **reported: Any) -> dict[str, Any]:

@@ -53,6 +53,8 @@ from beam_prep.write.sinks.tally import NAMESPACE, Counters
 __all__ = ["ImageElement", "WriteImageDataset"]
 
 _FAILED = "failed"
+# The element count the near-duplicate search plans its bands for: the transform cannot know it ahead.
+_NEAR_SEARCH_COUNT = 1_000_000
 # A split names its shard files (<split>-00000-of-00004.tfrecord.gz): no separators, no globs.
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -355,7 +357,8 @@ class WriteImageDataset(beam.PTransform):
         failures = (written.failures, entries[_FAILED]) | "AllFailures" >> beam.Flatten()
         return (elements
                 | "CountElements" >> beam.combiners.Count.Globally()
-                | "Finalize" >> beam.Map(_finalize, config, plan, **publish.side_inputs(written, failures)))
+                | "Finalize" >> beam.Map(_finalize, config, plan,
+                                         **publish.side_inputs(written, failures, config, _NEAR_SEARCH_COUNT)))
 
 
 def _clear_output(output: str, overwrite: bool, run_id: str) -> None:

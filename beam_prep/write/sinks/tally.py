@@ -97,4 +97,6 @@ def count_image(entry: FileEntry, data: bytes | ImageError | None, spec: ImageSp
     if not ok:
         return Counted(None, outcome.failure)
     return Counted(ExampleRow(entry.split, entry.counted_labels, outcome.example, outcome.original,
-                              duplicates.hash_line(outcome.sha256, entry.split, entry.path), outcome.flat), None)
+                              duplicates.hash_line(outcome.sha256, entry.split, entry.path,
+                                                                  None if outcome.flat else outcome.phash),
+                              outcome.flat), None)

@@ -1,0 +1,112 @@
+"""A contact sheet of the worst cross-split duplicate groups: a row per group, its files side by side
+with their splits, for a person to judge whether the validation image is a copy of a training one.
+
+The groups come from duplicates.jsonl (exact and near groups lying in two splits
+or more), the closest first: a group whose files differ in fewest bits of the
+perceptual hash (exact copies: 0) is the surest leak. The images are the source
+files the hashes were made from (a file that cannot be read shows as a note), as
+a user would open them to decide what to remove.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from beam_prep.errors import DatasetError
+from beam_prep.io.storage import is_local, join, read_lines, storage_error
+from beam_prep.tools.contact_sheet import BACKGROUND, MUTED, PAD, TEXT, _fit, _font, _text_size
+from beam_prep.write.shared.layout import DUPLICATES
+
+__all__ = ["LeakageSheet", "cross_split_groups", "make_leakage_sheet", "save"]
+
+MAX_FILES = 6  # shown per group
+
+
+@dataclasses.dataclass(frozen=True)
+class LeakageSheet:
+    """The sheet, and per row its group's caption and the (split, path) of each file shown."""
+
+    image: Image.Image
+    rows: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+
+
+def cross_split_groups(lines: Iterable[str]) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    """duplicates.jsonl's groups in two splits or more, closest first: ``(caption, distance, files)``.
+
+    Raises:
+      DatasetError: a line that is not JSON.
+    """
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = collections.defaultdict(list)
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise DatasetError(f"{DUPLICATES} holds a line that is not JSON: {line[:200]!r}") from e
+        kind = row.get("kind", "exact")
+        groups[kind, row["group"] if kind == "near" else row["sha256"]].append(row)
+    found = []
+    for (kind, key), files in groups.items():
+        if len({f["split"] for f in files}) < 2:
+            continue
+        distance = files[0].get("group_distance", 0)
+        caption = f"near group {key}, ≤ {distance} bits" if kind == "near" else f"exact copies {key[:12]}"
+        found.append((caption, distance, files))
+    found.sort(key=lambda g: (g[1], g[0]))
+    return found
+
+
+def make_leakage_sheet(output: str, groups: int = 8, cell: int = 160) -> LeakageSheet | None:
+    """The sheet of the dataset at ``output``'s ``groups`` closest cross-split groups; None if none.
+
+    Raises:
+      DatasetError, StorageError: duplicates.jsonl cannot be read.
+    """
+    found = cross_split_groups(read_lines(join(output, DUPLICATES)))[:groups]
+    if not found:
+        return None
+    font = _font()
+    text_h = _text_size(font, "Ag(0)")[1]
+    caption_w = max(_text_size(font, caption)[0] for caption, _, _ in found) + 2 * PAD
+    row_h = cell + text_h + 2 * PAD
+    columns = max(min(len(files), MAX_FILES) for _, _, files in found)
+    sheet = Image.new("RGB", (caption_w + columns * (cell + PAD) + PAD, len(found) * row_h + PAD), BACKGROUND)
+    pen = ImageDraw.Draw(sheet)
+    rows = []
+    for position, (caption, _, files) in enumerate(found):
+        y = PAD + position * row_h
+        pen.text((PAD, y + (cell - text_h) // 2), caption, fill=TEXT, font=font)
+        shown = sorted(files, key=lambda f: (f["split"] != "validation", f["path"]))[:MAX_FILES]
+        for column, f in enumerate(shown):
+            left = caption_w + column * (cell + PAD)
+            try:
+                with Image.open(f["path"]) as source:
+                    picture = _fit(source.convert("RGB"), cell)
+                sheet.paste(picture, (left + (cell - picture.width) // 2, y + (cell - picture.height) // 2))
+            except (OSError, ValueError):
+                pen.text((left, y + (cell - text_h) // 2), "cannot read", fill=MUTED, font=font)
+            pen.text((left, y + cell + PAD // 2), f["split"], fill=TEXT, font=font)
+        rows.append((caption, tuple((f["split"], f["path"]) for f in shown)))
+    return LeakageSheet(sheet, tuple(rows))
+
+
+def save(sheet: LeakageSheet, path: str) -> None:
+    """Writes the sheet as PNG to a local path or ``gs://``.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be written.
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        if is_local(path):
+            sheet.image.save(path, "PNG")
+            return
+        with FileSystems.create(path, mime_type="image/png") as f:
+            sheet.image.save(f, "PNG")
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", path, e) from e

@@ -1,0 +1,71 @@
+"""The perceptual hash against its reference, ``imagehash.phash``, on the real-image set, and
+the properties the near-duplicate search relies on."""
+from __future__ import annotations
+
+import io
+
+import imagehash
+import numpy as np
+import pytest
+import scipy.fftpack
+from PIL import Image
+from real_images import pillow_corpus
+
+from beam_prep.tools.sample import picture
+from beam_prep.write.images.imaging import ImageSpec, process_image
+from beam_prep.write.images.phash import distance, phash
+
+
+def _reference(image: Image.Image) -> tuple[int, np.ndarray, float]:
+    """imagehash's hash as an int, and its coefficients and median (to tell a tie from a bug)."""
+    pixels = np.asarray(image.convert("L").resize((32, 32), Image.Resampling.LANCZOS))
+    low = scipy.fftpack.dct(scipy.fftpack.dct(pixels, axis=0), axis=1)[:8, :8]
+    return int(str(imagehash.phash(image)), 16), low.ravel(), float(np.median(low))
+
+
+@pytest.mark.slow
+def test_phash_is_imagehash_phash_on_the_real_images():
+    """Bit for bit, but where imagehash's own coefficient lies within float noise of its median
+    (a symmetric image's zero coefficients): there either side is right."""
+    corpus = pillow_corpus()
+    compared = exact = 0
+    for name in corpus.names:
+        try:
+            with Image.open(corpus.path(name)) as image:
+                image.load()
+                ours = phash(image)
+                reference, low, median = _reference(image)
+        except Exception:  # noqa: BLE001, S112 - the corpus holds broken files on purpose; they make no record
+            continue
+        compared += 1
+        differing = [i for i in range(64) if (ours ^ reference) >> (63 - i) & 1]
+        assert all(abs(low[i] - median) < 1e-6 * max(1.0, abs(median)) for i in differing), name
+        exact += not differing
+    assert compared > 500 and exact > 0.8 * compared
+
+
+def test_near_copies_are_near_and_other_pictures_far():
+    """A re-encode and a half-size copy keep their hash within a few bits; another picture is
+    about half the bits away."""
+    image = picture(3, 256, 192)
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=50)
+    reencoded = Image.open(io.BytesIO(buf.getvalue()))
+    half = image.resize((128, 96), Image.Resampling.BILINEAR)
+    base = phash(image)
+    assert distance(base, phash(reencoded)) <= 4
+    assert distance(base, phash(half)) <= 4
+    assert distance(base, phash(picture(4, 256, 192))) >= 16
+
+
+def test_the_hash_is_64_bits_first_coefficient_highest():
+    """A flat image: only the DC coefficient is above the (zero) median, and it is the top bit."""
+    assert phash(Image.new("RGB", (40, 30), "gray")) == 1 << 63
+
+
+def test_a_run_for_exact_copies_only_hashes_nothing():
+    """--near_duplicate_distance -1 turns the hash off in the workers (its cost measured against it)."""
+    buf = io.BytesIO()
+    picture(5, 64, 48).save(buf, "JPEG")
+    assert process_image(buf.getvalue(), ImageSpec(height=16, width=16)).phash is not None
+    assert process_image(buf.getvalue(), ImageSpec(height=16, width=16, perceptual_hash=False)).phash is None
