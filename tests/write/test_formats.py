@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import REPO, encode, run_prepare
+from helpers import REPO, assert_shard_checksums, encode, run_prepare
 from PIL import Image
 
 from beam_prep.errors import DatasetError
@@ -83,6 +83,7 @@ def test_every_format_writes_the_same_dataset_under_its_own_shard_names(outputs)
             assert all(re.fullmatch(rf"(train|validation)-0000[01]-of-00002{re.escape(suffix)}", s)
                        for s in split["shards"]), split["shards"]
             assert all((outputs[file_format] / s).is_file() for s in split["shards"])
+        assert_shard_checksums(outputs[file_format])  # the streaming sink's, in each format
     assert len((outputs["tfrecord"] / "duplicates.jsonl").read_text().splitlines()) == 2  # the copy and its original
     for file_format, manifest in manifests.items():
         for name in ("labels.txt", "errors.jsonl", "duplicates.jsonl", "skipped.jsonl"):
@@ -255,6 +256,7 @@ def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree,
         assert sum(info["shard_num_examples"]) == info["num_examples"] == streamed["splits"][split]["num_examples"]
     assert _contents(out, file_format) == _contents(outputs[file_format], file_format)
     assert not (out / ".beam-prep").exists()
+    assert_shard_checksums(out)  # hashed as Beam's file sink wrote them
 
 
 def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(tree, tmp_path):
@@ -291,6 +293,7 @@ def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
     assert manifest["counts"] == {"listed": 23, "written": 22, "failed": 1, "skipped": 0}
     records = _contents(out, file_format)["train"]
     assert len(records) == 22
+    assert_shard_checksums(out)
 
 
 def test_webdataset_decodes_with_its_own_decoders(outputs):
