@@ -333,6 +333,7 @@ def test_gs_output_in_every_format(gcs_server, outputs, tree, tmp_path, file_for
         for name in shards:
             assert (local / name).read_bytes() == (outputs[file_format] / name).read_bytes(), name
     assert _contents(local, file_format) == _contents(outputs[file_format], file_format)
+    assert_shard_checksums(local)  # hashed as they were written to gs:// (ArrayRecord's: as uploaded)
 
 
 @pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
