@@ -69,6 +69,19 @@ def read_split(output: str | pathlib.Path, split: str) -> list[dict[str, Any]]:
     return records
 
 
+def assert_shard_checksums(output: str | pathlib.Path) -> None:
+    """Each split's ``shard_sha256`` and ``shard_bytes`` in the manifest are hashlib's sha256 and
+    the size of each local shard file, read back here."""
+    import hashlib
+
+    output = pathlib.Path(output)
+    manifest = json.loads((output / "manifest.json").read_text(encoding="utf-8"))
+    for split, info in manifest["splits"].items():
+        files = [(output / name).read_bytes() for name in info["shards"]]
+        assert info["shard_sha256"] == [hashlib.sha256(data).hexdigest() for data in files], split
+        assert info["shard_bytes"] == [len(data) for data in files], split
+
+
 # --- image trees ----------------------------------------------------------------
 
 

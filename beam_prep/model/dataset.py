@@ -130,7 +130,8 @@ class ImageInfo:
 
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
-    """One split: its shard files and, when the writer knew them, each one's record count.
+    """One split: its shard files and, when the writer knew them, each one's record count,
+    size in bytes and sha256 (lists in ``shards``' order).
 
     ``shards`` are names relative to the dataset folder ``root`` (as the
     manifest lists them); ``files`` are their full paths.
@@ -142,6 +143,8 @@ class SplitInfo:
     shard_num_examples: tuple[int, ...] | None = None
     class_counts: Mapping[str, int] | None = None
     root: str = ""
+    shard_bytes: tuple[int, ...] | None = None
+    shard_sha256: tuple[str, ...] | None = None
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -153,20 +156,26 @@ class SplitInfo:
             out["class_counts"] = dict(self.class_counts)
         if self.shard_num_examples is not None:
             out["shard_num_examples"] = list(self.shard_num_examples)
+        if self.shard_bytes is not None:
+            out["shard_bytes"] = list(self.shard_bytes)
+        if self.shard_sha256 is not None:
+            out["shard_sha256"] = list(self.shard_sha256)
         return out
 
     @classmethod
     def from_json(cls, name: str, split: Mapping[str, Any], root: str = "") -> SplitInfo:
         """Raises DatasetError (without the manifest's path: the caller adds it)."""
         shards = tuple(split["shards"])
-        counts = split.get("shard_num_examples")
-        if counts is not None and len(counts) != len(shards):
-            raise DatasetError(f"split {name!r} lists {len(shards)} shards but "
-                               f"{len(counts)} shard_num_examples")
+        for key in ("shard_num_examples", "shard_bytes", "shard_sha256"):
+            if split.get(key) is not None and len(split[key]) != len(shards):
+                raise DatasetError(f"split {name!r} lists {len(shards)} shards but {len(split[key])} {key}")
+        counts, sizes, sha256 = (split.get(key) for key in ("shard_num_examples", "shard_bytes", "shard_sha256"))
         class_counts = split.get("class_counts")
         return cls(name=name, shards=shards, num_examples=int(split["num_examples"]),
                    shard_num_examples=tuple(int(n) for n in counts) if counts is not None else None,
-                   class_counts=dict(class_counts) if class_counts is not None else None, root=root)
+                   class_counts=dict(class_counts) if class_counts is not None else None, root=root,
+                   shard_bytes=tuple(int(n) for n in sizes) if sizes is not None else None,
+                   shard_sha256=tuple(str(h) for h in sha256) if sha256 is not None else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 ``data_source("gs://bucket/ds", "train")`` reads the manifest from GCS, then makes
 sure the split's shards are in ``CACHE/<dataset>-<manifest hash>/``: missing ones are
-fetched in parallel, each read checked against the CRC32C that GCS sends, written to
-a temporary name and renamed into place, and given a stamp (its size, modification
-time and sha256). A later run, in this process or another, finds the stamps and
-fetches nothing; a shard whose size or time no longer matches its stamp is hashed
-again, and fetched again if its bytes changed. A dataset rewritten at the same URL
-has another manifest, hence another folder: a run still reading the old one keeps it.
+fetched in parallel, each read checked against the CRC32C that GCS sends and against
+the sha256 the manifest records for it (``shard_sha256``; a mismatch is fetched once
+more, then refused naming the shard), written to a temporary name and renamed into
+place, and given a stamp (its size, modification time and sha256). A later run, in
+this process or another, finds the stamps and fetches nothing; a shard whose size or
+time no longer matches its stamp is hashed again, and fetched again if its bytes
+no longer have the manifest's sha256. A dataset rewritten at the same URL has another
+manifest, hence another folder: a run still reading the old one keeps it.
 
 Several processes (DataLoader or Grain workers, several jobs on a host) may start at
 once: filling a folder takes its ``fill`` lock (``fcntl.flock``), so one fetches while
@@ -15,9 +17,9 @@ the others wait and then find the stamps. Each source holds its folder's ``use``
 shared while it lives; to stay under the size bound, the least recently used folders
 whose ``use`` lock is free are evicted, never one in use.
 
-The manifest holds no hash of each shard (the writer records one per shard in its
-resume journal only), so a download is checked with GCS's CRC32C, and a cached copy
-against the sha256 taken when it was fetched.
+A manifest written before ``shard_sha256`` (or whose writer could not report one
+shard's) has none for the split: a download is then checked with GCS's CRC32C only,
+and a cached copy against the sha256 taken when it was fetched.
 """
 from __future__ import annotations
 
@@ -78,7 +80,8 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
 
     Raises:
       DatasetError: no dataset at ``origin``, another format than ``file_format``
-        (naming its reader), no such split.
+        (naming its reader), no such split; a shard, fetched twice, without the sha256
+        the manifest records for it.
       StorageError: a shard cannot be fetched, or the split does not fit the size bound.
     """
     text, manifest_path = read_manifest_bytes(origin)
@@ -90,8 +93,10 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
     folder = os.path.join(root, _folder_name(origin, text))
     os.makedirs(os.path.join(folder, _STAMPS), exist_ok=True)
     shards = remote.splits[split].shards
+    # The manifest's sha256 of each shard, where the writer recorded them; else GCS's CRC32C alone.
+    expected = dict(zip(shards, remote.splits[split].shard_sha256 or ()))
     with _locked(os.path.join(folder, _FILL_LOCK), fcntl.LOCK_EX):
-        missing = [name for name in shards if not _intact(folder, name)]
+        missing = [name for name in shards if not _intact(folder, name, expected.get(name))]
         if missing:
             from beam_prep.io.gcs import GcsClient
 
@@ -102,7 +107,7 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
             _LOG.info("fetching %d shards (%d bytes) of %s into %s", len(missing), needed, origin, folder)
             with concurrent.futures.ThreadPoolExecutor(min(threads, len(missing)),
                                                        thread_name_prefix="beam-prep-fetch") as pool:
-                list(pool.map(lambda name: _fetch(client, origin, folder, name), missing))
+                list(pool.map(lambda name: _fetch(client, origin, folder, name, expected.get(name)), missing))
         _write_atomically(os.path.join(folder, MANIFEST), text)
     _touch(os.path.join(folder, _LAST_USED))
     _pin(folder)
@@ -149,8 +154,9 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _intact(folder: str, name: str) -> bool:
-    """Whether shard ``name`` is cached whole: its size and time as stamped, or else its sha256."""
+def _intact(folder: str, name: str, expected: str | None) -> bool:
+    """Whether shard ``name`` is cached whole: its size and time as stamped, or else its sha256;
+    the sha256 is the manifest's (``expected``) where it records one, else the stamp's."""
     path = os.path.join(folder, name)
     try:
         with open(_stamp_path(folder, name), "rb") as f:
@@ -158,20 +164,34 @@ def _intact(folder: str, name: str) -> bool:
         stat = os.stat(path)
     except (OSError, ValueError):
         return False
-    if (stat.st_size, stat.st_mtime_ns) == (stamp["size"], stamp["mtime_ns"]):
+    sha256 = expected or stamp["sha256"]
+    if (stat.st_size, stat.st_mtime_ns) == (stamp["size"], stamp["mtime_ns"]) and stamp["sha256"] == sha256:
         return True
-    if stat.st_size == stamp["size"] and _sha256(path) == stamp["sha256"]:
-        _write_stamp(folder, name, stamp["sha256"])  # touched, not changed: stamp its new time
+    if stat.st_size == stamp["size"] and _sha256(path) == sha256:
+        _write_stamp(folder, name, sha256)  # touched, not changed: stamp its new time
         return True
     _LOG.warning("cached shard %s has changed since it was fetched (size or sha256): fetching it again", path)
     return False
 
 
-def _fetch(client, origin: str, folder: str, name: str) -> None:
-    data = client.read(join(origin, name))  # checked against GCS's CRC32C, retried
+def _fetch(client, origin: str, folder: str, name: str, expected: str | None) -> None:
+    """Fetches shard ``name`` into ``folder``, checked against the manifest's sha256 ``expected``
+    (if any): a mismatch is fetched once more (a transient fault), then refused."""
+    url = join(origin, name)
+    for attempt in (1, 2):
+        data = client.read(url)  # checked against GCS's CRC32C, retried
+        sha256 = hashlib.sha256(data).hexdigest()
+        if expected is None or sha256 == expected:
+            break
+        if attempt == 1:
+            _LOG.warning("shard %s has sha256 %s, not the manifest's %s: fetching it again", url, sha256, expected)
+    else:
+        raise DatasetError(
+            f"shard {url} has sha256 {sha256} but the dataset's manifest records {expected} (fetched twice): "
+            "it was changed or damaged since the dataset was written; rewrite the dataset or restore the shard")
     path = os.path.join(folder, name)
     _write_atomically(path, data)
-    _write_stamp(folder, name, hashlib.sha256(data).hexdigest())
+    _write_stamp(folder, name, sha256)
 
 
 def _write_stamp(folder: str, name: str, sha256: str) -> None:

@@ -5,6 +5,7 @@ times each shard was fetched; the records read are compared with the local datas
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import urllib.parse
@@ -73,9 +74,44 @@ def test_a_damaged_cached_shard_is_detected_and_fetched_again(gcs_server, gcs_bu
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
     damaged.write_bytes(bytes(data))
+    # Another changed and stamped anew (its size, time and new sha256): the manifest's sha256 still tells.
+    restamped = min(folder.glob("train-*.array_record"))
+    data = bytearray(restamped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    restamped.write_bytes(bytes(data))
+    stat = restamped.stat()
+    (folder / ".stamps" / f"{restamped.name}.json").write_text(json.dumps(
+        {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": hashlib.sha256(data).hexdigest()}))
     since = len(gcs_server.gateway.seen())
     assert records(beam_prep.data_source(uploaded, "train", cache_dir=cache)) == expected
-    assert shard_gets(gcs_server, gcs_bucket, since) == [damaged.name]
+    assert sorted(shard_gets(gcs_server, gcs_bucket, since)) == sorted([damaged.name, restamped.name])
+
+
+def test_a_shard_whose_bytes_on_gcs_differ_from_the_manifest_sha256_is_refused_naming_it(
+        gcs_server, gcs_bucket, uploaded, local_dataset, tmp_path):
+    """GCS's CRC32C matches the bytes it holds; the manifest's sha256 says they are not the dataset's."""
+    manifest = json.loads((local_dataset / "manifest.json").read_text())["splits"]["train"]
+    name = manifest["shards"][1]
+    data = bytearray((local_dataset / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    gcs_bucket.write_bytes(f"ds/{name}", bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(DatasetError, match=(rf"^shard gs://.*/ds/{name} has sha256 [0-9a-f]{{64}} but the dataset's "
+                                            rf"manifest records {manifest['shard_sha256'][1]} \(fetched twice\)")):
+        beam_prep.data_source(uploaded, "train", cache_dir=cache)
+    assert shard_gets(gcs_server, gcs_bucket).count(name) == 2  # fetched once more before refusing
+    assert not list(cache.glob(f"*/{name}"))  # nothing of it kept in the cache
+
+
+def test_a_manifest_without_shard_sha256_is_read_with_gcs_crc32c_alone(gcs_server, gcs_bucket, uploaded,
+                                                                       local_dataset, tmp_path):
+    """Datasets written before the manifest held each shard's sha256 still read through the cache."""
+    manifest = json.loads((local_dataset / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        del split["shard_sha256"], split["shard_bytes"]
+    gcs_bucket.write_bytes("ds/manifest.json", json.dumps(manifest).encode())
+    source = beam_prep.data_source(uploaded, "train", cache_dir=tmp_path / "cache")
+    assert records(source) == records(beam_prep.data_source(local_dataset, "train"))
 
 
 def test_two_processes_filling_one_cache_at_once_fetch_each_shard_once(gcs_server, gcs_bucket, uploaded,

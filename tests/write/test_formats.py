@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import REPO, encode, run_prepare
+from helpers import REPO, assert_shard_checksums, encode, run_prepare
 from PIL import Image
 
 from beam_prep.errors import DatasetError
@@ -83,6 +83,7 @@ def test_every_format_writes_the_same_dataset_under_its_own_shard_names(outputs)
             assert all(re.fullmatch(rf"(train|validation)-0000[01]-of-00002{re.escape(suffix)}", s)
                        for s in split["shards"]), split["shards"]
             assert all((outputs[file_format] / s).is_file() for s in split["shards"])
+        assert_shard_checksums(outputs[file_format])  # the streaming sink's, in each format
     rows = [json.loads(line) for line in (outputs["tfrecord"] / "duplicates.jsonl").read_text().splitlines()]
     assert len([r for r in rows if r["kind"] == "exact"]) == 2  # the copy and its original
     for file_format, manifest in manifests.items():
@@ -256,6 +257,7 @@ def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree,
         assert sum(info["shard_num_examples"]) == info["num_examples"] == streamed["splits"][split]["num_examples"]
     assert _contents(out, file_format) == _contents(outputs[file_format], file_format)
     assert not (out / ".beam-prep").exists()
+    assert_shard_checksums(out)  # hashed as Beam's file sink wrote them
 
 
 def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(tree, tmp_path):
@@ -292,6 +294,7 @@ def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
     assert manifest["counts"] == {"listed": 23, "written": 22, "failed": 1, "skipped": 0}
     records = _contents(out, file_format)["train"]
     assert len(records) == 22
+    assert_shard_checksums(out)
 
 
 def test_webdataset_decodes_with_its_own_decoders(outputs):
@@ -331,6 +334,7 @@ def test_gs_output_in_every_format(gcs_server, outputs, tree, tmp_path, file_for
         for name in shards:
             assert (local / name).read_bytes() == (outputs[file_format] / name).read_bytes(), name
     assert _contents(local, file_format) == _contents(outputs[file_format], file_format)
+    assert_shard_checksums(local)  # hashed as they were written to gs:// (ArrayRecord's: as uploaded)
 
 
 @pytest.mark.parametrize("file_format", ["array_record", "webdataset"])

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import encode, make_tree, read_split, run_prepare
+from helpers import assert_shard_checksums, encode, make_tree, read_split, run_prepare
 from PIL import Image
 
 from beam_prep.model.features import decode_example
@@ -256,6 +256,9 @@ def test_shuffle_sink_writes_the_same_records(prepared, manifest, tree, tmp_path
     leftovers = [p.name for p in tmp_path.iterdir()
                  if p.is_dir() or not (p.name.endswith(".tfrecord.gz") or "." in p.name)]
     assert leftovers == []
+    # Each sink's manifest holds each shard's sha256 and size, taken as it was written.
+    assert_shard_checksums(out)
+    assert_shard_checksums(tmp_path)
 
 
 def test_records_parse_without_tensorflow(prepared, manifest):

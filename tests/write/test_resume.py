@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import REPO, encode, make_tree, run_prepare
+from helpers import REPO, assert_shard_checksums, encode, make_tree, run_prepare
 
 from beam_prep.errors import OptionsError
 from beam_prep.tools.sample import picture
@@ -244,6 +244,7 @@ def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninte
                      "and sha256: writing it again", resumed.stderr), resumed.stderr
     assert f"shard {unhashed} was finished but has lost its hash file" in resumed.stderr
     assert _digests(out) == uninterrupted  # duplicates.jsonl included
+    assert_shard_checksums(out)  # kept shards' sha256 from their records, the rewritten ones' anew
 
 
 def test_a_resumed_run_of_originals_counts_kept_and_reencoded_as_an_uninterrupted_one(tree, tmp_path):

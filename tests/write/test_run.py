@@ -77,6 +77,23 @@ def test_the_manifest_is_the_dataset_model_and_reads_back_as_it():
         CompressionTypes.GZIP, CompressionTypes.UNCOMPRESSED)
 
 
+def test_each_shards_sha256_and_size_are_listed_only_where_every_shard_of_the_split_has_them():
+    config = PrepareConfig(input="in", output="out", spec=ImageSpec())
+    plan = RunPlan(labels=["a"], num_shards={"train": 2, "validation": 2}, listed=4, skipped=0, sink="shuffle")
+    names = {split: [f"{split}-0000{i}-of-00002.tfrecord.gz" for i in (0, 1)] for split in plan.num_shards}
+    shards = [("train", names["train"][1], 1, 20, "b" * 64), ("train", names["train"][0], 1, 10, "a" * 64),
+              ("validation", names["validation"][0], 1, 30, "c" * 64), ("validation", names["validation"][1], 1)]
+    built = manifest.build(config, plan, shards, [(("train", "a"), 2), (("validation", "a"), 2)], [])
+    train, validation = built["splits"]["train"], built["splits"]["validation"]
+    assert (train["shard_bytes"], train["shard_sha256"]) == ([10, 20], ["a" * 64, "b" * 64])  # in shards' order
+    assert "shard_sha256" not in validation and "shard_bytes" not in validation  # one shard's is not known
+    info = dataset.DatasetInfo.from_json(built, "out", "out/manifest.json")
+    assert info.splits["train"].shard_sha256 == ("a" * 64, "b" * 64) and info.splits["validation"].shard_sha256 is None
+    train["shard_sha256"].pop()
+    with pytest.raises(DatasetError, match="split 'train' lists 2 shards but 1 shard_sha256"):
+        dataset.DatasetInfo.from_json(built, "out", "out/manifest.json")
+
+
 def test_files_are_dealt_to_shards_evenly_in_key_order(tmp_path):
     make_tree(tmp_path / "in", {"a": 37, "b": 26}, size=(8, 8))
     listing = list_tree(str(tmp_path / "in"))

@@ -31,7 +31,7 @@ _LOG = logging.getLogger(__name__)
 def build(
     config: PrepareConfig,
     plan: RunPlan,
-    shards: Iterable[tuple[str, str, int | None]],
+    shards: Iterable[tuple[str, str, int | None] | tuple[str, str, int | None, int | None, str | None]],
     counts: Iterable[tuple[tuple[str, str], int]],
     failures: list[Mapping[str, Any]],
     originals: Iterable[tuple[str, int]] = (),
@@ -40,6 +40,9 @@ def build(
     resized: Iterable[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """The manifest dict; checks that every listed file is written or failed.
+
+    ``shards``: ``(split, name, records[, size, sha256])`` per shard (``publish.ShardReports``);
+    a split's ``shard_bytes`` and ``shard_sha256`` are left out unless every shard has them.
 
     ``originals``: ``(KEPT or a re-encode reason, records)`` rows, with
     ``--image_format original``, which must account for every record written.
@@ -55,8 +58,10 @@ def build(
     for (split, label), n in counts:
         class_counts[split, label] += n
     shard_rows = collections.defaultdict(dict)
-    for split, name, n in shards:
+    sums = collections.defaultdict(dict)
+    for split, name, n, *checksum in shards:  # checksum: (size, sha256) where the sink reports them
         shard_rows[split][name] = n
+        sums[split][name] = tuple(checksum) or (None, None)
     splits = {}
     for split, count in plan.num_shards.items():
         # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
@@ -73,13 +78,14 @@ def build(
             raise DatasetError(
                 f"split {split!r} holds {num_examples} records but its writer did not report "
                 f"{unreported[0] if unreported else 'any shard file'}: no manifest written")
-        sizes = tuple(shard_rows[split][name] for name in names)
         splits[split] = SplitInfo(
             name=split, shards=names,
             num_examples=num_examples,
-            shard_num_examples=sizes if all(n is not None for n in sizes) else None,
+            shard_num_examples=_known(shard_rows[split][name] for name in names),
             class_counts={label: class_counts[split, label] for label in plan.labels},
-            root=config.output)
+            root=config.output,
+            shard_bytes=_known(sums[split][name][0] for name in names),
+            shard_sha256=_known(sums[split][name][1] for name in names))
     written = sum(s.num_examples for s in splits.values())
     if written + len(failures) != plan.listed:
         raise DatasetError(
@@ -111,6 +117,12 @@ def build(
         "sink": plan.sink,
         "options": _options(config),
     }
+
+
+def _known(values: Iterable[Any]) -> tuple[Any, ...] | None:
+    """A split's per-shard values, or None where one shard's is not known (the key is left out)."""
+    values = tuple(values)
+    return values if all(v is not None for v in values) else None
 
 
 def _originals(config: PrepareConfig, rows: Iterable[tuple[str, int]], written: int) -> dict[str, Any]:

@@ -36,7 +36,8 @@ class ShardReports(NamedTuple):
     """What the sinks report, over all splits: all the manifest is built from.
 
     Attributes:
-      shards: ``(split, shard file name, number of records or None)`` per shard written.
+      shards: ``(split, shard file name, number of records or None, size in bytes or None,
+        sha256 or None)`` per shard written, the size and sha256 taken as the shard was written.
       class_counts: ``((split, label), number of records)`` rows; a pair may repeat.
       failures: a failure report per listed file that became no record.
       hash_files: the paths of the records' hash files, for the duplicates report.
@@ -48,7 +49,7 @@ class ShardReports(NamedTuple):
         pipeline (``near_beam.NearPairs``); None: the near search runs here (``near.report``).
     """
 
-    shards: list[tuple[str, str, int | None]]
+    shards: list[tuple[str, str, int | None, int | None, str | None]]
     class_counts: list[tuple[tuple[str, str], int]]
     failures: list[Mapping[str, Any]]
     hash_files: list[str]

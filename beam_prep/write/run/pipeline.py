@@ -225,7 +225,8 @@ def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str,
         failures += record.failures
     failures += [unknown_label_report(FileEntry.from_json(line))
                  for line in read_lines(join(work, layout.UNKNOWN_LABELS))]
-    shards = [(split, record.name, record.records) for split, record in zip(splits, records)]
+    shards = [(split, record.name, record.records, record.size, record.sha256)
+              for split, record in zip(splits, records)]
     hash_files = [join(work, layout.hashes_name(name)) for name in names]
     return publish.complete(config, run_plan, publish.ShardReports(
         shards=shards, class_counts=list(counts.items()), failures=failures, hash_files=hash_files,

@@ -7,29 +7,47 @@ does), and ``shard_formats.ShardFormat`` writes each file, as the streaming sink
 workers write theirs: so a record's bytes and a shard's framing have one
 implementation for both sinks. An ArrayRecord shard bound for gs:// is written
 on the worker's disk and uploaded when closed (``io.array_record``).
+
+Each shard's size and sha256 are taken as its bytes are written (``tfrecord.Checksum``;
+ArrayRecord's writer is a C++ library: its finished local file is read once, as
+the streaming sink does). Beam's writer can hand on only the temporary file's path,
+so ``close`` leaves the checksum beside it (``<temp>.checksum.json``) and
+``finalize_write``, which renames the temporary files, outputs each shard's final
+path, size and sha256 (``WrittenShard``): the manifest's ``shard_bytes`` and ``shard_sha256``.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import NamedTuple
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from apache_beam.coders import BytesCoder
 from apache_beam.io.filebasedsink import FileBasedSink
 from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.iobase import Write
 
+from beam_prep.io.storage import read_bytes
+from beam_prep.io.tfrecord import Checksum
 from beam_prep.model.dataset import shard_suffix
 from beam_prep.write.shared.shard_formats import shard_format
 
-__all__ = ["FormatSink", "write_shards"]
+__all__ = ["FormatSink", "WrittenShard", "write_shards", "written_shard"]
 
 
 class _Open(NamedTuple):
-    """A shard being written: its context (closed once, by ``close``) and its write function."""
+    """A shard being written: its context (closed once, by ``close``), its write function,
+    its temporary path and the checksum of the bytes written so far."""
 
     context: contextlib.ExitStack
     write: Callable[[bytes], None]
+    path: str
+    checksum: Checksum
+
+
+def _checksum_path(temp_path: str) -> str:
+    return temp_path + ".checksum.json"
 
 
 class FormatSink(FileBasedSink):
@@ -54,18 +72,50 @@ class FormatSink(FileBasedSink):
 
     def open(self, temp_path: str) -> _Open:
         context = contextlib.ExitStack()
-        write = context.enter_context(shard_format(self.file_format).records(temp_path, self.compression))
-        return _Open(context, write)
+        checksum = Checksum()
+        write = context.enter_context(shard_format(self.file_format).records(temp_path, self.compression, checksum))
+        return _Open(context, write, temp_path, checksum)
 
     def write_encoded_record(self, file_handle: _Open, encoded_value: bytes) -> None:
         file_handle.write(encoded_value)
 
     def close(self, file_handle: _Open) -> None:
         file_handle.context.close()
+        about = {"size": file_handle.checksum.size, "sha256": file_handle.checksum.hexdigest()}
+        with FileSystems.create(_checksum_path(file_handle.path), mime_type="application/json") as f:
+            f.write(json.dumps(about).encode("utf-8"))
+
+    def finalize_write(self, init_result: Any, writer_results: list[str],
+                       pre_finalize_results: Any) -> Iterator[str]:
+        """Renames the shards into place (Beam's own step) and outputs each one's ``WrittenShard``
+        as JSON (Beam's ``Write`` outputs strings): read it with ``written_shard``.
+
+        Beam names shard ``i`` after the ``i``-th of the sorted temporary paths; their
+        checksums are read before the renames, as Beam then removes the temporary folder.
+        """
+        temps = sorted(writer_results)
+        checksums = {self._get_final_name(i, len(temps)): json.loads(read_bytes(_checksum_path(temp)))
+                     for i, temp in enumerate(temps)}
+        for path in super().finalize_write(init_result, writer_results, pre_finalize_results):
+            yield json.dumps({"path": path, **checksums[path]})
+
+
+class WrittenShard(NamedTuple):
+    """A shard Beam's file sink wrote: its final path, size in bytes and sha256."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+def written_shard(text: str) -> WrittenShard:
+    """A ``WrittenShard`` from what ``write_shards`` outputs."""
+    row = json.loads(text)
+    return WrittenShard(str(row["path"]), int(row["size"]), str(row["sha256"]))
 
 
 def write_shards(file_path_prefix: str, file_format: str, compression: str, num_shards: int,
                  shard_name_template: str) -> Write:
-    """The transform that writes a PCollection of payloads as shards and outputs their paths;
-    arguments as ``FormatSink``'s."""
+    """The transform that writes a PCollection of payloads as shards and outputs each one's
+    ``WrittenShard`` as JSON (``written_shard`` reads it); arguments as ``FormatSink``'s."""
     return Write(FormatSink(file_path_prefix, file_format, compression, num_shards, shard_name_template))

@@ -31,8 +31,8 @@ from beam_prep.write.images.flat import FlatImagesFn
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.images.readahead import ReadAheadConfig
 from beam_prep.write.shared import layout
-from beam_prep.write.shared.shard_formats import shard_format
-from beam_prep.write.sinks.file_sink import write_shards
+from beam_prep.write.shared.shard_formats import ShardFormat, shard_format
+from beam_prep.write.sinks.file_sink import write_shards, written_shard
 from beam_prep.write.sinks.steps import (
     COUNTS,
     FAILED,
@@ -52,7 +52,8 @@ class SinkResult(NamedTuple):
     """What a sink outputs, each a PCollection over all splits, for the manifest step.
 
     Attributes:
-      shards: ``(split, shard file name, number of records)`` per shard written.
+      shards: ``(split, shard file name, number of records, size in bytes, sha256)`` per
+        shard written; the size and sha256 taken as its bytes were written.
         Both sinks count: the streaming sink as it writes a shard; the shuffle
         sink, whose file sink does not say how many records each shard got,
         reads each finished shard back (``CountRecords``, one shard a worker).
@@ -187,9 +188,7 @@ class WriteEntriesShuffle(_ShardSink):
             shard_lists.append(
                 written
                 | f"SpreadShards[{split}]" >> beam.Reshuffle()
-                | f"CountRecords[{split}]" >> beam.Map(
-                    lambda path, s=split, c=config.compression: (s, path.rsplit("/", 1)[-1],
-                                                                 file_format.count(path, c))))
+                | f"CountRecords[{split}]" >> beam.Map(_count_records, split, file_format, config.compression))
         hashes = (records
                   | "HashLines" >> beam.Map(lambda r: r.hash_line)
                   | "WriteHashes" >> WriteToText(join(config.work, layout.HASHES), file_name_suffix=".txt"))
@@ -200,6 +199,13 @@ class WriteEntriesShuffle(_ShardSink):
                           hashes=hashes,
                           flat=results[FLAT] | "GatherFlat" >> beam.CombineGlobally(FlatImagesFn()),
                           resized=results[RESIZED] | "SumResized" >> beam.CombinePerKey(sum))
+
+
+def _count_records(text: str, split: str, file_format: ShardFormat,
+                   compression: str) -> tuple[str, str, int, int, str]:
+    """A shard Beam's file sink wrote (``file_sink.written_shard``) as a ``SinkResult.shards`` row."""
+    shard = written_shard(text)
+    return split, shard.path.rsplit("/", 1)[-1], file_format.count(shard.path, compression), shard.size, shard.sha256
 
 
 class WriteShardsShuffle(_ShardSink):

@@ -162,7 +162,7 @@ class WriteShardFn(beam.DoFn):
     always whole, and a retried bundle or a worker left over from a killed
     launcher only rewrites the same bytes. Its records' hashes go to its hash
     file (``layout.hashes_name``), written before it is marked finished. Outputs
-    ``(split, shard_name, num_examples)``, ``((split, label), n)`` on ``counts``,
+    ``(split, shard_name, num_examples, size, sha256)``, ``((split, label), n)`` on ``counts``,
     ``(reason, n)`` on ``originals``, a ``FlatImages`` on ``flat``, ``(what resized, n)`` on
     ``resized`` and failure reports on ``failed``, the same for a shard written now or kept.
     """
@@ -202,7 +202,7 @@ class WriteShardFn(beam.DoFn):
         yield TaggedOutput(FLAT, FlatImages.from_json(record.flat))
         for key, n in record.resized.items():
             yield TaggedOutput(RESIZED, (key, n))
-        yield split, name, record.records
+        yield split, name, record.records, record.size, record.sha256
 
     def _write(self, index: int, name: str, reporter: progress.Reporter) -> resume.ShardRecord:
         config, split = self._config, self._split
