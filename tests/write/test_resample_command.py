@@ -2,8 +2,8 @@
 
 The kernel is a C extension built at install time (docs/design/resizing.md), so
 its hostile environments are few: built; not built (no compiler at install);
-built but failing to import (a broken or foreign build); or ruled out by the
-user. In each, every process of the run (the launcher and its workers) is put in
+built but failing to import (a broken or foreign build); ruled out by the user;
+or run without HOME (an arbitrary container UID), where the old loader found no cache. In each, every process of the run (the launcher and its workers) is put in
 that state by a ``sitecustomize`` first on their path, and the run must write
 the same shards as Pillow's loops, with one console line where the kernel fell
 back, and a manifest that says what resized the images. A bad
@@ -48,8 +48,12 @@ def tree(tmp_path_factory) -> pathlib.Path:
     return root
 
 
-def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str | None, *flags: str):
+def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str | None, *flags: str,
+         homeless: bool = False):
     env = dict(os.environ)
+    if homeless:  # a container started with an arbitrary UID: no HOME and no passwd entry to find one
+        for name in ("HOME", "XDG_CACHE_HOME", "BEAM_PREP_CACHE_DIR"):
+            env.pop(name, None)
     env.pop(resample.KERNEL_VARIABLE, None)
     if kernel is not None:
         env[resample.KERNEL_VARIABLE] = kernel
@@ -69,11 +73,12 @@ def _fallback_lines(stderr: str) -> list[str]:
 
 def test_every_kernel_state_writes_pillows_shards_and_says_so_once(tree, tmp_path):
     runs = {"built": (None, None), "pillow chosen": (None, resample.PILLOW),
-            "not built": ("not built", None), "import fails": ("import fails", None)}
+            "not built": ("not built", None), "import fails": ("import fails", None),
+            "HOME unset": (None, None)}
     shards, manifests = {}, {}
     for name, (state, kernel) in runs.items():
         out = tmp_path / name.replace(" ", "-")
-        done = _run(tree, out, state, kernel)
+        done = _run(tree, out, state, kernel, homeless=name == "HOME unset")
         assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
         manifests[name] = json.loads((out / "manifest.json").read_text())
         shards[name] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
@@ -88,6 +93,7 @@ def test_every_kernel_state_writes_pillows_shards_and_says_so_once(tree, tmp_pat
     assert shards["built"] and all(s == shards["pillow chosen"] for s in shards.values())
     assert manifests["built"]["resize_kernel"] == resample.KERNEL
     assert manifests["built"]["resize_fallback"] == []
+    assert manifests["HOME unset"]["resize_kernel"] == resample.KERNEL  # nothing of the kernel's is under HOME
     assert manifests["pillow chosen"]["resize_kernel"] == resample.PILLOW
     assert manifests["pillow chosen"]["resize_fallback"] == []
     for name in ("not built", "import fails"):
