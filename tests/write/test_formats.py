@@ -256,6 +256,7 @@ def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree,
     assert not (out / ".beam-prep").exists()
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(tree, tmp_path):
     import beam_prep
     from beam_prep.errors import OptionsError
@@ -270,6 +271,7 @@ def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 @pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
 def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
     import apache_beam as beam
