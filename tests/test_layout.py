@@ -2,7 +2,7 @@
 
 errors, wording and doc_pages (what every room raises, says and points at) < io < model < write and reader (neither
 imports the other) < tools < cli < api. Inside the writer, its sub-rooms likewise: shared < images
-< plan < journal < finish < sinks < run (see beam_prep/write/__init__.py for why). Imports inside
+< plan < journal < finish < sinks < run (docs/design/writer-rooms.md says why). Imports inside
 functions count too, and benchmarks/ has no import circle either.
 """
 from __future__ import annotations
