@@ -6,7 +6,6 @@ see a fast test that starts it (``tiers.py``). ``from lazy import tf`` reads the
 """
 from __future__ import annotations
 
-import importlib
 import types
 
 
@@ -19,7 +18,7 @@ class LazyModule:
     def __getattr__(self, attr: str):
         if attr.startswith("_"):  # pytest's collection, copy and inspect probe these: no import for them
             raise AttributeError(attr)
-        module: types.ModuleType = importlib.import_module(self.name)
+        module: types.ModuleType = __import__(self.name)  # an import statement's way: tiers.py sees it
         return getattr(module, attr)
 
     def __repr__(self) -> str:

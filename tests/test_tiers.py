@@ -181,3 +181,22 @@ def test_quiet():
 ''')
     inner.runpytest_inprocess("-q").assert_outcomes(passed=1)
     inner.runpytest_inprocess("-q", "-m", "not slow").assert_outcomes(passed=1)
+
+
+def test_importing_the_probe_counts_even_when_an_earlier_test_imported_it(inner):
+    """Which test imports TensorFlow first depends on the order tests run in; the check must not."""
+    inner.makepyfile(test_again=f'''
+import pytest
+
+
+@pytest.mark.slow
+def test_first():
+    __import__("{PROBE}")
+
+
+def test_second():
+    __import__("{PROBE}")
+''')
+    result = inner.runpytest_inprocess("-q")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([f"*test_second is not marked slow but started a heavy probe (import {PROBE})*"])

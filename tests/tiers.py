@@ -158,11 +158,11 @@ def slow_reason(item: pytest.Item, scan: _Scan) -> str | None:
 _running: list[list[str]] = []
 
 
-def _noting(what: Callable[..., str], original: Callable) -> Callable:
+def _noting(what: Callable[..., str | None], original: Callable) -> Callable:
     @functools.wraps(original)
     def noted(*args, **kwargs):
-        if _running:
-            _running[-1].append(what(*args, **kwargs))
+        if _running and (started := what(*args, **kwargs)) is not None:
+            _running[-1].append(started)
         return original(*args, **kwargs)
     noted.__tiers_original__ = original
     return noted
@@ -173,6 +173,14 @@ def _argv(self, args, *rest, **kwargs) -> str:
     return f"a subprocess ({shown})"
 
 
+def _slow_import(name: str, globals_=None, locals_=None, fromlist=(), level: int = 0) -> str | None:
+    top = name.split(".")[0]
+    importer = (globals_ or {}).get("__name__", "").split(".")[0]
+    if level or top not in SLOW_IMPORTS or importer in SLOW_IMPORTS:  # TensorFlow importing itself
+        return None
+    return f"{SLOW_IMPORTS[top]} (import {top})"
+
+
 def _install() -> None:
     """Wraps what starts things, once a process (a test of this check runs pytest inside pytest)."""
     import gcs_harness.server
@@ -180,6 +188,9 @@ def _install() -> None:
 
     if hasattr(subprocess.Popen.__init__, "__tiers_original__"):
         return
+    # Every import statement of TensorFlow, not only its first: which test imports it first
+    # depends on the order tests run in, and the check must not.
+    builtins.__import__ = _noting(_slow_import, builtins.__import__)
     subprocess.Popen.__init__ = _noting(_argv, subprocess.Popen.__init__)
     apache_beam.Pipeline.run = _noting(lambda *a, **k: "a Beam pipeline (apache_beam.Pipeline.run)",
                                        apache_beam.Pipeline.run)
@@ -230,7 +241,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[pytest.CollectReport]:
     """A test module that imports TensorFlow when collected fails to collect, in every tier."""
     before = {name for name in SLOW_IMPORTS if name in sys.modules}
-    report = yield
+    with watch():  # what collecting starts is collection's (a test of this check collects inside a test)
+        report = yield
     new = [name for name in SLOW_IMPORTS if name in sys.modules and name not in before]
     if new and isinstance(collector, pytest.Module) and report.passed:
         report.outcome = "failed"
