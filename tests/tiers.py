@@ -27,7 +27,7 @@ from lazy import LazyModule
 # Fixtures that start something themselves, and what (found by the code scan too; named here
 # for the message).
 SLOW_FIXTURES = {"gcs_server": "the GCS test server", "pillow_images": "the real-image set"}
-# Modules whose first import in a test is TensorFlow starting (seconds, then a GB of memory).
+# Modules whose import in a test is TensorFlow starting (seconds, then a GB of memory).
 SLOW_IMPORTS = {"tensorflow": "TensorFlow", "tensorflow_datasets": "TensorFlow"}
 
 
@@ -54,7 +54,12 @@ def _starters() -> dict[object, str]:
 
 
 class _Scan:
-    """``reason(func)``: what ``func`` starts (through the test folder's own code), or None."""
+    """What a function starts, read from its bytecode and that of the test folder's functions it calls.
+
+    A name it loads (a global, or one it imports itself) that is a starter, a TensorFlow module
+    or ``lazy.tf`` answers; a function or class of the test folder is read in turn. Library code
+    is not read: the run-time check covers it.
+    """
 
     def __init__(self, roots: list[pathlib.Path]):
         self._roots = [str(r.resolve()) for r in roots]
