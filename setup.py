@@ -51,6 +51,9 @@ GRAIN_PYTORCH = [
 
 TEST = [
     "pytest>=8",
+    # pytest.ini runs the suite on a worker a core (-n auto); pytest-cov for the tiers' coverage.
+    "pytest-xdist>=3.6,<4",
+    "pytest-cov>=5",
     # The lint gate .ci/run runs (ruff.toml): pinned, so a ruff release's new findings arrive by choice.
     "ruff==0.17.5",
     "packaging>=23",

@@ -59,13 +59,11 @@ from beam_prep.write.images.imaging import ImageSpec
 from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine, peers
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
-from benchmarks.measure import Measured, check_manifest, directory_bytes, run_measured
+from benchmarks.measure import run_measured
 from benchmarks.results import Recording
-from pipelines import prepare_images
+from benchmarks.writer_runs import RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
 
 DEFAULT_IMAGES = 2000
-# (c), the default command's image options, and the originals commands (d) and (e).
-DEFAULT_FLAGS = ("--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY))
 ORIGINALS_RUNS = {
     "(d) originals: `--resize_mode none --image_format original`":
         ("--resize_mode", "none", "--image_format", "original", "--jpeg_quality", str(JPEG_QUALITY)),
@@ -85,35 +83,6 @@ GIB = 2**30
 BUSY_WARNING_PERCENT = 10
 
 
-@dataclasses.dataclass
-class RunResult:
-    """One timed command over a whole corpus; ``error`` says why it has no throughput."""
-
-    images: int
-    seconds: float
-    peak_rss_bytes: int
-    output_bytes: int
-    error: str | None = None
-    details: dict[str, object] = dataclasses.field(default_factory=dict)
-    cpu_seconds: float = 0.0  # the whole process tree's
-    psnr: float | None = None  # of a sample of its records against the reference crop
-
-    @property
-    def images_per_s(self) -> float | None:
-        return None if self.error else self.images / self.seconds
-
-    @property
-    def cpu_ms_per_image(self) -> float | None:
-        return None if self.error else self.cpu_seconds / self.images * 1e3
-
-    @property
-    def images_per_cpu_s(self) -> float | None:
-        return None if self.error or not self.cpu_seconds else self.images / self.cpu_seconds
-
-    def to_json(self) -> dict[str, object]:
-        return {**dataclasses.asdict(self), "images_per_s": self.images_per_s}
-
-
 def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     """(a): the seed notebook's writer in its own Python process."""
     out = workdir / "seed"
@@ -123,7 +92,7 @@ def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
          "--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY)],
         cwd=REPO_ROOT,
     )
-    result = _result(corpus, measured, out)
+    result = measured_result(corpus, measured, out)
     if result.error is None:
         try:
             report = json.loads(measured.stdout.strip().splitlines()[-1])
@@ -136,46 +105,11 @@ def run_seed(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     return result
 
 
-def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAULT_FLAGS,
-             accelerated: pathlib.Path | None = None) -> RunResult:
-    """(c), or (d) to (f) with their ``flags``: beam-prep's pipeline, exactly the command a user types;
-    (c′) with pillow-simd from ``accelerated`` first on the path of the command and its workers."""
-    out = workdir / "ours"
-    shutil.rmtree(out, ignore_errors=True)
-    env = None
-    if accelerated is not None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(accelerated.resolve()), os.environ.get("PYTHONPATH")]))}
-    measured = run_measured(
-        prepare_images.command("--input", str(corpus.root), "--output", str(out), *flags, "--overwrite"),
-        cwd=REPO_ROOT, env=env,
-    )
-    result = _result(corpus, measured, out)
-    if result.error is None:
-        result.error = check_manifest(out / "manifest.json", corpus.images)
-    if result.error is None:
-        manifest = json.loads((out / "manifest.json").read_text())
-        library = manifest.get("imaging_library")
-        result.details["imaging_library"] = library
-        if (accelerated is not None) != (str(library).startswith("pillow-simd")):
-            result.error = f"the run's imaging library was {library}"
-        originals = manifest.get("originals")
-        if originals is not None:
-            result.details["originals"] = originals
-        # Issue 5 times (c) from command start to the manifest written (the dataset is
-        # complete); the process exits about a second later, once Beam stops its workers.
-        result.details["exit_seconds"] = measured.seconds
-        result.seconds = measured.seconds_until_written(out / "manifest.json")
-        if tuple(flags) == tuple(DEFAULT_FLAGS):  # the originals are not 224x224 crops
-            result.psnr = peers.record_quality(sorted(out.glob("train-*")), corpus, peers.ours_record)
-    return result
-
-
 def run_handwritten(corpus: Corpus, workdir: pathlib.Path) -> RunResult:
     """(g): the hand-written Pool + Pillow + TFRecordWriter script."""
     out = workdir / "handwritten"
     measured, report = peers.run_handwritten(corpus, out)
-    result = _result(corpus, measured, out)
+    result = measured_result(corpus, measured, out)
     if result.error is None and report.get("written") != corpus.images:
         result.error = f"wrote {report.get('written')} records for {corpus.images} images"
     if result.error is None:
@@ -187,7 +121,7 @@ def run_img2dataset(command: str, corpus: Corpus, workdir: pathlib.Path) -> RunR
     """(h): img2dataset on a list of file:// paths."""
     out = workdir / "img2dataset"
     measured, report = peers.run_img2dataset(command, corpus, out)
-    result = _result(corpus, measured, out)
+    result = measured_result(corpus, measured, out)
     if result.error is None and report["written"] != corpus.images:
         result.error = f"wrote {report['written']} records for {corpus.images} images"
     if result.error is None:
@@ -195,32 +129,9 @@ def run_img2dataset(command: str, corpus: Corpus, workdir: pathlib.Path) -> RunR
     return result
 
 
-def _result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
-    error = None
-    if measured.returncode != 0:
-        error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
-    output_bytes = directory_bytes(out) if out.exists() else 0
-    return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error,
-                     cpu_seconds=measured.cpu_seconds)
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None else f"{value:,.{digits}f}"
-
-
 def _ratio(ours: RunResult, other: float | None) -> str:
     mine = ours.images_per_s
     return "—" if mine is None or not other else f"{mine / other:.2f}×"
-
-
-def median_run(results: list[RunResult]) -> RunResult:
-    """The run with the median time (the first failure if none succeeded); all times in its details."""
-    ok = sorted((r for r in results if r.error is None), key=lambda r: r.seconds)
-    if not ok:
-        return results[0]
-    chosen = ok[len(ok) // 2]
-    chosen.details["all_seconds"] = [round(r.seconds, 2) for r in ok]
-    return chosen
 
 
 def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
@@ -246,7 +157,7 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
         (f"(b′) limit measured: {limit.cores} processes at once", limit.parallel_images_per_s,
          limit.parallel_seconds),
     ):
-        lines.append(f"| {label} | {limit.sample:,} | {_fmt(seconds)} | {_fmt(rate)} | {_ratio(largest, rate)} "
+        lines.append(f"| {label} | {limit.sample:,} | {fmt(seconds)} | {fmt(rate)} | {_ratio(largest, rate)} "
                      f"| {limit.serial_cpu_seconds / limit.sample * 1e3:.2f} (kernel alone) | — | — | — | — |")
     lines += [_run_row("(c) beam-prep `pipelines.prepare_images`", ours, None) for _, ours in _by_size(runs)]
     return "\n".join(lines)
@@ -257,18 +168,6 @@ PEER_NAMES = {
     "img2dataset": "(h) img2dataset (file:// list, center_crop)",
     "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
 }
-
-def paired_ratio(ours: list[RunResult], others: list[RunResult], per_cpu: bool = False) -> float | None:
-    """The median over rounds of ``other ÷ ours`` (images/s, or images per CPU-second), each round's
-    runs taken minutes apart: on a shared machine that holds where the medians of each drift."""
-    ratios = []
-    for mine, other in zip(ours, others):
-        a, b = ((mine.images_per_cpu_s, other.images_per_cpu_s) if per_cpu
-                else (mine.images_per_s, other.images_per_s))
-        if a and b:
-            ratios.append(b / a)
-    return statistics.median(ratios) if ratios else None
-
 
 def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[int, list[RunResult]]]) -> str:
     """(c) and the originals runs: images/s and CPU, each as a median of rounds and as the median
@@ -287,12 +186,12 @@ def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[
             counts = chosen.details.get("originals")
             kept = f"{counts['kept']:,}, {counts['reencoded']:,}" if counts else "—"
             lines.append(
-                f"| {name} | {chosen.images:,} | {_fmt(chosen.seconds)} "
-                f"| {'failed' if chosen.error else _fmt(chosen.images_per_s)} "
+                f"| {name} | {chosen.images:,} | {fmt(chosen.seconds)} "
+                f"| {'failed' if chosen.error else fmt(chosen.images_per_s)} "
                 f"| {'—' if is_c else _times(paired_ratio(ours[size], results))} "
-                f"| {_fmt(chosen.images_per_cpu_s)} "
+                f"| {fmt(chosen.images_per_cpu_s)} "
                 f"| {'—' if is_c else _times(paired_ratio(ours[size], results, per_cpu=True))} "
-                f"| {_fmt(chosen.peak_rss_bytes / GIB, 2)} | {_fmt(chosen.output_bytes / 1e6)} | {kept} |")
+                f"| {fmt(chosen.peak_rss_bytes / GIB, 2)} | {fmt(chosen.output_bytes / 1e6)} | {kept} |")
     return "\n".join(lines)
 
 
@@ -319,15 +218,15 @@ def _by_size(runs: dict[int, tuple[RunResult, RunResult]]) -> list[tuple[RunResu
 
 
 def _run_row(name: str, result: RunResult, ours: RunResult | None) -> str:
-    rate = "failed" if result.error else _fmt(result.images_per_s)
+    rate = "failed" if result.error else fmt(result.images_per_s)
     ratio = "—" if ours is None else _ratio(ours, result.images_per_s)
     cpu_ratio = "—"
     if ours is not None and result.cpu_ms_per_image and ours.cpu_ms_per_image:
         cpu_ratio = f"{result.cpu_ms_per_image / ours.cpu_ms_per_image:.2f}×"
     return (
-        f"| {name} | {result.images:,} | {_fmt(result.seconds)} | {rate} | {ratio} "
-        f"| {_fmt(result.cpu_ms_per_image, 2)} | {cpu_ratio} | {_fmt(result.psnr, 2)} "
-        f"| {_fmt(result.peak_rss_bytes / GIB, 2)} | {_fmt(result.output_bytes / 1e6)} |"
+        f"| {name} | {result.images:,} | {fmt(result.seconds)} | {rate} | {ratio} "
+        f"| {fmt(result.cpu_ms_per_image, 2)} | {cpu_ratio} | {fmt(result.psnr, 2)} "
+        f"| {fmt(result.peak_rss_bytes / GIB, 2)} | {fmt(result.output_bytes / 1e6)} |"
     )
 
 
@@ -485,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if growth:
         print(
             f"Memory growth {growth['from_images']:,} → {growth['to_images']:,} images (peak RSS ratio): "
-            f"(c) ours {_fmt(growth['ours'], 2)}×, (a) seed {_fmt(growth['seed'], 2)}×"
+            f"(c) ours {fmt(growth['ours'], 2)}×, (a) seed {fmt(growth['seed'], 2)}×"
         )
     for size, (_, ours) in sorted(runs.items()):
         if ours.error is None:

@@ -40,9 +40,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from benchmarks import CACHE_DIR, machine
-from benchmarks.bench_writer import DEFAULT_FLAGS, RunResult, _fmt, median_run, paired_ratio, run_ours
 from benchmarks.corpus import ensure_corpus
 from benchmarks.results import Recording
+from benchmarks.writer_runs import DEFAULT_FLAGS, RunResult, fmt, median_run, paired_ratio, run_ours
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,11 @@ def write_table(rounds: dict[str, list[RunResult]]) -> str:
              "| output MB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, (label, _) in FORMAT_RUNS.items():
         chosen = median_run(rounds[key])
-        ratios = ["—" if key == BASELINE else _fmt(paired_ratio(rounds[BASELINE], rounds[key], per_cpu), 3) + "×"
+        ratios = ["—" if key == BASELINE else fmt(paired_ratio(rounds[BASELINE], rounds[key], per_cpu), 3) + "×"
                   for per_cpu in (False, True)]
-        lines.append(f"| {label} | {chosen.images:,} | {_fmt(chosen.seconds)} "
-                     f"| {'failed' if chosen.error else _fmt(chosen.images_per_s)} | {ratios[0]} "
-                     f"| {_fmt(chosen.cpu_ms_per_image)} | {ratios[1]} | {_fmt(chosen.output_bytes / 1e6)} |")
+        lines.append(f"| {label} | {chosen.images:,} | {fmt(chosen.seconds)} "
+                     f"| {'failed' if chosen.error else fmt(chosen.images_per_s)} | {ratios[0]} "
+                     f"| {fmt(chosen.cpu_ms_per_image)} | {ratios[1]} | {fmt(chosen.output_bytes / 1e6)} |")
     return "\n".join(lines)
 
 
@@ -201,7 +201,7 @@ def main(argv: Sequence[str]) -> None:
                 result = run_ours(corpus, workdir / key, (*DEFAULT_FLAGS, *FORMAT_RUNS[key][1]))
                 rounds[key].append(result)
                 load.append(os.getloadavg()[0])
-                log.info("%s: %s images/s%s", key, _fmt(result.images_per_s),
+                log.info("%s: %s images/s%s", key, fmt(result.images_per_s),
                          f" FAILED {result.error}" if result.error else "")
         reads = read_rates(workdir / "tfrecord" / "ours", workdir / "array_record" / "ours", args.repeat)
         records = _records(workdir / BASELINE / "ours")

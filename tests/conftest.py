@@ -7,7 +7,7 @@ import pytest
 from helpers import REPO
 
 # A real GCS server on loopback for gs:// tests: the test harness in gcs_harness/.
-pytest_plugins = ["gcs_harness.server"]
+pytest_plugins = ["gcs_harness.server", "tiers"]
 
 
 @pytest.fixture(scope="session")

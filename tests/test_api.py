@@ -41,6 +41,7 @@ def test_prepare_checks_options_before_any_work_and_names_keywords(tmp_path, opt
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 def test_a_refusal_names_the_keyword_that_overrides_it(tmp_path):
     make_tree(tmp_path / "in", {"a": 2}, size=(24, 20))
     args = (str(tmp_path / "in"), str(tmp_path / "out"))
@@ -62,6 +63,7 @@ def test_prepare_prints_nothing_where_logging_is_left_unconfigured(tmp_path):
     assert (tmp_path / "out" / "manifest.json").exists()
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 def test_a_percent_below_one_warns_the_caller_in_keywords(tmp_path):
     make_tree(tmp_path / "in", {"a": 20}, size=(24, 20))
     with pytest.warns(BeamPrepWarning) as caught:

@@ -2,14 +2,15 @@
 
 errors, wording and doc_pages (what every room raises, says and points at) < io < model < write and reader (neither
 imports the other) < tools < cli < api. Inside the writer, its sub-rooms likewise: shared < images
-< plan < journal < finish < sinks < run (see beam_prep/write/__init__.py for why). Imports inside
-functions count too.
+< plan < journal < finish < sinks < run (docs/design/writer-rooms.md says why). Imports inside
+functions count too, and benchmarks/ has no import circle either.
 """
 from __future__ import annotations
 
 import ast
 import pathlib
 
+import pytest
 from helpers import REPO
 
 RANK = {"errors": 0, "wording": 0, "doc_pages": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
@@ -23,19 +24,20 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports() -> dict[str, set[str]]:
+def imports(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
     """Each module of the package -> the package's modules it imports, anywhere in its body."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    top = package.name
+    modules = {module_name(p): p for p in package.rglob("*.py")}
     found: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "beam_prep":
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == top:
                 for alias in node.names:
                     whole = f"{node.module}.{alias.name}"
                     targets.add(whole if whole in modules else node.module)
             elif isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names if a.name.split(".")[0] == "beam_prep"}
+                targets |= {a.name for a in node.names if a.name.split(".")[0] == top}
         found[name] = targets - {name}
     return found
 
@@ -64,8 +66,9 @@ def test_rooms_import_only_downward():
     assert not upward, "\n".join(sorted(upward))
 
 
-def test_no_import_cycles():
-    graph = imports()
+@pytest.mark.parametrize("package", [PACKAGE, REPO / "benchmarks"], ids=lambda p: p.name)
+def test_no_import_cycles(package):
+    graph = imports(package)
     cycles = []
 
     def visit(module: str, path: list[str]) -> None:

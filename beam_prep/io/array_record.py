@@ -1,26 +1,8 @@
 """ArrayRecord shards: the writer's options, and a shard written anywhere Beam can write.
 
-The ``array_record`` library writes only to a local path (its C++ writer opens
-the file itself; its own Beam sink says it does not work for other
-filesystems), so a shard bound for gs:// is written to local disk and copied
-up through Beam's ``FileSystems``; the caller renames it into place as it does
-any shard.
-
-``WRITER_OPTIONS`` were chosen for random access, measured with the writer's
-records of the benchmark corpus (224x224 JPEG q90, about 17 KB each, and the
-same images as raw pixels; ``bench_writer --formats``, docs/performance/writer.md,
-file formats): ``group_size:1`` puts each record in a chunk of its own, so a
-lookup reads one record (9 us; a group of 16 took 87 us, and 65536, the
-library's default, 28 ms; Grain logs an error for any group size but 1). No
-compression, since it buys little and costs every lookup: JPEG and PNG
-payloads are compressed already (zstd:3 saved 0.2% of the bytes, snappy 0.3%,
-at 14 us a lookup), and raw pixels are stored to be read without work (zstd:3
-saves 18% of them, but a lookup takes 128 us instead of 31), as
-``--compression none`` advises for raw TFRecords. ``max_parallelism:1`` keeps a
-worker's writing on its own thread, as Beam already runs a worker per core.
-Each file carries about 100 KB of footer (its index, on a 64 KiB block): 9% of
-the benchmark's 1 MB shards, nothing at the default 150 MB. The same options
-always write the same bytes, which resuming a run relies on.
+The library writes only to a local path, so a gs:// shard is written locally and copied up
+through Beam's ``FileSystems``. Why ``WRITER_OPTIONS`` are what they are:
+docs/design/array-record.md.
 """
 from __future__ import annotations
 

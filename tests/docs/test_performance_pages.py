@@ -120,6 +120,7 @@ def test_a_figure_without_its_results_is_an_error():
                         figures.values({"writer": WRITER}), "README.md")
 
 
+@pytest.mark.slow  # runs git for the record's commit
 def test_a_benchmark_record_says_what_ran_where_and_with_which_versions(tmp_path: pathlib.Path):
     recording = Recording("reader", ["--rounds", "1", "--json", "out.json"], module="benchmarks.bench_reader")
     written = recording.write(tmp_path / "results" / "reader.json", {"results": {}})

@@ -31,6 +31,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _PortTaken(RuntimeError):
+    """The emulator exited because another process bound its port first."""
+
+
 # gcp-storage-emulator's entry point without two costs real GCS does not have.
 _EMULATOR_MAIN = pathlib.Path(__file__).with_name("emulator_main.py")
 
@@ -47,6 +51,7 @@ class EmulatorProcess:
         self._workdir = workdir
         self._proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self._log_from = 0  # where this start's lines begin in the log
 
     @property
     def url(self) -> str:
@@ -60,9 +65,23 @@ class EmulatorProcess:
     def log_path(self) -> pathlib.Path:
         return self._workdir / "gcp-storage-emulator.log"
 
-    def start(self) -> None:
-        """Starts the emulator and returns once it answers HTTP."""
+    def start(self, tries: int = 3) -> None:
+        """Starts the emulator and returns once it answers HTTP.
+
+        The free port is free when chosen, not when the child binds it: a process starting beside
+        this one (another pytest-xdist worker's emulator, a Beam worker) can take it first, and the
+        child exits. It is then started again on another port.
+        """
+        for attempt in range(tries):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                if attempt == tries - 1:
+                    raise
+
+    def _start_once(self) -> None:
         port = free_port()
+        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(_EMULATOR_MAIN), "start",
@@ -88,9 +107,12 @@ class EmulatorProcess:
                 if response.status == HTTPStatus.OK and response.read() == b"OK":
                     return
             except OSError:
-                pass  # not listening yet
+                pass  # not listening yet, or someone else is
             finally:
                 conn.close()
+            # Its server thread dies on a port taken; the process stays, and says so in the log.
+            if "Address already in use" in (tail := self._log_tail()):
+                raise _PortTaken(f"gcp-storage-emulator could not bind port {self.port}:\n{tail}")
             try:  # the pause between polls, cut short if the child exits
                 code = proc.wait(timeout=_POLL_INTERVAL_S)
             except subprocess.TimeoutExpired:
@@ -100,7 +122,9 @@ class EmulatorProcess:
                            f"{_EMULATOR_START_TIMEOUT_S:.0f} s:\n{self._log_tail()}")
 
     def _log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_from)
+            return log.read().decode(errors="replace")[-4000:]
 
     def stop(self) -> None:
         """Terminates the child by its PID, killing it if it does not exit."""

@@ -244,3 +244,31 @@ def test_tf_fetches_its_token_through_the_proxy_and_uses_it(
     assert tf_seen and {r.authorization for r in tf_seen} == {
         f"Bearer {gcs_server.access_token}"}
 
+
+
+# --- Starting beside other processes --------------------------------------------
+
+
+def test_the_emulator_starts_again_on_another_port_when_its_port_is_taken(tmp_path, monkeypatch):
+    """Another process (a second pytest-xdist worker's emulator) binding the chosen port first."""
+    import socket
+
+    from gcs_harness import emulator
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind((emulator.LOOPBACK, 0))
+        holder.listen()
+        taken, other = holder.getsockname()[1], emulator.free_port()
+        ports = iter([taken, other])
+        monkeypatch.setattr(emulator, "free_port", lambda: next(ports))
+        process = emulator.EmulatorProcess(tmp_path)
+        process.start()
+        try:
+            assert process.port == other
+            conn = http.client.HTTPConnection(emulator.LOOPBACK, other, timeout=5)
+            conn.request("GET", "/")
+            assert conn.getresponse().read() == b"OK"
+            conn.close()
+        finally:
+            process.stop()
+    assert "Address already in use" in (tmp_path / "gcp-storage-emulator.log").read_text()

@@ -18,8 +18,8 @@ import shutil
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from helpers import encode, make_tree, read_split, run_prepare
+from lazy import tf
 from PIL import Image
 
 from beam_prep.errors import DatasetError

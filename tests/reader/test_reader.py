@@ -17,8 +17,8 @@ import subprocess
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from helpers import REPO, child, encode, make_tree, read_split, run_prepare
+from lazy import tf
 from PIL import Image
 
 from beam_prep.errors import DatasetError, OptionsError
@@ -629,6 +629,7 @@ def test_glob_mode_needs_the_image_info(jpeg_ds):
         make_dataset(RecordFiles(f"{jpeg_ds}/train-*.tfrecord.gz"))
 
 
+@pytest.mark.slow  # make_dataset imports TensorFlow
 def test_glob_matching_nothing_is_a_dataset_error(tmp_path):
     with pytest.raises(DatasetError, match=f"no files match {tmp_path}/nothing-"):
         make_dataset(RecordFiles(f"{tmp_path}/nothing-*.tfrecord.gz", ImageInfo(SIZE, SIZE)))

@@ -198,6 +198,7 @@ def test_a_missing_output_folder_is_named_with_exit_code_2(capsys, tmp_path):
     assert f"error: output folder {tmp_path / 'nowhere'} does not exist" in err
 
 
+@pytest.mark.slow  # inspect imports TensorFlow before it looks for the manifest
 def test_a_folder_without_a_manifest_is_named_with_exit_code_2(capsys, tmp_path):
     code, _, err = inspect(capsys, tmp_path)
     assert code == 2

@@ -26,7 +26,7 @@ def test_pillow_simd_meets_the_quality_bound_of_the_stock_pillow():
         pytest.skip(message)
     env = {**os.environ, "PYTHONPATH": str(SIMD_TARGET), "BEAM_PREP_EXPECT_IMAGING": "pillow-simd"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/write/test_imaging.py",
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "tests/write/test_imaging.py",
          "-k", FIDELITY_TESTS],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

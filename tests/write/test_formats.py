@@ -260,6 +260,7 @@ def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree,
     assert_shard_checksums(out)  # hashed as Beam's file sink wrote them
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(tree, tmp_path):
     import beam_prep
     from beam_prep.errors import OptionsError
@@ -274,6 +275,7 @@ def test_the_python_api_takes_file_format_and_refuses_an_unknown_one_by_keyword(
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 @pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
 def test_write_image_dataset_writes_every_format(tree, tmp_path, file_format):
     import apache_beam as beam

@@ -10,9 +10,9 @@ import pathlib
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import encode, make_tree, read_split, run_prepare
+from lazy import tf
 from PIL import Image
 
 from beam_prep.cli.options import config_from_options
@@ -365,7 +365,7 @@ def test_a_label_list_with_a_name_missing_from_labels_file_is_reported_whole(tmp
     assert unknown_label_report(entries["c.png"])["message"] == "its --metadata row gives no label"
 
 
-@pytest.mark.parametrize("augment", [None, tf.image.flip_left_right])
+@pytest.mark.parametrize("augment", [None, lambda image: tf.image.flip_left_right(image)])
 def test_the_reader_gives_each_records_label_names_as_a_ragged_list(captioned, augment):
     """Batched at once, or per image after a user's augmentation: the names of a record's labels, each a list."""
     out, _ = captioned

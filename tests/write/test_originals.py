@@ -10,8 +10,8 @@ import pathlib
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from helpers import encode, read_split, run_prepare
+from lazy import tf
 from PIL import Image, ImageOps
 
 from beam_prep.tools.sample import picture

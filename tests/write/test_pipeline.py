@@ -10,8 +10,8 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from helpers import assert_shard_checksums, encode, make_tree, read_split, run_prepare
+from lazy import tf
 from PIL import Image
 
 from beam_prep.model.features import decode_example

@@ -287,6 +287,7 @@ def test_a_run_on_a_non_terminal_prints_progress_from_its_workers_before_the_sum
                                        "train-00001-of-00002.tfrecord.gz"]
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 @pytest.mark.parametrize("sink", ["streaming", "shuffle"])
 def test_the_python_api_times_both_sinks_phases(tmp_path, sink):
     from beam_prep.api import parse_command_line

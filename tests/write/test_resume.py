@@ -313,12 +313,11 @@ def uninterrupted_as(tree, tmp_path_factory) -> Callable[[str], dict[str, str]]:
     return digests
 
 
-@pytest.mark.parametrize("file_format, signum", [
-    ("array_record", signal.SIGKILL), ("array_record", signal.SIGINT),
-    ("webdataset", signal.SIGKILL), ("webdataset", signal.SIGTERM)])
+@pytest.mark.parametrize("file_format, signum", [("array_record", signal.SIGKILL), ("webdataset", signal.SIGKILL)])
 def test_every_file_format_resumes_to_the_bytes_of_an_uninterrupted_run(tree, uninterrupted_as, tmp_path,
                                                                          file_format, signum):
-    """SIGKILL to the whole group, as a power loss, or the signal a user or a scheduler sends."""
+    """SIGKILL to the whole group, as a power loss: a format's shards torn mid-write. How SIGINT and
+    SIGTERM stop a run does not depend on the format (test_a_stopped_run_ends_in_seconds...)."""
     out = tmp_path / "out"
     stopped, _, _ = _interrupt(tree, out, signum, "--file_format", file_format,
                                whole_group=signum == signal.SIGKILL)

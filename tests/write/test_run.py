@@ -20,6 +20,7 @@ from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry
 
 
+@pytest.mark.slow  # runs a pipeline in this process
 def test_metrics_count_listed_written_failed_and_bytes(tmp_path):
     make_tree(tmp_path / "in", {"a": 3, "b": 2})
     (tmp_path / "in" / "a" / "bad.png").write_bytes(b"nope")

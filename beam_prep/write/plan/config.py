@@ -36,6 +36,7 @@ from beam_prep.write.images.imaging import (
 from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadAheadConfig
 from beam_prep.write.plan.failure_budget import parse_max_failures
 from beam_prep.write.plan.metadata import check_path
+from beam_prep.write.plan.runners import check_runner
 from beam_prep.write.shared.shard_formats import check_installed
 
 SINKS = ("auto", "streaming", "shuffle")
@@ -316,7 +317,7 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--input {o.input} is not a directory")
     if _inside(target, source):
         raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
-    if options.view_as(StandardOptions).runner in ("DataflowRunner", "TestDataflowRunner"):
+    if check_runner(options.view_as(StandardOptions).runner) in ("DataflowRunner", "TestDataflowRunner"):
         _check_dataflow(options, source, target)
     table = _metadata_path(o.metadata, o.recursive)
     concurrency = o.read_concurrency

@@ -1,0 +1,121 @@
+"""One timed run of beam-prep's command, and the figures taken of runs: what the writer benchmark's modes share.
+
+``bench_writer`` (the default mode) and ``writer_formats`` (``--formats``) both time the
+command a user types (``run_ours``) and report medians and paired ratios of its results.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import statistics
+from collections.abc import Sequence
+
+from benchmarks import IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, peers
+from benchmarks.corpus import Corpus
+from benchmarks.measure import Measured, check_manifest, directory_bytes, run_measured
+from pipelines import prepare_images
+
+# (c), the default command's image options, and the originals commands (d) and (e).
+DEFAULT_FLAGS = ("--image_size", str(IMAGE_SIZE), "--jpeg_quality", str(JPEG_QUALITY))
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One timed command over a whole corpus; ``error`` says why it has no throughput."""
+
+    images: int
+    seconds: float
+    peak_rss_bytes: int
+    output_bytes: int
+    error: str | None = None
+    details: dict[str, object] = dataclasses.field(default_factory=dict)
+    cpu_seconds: float = 0.0  # the whole process tree's
+    psnr: float | None = None  # of a sample of its records against the reference crop
+
+    @property
+    def images_per_s(self) -> float | None:
+        return None if self.error else self.images / self.seconds
+
+    @property
+    def cpu_ms_per_image(self) -> float | None:
+        return None if self.error else self.cpu_seconds / self.images * 1e3
+
+    @property
+    def images_per_cpu_s(self) -> float | None:
+        return None if self.error or not self.cpu_seconds else self.images / self.cpu_seconds
+
+    def to_json(self) -> dict[str, object]:
+        return {**dataclasses.asdict(self), "images_per_s": self.images_per_s}
+
+
+def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAULT_FLAGS,
+             accelerated: pathlib.Path | None = None) -> RunResult:
+    """(c), or (d) to (f) with their ``flags``: beam-prep's pipeline, exactly the command a user types;
+    (c′) with pillow-simd from ``accelerated`` first on the path of the command and its workers."""
+    out = workdir / "ours"
+    shutil.rmtree(out, ignore_errors=True)
+    env = None
+    if accelerated is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(accelerated.resolve()), os.environ.get("PYTHONPATH")]))}
+    measured = run_measured(
+        prepare_images.command("--input", str(corpus.root), "--output", str(out), *flags, "--overwrite"),
+        cwd=REPO_ROOT, env=env,
+    )
+    result = measured_result(corpus, measured, out)
+    if result.error is None:
+        result.error = check_manifest(out / "manifest.json", corpus.images)
+    if result.error is None:
+        manifest = json.loads((out / "manifest.json").read_text())
+        library = manifest.get("imaging_library")
+        result.details["imaging_library"] = library
+        if (accelerated is not None) != (str(library).startswith("pillow-simd")):
+            result.error = f"the run's imaging library was {library}"
+        originals = manifest.get("originals")
+        if originals is not None:
+            result.details["originals"] = originals
+        # Issue 5 times (c) from command start to the manifest written (the dataset is
+        # complete); the process exits about a second later, once Beam stops its workers.
+        result.details["exit_seconds"] = measured.seconds
+        result.seconds = measured.seconds_until_written(out / "manifest.json")
+        if tuple(flags) == tuple(DEFAULT_FLAGS):  # the originals are not 224x224 crops
+            result.psnr = peers.record_quality(sorted(out.glob("train-*")), corpus, peers.ours_record)
+    return result
+
+
+def measured_result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
+    error = None
+    if measured.returncode != 0:
+        error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
+    output_bytes = directory_bytes(out) if out.exists() else 0
+    return RunResult(corpus.images, measured.seconds, measured.peak_rss_bytes, output_bytes, error,
+                     cpu_seconds=measured.cpu_seconds)
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def median_run(results: list[RunResult]) -> RunResult:
+    """The run with the median time (the first failure if none succeeded); all times in its details."""
+    ok = sorted((r for r in results if r.error is None), key=lambda r: r.seconds)
+    if not ok:
+        return results[0]
+    chosen = ok[len(ok) // 2]
+    chosen.details["all_seconds"] = [round(r.seconds, 2) for r in ok]
+    return chosen
+
+
+def paired_ratio(ours: list[RunResult], others: list[RunResult], per_cpu: bool = False) -> float | None:
+    """The median over rounds of ``other ÷ ours`` (images/s, or images per CPU-second), each round's
+    runs taken minutes apart: on a shared machine that holds where the medians of each drift."""
+    ratios = []
+    for mine, other in zip(ours, others):
+        a, b = ((mine.images_per_cpu_s, other.images_per_cpu_s) if per_cpu
+                else (mine.images_per_s, other.images_per_s))
+        if a and b:
+            ratios.append(b / a)
+    return statistics.median(ratios) if ratios else None
