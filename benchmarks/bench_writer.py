@@ -61,7 +61,7 @@ from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import run_measured
 from benchmarks.results import Recording
-from benchmarks.writer_runs import RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
+from benchmarks.writer_runs import DEFAULT_FLAGS, RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
 
 DEFAULT_IMAGES = 2000
 ORIGINALS_RUNS = {

@@ -16,10 +16,10 @@ from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.journal import resume
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.failure_budget import exceeded, parse_max_failures
-from beam_prep.write.plan.hashing import split_and_cap_hashes, stable_hash
 from beam_prep.write.plan.listing import list_tree
 from beam_prep.write.plan.selection import SKIP_OVER_CAP, Placed, thresholds, validation_count
 from beam_prep.write.shared import layout
+from beam_prep.write.shared.hashing import split_and_cap_hashes, stable_hash
 
 SIZES = {"one": 1, "two": 2, "three": 3, "dozen": 12, "fifty": 50, "many": 101}
 

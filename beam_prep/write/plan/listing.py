@@ -26,7 +26,6 @@ from beam_prep.errors import OptionsError
 from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.model.features import NO_LABEL
 from beam_prep.write.images.imaging import is_image_name
-from beam_prep.write.plan.hashing import order_key, split_for, stable_hash  # noqa: F401 - imported from here
 from beam_prep.write.plan.metadata import (
     PARQUET_TABLE_NAME,
     SPLIT_TABLE_NAMES,
@@ -38,6 +37,7 @@ from beam_prep.write.plan.selection import Selection
 from beam_prep.write.plan.spill import RowFile, SortedRows, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
 from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
+from beam_prep.write.shared.hashing import order_key, split_for, stable_hash  # noqa: F401 - imported from here
 
 _LOG = logging.getLogger(__name__)
 
