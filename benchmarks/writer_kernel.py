@@ -5,6 +5,8 @@ rounds that take turns so that a shared machine's drift falls on every row:
 
   * ``kernel``: this checkout, its C extension built (``python setup.py
     build_ext --inplace`` in a checkout; ``pip install -e .`` builds it too);
+  * ``kernel, no perceptual hash``: the same with ``--near_duplicate_distance -1``
+    (the kernel's cost apart from the near-duplicate hash each image now gets);
   * ``pillow``: the same with ``BEAM_PREP_RESIZE_KERNEL=pillow`` (Pillow's loops);
   * ``baseline``: with ``--baseline DIR``, the command of another checkout (e.g.
     ``git worktree add /tmp/beam-prep-main main``: today's loader), first on the
@@ -45,17 +47,24 @@ FLAGS = ("--image_size", "224", "--jpeg_quality", "90")
 MIB = 2**20
 
 
-def variants(baseline: pathlib.Path | None) -> dict[str, tuple[pathlib.Path, dict[str, str]]]:
-    """Each variant's checkout and its environment's changes."""
+# This checkout's flag that turns the perceptual hash off (an older baseline has neither hash nor flag):
+# the kernel's own cost beside the baseline's, apart from the hash's.
+NO_HASH = ("--near_duplicate_distance", "-1")
+
+
+def variants(baseline: pathlib.Path | None) -> dict[str, tuple[pathlib.Path, dict[str, str], tuple[str, ...]]]:
+    """Each variant's checkout, its environment's changes and its extra flags."""
     runs = {}
     if baseline is not None:
-        runs["baseline"] = (baseline.resolve(), {})
-    runs["kernel"] = (REPO_ROOT, {})
-    runs["pillow"] = (REPO_ROOT, {resample.KERNEL_VARIABLE: resample.PILLOW})
+        runs["baseline"] = (baseline.resolve(), {}, ())
+    runs["kernel"] = (REPO_ROOT, {}, ())
+    runs["kernel, no perceptual hash"] = (REPO_ROOT, {}, NO_HASH)
+    runs["pillow"] = (REPO_ROOT, {resample.KERNEL_VARIABLE: resample.PILLOW}, ())
     return runs
 
 
-def run_variant(corpus: Corpus, workdir: pathlib.Path, checkout: pathlib.Path, env: dict[str, str]) -> dict:
+def run_variant(corpus: Corpus, workdir: pathlib.Path, checkout: pathlib.Path, env: dict[str, str],
+                flags: tuple[str, ...] = ()) -> dict:
     """One timed command of a variant: its figures, or its error."""
     out = workdir / "out"
     shutil.rmtree(out, ignore_errors=True)
@@ -63,7 +72,7 @@ def run_variant(corpus: Corpus, workdir: pathlib.Path, checkout: pathlib.Path, e
         filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     if resample.KERNEL_VARIABLE not in env:
         full_env.pop(resample.KERNEL_VARIABLE, None)
-    measured = run_measured(prepare_images.command("--input", str(corpus.root), "--output", str(out), *FLAGS,
+    measured = run_measured(prepare_images.command("--input", str(corpus.root), "--output", str(out), *FLAGS, *flags,
                                                    "--overwrite"), cwd=checkout, env=full_env, private=True)
     if measured.returncode != 0:
         return {"error": f"exit status {measured.returncode}: {measured.stderr_tail[-2000:]}"}
@@ -124,8 +133,8 @@ def main(argv: Sequence[str]) -> None:
             run_variant(corpus, workdir, *runs["baseline"])
         for round_ in range(args.repeat):
             order = list(runs.items()) if round_ % 2 == 0 else list(reversed(runs.items()))
-            for name, (checkout, env) in order:
-                results[name].append(run_variant(corpus, workdir, checkout, env))
+            for name, (checkout, env, flags) in order:
+                results[name].append(run_variant(corpus, workdir, checkout, env, flags))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"{machine.describe(machine.machine_info())}\n")
