@@ -20,6 +20,8 @@ from PIL import Image
 from beam_prep.tools.sample import picture
 from pipelines.prepare_images import command
 
+UNFINISHED_RUN = "20260101-000000-abcdef"  # the run id ``leave_unfinished_run`` gives
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -116,3 +118,18 @@ def make_tree(
                 written.append(path)
                 seed += 1
     return written
+
+
+def leave_unfinished_run(argv: list[str], output: str | os.PathLike) -> None:
+    """What a launcher killed after planning leaves in ``output`` for the command ``argv``: its run
+    record, no shard finished (run ``UNFINISHED_RUN``)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_prep.cli.options import config_from_options
+    from beam_prep.write.journal import resume
+    from beam_prep.write.shared import layout
+
+    recorded = resume.record_options(config_from_options(PipelineOptions(argv)), None)
+    work = layout.run_folder(str(output), UNFINISHED_RUN)
+    os.makedirs(work)
+    resume.write_run_record(work, resume.RunRecord(UNFINISHED_RUN, recorded, False, {}))

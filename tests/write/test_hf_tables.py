@@ -10,20 +10,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pathlib
 import tarfile
 
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
+from helpers import leave_unfinished_run
 from PIL import Image
 
-from beam_prep.cli.options import config_from_options
 from beam_prep.model import features
 from beam_prep.model.features import NO_LABEL
-from beam_prep.write.journal import resume
 from beam_prep.write.plan.listing import SKIP_NO_ROW, SKIP_NOT_IMAGE, list_tree
-from beam_prep.write.shared import layout
 from beam_prep.write.shared.shard_formats import shard_format
 from pipelines import prepare_images
 
@@ -255,10 +251,7 @@ def test_a_resume_with_a_split_folders_table_edited_since_is_refused(capsys, tmp
     jsonl(table, {"file_name": "a.png", "label": "x"})
     out = tmp_path / "out"
     argv = ["--input", str(tmp_path / "in"), "--output", str(out)]
-    recorded = resume.record_options(config_from_options(PipelineOptions(argv)), None)
-    work = layout.run_folder(str(out), "20260101-000000-abcdef")
-    os.makedirs(work)  # as a launcher killed after planning leaves it
-    resume.write_run_record(work, resume.RunRecord("20260101-000000-abcdef", recorded, False, {}))
+    leave_unfinished_run(argv, out)
     before = hashlib.sha256(table.read_bytes()).hexdigest()
     jsonl(table, {"file_name": "a.png", "label": "y"})
     after = hashlib.sha256(table.read_bytes()).hexdigest()

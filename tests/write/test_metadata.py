@@ -10,19 +10,15 @@ import pathlib
 
 import numpy as np
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
-from helpers import encode, make_tree, read_split, run_prepare
+from helpers import encode, leave_unfinished_run, make_tree, read_split, run_prepare
 from lazy import tf
 from PIL import Image
 
-from beam_prep.cli.options import config_from_options
 from beam_prep.reader import load_info, make_dataset
 from beam_prep.tools import inspection, verification
 from beam_prep.tools.summary import summarize
 from beam_prep.write.images.examples import unknown_label_report
-from beam_prep.write.journal import resume
 from beam_prep.write.plan.listing import list_tree
-from beam_prep.write.shared import layout
 from pipelines import prepare_images
 
 SIZE = 8
@@ -304,10 +300,7 @@ def test_a_resume_with_another_table_is_refused_naming_metadata(capsys, tmp_path
     table.write_text("file_name,label\na/img_000.jpg,x\na/img_001.jpg,y\n")
     out = tmp_path / "out"
     argv = ["--input", str(tmp_path / "in"), "--output", str(out), "--metadata", str(table)]
-    recorded = resume.record_options(config_from_options(PipelineOptions(argv)), None)
-    work = layout.run_folder(str(out), "20260101-000000-abcdef")
-    os.makedirs(work)  # as a launcher killed after planning leaves it: its record, no shard finished
-    resume.write_run_record(work, resume.RunRecord("20260101-000000-abcdef", recorded, False, {}))
+    leave_unfinished_run(argv, out)
     before = hashlib.sha256(table.read_bytes()).hexdigest()
     table.write_text("file_name,label\na/img_000.jpg,y\na/img_001.jpg,x\n")
     after = hashlib.sha256(table.read_bytes()).hexdigest()
