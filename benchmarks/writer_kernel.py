@@ -9,7 +9,7 @@ rounds that take turns so that a shared machine's drift falls on every row:
     (the kernel's cost apart from the near-duplicate hash each image now gets);
   * ``pillow``: the same with ``BEAM_PREP_RESIZE_KERNEL=pillow`` (Pillow's loops);
   * ``baseline``: with ``--baseline DIR``, the command of another checkout (e.g.
-    ``git worktree add /tmp/beam-prep-main main``: today's loader), first on the
+    ``git worktree add ../beam-prep-main main``: today's loader), first on the
     path of the command and its workers; one untimed run first fills its kernel
     cache, so the rounds time its steady state.
 
