@@ -31,7 +31,6 @@ import logging
 import os
 import pathlib
 import shutil
-import statistics
 import tempfile
 from collections.abc import Sequence
 
@@ -39,6 +38,7 @@ from beam_prep.write.images import resample
 from benchmarks import CACHE_DIR, REPO_ROOT, machine
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.measure import check_manifest, run_measured
+from benchmarks.report import tables
 from benchmarks.results import Recording
 from pipelines import prepare_images
 
@@ -86,26 +86,6 @@ def run_variant(corpus: Corpus, workdir: pathlib.Path, checkout: pathlib.Path, e
             "peak_uss_mib": measured.peak_uss_bytes / MIB, "resize_kernel": manifest.get("resize_kernel")}
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    """The median of each variant's rounds, and its CPU per image over the first variant's."""
-    keys = ("images_per_s", "cpu_ms_per_image", "peak_rss_mib", "peak_pss_mib", "peak_uss_mib")
-    medians = {}
-    for name, rounds in results.items():
-        ok = [r for r in rounds if "error" not in r]
-        medians[name] = {k: statistics.median(r[k] for r in ok) for k in keys} if ok else None
-    first = next(iter(medians.values()))
-    lines = ["| variant | images/s | CPU ms/image | ÷ first, CPU | peak RSS MiB | peak PSS MiB | peak USS MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, m in medians.items():
-        if m is None:
-            lines.append(f"| {name} | failed | | | | | |")
-            continue
-        ratio = f"{m['cpu_ms_per_image'] / first['cpu_ms_per_image']:.3f}" if first else "—"
-        lines.append(f"| {name} | {m['images_per_s']:,.0f} | {m['cpu_ms_per_image']:.2f} | {ratio} "
-                     f"| {m['peak_rss_mib']:,.0f} | {m['peak_pss_mib']:,.0f} | {m['peak_uss_mib']:,.0f} |")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_writer --kernel",
                                      description=__doc__.split("\n\n")[0])
@@ -139,7 +119,7 @@ def main(argv: Sequence[str]) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"{machine.describe(machine.machine_info())}\n")
     print(f"{corpus.images} images, {args.repeat} rounds, alternating; medians.\n")
-    print(table(results))
+    print(tables.writer_kernel({"results": results}))
     for name, rounds in results.items():
         for r in rounds:
             if "error" in r:

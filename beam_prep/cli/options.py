@@ -15,6 +15,7 @@ from beam_prep.doc_pages import doc_page
 from beam_prep.model.dataset import TFRECORD
 from beam_prep.write.images.imaging import DEFAULT_MAX_PIXELS, OUTPUT_FORMATS, RESIZE_MODES
 from beam_prep.write.plan.config import (
+    DEFAULT_DISTANCE,
     DEFAULT_IMAGE_SIZE,
     DEFAULT_READ_AHEAD_MB,
     DEFAULT_REMOTE_READ_CONCURRENCY,
@@ -136,7 +137,7 @@ def _labels_split_arguments(group: Any) -> None:
         help="Images at any depth under a label folder take that top folder's label (as Keras's "
              "image_dataset_from_directory); without it, images deeper than the label folders are skipped.")
     group.add_argument(
-        "--near_duplicate_distance", type=int, default=10,
+        "--near_duplicate_distance", type=int, default=DEFAULT_DISTANCE,
         help="Records whose perceptual hashes (64 bits) differ in at most this many bits are near "
              "duplicates (a re-encoded, resized or recoloured copy), listed in duplicates.jsonl and "
              "counted within and across splits; -1 finds exact copies only "

@@ -279,7 +279,8 @@ def duplicates(results: Mapping) -> str:
 
 
 def near_duplicates(results: Mapping) -> str:
-    """Recall per transformation and false pairs per million unrelated pairs, at each threshold."""
+    """Recall per transformation and false pairs per million unrelated pairs, at each threshold; then
+    recall on the photographs alone and false pairs by what the two pictures are, at even thresholds."""
     transforms = results["transforms"]
     lines = ["| distance ≤ | " + " | ".join(f"recall: {t}" for t in transforms) + " | false pairs | per million pairs |",
              "|---:|" + "---:|" * (len(transforms) + 2)]
@@ -287,9 +288,23 @@ def near_duplicates(results: Mapping) -> str:
         recall = " | ".join(f"{results['recall'][t][i]:.1%}" for t in transforms)
         false = results["false_pairs"][i]
         lines.append(f"| {k} | {recall} | {false:,} | {false / results['unrelated_pairs'] * 1e6:.2f} |")
-    return (f"{results['pictures']:,} pictures ({results['flat_left_out']} of one flat colour left out), "
+    text = (f"{results['pictures']:,} pictures ({results['flat_left_out']} of one flat colour left out), "
             f"each with {len(transforms)} copies; "
             f"{results['unrelated_pairs']:,} pairs of images of different pictures.\n\n" + "\n".join(lines))
+    if "pair_kinds" not in results:
+        return text
+    kinds, pairs = results["pair_kinds"], results["pairs_by_kind"]
+    lines = ["| distance ≤ | " + " | ".join(f"photographs: {t}" for t in transforms[:3]) + " | "
+             + " | ".join(f"false per million: {kind} ({n:,} pairs)" for kind, n in zip(kinds, pairs)) + " |",
+             "|---:|" + "---:|" * (3 + len(kinds))]
+    for i, k in enumerate(results["thresholds"]):
+        if k % 2:
+            continue
+        recall = " | ".join(f"{results['recall_photographs'][t][i]:.1%}" for t in transforms[:3])
+        false = " | ".join(f"{results['false_pairs_by_kind'][j][i] / n * 1e6:.1f}" for j, n in enumerate(pairs))
+        lines.append(f"| {k} | {recall} | {false} |")
+    return (text + "\n\nThe same, the photographs and their tiles apart from the faces (recall), and the false "
+            "pairs by what the two pictures are:\n\n" + "\n".join(lines))
 
 
 def near_search(results: Mapping) -> str:
@@ -417,10 +432,36 @@ def framing(results: Mapping) -> str:
             f"{results['repeat']} alternating runs.\n\n" + "\n".join(lines))
 
 
+def writer_kernel(results: Mapping) -> str:
+    """``bench_writer --kernel``: each variant's medians over its rounds, its CPU per image over the
+    first variant's, and the perceptual hash's cost (the default command over it without the hash)."""
+    keys = ("images_per_s", "cpu_ms_per_image", "peak_rss_mib", "peak_pss_mib", "peak_uss_mib")
+    medians = {}
+    for name, rounds in results["results"].items():
+        ok = [r for r in rounds if "error" not in r]
+        medians[name] = {k: statistics.median(r[k] for r in ok) for k in keys} if ok else None
+    first = next(iter(medians.values()))
+    lines = ["| variant | images/s | CPU ms/image | ÷ first, CPU | peak RSS MiB | peak PSS MiB | peak USS MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, m in medians.items():
+        if m is None:
+            lines.append(f"| {name} | failed | | | | | |")
+            continue
+        ratio = f"{m['cpu_ms_per_image'] / first['cpu_ms_per_image']:.3f}" if first else "—"
+        lines.append(f"| {name} | {m['images_per_s']:,.0f} | {m['cpu_ms_per_image']:.2f} | {ratio} "
+                     f"| {m['peak_rss_mib']:,.0f} | {m['peak_pss_mib']:,.0f} | {m['peak_uss_mib']:,.0f} |")
+    hashed, unhashed = medians.get("kernel"), medians.get("kernel, no perceptual hash")
+    if hashed and unhashed:
+        lines.append(f"\nThe perceptual hash's cost: the default command's CPU per image "
+                     f"{hashed['cpu_ms_per_image'] / unhashed['cpu_ms_per_image']:.3f}x its CPU without it.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
     "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates,
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
+    "writer-kernel": writer_kernel,
 }

@@ -114,7 +114,7 @@ def test_a_dataset_without_copies_says_none(tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["duplicates"] == {"images": 0, "extra_copies": 0, "within_split": 0, "across_splits": 0,
                                       "examples": [], "near": {
-                                          "distance": 10, "groups": 0, "files": 0, "within_split": 0,
+                                          "distance": 6, "groups": 0, "files": 0, "within_split": 0,
                                           "across_splits": 0, "validation_files_across": 0, "examples": []}}
     assert (tmp_path / "out" / "duplicates.jsonl").read_text() == ""
     assert "duplicates" not in result.stdout

@@ -17,10 +17,12 @@ from beam_prep.write.images.phash import distance, phash
 
 
 def _reference(image: Image.Image) -> tuple[int, np.ndarray, float]:
-    """imagehash's hash as an int, and its coefficients and median (to tell a tie from a bug)."""
-    pixels = np.asarray(image.convert("L").resize((32, 32), Image.Resampling.LANCZOS))
+    """imagehash's hash of the box-shrunk greyscale image as an int, and its coefficients and median
+    (to tell a tie from a bug)."""
+    thumbnail = image.convert("L").resize((32, 32), Image.Resampling.BOX)
+    pixels = np.asarray(thumbnail)
     low = scipy.fftpack.dct(scipy.fftpack.dct(pixels, axis=0), axis=1)[:8, :8]
-    return int(str(imagehash.phash(image)), 16), low.ravel(), float(np.median(low))
+    return int(str(imagehash.phash(thumbnail)), 16), low.ravel(), float(np.median(low))
 
 
 @pytest.mark.slow
@@ -61,6 +63,22 @@ def test_near_copies_are_near_and_other_pictures_far():
 def test_the_hash_is_64_bits_first_coefficient_highest():
     """A flat image: only the DC coefficient is above the (zero) median, and it is the top bit."""
     assert phash(Image.new("RGB", (40, 30), "gray")) == 1 << 63
+
+
+@pytest.mark.parametrize("mode", ["center_crop", "pad", "shorter_side"])
+def test_a_record_carries_the_hash_of_the_image_it_stores(mode):
+    """The worker hashes the image as written (oriented, cropped, resized), not the source: a
+    lossless record decodes to the very pixels hashed."""
+    buf = io.BytesIO()
+    picture(6, 300, 170).save(buf, "JPEG", quality=95)
+    outcome = process_image(buf.getvalue(), ImageSpec(height=64, width=64, resize_mode=mode, image_format="png"))
+    stored = Image.open(io.BytesIO(outcome.data))
+    assert outcome.phash == phash(stored) == _reference(stored)[0]
+    source = Image.open(io.BytesIO(buf.getvalue()))
+    if mode == "shorter_side":  # the whole picture, smaller: the source's hash, or a crossing from it
+        assert distance(outcome.phash, phash(source)) <= 2
+    else:  # a part of the source, or a border around it: another thumbnail
+        assert outcome.phash != phash(source)
 
 
 def test_a_run_for_exact_copies_only_hashes_nothing():

@@ -27,11 +27,11 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
+from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 
 __all__ = ["DEFAULT_DISTANCE", "NearFound", "band_keys", "band_plan", "components", "near_pairs", "report"]
 
-DEFAULT_DISTANCE = 10  # chosen on docs/performance/near-duplicates.md
 _BITS = 64
 
 

@@ -151,7 +151,7 @@ class EncodedImage:
     channels: int
     original: str | None = None
     flat: bool = False  # one flat colour (``FLAT_SPREAD``): worth a look, counted by the run
-    phash: int | None = None  # the decoded, upright image's perceptual hash (``phash.phash``)
+    phash: int | None = None  # the written image's perceptual hash (``phash.phash``), before its encode
 
 
 def parse_colour(text: str) -> str:
@@ -220,8 +220,8 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
         img = _convert(img, spec)
     except (OSError, ValueError) as e:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
-    picture = phash(img) if spec.perceptual_hash else None  # before the resize: the source's picture, whatever the run makes of it
     img = _resize(img, region, spec)
+    picture = phash(img) if spec.perceptual_hash else None  # the picture as written: small, so cheap to hash
     return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img), picture)
 
 

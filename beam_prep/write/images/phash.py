@@ -1,46 +1,51 @@
 """A 64-bit perceptual hash of an image: near-identical pictures get hashes a few bits apart.
 
-The DCT hash ("pHash") of the ``imagehash`` library's ``phash`` (after Neal
-Krawetz, "Looks Like It", hackerfactor.com, 2011), bit for bit: the image in
-greyscale (``L``), resized to 32x32 with Lanczos, its 2-D DCT-II (scipy's
-unnormalised ``dct``), the top-left 8x8 coefficients (the lowest frequencies,
-the DC term included), and one bit each: above their median or not, row by
-row, the first the highest bit. A re-encode, a rescale or a colour shift moves
-few coefficients across the median; an unrelated picture moves about half.
+The DCT hash ("pHash", after Neal Krawetz, "Looks Like It", hackerfactor.com,
+2011) as the ``imagehash`` library's ``phash`` computes it, of the image in
+greyscale (``L``) box-shrunk to 32x32: its 2-D DCT-II (scipy's unnormalised
+``dct``), the top-left 8x8 coefficients (the lowest frequencies, the DC term
+included), and one bit each: above their median or not, row by row, the first
+the highest bit. A re-encode, a rescale or a colour shift moves few
+coefficients across the median; an unrelated picture moves about half.
 
+``imagehash`` shrinks with Lanczos; a box filter (Pillow's ``BOX``: each
+thumbnail pixel the mean of its area) costs a sixth as much on a 224x224 image
+and averages away the same detail, so ``phash(image)`` is
+``imagehash.phash(image.convert("L").resize((32, 32), BOX))`` bit for bit.
 Computed with numpy (two 8x32 matrix products), so the workers need no scipy;
-tests/write/test_phash.py checks it against ``imagehash.phash``. Why this hash
-and how its distance threshold was chosen: docs/design/duplicates.md.
+tests/write/test_phash.py checks it against ``imagehash``. Why this hash, which
+image a run hashes and how its distance threshold was chosen:
+docs/design/duplicates.md.
 """
 from __future__ import annotations
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["BITS", "distance", "phash"]
+__all__ = ["BITS", "DEFAULT_DISTANCE", "distance", "phash"]
 
 BITS = 64
+DEFAULT_DISTANCE = 6  # the near-duplicate threshold in bits, chosen on docs/performance/near-duplicates.md
 _SIDE = 32  # the greyscale thumbnail's side
 _KEPT = 8  # the DCT coefficients kept per axis
 # Rows k < 8 of scipy's DCT-II for 32 points: y[k] = 2 * sum_n x[n] cos(pi k (2n + 1) / 64).
 _DCT = 2.0 * np.cos(np.pi * np.arange(_KEPT)[:, None] * (2 * np.arange(_SIDE)[None, :] + 1) / (2 * _SIDE))
-_WEIGHTS = (1 << np.arange(BITS - 1, -1, -1, dtype=np.uint64))  # the first coefficient is the highest bit
 
 
 def phash(image: Image.Image) -> int:
-    """The image's 64-bit DCT hash, as an unsigned int (``imagehash.phash(image)`` as an int).
+    """The image's 64-bit DCT hash, as an unsigned int.
 
     Args:
       image: any Pillow image, upright as it is shown; its alpha is ignored, as
         ``convert("L")`` ignores it.
     """
     grey = image if image.mode == "L" else image.convert("L")
-    pixels = np.asarray(grey.resize((_SIDE, _SIDE), Image.Resampling.LANCZOS), dtype=np.float64)
+    pixels = np.asarray(grey.resize((_SIDE, _SIDE), Image.Resampling.BOX), dtype=np.float64)
     # The 8x8 lowest frequencies of the 2-D DCT, rounded: a symmetric image has coefficients that are
     # zero but for float noise, which would otherwise fall either side of the median by machine.
-    low = np.round(_DCT @ pixels @ _DCT.T, 6)
-    bits = (low > np.median(low)).ravel()
-    return int(_WEIGHTS[bits].sum(dtype=np.uint64))
+    low = np.round(_DCT @ pixels @ _DCT.T, 6).ravel()
+    middle = np.sort(low)[BITS // 2 - 1:BITS // 2 + 1]  # np.median's two middle values, a third of its cost
+    return int.from_bytes(np.packbits(low > (middle[0] + middle[1]) / 2).tobytes(), "big")
 
 
 def distance(a: int, b: int) -> int:

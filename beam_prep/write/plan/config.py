@@ -33,6 +33,7 @@ from beam_prep.write.images.imaging import (
     ImageSpec,
     parse_colour,
 )
+from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadAheadConfig
 from beam_prep.write.plan.failure_budget import parse_max_failures
 from beam_prep.write.plan.metadata import check_path
@@ -122,7 +123,7 @@ class PrepareConfig:
     stratify: bool = False
     max_per_class: int | None = None
     max_failures: str | None = None
-    near_duplicate_distance: int = 10  # finish.near.DEFAULT_DISTANCE
+    near_duplicate_distance: int = DEFAULT_DISTANCE
     cross_split_duplicates: str = "report"
 
     @property
