@@ -256,10 +256,8 @@ def _names_any(hashes: str, dropping: Dropping) -> bool:
     """Whether a shard's hash file names a record ``dropping`` leaves out."""
     try:
         with open_to_read(hashes) as f:
-            for line in f:
-                sha256, split, _ = line.split(b"\t", 2)
-                if dropping.holds(split.decode(), sha256.decode()):
-                    return True
+            lines = f.read().splitlines()  # a shard's: a line a record
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("read", hashes, e) from e
-    return False
+    return any(dropping.holds(split.decode(), sha256.decode())
+               for sha256, split, _ in (line.split(b"\t", 2) for line in lines if line))
