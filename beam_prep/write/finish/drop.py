@@ -118,15 +118,15 @@ def choose(lines_file: str, root: str) -> Dropping:
             for _, members in itertools.groupby(records, key=lambda r: (r["kind"], r.get("group"), r["sha256"]
                                                                         if r["kind"] == "exact" else None)):
                 _choose_in(list(members), root, rows)
-        digests: dict[str, list[bytes]] = collections.defaultdict(list)
+        digests: dict[str, bytearray] = collections.defaultdict(bytearray)
         by_reason: collections.Counter[str] = collections.Counter()
         last = None
         for path, _, (split, sha256), reason, _ in rows:
             if path != last:
                 last = path
-                digests[split].append(bytes.fromhex(sha256))
+                digests[split] += bytes.fromhex(sha256)
                 by_reason[reason] += 1
-        keys = {split: np.unique(np.array(found, dtype=_DIGEST)) for split, found in digests.items()}
+        keys = {split: np.unique(np.frombuffer(found, dtype=_DIGEST)) for split, found in digests.items()}
     except BaseException:
         folder.close()
         raise
@@ -145,11 +145,10 @@ def _choose_in(members: list[dict[str, Any]], root: str, rows: SortedRows) -> No
     for m in members:
         if m["split"] == keep:
             continue
-        about: dict[str, Any] = {}
         if near:
             picture = int(m["phash"], 16)
             gap, closest = min(((int(k["phash"], 16) ^ picture).bit_count(), k["path"]) for k in kept)
-            about = {"duplicate_of": closest, "distance": gap}
+            about: dict[str, Any] = {"duplicate_of": closest, "distance": gap}
             reason = near_reason(keep)
         else:
             about = {"duplicate_of": kept[0]["path"]}
@@ -217,7 +216,7 @@ def rewrite(work: str, file_format: str, compression: str, multi_label: bool,
       StorageError: a shard cannot be read or written.
     """
     fmt = shard_format(file_format)
-    own = {path for path in hash_files}
+    own = set(hash_files)
     rows, staged, total = [], [], 0
     removed: collections.Counter[tuple[str, str]] = collections.Counter()
     for row in shards:
