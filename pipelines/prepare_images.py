@@ -100,8 +100,8 @@ def summary(result: RunResult) -> str:
                      f"within {near['distance']} bits, {near['across_splits']:,} across splits (see duplicates.jsonl)")
     leaks = leakage(m)
     if leaks and dropping:
-        lines.append(f"  cross-split leakage dropped: {count(copies['dropped'], 'file')} left out of "
-                     f"{count(leaks, 'group')} in two splits (see skipped.jsonl)")
+        lines.append(f"  cross-split leakage dropped: {count(copies['dropped'], 'file')}, copies or near copies "
+                     "of a file in another split, left out (see skipped.jsonl)")
         lines += [f"  dropped, {reason}: {n:,} (see skipped.jsonl)" for reason, n in copies["dropped_by_reason"].items()]
     elif leaks:
         lines.append(f"  cross-split leakage: {count(leaks, 'group')} of copies or near copies in two splits "
