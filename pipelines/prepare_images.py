@@ -76,8 +76,9 @@ def timing(result: RunResult) -> str:
 def summary(result: RunResult) -> str:
     m = result.manifest
     counts = m["counts"]
+    dropped = f", {counts['dropped']:,} dropped" if "dropped" in counts else ""
     lines = [f"beam-prep: {counts['written']:,} of {count(counts['listed'], 'image')} written in {timing(result)}; "
-             f"{counts['failed']:,} failed, {counts['skipped']:,} skipped"]
+             f"{counts['failed']:,} failed{dropped}, {counts['skipped']:,} skipped"]
     for split, s in m["splits"].items():
         lines.append(f"  {split}: {count(s['num_examples'], 'example')} in {count(len(s['shards']), 'shard')}")
     for stage, n in m["failed_by_stage"].items():
@@ -87,16 +88,22 @@ def summary(result: RunResult) -> str:
     lines += originals_lines(m.get("originals"))
     lines += flat_lines(m.get("flat_images"))
     copies = m.get("duplicates", {})
+    dropping = "dropped" in copies
     if copies.get("extra_copies"):
+        kept = "those across splits dropped" if dropping and copies["across_splits"] else "written all the same"
         lines.append(f"  duplicates: {count(copies['extra_copies'], 'extra copy', 'extra copies')} of "
                      f"{count(copies['images'], 'image')}, {copies['across_splits']:,} across splits "
-                     "(written all the same; see duplicates.jsonl)")
+                     f"({kept}; see duplicates.jsonl)")
     near = copies.get("near") or {}
     if near.get("groups"):
         lines.append(f"  near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} "
                      f"within {near['distance']} bits, {near['across_splits']:,} across splits (see duplicates.jsonl)")
     leaks = leakage(m)
-    if leaks:
+    if leaks and dropping:
+        lines.append(f"  cross-split leakage dropped: {count(copies['dropped'], 'file')}, copies or near copies "
+                     "of a file in another split, left out (see skipped.jsonl)")
+        lines += [f"  dropped, {reason}: {n:,} (see skipped.jsonl)" for reason, n in copies["dropped_by_reason"].items()]
+    elif leaks:
         lines.append(f"  cross-split leakage: {count(leaks, 'group')} of copies or near copies in two splits "
                      f"({near.get('validation_files_across', 0):,} validation files near a file of another split); "
                      "see duplicates.jsonl, or beam-prep inspect")

@@ -152,11 +152,11 @@ def prepare_choices() -> dict[str, Sequence[str]]:
     options are checked after parsing (``beam_prep.write.plan.config``), against these constants."""
     from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS
     from beam_prep.write.images.imaging import OUTPUT_FORMATS, RESIZE_MODES
-    from beam_prep.write.plan.config import LABELS_TXT_FORMS, SINKS
+    from beam_prep.write.plan.config import CROSS_SPLIT_ACTIONS, LABELS_TXT_FORMS, SINKS
 
     return {"--resize_mode": RESIZE_MODES, "--image_format": OUTPUT_FORMATS, "--compression": list(COMPRESSIONS),
             "--file_format": list(FILE_FORMATS), "--labels_txt": LABELS_TXT_FORMS, "--sink": SINKS,
-            "--channels": ["1", "3"]}
+            "--channels": ["1", "3"], "--cross_split_duplicates": CROSS_SPLIT_ACTIONS}
 
 
 def cli_page() -> str:

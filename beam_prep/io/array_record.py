@@ -11,16 +11,19 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import Any
 
+from beam_prep.errors import StorageError
 from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local, storage_error
 from beam_prep.io.tfrecord import Checksum, shard_writer
 
-__all__ = ["WRITER_OPTIONS", "count_records", "shard_records"]
+__all__ = ["WRITER_OPTIONS", "count_records", "read_records", "shard_records"]
 
 WRITER_OPTIONS = "group_size:1,uncompressed,max_parallelism:1"
 _NEEDED_FOR = "--file_format array_record"
 _CHUNK = 1 << 20
+_BATCH = 256  # records read at once
 
 
 @contextlib.contextmanager
@@ -81,22 +84,47 @@ def count_records(path: str, shown_as: str | None = None) -> int:
       OptionsError: the ``array_record`` library is not installed.
       StorageError: the file cannot be read, naming it.
     """
+    with _reader(path, shown_as) as reader:
+        return reader.num_records()
+
+
+def read_records(path: str, shown_as: str | None = None) -> Iterator[bytes]:
+    """Each record of an ArrayRecord file, in order, ``_BATCH`` at a time; one not on local disk
+    is copied here first.
+
+    Raises:
+      OptionsError: the ``array_record`` library is not installed.
+      StorageError: the file cannot be read, naming it.
+    """
+    with _reader(path, shown_as) as reader:
+        count = reader.num_records()
+        for start in range(0, count, _BATCH):
+            yield from reader.read(list(range(start, min(count, start + _BATCH))))
+
+
+@contextlib.contextmanager
+def _reader(path: str, shown_as: str | None) -> Iterator[Any]:
+    """The library's reader of ``path``, copied to local disk first when remote; what it raises
+    becomes a StorageError naming the file."""
     module = require("array_record", _NEEDED_FOR)
+    where = shown_as or path
     with contextlib.ExitStack() as stack:
         local = path
         if not is_local(path):
             stage = tempfile.mkdtemp(prefix="beam-prep-array-record-")
             stack.callback(shutil.rmtree, stage, True)
             local = os.path.join(stage, "shard.array_record")
-            _download(path, local, shown_as or path)
+            _download(path, local, where)
         try:
             reader = module.ArrayRecordReader(local)
             try:
-                return reader.num_records()
+                yield reader
             finally:
-                reader.close()
+                reader.close()  # raises, too, for a file it could not read whole
+        except StorageError:
+            raise
         except Exception as e:  # the C++ reader raises ValueError or RuntimeError
-            raise storage_error("read", shown_as or path, e) from e
+            raise storage_error("read", where, e) from e
 
 
 def _download(path: str, local: str, shown_as: str) -> None:

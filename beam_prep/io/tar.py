@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 from beam_prep.io.storage import storage_error
 
-__all__ = ["BLOCK", "END", "count_members", "member", "read_members", "webdataset_key"]
+__all__ = ["BLOCK", "END", "count_members", "member", "read_members", "samples", "webdataset_key"]
 
 BLOCK = 512
 # The end of an archive: two zero blocks.
@@ -82,6 +82,25 @@ def read_members(f: BinaryIO) -> Iterator[tuple[str, bytes]]:
         offset += BLOCK + padded
         if info.isreg():
             yield info.name, body[:info.size]
+
+
+def samples(f: BinaryIO) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
+    """The tar stream ``f``'s samples in order, as WebDataset joins them: ``(key, [(name, data), ...])``
+    for each run of consecutive members whose names share a key (the base name up to its first dot).
+
+    Raises:
+      ValueError: as ``read_members``.
+    """
+    key, members = None, []
+    for name, data in read_members(f):
+        this = name.rsplit("/", 1)[-1].partition(".")[0]
+        if this != key and key is not None:
+            yield key, members
+            members = []
+        key = this
+        members.append((name, data))
+    if key is not None:
+        yield key, members
 
 
 def count_members(path: str, suffix: str) -> int:

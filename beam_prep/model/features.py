@@ -202,6 +202,15 @@ def label_and_filename(serialized: bytes) -> tuple[int, str]:
             feature[FILENAME].bytes_list.value[0].decode("utf-8", "surrogateescape"))
 
 
+def sha256_and_labels(serialized: bytes) -> tuple[str, tuple[str, ...]]:
+    """A record's source sha256 (hex) and the label names it counts under in a manifest's
+    class counts (each of a multi-label record's; ``("",)`` without labels), without TensorFlow."""
+    feature = Example.FromString(serialized).features.feature
+    labels = (tuple(v.decode("utf-8") for v in feature[LABEL_TEXT].bytes_list.value)
+              if LABEL_TEXT in feature else ("",))
+    return feature[SHA256].bytes_list.value[0].decode(), labels
+
+
 def decode_all(serialized: bytes) -> dict[str, list[Any]]:
     """Every feature of one record, each as its list of values, without TensorFlow: multi-label
     records and extra features too (for tools and tests)."""

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local
-from beam_prep.io.tar import read_members, webdataset_key
+from beam_prep.io.tar import samples, webdataset_key
 from beam_prep.model.features import ImageRecord, encode_example
 
 __all__ = ["Bad", "examples"]
@@ -91,22 +91,15 @@ def _local(path: str) -> Iterator[str]:
 def _webdataset_samples(path: str) -> Iterator[bytes | Bad]:
     import tensorflow as tf
 
-    key, members = None, {}
     try:
         with tf.io.gfile.GFile(path, "rb") as f:
-            for name, data in read_members(f):
-                this, _, extension = name.rsplit("/", 1)[-1].partition(".")
-                if this != key and key is not None:
-                    yield _sample_example(key, members)
-                    members = {}
-                key = this
-                members[extension] = data
+            for key, members in samples(f):
+                yield _sample_example(key, {name.rsplit("/", 1)[-1].partition(".")[2]: data
+                                            for name, data in members})
     except ValueError as e:
         raise DatasetError(f"not a whole tar file: {e}") from e
     except tf.errors.OpError as e:
         raise DatasetError(f"{type(e).__name__}: {e.message}") from e
-    if key is not None:
-        yield _sample_example(key, members)
 
 
 def _sample_example(key: str, members: dict[str, bytes]) -> bytes | Bad:

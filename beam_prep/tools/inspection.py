@@ -183,8 +183,9 @@ def _class_section(summary: Summary, max_classes: int | None) -> list[str]:
 
 def _counts_section(summary: Summary) -> list[str]:
     c = summary.counts
+    dropped = f", {c['dropped']:,} dropped" if "dropped" in c else ""
     out = [f"files: {_number(c.get('listed'))} listed, {_number(c.get('written'))} written, "
-           f"{_number(c.get('failed'))} failed, {_number(c.get('skipped'))} skipped"]
+           f"{_number(c.get('failed'))} failed{dropped}, {_number(c.get('skipped'))} skipped"]
     out += _skipped_lines(summary)
     out += originals_lines(summary.originals)
     out += flat_lines(summary.flat_images)
@@ -207,13 +208,16 @@ def flat_lines(flat: Mapping[str, Any] | None) -> list[str]:
 
 
 def _skipped_lines(summary: Summary) -> list[str]:
-    """Skipped files by reason, each with its first few (skipped.jsonl), and where the rest are."""
+    """Skipped files by reason, then those --cross_split_duplicates drop left out, each with its
+    first few (skipped.jsonl), and where the rest are."""
     out = []
-    for reason, n in summary.skipped_by_reason.items():
-        shown = summary.skipped_examples.get(reason, ())
-        more = f" and {n - len(shown):,} more" if shown and n > len(shown) else ""
-        out.append(f"  skipped, {reason}: {n:,}" + (f", e.g. {', '.join(shown)}{more}" if shown else ""))
-    if summary.skipped_by_reason and summary.skipped_file is not None:
+    dropped = (summary.duplicates or {}).get("dropped_by_reason", {})
+    for kind, reasons in (("skipped", summary.skipped_by_reason), ("dropped", dropped)):
+        for reason, n in reasons.items():
+            shown = summary.skipped_examples.get(reason, ())
+            more = f" and {n - len(shown):,} more" if shown and n > len(shown) else ""
+            out.append(f"  {kind}, {reason}: {n:,}" + (f", e.g. {', '.join(shown)}{more}" if shown else ""))
+    if (summary.skipped_by_reason or dropped) and summary.skipped_file is not None:
         out.append(f"  every skipped file, with its reason: {summary.skipped_file}")
     return out
 
@@ -233,7 +237,7 @@ def _duplicates_section(summary: Summary) -> list[str]:
     d = summary.duplicates
     near = _near_lines(d.get("near"), join(summary.root, DUPLICATES))
     if not d.get("extra_copies"):
-        return ["duplicates: none (no two written files have the same bytes)", *near]
+        return ["duplicates: none (no two written files have the same bytes)", *near, *_dropped_lines(d)]
     out = [f"duplicates: {count(d['extra_copies'], 'extra copy', 'extra copies')} of {count(d['images'], 'image')} "
            f"({d['within_split']:,} within a split, {d['across_splits']:,} across splits; every one in "
            f"{join(summary.root, DUPLICATES)})"]
@@ -241,7 +245,15 @@ def _duplicates_section(summary: Summary) -> list[str]:
         files = ", ".join(f"{f['split']} {f['path']}" for f in group["files"])
         more = f" and {group['copies'] - len(group['files']):,} more" if group["copies"] > len(group["files"]) else ""
         out.append(f"  {group['sha256'][:12]} ({group['copies']:,} files): {files}{more}")
-    return out + near
+    return out + near + _dropped_lines(d)
+
+
+def _dropped_lines(d: Mapping[str, Any]) -> list[str]:
+    """With --cross_split_duplicates drop: the groups across splits no longer leak."""
+    if "dropped" not in d:
+        return []
+    return [f"dropped (--cross_split_duplicates drop): {count(d['dropped'], 'file')} of the groups across "
+            "splits left out of the dataset, each named in skipped.jsonl"]
 
 
 def _near_lines(near: Mapping[str, Any] | None, where: str) -> list[str]:

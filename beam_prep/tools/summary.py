@@ -144,7 +144,8 @@ class Summary:
     duplicates: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
     originals: Mapping[str, Any] | None = None  # the manifest's, with --image_format original only
     flat_images: Mapping[str, Any] | None = None  # the manifest's; None from versions before it
-    # From skipped.jsonl: reason -> the first SKIPPED_EXAMPLES relative paths, by path.
+    # From skipped.jsonl: reason -> the first SKIPPED_EXAMPLES relative paths, by path (the files
+    # --cross_split_duplicates drop left out too, by their reasons).
     skipped_examples: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     skipped_file: str | None = None  # None when the folder has no skipped.jsonl (versions before it)
 
@@ -186,7 +187,8 @@ def summarize(path: str) -> Summary:
     errors_file = join(info.root, ERRORS)
     failures = _failure_groups(errors_file)
     skipped_file = join(info.root, SKIPPED)
-    skipped_examples = _skipped_examples(skipped_file, manifest.get("skipped_by_reason", {}))
+    dropped = (manifest.get("duplicates") or {}).get("dropped_by_reason", {})  # named in skipped.jsonl too
+    skipped_examples = _skipped_examples(skipped_file, {**manifest.get("skipped_by_reason", {}), **dropped})
     return Summary(
         root=info.root, info=info, splits=splits, classes=classes,
         imbalance=Imbalance.of(totals),

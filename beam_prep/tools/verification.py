@@ -147,8 +147,9 @@ def _list_folder(root: str) -> set[str]:
 
 def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set[str],
                       problems: Problems) -> None:
-    """The writer's record of its run adds up: every file listed was written or failed, the
-    splits hold the written ones, and errors.jsonl has a line for each failure."""
+    """The writer's record of its run adds up: every file listed was written, failed or dropped
+    (``--cross_split_duplicates drop``), the splits hold the written ones, and errors.jsonl has a
+    line for each failure."""
     import tensorflow as tf
 
     from beam_prep.write.shared.layout import ERRORS
@@ -161,9 +162,11 @@ def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set
     examples = sum(split.num_examples for split in info.splits.values())
     if written is not None and written != examples:
         problems.add(RUN_COUNTS, where, f"counts.written is {written} but the splits hold {examples} examples")
-    if None not in (listed, written, failed) and listed != written + failed:
-        problems.add(RUN_COUNTS, where, f"counts.listed is {listed}, not written + failed "
-                                        f"({written} + {failed}): files were lost")
+    dropped = counts.get("dropped")  # --cross_split_duplicates drop: listed, written, then left out
+    if None not in (listed, written, failed) and listed != written + failed + (dropped or 0):
+        sum_of, terms = (("written + failed + dropped", f"{written} + {failed} + {dropped}") if dropped is not None
+                         else ("written + failed", f"{written} + {failed}"))
+        problems.add(RUN_COUNTS, where, f"counts.listed is {listed}, not {sum_of} ({terms}): files were lost")
     if not failed:
         return
     path = join(info.root, ERRORS)

@@ -4,7 +4,7 @@ every field of each jsonl side file, and every file of the output folder, in bot
 
 Two real runs on the sample tree (``python -m pipelines.make_sample``, then the command)
 cover the optional parts between them: one keeps original JPEGs uncompressed (originals,
-TFDS's files), the other reads a --metadata table (multi-label, extra features, skipped
+TFDS's files) and drops the copies across splits, the other reads a --metadata table (multi-label, extra features, skipped
 files); both have a failed file, a skipped one and a duplicate.
 """
 from __future__ import annotations
@@ -23,6 +23,8 @@ import pytest
 from helpers import REPO, run_prepare
 from PIL import Image
 
+from beam_prep.write.plan.listing import split_for
+
 PAGE = REPO / "docs" / "reference" / "manifest.md"
 # Objects whose keys are names of the data, not the format's: the page writes them as placeholders.
 NAMED_BY_DATA = {
@@ -33,6 +35,7 @@ NAMED_BY_DATA = {
     "failed_by_stage": "<stage>",
     "skipped_by_reason": "<reason>",
     "originals.reencoded_by_reason": "<reason>",
+    "duplicates.dropped_by_reason": "<reason>",
 }
 _SHARD = re.compile(r"^[\w.-]+-\d{5}-of-\d{5}\.(tfrecord(\.gz)?|array_record|tar)$")
 
@@ -78,19 +81,27 @@ def outputs(tmp_path_factory) -> list[Path]:
     shutil.copyfile(first, tree / "squares" / "copy.jpg")  # a duplicate, across labels
     with Image.open(first) as image:  # a near duplicate: half the size, at JPEG quality 50
         image.resize((image.width // 2, image.height // 2)).save(tree / "squares" / "near.jpg", quality=50)
+    # A near copy in validation of a training image, which --cross_split_duplicates drop leaves out
+    # (the first run: 30% in validation), named with its distance; the copies above of ``first``
+    # (validation) are in train, so ``first`` is left out as a copy.
+    other = next(f"squares/other_near_{i}.jpg" for i in range(100) if split_for(f"squares/other_near_{i}.jpg", 30)
+                 == "validation")
+    with Image.open(sorted((tree / "circles").glob("*.jpg"))[2]) as image:
+        image.resize((image.width // 2, image.height // 2)).save(tree / other, quality=50)
     table = work / "table.csv"
     with open(table, "w", newline="", encoding="utf-8") as f:
         rows = csv.writer(f)
         rows.writerow(["file_name", "labels", "rating"])
         # circles' first files: broken.jpg (a failure) and the duplicated one among them.
-        listed = sorted(p for p in tree.rglob("*") if p.suffix in (".jpg", ".png") and p.name not in ("copy.jpg", "near.jpg"))
+        listed = sorted(p for p in tree.rglob("*") if p.suffix in (".jpg", ".png")
+                        and p.name not in ("copy.jpg", "near.jpg", other.split("/")[1]))
         for i, image in enumerate(listed[:12]):
             label = image.parent.name
             rows.writerow([image.relative_to(tree).as_posix(), f"{label};stripes" if i % 3 == 0 else label, i])
         rows.writerow(["squares/copy.jpg", "squares", 99])
     runs = {
         "original": ["--image_format", "original", "--resize_mode", "none", "--compression", "none",
-                     "--validation_percent", "30"],
+                     "--validation_percent", "30", "--cross_split_duplicates", "drop"],
         "metadata": ["--metadata", str(table), "--image_size", "32"],
     }
     done = []
@@ -110,6 +121,8 @@ def test_the_runs_write_what_the_page_has_to_cover(outputs):
     """The runs are what the other tests rely on: a page check on empty files proves nothing."""
     original, metadata = (json.loads((out / "manifest.json").read_text()) for out in outputs)
     assert "originals" in original and "multi_label" in metadata and "extra_features" in metadata
+    assert original["counts"]["dropped"] == 2 and original["duplicates"]["dropped_by_reason"] == {
+        "copy of an image in train": 1, "near copy of an image in train": 1}
     for out in outputs:
         for name in ("errors.jsonl", "skipped.jsonl", "duplicates.jsonl"):
             assert jsonl_rows(out / name), f"{out.name}/{name} is empty"

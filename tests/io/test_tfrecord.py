@@ -73,3 +73,20 @@ def test_count_records_counts_by_the_framing_and_names_a_damaged_file(tmp_path, 
         tfrecord.count_records(str(cut), compression)
     with pytest.raises(DatasetError, match=rf"{bad_length}: record 0 has a damaged length"):
         tfrecord.count_records(str(bad_length), compression)
+
+
+def test_read_records_gives_each_record_back_and_names_damaged_data(tmp_path):
+    from beam_prep.errors import DatasetError
+
+    path = tmp_path / "shard"
+    with tfrecord.shard_writer(str(path), "gzip") as f:
+        for data in RECORDS:
+            tfrecord.write_record(f, data)
+    assert list(tfrecord.read_records(str(path), "gzip")) == RECORDS
+    framed = bytearray(b"".join(tfrecord.frame(data) for data in RECORDS[:4]))
+    framed[-10] ^= 1  # a byte of the last record's data: its length still checks, its data no longer
+    damaged = tmp_path / "damaged"
+    damaged.write_bytes(bytes(framed))
+    with pytest.raises(DatasetError, match=rf"{damaged}: record 3 is damaged \(its CRC does not match\)"):
+        list(tfrecord.read_records(str(damaged), "none"))
+    assert tfrecord.count_records(str(damaged), "none") == 4  # counting reads the lengths' CRCs alone

@@ -84,7 +84,7 @@ def test_minus_one_turns_the_near_search_off(tree, tmp_path):
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--near_duplicate_distance", "33", "--near_duplicate_distance must be in [0, 32] bits, or -1"),
-    ("--cross_split_duplicates", "drop", "--cross_split_duplicates must be one of report, fail, not 'drop'"),
+    ("--cross_split_duplicates", "remove", "--cross_split_duplicates must be one of report, fail, drop, not 'remove'"),
 ])
 def test_bad_values_exit_2_with_what_to_fix(tree, tmp_path, flag, value, message):
     root, _ = tree

@@ -38,6 +38,7 @@ def build(
     copies: Mapping[str, Any] | None = None,
     flat: Iterable[FlatImages] = (),
     resized: Iterable[tuple[str, int]] = (),
+    dropped: int | None = None,
 ) -> dict[str, Any]:
     """The manifest dict; checks that every listed file is written or failed.
 
@@ -49,6 +50,9 @@ def build(
     ``copies``: the duplicates found (``duplicates.Duplicates.to_json``).
     ``flat``: the parts of the records of one flat colour (``SinkResult.flat``).
     ``resized``: what resized the images, counted (``resample.counting``; ``resample.summary``).
+    ``dropped``: with ``--cross_split_duplicates drop``, the records left out of the shards
+    (``drop.rewrite``): ``listed = written + failed + dropped``; ``originals``, ``flat`` and
+    ``resized`` count them still (every image converted). None: the action is another.
 
     Raises:
       DatasetError: if the counts do not add up (a record was lost: never write a
@@ -87,11 +91,12 @@ def build(
             shard_bytes=_known(sums[split][name][0] for name in names),
             shard_sha256=_known(sums[split][name][1] for name in names))
     written = sum(s.num_examples for s in splits.values())
-    if written + len(failures) != plan.listed:
+    if written + len(failures) + (dropped or 0) != plan.listed:
+        left_out = f", {dropped} dropped" if dropped is not None else ""
         raise DatasetError(
-            f"{plan.listed} files listed but {written} written and {len(failures)} failed: "
+            f"{plan.listed} files listed but {written} written{left_out} and {len(failures)} failed: "
             "records were lost; no manifest written")
-    kept_or_not = _originals(config, originals, written)
+    kept_or_not = _originals(config, originals, written + (dropped or 0))
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
                        image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
                        label_offset=config.label_offset, multi_label=plan.multi_label,
@@ -108,7 +113,7 @@ def build(
         "features": {**{key: kind.value for key, kind in SCHEMA.items() if plan.labels or key not in LABEL_KEYS},
                      **plan.extra_features},
         "counts": {"listed": plan.listed, "written": written, "failed": len(failures),
-                   "skipped": plan.skipped},
+                   "skipped": plan.skipped, **({"dropped": dropped} if dropped is not None else {})},
         "failed_by_stage": dict(sorted(by_stage.items())),
         "skipped_by_reason": dict(plan.skipped_by_reason),
         **kept_or_not,
@@ -127,7 +132,8 @@ def _known(values: Iterable[Any]) -> tuple[Any, ...] | None:
 
 def _originals(config: PrepareConfig, rows: Iterable[tuple[str, int]], written: int) -> dict[str, Any]:
     """``{"originals": ...}``: how many sources were kept byte for byte and how many re-encoded, by
-    reason, with ``--image_format original``; nothing otherwise.
+    reason, with ``--image_format original``; nothing otherwise. ``written``: the records made
+    (those left out by ``--cross_split_duplicates drop`` included).
 
     Raises:
       DatasetError: the rows do not add up to the records written.

@@ -19,11 +19,11 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.io.storage import join, write_lines
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
-from beam_prep.write.finish import duplicates, manifest
+from beam_prep.write.finish import drop, duplicates, manifest
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.plan import skipped
-from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.config import DROP, PrepareConfig
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.shared import layout
 
@@ -90,7 +90,8 @@ def side_inputs(written: Any, failures: beam.PCollection, config: PrepareConfig,
 def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dict[str, Any]:
     """Completes the dataset from its shards' reports, and returns its manifest.
 
-    Checks the counts, finds the duplicates among the records, publishes the shards,
+    Finds the duplicates among the records; with ``--cross_split_duplicates drop``, writes again
+    the shards that hold a record to leave out (``drop``); checks the counts, publishes the shards,
     writes errors.jsonl, skipped.jsonl (from the run's folder), duplicates.jsonl,
     labels.txt, TFDS's metadata where TFDS can read the shards, then the manifest,
     then removes the run's folder.
@@ -111,17 +112,33 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
     distance = config.near_duplicate_distance
     found = duplicates.find(sorted(reports.hash_files), plan.listed, distance if distance >= 0 else None,
                             reports.near_pairs)
+    dropping = None
     try:
-        built = manifest.build(config, plan, reports.shards, reports.class_counts, reports.failures,
-                               reports.originals, found.to_json(), reports.flat, reports.resized)
-        skipped.check(work, plan.skipped)
+        shards, class_counts, copies = reports.shards, reports.class_counts, found.to_json()
+        if config.cross_split_duplicates == DROP:
+            dropping = drop.choose(found.lines_file, config.input)
+            rewritten = drop.rewrite(work, config.file_format, config.compression, plan.multi_label, shards,
+                                     class_counts, reports.hash_files, dropping)
+            shards, class_counts, copies = rewritten.shards, rewritten.class_counts, {**copies, **dropping.to_json()}
+        try:
+            built = manifest.build(config, plan, shards, class_counts, reports.failures, reports.originals, copies,
+                                   reports.flat, reports.resized, dropping.count if dropping is not None else None)
+            skipped.check(work, plan.skipped)
+        except BaseException:
+            if dropping is not None:
+                rewritten.discard()
+            raise
+        if dropping is not None:
+            rewritten.replace()
         layout.publish(config.output, plan.run_id,
                        [name for split in built["splits"].values() for name in split["shards"]])
         write_lines(join(config.output, layout.ERRORS), error_lines(reports.failures))
-        skipped.publish(work, config.output, plan.skipped)
+        skipped.publish(work, config.output, plan.skipped, dropping.lines() if dropping is not None else ())
         duplicates.copy_lines(found, join(config.output, layout.DUPLICATES))
     finally:
         found.close()
+        if dropping is not None:
+            dropping.close()
     write_lines(join(config.output, layout.LABELS),
                 labels_lines(plan.labels, config.labels_txt, config.label_offset))
     write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST))

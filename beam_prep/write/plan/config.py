@@ -45,7 +45,8 @@ SINKS = ("auto", "streaming", "shuffle")
 # "id:name" lines (ids as stored, label_offset included). See dataset.labels_lines.
 LABELS_TXT_FORMS = ("names", "slim")
 # What a run does about a copy or near copy across splits (docs/design/duplicates.md).
-CROSS_SPLIT_ACTIONS = ("report", "fail")
+DROP = "drop"  # leave out each cross-split group's files outside its kept split (finish.drop)
+CROSS_SPLIT_ACTIONS = ("report", "fail", DROP)
 MAX_NEAR_DUPLICATE_DISTANCE = 32  # half the hash's bits: beyond, unrelated pictures match
 # The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
 # a few more cover other conventions, and a typo like 1000 is refused.
@@ -100,8 +101,9 @@ class PrepareConfig:
         or a percent of the files listed (``"2.5%"``) (``failure_budget``); None: any number.
       near_duplicate_distance: the largest Hamming distance between two records' perceptual
         hashes that makes them near duplicates; -1 looks for exact copies only.
-      cross_split_duplicates: ``report`` the copies across splits, or ``fail`` the run once
-        its reports are written (``CROSS_SPLIT_ACTIONS``).
+      cross_split_duplicates: ``report`` the copies across splits, ``fail`` the run once
+        its reports are written, or ``drop`` the files of each such group outside train (or
+        the group's first split: ``finish.drop.kept_split``) (``CROSS_SPLIT_ACTIONS``).
     """
 
     input: str

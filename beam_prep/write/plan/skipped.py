@@ -9,9 +9,15 @@ plan's and copies them into the dataset, on local disk or gs:// alike.
 """
 from __future__ import annotations
 
+import contextlib
+import heapq
+import io
+import itertools
 import json
+import operator
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -26,11 +32,12 @@ __all__ = ["check", "line", "lines", "publish"]
 _COPY_BYTES = 1 << 20
 
 
-def line(root: str, relpath: str, reason: str) -> str:
+def line(root: str, relpath: str, reason: str, **about: Any) -> str:
     """One file's line, named as errors.jsonl names files: ``path`` (under the input root as
-    given) and ``relpath``, both as messages show them (``printable``); and the ``reason``."""
-    return json.dumps({"path": printable(join(root, relpath)), "relpath": printable(relpath), "reason": reason},
-                      ensure_ascii=False, sort_keys=True)
+    given) and ``relpath``, both as messages show them (``printable``); the ``reason``; and any
+    more it says of the file (``about``: a file left out as a copy names what it copies)."""
+    return json.dumps({"path": printable(join(root, relpath)), "relpath": printable(relpath), "reason": reason,
+                       **about}, ensure_ascii=False, sort_keys=True)
 
 
 def lines(listing: Listing) -> Iterator[str]:
@@ -60,25 +67,35 @@ def check(work: str, expected: int) -> None:
                            "no manifest written")
 
 
-def publish(work: str, output: str, expected: int) -> None:
-    """Copies the run's skipped.jsonl (``check``-ed) into ``output``; an empty one where nothing
-    was skipped.
+def publish(work: str, output: str, expected: int, added: Iterable[tuple[str, str]] = ()) -> None:
+    """Copies the run's skipped.jsonl (``check``-ed) into ``output``, merged by path with the
+    ``added`` lines (``(path, line)``, sorted by path: the files ``--cross_split_duplicates drop``
+    left out); an empty one where nothing was skipped.
 
     Raises:
       StorageError: it cannot be read or written.
     """
     target = join(output, layout.SKIPPED)
-    if not expected:
+    added = iter(added)
+    first = next(added, None)
+    if first is not None:
+        added = itertools.chain([first], added)
+    if not expected and first is None:
         write_lines(target, [])
         return
     source = join(work, layout.SKIPPED)
-    try:
-        src = open_to_read(source)
-    except Exception as e:  # each filesystem raises its own types.
-        raise storage_error("read", source, e) from e
-    with src:
+    with contextlib.ExitStack() as stack:
+        try:
+            src = stack.enter_context(open_to_read(source)) if expected else io.BytesIO()
+        except Exception as e:  # each filesystem raises its own types.
+            raise storage_error("read", source, e) from e
         try:
             with FileSystems.create(target, mime_type="text/plain") as dst:
-                shutil.copyfileobj(src, dst, _COPY_BYTES)
+                if first is None:
+                    shutil.copyfileobj(src, dst, _COPY_BYTES)
+                    return
+                listed = ((json.loads(text)["path"], text.decode("utf-8").rstrip("\n")) for text in src)
+                for _, text in heapq.merge(listed, added, key=operator.itemgetter(0)):
+                    dst.write(text.encode("utf-8") + b"\n")
         except Exception as e:
             raise storage_error("write", target, e) from e

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import io
 import json
 from collections.abc import Callable, Iterator
 
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
 from beam_prep.io import array_record, tar
 from beam_prep.io.libraries import LIBRARIES, Library, require
-from beam_prep.io.tfrecord import Checksum, count_records, shard_writer, write_record
+from beam_prep.io.storage import storage_error
+from beam_prep.io.tfrecord import Checksum, count_records, read_records, shard_writer, write_record
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
-from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example
+from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example, sha256_and_labels
 
 __all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "writer_library"]
 
@@ -52,6 +57,20 @@ class ShardFormat(abc.ABC):
         """
 
     @abc.abstractmethod
+    def read(self, path: str, compression: str) -> Iterator[bytes]:
+        """Each payload of the shard at ``path``, in order, as ``payload`` made it: what a shard
+        rewritten without some of its records (``finish.drop``) is read with.
+
+        Raises:
+          DatasetError, StorageError: a damaged or unreadable shard, naming it.
+        """
+
+    @abc.abstractmethod
+    def identity(self, payload: bytes, multi_label: bool) -> tuple[str, tuple[str, ...]]:
+        """A payload's source sha256 (hex) and the label names it counts under in class_counts
+        (``("",)`` for a record without labels); ``multi_label``: the dataset's records have several."""
+
+    @abc.abstractmethod
     def count(self, path: str, compression: str) -> int:
         """The records in the shard at ``path``: for the shuffle sink, whose writer cannot count them.
 
@@ -71,6 +90,12 @@ class _TFRecord(ShardFormat):
         with shard_writer(path, compression, checksum, shown_as) as f:
             yield lambda payload: write_record(f, payload)
 
+    def read(self, path: str, compression: str) -> Iterator[bytes]:
+        return read_records(path, compression)
+
+    def identity(self, payload: bytes, multi_label: bool) -> tuple[str, tuple[str, ...]]:
+        return sha256_and_labels(payload)
+
     def count(self, path: str, compression: str) -> int:
         return count_records(path, compression)
 
@@ -83,6 +108,12 @@ class _ArrayRecord(ShardFormat):
 
     def records(self, path, compression, checksum=None, shown_as=None):
         return array_record.shard_records(path, checksum, shown_as)
+
+    def read(self, path: str, compression: str) -> Iterator[bytes]:
+        return array_record.read_records(path)
+
+    def identity(self, payload: bytes, multi_label: bool) -> tuple[str, tuple[str, ...]]:
+        return sha256_and_labels(payload)
 
     def count(self, path: str, compression: str) -> int:
         return array_record.count_records(path)
@@ -111,6 +142,22 @@ class _WebDataset(ShardFormat):
         with shard_writer(path, "none", checksum, shown_as) as f:
             yield f.write
             f.write(tar.END)
+
+    def read(self, path: str, compression: str) -> Iterator[bytes]:
+        """Each sample's members encoded again (``tar.member``: the same bytes as written)."""
+        try:
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                for _, members in tar.samples(f):
+                    yield b"".join(tar.member(name, data) for name, data in members)
+        except Exception as e:  # each filesystem raises its own types, a damaged tar ValueError.
+            raise storage_error("read", path, e) from e
+
+    def identity(self, payload: bytes, multi_label: bool) -> tuple[str, tuple[str, ...]]:
+        """From the sample's json: a multi-label record's ``label_text`` is its names joined by ";"."""
+        about = json.loads(next(data for name, data in tar.read_members(io.BytesIO(payload + tar.END))
+                                if name.endswith(".json")))
+        text = about.get("label_text", "")  # none: a dataset without labels
+        return about["sha256"], tuple(text.split(";")) if multi_label else (text,)
 
     def count(self, path: str, compression: str) -> int:
         return tar.count_members(path, ".cls")  # one a sample
