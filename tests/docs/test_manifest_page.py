@@ -79,15 +79,15 @@ def outputs(tmp_path_factory) -> list[Path]:
                    check=True, capture_output=True, timeout=120)
     first = sorted((tree / "circles").glob("*.jpg"))[1]
     shutil.copyfile(first, tree / "squares" / "copy.jpg")  # a duplicate, across labels
-    with Image.open(first) as image:  # a near duplicate: half the size, at JPEG quality 50
-        image.resize((image.width // 2, image.height // 2)).save(tree / "squares" / "near.jpg", quality=50)
+    with Image.open(first) as image:  # a near duplicate: re-encoded at JPEG quality 50
+        image.save(tree / "squares" / "near.jpg", quality=50)
     # A near copy in validation of a training image, which --cross_split_duplicates drop leaves out
     # (the first run: 30% in validation), named with its distance; the copies above of ``first``
     # (validation) are in train, so ``first`` is left out as a copy.
     other = next(f"squares/other_near_{i}.jpg" for i in range(100) if split_for(f"squares/other_near_{i}.jpg", 30)
                  == "validation")
     with Image.open(sorted((tree / "circles").glob("*.jpg"))[2]) as image:
-        image.resize((image.width // 2, image.height // 2)).save(tree / other, quality=50)
+        image.save(tree / other, quality=50)
     table = work / "table.csv"
     with open(table, "w", newline="", encoding="utf-8") as f:
         rows = csv.writer(f)

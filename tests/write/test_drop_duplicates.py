@@ -140,7 +140,7 @@ def test_drop_leaves_the_copies_across_splits_out_and_names_them(tree, streaming
         "  skipped, image no --metadata row names: 1 (see skipped.jsonl)",
         "  duplicates: 4 extra copies of 3 images, 4 across splits (those across splits dropped; "
         "see duplicates.jsonl)",
-        "  near duplicates: 1 group of 2 files within 10 bits, 1 across splits (see duplicates.jsonl)",
+        "  near duplicates: 1 group of 2 files within 6 bits, 1 across splits (see duplicates.jsonl)",
         "  cross-split leakage dropped: 5 files, copies or near copies of a file in another split, left out "
         "(see skipped.jsonl)",
         "  dropped, copy of an image in train: 3 (see skipped.jsonl)",

@@ -21,7 +21,7 @@ from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
 from beam_prep.write.images import resample
-from beam_prep.write.images.phash import phash
+from beam_prep.write.images.phash import THUMBNAIL, phash
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
 
 RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")
@@ -259,13 +259,14 @@ def _keeps_size(width: int, height: int, spec: ImageSpec) -> bool:
 def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
     """The source's own bytes, once a decode shows they are whole.
 
-    The decode is scaled by 1/8 in the DCT domain: it still reads every coded
-    byte, so a truncated or unreadable file fails here as a full decode would,
-    at a fraction of the cost.
+    The decode is scaled down in the DCT domain (by up to 8, to no less than the
+    perceptual hash's thumbnail): it still reads every coded byte, so a
+    truncated or unreadable file fails here as a full decode would, at a
+    fraction of the cost.
     """
     width, height = img.size
     try:
-        img.draft(img.mode, (1, 1))
+        img.draft(img.mode, (THUMBNAIL, THUMBNAIL))
         img.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e

@@ -22,14 +22,14 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-__all__ = ["BITS", "DEFAULT_DISTANCE", "distance", "phash"]
+__all__ = ["BITS", "DEFAULT_DISTANCE", "THUMBNAIL", "distance", "phash"]
 
 BITS = 64
 DEFAULT_DISTANCE = 6  # the near-duplicate threshold in bits, chosen on docs/performance/near-duplicates.md
-_SIDE = 32  # the greyscale thumbnail's side
+THUMBNAIL = 32  # the greyscale thumbnail's side (a reduced decode no smaller hashes near its full decode)
 _KEPT = 8  # the DCT coefficients kept per axis
 # Rows k < 8 of scipy's DCT-II for 32 points: y[k] = 2 * sum_n x[n] cos(pi k (2n + 1) / 64).
-_DCT = 2.0 * np.cos(np.pi * np.arange(_KEPT)[:, None] * (2 * np.arange(_SIDE)[None, :] + 1) / (2 * _SIDE))
+_DCT = 2.0 * np.cos(np.pi * np.arange(_KEPT)[:, None] * (2 * np.arange(THUMBNAIL)[None, :] + 1) / (2 * THUMBNAIL))
 
 
 def phash(image: Image.Image) -> int:
@@ -40,7 +40,7 @@ def phash(image: Image.Image) -> int:
         ``convert("L")`` ignores it.
     """
     grey = image if image.mode == "L" else image.convert("L")
-    pixels = np.asarray(grey.resize((_SIDE, _SIDE), Image.Resampling.BOX), dtype=np.float64)
+    pixels = np.asarray(grey.resize((THUMBNAIL, THUMBNAIL), Image.Resampling.BOX), dtype=np.float64)
     # The 8x8 lowest frequencies of the 2-D DCT, rounded: a symmetric image has coefficients that are
     # zero but for float noise, which would otherwise fall either side of the median by machine.
     low = np.round(_DCT @ pixels @ _DCT.T, 6).ravel()
