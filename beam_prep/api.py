@@ -164,6 +164,8 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
       DatasetError: the job's counts do not add up, so no manifest was published.
       TooManyFailures: more files failed than ``max_failures`` allows; the dataset was
         written all the same (its manifest is the error's ``result.manifest``).
+      CrossSplitLeakage: ``cross_split_duplicates="fail"`` and copies lie in two splits;
+        the dataset was written all the same (its manifest is the error's ``result.manifest``).
       RunInterrupted: a local run stopped by Ctrl-C or SIGTERM (its finished shards kept).
     """
     with _as_a_library():

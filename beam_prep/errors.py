@@ -18,19 +18,31 @@ class StorageError(BeamPrepError):
     """A path that cannot be listed, read or written (missing bucket, no permission...)."""
 
 
-class TooManyFailures(BeamPrepError):
-    """More files failed than ``--max_failures`` allows; the dataset was written all the same.
+class WrittenButFailed(BeamPrepError):
+    """The dataset was written, then the run failed on a bound its options set, for an automated job.
 
-    For an automated job: the command exits 1 with this one line after its summary.
+    The command exits 1 with this one line after its summary.
 
     Args:
-      message: how many failed against the budget, and where errors.jsonl is.
-      result: the finished run (``pipeline.RunResult``), its manifest included.
+      message: which bound, by how much, and which report says more.
+      result: the finished run (``pipeline.RunResult``, or the manifest from
+        ``WriteImageDataset``), its manifest included.
     """
 
     def __init__(self, message: str, result: object = None):
         super().__init__(message)
         self.result = result
+
+
+class TooManyFailures(WrittenButFailed):
+    """More files failed than ``--max_failures`` allows; the dataset was written all the same."""
+
+
+class CrossSplitLeakage(WrittenButFailed):
+    """``--cross_split_duplicates fail`` found copies or near copies in two splits (duplicates.jsonl).
+
+    The dataset was written all the same.
+    """
 
 
 class ElementError(BeamPrepError, TypeError):

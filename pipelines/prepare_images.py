@@ -30,9 +30,10 @@ from beam_prep.cli.joblog import JobFailed, JobLog, is_job_failure, new_log_path
 from beam_prep.cli.options import PrepareImagesOptions
 from beam_prep.cli.spelling import known_spelling
 from beam_prep.cli.usage import HELP_BEAM, beam_options_help, prepare_help, prepare_parser
-from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted, TooManyFailures
+from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted, WrittenButFailed
 from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
+from beam_prep.write.finish import duplicates
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY
 from beam_prep.write.run.interrupt import signal_of
@@ -98,7 +99,7 @@ def summary(result: RunResult) -> str:
     if near.get("groups"):
         lines.append(f"  near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} "
                      f"within {near['distance']} bits, {near['across_splits']:,} across splits (see duplicates.jsonl)")
-    leaks = leakage(m)
+    leaks = duplicates.leakage(m)
     if leaks and dropping:
         lines.append(f"  cross-split leakage dropped: {count(copies['dropped'], 'file')}, copies or near copies "
                      "of a file in another split, left out (see skipped.jsonl)")
@@ -108,12 +109,6 @@ def summary(result: RunResult) -> str:
                      f"({near.get('validation_files_across', 0):,} validation files near a file of another split); "
                      "see duplicates.jsonl, or beam-prep inspect")
     return "\n".join(lines)
-
-
-def leakage(manifest: dict) -> int:
-    """Groups of exact or near copies that lie in two splits or more."""
-    copies = manifest.get("duplicates") or {}
-    return int(copies.get("across_splits", 0)) + int((copies.get("near") or {}).get("across_splits", 0))
 
 
 def plan_summary(result: RunResult, input_root: str) -> str:
@@ -202,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OptionsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except TooManyFailures as e:  # the dataset is written: its summary, then why the run fails
+    except WrittenButFailed as e:  # the dataset is written: its summary, then why the run fails
         print(summary(e.result))
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -217,11 +212,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal_of(e)
     if result.manifest is not None:
         print(summary(result))
-        leaks = leakage(result.manifest)
-        if leaks and config.cross_split_duplicates == "fail":
-            print(f"error: --cross_split_duplicates fail: {count(leaks, 'group')} of copies across splits "
-                  f"(the dataset is written; see {config.output}/duplicates.jsonl)", file=sys.stderr)
-            return 1
     elif result.job is not None:
         print(plan_summary(result, config.input))
         print("dry run: the job was built and not submitted")

@@ -15,6 +15,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import encode, make_tree, read_split, run_prepare
 
+from beam_prep.errors import CrossSplitLeakage, OptionsError
 from beam_prep.tools.sample import picture
 from beam_prep.write.finish import duplicates
 from beam_prep.write.plan import spill
@@ -120,22 +121,42 @@ def test_a_dataset_without_copies_says_none(tmp_path):
     assert "duplicates" not in result.stdout
 
 
-def test_write_image_dataset_reports_copies_among_its_elements(tmp_path):
+def _write_elements(out: pathlib.Path, elements: list, **options) -> None:
+    pipeline_options = PipelineOptions([], direct_running_mode="in_memory")
+    with beam.Pipeline(runner=local_runner(pipeline_options), options=pipeline_options) as p:
+        _ = (p | beam.Create(elements)
+             | WriteImageDataset(str(out), ["cat", "dog"], image_size=16, splits=["train", "validation"],
+                                 num_shards=1, **options))
+
+
+def test_write_image_dataset_reports_copies_among_its_elements_drops_or_fails_on_those_across_splits(tmp_path):
     image = encode(picture(7, 24, 20), "PNG")
     other = encode(picture(8, 24, 20), "PNG")
     elements = [(image, "cat", "train", "x/1.png"), (image, "dog", "validation", "x/2.png"),
                 (image, "cat", "train", "x/3.png"), (other, "cat", "train", "x/4.png")]
-    options = PipelineOptions([], direct_running_mode="in_memory")
-    with beam.Pipeline(runner=local_runner(options), options=options) as p:
-        _ = (p | beam.Create(elements)
-             | WriteImageDataset(str(tmp_path / "out"), ["cat", "dog"], image_size=16, splits=["train", "validation"],
-                                 num_shards=1))
+    _write_elements(tmp_path / "out", elements)
     found = json.loads((tmp_path / "out" / "manifest.json").read_text())["duplicates"]
     assert {k: found[k] for k in ("images", "extra_copies", "within_split", "across_splits")} == \
         {"images": 1, "extra_copies": 2, "within_split": 1, "across_splits": 1}
     sha256 = hashlib.sha256(image).hexdigest()
     assert sorted(_rows(tmp_path / "out")) == sorted(
         [(sha256, 3, "train", "x/1.png"), (sha256, 3, "validation", "x/2.png"), (sha256, 3, "train", "x/3.png")])
+
+    # drop: the validation copy is left out and named, the counts add up.
+    _write_elements(tmp_path / "dropped", elements, cross_split_duplicates="drop")
+    manifest = json.loads((tmp_path / "dropped" / "manifest.json").read_text())
+    assert (manifest["counts"]["written"], manifest["counts"]["dropped"], manifest["splits"]["validation"]
+            ["num_examples"]) == (3, 1, 0)
+    (skipped,) = [json.loads(line) for line in (tmp_path / "dropped" / "skipped.jsonl").read_text().splitlines()]
+    assert (skipped["path"], skipped["reason"]) == ("x/2.png", "copy of an image in train")
+
+    # fail: the job fails once the dataset is written, naming why; without a copy across splits it does not.
+    with pytest.raises(CrossSplitLeakage, match=r"--cross_split_duplicates fail: 1 group of copies across splits"):
+        _write_elements(tmp_path / "failed", elements, cross_split_duplicates="fail")
+    assert json.loads((tmp_path / "failed" / "manifest.json").read_text())["counts"]["written"] == 4
+    _write_elements(tmp_path / "clean", elements[:1] + elements[2:], cross_split_duplicates="fail")
+    with pytest.raises(OptionsError, match="cross_split_duplicates must be one of report, fail, drop"):
+        WriteImageDataset(str(tmp_path / "x"), ["cat"], cross_split_duplicates="remove")
 
 
 # The finder itself, on hash files written here.

@@ -10,6 +10,8 @@ import pytest
 from helpers import run_prepare
 from PIL import Image
 
+import beam_prep
+from beam_prep.errors import CrossSplitLeakage
 from beam_prep.tools import leakage_sheet
 from beam_prep.tools.sample import picture
 from beam_prep.write.plan.listing import split_for
@@ -91,3 +93,14 @@ def test_bad_values_exit_2_with_what_to_fix(tree, tmp_path, flag, value, message
     result = run_prepare("--input", str(root), "--output", str(tmp_path / "out"), flag, value)
     assert result.returncode == 2 and message in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_from_python_fail_raises_once_the_dataset_is_written(tree, tmp_path):
+    root, _ = tree
+    out = tmp_path / "python"
+    with pytest.raises(CrossSplitLeakage, match=r"^cross_split_duplicates fail: 1 group of copies across splits"
+                                                r" \(the dataset is written") as raised:
+        beam_prep.prepare(str(root), str(out), image_size=32, validation_percent=PERCENT,
+                          cross_split_duplicates="fail", direct_running_mode="in_memory")
+    assert raised.value.result.manifest["duplicates"]["near"]["across_splits"] == 1
+    assert (out / "manifest.json").is_file()

@@ -17,19 +17,21 @@ import collections
 import dataclasses
 import json
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from beam_prep import wording
 from beam_prep.errors import DatasetError
-from beam_prep.io.storage import is_local, open_to_read, storage_error
+from beam_prep.io.storage import is_local, join, open_to_read, storage_error
 from beam_prep.write.finish import near
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
+from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import printable
 
-__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line"]
+__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error"]
 
 EXAMPLES = 5  # groups of copies the manifest shows, and files shown of each
 _PREFIX_HEX = 16  # a sha256's first 8 bytes, as hex: the key held per record
@@ -273,3 +275,18 @@ def copy_lines(found: Duplicates, target: str) -> None:
             shutil.copyfileobj(src, dst, 1 << 20)
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("write", target, e) from e
+
+
+def leakage(manifest: Mapping[str, Any]) -> int:
+    """Groups of exact or near copies that lie in two splits or more, from a manifest's ``duplicates``."""
+    copies = manifest.get("duplicates") or {}
+    return int(copies.get("across_splits", 0)) + int((copies.get("near") or {}).get("across_splits", 0))
+
+
+def leakage_error(action: str, manifest: Mapping[str, Any], output: str) -> str | None:
+    """With ``--cross_split_duplicates fail``, why a written dataset fails its run; None: it does not."""
+    leaks = leakage(manifest)
+    if action != "fail" or not leaks:
+        return None
+    return (f"--cross_split_duplicates fail: {wording.count(leaks, 'group')} of copies across splits "
+            f"(the dataset is written; see {join(output, layout.DUPLICATES)})")

@@ -36,7 +36,8 @@ def line(root: str, relpath: str, reason: str, **about: Any) -> str:
     """One file's line, named as errors.jsonl names files: ``path`` (under the input root as
     given) and ``relpath``, both as messages show them (``printable``); the ``reason``; and any
     more it says of the file (``about``: a file left out as a copy names what it copies)."""
-    return json.dumps({"path": printable(join(root, relpath)), "relpath": printable(relpath), "reason": reason,
+    path = join(root, relpath) if root else relpath  # no root: WriteImageDataset's elements, named as given
+    return json.dumps({"path": printable(path), "relpath": printable(relpath), "reason": reason,
                        **about}, ensure_ascii=False, sort_keys=True)
 
 

@@ -21,9 +21,16 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import wording
-from beam_prep.errors import BeamPrepWarning, DatasetError, RunInterrupted, StorageError, TooManyFailures
+from beam_prep.errors import (
+    BeamPrepWarning,
+    CrossSplitLeakage,
+    DatasetError,
+    RunInterrupted,
+    StorageError,
+    TooManyFailures,
+)
 from beam_prep.io.storage import join, read_lines
-from beam_prep.write.finish import manifest, publish
+from beam_prep.write.finish import duplicates, manifest, publish
 from beam_prep.write.images import resample
 from beam_prep.write.images.examples import unknown_label_report
 from beam_prep.write.images.flat import FlatImages, is_many
@@ -258,6 +265,8 @@ def run(config: PrepareConfig, options: PipelineOptions,
         are stopped and what it finished is kept.
       TooManyFailures: more files failed than ``config.max_failures`` allows; the
         dataset was written all the same, and the error holds the ``RunResult``.
+      CrossSplitLeakage: ``config.cross_split_duplicates`` is ``fail`` and copies lie in
+        two splits; the dataset was written all the same, and the error holds the ``RunResult``.
     """
     start = time.perf_counter()
     launched = time.time()  # wall time: the workers' reports are in it
@@ -296,6 +305,9 @@ def run(config: PrepareConfig, options: PipelineOptions,
     too_many = failure_budget.exceeded(config.max_failures, written["counts"], config.output)
     if too_many is not None:
         raise TooManyFailures(too_many, result)
+    leaking = duplicates.leakage_error(config.cross_split_duplicates, written, config.output)
+    if leaking is not None:
+        raise CrossSplitLeakage(leaking, result)
     return result
 
 

@@ -24,13 +24,14 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection, TaggedOutput
 
-from beam_prep.errors import ElementError, ImageError, OptionsError
+from beam_prep.errors import CrossSplitLeakage, ElementError, ImageError, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.features import SCHEMA
-from beam_prep.write.finish import publish
+from beam_prep.write.finish import duplicates, publish
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
+from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.readahead import ReadAheadConfig
 from beam_prep.write.plan.config import (
     DEFAULT_READ_AHEAD_MB,
@@ -228,11 +229,16 @@ def _finalize(listed: int, config: PrepareConfig, plan: RunPlan, **reported: Any
     """The manifest step, under the output's claim.
 
     Refuses a dataset that appeared since the transform was applied (unless ``overwrite``),
-    then ``publish.complete`` with the sink's reports.
+    then ``publish.complete`` with the sink's reports; then, with ``cross_split_duplicates="fail"``,
+    fails the job if copies lie in two splits.
     """
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
         layout.check_output(config.output, config.overwrite, [])
-        return publish.complete(config, dataclasses.replace(plan, listed=listed), publish.ShardReports(**reported))
+        built = publish.complete(config, dataclasses.replace(plan, listed=listed), publish.ShardReports(**reported))
+    leaking = duplicates.leakage_error(config.cross_split_duplicates, built, config.output)
+    if leaking is not None:
+        raise CrossSplitLeakage(leaking, built)
+    return built
 
 
 class WriteImageDataset(beam.PTransform):
@@ -249,7 +255,9 @@ class WriteImageDataset(beam.PTransform):
     are built before any element exists. See docs/guides/beam-pipeline.md.
 
     While the pipeline runs, ``ElementError`` (an element that is not such a
-    tuple) and ``DatasetError`` (counts that do not add up) fail the job.
+    tuple), ``DatasetError`` (counts that do not add up) and, with
+    ``cross_split_duplicates="fail"``, ``CrossSplitLeakage`` (raised once the
+    dataset is written) fail the job.
 
     Args:
       output: the dataset folder, local or ``gs://``.
@@ -280,6 +288,11 @@ class WriteImageDataset(beam.PTransform):
         labels column makes them.
       extra_features: feature key -> ``bytes``, ``int64`` or ``float``: each element's ``features``
         give these, stored in its record and listed in the manifest, as ``--metadata``'s columns.
+      near_duplicate_distance: records whose perceptual hashes differ in at most this many bits
+        are near duplicates; -1 finds exact copies only (``--near_duplicate_distance``).
+      cross_split_duplicates: ``report`` copies across splits, ``drop`` the files outside the kept
+        split (named in skipped.jsonl), or ``fail`` the job once the dataset is written
+        (``--cross_split_duplicates``).
 
     Raises:
       OptionsError: when constructed or applied, before the pipeline runs: a bad
@@ -314,6 +327,8 @@ class WriteImageDataset(beam.PTransform):
         read_ahead_mb: int = DEFAULT_READ_AHEAD_MB,
         multi_label: bool = False,
         extra_features: Mapping[str, str] | None = None,
+        near_duplicate_distance: int = DEFAULT_DISTANCE,
+        cross_split_duplicates: str = "report",
     ) -> None:
         """Checks every argument (see the class's Args), before any pipeline is built."""
         super().__init__()
@@ -323,7 +338,9 @@ class WriteImageDataset(beam.PTransform):
         check_values({"label_offset": label_offset, "labels_txt": labels_txt,
                       "validation_percent": validation_percent, "compression": compression,
                       "read_concurrency": read_concurrency, "read_ahead_mb": read_ahead_mb,
-                      "resize_mode": resize_mode, "image_format": image_format}, prefix="")
+                      "resize_mode": resize_mode, "image_format": image_format,
+                      "near_duplicate_distance": near_duplicate_distance,
+                      "cross_split_duplicates": cross_split_duplicates}, prefix="")
         resample_loader.choice()  # a BEAM_PREP_RESIZE_KERNEL value it does not take: refused here, not per image
         self._naming = _Naming(labels=_checked_labels(labels),
                                splits=_checked_splits(splits, validation_percent),
@@ -332,14 +349,16 @@ class WriteImageDataset(beam.PTransform):
                                multi_label=bool(multi_label), extra_features=_checked_features(extra_features))
         if num_shards is not None and (not isinstance(num_shards, int) or num_shards < 0):
             raise OptionsError(f"num_shards must be a positive int (None: the runner chooses), not {num_shards!r}")
+        spec = _checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
+                             no_upscale, background)
         self._config = PrepareConfig(
             input=self._naming.root or "", output=normalised_path(output),
-            spec=_checked_spec(image_size, resize_mode, channels, image_format, jpeg_quality, max_pixels,
-                               no_upscale, background),
+            spec=dataclasses.replace(spec, perceptual_hash=near_duplicate_distance >= 0),
             validation_percent=validation_percent, num_shards=num_shards or 0, overwrite=overwrite,
             sink="shuffle", compression=compression,
             reads=ReadAheadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
-            label_offset=label_offset, labels_txt=labels_txt, file_format=file_format)
+            label_offset=label_offset, labels_txt=labels_txt, file_format=file_format,
+            near_duplicate_distance=near_duplicate_distance, cross_split_duplicates=cross_split_duplicates)
 
     def expand(self, elements: PCollection) -> PCollection:
         """Beam's PTransform entry point: the elements written as the dataset (see the class)."""
