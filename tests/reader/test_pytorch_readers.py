@@ -1,7 +1,7 @@
 """PyTorch's readers of beam-prep datasets: ``data_source`` (array_record) and the WebDataset recipe,
 through a real torch ``DataLoader`` with worker processes, against the tree they were made from.
 
-Four prepare runs, shared by the module: each reader at 100 and at 2,000 images (8x8, so the
+Four prepare runs in this process, shared by the module: each reader at 100 and at 2,000 images (8x8, so the
 large run is quick), one of the two with ``--label_offset 1``, so that each reader meets both
 sizes and both offsets. The 100-image WebDataset run has one shard for two workers: a worker
 with nothing to read must yield nothing, not fail.
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import REPO, child, make_tree, run_prepare
+from helpers import REPO, child, make_tree, prepare_here
 
 import beam_prep
 from beam_prep.errors import DatasetError
@@ -44,10 +44,8 @@ def datasets(trees, tmp_path_factory) -> dict[tuple[str, int], pathlib.Path]:
     out = {}
     for (file_format, n), (offset, extra) in RUNS.items():
         folder = tmp_path_factory.mktemp(f"{file_format}{n}") / "ds"
-        done = run_prepare("--input", str(trees[n]), "--output", str(folder), "--file_format", file_format,
-                           "--image_size", "8", "--validation_percent", "10", "--label_offset", str(offset),
-                           *extra)
-        assert done.returncode == 0, done.stderr
+        prepare_here("--input", str(trees[n]), "--output", str(folder), "--file_format", file_format,
+                     "--image_size", "8", "--validation_percent", "10", "--label_offset", str(offset), *extra)
         out[file_format, n] = folder
     return out
 
