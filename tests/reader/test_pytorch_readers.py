@@ -9,10 +9,8 @@ with nothing to read must yield nothing, not fail.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -143,31 +141,3 @@ def test_readers_refuse_a_dataset_of_another_format_naming_it(datasets):
         beam_prep.shard_urls(datasets["webdataset", 100], "train", "array_record")
     urls = beam_prep.shard_urls(datasets["webdataset", 2000], "validation")
     assert urls and all(pathlib.Path(u).is_file() and u.endswith(".tar") for u in urls)
-
-
-def page_scripts() -> list:
-    """docs/guides/grain-pytorch.md's blocks written as scripts (those with a ``__main__`` guard),
-    parsed by the docs test's own reader of pages."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("doc_examples", REPO / "tests" / "docs" / "test_examples.py")
-    examples = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = examples  # its dataclasses look their module up there
-    spec.loader.exec_module(examples)
-    page = REPO / "docs" / "guides" / "grain-pytorch.md"
-    return [b for b in examples.blocks(page) if b.language == "python" and 'if __name__ == "__main__":' in b.code]
-
-
-def test_the_pages_grain_and_pytorch_blocks_run_as_scripts_with_jax_imported(datasets, tmp_path):
-    """Each as its own script in a fresh process, as a user saves and runs it: Grain's and the
-    DataLoaders' worker processes import it again, behind its ``__main__`` guard."""
-    (tmp_path / "records").symlink_to(datasets["array_record", 100])
-    (tmp_path / "tars").symlink_to(datasets["webdataset", 2000])
-    scripts = page_scripts()
-    assert len(scripts) == 3 and any("import jax" in b.code for b in scripts)
-    for n, block in enumerate(scripts):
-        script = tmp_path / f"block{n}.py"
-        script.write_text(block.code)
-        done = subprocess.run([sys.executable, script.name], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert done.returncode == 0, f"{block.page}:{block.line}\n{done.stderr[-4000:]}"
