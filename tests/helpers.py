@@ -35,6 +35,30 @@ def run_prepare(*args: str, env: dict[str, str] | None = None, timeout: float = 
                           text=True, timeout=timeout, preexec_fn=preexec_fn)
 
 
+def prepare_here(*args: str) -> dict[str, Any] | None:
+    """The job of ``beam-prep prepare ARGS`` in this process, on Beam's in-memory DirectRunner.
+
+    The command's own checks, defaults and pipeline (``beam_prep.prepare``), without the
+    launcher and worker processes whose start costs seconds a run: for a test of what a run
+    writes. A test of the command itself (exit codes, console lines, worker processes,
+    signals) runs it with ``run_prepare``. Returns the manifest; a refused or failed run raises.
+    """
+    import beam_prep
+
+    options: dict[str, Any] = {}
+    tokens = list(args)
+    while tokens:
+        flag = tokens.pop(0)
+        assert flag.startswith("--"), f"{flag!r}: not a flag"
+        name, eq, value = flag[2:].partition("=")
+        if not eq:
+            value = tokens.pop(0) if tokens and not tokens[0].startswith("--") else True
+        assert name.replace("-", "_") not in options, f"{flag}: given twice"
+        options[name.replace("-", "_")] = value
+    options.setdefault("direct_running_mode", "in_memory")
+    return beam_prep.prepare(options.pop("input"), options.pop("output"), **options)
+
+
 def child(name: str, *args: str) -> list[str]:
     """The command that runs ``tests/children/<name>.py`` in a fresh Python process (cwd: REPO)."""
     return [sys.executable, "-m", f"tests.children.{name}", *args]

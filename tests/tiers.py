@@ -34,11 +34,13 @@ SLOW_IMPORTS = {"tensorflow": "TensorFlow", "tensorflow_datasets": "TensorFlow"}
 def _starters() -> dict[object, str]:
     """Objects whose use starts something, and what they start."""
     import gcs_harness.server
+    import helpers
     import real_images
     from apache_beam.testing.test_pipeline import TestPipeline
 
     found: dict[object, str] = {
         apache_beam.Pipeline: "a Beam pipeline", TestPipeline: "a Beam pipeline",
+        helpers.prepare_here: "a Beam pipeline (helpers.prepare_here)",
         gcs_harness.server.running_gcs_server: "the GCS test server",
         real_images.pillow_corpus: "the real-image set",
     }

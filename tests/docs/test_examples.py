@@ -3,7 +3,9 @@
 Each page's ``bash`` and ``python`` blocks run in order, in a fresh folder of their own
 that holds the sample tree (``python -m pipelines.make_sample sample_data``), so a later
 block can read what an earlier one wrote, as a reader following the page would; consecutive
-``python`` blocks share one interpreter, as in a notebook. Other
+``python`` blocks share one interpreter, as in a notebook, except a script (a block with an
+``if __name__ == "__main__":`` guard), which runs as a user saves and runs it: as its own
+file, whose worker processes (Grain's, a DataLoader's) import it again. Other
 fences (``text``, ``console``, ``json``...) show output and are not run.
 
 A block that cannot run here says why on the line before its fence, with one of
@@ -90,6 +92,14 @@ def test_every_mark_names_a_known_reason():
                 f"{b.page}:{b.line}: not-run reason {b.not_run!r} is not one of {sorted(NOT_RUN)}")
 
 
+def test_the_grain_and_pytorch_pages_loaders_run_as_scripts():
+    """Their worker processes import the script again: run in a notebook's interpreter, they would not.
+    (They ran as scripts against the PyTorch readers' datasets too; here, against the page's own.)"""
+    scripts = [b for b in blocks(REPO / "docs" / "guides" / "grain-pytorch.md") if is_script(b)]
+    assert len(scripts) == 3 and any("import jax" in b.code for b in scripts)
+    assert all(b.not_run is None for b in scripts)
+
+
 @pytest.fixture(scope="session")
 def sample_tree(tmp_path_factory) -> pathlib.Path:
     tree = tmp_path_factory.mktemp("docs-sample") / "sample_data"
@@ -131,14 +141,23 @@ for where, code in json.load(open(sys.argv[1])):
 """
 
 
+_MAIN_GUARD = re.compile(r"""^if __name__ == ["']__main__["']:""", re.MULTILINE)
+
+
+def is_script(block: Block) -> bool:
+    """A Python block written as a script: it runs as its own file, never with other blocks."""
+    return block.language == "python" and bool(_MAIN_GUARD.search(block.code))
+
+
 def _steps(page: pathlib.Path) -> list[list[Block]]:
-    """The page's runnable blocks in order, consecutive Python blocks (exit 0) grouped as one step."""
+    """The page's runnable blocks in order, consecutive Python blocks (exit 0, not scripts) grouped as one step."""
     steps: list[list[Block]] = []
     for b in blocks(page):
         if b.language not in RUN or b.not_run is not None:
             continue
-        if (b.language == "python" and b.exit_code == 0 and steps and steps[-1][0].language == "python"
-                and steps[-1][0].exit_code == 0):
+        if (b.language == "python" and b.exit_code == 0 and not is_script(b) and steps
+                and steps[-1][0].language == "python" and steps[-1][0].exit_code == 0
+                and not is_script(steps[-1][0])):
             steps[-1].append(b)
         else:
             steps.append([b])
@@ -151,7 +170,11 @@ def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Pat
     env = _env()
     for n, step in enumerate(_steps(page)):
         first = step[0]
-        if first.language == "python":
+        if is_script(first):
+            script = folder / f"block_{first.line}.py"
+            script.write_text(first.code)
+            cmd = [sys.executable, script.name]
+        elif first.language == "python":
             listing = folder.parent / f"{folder.name}-blocks-{n}.json"
             listing.write_text(json.dumps([[f"{b.page}:{b.line}", b.code] for b in step]))
             cmd = [sys.executable, "-c", _SESSION, str(listing)]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, run_prepare
+from helpers import REPO, prepare_here
 from PIL import Image
 
 from beam_prep.write.plan.listing import split_for
@@ -107,8 +107,7 @@ def outputs(tmp_path_factory) -> list[Path]:
     done = []
     for name, flags in runs.items():
         out = work / name
-        result = run_prepare("--input", str(tree), "--output", str(out), "--num_shards", "1", *flags)
-        assert result.returncode == 0, result.stderr
+        prepare_here("--input", str(tree), "--output", str(out), "--num_shards", "1", *flags)
         done.append(out)
     return done
 

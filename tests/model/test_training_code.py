@@ -18,7 +18,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import encode, make_tree, read_split, run_prepare
+from helpers import encode, make_tree, prepare_here, read_split
 from lazy import tf
 from PIL import Image
 
@@ -45,9 +45,7 @@ def _prepare(tmp_path_factory, tree: pathlib.Path, name: str, *flags: str) -> pa
     out = tmp_path_factory.mktemp(name) / "out"
     keeps_size = any(flag == "--resize_mode" and value == "none" for flag, value in itertools.pairwise(flags))
     size = () if keeps_size else ("--image_size", str(SIZE))
-    result = run_prepare("--input", str(tree), "--output", str(out), *size,
-                         "--num_shards", "2", "--direct_running_mode=in_memory", *flags)
-    assert result.returncode == 0, result.stderr[-3000:]
+    prepare_here("--input", str(tree), "--output", str(out), *size, "--num_shards", "2", *flags)
     return out
 
 

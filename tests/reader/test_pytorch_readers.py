@@ -1,7 +1,7 @@
 """PyTorch's readers of beam-prep datasets: ``data_source`` (array_record) and the WebDataset recipe,
 through a real torch ``DataLoader`` with worker processes, against the tree they were made from.
 
-Four prepare runs, shared by the module: each reader at 100 and at 2,000 images (8x8, so the
+Four prepare runs in this process, shared by the module: each reader at 100 and at 2,000 images (8x8, so the
 large run is quick), one of the two with ``--label_offset 1``, so that each reader meets both
 sizes and both offsets. The 100-image WebDataset run has one shard for two workers: a worker
 with nothing to read must yield nothing, not fail.
@@ -9,14 +9,12 @@ with nothing to read must yield nothing, not fail.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import REPO, child, make_tree, run_prepare
+from helpers import REPO, child, make_tree, prepare_here
 
 import beam_prep
 from beam_prep.errors import DatasetError
@@ -44,10 +42,8 @@ def datasets(trees, tmp_path_factory) -> dict[tuple[str, int], pathlib.Path]:
     out = {}
     for (file_format, n), (offset, extra) in RUNS.items():
         folder = tmp_path_factory.mktemp(f"{file_format}{n}") / "ds"
-        done = run_prepare("--input", str(trees[n]), "--output", str(folder), "--file_format", file_format,
-                           "--image_size", "8", "--validation_percent", "10", "--label_offset", str(offset),
-                           *extra)
-        assert done.returncode == 0, done.stderr
+        prepare_here("--input", str(trees[n]), "--output", str(folder), "--file_format", file_format,
+                     "--image_size", "8", "--validation_percent", "10", "--label_offset", str(offset), *extra)
         out[file_format, n] = folder
     return out
 
@@ -145,31 +141,3 @@ def test_readers_refuse_a_dataset_of_another_format_naming_it(datasets):
         beam_prep.shard_urls(datasets["webdataset", 100], "train", "array_record")
     urls = beam_prep.shard_urls(datasets["webdataset", 2000], "validation")
     assert urls and all(pathlib.Path(u).is_file() and u.endswith(".tar") for u in urls)
-
-
-def page_scripts() -> list:
-    """docs/guides/grain-pytorch.md's blocks written as scripts (those with a ``__main__`` guard),
-    parsed by the docs test's own reader of pages."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("doc_examples", REPO / "tests" / "docs" / "test_examples.py")
-    examples = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = examples  # its dataclasses look their module up there
-    spec.loader.exec_module(examples)
-    page = REPO / "docs" / "guides" / "grain-pytorch.md"
-    return [b for b in examples.blocks(page) if b.language == "python" and 'if __name__ == "__main__":' in b.code]
-
-
-def test_the_pages_grain_and_pytorch_blocks_run_as_scripts_with_jax_imported(datasets, tmp_path):
-    """Each as its own script in a fresh process, as a user saves and runs it: Grain's and the
-    DataLoaders' worker processes import it again, behind its ``__main__`` guard."""
-    (tmp_path / "records").symlink_to(datasets["array_record", 100])
-    (tmp_path / "tars").symlink_to(datasets["webdataset", 2000])
-    scripts = page_scripts()
-    assert len(scripts) == 3 and any("import jax" in b.code for b in scripts)
-    for n, block in enumerate(scripts):
-        script = tmp_path / f"block{n}.py"
-        script.write_text(block.code)
-        done = subprocess.run([sys.executable, script.name], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert done.returncode == 0, f"{block.page}:{block.line}\n{done.stderr[-4000:]}"

@@ -17,7 +17,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from helpers import REPO, child, encode, make_tree, read_split, run_prepare
+from helpers import REPO, child, encode, make_tree, prepare_here, read_split
 from lazy import tf
 from PIL import Image
 
@@ -41,9 +41,7 @@ def _prepare(tmp_path_factory, name: str, *flags: str, sizes=((96, 64),)) -> pat
         part = {k: n for j, (k, n) in enumerate(COUNTS.items()) if j % len(sizes) == i}
         make_tree(tree, part, size=size)
     out = root / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--num_shards", str(SHARDS),
-                         "--direct_running_mode=in_memory", *flags)
-    assert result.returncode == 0, result.stderr[-3000:]
+    prepare_here("--input", str(tree), "--output", str(out), "--num_shards", str(SHARDS), *flags)
     assert sorted(json.loads((out / "manifest.json").read_text())["labels"]) == sorted(labels)
     return out
 

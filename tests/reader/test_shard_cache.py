@@ -11,7 +11,7 @@ import subprocess
 import urllib.parse
 
 import pytest
-from helpers import REPO, child, make_tree, run_prepare
+from helpers import REPO, child, make_tree, prepare_here
 
 import beam_prep
 from beam_prep.errors import DatasetError, StorageError
@@ -24,10 +24,8 @@ def local_dataset(tmp_path_factory):
     tree = tmp_path_factory.mktemp("tree")
     make_tree(tree, {"ant": 12, "bee": 9, "cat": 7}, size=(8, 8))
     out = tmp_path_factory.mktemp("ds") / "ds"
-    done = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "array_record",
-                       "--image_size", "8", "--validation_percent", "20", "--num_shards", "3",
-                       "--label_offset", "1")
-    assert done.returncode == 0, done.stderr
+    prepare_here("--input", str(tree), "--output", str(out), "--file_format", "array_record",
+                 "--image_size", "8", "--validation_percent", "20", "--num_shards", "3", "--label_offset", "1")
     return out
 
 

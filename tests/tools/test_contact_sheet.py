@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import make_tree, read_split, run_prepare
+from helpers import make_tree, prepare_here, read_split
 from PIL import Image
 
 from beam_prep.reader import load_info
@@ -20,10 +20,9 @@ def output(tmp_path_factory):
     make_tree(root / "tree", {"b": 2}, size=SIZES["b"], fmt="PNG", ext=".png")
     (root / "labels.txt").write_text("a\nb\nc\n")  # c: a label with no folder, so no images
     out = root / "out"
-    result = run_prepare("--input", str(root / "tree"), "--output", str(out), "--labels_file",
-                         str(root / "labels.txt"), "--image_format", "raw", "--channels", "1",
-                         "--resize_mode", "none", "--label_offset", "1")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(root / "tree"), "--output", str(out), "--labels_file",
+                 str(root / "labels.txt"), "--image_format", "raw", "--channels", "1",
+                 "--resize_mode", "none", "--label_offset", "1")
     return out
 
 

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import REPO, make_tree, read_split, run_prepare
+from helpers import REPO, make_tree, prepare_here, read_split
 from PIL import Image
 
 from beam_prep.errors import DatasetError
@@ -32,9 +32,8 @@ def output(tmp_path_factory):
     (root / "tree" / "bee" / "broken.jpg").write_bytes(b"not a jpeg")
     (root / "tree" / "cat" / "notes.txt").write_text("not an image")
     out = root / "out"
-    result = run_prepare("--input", str(root / "tree"), "--output", str(out), "--image_size", "20",
-                         "--validation_percent", "30", "--num_shards", "2")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(root / "tree"), "--output", str(out), "--image_size", "20",
+                 "--validation_percent", "30", "--num_shards", "2")
     return out
 
 

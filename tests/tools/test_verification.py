@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from helpers import REPO, encode, make_tree, run_prepare
+from helpers import REPO, encode, make_tree, prepare_here
 from PIL import Image
 
 from beam_prep.errors import DatasetError
@@ -39,9 +39,8 @@ def prepared(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("verify")
     make_tree(root / "in", {"a": 6, "b": 5, "c": 4}, size=(24, 20))
     (root / "in" / "a" / "broken.jpg").write_bytes(b"not a jpeg")  # one failure, in errors.jsonl
-    result = run_prepare("--input", str(root / "in"), "--output", str(root / "out"),
-                         "--image_size", "16", "--validation_percent", "30", "--num_shards", "2")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(root / "in"), "--output", str(root / "out"),
+                 "--image_size", "16", "--validation_percent", "30", "--num_shards", "2")
     return root / "out"
 
 

@@ -13,7 +13,7 @@ import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from helpers import encode, make_tree, read_split, run_prepare
+from helpers import encode, make_tree, prepare_here, read_split, run_prepare
 
 from beam_prep.errors import CrossSplitLeakage, OptionsError
 from beam_prep.tools.sample import picture
@@ -91,8 +91,7 @@ def test_copies_within_and_across_splits_are_counted_listed_and_still_written(tr
 def test_inspect_shows_the_copies_across_splits_first(tree, tmp_path, capsys):
     root, expected = tree
     out = tmp_path / "out"
-    assert run_prepare("--input", str(root), "--output", str(out), "--image_size", "16",
-                       "--validation_percent", str(PERCENT), "--direct_running_mode", "in_memory").returncode == 0
+    prepare_here("--input", str(root), "--output", str(out), "--image_size", "16", "--validation_percent", str(PERCENT))
     assert inspect_output.main([str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     at = lines.index(f"duplicates: 3 extra copies of 2 images (2 within a split, 1 across splits; every one in "

@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import REPO, assert_shard_checksums, encode, run_prepare
+from helpers import REPO, assert_shard_checksums, encode, prepare_here, run_prepare
 from PIL import Image
 
 from beam_prep.errors import DatasetError
@@ -43,14 +43,13 @@ def tree(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def outputs(tree, tmp_path_factory) -> dict[str, pathlib.Path]:
-    """The tree prepared once in each format (TFRecords uncompressed, as the others are)."""
+    """The tree prepared once in each format (TFRecords uncompressed, as the others are), in this
+    process: the gs:// runs below, commands with worker processes, must write the same bytes."""
     out = {}
     for file_format in FORMATS:
         folder = tmp_path_factory.mktemp(file_format) / "out"
         extra = ("--compression", "none") if file_format == "tfrecord" else ()
-        result = run_prepare("--input", str(tree), "--output", str(folder), "--file_format", file_format,
-                             *extra, *ARGS)
-        assert result.returncode == 0, result.stderr
+        prepare_here("--input", str(tree), "--output", str(folder), "--file_format", file_format, *extra, *ARGS)
         out[file_format] = folder
     return out
 
@@ -248,9 +247,7 @@ def _contents(folder: pathlib.Path, file_format: str) -> dict[str, list]:
 @pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
 def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree, tmp_path, file_format):
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", file_format,
-                         "--sink", "shuffle", *ARGS)
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(tree), "--output", str(out), "--file_format", file_format, "--sink", "shuffle", *ARGS)
     manifest, streamed = _manifest(out), _manifest(outputs[file_format])
     assert manifest["sink"] == "shuffle" and manifest["counts"] == streamed["counts"]
     for split, info in manifest["splits"].items():  # counted after Beam's sink wrote them, per format

@@ -25,7 +25,7 @@ import struct
 
 import numpy as np
 import pytest
-from helpers import run_prepare
+from helpers import prepare_here
 from PIL import Image
 
 from beam_prep.model import features
@@ -184,22 +184,17 @@ def hf_view(datasets, data_dir: pathlib.Path, cache: str, **config) -> dict:
     return {"rows": rows, "types": types}
 
 
-# The layouts the shuffle sink reads too: those of a table in each split folder (the listing is
-# the launcher's, shared by both sinks; one run a layout keeps the suite's time).
-SHUFFLED = ("per_split_jsonl", "captions")
-
-
 @pytest.fixture(scope="module", params=["streaming", "shuffle"])
 def ours(request, hf, tmp_path_factory):
-    """Each layout read by beam-prep with one sink: one run a layout."""
+    """Each layout read by beam-prep with one sink: one run a layout, in this process (what a run
+    writes is what is compared; the command's own processes are tested elsewhere)."""
     root, _ = hf
     out = tmp_path_factory.mktemp(f"ours-{request.param}")
     views = {}
-    for name in LAYOUTS if request.param == "streaming" else SHUFFLED:
+    for name in LAYOUTS:
         flags = ("--metadata", str(root / name / "metadata.csv")) if name in ROOT_TABLES else ()
-        result = run_prepare("--input", str(root / name), "--output", str(out / name), "--image_size", "4",
-                             "--image_format", "png", "--compression", "none", "--sink", request.param, *flags)
-        assert result.returncode == 0, result.stderr[-3000:]
+        prepare_here("--input", str(root / name), "--output", str(out / name), "--image_size", "4",
+                     "--image_format", "png", "--compression", "none", "--sink", request.param, *flags)
         views[name] = our_view(out / name)
     return views
 
@@ -266,8 +261,6 @@ def assert_types(hf_types: dict, ours_types: dict) -> None:
 @pytest.mark.parametrize("layout", ["per_split_jsonl", "per_split_csv", "multi_label", "flat_with_table", "captions",
                                     "flat_captions"])
 def test_each_image_split_label_and_column_as_hugging_face_reads_them(hf, ours, layout):
-    if layout not in ours:
-        pytest.skip("read by the streaming sink alone (SHUFFLED)")
     _, hf_views = hf
     assert_same(hf_views[layout]["rows"], ours[layout]["rows"], split_names=VAL_KEPT)
     assert_types(hf_views[layout]["types"], ours[layout]["types"])
@@ -290,8 +283,6 @@ def test_an_image_no_row_names_is_out_of_both_and_skipped_by_name(hf, ours):
 def test_folder_labels_beside_tables_are_hugging_faces_labels_of_the_folders(hf, ours):
     """FOLDER_LABELS: our labels are Hugging Face's read of the folders alone, our columns its read with the tables.
     (The folders alone, split/label/image without tables, are Hugging Face's layout of inferred labels.)"""
-    if "folders_and_tables" not in ours:
-        pytest.skip("read by the streaming sink alone (SHUFFLED)")
     _, hf_views = hf
     default, dropped = hf_views["folders_and_tables"], hf_views["folders_and_tables/no_tables"]
     assert {row[1] for row in default["rows"].values()} == {None}  # Hugging Face: no label beside a table
@@ -342,9 +333,8 @@ def test_a_dataset_without_labels_reads_through_data_source_as_dicts_of_images_a
 
     captions(tmp_path / "tree")
     out = tmp_path / "out"
-    done = run_prepare("--input", str(tmp_path / "tree"), "--output", str(out), "--image_size", "4",
-                       "--file_format", "array_record")
-    assert done.returncode == 0, done.stderr
+    prepare_here("--input", str(tmp_path / "tree"), "--output", str(out), "--image_size", "4",
+                 "--file_format", "array_record")
     source = data_source(out, "train")
     items = [source[i] for i in range(len(source))]
     assert len(items) == len(source) > 0

@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from helpers import encode, leave_unfinished_run, make_tree, read_split, run_prepare
+from helpers import encode, leave_unfinished_run, make_tree, prepare_here, read_split
 from lazy import tf
 from PIL import Image
 
@@ -43,8 +43,7 @@ def write_images(root: pathlib.Path, names) -> dict[str, tuple[int, int, int]]:
 
 
 def prepare(*args: str) -> None:
-    result = run_prepare(*args, "--image_size", str(SIZE), "--image_format", "png", "--overwrite")
-    assert result.returncode == 0, result.stderr
+    prepare_here(*args, "--image_size", str(SIZE), "--image_format", "png", "--overwrite")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import io
 import json
 
 import pytest
-from helpers import run_prepare
+from helpers import prepare_here, run_prepare
 from PIL import Image
 
 import beam_prep
@@ -78,9 +78,8 @@ def test_both_sinks_find_the_same_near_groups_and_fail_says_so_after_writing(tre
 def test_minus_one_turns_the_near_search_off(tree, tmp_path):
     root, _ = tree
     out = tmp_path / "off"
-    result = run_prepare("--input", str(root), "--output", str(out), "--image_size", "32",
-                         "--validation_percent", str(PERCENT), "--near_duplicate_distance", "-1")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(root), "--output", str(out), "--image_size", "32",
+                 "--validation_percent", str(PERCENT), "--near_duplicate_distance", "-1")
     assert _near(out) == [] and json.loads((out / "manifest.json").read_text())["duplicates"]["near"] is None
 
 

@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from helpers import encode, read_split, run_prepare
+from helpers import encode, prepare_here, read_split, run_prepare
 from lazy import tf
 from PIL import Image, ImageOps
 
@@ -182,9 +182,8 @@ def test_channels_1_keeps_grey_jpegs_and_converts_colour_ones(tmp_path):
     (tree / "a" / "grey.jpg").write_bytes(grey)
     (tree / "a" / "colour.jpg").write_bytes(encode(picture(2, 40, 30), "JPEG", quality=90))
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--direct_running_mode=in_memory",
-                         "--resize_mode", "none", "--image_format", "original", "--channels", "1")
-    assert result.returncode == 0, result.stderr[-3000:]
+    prepare_here("--input", str(tree), "--output", str(out), "--resize_mode", "none", "--image_format", "original",
+                 "--channels", "1")
     records = _records(out)
     assert records["a/grey.jpg"]["image/encoded"] == grey
     colour = records["a/colour.jpg"]
@@ -209,9 +208,7 @@ def test_original_with_a_fixed_size_mode_is_allowed_and_the_help_says_so(tree, t
     assert "With center_crop, stretch or pad it keeps only the sources already at exactly --image_size" in \
         " ".join(result.stdout.split())
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--direct_running_mode=in_memory",
-                         "--image_size", "64x96", "--image_format", "original")
-    assert result.returncode == 0, result.stderr[-3000:]
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "64x96", "--image_format", "original")
     records = _records(out)
     assert records["plain/exact.jpg"]["image/encoded"] == (tree / "plain/exact.jpg").read_bytes()
     assert {(int(r["image/height"]), int(r["image/width"])) for r in records.values()} == {(64, 96)}

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_shard_checksums, encode, make_tree, read_split, run_prepare
+from helpers import assert_shard_checksums, encode, make_tree, prepare_here, read_split, run_prepare
 from lazy import tf
 from PIL import Image
 
@@ -190,8 +190,8 @@ def test_reruns_give_the_same_layout(prepared, manifest, tree, tmp_path):
 
 def test_overwrite_replaces_the_old_dataset(tree, tmp_path):
     args = ["--input", str(tree), "--output", str(tmp_path), "--image_size", "8", "--max_pixels", "100000"]
-    assert run_prepare(*args, "--num_shards", "3").returncode == 0
-    assert run_prepare(*args, "--num_shards", "1", "--overwrite").returncode == 0
+    prepare_here(*args, "--num_shards", "3")
+    prepare_here(*args, "--num_shards", "1", "--overwrite")
     shards = sorted(p.name for p in tmp_path.glob("*.tfrecord.gz"))
     assert shards == ["train-00000-of-00001.tfrecord.gz"]
 
@@ -200,9 +200,8 @@ def test_split_tree_gray_png_output(tmp_path):
     tree = tmp_path / "tree"
     make_tree(tree, {"a": 4, "b": 3}, splits=["train", "test"], size=(WIDTH, HEIGHT), fmt="PNG", ext=".png")
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--image_size", f"{HEIGHT}x{WIDTH}",
-                         "--channels", "1", "--image_format", "png")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", f"{HEIGHT}x{WIDTH}",
+                 "--channels", "1", "--image_format", "png")
     manifest = json.loads((out / "manifest.json").read_text())
     assert list(manifest["splits"]) == ["train", "test"]
     for split in ("train", "test"):
@@ -221,9 +220,7 @@ def test_unlisted_label_folders_are_reported_not_dropped(tmp_path):
     labels_file = tmp_path / "labels.txt"
     labels_file.write_text("b\na\n")
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--labels_file", str(labels_file),
-                         "--image_size", "8")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(tree), "--output", str(out), "--labels_file", str(labels_file), "--image_size", "8")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["labels"] == ["b", "a"]
     assert manifest["counts"] == {"listed": 5, "written": 4, "failed": 1, "skipped": 0}
@@ -235,9 +232,8 @@ def test_unlisted_label_folders_are_reported_not_dropped(tmp_path):
 
 def test_shuffle_sink_writes_the_same_records(prepared, manifest, tree, tmp_path):
     out, _ = prepared
-    result = run_prepare("--input", str(tree), "--output", str(tmp_path), "--image_size", f"{HEIGHT}x{WIDTH}",
-                         "--validation_percent", "30", "--max_pixels", "100000", "--sink", "shuffle")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(tree), "--output", str(tmp_path), "--image_size", f"{HEIGHT}x{WIDTH}",
+                 "--validation_percent", "30", "--max_pixels", "100000", "--sink", "shuffle")
     shuffled = json.loads((tmp_path / "manifest.json").read_text())
     assert shuffled["sink"] == "shuffle" and shuffled["counts"] == manifest["counts"]
     for split, info in shuffled["splits"].items():  # WriteToTFRecord's shards, counted afterwards
@@ -277,9 +273,8 @@ def test_uncompressed_raw_output_stores_exact_pixels(tmp_path):
     tree = tmp_path / "tree"
     make_tree(tree, {"a": 3, "b": 2}, size=(WIDTH, HEIGHT), fmt="PNG", ext=".png")
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--image_size", f"{HEIGHT}x{WIDTH}",
-                         "--image_format", "raw", "--compression", "none")
-    assert result.returncode == 0, result.stderr
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", f"{HEIGHT}x{WIDTH}",
+                 "--image_format", "raw", "--compression", "none")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["compression"] == "NONE"
     names = manifest["splits"]["train"]["shards"]

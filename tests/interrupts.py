@@ -1,0 +1,111 @@
+"""Stopping a local run midway, for the tests of resuming it: the photo tree whose run lasts
+long enough to be stopped, the command started and signalled once its shards are under way,
+and what a run folder and a dataset hold."""
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+from helpers import REPO, encode
+
+from beam_prep.tools.sample import picture
+from beam_prep.write.journal import resume
+from beam_prep.write.shared import layout
+from pipelines.prepare_images import command
+
+SHARDS = 16
+ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers", "2",
+        "--direct_running_mode", "multi_processing")
+# Enough photos that the run is still going when the test has seen two shards finish and
+# signals it, with time to spare on a loaded machine (see photo_tree).
+PHOTOS_PER_LABEL = 120
+DATASET_FILES = ("errors.jsonl", "skipped.jsonl", "labels.txt", "duplicates.jsonl")
+
+
+def photo_tree(root: pathlib.Path) -> pathlib.Path:
+    """Photos in 4 labels, a broken one, and copies, whose 16 shards keep the workers busy for
+    a while after the first two are finished: time for a signal to stop them midway.
+
+    Progressive JPEGs without chroma subsampling: their decode costs several times a baseline
+    JPEG's, which the kernel draft-decodes to 48 px almost for free (16 shards of those took
+    a fraction of a second, on a loaded machine less than the signal took to reach the workers).
+    """
+    for n, label in enumerate(("ant", "bee", "cat", "dog")):
+        (root / label).mkdir(parents=True)
+        for i in range(PHOTOS_PER_LABEL):
+            photo = picture(n * PHOTOS_PER_LABEL + i, 640, 480)
+            (root / label / f"img_{i:03d}.jpg").write_bytes(
+                encode(photo, "JPEG", quality=90, progressive=True, subsampling=0))
+    (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not a whole JPEG")
+    (root / "dog" / "notes.txt").write_text("skipped")  # the resumed run names them as the whole run did
+    (root / "ant" / ".DS_Store").write_bytes(b"")
+    for original, copy in (("ant/img_000.jpg", "bee/copy_a.jpg"), ("ant/img_000.jpg", "dog/copy_b.jpg"),
+                           ("bee/img_001.jpg", "cat/copy_c.jpg")):  # duplicates, in shards of their own
+        shutil.copyfile(root / original, root / copy)
+    # A near duplicate: half the size, at JPEG quality 50 (the resumed run must group it the same).
+    picture(PHOTOS_PER_LABEL + 5, 640, 480).resize((320, 240)).save(root / "dog" / "near_e.jpg", quality=50)
+    return root
+
+
+def dataset_digests(out: pathlib.Path) -> dict[str, str]:
+    names = [p.name for p in out.iterdir() if layout.is_shard_name(p.name)] + list(DATASET_FILES)
+    return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in sorted(names)}
+
+
+def run_folder(out: pathlib.Path) -> pathlib.Path:
+    (folder,) = [p for p in (out / ".beam-prep").iterdir() if p.is_dir()]
+    return folder
+
+
+def finished_records(out: pathlib.Path) -> list[pathlib.Path]:
+    """The records of the shards a resume takes for finished: those it can read, of any
+    format and compression (originals are uncompressed unless asked)."""
+    return sorted(p for p in (out / ".beam-prep").glob("*/*.done.json")
+                  if resume.finished_shard(str(p.parent), p.name[:-len(".done.json")]) is not None)
+
+
+def interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, whole_group: bool = False,
+               args: tuple[str, ...] = ARGS, ready: Callable[[int], bool] | None = None,
+               ) -> tuple[subprocess.CompletedProcess, float, list[int]]:
+    """Starts the command, waits until ``ready(its pid)`` (by default: two shards are finished),
+    sends ``signum``; the finished process, the seconds it took to end after the signal, and
+    the pids of the processes it started.
+
+    Those processes are listed once the workers are writing, before the run is ready, so
+    that the signal follows the moment the test sees the run ready: the run's remaining work
+    must outlast the signal's way through the launcher, not the test's own steps as well.
+    """
+    ready = ready or (lambda _: len(finished_records(out)) >= 2)
+    process = subprocess.Popen(command("--input", str(tree), "--output", str(out), *args, *extra), cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: list(out.glob(f"{layout.WORK_DIR}/*/*.partial")), process, "a shard to be started")
+        workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        wait_for(lambda: ready(process.pid), process, "the run to be ready to stop")
+        sent = time.monotonic()
+        (os.killpg if whole_group else os.kill)(process.pid, signum)
+        stdout, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), took, workers
+
+
+def wait_for(condition: Callable[[], Any], process: subprocess.Popen, what: str, timeout: float = 120) -> Any:
+    """Polls ``condition`` until it gives something true, and returns that; fails if ``process`` ends first."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.02)
+    return value
