@@ -240,12 +240,12 @@ def test_an_interrupted_run_into_gs_resumes_from_its_folder_there(gcs_server, tm
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait()
-        assert run.returncode == 143, stderr
-        done = len(finished())
-        assert 2 <= done < 8 and stderr.splitlines()[-1].startswith(f"interrupted: {done} of 8 shards written")
-        resumed = prepare(gcs_server, *args, "--output", bucket.url("records"))
     finally:
-        gcs_server.gateway.set_latency(0.0)
+        gcs_server.gateway.set_latency(0.0)  # the resumed run needs no time to stop in
+    assert run.returncode == 143, stderr
+    done = len(finished())
+    assert 2 <= done < 8 and stderr.splitlines()[-1].startswith(f"interrupted: {done} of 8 shards written")
+    resumed = prepare(gcs_server, *args, "--output", bucket.url("records"))
     assert f"{done} of 8 shards already written" in resumed.stderr, resumed.stderr
     for name in [*shards, "errors.jsonl", "labels.txt"]:
         assert bucket.read_bytes(f"records/{name}") == bucket.read_bytes(f"whole/{name}"), name
