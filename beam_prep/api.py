@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -46,8 +45,9 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
 def with_local_defaults(argv: Sequence[str]) -> list[str]:
     """Every core busy by default: multi-process DirectRunner unless the user chose otherwise.
 
-    A worker count is added only where workers run in parallel: the in-memory
-    mode runs one and warns about any other count.
+    The worker count is Beam's 0, one a core, which the run lowers for a small job
+    (``pipeline.IMAGES_PER_WORKER``); a count the user gives is kept. The in-memory
+    mode runs one worker and gets no count: Beam warns about any other.
     """
     argv = list(argv)
     runner = flag_value(argv, "--runner")
@@ -59,7 +59,7 @@ def with_local_defaults(argv: Sequence[str]) -> list[str]:
         if mode is None:
             argv.append("--direct_running_mode=multi_processing")
         if flag_value(argv, "--direct_num_workers") is None and mode != "in_memory":
-            argv.append(f"--direct_num_workers={os.cpu_count() or 1}")
+            argv.append("--direct_num_workers=0")
     return argv
 
 

@@ -1,13 +1,17 @@
 """Bad options fail before any work starts, with a message that says what to fix."""
 from __future__ import annotations
 
+import os
+
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from helpers import make_tree
 
 from beam_prep.api import with_local_defaults
 from beam_prep.cli.options import config_from_options
 from beam_prep.write.plan.config import DEFAULT_REMOTE_READ_CONCURRENCY
+from beam_prep.write.run import pipeline
+from beam_prep.write.run.pipeline import local_workers
 from pipelines import prepare_images
 
 
@@ -100,19 +104,33 @@ def test_an_existing_dataset_needs_overwrite(capsys, tree, tmp_path):
     assert (out / "manifest.json").exists()
 
 
-def test_local_runs_default_to_every_core_in_worker_processes():
+def test_local_runs_default_to_worker_processes_one_a_core_in_beams_words():
     argv = with_local_defaults(["--input", "x"])
     assert "--runner=DirectRunner" in argv
     assert "--direct_running_mode=multi_processing" in argv
-    assert any(a.startswith("--direct_num_workers=") for a in argv)
+    assert "--direct_num_workers=0" in argv  # Beam's "one a core"; the run lowers it for a small job
+    assert "--direct_num_workers=0" in with_local_defaults(["--direct_running_mode=multi_threading"])
+    # The in-memory mode runs one worker, and Beam warns about any other count.
+    assert not any(a.startswith("--direct_num_workers") for a in with_local_defaults(["--direct_running_mode=in_memory"]))
 
 
-def test_the_in_memory_mode_gets_no_worker_count():
-    """It runs one worker, and Beam warns about any other count."""
-    argv = with_local_defaults(["--direct_running_mode=in_memory"])
-    assert not any(a.startswith("--direct_num_workers") for a in argv)
-    argv = with_local_defaults(["--direct_running_mode", "multi_threading"])
-    assert any(a.startswith("--direct_num_workers=") for a in argv)
+@pytest.mark.parametrize(("flags", "images", "cores", "planned", "workers"), [
+    ([], 40, 2, 2, 1),  # a sample: one worker, not one a core; its shards planned for both cores all the same
+    ([], 256, 4, 4, 1),
+    ([], 257, 4, 4, 2),
+    ([], 700, 4, 4, 3),
+    ([], 100_000, 4, 4, 4),  # never more than one a core
+    ([], 0, 4, 4, 1),  # a resumed run with every shard kept
+    (["--direct_num_workers=2"], 40, 4, 2, 2),  # the user's count wins
+    (["--direct_running_mode=in_memory"], 100_000, 4, 1, 1),  # one worker, whatever the images
+    (["--runner=DataflowRunner"], 100_000, 4, 1, 1),  # not a local runner: Beam's own default, untouched
+])
+def test_a_small_local_job_starts_fewer_workers(monkeypatch, flags, images, cores, planned, workers):
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    options = PipelineOptions(with_local_defaults(flags))
+    assert local_workers(options) == planned
+    pipeline._fit_workers(options, images)
+    assert options.view_as(DirectOptions).direct_num_workers == workers
 
 
 def test_a_users_own_runner_options_win():
