@@ -4,11 +4,11 @@
     python -m pipelines.prepare_images ...           # the same
 
 With no ``--runner`` it runs on Beam's DirectRunner with one worker process per
-core. The same module is what Dataflow jobs are submitted with
+core (fewer for a small job). The same module is what Dataflow jobs are submitted with
 (``--runner DataflowRunner --setup_file ./setup.py ...``). Exit codes: 0 done,
 2 bad options or input, unknown flags included (nothing was started), 1 the job
-failed (or, with ``--max_failures``, more files failed than it allows: the
-dataset is written, and the summary comes before the line), 130 or 143 stopped by SIGINT or SIGTERM (a local run keeps its finished
+failed (or, with ``--max_failures`` or ``--cross_split_duplicates fail``, the
+dataset is written and fails its bound: the summary comes before the line), 130 or 143 stopped by SIGINT or SIGTERM (a local run keeps its finished
 shards, and the same command resumes it). A failed job ends with one line on stderr, its cause and the log file
 that holds Beam's records and the full traceback (``--verbose`` prints them).
 ``--help`` lists our options, ``--help_beam`` Beam's. While a local job runs,
