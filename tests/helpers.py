@@ -6,6 +6,7 @@ fixtures and pytest hooks.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -157,3 +158,21 @@ def leave_unfinished_run(argv: list[str], output: str | os.PathLike) -> None:
     work = layout.run_folder(str(output), UNFINISHED_RUN)
     os.makedirs(work)
     resume.write_run_record(work, resume.RunRecord(UNFINISHED_RUN, recorded, False, {}))
+
+
+def assert_edited_table_refused(capsys: Any, argv: list[str], output: str | os.PathLike, table: pathlib.Path,
+                                edit: Callable[[], None]) -> None:
+    """A run left unfinished (``leave_unfinished_run``) with ``table`` as it was, then ``edit``: the
+    same command exits 2 naming the table's sha256 then and now, and leaves the unfinished run as it was."""
+    from pipelines import prepare_images
+
+    leave_unfinished_run(argv, output)
+    before = hashlib.sha256(table.read_bytes()).hexdigest()
+    edit()
+    after = hashlib.sha256(table.read_bytes()).hexdigest()
+    assert prepare_images.main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output {output} holds unfinished run {UNFINISHED_RUN}, started with --metadata {table} "
+        f"(sha256 {before[:12]}) where this run has {table} (sha256 {after[:12]}); run it with the same options "
+        "to resume it, or pass --overwrite to start over\n")
+    assert os.listdir(pathlib.Path(output) / ".beam-prep") == [UNFINISHED_RUN]

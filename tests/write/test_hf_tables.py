@@ -7,14 +7,13 @@ The runs against Hugging Face's own loader are in test_hf_oracle.py.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pathlib
 import tarfile
 
 import pytest
-from helpers import leave_unfinished_run
+from helpers import assert_edited_table_refused
 from PIL import Image
 
 from beam_prep.model import features
@@ -250,14 +249,5 @@ def test_a_resume_with_a_split_folders_table_edited_since_is_refused(capsys, tmp
     table = tmp_path / "in" / "train" / "metadata.jsonl"
     jsonl(table, {"file_name": "a.png", "label": "x"})
     out = tmp_path / "out"
-    argv = ["--input", str(tmp_path / "in"), "--output", str(out)]
-    leave_unfinished_run(argv, out)
-    before = hashlib.sha256(table.read_bytes()).hexdigest()
-    jsonl(table, {"file_name": "a.png", "label": "y"})
-    after = hashlib.sha256(table.read_bytes()).hexdigest()
-
-    assert prepare_images.main(argv) == 2
-    assert capsys.readouterr().err == (
-        f"error: --output {out} holds unfinished run 20260101-000000-abcdef, started with --metadata {table} "
-        f"(sha256 {before[:12]}) where this run has {table} (sha256 {after[:12]}); run it with the same options "
-        "to resume it, or pass --overwrite to start over\n")
+    assert_edited_table_refused(capsys, ["--input", str(tmp_path / "in"), "--output", str(out)], out, table,
+                                lambda: jsonl(table, {"file_name": "a.png", "label": "y"}))

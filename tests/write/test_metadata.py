@@ -3,14 +3,13 @@ table, Hugging Face's metadata.jsonl, images nested under label folders), read b
 plain tf.data; and every bad table refused before any work, naming its file and line."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
 
 import numpy as np
 import pytest
-from helpers import encode, leave_unfinished_run, make_tree, prepare_here, read_split
+from helpers import assert_edited_table_refused, encode, make_tree, prepare_here, read_split
 from lazy import tf
 from PIL import Image
 
@@ -299,17 +298,8 @@ def test_a_resume_with_another_table_is_refused_naming_metadata(capsys, tmp_path
     table.write_text("file_name,label\na/img_000.jpg,x\na/img_001.jpg,y\n")
     out = tmp_path / "out"
     argv = ["--input", str(tmp_path / "in"), "--output", str(out), "--metadata", str(table)]
-    leave_unfinished_run(argv, out)
-    before = hashlib.sha256(table.read_bytes()).hexdigest()
-    table.write_text("file_name,label\na/img_000.jpg,y\na/img_001.jpg,x\n")
-    after = hashlib.sha256(table.read_bytes()).hexdigest()
-
-    assert prepare_images.main(argv) == 2
-    assert capsys.readouterr().err == (
-        f"error: --output {out} holds unfinished run 20260101-000000-abcdef, started with --metadata {table} "
-        f"(sha256 {before[:12]}) where this run has {table} (sha256 {after[:12]}); run it with the same options "
-        "to resume it, or pass --overwrite to start over\n")
-    assert os.listdir(out / ".beam-prep") == ["20260101-000000-abcdef"]
+    assert_edited_table_refused(capsys, argv, out, table,
+                                lambda: table.write_text("file_name,label\na/img_000.jpg,y\na/img_001.jpg,x\n"))
 
 
 def test_verify_and_inspect_read_a_multi_label_dataset(captioned):
