@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.io.tfrecord import Checksum
+from beam_prep.write.finish import duplicates
 from beam_prep.write.plan import skipped
 from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared import layout
@@ -258,5 +259,5 @@ def _names_any(hashes: str, dropping: Dropping) -> bool:
             lines = f.read().splitlines()  # a shard's: a line a record
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("read", hashes, e) from e
-    return any(dropping.holds(split.decode(), sha256.decode())
-               for sha256, split, _ in (line.split(b"\t", 2) for line in lines if line))
+    return any(dropping.holds(split.decode(), digest.hex())
+               for digest, split, _ in (duplicates.parse_hash_line(hashes, line) for line in lines if line))

@@ -31,7 +31,7 @@ from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import printable
 
-__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error"]
+__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error", "parse_hash_line"]
 
 EXAMPLES = 5  # groups of copies the manifest shows, and files shown of each
 _PREFIX_HEX = 16  # a sha256's first 8 bytes, as hex: the key held per record
@@ -154,7 +154,7 @@ def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder:
         at = np.minimum(np.searchsorted(candidates, keys), count - 1)
         for i in np.flatnonzero(candidates[at] == keys).tolist():
             group = int(at[i])
-            digest, split, quoted = _parse(path, lines[i])
+            digest, split, quoted = parse_hash_line(path, lines[i])
             rest = digest[8:]
             if seen[group] == 0:
                 first[group * _REST_BYTES:(group + 1) * _REST_BYTES] = rest
@@ -254,7 +254,7 @@ def _prefixes(path: str, lines: list[bytes]) -> np.ndarray:
         raise DatasetError(f"{path} holds a line that is not a record's hash: {e}") from e
 
 
-def _parse(path: str, line: bytes) -> tuple[bytes, bytes, bytes]:
+def parse_hash_line(path: str, line: bytes) -> tuple[bytes, bytes, bytes]:
     """A hash line's sha256 (32 bytes), split and source path (JSON-quoted), as bytes."""
     parts = line.split(b"\t", 3)
     try:
