@@ -76,3 +76,17 @@ def test_skipped_jsonl_merges_the_files_left_out_by_path(tmp_path):
     assert (output / layout.SKIPPED).read_text().splitlines() == [listed[0], added[0][1], listed[1]]
     skipped.publish(str(work), str(tmp_path), 0, added)  # nothing skipped by the listing
     assert (tmp_path / layout.SKIPPED).read_text().splitlines() == [added[0][1]]
+
+
+def test_without_a_root_each_file_is_named_as_given(tmp_path):
+    """WriteImageDataset's elements have no --input: a path, absolute or not, is both path and relpath."""
+    lines_file = tmp_path / "duplicates.jsonl"
+    lines_file.write_text("".join(json.dumps(line) + "\n" for line in [
+        _exact(X, "train", "/data/a.jpg", 3), _exact(X, "validation", "/data/b.jpg", 3),
+        _exact(X, "validation", "c.jpg", 3)]))
+    dropping = drop.choose(str(lines_file), "")
+    try:
+        assert [(row["path"], row["relpath"]) for row in (json.loads(line) for _, line in dropping.lines())] == [
+            ("/data/b.jpg", "/data/b.jpg"), ("c.jpg", "c.jpg")]
+    finally:
+        dropping.close()

@@ -155,7 +155,8 @@ def _choose_in(members: list[dict[str, Any]], root: str, rows: SortedRows) -> No
             about = {"duplicate_of": kept[0]["path"]}
             reason = exact_reason(keep)
         path = m["path"]
-        relpath = path[len(root) + 1:] if path.startswith(root.rstrip("/") + "/") else path
+        base = root.rstrip("/")  # no root (WriteImageDataset's elements): each path as given
+        relpath = path[len(base) + 1:] if base and path.startswith(base + "/") else path
         rows.append((path, int(near), (m["split"], m["sha256"]), reason, skipped.line(root, relpath, reason, **about)))
 
 
