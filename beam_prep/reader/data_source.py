@@ -186,9 +186,10 @@ def data_source(path: str | os.PathLike, split: str = "train", *, pairs: bool = 
       target_transform: called on each label id.
       cache_dir: where ``gs://`` datasets are cached; default ``$BEAM_PREP_CACHE``,
         else ``~/.cache/beam-prep``.
-      cache_max_bytes: the most the cache may hold; least recently used datasets are
-        evicted to make room. Default ``$BEAM_PREP_CACHE_MAX_BYTES``, else no bound
-        beyond the disk's free space.
+      cache_max_bytes: the most the cache may hold, the datasets in use included;
+        least recently used datasets no process reads are evicted to make room.
+        Default ``$BEAM_PREP_CACHE_MAX_BYTES``, else no bound: nothing is evicted,
+        and a split that does not fit the disk's free space is refused.
 
     Returns:
       An ``ArrayRecordSource``: ``len``, an item per index, ``classes``,

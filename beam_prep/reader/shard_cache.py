@@ -12,10 +12,18 @@ no longer have the manifest's sha256. A dataset rewritten at the same URL has an
 manifest, hence another folder: a run still reading the old one keeps it.
 
 Several processes (DataLoader or Grain workers, several jobs on a host) may start at
-once: filling a folder takes its ``fill`` lock (``fcntl.flock``), so one fetches while
-the others wait and then find the stamps. Each source holds its folder's ``use`` lock
-shared while it lives; to stay under the size bound, the least recently used folders
-whose ``use`` lock is free are evicted, never one in use.
+once: each pins the folder (its ``use`` lock, shared, held until the process ends)
+before filling it, then takes its ``fill`` lock, so one fetches while the others wait
+and then find the stamps. With a size bound (``max_bytes``), the least recently used
+folders that no process reads or fills are evicted to make room; the folders in use
+count toward the bound, and a split that does not fit beside them is refused
+(``StorageError``, one line) rather than the bound exceeded. Without a bound nothing
+is evicted: a disk without room for the split refuses it. Eviction considers only the
+folders the cache made (their name and a marker), never anything else under the
+cache folder (a folder an earlier beam-prep made, without the marker, is marked when
+a read uses it again, and kept until then). A read refused before it fetched anything
+leaves no folder behind. ``cache_room`` holds the rules, the locks and why they are
+``fcntl``'s.
 
 A manifest written before ``shard_sha256`` (or whose writer could not report one
 shard's) has none for the split: a download is then checked with GCS's CRC32C only,
@@ -31,13 +39,11 @@ import json
 import logging
 import os
 import re
-import shutil
-from collections.abc import Iterator
-from typing import IO
 
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, parse_manifest
+from beam_prep.reader import cache_room
 from beam_prep.reader.manifest_file import read_manifest_bytes
 
 __all__ = ["cache_root", "cached_split"]
@@ -46,9 +52,7 @@ _LOG = logging.getLogger(__name__)
 
 FETCH_THREADS = 8  # shards fetched at once; each is held in memory while it is checked and written
 _STAMPS = ".stamps"
-_FILL_LOCK = ".fill.lock"
-_USE_LOCK = ".use.lock"
-_LAST_USED = ".last_used"
+_STAMP_BYTES = 256  # room reserved for a shard's stamp, beside its bytes
 _CHUNK = 1 << 20
 
 
@@ -82,64 +86,68 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
       DatasetError: no dataset at ``origin``, another format than ``file_format``
         (naming its reader), no such split; a shard, fetched twice, without the sha256
         the manifest records for it.
-      StorageError: a shard cannot be fetched, or the split does not fit the size bound.
+      StorageError: a shard cannot be fetched; the split does not fit the size bound
+        beside the folders in use, or does not fit the disk (``cache_room.room``).
     """
+    bound = _max_bytes(max_bytes)
     text, manifest_path = read_manifest_bytes(origin)
     remote = DatasetInfo.from_json(parse_manifest(text, manifest_path), origin, manifest_path)
     remote.require_format(file_format, reader)
     if split not in remote.splits:
         raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(remote.splits)}")
     root = cache_root(cache_dir)
-    folder = os.path.join(root, _folder_name(origin, text))
+    os.makedirs(root, exist_ok=True)
+    manifest_sha256 = hashlib.sha256(text).hexdigest()
+    name = _folder_name(origin, manifest_sha256)
+    new = not os.path.lexists(os.path.join(root, name))
+    # Pinned before it is filled: no other process evicts it from here on, this one's fill included.
+    folder = cache_room.open_folder(root, name, origin, manifest_sha256)
+    try:
+        _fill(origin, remote, text, split, root, folder, bound, threads)
+    except Exception:
+        if new and not _stamped(folder):
+            cache_room.discard(root, folder)  # made by this call, and nothing fetched into it
+        raise
+    cache_room.touch(os.path.join(folder, cache_room.LAST_USED))
+    return DatasetInfo.from_json(parse_manifest(text, manifest_path), folder, manifest_path)
+
+
+def _fill(origin: str, remote: DatasetInfo, text: bytes, split: str, root: str, folder: str,
+          max_bytes: int | None, threads: int) -> None:
+    """Fetches the shards of ``split`` that ``folder`` lacks, under its ``fill`` lock, then its manifest."""
     os.makedirs(os.path.join(folder, _STAMPS), exist_ok=True)
     shards = remote.splits[split].shards
     # The manifest's sha256 of each shard, where the writer recorded them; else GCS's CRC32C alone.
     expected = dict(zip(shards, remote.splits[split].shard_sha256 or ()))
-    with _locked(os.path.join(folder, _FILL_LOCK), fcntl.LOCK_EX):
+    with cache_room.locked(os.path.join(folder, cache_room.FILL_LOCK), fcntl.LOCK_EX):
         missing = [name for name in shards if not _intact(folder, name, expected.get(name))]
-        if missing:
-            from beam_prep.io.gcs import GcsClient
+        if not missing:
+            _write_atomically(os.path.join(folder, MANIFEST), text)
+            return
+        from beam_prep.io.gcs import GcsClient
 
-            client = GcsClient(connections=max(1, min(threads, len(missing))))
-            sizes = dict(client.list(origin))
-            needed = sum(sizes.get(join(origin, name), 0) for name in missing)
-            _make_room(root, folder, needed, _max_bytes(max_bytes), origin, split)
-            _LOG.info("fetching %d shards (%d bytes) of %s into %s", len(missing), needed, origin, folder)
+        client = GcsClient(connections=max(1, min(threads, len(missing))))
+        sizes = dict(client.list(origin))
+        fetched = sum(sizes.get(join(origin, name), 0) for name in missing)
+        needed = fetched + len(missing) * _STAMP_BYTES + len(text)  # the shards, their stamps, the manifest
+        with cache_room.room(root, folder, needed, max_bytes, origin, split):
+            _LOG.info("fetching %d shards (%d bytes) of %s into %s", len(missing), fetched, origin, folder)
             with concurrent.futures.ThreadPoolExecutor(min(threads, len(missing)),
                                                        thread_name_prefix="beam-prep-fetch") as pool:
                 list(pool.map(lambda name: _fetch(client, origin, folder, name, expected.get(name)), missing))
-        _write_atomically(os.path.join(folder, MANIFEST), text)
-    _touch(os.path.join(folder, _LAST_USED))
-    _pin(folder)
-    return DatasetInfo.from_json(parse_manifest(text, manifest_path), folder, manifest_path)
+            _write_atomically(os.path.join(folder, MANIFEST), text)
 
 
-def _folder_name(origin: str, manifest: bytes) -> str:
+def _folder_name(origin: str, manifest_sha256: str) -> str:
     """``<bucket>_<path>-<manifest hash>``: readable, and new when the dataset is rewritten."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", origin[len("gs://"):])[-80:]
-    return f"{readable}-{hashlib.sha256(manifest).hexdigest()[:16]}"
+    return cache_room.folder_name(re.sub(r"[^A-Za-z0-9._-]+", "_", origin[len("gs://"):])[-80:], manifest_sha256)
 
 
-@contextlib.contextmanager
-def _locked(path: str, how: int) -> Iterator[IO[bytes]]:
-    with open(path, "ab") as f:
-        fcntl.flock(f, how)
-        try:
-            yield f
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-# Folders this process reads: their ``use`` lock stays held (shared) until the process ends, so that
-# no other process evicts them under it. One open file per dataset folder, whatever the sources.
-_PINNED: dict[str, IO[bytes]] = {}
-
-
-def _pin(folder: str) -> None:
-    if folder not in _PINNED:
-        f = open(os.path.join(folder, _USE_LOCK), "ab")  # held open on purpose, for the process
-        fcntl.flock(f, fcntl.LOCK_SH)
-        _PINNED[folder] = f
+def _stamped(folder: str) -> bool:
+    try:
+        return bool(os.listdir(os.path.join(folder, _STAMPS)))
+    except OSError:
+        return False
 
 
 def _stamp_path(folder: str, name: str) -> str:
@@ -213,70 +221,3 @@ def _write_atomically(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.remove(partial)
         raise StorageError(f"cannot write {path} into the shard cache: {e.strerror or e}") from e
-
-
-def _touch(path: str) -> None:
-    with open(path, "ab"):
-        pass
-    os.utime(path)
-
-
-def _folder_bytes(folder: str) -> int:
-    total = 0
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(parent, name)).st_size
-    return total
-
-
-def _make_room(root: str, folder: str, needed: int, max_bytes: int | None, origin: str, split: str) -> None:
-    """Evicts the least recently used folders not in use until ``needed`` more bytes fit.
-
-    Raises:
-      StorageError: the split cannot fit: larger than the bound, or than the disk's free space
-        once every folder not in use is evicted.
-    """
-    if max_bytes is not None and needed + _folder_bytes(folder) > max_bytes:
-        raise StorageError(f"split {split!r} of {origin} needs {needed + _folder_bytes(folder)} bytes in the "
-                           f"shard cache, more than its bound of {max_bytes} (cache_max_bytes or "
-                           f"BEAM_PREP_CACHE_MAX_BYTES): raise the bound, or read a smaller split")
-    others = [os.path.join(root, d) for d in os.listdir(root)
-              if os.path.join(root, d) != folder and os.path.isdir(os.path.join(root, d))]
-    others.sort(key=lambda d: _last_used(d))
-
-    def too_full() -> bool:
-        over_bound = max_bytes is not None and (sum(map(_folder_bytes, others)) + _folder_bytes(folder)
-                                                + needed > max_bytes)
-        return over_bound or shutil.disk_usage(root).free < needed
-
-    while others and too_full():
-        victim = others.pop(0)
-        if _evict(victim):
-            _LOG.info("shard cache: evicted %s (least recently used) to make room for %s", victim, origin)
-    if too_full():
-        raise StorageError(f"split {split!r} of {origin} needs {needed} bytes in the shard cache {root}, "
-                           "which cannot make room: free disk space, or point cache_dir (BEAM_PREP_CACHE) "
-                           "at a larger disk")
-
-
-def _last_used(folder: str) -> float:
-    try:
-        return os.stat(os.path.join(folder, _LAST_USED)).st_mtime
-    except OSError:
-        return 0.0
-
-
-def _evict(folder: str) -> bool:
-    """Removes ``folder`` if no process uses or fills it (its locks taken without waiting)."""
-    try:
-        use = open(os.path.join(folder, _USE_LOCK), "ab")  # closed below
-    except OSError:
-        return False
-    with use:
-        try:
-            fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False  # in use by a reader
-        shutil.rmtree(folder, ignore_errors=True)
-        return True
