@@ -38,6 +38,10 @@ FORMATS = {
     "webdataset": ["webdataset>=1.0,<1.1"],
 }
 
+# NVIDIA DALI, for beam_prep.dali_reader and docs/guides/gpu-dali.md: the CUDA 12 build (wheels for
+# Linux x86_64 and aarch64), which runs CPU-only pipelines too (device_id=None), as CI does.
+DALI = {"dali": ["nvidia-dali-cuda120>=2.4,<3"]}
+
 # docs/guides/grain-pytorch.md's every block, run in CI by .ci/run: Grain, JAX for the CPU, PyTorch
 # and torchvision beside both formats' libraries. torch and torchvision are pinned exactly, as a
 # pair: another version would download gigabytes of CUDA wheels. Grain has wheels for CPython 3.11+.
@@ -74,6 +78,9 @@ TEST = [
     # tests/write/test_hf_oracle.py reads Hugging Face's imagefolder layouts with its own loader
     # (checked against 5.2: a table in each split folder, no folder labels beside a table).
     "datasets>=5.2,<6",
+    # docs/guides/gpu-dali.md's other readers, each recipe run: Ray Data and the tfrecord package.
+    "ray[data]>=2.60,<3",
+    "tfrecord>=1.14,<2",
 ]
 
 BENCH = [
@@ -108,6 +115,6 @@ setup(
     ext_modules=[RESIZE_KERNEL],
     install_requires=REQUIRED,
     extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, "docs": DOCS, "grain-pytorch": GRAIN_PYTORCH,
-                    **FORMATS},
+                    **DALI, **FORMATS},
     entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},
 )

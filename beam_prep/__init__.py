@@ -8,6 +8,8 @@
     source = beam_prep.data_source("records", "train")
     # --file_format webdataset, for PyTorch's webdataset:
     dataset = beam_prep.webdataset_pipeline("records", "train")
+    # --compression none or --file_format webdataset, inside an NVIDIA DALI pipeline_def:
+    images, labels = beam_prep.dali_reader("records", "train")
 
     # or, inside a Beam pipeline that finds its images its own way:
     pairs | beam_prep.WriteImageDataset("records", labels=["cat", "dog"], image_size=224)
@@ -39,6 +41,7 @@ _HOMES = {
     "data_source": "beam_prep.reader.data_source",
     "webdataset_pipeline": "beam_prep.reader.webdataset_recipe",
     "shard_urls": "beam_prep.reader.webdataset_recipe",
+    "dali_reader": "beam_prep.reader.dali",
 }
 __all__ = ["__version__", *_HOMES]  # noqa: PLE0604  the lazy names, listed once in _HOMES
 

@@ -2,7 +2,8 @@
 
 beam-prep writes TFRecords with what it always installs; ArrayRecord needs the
 ``array-record`` package (C++, wheels for CPython 3.11-3.14 on Linux), and
-reading WebDataset shards the way PyTorch does needs ``webdataset``. Each is an
+reading WebDataset shards the way PyTorch does needs ``webdataset``, and reading with NVIDIA DALI
+(``beam_prep.dali_reader``) ``nvidia-dali-cuda120``. Each is an
 extra of beam-prep (setup.py) and is checked here before any work, so a missing
 one is said with its install command, not met as an ImportError on a worker.
 """
@@ -31,6 +32,8 @@ class Library(NamedTuple):
 LIBRARIES = {
     "array_record": Library("array_record.python.array_record_module", "array-record>=0.8,<0.9"),
     "webdataset": Library("webdataset", "webdataset>=1.0,<1.1"),
+    # NVIDIA DALI, for beam_prep.dali_reader: the CUDA 12 build, which also runs CPU-only pipelines.
+    "dali": Library("nvidia.dali", "nvidia-dali-cuda120>=2.4,<3"),
 }
 
 

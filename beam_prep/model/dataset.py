@@ -134,7 +134,9 @@ class SplitInfo:
     size in bytes and sha256 (lists in ``shards``' order).
 
     ``shards`` are names relative to the dataset folder ``root`` (as the
-    manifest lists them); ``files`` are their full paths.
+    manifest lists them); ``files`` are their full paths. ``dali_index``: each shard's DALI
+    index file (``io.dali_index``), where the writer wrote them (uncompressed TFRecord
+    shards); ``index_files`` are their full paths.
     """
 
     name: str
@@ -145,10 +147,15 @@ class SplitInfo:
     root: str = ""
     shard_bytes: tuple[int, ...] | None = None
     shard_sha256: tuple[str, ...] | None = None
+    dali_index: tuple[str, ...] | None = None
 
     @property
     def files(self) -> tuple[str, ...]:
         return tuple(join(self.root, shard) for shard in self.shards)
+
+    @property
+    def index_files(self) -> tuple[str, ...] | None:
+        return tuple(join(self.root, name) for name in self.dali_index) if self.dali_index is not None else None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"num_examples": self.num_examples, "shards": list(self.shards)}
@@ -160,13 +167,15 @@ class SplitInfo:
             out["shard_bytes"] = list(self.shard_bytes)
         if self.shard_sha256 is not None:
             out["shard_sha256"] = list(self.shard_sha256)
+        if self.dali_index is not None:
+            out["dali_index"] = list(self.dali_index)
         return out
 
     @classmethod
     def from_json(cls, name: str, split: Mapping[str, Any], root: str = "") -> SplitInfo:
         """Raises DatasetError (without the manifest's path: the caller adds it)."""
         shards = tuple(split["shards"])
-        for key in ("shard_num_examples", "shard_bytes", "shard_sha256"):
+        for key in ("shard_num_examples", "shard_bytes", "shard_sha256", "dali_index"):
             if split.get(key) is not None and len(split[key]) != len(shards):
                 raise DatasetError(f"split {name!r} lists {len(shards)} shards but {len(split[key])} {key}")
         counts, sizes, sha256 = (split.get(key) for key in ("shard_num_examples", "shard_bytes", "shard_sha256"))
@@ -175,7 +184,9 @@ class SplitInfo:
                    shard_num_examples=tuple(int(n) for n in counts) if counts is not None else None,
                    class_counts=dict(class_counts) if class_counts is not None else None, root=root,
                    shard_bytes=tuple(int(n) for n in sizes) if sizes is not None else None,
-                   shard_sha256=tuple(str(h) for h in sha256) if sha256 is not None else None)
+                   shard_sha256=tuple(str(h) for h in sha256) if sha256 is not None else None,
+                   dali_index=tuple(str(n) for n in split["dali_index"]) if split.get("dali_index") is not None
+                   else None)
 
 
 @dataclasses.dataclass(frozen=True)

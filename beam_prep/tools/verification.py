@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from beam_prep.errors import DatasetError, StorageError
+from beam_prep.io.dali_index import FRAMING, parse_index
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, TFRECORD, DatasetInfo, SplitInfo, labels_lines
 from beam_prep.tools.verify_report import (
     BAD_RECORD,
     CLASS_COUNT,
+    DALI_INDEX,
     DAMAGED_SHARD,
     EXTRA_SHARD,
     IMAGE_SHAPE,
@@ -71,6 +73,7 @@ class _ShardTally:
     class_counts: np.ndarray
     error: str | None = None  # why it could not be read to its end; None: read whole
     classes_known: bool = True  # every record's label counted (none failed to parse or decode)
+    lengths: list[int] | None = None  # each record's length, for a shard with a DALI index to check
 
     @property
     def whole(self) -> bool:
@@ -236,7 +239,7 @@ def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callabl
                  progress: Callable[[int], None] | None) -> _ShardTally:
     """Reads one shard whole, a batch at a time, and checks every record; counts them against the manifest."""
     path = split.files[index]
-    tally = _ShardTally(0, np.zeros(len(info.labels), np.int64))
+    tally = _ShardTally(0, np.zeros(len(info.labels), np.int64), lengths=[] if split.dali_index else None)
     if info.file_format == TFRECORD:
         _check_tfrecords(info, path, check, tally, problems, progress)
     else:
@@ -250,6 +253,8 @@ def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callabl
         why = " (cut short?)" if tally.records < expected else ""
         problems.add(SHARD_COUNT, path, f"holds {tally.records} records{why}; the manifest lists "
                                         f"{expected} for it (split {split.name!r})")
+    if tally.whole and split.index_files is not None:
+        _check_dali_index(split.index_files[index], tally.lengths, problems)
     return tally
 
 
@@ -274,6 +279,7 @@ def _check_tfrecords(info: DatasetInfo, path: str, check: Callable, tally: _Shar
                       _first_line(e.message), tally.records)
             _check_rest_one_by_one(info, path, compression, check, tally, problems, progress)
             break
+        _add_lengths(tally, serialized)
         _check_records(info, path, serialized, check, tally, problems, progress)
 
 
@@ -325,7 +331,51 @@ def _check_rest_one_by_one(info: DatasetInfo, path: str, compression: str, check
         except tf.errors.OpError as e:
             tally.error = f"{type(e).__name__}: {_first_line(e.message)}"
             return
-        _check_records(info, path, tf.reshape(serialized, [1]), check, tally, problems, progress)
+        serialized = tf.reshape(serialized, [1])
+        _add_lengths(tally, serialized)
+        _check_records(info, path, serialized, check, tally, problems, progress)
+
+
+def _add_lengths(tally: _ShardTally, serialized: tf.Tensor) -> None:
+    """Notes the records' lengths where the shard's DALI index is to be checked against them."""
+    import tensorflow as tf
+
+    if tally.lengths is not None:
+        tally.lengths.extend(int(n) for n in tf.strings.length(serialized).numpy())
+
+
+def _check_dali_index(path: str, lengths: list[int], problems: Problems) -> None:
+    """A shard's DALI index (``io.dali_index``) says where each of its records is, as read: a shard
+    written again after its index (by hand, or copied over from another run) no longer matches it,
+    and DALI would read garbage at the old offsets."""
+    import tensorflow as tf
+
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            found = parse_index(f.read())
+    except tf.errors.NotFoundError:
+        problems.add(DALI_INDEX, path, "missing: the manifest lists it as its shard's DALI index")
+        return
+    except tf.errors.OpError as e:
+        problems.add(DALI_INDEX, path, f"cannot be read: {e.message}")
+        return
+    except ValueError as e:
+        problems.add(DALI_INDEX, path, f"is not a DALI index: {e}")
+        return
+    expected, offset = [], 0
+    for length in lengths:
+        expected.append((offset, length + FRAMING))
+        offset += length + FRAMING
+    if found == expected:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(found, expected)) if a != b), min(len(found), len(expected)))
+    if first < min(len(found), len(expected)):
+        detail = (f"its line {first + 1} says offset {found[first][0]} size {found[first][1]}, but the shard's "
+                  f"record {first} is at {expected[first][0]} with size {expected[first][1]}")
+    else:
+        detail = f"it lists {len(found)} records, the shard holds {len(expected)}"
+    problems.add(DALI_INDEX, path, f"does not match its shard ({detail}): the shard was written again after "
+                                   "its index? DALI would misread it; prepare the dataset again")
 
 
 def _check_records(info: DatasetInfo, path: str, serialized: tf.Tensor, check: Callable,

@@ -239,10 +239,11 @@ def rewrite(work: str, file_format: str, compression: str, multi_label: bool,
                     write(payload)
                     kept += 1
         if not left_out:
-            layout.delete([source], source)
+            layout.delete(fmt.shard_files(source, compression), source)
             rows.append(row)
             continue
-        staged.append((source, target))
+        # Its companions (a DALI index: ShardFormat.companions) written again with it, moved with it.
+        staged.extend(zip(fmt.shard_files(source, compression), fmt.shard_files(target, compression)))
         total += left_out
         rows.append((split, name, kept, checksum.size, checksum.hexdigest()))
     result = Rewritten(rows, [*class_counts, *(((s, label), -n) for (s, label), n in removed.items())], staged)

@@ -12,6 +12,7 @@ from typing import Any
 
 import beam_prep
 from beam_prep.errors import DatasetError
+from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, read_bytes
 from beam_prep.model.dataset import COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, parse_manifest
 from beam_prep.model.features import LABEL_KEYS, SCHEMA
@@ -22,6 +23,7 @@ from beam_prep.write.images.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.shared import layout
+from beam_prep.write.shared.shard_formats import dali_indexed
 
 __all__ = ["FORMAT_VERSION", "build", "read"]
 
@@ -89,7 +91,8 @@ def build(
             class_counts={label: class_counts[split, label] for label in plan.labels},
             root=config.output,
             shard_bytes=_known(sums[split][name][0] for name in names),
-            shard_sha256=_known(sums[split][name][1] for name in names))
+            shard_sha256=_known(sums[split][name][1] for name in names),
+            dali_index=_dali_index(config, names))
     written = sum(s.num_examples for s in splits.values())
     if written + len(failures) + (dropped or 0) != plan.listed:
         left_out = f", {dropped} dropped" if dropped is not None else ""
@@ -122,6 +125,13 @@ def build(
         "sink": plan.sink,
         "options": _options(config),
     }
+
+
+def _dali_index(config: PrepareConfig, shards: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Each shard's DALI index file, where the writer wrote them (``shard_formats.dali_indexed``)."""
+    if not dali_indexed(config.file_format, config.compression):
+        return None
+    return tuple(index_name(shard) for shard in shards)
 
 
 def _known(values: Iterable[Any]) -> tuple[Any, ...] | None:

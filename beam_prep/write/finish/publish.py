@@ -131,7 +131,8 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
         if dropping is not None:
             rewritten.replace()
         layout.publish(config.output, plan.run_id,
-                       [name for split in built["splits"].values() for name in split["shards"]])
+                       [name for split in built["splits"].values()
+                        for name in (*split["shards"], *split.get("dali_index", ()))])
         write_lines(join(config.output, layout.ERRORS), error_lines(reports.failures))
         skipped.publish(work, config.output, plan.skipped, dropping.lines() if dropping is not None else ())
         duplicates.copy_lines(found, join(config.output, layout.DUPLICATES))

@@ -22,6 +22,7 @@ import shutil
 from collections.abc import Callable
 
 from beam_prep.errors import OptionsError
+from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, MANIFEST
 from beam_prep.model.tfds_metadata import FILES as TFDS_FILES
@@ -54,7 +55,9 @@ _SHARD_FORMAT = _fill_template(lambda n: f"{{index:0{n}d}}", lambda n: f"{{count
 _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
 _SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix in dict.fromkeys(
     [c.suffix for c in COMPRESSIONS.values()] + [f.suffix for f in FILE_FORMATS.values()]))
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS)
+# A shard's DALI index (io.dali_index) is the dataset's too: an --overwrite run replaces it with its shard.
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS,
+                   *(index_name(p) for p in _SHARD_PATTERNS))
 
 
 def is_shard_name(name: str) -> bool:

@@ -5,7 +5,9 @@ Both sinks write every format through this one small interface
 stores for it, where the record is made (``examples.make_example``), and
 ``records`` opens a shard and returns the function that appends one payload.
 
-* ``tfrecord``: a serialized ``tf.train.Example`` in TFRecord framing, GZIP or not.
+* ``tfrecord``: a serialized ``tf.train.Example`` in TFRecord framing, GZIP or not; an
+  uncompressed shard gets DALI's index beside it (``io.dali_index``: ``<shard>.idx``), one of
+  the shard's ``companions``, which every step that renames or removes a shard moves with it.
 * ``array_record``: the same ``tf.train.Example``, in an ArrayRecord file (as
   TFDS writes ``file_format=array_record``), for Grain's random access.
 * ``webdataset``: a tar sample per record, ``<key>.<jpg|png|raw>``, ``<key>.cls``
@@ -23,14 +25,14 @@ from collections.abc import Callable, Iterator
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.io import array_record, tar
+from beam_prep.io import array_record, dali_index, tar
 from beam_prep.io.libraries import LIBRARIES, Library, require
 from beam_prep.io.storage import storage_error
 from beam_prep.io.tfrecord import Checksum, count_records, read_records, shard_writer, write_record
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
 from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example, sha256_and_labels
 
-__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "shard_format", "writer_library"]
+__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "dali_indexed", "shard_format", "writer_library"]
 
 # The image member's extension per stored format: what webdataset's decoders key on.
 _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
@@ -78,6 +80,15 @@ class ShardFormat(abc.ABC):
           DatasetError, StorageError: a damaged or unreadable shard, naming it.
         """
 
+    def companions(self, path: str, compression: str) -> tuple[str, ...]:
+        """The files ``records`` writes beside the shard at ``path`` (none by default): a step that
+        renames, publishes or removes the shard does the same to each (``shard_files``)."""
+        return ()
+
+    def shard_files(self, path: str, compression: str) -> list[str]:
+        """The shard at ``path`` and its ``companions``: what moves together."""
+        return [path, *self.companions(path, compression)]
+
 
 class _TFRecord(ShardFormat):
     name = TFRECORD
@@ -87,11 +98,25 @@ class _TFRecord(ShardFormat):
 
     @contextlib.contextmanager
     def records(self, path, compression, checksum=None, shown_as=None) -> Iterator[Callable[[bytes], None]]:
+        if not dali_indexed(self.name, compression):
+            with shard_writer(path, compression, checksum, shown_as) as f:
+                yield lambda payload: write_record(f, payload)
+            return
+        index = dali_index.Index()
+
+        def write(payload: bytes) -> None:
+            write_record(f, payload)
+            index.add(payload)
+
         with shard_writer(path, compression, checksum, shown_as) as f:
-            yield lambda payload: write_record(f, payload)
+            yield write
+        _write_index(dali_index.index_name(path), index.text(), dali_index.index_name(shown_as or path))
 
     def read(self, path: str, compression: str) -> Iterator[bytes]:
         return read_records(path, compression)
+
+    def companions(self, path: str, compression: str) -> tuple[str, ...]:
+        return (dali_index.index_name(path),) if dali_indexed(self.name, compression) else ()
 
     def identity(self, payload: bytes, multi_label: bool) -> tuple[str, tuple[str, ...]]:
         return sha256_and_labels(payload)
@@ -161,6 +186,21 @@ class _WebDataset(ShardFormat):
 
     def count(self, path: str, compression: str) -> int:
         return tar.count_members(path, ".cls")  # one a sample
+
+
+def dali_indexed(file_format: str, compression: str) -> bool:
+    """Whether shards of ``file_format`` and ``compression`` get a DALI index beside them: uncompressed
+    TFRecords (DALI reads no GZIP; its WebDataset reader indexes a tar itself as it opens it)."""
+    return file_format == TFRECORD and compression == "none"
+
+
+def _write_index(path: str, text: bytes, shown_as: str) -> None:
+    """A shard's DALI index, written once the shard is complete."""
+    try:
+        with FileSystems.create(path, mime_type="text/plain", compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(text)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", shown_as, e) from e
 
 
 _FORMATS: dict[str, ShardFormat] = {f.name: f for f in (_TFRecord(), _ArrayRecord(), _WebDataset())}

@@ -11,7 +11,8 @@ on the worker's disk and uploaded when closed (``io.array_record``).
 Each shard's size and sha256 are taken as its bytes are written (``tfrecord.Checksum``;
 ArrayRecord's writer is a C++ library: its finished local file is read once, as
 the streaming sink does). Beam's writer can hand on only the temporary file's path,
-so ``close`` leaves the checksum beside it (``<temp>.checksum.json``) and
+so ``close`` leaves the checksum beside it (as ``ShardFormat.records`` leaves a shard's
+companions, its DALI index, which ``finalize_write`` moves to the final names) (``<temp>.checksum.json``) and
 ``finalize_write``, which renames the temporary files, outputs each shard's final
 path, size and sha256 (``WrittenShard``): the manifest's ``shard_bytes`` and ``shard_sha256``.
 """
@@ -94,8 +95,14 @@ class FormatSink(FileBasedSink):
         checksums are read before the renames, as Beam then removes the temporary folder.
         """
         temps = sorted(writer_results)
-        checksums = {self._get_final_name(i, len(temps)): json.loads(read_bytes(_checksum_path(temp)))
-                     for i, temp in enumerate(temps)}
+        finals = [self._get_final_name(i, len(temps)) for i in range(len(temps))]
+        checksums = {final: json.loads(read_bytes(_checksum_path(temp))) for final, temp in zip(finals, temps)}
+        # The shards' companions (a DALI index: ShardFormat.companions) are moved here, before Beam
+        # removes the temporary folder; each shard then follows its own, by Beam's rename.
+        fmt = shard_format(self.file_format)
+        sources = [c for temp in temps for c in fmt.companions(temp, self.compression)]
+        if sources:
+            FileSystems.rename(sources, [c for final in finals for c in fmt.companions(final, self.compression)])
         for path in super().finalize_write(init_result, writer_results, pre_finalize_results):
             yield json.dumps({"path": path, **checksums[path]})
 

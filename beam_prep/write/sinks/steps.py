@@ -235,7 +235,9 @@ class WriteShardFn(beam.DoFn):
                 if row.flat:
                     flat.append(entry.relpath)
                 hashes.append(row.hash_line)
-        FileSystems.rename([partial], [join(config.work, name)])
+        # The shard's companions (its DALI index) under their final names with it.
+        FileSystems.rename(file_format.shard_files(partial, config.compression),
+                           file_format.shard_files(join(config.work, name), config.compression))
         write_lines(join(config.work, layout.hashes_name(name)), hashes)
         record = resume.ShardRecord(name=name, records=written, size=checksum.size,
                                     sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures,

@@ -1,0 +1,63 @@
+"""DALI's index of an uncompressed TFRecord shard: a text line ``"<offset> <size>"`` per record.
+
+NVIDIA DALI's ``fn.readers.tfrecord`` needs one index file per shard (``index_path``), in the
+format its ``tfrecord2idx`` script writes: each record's byte offset in the shard and its framed
+size (length, its CRC, the data, its CRC: the data's length plus 16), one record a line, in shard
+order. The ``tfrecord`` package for PyTorch reads the same files. The writer knows every
+record's length while it writes, so it writes the index beside the shard (``<shard>.idx``) at
+the cost of a line a record, instead of a second pass that reads the whole shard back (and
+``tfrecord2idx`` imports TensorFlow). GZIP shards have no index: DALI reads uncompressed
+TFRecords only.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["FRAMING", "SUFFIX", "Index", "index_name", "index_text", "parse_index"]
+
+SUFFIX = ".idx"
+# The bytes TFRecord adds around a record's data: uint64 length, its masked CRC, the data's masked CRC.
+FRAMING = 16
+
+
+def index_name(shard: str) -> str:
+    """The index file of a shard (a name or a path): beside it, ``.idx`` added."""
+    return shard + SUFFIX
+
+
+def index_text(lengths: Iterable[int]) -> bytes:
+    """The index of a shard whose records' data have ``lengths``, in order."""
+    lines, offset = [], 0
+    for length in lengths:
+        size = length + FRAMING
+        lines.append(f"{offset} {size}\n")
+        offset += size
+    return "".join(lines).encode("ascii")
+
+
+def parse_index(text: bytes) -> list[tuple[int, int]]:
+    """``(offset, size)`` per line of an index file.
+
+    Raises:
+      ValueError: a line that is not two integers.
+    """
+    rows = []
+    for number, line in enumerate(text.decode("ascii").splitlines(), 1):
+        fields = line.split()
+        if len(fields) != 2:
+            raise ValueError(f"line {number} is {line!r}, not '<offset> <size>'")
+        rows.append((int(fields[0]), int(fields[1])))
+    return rows
+
+
+class Index:
+    """The lengths of the records written to a shard so far, for ``index_text``."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def add(self, data: bytes) -> None:
+        self.lengths.append(len(data))
+
+    def text(self) -> bytes:
+        return index_text(self.lengths)
