@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 import pytest
+from children.resample_fuzz import hostile_calls, outcome
 from PIL import Image, ImageOps
-from resample_fuzz import hostile_calls, outcome
 
 from beam_prep.errors import KernelUnavailable, OptionsError
 from beam_prep.write.images import resample, resample_loader

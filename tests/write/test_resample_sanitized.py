@@ -2,7 +2,7 @@
 
 The extension is built again with ``-fsanitize=address,undefined`` (every finding fatal) and
 ``BEAM_PREP_EXACT_SCRATCH``, which gives every call scratch arrays of exact size, so that a read
-or write past one reaches memory the sanitizer guards. ``tests/resample_fuzz.py`` then loads it
+or write past one reaches memory the sanitizer guards. ``tests/children/resample_fuzz.py`` then loads it
 in a fresh Python (the sanitizer's runtime preloaded: the interpreter itself is not built with
 it) and resizes random images, odd sizes, boxes and arguments, and Pillow's padded lines
 included, for about a minute: every outcome must be Pillow's, and the C entry points must
@@ -14,11 +14,10 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import sysconfig
 
 import pytest
-from helpers import REPO
+from helpers import REPO, child
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +59,8 @@ def test_the_sanitized_kernel_resizes_like_pillow_for_a_minute(tmp_path):
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0",  # the interpreter's own allocations live on
            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
     env.pop("BEAM_PREP_RESIZE_KERNEL", None)
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "resample_fuzz.py"), "--extension", str(extension),
-                           "--seconds", str(SECONDS)], env=env, capture_output=True, text=True, timeout=SECONDS * 5)
+    done = subprocess.run(child("resample_fuzz", "--extension", str(extension), "--seconds", str(SECONDS)), cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=SECONDS * 5)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
     assert "ERROR: AddressSanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr[-6000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("fuzz:")]

@@ -1,8 +1,8 @@
 """The resize kernel against Pillow on any input: hostile calls of its C entry points, and a
 differential fuzz of ``resample.resize`` against ``Image.resize``.
 
-``hostile_calls`` is used in-process by ``tests/write/test_resample.py`` and here. Run as a script,
-this module loads the kernel from the extension file it is given (the sanitizer build of
+``hostile_calls`` is used in-process by ``tests/write/test_resample.py`` and here. Run as a child
+(``python -m tests.children.resample_fuzz --extension FILE``), it loads the kernel from the extension file it is given (the sanitizer build of
 ``tests/write/test_resample_sanitized.py``, under AddressSanitizer and UBSan), then resizes random
 images with random geometry and arguments, odd ones included, for a number of seconds: each
 outcome (the image's bytes, or the error's type and message) must be Pillow's, and the kernel
@@ -84,7 +84,7 @@ def outcome(resize: Callable[..., object], *args: object, **kwargs: object) -> t
     """What ``resize(*args, **kwargs)`` gave: the image (mode, size, bytes), or the error (type, message)."""
     try:
         img = resize(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - the error is the outcome compared
+    except Exception as e:
         return ("error", type(e).__name__, str(e))
     return ("image", img.mode, img.size, img.tobytes())
 
