@@ -13,8 +13,11 @@ vectorises: the horizontal pass on a transposed copy of the rows it needs.
 Pixels come from Pillow's memory without a copy (its Arrow export), and the
 scratch arrays are kept per thread.
 
-Where the kernel is not there (not built, a Pillow version not checked, an
-error), Pillow's loops resize: the same pixels. Each resize is counted by what
+Any input is Pillow's: where the kernel would not compute Pillow's own answer
+(arguments that are not plain numbers, an empty image, padded lines, the sizes
+Pillow refuses), this call alone goes to Pillow's code, its image or its error.
+Where the kernel is not there (not built, a Pillow version not checked, a bug
+of the kernel), Pillow's loops resize: the same pixels. Each resize is counted by what
 did it (``counting``), so the run can say so once and the manifest records it.
 With pillow-simd in Pillow's place its own resize always runs: its rounding
 differs, and a rerun must give the same bytes.
