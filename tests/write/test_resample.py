@@ -9,6 +9,7 @@ what makes the kernel's output the same on every CPU.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -18,6 +19,7 @@ import sys
 
 import numpy as np
 import pytest
+from children.resample_fuzz import hostile_calls, outcome
 from PIL import Image, ImageOps
 
 from beam_prep.errors import KernelUnavailable, OptionsError
@@ -230,12 +232,12 @@ def test_strips_and_one_pixel_sides_resize_to_pillows_bytes(kernel, mode):
 def test_the_tall_strip_rule_is_what_makes_the_bytes_pillows(kernel):
     """The same strip with the pass order of Pillow before 12.2: other bytes, so the rule is needed
     (and the test above would catch its absence) with the Pillow installed here."""
-    if not kernel.tall_first:
+    if not kernel.rules.tall_first:
         pytest.skip("this Pillow resizes every image horizontally first")
     img = Image.fromarray(np.random.default_rng(5).integers(0, 256, (647, 3, 3), dtype=np.uint8)).copy()
     want = img.resize((12, 13), BICUBIC, box=(0, 0, 3, 647))
     assert resample._by_kernel(kernel, img, (12, 13), (0, 0, 3, 647)).tobytes() == want.tobytes()
-    horizontal_first = dataclasses.replace(kernel, tall_first=False)
+    horizontal_first = dataclasses.replace(kernel, rules=dataclasses.replace(kernel.rules, tall_first=False))
     assert resample._by_kernel(horizontal_first, img, (12, 13), (0, 0, 3, 647)).tobytes() != want.tobytes()
 
 
@@ -318,7 +320,7 @@ def test_without_the_kernel_pillow_resizes_the_same_bytes_and_says_why(reload_ke
 def test_a_kernel_failing_at_work_hands_over_to_pillow_once(kernel, monkeypatch, caplog):
     class Failing:
         def coefficients(self, *args):
-            raise MemoryError("out of memory in the kernel")
+            raise RuntimeError("a bug in the kernel")
 
     monkeypatch.setattr(resample, "_BROKEN", resample._Broken())
     monkeypatch.setattr(resample_loader, "load", lambda: dataclasses.replace(kernel, kernel=Failing()))
@@ -328,5 +330,117 @@ def test_a_kernel_failing_at_work_hands_over_to_pillow_once(kernel, monkeypatch,
             assert resample.resize(img, (50, 30), (1, 1, 119, 79)).tobytes() == img.resize(
                 (50, 30), BICUBIC, box=(1, 1, 119, 79)).tobytes()
     ((key, n),) = counted.items()
-    assert n == 3 and "the resize kernel failed (MemoryError: out of memory in the kernel)" in key
+    assert n == 3 and "the resize kernel failed (RuntimeError: a bug in the kernel)" in key
     assert len([r for r in caplog.records if "Pillow's own loops" in r.getMessage()]) == 1
+
+
+# --- any input: what Pillow does, per call, the kernel left on ----------------------------------
+
+
+@pytest.fixture
+def fresh_kernel(kernel, monkeypatch):
+    """The kernel, on, with no earlier test's failure carried over: a test can see it turn off."""
+    monkeypatch.setattr(resample, "_BROKEN", resample._Broken())
+    monkeypatch.delenv(resample.KERNEL_VARIABLE, raising=False)
+    return kernel
+
+
+def _assert_like_pillow(img: Image.Image, size, box, case: str) -> collections.Counter:
+    with resample.counting() as counted:
+        got = outcome(resample.resize, img, size, box)
+    want = outcome(img.resize, size, BICUBIC, box=box)
+    assert got == want, f"{case}: the kernel gave {got[:3]}, Pillow {want[:3]}"
+    assert resample._BROKEN.reason is None, f"{case}: {resample._BROKEN.reason}"
+    return counted
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB"])
+def test_an_empty_image_resizes_as_pillow_does(fresh_kernel, mode):
+    """A side of 0: Pillow's answer (a black image, or its error), where the kernel's export crashed."""
+    for empty in [(0, 5), (5, 0), (0, 0)]:
+        img = Image.new(mode, empty)
+        for size, box in [((3, 3), None), ((3, 3), (0, 0, *empty)), ((1, 7), (0, 0, 0, 0)), (empty, None)]:
+            counted = _assert_like_pillow(img, size, box, f"{mode} {empty} -> {size} {box}")
+            assert resample.KERNEL not in counted
+
+
+@pytest.mark.parametrize("mode, width", [("L", 61), ("RGB", 45), ("L", 64)])
+def test_padded_lines_are_read_where_pillow_put_them(fresh_kernel, mode, width):
+    """PILLOW_ALIGNMENT (here Image.core.set_alignment, as Pillow applies it) pads each line of an
+    image made meanwhile: its pixels are Pillow's, and where they are padded the run says why."""
+    pixels = np.random.default_rng(width).integers(0, 256, (50, width, 3) if mode == "RGB" else (50, width),
+                                                   dtype=np.uint8)
+    previous = Image.core.get_alignment()
+    Image.core.set_alignment(64)
+    try:
+        img = Image.fromarray(pixels).copy()
+    finally:
+        Image.core.set_alignment(previous)
+    counted = _assert_like_pillow(img, (20, 17), (0.5, 1, width - 1, 49.5), f"{mode} {width} wide")
+    if width * resample._MODES[mode] % 64:
+        assert counted == {resample.fallback_key(resample.PADDED_LINES): 1}
+    summary = resample.summary(counted.items())
+    assert summary["resize_fallback"] in ([], [resample.PADDED_LINES])
+
+
+@pytest.mark.parametrize("size, box", [
+    ((24, 16), (math.nan, 0, 50, 40)), ((24, 16), (0, 0, 50, math.nan)),  # a NaN corner
+    ((24.0, 16), (0.5, 0, 50, 40)), ((24, 16.5), None),  # a float size
+    ((24, 16), None), ([24, 16], [0.5, 0, 50, 40]),  # box=None: the whole image; lists
+    ((24, 16), (0.5, 0, 50)), ((24, 16), (0.5, 0, 50, 40, 1)), ((24,), None),  # a size or box of another length
+    ((24, 16), (0, 0, math.inf, 40)), ((24, 16), (0, 0, 2**1100, 40)), ((24, 16), (0, 0, "50", 40)),
+    ((2**40, 16), None), ((0, 16), None), ((24, -1), None),  # past C's int, under 1
+    ((np.int64(24), np.uint8(16)), (np.float32(0.5), np.int32(0), np.float64(50), 40)),  # numpy scalars
+    ((24, 16), (-0.5, 0, 50, 40)), ((24, 16), (0, 0, 60.25, 40)), ((24, 16), (30, 0, 20, 40)),  # out of bounds
+])
+def test_odd_arguments_get_pillows_answer_and_leave_the_kernel_on(fresh_kernel, size, box):
+    img = Image.effect_mandelbrot((60, 40), (-2, -1, 1, 1), 30).convert("RGB")
+    _assert_like_pillow(img, size, box, f"{size} {box}")
+    with resample.counting() as counted:
+        resample.resize(img, (24, 16), (0.5, 0, 50, 40))
+    assert counted == {resample.KERNEL: 1}
+
+
+@pytest.mark.parametrize("size", [(600_000_000, 2), (10, 60_000_000), (2**29, 1)])
+def test_sizes_pillow_refuses_raise_its_memory_error(fresh_kernel, size):
+    """Output sizes past Pillow's limits (its weights' buffer, its image's line): its MemoryError."""
+    img = Image.effect_mandelbrot((60, 40), (-2, -1, 1, 1), 30)
+    _assert_like_pillow(img, size, None, f"{size}")
+
+
+def test_pillow_11_raises_memory_error_for_weights_it_computes_and_does_not_use(fresh_kernel):
+    """Before 12.0, ImagingResampleInner computed the horizontal weights even where no horizontal
+    pass runs: past precompute_coeffs' limit (INT_MAX / (5 taps * 8) outputs) it raised MemoryError
+    for a resize that 12.x does; the kernel follows each version's rule."""
+    width = 2**31 // 40 + 1
+    size, box = (width, 1), (0.0, 0.5, float(width), 1.0)  # a vertical pass only
+    checked = resample_loader.CHECKED_PILLOW
+    assert resample._pillows_own(checked["11.3.0"], (width, 1), size, box)
+    assert not resample._pillows_own(checked["12.3.0"], (width, 1), size, box)
+    if fresh_kernel.rules.horizontal_always:  # that Pillow installed: its own MemoryError, through resize
+        _assert_like_pillow(Image.new("L", (width, 1)), size, box, "a vertical pass only")
+
+
+def test_a_side_past_float32s_integers_compares_as_pillows_c_does(fresh_kernel):
+    """16,777,217 is not a float32: Pillow compares the box (float32) with the size (int) in
+    float32, where both are 16,777,216, and skips the horizontal pass; numpy 1.26 compared a
+    float32 scalar with a Python int in float64 and took it."""
+    width = 2**24 + 1
+    box = (0.0, 0.0, float(np.float32(width)), 1.0)
+    assert not resample._needs_horizontal((width, 1), (width, 2), box)
+    img = Image.frombytes("L", (width, 1), np.random.default_rng(24).integers(0, 256, width, np.uint8).tobytes())
+    counted = _assert_like_pillow(img, (width, 2), None, "16,777,217 x 1 -> x 2")
+    assert counted == {resample.KERNEL: 1}
+
+
+def test_the_c_entry_points_refuse_hostile_arguments(kernel):
+    """Sizes whose products or sums overflow, bounds outside the source, aliasing buffers, a NaN
+    box, out_size 0: a ValueError each, never a read or write outside a buffer (the sanitizer build
+    runs the same calls, tests/write/test_resample_sanitized.py)."""
+    for name, call in hostile_calls(kernel.kernel).items():
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"{name}: accepted")
+    img = Image.effect_mandelbrot((60, 40), (-2, -1, 1, 1), 30)
+    assert_same(resample._by_kernel(kernel, img, (24, 16), (0.5, 0, 50, 40)),
+                img.resize((24, 16), BICUBIC, box=(0.5, 0, 50, 40)), "after the hostile calls")

@@ -49,8 +49,8 @@ def tree(tmp_path_factory) -> pathlib.Path:
 
 
 def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str | None, *flags: str,
-         homeless: bool = False):
-    env = dict(os.environ)
+         homeless: bool = False, **variables: str):
+    env = {**os.environ, **variables}
     if homeless:  # a container started with an arbitrary UID: no HOME and no passwd entry to find one
         for name in ("HOME", "XDG_CACHE_HOME", "BEAM_PREP_CACHE_DIR"):
             env.pop(name, None)
@@ -124,3 +124,20 @@ def test_a_bad_kernel_choice_is_refused_before_any_work(tree, tmp_path, state, k
     (line,) = [line for line in done.stderr.splitlines() if line.strip()]
     assert message in line, line
     assert not out.exists()
+
+
+def test_lines_pillow_pads_are_resized_by_pillow_and_said_once(tree, tmp_path):
+    """``PILLOW_ALIGNMENT=64`` (Pillow pads each image line to 64 bytes): the kernel read the padded
+    rows as contiguous and wrote other pixels; now each padded image goes to Pillow's loops, the
+    shards are Pillow's, and the run says why once."""
+    want = _run(tree, tmp_path / "pillow", None, resample.PILLOW)
+    padded = _run(tree, tmp_path / "padded", None, None, PILLOW_ALIGNMENT="64")
+    for done in (want, padded):
+        assert done.returncode == 0, done.stderr[-3000:]
+    shards = {name: {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.tfrecord*"))}
+              for name in ("pillow", "padded")}
+    assert shards["pillow"] and shards["padded"] == shards["pillow"]
+    manifest = json.loads((tmp_path / "padded" / "manifest.json").read_text())
+    assert manifest["resize_fallback"] == [resample.PADDED_LINES]
+    (line,) = _fallback_lines(padded.stderr)
+    assert "Pillow pads its image lines (PILLOW_ALIGNMENT" in line, line

@@ -41,6 +41,41 @@ bicubic_filter(double x) {
     return 0.0;
 }
 
+/* a * b * c into *out, all non-negative; -1 where the product does not fit in a Py_ssize_t. */
+static int
+product(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t *out) {
+    if (a < 0 || b < 0 || c < 0) {
+        return -1;
+    }
+    if (b != 0 && a > PY_SSIZE_T_MAX / b) {
+        return -1;
+    }
+    Py_ssize_t ab = a * b;
+    if (c != 0 && ab > PY_SSIZE_T_MAX / c) {
+        return -1;
+    }
+    *out = ab * c;
+    return 0;
+}
+
+/* The size a * b * c, or -1 with ValueError where it does not fit (a hostile size). */
+static Py_ssize_t
+size_of(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, const char *name) {
+    Py_ssize_t out;
+    if (product(a, b, c, &out) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s's size overflows", name);
+        return -1;
+    }
+    return out;
+}
+
+/* Whether two buffers share a byte: a writable one must not alias another. */
+static int
+overlap(const Py_buffer *a, const Py_buffer *b) {
+    const char *a0 = a->buf, *b0 = b->buf;
+    return a->len > 0 && b->len > 0 && a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
 /* A writable or read-only buffer of at least `need` bytes, contiguous. */
 static int
 get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t need, int writable, const char *name) {
@@ -69,40 +104,52 @@ coefficients(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iffiiOO", &in_size, &in0, &in1, &out_size, &taps, &bounds_obj, &weights_obj)) {
         return NULL;
     }
+    /* _imaging.c's checks, each written so that NaN fails it (float against int, as there) */
+    if (out_size < 1 || in_size < 1 || !(in0 >= 0) || !(in1 <= in_size) || !(in1 - in0 >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "sizes or box out of range");
+        return NULL;
+    }
     double scale = (double)(in1 - in0) / out_size;
     double filterscale = scale < 1.0 ? 1.0 : scale;
     double support = 2.0 * filterscale;
-    if (out_size < 1 || in_size < 1 || taps != (int)ceil(support) * 2 + 1) {
+    if (support >= INT_MAX / 4 || taps != (int)ceil(support) * 2 + 1) {
         PyErr_SetString(PyExc_ValueError, "sizes or taps do not match the box");
         return NULL;
     }
-    if (get_buffer(bounds_obj, &bounds_view, (Py_ssize_t)out_size * 2 * 4, 1, "bounds") < 0) {
+    Py_ssize_t bounds_size = size_of(out_size, 2, 4, "bounds"), weights_size = size_of(out_size, taps, 4, "weights");
+    if (bounds_size < 0 || weights_size < 0) {
         return NULL;
     }
-    if (get_buffer(weights_obj, &weights_view, (Py_ssize_t)out_size * taps * 4, 1, "weights") < 0) {
+    if (get_buffer(bounds_obj, &bounds_view, bounds_size, 1, "bounds") < 0) {
+        return NULL;
+    }
+    if (get_buffer(weights_obj, &weights_view, weights_size, 1, "weights") < 0) {
         PyBuffer_Release(&bounds_view);
         return NULL;
+    }
+    if (overlap(&bounds_view, &weights_view)) {
+        PyErr_SetString(PyExc_ValueError, "bounds and weights overlap");
+        goto release;
     }
     int32_t *bounds = bounds_view.buf, *kk = weights_view.buf;
     double inv_filterscale = 1.0 / filterscale;
     double *k = PyMem_Malloc(taps * sizeof(double));
     if (!k) {
-        PyBuffer_Release(&bounds_view);
-        PyBuffer_Release(&weights_view);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        goto release;
     }
-    for (int xx = 0; xx < out_size; xx++) {
+    for (Py_ssize_t xx = 0; xx < out_size; xx++) {
         double center = in0 + (xx + 0.5) * scale;
         double ww = 0.0;
-        int xmin = (int)(center - support + 0.5);
-        if (xmin < 0) {
-            xmin = 0;
-        }
-        int xmax = (int)(center + support + 0.5);
-        if (xmax > in_size) {
-            xmax = in_size;
-        }
+        /* Pillow's (int) then clip, clipped first: the same ints, and no cast out of int's range */
+        double lo = center - support + 0.5, hi = center + support + 0.5;
+        int xmin = lo < 0 ? 0 : (int)lo;
+        int xmax = hi >= in_size ? in_size : (int)hi;
         xmax -= xmin;
+        if (xmax < 0 || xmax > taps) {
+            PyErr_SetString(PyExc_ValueError, "a pixel's taps do not fit");
+            goto free_k;
+        }
         int x;
         for (x = 0; x < xmax; x++) {
             double w = bicubic_filter((x + xmin - center + 0.5) * inv_filterscale);
@@ -118,8 +165,12 @@ coefficients(PyObject *self, PyObject *args) {
             k[x] = 0;
         }
         for (x = 0; x < taps; x++) {
-            kk[xx * taps + x] = k[x] < 0 ? (int)(-0.5 + k[x] * (1 << PRECISION_BITS))
-                                         : (int)(0.5 + k[x] * (1 << PRECISION_BITS));
+            double scaled = k[x] * (1 << PRECISION_BITS);
+            if (!(scaled > -INT_MAX && scaled < INT_MAX)) {
+                PyErr_SetString(PyExc_ValueError, "a weight does not fit in 32 bits");
+                goto free_k;
+            }
+            kk[xx * taps + x] = k[x] < 0 ? (int)(-0.5 + scaled) : (int)(0.5 + scaled);
         }
         bounds[xx * 2 + 0] = xmin;
         bounds[xx * 2 + 1] = xmax;
@@ -128,16 +179,23 @@ coefficients(PyObject *self, PyObject *args) {
     PyBuffer_Release(&bounds_view);
     PyBuffer_Release(&weights_view);
     Py_RETURN_NONE;
+free_k:
+    PyMem_Free(k);
+release:
+    PyBuffer_Release(&bounds_view);
+    PyBuffer_Release(&weights_view);
+    return NULL;
 }
 
 /* Each row of out: the weighted sum of the rows of src its bounds name, clipped to 8 bits. The
  * inner loops run over whole contiguous rows (all channels), which gcc vectorises. Integer sums in
- * any order are Pillow's exactly: every partial sum fits in 32 bits. */
+ * any order are Pillow's exactly: every partial sum fits in 32 bits (filter_rows checks it). */
 WIDE_VECTORS static void
 filter_rows_loop(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights,
-                 int taps, uint8_t *out, int out_rows, int32_t *acc) {
-    for (int yy = 0; yy < out_rows; yy++) {
-        const int first = bounds[yy * 2], count = bounds[yy * 2 + 1];
+                 int taps, uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
+    for (Py_ssize_t yy = 0; yy < out_rows; yy++) {
+        const Py_ssize_t first = bounds[yy * 2];
+        const int count = bounds[yy * 2 + 1];
         const int32_t *k = &weights[yy * taps];
         for (Py_ssize_t i = 0; i < width; i++) {
             acc[i] = 1 << (PRECISION_BITS - 1);
@@ -166,6 +224,29 @@ filter_rows_loop(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, co
     }
 }
 
+/* Whether every row's bounds stay inside src and its taps, and its weights keep every partial sum
+ * in 32 bits (Pillow's weights do, by far); written so that no check overflows. */
+static int
+rows_are_safe(const int32_t *bounds, const int32_t *weights, int taps, Py_ssize_t out_rows, Py_ssize_t src_rows) {
+    for (Py_ssize_t yy = 0; yy < out_rows; yy++) {
+        const int32_t first = bounds[yy * 2], count = bounds[yy * 2 + 1];
+        if (first < 0 || count < 0 || count > taps || first > src_rows - count) {
+            PyErr_Format(PyExc_ValueError, "row %zd's taps reach outside the source", yy);
+            return 0;
+        }
+        int64_t total = 0; /* at most taps * 2**31 < 2**62 */
+        for (int y = 0; y < count; y++) {
+            int64_t w = weights[yy * taps + y];
+            total += w < 0 ? -w : w;
+        }
+        if (total > (INT32_MAX - (1 << (PRECISION_BITS - 1))) / 255) {
+            PyErr_Format(PyExc_ValueError, "row %zd's weights could overflow a 32-bit sum", yy);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(filter_rows_doc,
 "filter_rows(src, src_rows, width, bounds, weights, taps, out, out_rows, acc)\n\n"
 "Each of out's out_rows rows of width bytes (uint8) is the weighted sum of the rows of src\n"
@@ -186,30 +267,37 @@ filter_rows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "negative size");
         return NULL;
     }
-    if (get_buffer(src_obj, &src, src_rows * width, 0, "src") < 0) {
+    Py_ssize_t src_size = size_of(src_rows, width, 1, "src"), bounds_size = size_of(out_rows, 2, 4, "bounds"),
+               weights_size = size_of(out_rows, taps, 4, "weights"), out_size = size_of(out_rows, width, 1, "out"),
+               acc_size = size_of(width, 4, 1, "acc");
+    if (src_size < 0 || bounds_size < 0 || weights_size < 0 || out_size < 0 || acc_size < 0) {
         return NULL;
     }
-    if (get_buffer(bounds_obj, &bounds, (Py_ssize_t)out_rows * 2 * 4, 0, "bounds") < 0) {
+    if (get_buffer(src_obj, &src, src_size, 0, "src") < 0) {
+        return NULL;
+    }
+    if (get_buffer(bounds_obj, &bounds, bounds_size, 0, "bounds") < 0) {
         goto release_src;
     }
-    if (get_buffer(weights_obj, &weights, (Py_ssize_t)out_rows * taps * 4, 0, "weights") < 0) {
+    if (get_buffer(weights_obj, &weights, weights_size, 0, "weights") < 0) {
         goto release_bounds;
     }
-    if (get_buffer(out_obj, &out, (Py_ssize_t)out_rows * width, 1, "out") < 0) {
+    if (get_buffer(out_obj, &out, out_size, 1, "out") < 0) {
         goto release_weights;
     }
-    if (get_buffer(acc_obj, &acc, width * 4, 1, "acc") < 0) {
+    if (get_buffer(acc_obj, &acc, acc_size, 1, "acc") < 0) {
         goto release_out;
     }
-    const int32_t *b = bounds.buf;
-    for (int yy = 0; yy < out_rows; yy++) { /* never read outside src, whatever the bounds say */
-        if (b[yy * 2] < 0 || b[yy * 2 + 1] < 0 || b[yy * 2 + 1] > taps || b[yy * 2] + b[yy * 2 + 1] > src_rows) {
-            PyErr_Format(PyExc_ValueError, "row %d's taps reach outside the source", yy);
-            goto release_acc;
-        }
+    if (overlap(&out, &src) || overlap(&out, &bounds) || overlap(&out, &weights) || overlap(&out, &acc) ||
+        overlap(&acc, &src) || overlap(&acc, &bounds) || overlap(&acc, &weights)) {
+        PyErr_SetString(PyExc_ValueError, "out or acc overlaps another buffer");
+        goto release_acc;
+    }
+    if (!rows_are_safe(bounds.buf, weights.buf, taps, out_rows, src_rows)) {
+        goto release_acc;
     }
     Py_BEGIN_ALLOW_THREADS
-    filter_rows_loop(src.buf, width, b, weights.buf, taps, out.buf, out_rows, acc.buf);
+    filter_rows_loop(src.buf, width, bounds.buf, weights.buf, taps, out.buf, out_rows, acc.buf);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&acc);
     PyBuffer_Release(&out);
@@ -273,34 +361,47 @@ transpose(PyObject *self, PyObject *args) {
                           &out_obj)) {
         return NULL;
     }
+    /* each a difference of non-negative sizes: no sum that could overflow */
     if ((itemsize != 1 && itemsize != 4) || src_rows < 0 || src_cols < 0 || y0 < 0 || x0 < 0 || rows < 0 ||
-        cols < 0 || y0 + rows > src_rows || x0 + cols > src_cols) {
+        cols < 0 || y0 > src_rows - rows || x0 > src_cols - cols) {
         PyErr_SetString(PyExc_ValueError, "the block is not inside the source");
         return NULL;
     }
-    if (get_buffer(src_obj, &src, src_rows * src_cols * itemsize, 0, "src") < 0) {
+    Py_ssize_t src_size = size_of(src_rows, src_cols, itemsize, "src"), out_size = size_of(rows, cols, itemsize, "out");
+    if (src_size < 0 || out_size < 0) {
         return NULL;
     }
-    if (get_buffer(out_obj, &out, rows * cols * itemsize, 1, "out") < 0) {
+    if (get_buffer(src_obj, &src, src_size, 0, "src") < 0) {
+        return NULL;
+    }
+    if (get_buffer(out_obj, &out, out_size, 1, "out") < 0) {
         PyBuffer_Release(&src);
         return NULL;
+    }
+    if (overlap(&src, &out)) {
+        PyErr_SetString(PyExc_ValueError, "out overlaps src");
+        goto release;
     }
     if (itemsize == 4 && ((uintptr_t)src.buf % 4 || (uintptr_t)out.buf % 4)) {
         PyErr_SetString(PyExc_ValueError, "4-byte pixels must be aligned");
-        PyBuffer_Release(&out);
-        PyBuffer_Release(&src);
-        return NULL;
+        goto release;
     }
-    Py_BEGIN_ALLOW_THREADS
-    if (itemsize == 4) {
-        transpose_uint32_t((const uint32_t *)src.buf + y0 * src_cols + x0, src_cols, rows, cols, out.buf);
-    } else {
-        transpose_uint8_t((const uint8_t *)src.buf + y0 * src_cols + x0, src_cols, rows, cols, out.buf);
+    if (rows > 0 && cols > 0) { /* else no pixel: the block's corner may lie past src's end */
+        Py_BEGIN_ALLOW_THREADS
+        if (itemsize == 4) {
+            transpose_uint32_t((const uint32_t *)src.buf + y0 * src_cols + x0, src_cols, rows, cols, out.buf);
+        } else {
+            transpose_uint8_t((const uint8_t *)src.buf + y0 * src_cols + x0, src_cols, rows, cols, out.buf);
+        }
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&out);
     PyBuffer_Release(&src);
     Py_RETURN_NONE;
+release:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&src);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -317,5 +418,14 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC
 PyInit__resample(void) {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+#ifdef BEAM_PREP_EXACT_SCRATCH
+    /* A sanitizer build (tests/write/test_resample_sanitized.py): resample.py then gives every call
+     * scratch arrays of exact size, so that AddressSanitizer sees a read or write past one. */
+    if (m && PyModule_AddIntConstant(m, "EXACT_SCRATCH", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    return m;
 }

@@ -13,8 +13,11 @@ vectorises: the horizontal pass on a transposed copy of the rows it needs.
 Pixels come from Pillow's memory without a copy (its Arrow export), and the
 scratch arrays are kept per thread.
 
-Where the kernel is not there (not built, a Pillow version not checked, an
-error), Pillow's loops resize: the same pixels. Each resize is counted by what
+Any input is Pillow's: where the kernel would not compute Pillow's own answer
+(arguments that are not plain numbers, an empty image, padded lines, the sizes
+Pillow refuses), this call alone goes to Pillow's code, its image or its error.
+Where the kernel is not there (not built, a Pillow version not checked, a bug
+of the kernel), Pillow's loops resize: the same pixels. Each resize is counted by what
 did it (``counting``), so the run can say so once and the manifest records it.
 With pillow-simd in Pillow's place its own resize always runs: its rounding
 differs, and a rerun must give the same bytes.
@@ -27,6 +30,7 @@ import ctypes
 import functools
 import logging
 import math
+import struct
 import threading
 from collections.abc import Iterable, Iterator
 from types import ModuleType
@@ -166,19 +170,20 @@ def _count(key: str) -> None:
         counter[key] += 1
 
 
-def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, float, float]) -> Image.Image:
+def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, float, float] | None) -> Image.Image:
     """``img.resize(size, Image.Resampling.BICUBIC, box=box)``, by the kernel where it runs.
 
     Args:
       img: an image in mode L or RGB (any other mode goes to Pillow).
       size: the output's (width, height).
-      box: the source region to resize, in (fractional) source pixels.
+      box: the source region to resize, in (fractional) source pixels; None: the whole image.
 
     Returns:
       The resized image, equal to Pillow's pixel for pixel.
 
     Raises:
-      ValueError: as Pillow raises it, for an empty or out-of-bounds box or a size under 1.
+      ValueError, TypeError, MemoryError: as Pillow raises them, for a size under 1, an empty or
+        out-of-bounds box, a size or box of another shape or type, or sizes too large for Pillow.
       KernelUnavailable: ``BEAM_PREP_RESIZE_KERNEL=kernel`` and the kernel cannot run here.
       OptionsError: ``BEAM_PREP_RESIZE_KERNEL`` holds a value it does not take.
     """
@@ -190,6 +195,12 @@ def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, flo
     if loaded.kernel is not None and _BROKEN.reason is None:
         try:
             resized = _by_kernel(loaded, img, size, box)
+        except _Declined as e:  # this image only: Pillow's loops resize it, and the run says why
+            _count(fallback_key(e.reason))
+            return img.resize(size, RESAMPLE, box=box)
+        except MemoryError:  # the kernel's memory for this image: Pillow's loops try with theirs (or raise)
+            _count(PILLOW)
+            return img.resize(size, RESAMPLE, box=box)
         except Exception as e:  # noqa: BLE001 - a kernel that fails means Pillow's loops from here on, said once.
             _break(f"the resize kernel failed ({type(e).__name__}: {e}): please report it; "
                    f"{KERNEL_VARIABLE}={PILLOW} avoids it")
@@ -197,7 +208,7 @@ def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, flo
             if resized is not None:
                 _count(KERNEL)
                 return resized
-            _count(PILLOW)  # Pillow's own shortcut, or an image the kernel does not take
+            _count(PILLOW)  # Pillow's own shortcut or error, or an image the kernel does not take
             return img.resize(size, RESAMPLE, box=box)
     if chosen == KERNEL:
         raise KernelUnavailable(f"{KERNEL_VARIABLE}={KERNEL}, but {_why_not()}")
@@ -214,94 +225,168 @@ def _break(reason: str) -> None:
             log.info("resizing with Pillow's own loops from now on, the same pixels: %s", reason)
 
 
-def _by_kernel(loaded: resample_loader.Loaded, img: Image.Image, size: tuple[int, int],
-               box: tuple[float, float, float, float]) -> Image.Image | None:
-    """``resize`` by the kernel; None where Pillow's own code must run: another mode, the
-    errors Pillow raises, its shortcuts for a box of the output's size (a crop), and pixels it
-    cannot hand over without a copy. ``Image.resize``'s rule, then ``_imaging.c``'s for each call."""
-    if img.mode not in _MODES:
+class _Declined(Exception):
+    """The kernel cannot take this image for ``reason`` (said once by the run); Pillow's loops resize it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+PADDED_LINES = ("Pillow pads its image lines (PILLOW_ALIGNMENT, or Image.core.set_alignment), which the "
+                "kernel does not read: unset it for the kernel's speed")
+
+
+def _by_kernel(loaded: resample_loader.Loaded, img: Image.Image, size: Any, box: Any) -> Image.Image | None:
+    """``resize`` by the kernel; None where Pillow's own code must run: another mode, an empty
+    image, arguments that are not plain numbers (Pillow's own conversions and errors answer), the
+    errors Pillow raises (a size under 1, a box out of bounds or empty, MemoryError for sizes it
+    refuses), its shortcuts for a box of the output's size (a crop), and pixels it cannot hand over
+    without a copy. ``Image.resize``'s rule, then ``_imaging.c``'s for each call.
+
+    Raises:
+      _Declined: the image's lines are padded (``PADDED_LINES``).
+    """
+    rules = loaded.rules
+    if img.mode not in _MODES or 0 in img.size or rules is None:
         return None
+    plain = _plain_arguments(img.size, size, box)
+    if plain is None:
+        return None
+    size, box = plain
     width, height = img.size
     out_w, out_h = size
-    if (loaded.tall_first and height > width * _TALL and out_h < height
+    if (rules.tall_first and height > width * _TALL and out_h < height
             and out_w >= 1 and out_h >= 1):  # Image.resize: vertically, then horizontally
-        first_box = (0, box[1], width, box[3])
-        second_box = (box[0], 0, box[2], out_h)
-        if _shortcut(img.size, (width, out_h), first_box) or _shortcut((width, out_h), size, second_box):
-            return None
-        steps = [((width, out_h), first_box), (size, second_box)]
+        steps = [((width, height), (width, out_h), (0.0, box[1], _f32(width), box[3])),
+                 ((width, out_h), size, (box[0], 0.0, box[2], _f32(out_h)))]
     else:
-        if _shortcut(img.size, size, box):
-            return None
-        steps = [(size, box)]
+        steps = [((width, height), size, box)]
+    if any(_pillows_own(rules, *step) for step in steps):
+        return None
     img.load()
-    pixels = _pixels(img)
+    pixels = _pixels(img, rules)
     if pixels is None:
         return None
     view, keep_alive = pixels
     channels = _MODES[img.mode]
     rows = view.reshape(height, width * channels)
-    for stage, (step_size, step_box) in enumerate(steps):
-        rows = _resample(loaded.kernel, rows, (width, height), channels, step_size, step_box, f"{stage}:")
-        if rows is None:
-            return None
-        width, height = step_size
+    for stage, (in_size, step_size, step_box) in enumerate(steps):
+        rows = _resample(loaded.kernel, rows, in_size, channels, step_size, step_box, f"{stage}:")
     resized = Image.frombytes(img.mode, size, rows, "raw", "RGBX" if channels == 4 else "L")  # a copy
     del keep_alive  # Pillow's memory is read until here
     return resized
 
 
-def _float32_box(box: tuple[float, float, float, float]) -> tuple[np.float32, ...]:
-    return tuple(np.float32(v) for v in box)  # Pillow's C code takes the box as float32
+_FLOAT32 = struct.Struct("f")
+_INTEGERS = (int, np.integer)
+_REALS = (int, float, np.integer, np.floating)
 
 
-def _shortcut(in_size: tuple[int, int], size: tuple[int, int], box: tuple[float, float, float, float]) -> bool:
-    """Where ``_imaging.c``'s resize does not resample: it raises (a size under 1, a box out of
-    bounds or empty), or crops (a box of the output's size at whole pixels)."""
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 as C's ``(float)`` rounds it (an infinity past float32's range),
+    held in a Python float: Pillow's C code takes the box as float32. Plain Python arithmetic,
+    so numpy's scalar rules (which changed in numpy 2) play no part."""
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _sub(a: float, b: float) -> float:
+    """``a - b`` of two float32 values in float32, as C subtracts them (rounding the exact double
+    difference once more is the same as rounding the exact one: 53 >= 2 * 24 + 2 bits)."""
+    return _f32(a - b)
+
+
+def _plain_arguments(in_size: tuple[int, int], size: Any, box: Any) -> tuple[tuple[int, int], tuple[float, ...]] | None:
+    """``size`` and ``box`` as ``_imaging.c`` reads them (two C ints, four float32 values), where
+    they are plain: a tuple or list of two ints in C's range, and None (``Image.resize``: the
+    whole image) or a tuple or list of four finite real numbers. None for anything else (a float
+    size, three corners, a NaN): Pillow's own code gives its answer, an image or its error."""
+    if box is None:
+        box = (0, 0, *in_size)
+    if not isinstance(size, (tuple, list)) or not isinstance(box, (tuple, list)) or len(size) != 2 or len(box) != 4:
+        return None
+    if not all(isinstance(v, _INTEGERS) for v in size):
+        return None
+    out_w, out_h = int(size[0]), int(size[1])
+    if not (-_INT_MAX - 1 <= out_w <= _INT_MAX and -_INT_MAX - 1 <= out_h <= _INT_MAX):
+        return None  # Pillow's OverflowError
+    if not all(isinstance(v, _REALS) for v in box):
+        return None
+    try:
+        corners = tuple(_f32(float(v)) for v in box)
+    except OverflowError:  # an int past a double's range
+        return None
+    if not all(math.isfinite(v) for v in corners):
+        return None
+    return (out_w, out_h), corners
+
+
+def _pillows_own(rules: resample_loader.PillowRules, in_size: tuple[int, int], size: tuple[int, int],
+                 box: tuple[float, ...]) -> bool:
+    """Where one ``_imaging.c`` resize call does not resample as the kernel does: it raises (a size
+    under 1, a box out of bounds or empty, MemoryError for sizes past its limits), or crops (a box of
+    the output's size at whole pixels). Its comparisons of float32 with int, in float32."""
     width, height = in_size
     out_w, out_h = size
-    b0, b1, b2, b3 = _float32_box(box)
-    return bool(out_w < 1 or out_h < 1 or b0 < 0 or b1 < 0 or b2 > width or b3 > height
-                or b2 - b0 < 0 or b3 - b1 < 0
-                or (b0 == int(b0) and b2 - b0 == out_w and b1 == int(b1) and b3 - b1 == out_h))
+    b0, b1, b2, b3 = box
+    if (out_w < 1 or out_h < 1 or b0 < 0 or b1 < 0 or b2 > _f32(width) or b3 > _f32(height)
+            or _sub(b2, b0) < 0 or _sub(b3, b1) < 0):
+        return True
+    if (b0 == math.trunc(b0) and _sub(b2, b0) == _f32(out_w)
+            and b1 == math.trunc(b1) and _sub(b3, b1) == _f32(out_h)):
+        return True
+    if out_w > _INT_MAX // 4 - 1:  # ImagingNewPrologueSubtype: MemoryError for the output and the pass between
+        return True
+    horizontal = rules.horizontal_always or _needs_horizontal(in_size, size, box)
+    return _taps(b1, b3, out_h) is None or (horizontal and _taps(b0, b2, out_w) is None)
 
 
-def _coefficients(kernel: ModuleType, in_size: int, in0: np.float32, in1: np.float32,
-                  out_size: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Pillow's bounds and integer weights for one axis; None where Pillow raises MemoryError."""
-    scale = float(in1 - in0) / out_size  # the difference in float32, as Pillow takes it
+def _needs_horizontal(in_size: tuple[int, int], size: tuple[int, int], box: tuple[float, ...]) -> bool:
+    return size[0] != in_size[0] or box[0] != 0 or box[2] != _f32(size[0])  # ImagingResampleInner's test
+
+
+def _needs_vertical(in_size: tuple[int, int], size: tuple[int, int], box: tuple[float, ...]) -> bool:
+    return size[1] != in_size[1] or box[1] != 0 or box[3] != _f32(size[1])
+
+
+def _taps(in0: float, in1: float, out_size: int) -> int | None:
+    """``precompute_coeffs``' taps a pixel for one axis; None where it raises MemoryError (or where
+    its own check would overflow: Pillow's code decides)."""
+    scale = _sub(in1, in0) / out_size  # the difference in float32, as Pillow takes it
     taps = math.ceil(2.0 * max(scale, 1.0)) * 2 + 1
-    if out_size > _INT_MAX // (taps * 8):
+    if taps * 8 > _INT_MAX or out_size > _INT_MAX // (taps * 8):
         return None
+    return taps
+
+
+def _coefficients(kernel: ModuleType, in_size: int, in0: float, in1: float,
+                  out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pillow's bounds and integer weights for one axis (``_pillows_own`` has ruled out its MemoryError)."""
+    taps = _taps(in0, in1, out_size)
     bounds, weights = np.empty((out_size, 2), np.int32), np.empty((out_size, taps), np.int32)
-    kernel.coefficients(in_size, float(in0), float(in1), out_size, taps, bounds, weights)
+    kernel.coefficients(in_size, in0, in1, out_size, taps, bounds, weights)
     return bounds, weights
 
 
 def _resample(kernel: ModuleType, rows: np.ndarray, in_size: tuple[int, int], channels: int,
-              size: tuple[int, int], box: tuple[float, float, float, float], stage: str) -> np.ndarray | None:
+              size: tuple[int, int], box: tuple[float, ...], stage: str) -> np.ndarray:
     """One ``ImagingResampleInner`` call: ``rows`` (height x width*channels bytes) to the output's
     rows, horizontal pass first where needed (only over the source rows the vertical pass
     reads), then vertical where needed. ``stage`` names its scratch arrays apart from another
     call's whose output it reads."""
     width, height = in_size
     out_w, out_h = size
-    b0, b1, b2, b3 = _float32_box(box)
-    scratch = _scratch()
+    b0, b1, b2, b3 = box
+    scratch = _scratch(bool(getattr(kernel, "EXACT_SCRATCH", False)))
     pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
-    need_horizontal = out_w != width or b0 != 0 or b2 != out_w  # Pillow's tests, as written
-    need_vertical = out_h != height or b1 != 0 or b3 != out_h
-    vertical = _coefficients(kernel, height, b1, b3, out_h)
-    if vertical is None:
-        return None
-    v_bounds, v_weights = vertical
-    if need_horizontal:
-        horizontal = _coefficients(kernel, width, b0, b2, out_w)
-        if horizontal is None:
-            return None
-        h_bounds, h_weights = horizontal
-        y0, y1 = int(v_bounds[0, 0]), int(v_bounds[-1, 0] + v_bounds[-1, 1])
-        x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0] + h_bounds[-1, 1])
+    v_bounds, v_weights = _coefficients(kernel, height, b1, b3, out_h)
+    if _needs_horizontal(in_size, size, box):
+        h_bounds, h_weights = _coefficients(kernel, width, b0, b2, out_w)
+        y0, y1 = int(v_bounds[0, 0]), int(v_bounds[-1, 0]) + int(v_bounds[-1, 1])
+        x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0]) + int(h_bounds[-1, 1])
         h_bounds[:, 0] -= x0
         v_bounds[:, 0] -= y0
         columns = scratch.get(stage + "columns", (x1 - x0, y1 - y0), pixel)
@@ -312,7 +397,7 @@ def _resample(kernel: ModuleType, rows: np.ndarray, in_size: tuple[int, int], ch
         transposed = scratch.get(stage + "rows", (y1 - y0, out_w), pixel)
         kernel.transpose(filtered, out_w, y1 - y0, 0, 0, out_w, y1 - y0, channels, transposed)
         rows, height = transposed.view(np.uint8), y1 - y0
-    if need_vertical:
+    if _needs_vertical(in_size, size, box):
         out = scratch.get(stage + "out", (out_h, out_w * channels), np.uint8)
         kernel.filter_rows(rows, height, out_w * channels, v_bounds, v_weights, v_weights.shape[1], out, out_h,
                            scratch.get("acc", (out_w * channels,), np.int32))
@@ -320,41 +405,92 @@ def _resample(kernel: ModuleType, rows: np.ndarray, in_size: tuple[int, int], ch
     return rows
 
 
-def _pixels(img: Image.Image) -> tuple[np.ndarray, object] | None:
+class _Imaging11(ctypes.Structure):
+    """The head of Pillow's ``struct ImagingMemoryInstance`` (libImaging/Imaging.h) before 12.0."""
+
+    _fields_ = [("mode", ctypes.c_char * 7), ("type", ctypes.c_int), ("depth", ctypes.c_int),
+                ("bands", ctypes.c_int), ("xsize", ctypes.c_int), ("ysize", ctypes.c_int),
+                ("palette", ctypes.c_void_p), ("image8", ctypes.c_void_p), ("image32", ctypes.c_void_p),
+                ("image", ctypes.c_void_p), ("block", ctypes.c_void_p), ("blocks", ctypes.c_void_p),
+                ("pixelsize", ctypes.c_int), ("linesize", ctypes.c_int)]
+
+
+class _Imaging12(ctypes.Structure):
+    """The same from 12.0, where the mode is a number (``ModeID``)."""
+
+    _fields_ = [("mode", ctypes.c_int), *_Imaging11._fields_[1:]]
+
+
+def _check_lines(img: Image.Image, rules: resample_loader.PillowRules, base: int) -> None:
+    """Checks that ``img``'s lines lie one after the other from ``base`` (the exported buffer), read
+    from its line pointers: Pillow pads each line to ``PILLOW_ALIGNMENT`` bytes (and the first one
+    may start past the block) where that was set when the image was made.
+
+    Raises:
+      _Declined: they do not (``PADDED_LINES``).
+      RuntimeError: Pillow's struct is not laid out as this version's was (a bug of ours: the
+        kernel stops, said once).
+    """
+    width, height = img.size
+    pixelsize = _MODES[img.mode]
+    layout = _Imaging11 if rules.mode_name else _Imaging12
+    head = layout.from_address(_capsule_pointer(img.im.ptr, b"Pillow Imaging"))
+    lines = head.image8 if pixelsize == 1 else head.image32
+    if ((head.xsize, head.ysize, head.pixelsize, head.linesize) != (width, height, pixelsize, width * pixelsize)
+            or not lines or lines != head.image):
+        # Not the layout this version was checked with: a bug of ours, said once by the run
+        raise RuntimeError(f"Pillow's image struct is not the one {resample_loader.pillow_build()} was checked with")
+    pointers = np.frombuffer((ctypes.c_void_p * height).from_address(lines), np.uintp)
+    expected = np.arange(height, dtype=np.uintp) * np.uintp(width * pixelsize) + np.uintp(base)
+    if not np.array_equal(pointers, expected):
+        raise _Declined(PADDED_LINES)
+
+
+def _pixels(img: Image.Image, rules: resample_loader.PillowRules) -> tuple[np.ndarray, object] | None:
     """A view of ``img``'s pixels in Pillow's own memory (1 or 4 bytes each), with the object that
     must stay alive while it is used; None where Pillow cannot export them without a copy (an
     image stored in several blocks: over 16 MB by default).
 
     An image over memory Pillow does not own (``Image.frombuffer``, ``fromarray``: ``readonly``)
-    is never exported: Pillow 12.3's export crashes the process on one.
+    is never exported: Pillow 12.3's export crashes the process on one; nor is an empty one
+    (its export reads a block that does not exist). The lines are checked to lie one after the
+    other (``_check_lines``): Pillow's export hands over the first block as if they did.
+
+    Raises:
+      _Declined: the lines are padded.
     """
-    if img.readonly:
+    if img.readonly or 0 in img.size:
         return None
     try:
         capsule = img.im.__arrow_c_array__()  # the array alone: Image's own method makes a schema too
     except (ValueError, AttributeError):
         return None
     array = _ArrowArray.from_address(_capsule_pointer(capsule, b"arrow_array"))
+    pixelsize = _MODES[img.mode]
     if array.n_children:  # RGB: a fixed-size list of 4 bytes a pixel; the bytes are its child's
         array = array.children[0].contents
+        pixelsize = 1
     nbytes = img.size[0] * img.size[1] * _MODES[img.mode]
+    if array.length * pixelsize != nbytes or array.offset or not array.buffers[1]:
+        return None  # not the whole image in one buffer
+    _check_lines(img, rules, array.buffers[1])
     buffer = (ctypes.c_uint8 * nbytes).from_address(array.buffers[1])
     return np.frombuffer(buffer, np.uint8), (capsule, img)
 
 
-def _as_bytes(pixels: np.ndarray) -> np.ndarray:
-    return pixels.view(np.uint8)
-
-
 class _Scratch(threading.local):
     """Arrays reused from image to image, one set per thread: fresh ones would touch new pages
-    on every image."""
+    on every image. ``exact``: a fresh array of the exact size each time instead (the sanitizer
+    build's mode, where a read past an array's end must reach memory AddressSanitizer guards)."""
 
-    def __init__(self) -> None:
+    def __init__(self, exact: bool = False) -> None:
         self._buffers: dict[str, np.ndarray] = {}
+        self._exact = exact
 
     def get(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
         """A C-contiguous array of ``shape`` and ``dtype``, in memory kept under ``name``."""
+        if self._exact:
+            return np.empty(shape, dtype)
         size = 1
         for side in shape:
             size *= side

@@ -31,12 +31,35 @@ KERNEL = "kernel"
 CHOICES = (PILLOW, KERNEL)
 EXTENSION = "beam_prep.write.images._resample"
 
+
+@dataclasses.dataclass(frozen=True)
+class PillowRules:
+    """What differs between the Pillow versions the kernel was checked against, and decides its bytes
+    or its errors.
+
+    Attributes:
+      tall_first: ``Image.resize`` resizes an image taller than 100 times its width vertically
+        first, then horizontally (Pillow 12.2, PR #9524).
+      horizontal_always: ``ImagingResampleInner`` computes the horizontal weights even where no
+        horizontal pass runs, so that their MemoryError is raised anyway (before Pillow 12).
+      mode_name: the first field of Pillow's image struct is the mode's name (``char[7]``, before
+        Pillow 12) rather than its number (``ModeID``): where ``resample`` finds the line pointers.
+    """
+
+    tall_first: bool
+    horizontal_always: bool
+    mode_name: bool
+
+
 # The Pillow versions the kernel was checked against, byte for byte (tests/write/test_resample.py on
-# each), and whether each resizes an image taller than 100 times its width vertically first (Pillow
-# 12.2's Image.resize, PR #9524). Any other version resizes with Pillow's own loops (one warning):
-# its rules may differ. Add a version here only after the property tests pass with it installed, e.g.
+# each), and each one's rules. Any other version resizes with Pillow's own loops (one warning): its
+# rules may differ. Add a version here only after the property tests pass with it installed, e.g.
 # pip install --no-deps --target /tmp/pil pillow==X; PYTHONPATH=/tmp/pil:. pytest tests/write/test_resample.py
-CHECKED_PILLOW = {"11.3.0": False, "12.3.0": True}
+# (and with numpy 1.26, the oldest setup.py allows, the same way).
+CHECKED_PILLOW = {
+    "11.3.0": PillowRules(tall_first=False, horizontal_always=True, mode_name=True),
+    "12.3.0": PillowRules(tall_first=True, horizontal_always=False, mode_name=False),
+}
 
 _REBUILD = ("reinstall beam-prep where a C compiler is found (e.g. apt-get install gcc python3-dev; "
             "pip install --force-reinstall --no-deps --no-binary beam-prep beam-prep, or pip install -e . "
@@ -62,15 +85,14 @@ class Loaded:
 
     Attributes:
       kernel: the extension module, or None where Pillow's loops resize.
-      tall_first: with the kernel, whether this Pillow resizes images taller than 100 times their
-        width vertically first (``CHECKED_PILLOW``).
+      rules: with the kernel, this Pillow version's rules (``CHECKED_PILLOW``).
       fallback: why the kernel is not used though it could have been, and what to do (the run
         warns, once); None where it is used, or where Pillow's loops are chosen (``pillow`` set,
         pillow-simd installed).
     """
 
     kernel: ModuleType | None
-    tall_first: bool = False
+    rules: PillowRules | None = None
     fallback: str | None = None
 
 
@@ -93,7 +115,7 @@ def load() -> Loaded:
         return Loaded(None, fallback=f"the resize kernel is not built in this install: {_REBUILD}")
     except Exception as e:  # noqa: BLE001 - whatever stops the import, Pillow's loops resize, said once.
         return Loaded(None, fallback=f"the resize kernel cannot load ({type(e).__name__}: {e}): {_REBUILD}")
-    return Loaded(kernel, tall_first=CHECKED_PILLOW[version])
+    return Loaded(kernel, rules=CHECKED_PILLOW[version])
 
 
 @functools.cache

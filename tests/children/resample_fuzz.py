@@ -1,0 +1,197 @@
+"""The resize kernel against Pillow on any input: hostile calls of its C entry points, and a
+differential fuzz of ``resample.resize`` against ``Image.resize``.
+
+``hostile_calls`` is used in-process by ``tests/write/test_resample.py`` and here. Run as a child
+(``python -m tests.children.resample_fuzz --extension FILE``), it loads the kernel from the extension file it is given (the sanitizer build of
+``tests/write/test_resample_sanitized.py``, under AddressSanitizer and UBSan), then resizes random
+images with random geometry and arguments, odd ones included, for a number of seconds: each
+outcome (the image's bytes, or the error's type and message) must be Pillow's, and the kernel
+must stay on. It prints one summary line and exits 0, or raises at the first difference.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+INT_MAX = 2**31 - 1
+SSIZE_MAX = 2**63 - 1
+
+
+def _i32(*shape: int) -> np.ndarray:
+    return np.zeros(shape, np.int32)
+
+
+def _u8(n: int) -> np.ndarray:
+    return np.zeros(n, np.uint8)
+
+
+def hostile_calls(kernel) -> dict[str, Callable[[], object]]:
+    """Calls of the kernel's three C entry points that each must refuse with ValueError: sizes
+    whose products or sums overflow, bounds outside the source, aliasing buffers, NaN boxes."""
+    bounds = np.array([[0, 2]], np.int32)
+    weights = np.array([[1 << 21, 1 << 21, 0, 0, 0]], np.int32)
+    shared = _u8(64)
+    return {
+        "coefficients: out_size 0 (a division by zero)": lambda: kernel.coefficients(
+            10, 0.0, 10.0, 0, 5, _i32(1, 2), _i32(1, 5)),
+        "coefficients: negative out_size": lambda: kernel.coefficients(10, 0.0, 10.0, -3, 5, _i32(1, 2), _i32(1, 5)),
+        "coefficients: NaN box": lambda: kernel.coefficients(10, math.nan, 10.0, 4, 5, _i32(4, 2), _i32(4, 5)),
+        "coefficients: box past the source": lambda: kernel.coefficients(10, 0.0, 1e30, 4, 5, _i32(4, 2), _i32(4, 5)),
+        "coefficients: inverted box": lambda: kernel.coefficients(10, 6.0, 4.0, 4, 5, _i32(4, 2), _i32(4, 5)),
+        "coefficients: taps that are not the box's": lambda: kernel.coefficients(
+            10, 0.0, 10.0, 4, 3, _i32(4, 2), _i32(4, 3)),
+        "coefficients: buffers too small": lambda: kernel.coefficients(
+            100, 0.0, 100.0, INT_MAX, 5, _i32(1, 2), _i32(1, 5)),
+        "filter_rows: first + count overflows int": lambda: kernel.filter_rows(
+            _u8(40), 10, 4, np.array([[INT_MAX - 1, 2]], np.int32), weights, 5, _u8(4), 1, _i32(4)),
+        "filter_rows: negative first": lambda: kernel.filter_rows(
+            _u8(40), 10, 4, np.array([[-1, 2]], np.int32), weights, 5, _u8(4), 1, _i32(4)),
+        "filter_rows: count past taps": lambda: kernel.filter_rows(
+            _u8(40), 10, 4, np.array([[0, 6]], np.int32), _i32(1, 5), 5, _u8(4), 1, _i32(4)),
+        "filter_rows: src_rows * width overflows": lambda: kernel.filter_rows(
+            _u8(40), 2**62, 4, np.array([[2**30, 2]], np.int32), weights, 5, _u8(4), 1, _i32(4)),
+        "filter_rows: width * 4 overflows (acc)": lambda: kernel.filter_rows(
+            _u8(40), 0, 2**62, bounds, weights, 5, _u8(4), 0, _i32(4)),
+        "filter_rows: out_rows * taps * 4 overflows": lambda: kernel.filter_rows(
+            _u8(40), 10, 4, bounds, weights, INT_MAX, _u8(4), INT_MAX, _i32(4)),
+        "filter_rows: weights whose sum overflows 32 bits": lambda: kernel.filter_rows(
+            np.full(40, 255, np.uint8), 10, 4, bounds, np.array([[INT_MAX, INT_MAX, 0, 0, 0]], np.int32), 5,
+            _u8(4), 1, _i32(4)),
+        "filter_rows: out is acc": lambda: kernel.filter_rows(
+            _u8(40), 10, 4, bounds, weights, 5, shared[:16], 1, shared[:16].view(np.int32)),
+        "filter_rows: out overlaps src": lambda: kernel.filter_rows(
+            shared[:40], 10, 4, bounds, weights, 5, shared[36:40], 1, _i32(4)),
+        "transpose: y0 + rows overflows": lambda: kernel.transpose(_u8(100), 10, 10, SSIZE_MAX, 0, 1, 1, 1, _u8(1)),
+        "transpose: x0 + cols overflows": lambda: kernel.transpose(_u8(100), 10, 10, 0, SSIZE_MAX, 1, 1, 1, _u8(1)),
+        "transpose: src size overflows": lambda: kernel.transpose(_u8(100), 2**62, 4, 2**40, 0, 1, 1, 4, _u8(4)),
+        "transpose: out size overflows": lambda: kernel.transpose(_u8(100), 2**40, 2**40, 0, 0, 2**40, 2**40, 1,
+                                                                  _u8(1)),
+        "transpose: block past the source": lambda: kernel.transpose(_u8(100), 10, 10, 8, 0, 3, 1, 1, _u8(3)),
+        "transpose: itemsize 3": lambda: kernel.transpose(_u8(300), 10, 10, 0, 0, 1, 1, 3, _u8(3)),
+        "transpose: out overlaps src": lambda: kernel.transpose(shared, 8, 8, 0, 0, 2, 2, 1, shared[60:64]),
+    }
+
+
+def outcome(resize: Callable[..., object], *args: object, **kwargs: object) -> tuple:
+    """What ``resize(*args, **kwargs)`` gave: the image (mode, size, bytes), or the error (type, message)."""
+    try:
+        img = resize(*args, **kwargs)
+    except Exception as e:
+        return ("error", type(e).__name__, str(e))
+    return ("image", img.mode, img.size, img.tobytes())
+
+
+def _geometry(rng: random.Random) -> tuple[int, int]:
+    shape = rng.random()
+    if shape < 0.05:
+        return rng.choice([(0, rng.randint(0, 9)), (rng.randint(0, 9), 0)])
+    if shape < 0.25:  # strips past 100:1 both ways
+        thin, long = rng.choice([1, 2, 3, 5]), rng.randint(90, 1500)
+        return (thin, long) if rng.random() < 0.5 else (long, thin)
+    return rng.randint(1, 200), rng.randint(1, 200)
+
+
+def _box(rng: random.Random, width: int, height: int):
+    kind = rng.random()
+    if kind < 0.15:
+        return None
+    if kind < 0.25:
+        return (0, 0, width, height)
+    if kind < 0.3:  # odd arguments: Pillow's own answer
+        return rng.choice([(0, 0, width), (math.nan, 0, width, height), (0, 0, math.inf, height),
+                           (0, -1, width, height), (0, 0, width + 1, height), (2.0, 0, 1.0, height),
+                           [0, 0, width, height], (np.float32(0.5), np.int64(0), width, height)])
+    x0, y0 = rng.uniform(0, width * 0.5), rng.uniform(0, height * 0.5)
+    return (x0, y0, rng.uniform(x0, width), rng.uniform(y0, height))
+
+
+def _size(rng: random.Random, width: int, height: int):
+    kind = rng.random()
+    if kind < 0.04:
+        return rng.choice([(0, 3), (3, -1), (2.0, 3), (3,), [5, 7], (np.int32(4), 9)])
+    if kind < 0.1:
+        return width, height
+    return (rng.choice([1, 2, rng.randint(1, 40), rng.randint(1, 400)]),
+            rng.choice([1, 3, rng.randint(1, 40), rng.randint(1, 400)]))
+
+
+def fuzz(seconds: float, seed: int) -> collections.Counter:
+    """Random resizes for ``seconds``, each compared with Pillow's; the counts of what resized."""
+    from PIL import Image
+
+    from beam_prep.write.images import resample
+
+    rng = random.Random(seed)
+    pixels = np.random.default_rng(seed)
+    kernel = resample.resample_loader.load().kernel
+    calls = hostile_calls(kernel)
+    counted: collections.Counter = collections.Counter()
+    deadline = time.monotonic() + seconds
+    cases = 0
+    while time.monotonic() < deadline:
+        cases += 1
+        for name, call in calls.items() if cases % 500 == 1 else ():
+            try:
+                call()
+            except ValueError:
+                continue
+            raise AssertionError(f"{name}: no ValueError")
+        mode = rng.choice(["L", "RGB"])
+        width, height = _geometry(rng)
+        alignment = rng.choice([1, 1, 1, 4, 64])  # Pillow's line padding, as PILLOW_ALIGNMENT sets it
+        Image.core.set_alignment(alignment)
+        try:
+            shape = (height, width, 3) if mode == "RGB" else (height, width)
+            img = Image.fromarray(pixels.integers(0, 256, shape, dtype=np.uint8)).copy() if 0 not in shape \
+                else Image.new(mode, (width, height))
+        finally:
+            Image.core.set_alignment(1)
+        size, box = _size(rng, width, height), _box(rng, width, height)
+        case = f"case {cases}: {mode} {width}x{height} (alignment {alignment}) size={size!r} box={box!r}"
+        with resample.counting() as counts:
+            got = outcome(resample.resize, img, size, box)
+        want = outcome(img.resize, size, Image.Resampling.BICUBIC, box=box)
+        if got != want:
+            raise AssertionError(f"{case}: the kernel gave {got[:3]!r}, Pillow {want[:3]!r}")
+        if resample._BROKEN.reason is not None:
+            raise AssertionError(f"{case}: the kernel turned off: {resample._BROKEN.reason}")
+        counted.update(counts)
+    counted["cases"] = cases
+    return counted
+
+
+def _load_extension(path: str) -> None:
+    """Puts the extension at ``path`` in the kernel's place, before ``resample_loader`` imports it."""
+    from beam_prep.write.images import resample_loader
+
+    spec = importlib.util.spec_from_file_location(resample_loader.EXTENSION, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[resample_loader.EXTENSION] = module
+    loaded = resample_loader.load()
+    if loaded.kernel is not module or not getattr(module, "EXACT_SCRATCH", 0):
+        raise SystemExit(f"the sanitizer build is not the kernel here: {loaded}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--extension", required=True, help="the built _resample extension to load")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    _load_extension(args.extension)
+    counted = fuzz(args.seconds, args.seed)
+    print(f"fuzz: {counted['cases']} cases like Pillow's; resized by the kernel {counted['kernel']}, "
+          f"by Pillow {sum(n for k, n in counted.items() if k.startswith('pillow'))}")
+
+
+if __name__ == "__main__":
+    main()

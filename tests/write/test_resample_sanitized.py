@@ -1,0 +1,68 @@
+"""The resize kernel under AddressSanitizer and UBSan: a differential fuzz against Pillow.
+
+The extension is built again with ``-fsanitize=address,undefined`` (every finding fatal) and
+``BEAM_PREP_EXACT_SCRATCH``, which gives every call scratch arrays of exact size, so that a read
+or write past one reaches memory the sanitizer guards. ``tests/children/resample_fuzz.py`` then loads it
+in a fresh Python (the sanitizer's runtime preloaded: the interpreter itself is not built with
+it) and resizes random images, odd sizes, boxes and arguments, and Pillow's padded lines
+included, for about a minute: every outcome must be Pillow's, and the C entry points must
+refuse hostile calls with ValueError.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+from helpers import REPO, child
+
+pytestmark = pytest.mark.slow
+
+SOURCE = REPO / "beam_prep" / "write" / "images" / "_resample.c"
+FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
+SECONDS = 60
+
+
+def _compiler() -> str:
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    found = shutil.which(cc) or shutil.which("cc")
+    if found is None:
+        pytest.skip("no C compiler found: the sanitizer build needs one")
+    return found
+
+
+def _runtime(cc: str, tmp_path: pathlib.Path) -> str:
+    """The AddressSanitizer runtime to preload, after checking the compiler builds with the flags."""
+    probe = tmp_path / "probe.c"
+    probe.write_text("int probe(int *p) { return p[1]; }\n")
+    done = subprocess.run([cc, "-shared", "-fPIC", *FLAGS, str(probe), "-o", str(tmp_path / "probe.so")],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"{cc} does not build with -fsanitize=address,undefined: {done.stderr.strip()[:300]}")
+    runtime = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(runtime):
+        pytest.skip(f"{cc} names no AddressSanitizer runtime to preload (libasan.so)")
+    return runtime
+
+
+def test_the_sanitized_kernel_resizes_like_pillow_for_a_minute(tmp_path):
+    cc = _compiler()
+    runtime = _runtime(cc, tmp_path)
+    extension = tmp_path / f"_resample{sysconfig.get_config_var('EXT_SUFFIX')}"
+    include = sysconfig.get_paths()["include"]
+    subprocess.run([cc, "-shared", "-fPIC", *FLAGS, "-ffp-contract=off", "-DBEAM_PREP_EXACT_SCRATCH",
+                    f"-I{include}", str(SOURCE), "-o", str(extension)], check=True, capture_output=True)
+    env = {**os.environ, "LD_PRELOAD": runtime, "PYTHONMALLOC": "malloc", "PYTHONPATH": str(REPO),
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0",  # the interpreter's own allocations live on
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+    env.pop("BEAM_PREP_RESIZE_KERNEL", None)
+    done = subprocess.run(child("resample_fuzz", "--extension", str(extension), "--seconds", str(SECONDS)), cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=SECONDS * 5)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+    assert "ERROR: AddressSanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr[-6000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("fuzz:")]
+    cases, by_kernel = int(line.split()[1]), int(line.split("by the kernel ")[1].split(",")[0])
+    assert cases >= 1000 and by_kernel >= cases // 3, line
