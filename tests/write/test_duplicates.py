@@ -113,9 +113,10 @@ def test_a_dataset_without_copies_says_none(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["duplicates"] == {"images": 0, "extra_copies": 0, "within_split": 0, "across_splits": 0,
-                                      "examples": [], "near": {
+                                      "split_pairs": {}, "examples": [], "near": {
                                           "distance": 6, "groups": 0, "files": 0, "within_split": 0,
-                                          "across_splits": 0, "validation_files_across": 0, "examples": []}}
+                                          "across_splits": 0, "files_across": 0, "split_pairs": {},
+                                          "examples": []}}
     assert (tmp_path / "out" / "duplicates.jsonl").read_text() == ""
     assert "duplicates" not in result.stdout
 

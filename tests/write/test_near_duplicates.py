@@ -70,7 +70,8 @@ def test_near_groups_are_listed_with_their_distance_and_counted_within_and_acros
                       (2, "/t/b_copy.jpg", "train", 0, 0)]
     assert [r["path"] for r in lines if r["kind"] == "exact"] == ["/t/b.jpg", "/t/b_copy.jpg"]
     assert found.near == {"distance": 4, "groups": 2, "files": 6, "within_split": 1, "across_splits": 1,
-                          "validation_files_across": 1, "examples": found.near["examples"]}
+                          "files_across": 3, "split_pairs": {"train/validation": 1},
+                          "examples": found.near["examples"]}
     assert found.near["examples"][0]["files"][2] == {"split": "validation", "path": "/v/a_small.jpg", "distance": 2}
 
 
