@@ -94,8 +94,8 @@ def test_inspect_shows_the_copies_across_splits_first(tree, tmp_path, capsys):
     prepare_here("--input", str(root), "--output", str(out), "--image_size", "16", "--validation_percent", str(PERCENT))
     assert inspect_output.main([str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    at = lines.index(f"duplicates: 3 extra copies of 2 images (2 within a split, 1 across splits; every one in "
-                     f"{out}/duplicates.jsonl)")
+    at = lines.index(f"duplicates: 3 extra copies of 2 images (2 within a split, 1 across splits: "
+                     f"train/validation 1; every one in {out}/duplicates.jsonl)")
     across = sorted((split, path) for _, copies, split, path in expected if copies == 2)
     sha256 = next(sha for sha, copies, _, _ in expected if copies == 2)
     # Hash files are read in name order (train's shards before validation's), each in record order.
