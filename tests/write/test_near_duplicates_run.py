@@ -55,7 +55,8 @@ def test_both_sinks_find_the_same_near_groups_and_fail_says_so_after_writing(tre
         assert result.returncode == 1, result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith(
             "error: --cross_split_duplicates fail: 1 group of copies across splits (the dataset is written")
-        assert "cross-split leakage: 1 group" in result.stdout
+        assert "cross-split leakage: 1 group of copies or near copies in two splits (groups per pair of splits: " \
+               "train/validation 1)" in result.stdout
         manifest = json.loads((out / "manifest.json").read_text())  # written before the exit
         near = manifest["duplicates"]["near"]
         assert (near["groups"], near["files"], near["across_splits"], near["files_across"]) == (1, 2, 1, 2)
