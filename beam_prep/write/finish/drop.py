@@ -85,7 +85,7 @@ class Dropping:
 
     def lines(self) -> Iterator[tuple[str, str]]:
         """``(path, skipped.jsonl line)`` of each file left out, sorted by path, each once (a file
-        in an exact and a near group is named for its exact copy)."""
+        in an exact and a near group as its near group decided: a copy of a file kept there)."""
         last = None
         for path, _, _, _, line in self._rows:
             if path != last:
