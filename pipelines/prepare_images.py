@@ -105,9 +105,9 @@ def summary(result: RunResult) -> str:
                      "of a file in another split, left out (see skipped.jsonl)")
         lines += [f"  dropped, {reason}: {n:,} (see skipped.jsonl)" for reason, n in copies["dropped_by_reason"].items()]
     elif leaks:
+        pairs = ", ".join(f"{pair} {n:,}" for pair, n in duplicates.split_pairs(m).items())
         lines.append(f"  cross-split leakage: {count(leaks, 'group')} of copies or near copies in two splits "
-                     f"({near.get('validation_files_across', 0):,} validation files near a file of another split); "
-                     "see duplicates.jsonl, or beam-prep inspect")
+                     f"(groups per pair of splits: {pairs}); see duplicates.jsonl, or beam-prep inspect")
     return "\n".join(lines)
 
 

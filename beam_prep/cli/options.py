@@ -146,8 +146,9 @@ def _labels_split_arguments(group: Any) -> None:
         "--cross_split_duplicates", default="report",
         help="What a copy or near copy in two splits (leakage) does: report (in the summary, the "
              "manifest and duplicates.jsonl), fail (the same, then exit 1: for automated jobs), or drop "
-             "(the same, and each such group's files outside train are left out of the dataset, named in "
-             "skipped.jsonl; a group without train keeps validation's, then the first split by name).")
+             "(the same, and each file that copies, or is within the threshold of, a file kept in an earlier "
+             "split is left out of the dataset, named in skipped.jsonl; the splits' order: train, validation, "
+             "val, the others by name, test last).")
     group.add_argument(
         "--labels_txt", default="names",
         help="labels.txt's form: names (one name a line) or slim "

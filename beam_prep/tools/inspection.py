@@ -239,7 +239,7 @@ def _duplicates_section(summary: Summary) -> list[str]:
     if not d.get("extra_copies"):
         return ["duplicates: none (no two written files have the same bytes)", *near, *_dropped_lines(d)]
     out = [f"duplicates: {count(d['extra_copies'], 'extra copy', 'extra copies')} of {count(d['images'], 'image')} "
-           f"({d['within_split']:,} within a split, {d['across_splits']:,} across splits; every one in "
+           f"({d['within_split']:,} within a split, {d['across_splits']:,} across splits{_pairs(d)}; every one in "
            f"{join(summary.root, DUPLICATES)})"]
     for group in d.get("examples", []):
         files = ", ".join(f"{f['split']} {f['path']}" for f in group["files"])
@@ -256,6 +256,13 @@ def _dropped_lines(d: Mapping[str, Any]) -> list[str]:
             "splits left out of the dataset, each named in skipped.jsonl"]
 
 
+def _pairs(counts: Mapping[str, Any]) -> str:
+    """The groups across splits per pair of splits (every pair, ``split_pairs``), as a clause; none
+    in a manifest written before they were counted."""
+    pairs = counts.get("split_pairs") or {}
+    return ": " + ", ".join(f"{pair} {n:,}" for pair, n in pairs.items()) if pairs else ""
+
+
 def _near_lines(near: Mapping[str, Any] | None, where: str) -> list[str]:
     """The near-duplicate groups, counted, and the manifest's examples: across splits first."""
     if near is None:
@@ -264,7 +271,7 @@ def _near_lines(near: Mapping[str, Any] | None, where: str) -> list[str]:
         return [f"near duplicates: none within {near['distance']} bits"]
     out = [f"near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} within "
            f"{near['distance']} bits ({near['within_split']:,} within a split, {near['across_splits']:,} across "
-           f"splits, {near['validation_files_across']:,} validation files among them; every one in {where})"]
+           f"splits{_pairs(near)}; every one in {where})"]
     for group in near.get("examples", []):
         files = ", ".join(f"{f['split']} {f['path']} ({f['distance']} bits)" for f in group["files"])
         out.append(f"  group {group['group']} (up to {group['distance']} bits): {files}")

@@ -36,6 +36,8 @@ NAMED_BY_DATA = {
     "skipped_by_reason": "<reason>",
     "originals.reencoded_by_reason": "<reason>",
     "duplicates.dropped_by_reason": "<reason>",
+    "duplicates.split_pairs": "<pair>",
+    "duplicates.near.split_pairs": "<pair>",
 }
 _SHARD = re.compile(r"^[\w.-]+-\d{5}-of-\d{5}\.(tfrecord(\.gz)?|array_record|tar)$")
 

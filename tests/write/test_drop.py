@@ -1,15 +1,17 @@
 """--cross_split_duplicates drop's choice, from duplicates.jsonl alone: which split of a group
-is kept, what each file left out is named with, and skipped.jsonl's merge (the runs themselves:
+is kept, that a file is left out only near a file kept (a chain in a group is not), what each
+file left out is named with, and skipped.jsonl's merge (the runs themselves:
 test_drop_duplicates.py)."""
 from __future__ import annotations
 
 import json
 
-from beam_prep.write.finish import drop
+from beam_prep.write.finish import drop, split_order
 from beam_prep.write.plan import skipped
 from beam_prep.write.shared import layout
 
 X, Y, W, P, Q, M, N = (f"{i:x}" * 64 for i in range(1, 8))
+THRESHOLD = 4
 
 
 def _exact(sha256: str, split: str, path: str, copies: int) -> dict:
@@ -34,7 +36,7 @@ LINES = [
 def test_a_group_keeps_train_else_validation_and_names_each_file_left_out_once(tmp_path):
     lines_file = tmp_path / "duplicates.jsonl"
     lines_file.write_text("".join(json.dumps(line) + "\n" for line in LINES))
-    dropping = drop.choose(str(lines_file), "/r")
+    dropping = drop.choose(str(lines_file), "/r", THRESHOLD)
     try:
         rows = [(path, json.loads(line)) for path, line in dropping.lines()]
         assert [path for path, _ in rows] == ["/r/b/q.jpg", "/r/b/x2.jpg", "/r/c/x3.jpg", "/r/t/n.jpg", "/r/t/y.jpg"]
@@ -59,10 +61,63 @@ def test_a_group_keeps_train_else_validation_and_names_each_file_left_out_once(t
         dropping.close()
 
 
-def test_the_kept_split_is_train_then_validation_then_the_first_by_name():
+def test_the_kept_split_is_train_then_validation_or_val_then_the_others_and_test_last():
     assert drop.kept_split(["validation", "train", "test"]) == "train"
     assert drop.kept_split(["test", "validation"]) == "validation"
+    assert drop.kept_split(["test", "val"]) == "val"  # a tree's `val` folder: test loses its copy
     assert drop.kept_split(["test", "extra"]) == "extra"
+    assert drop.kept_split(["zeta", "test"]) == "zeta"
+    assert split_order.ordered(["test", "zeta", "val", "validation", "train", "extra", "test"]) == [
+        "train", "validation", "val", "extra", "zeta", "test"]
+    assert split_order.pair_name("test", "val") == "val/test"
+
+
+def _choose(tmp_path, lines: list[dict], distance: int = THRESHOLD) -> dict[str, dict]:
+    """The rows of skipped.jsonl ``choose`` gives for ``lines``, by path."""
+    lines_file = tmp_path / "duplicates.jsonl"
+    lines_file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    dropping = drop.choose(str(lines_file), "/r", distance)
+    try:
+        return {path: json.loads(line) for path, line in dropping.lines()}
+    finally:
+        dropping.close()
+
+
+def test_a_chain_of_near_copies_loses_only_the_files_near_a_file_kept(tmp_path):
+    """One group, a connected component: B is within the threshold of A (train), D of B but not
+    of A, E of B and of D. B goes (near A); D stays (near only B, which is gone); E goes, named
+    for D, the file kept it copies, not for B."""
+    a, b, d, e = 0, 0b111, 0b111111, 0b1111111  # A-B 3 bits, B-D 3, A-D 6, D-E 1, B-E 4, A-E 7
+    rows = _choose(tmp_path, [
+        _near(1, P, a, "train", "/r/a/a.jpg"), _near(1, Q, b, "validation", "/r/b/b.jpg"),
+        _near(1, M, d, "validation", "/r/b/d.jpg"), _near(1, N, e, "test", "/r/c/e.jpg")])
+    assert rows == {
+        "/r/b/b.jpg": {"path": "/r/b/b.jpg", "relpath": "b/b.jpg", "reason": "near copy of an image in train",
+                       "duplicate_of": "/r/a/a.jpg", "distance": 3},
+        "/r/c/e.jpg": {"path": "/r/c/e.jpg", "relpath": "c/e.jpg", "reason": "near copy of an image in validation",
+                       "duplicate_of": "/r/b/d.jpg", "distance": 1}}
+
+
+def test_a_copy_of_a_file_left_out_is_named_for_the_file_kept(tmp_path):
+    """Q in validation is near P in train, and copied in test: the copy in test goes with it, named
+    as a near copy of P (kept), not as a copy of Q (left out)."""
+    rows = _choose(tmp_path, [
+        _exact(Q, "test", "/r/c/q.jpg", 2), _exact(Q, "validation", "/r/b/q.jpg", 2),
+        _near(1, P, 0, "train", "/r/a/p.jpg"), _near(1, Q, 0b11, "test", "/r/c/q.jpg"),
+        _near(1, Q, 0b11, "validation", "/r/b/q.jpg")])
+    assert {path: (row["reason"], row["duplicate_of"], row.get("distance")) for path, row in rows.items()} == {
+        "/r/b/q.jpg": ("near copy of an image in train", "/r/a/p.jpg", 2),
+        "/r/c/q.jpg": ("near copy of an image in train", "/r/a/p.jpg", 2)}
+
+
+def test_val_and_test_keep_val(tmp_path):
+    """Split folders named val and test: test loses its copies, exact and near, to val."""
+    rows = _choose(tmp_path, [
+        _exact(X, "test", "/r/test/a/x.jpg", 2), _exact(X, "val", "/r/val/a/x.jpg", 2),
+        _near(1, M, 0, "val", "/r/val/a/m.jpg"), _near(1, N, 0b11, "test", "/r/test/a/n.jpg")])
+    assert {path: (row["reason"], row["duplicate_of"]) for path, row in rows.items()} == {
+        "/r/test/a/n.jpg": ("near copy of an image in val", "/r/val/a/m.jpg"),
+        "/r/test/a/x.jpg": ("copy of an image in val", "/r/val/a/x.jpg")}
 
 
 def test_skipped_jsonl_merges_the_files_left_out_by_path(tmp_path):
@@ -84,7 +139,7 @@ def test_without_a_root_each_file_is_named_as_given(tmp_path):
     lines_file.write_text("".join(json.dumps(line) + "\n" for line in [
         _exact(X, "train", "/data/a.jpg", 3), _exact(X, "validation", "/data/b.jpg", 3),
         _exact(X, "validation", "c.jpg", 3)]))
-    dropping = drop.choose(str(lines_file), "")
+    dropping = drop.choose(str(lines_file), "", THRESHOLD)
     try:
         assert [(row["path"], row["relpath"]) for row in (json.loads(line) for _, line in dropping.lines())] == [
             ("/data/b.jpg", "/data/b.jpg"), ("c.jpg", "c.jpg")]

@@ -1,6 +1,9 @@
 """--cross_split_duplicates drop: the files of each group of copies or near copies across splits
-outside its kept split are left out of the shards (every format, both sinks, a resumed run), named
-in skipped.jsonl, and the counts, class counts and shard checksums describe the shards published.
+that copy a file kept in an earlier split are left out of the shards (every format, both sinks, a
+resumed run), named in skipped.jsonl, and the counts, class counts and shard checksums describe
+the shards published; a chain of near copies loses only the files near a file kept, split folders
+named val and test keep val's copy, the leakage is counted for every pair of splits, and a
+rewrite that fails leaves no shard of its own behind.
 
 One tree of real photographs (Pillow's test images), its splits fixed by a table: exact copies
 and a half-size JPEG quality-50 copy in validation of training photos, a copy in train,
@@ -15,13 +18,17 @@ import shutil
 import tarfile
 
 import pytest
-from helpers import assert_shard_checksums, read_split, run_prepare
+from helpers import assert_shard_checksums, prepare_here, read_split, run_prepare
 from PIL import Image
 
-from beam_prep.errors import StorageError
+from beam_prep.errors import DatasetError, StorageError
+from beam_prep.io.tfrecord import read_records
 from beam_prep.model import features
 from beam_prep.tools import verification
 from beam_prep.tools.format_records import examples
+from beam_prep.write.finish import drop, duplicates
+from beam_prep.write.images.imaging import ImageSpec, process_image
+from beam_prep.write.images.phash import distance
 from beam_prep.write.shared import layout
 from pipelines import prepare_images
 
@@ -229,3 +236,151 @@ def test_a_run_stopped_once_its_shards_are_rewritten_resumes_to_the_same_dataset
             reader.close()
         assert sorted(name for name, _ in beam_prep.data_source(str(out), split).samples) == sorted(names[split])
     _check_published(out, root, names)
+
+
+# --- split folders: a chain of near copies, val and test, every pair of splits ---------------
+
+
+def _cropped(photo: pathlib.Path, percent: int) -> Image.Image:
+    """The photo without ``percent`` of its width on the left: a near copy, further the more cut."""
+    with Image.open(photo) as image:
+        image = image.convert("RGB")
+        return image.crop((image.width * percent // 100, 0, image.width, image.height))
+
+
+def _make(root: pathlib.Path, files: dict[str, Image.Image | pathlib.Path | str]) -> pathlib.Path:
+    """A tree of split folders: each file a picture saved as PNG, a photo copied, or ("=name") an
+    exact copy of the tree's file ``name``."""
+    for name, source in files.items():
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(source, Image.Image):
+            source.save(target, "PNG")
+        elif isinstance(source, str):
+            shutil.copyfile(root / source[1:], target)
+        else:
+            shutil.copyfile(source, target)
+    return root
+
+
+def _hash(path: pathlib.Path) -> int:
+    """The perceptual hash a run of ``--image_size 32`` gives the file: of the image as written."""
+    return process_image(path.read_bytes(), ImageSpec(height=int(SIZE), width=int(SIZE))).phash
+
+
+def _written(out: pathlib.Path) -> dict[str, list[str]]:
+    """Each split's file names, as its TFRecord shards hold them (read without TensorFlow), without
+    the split folder."""
+    manifest = _manifest(out)
+    return {split: sorted(features.decode_example(record)[features.FILENAME].decode().split("/", 1)[1]
+                          for shard in info["shards"]
+                          for record in read_records(str(out / shard), manifest["compression"].lower()))
+            for split, info in manifest["splits"].items()}
+
+
+def _skipped(out: pathlib.Path) -> dict[str, dict]:
+    return {row["relpath"]: row for row in _lines(out, "skipped.jsonl")}
+
+
+def test_a_chain_of_near_copies_loses_only_the_file_near_the_kept_one(pillow_images, tmp_path):
+    """A photo in train (A), a copy cut by 5% in validation (B), by 7% in test (C): A-B and B-C are
+    within the threshold, A-C is not, so the three are one group. B is left out, as a near copy
+    of A; C is kept: it copies nothing kept (B is gone)."""
+    flower = pillow_images.path("flower.jpg")
+    root = _make(tmp_path / "tree", {
+        "train/a/flower.png": _cropped(flower, 0), "validation/a/flower_cut5.png": _cropped(flower, 5),
+        "test/a/flower_cut7.png": _cropped(flower, 7), "train/b/hopper.jpg": pillow_images.path("hopper.jpg"),
+        "validation/b/photoshop.jpg": pillow_images.path("photoshop-200dpi.jpg"),
+        "test/b/iptc.jpg": pillow_images.path("iptc.jpg")})
+    a, b, c = (_hash(root / name) for name in
+               ("train/a/flower.png", "validation/a/flower_cut5.png", "test/a/flower_cut7.png"))
+    threshold = 6
+    assert distance(a, b) <= threshold and distance(b, c) <= threshold < distance(a, c), \
+        (distance(a, b), distance(b, c), distance(a, c))
+    out = tmp_path / "out"
+    prepare_here("--input", str(root), "--output", str(out), "--image_size", SIZE, "--sink", "streaming",
+                 "--near_duplicate_distance", str(threshold), "--cross_split_duplicates", "drop")
+    near = [r for r in _lines(out, "duplicates.jsonl") if r["kind"] == "near"]
+    assert sorted(r["path"] for r in near) == sorted(str(root / name) for name in (
+        "train/a/flower.png", "validation/a/flower_cut5.png", "test/a/flower_cut7.png"))  # one group
+    assert {r["group"] for r in near} == {1}
+    assert _written(out) == {"train": ["a/flower.png", "b/hopper.jpg"], "validation": ["b/photoshop.jpg"],
+                             "test": ["a/flower_cut7.png", "b/iptc.jpg"]}
+    row = _skipped(out)["validation/a/flower_cut5.png"]
+    assert (row["reason"], row["duplicate_of"], row["distance"]) == (
+        "near copy of an image in train", str(root / "train/a/flower.png"), distance(a, b))
+    assert _manifest(out)["counts"]["dropped"] == 1
+
+
+def _leaking_tree(pillow_images, root: pathlib.Path, held_out: str) -> pathlib.Path:
+    """Train, ``held_out`` (val or validation) and test, with a copy across each pair of splits:
+    a train photo copied in ``held_out``, one copied in test, a ``held_out`` photo copied in test,
+    and a near copy in test (cut by 2%) of another ``held_out`` photo."""
+    photoshop = pillow_images.path("photoshop-200dpi.jpg")
+    return _make(root, {
+        "train/a/hopper.jpg": pillow_images.path("hopper.jpg"), "train/b/iptc.jpg": pillow_images.path("iptc.jpg"),
+        f"{held_out}/a/flower.png": _cropped(pillow_images.path("flower.jpg"), 0),
+        f"{held_out}/b/hopper_copy.jpg": "=train/a/hopper.jpg",
+        f"{held_out}/b/photoshop.png": _cropped(photoshop, 0),
+        "test/a/flower.png": f"={held_out}/a/flower.png", "test/b/photoshop_cut.png": _cropped(photoshop, 2),
+        "test/b/iptc_copy.jpg": "=train/b/iptc.jpg", "test/a/exif.jpg": pillow_images.path("exif-72dpi-int.jpg")})
+
+
+@pytest.mark.parametrize("held_out", ["val", "validation"])
+def test_each_split_loses_its_copies_to_the_split_before_it_and_each_pair_of_splits_is_counted(
+        pillow_images, tmp_path, held_out):
+    """Train keeps its files, val (or validation) loses its copy of train's, test loses its copies
+    of both: with split folders named val and test, val's copies stay and test's go. The leakage
+    is counted for every pair of splits, val and test included."""
+    root = _leaking_tree(pillow_images, tmp_path / "tree", held_out)
+    out = tmp_path / "out"
+    prepare_here("--input", str(root), "--output", str(out), "--image_size", SIZE, "--sink", "streaming",
+                 "--cross_split_duplicates", "drop")
+    assert _written(out) == {"train": ["a/hopper.jpg", "b/iptc.jpg"],
+                             held_out: ["a/flower.png", "b/photoshop.png"], "test": ["a/exif.jpg"]}
+    skipped = _skipped(out)
+    assert {name: (row["reason"], row["duplicate_of"]) for name, row in skipped.items()} == {
+        f"{held_out}/b/hopper_copy.jpg": ("copy of an image in train", str(root / "train/a/hopper.jpg")),
+        "test/a/flower.png": (f"copy of an image in {held_out}", str(root / held_out / "a/flower.png")),
+        "test/b/iptc_copy.jpg": ("copy of an image in train", str(root / "train/b/iptc.jpg")),
+        "test/b/photoshop_cut.png": (f"near copy of an image in {held_out}", str(root / held_out / "b/photoshop.png"))}
+    assert skipped["test/b/photoshop_cut.png"]["distance"] == distance(
+        _hash(root / held_out / "b/photoshop.png"), _hash(root / "test/b/photoshop_cut.png"))
+    manifest = _manifest(out)
+    found = manifest["duplicates"]
+    assert found["split_pairs"] == {f"train/{held_out}": 1, "train/test": 1, f"{held_out}/test": 1}
+    assert found["near"]["split_pairs"] == {f"{held_out}/test": 1}
+    assert duplicates.split_pairs(manifest) == {f"train/{held_out}": 1, "train/test": 1, f"{held_out}/test": 2}
+    assert duplicates.leakage(manifest) == 4
+    assert found["dropped_by_reason"] == {"copy of an image in train": 2, f"copy of an image in {held_out}": 1,
+                                          f"near copy of an image in {held_out}": 1}
+
+
+def test_a_rewrite_that_fails_leaves_none_of_its_shards_behind(pillow_images, tmp_path, monkeypatch):
+    """The last shard to rewrite is damaged (its last record's CRC) once the shards are written:
+    the rewrite reads it after writing the shard before it again, fails on it, and removes both
+    its staged shards; the run fails with the damaged record named."""
+    root = _leaking_tree(pillow_images, tmp_path / "tree", "validation")
+    real = drop.rewrite
+    damaged = []
+
+    def rewrite_a_damaged_shard(work, file_format, compression, multi_label, shards, *rest):
+        dropping = rest[-1]
+        to_rewrite = [row[1] for row in shards if row[0] in dropping.keys]
+        assert len(to_rewrite) >= 2  # one is written again before the damaged one is read
+        shard = pathlib.Path(work) / to_rewrite[-1]
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF  # the last record's data CRC
+        shard.write_bytes(bytes(data))
+        damaged.append(shard.name)
+        return real(work, file_format, compression, multi_label, shards, *rest)
+
+    monkeypatch.setattr(drop, "rewrite", rewrite_a_damaged_shard)
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match="damaged"):
+        prepare_here("--input", str(root), "--output", str(out), "--image_size", SIZE, "--sink", "streaming",
+                     "--compression", "none", "--cross_split_duplicates", "drop")
+    assert damaged
+    left = [p.relative_to(out) for p in out.rglob("*") if p.name.endswith(".without-dropped")]
+    assert left == []
+    assert not (out / "manifest.json").exists()

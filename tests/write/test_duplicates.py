@@ -94,8 +94,8 @@ def test_inspect_shows_the_copies_across_splits_first(tree, tmp_path, capsys):
     prepare_here("--input", str(root), "--output", str(out), "--image_size", "16", "--validation_percent", str(PERCENT))
     assert inspect_output.main([str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    at = lines.index(f"duplicates: 3 extra copies of 2 images (2 within a split, 1 across splits; every one in "
-                     f"{out}/duplicates.jsonl)")
+    at = lines.index(f"duplicates: 3 extra copies of 2 images (2 within a split, 1 across splits: "
+                     f"train/validation 1; every one in {out}/duplicates.jsonl)")
     across = sorted((split, path) for _, copies, split, path in expected if copies == 2)
     sha256 = next(sha for sha, copies, _, _ in expected if copies == 2)
     # Hash files are read in name order (train's shards before validation's), each in record order.
@@ -113,9 +113,10 @@ def test_a_dataset_without_copies_says_none(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["duplicates"] == {"images": 0, "extra_copies": 0, "within_split": 0, "across_splits": 0,
-                                      "examples": [], "near": {
+                                      "split_pairs": {}, "examples": [], "near": {
                                           "distance": 6, "groups": 0, "files": 0, "within_split": 0,
-                                          "across_splits": 0, "validation_files_across": 0, "examples": []}}
+                                          "across_splits": 0, "files_across": 0, "split_pairs": {},
+                                          "examples": []}}
     assert (tmp_path / "out" / "duplicates.jsonl").read_text() == ""
     assert "duplicates" not in result.stdout
 

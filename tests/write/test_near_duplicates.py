@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from beam_prep.write.finish import duplicates, near
+from beam_prep.errors import DatasetError
+from beam_prep.write.finish import duplicates, hash_lines, near
 
 
 def _brute(hashes: np.ndarray, distance: int) -> set[tuple[int, int]]:
@@ -70,8 +71,31 @@ def test_near_groups_are_listed_with_their_distance_and_counted_within_and_acros
                       (2, "/t/b_copy.jpg", "train", 0, 0)]
     assert [r["path"] for r in lines if r["kind"] == "exact"] == ["/t/b.jpg", "/t/b_copy.jpg"]
     assert found.near == {"distance": 4, "groups": 2, "files": 6, "within_split": 1, "across_splits": 1,
-                          "validation_files_across": 1, "examples": found.near["examples"]}
+                          "files_across": 3, "split_pairs": {"train/validation": 1},
+                          "examples": found.near["examples"]}
     assert found.near["examples"][0]["files"][2] == {"split": "validation", "path": "/v/a_small.jpg", "distance": 2}
+
+
+@pytest.mark.parametrize("bad", ["zz" * 8, "0123", "-x"])
+def test_a_hash_line_whose_perceptual_hash_is_not_one_is_refused_naming_its_file(tmp_path, bad):
+    """The near search reads the lines through the one parser: a damaged hash is a DatasetError
+    naming the file and the line, not a ValueError from int()."""
+    good = _line("a", "train", 1, "/t/a.jpg")
+    path = tmp_path / "hashes.txt"
+    path.write_text(good + "\n" + good.replace(f"{1:016x}", bad) + "\n")
+    with pytest.raises(DatasetError, match=f"{path} holds a line that is not a record's hash"):
+        duplicates.find([str(path)], 2, distance=4)
+
+
+def test_the_one_parser_reads_what_hash_line_writes_and_refuses_the_rest():
+    line = duplicates.hash_line("ab" * 32, "val", "/r/val/é.jpg", 0xFFFF_0000_0000_0001).encode()
+    assert hash_lines.parse("f", line) == hash_lines.HashLine(b"ab" * 32, b"val", 0xFFFF_0000_0000_0001,
+                                                             b'"/r/val/\\u00e9.jpg"')
+    assert hash_lines.parse("f", duplicates.hash_line("cd" * 32, "test", "/x").encode()).phash is None
+    for bad in [b"", b"ab" * 32 + b"\ttrain", b"zz" * 32 + b"\ttrain\t-\t\"/x\"", b"ab" * 32 + b"\t\t-\t\"/x\"",
+                b"ab" * 31 + b"\ttrain\t-\t\"/x\""]:
+        with pytest.raises(DatasetError, match="f holds a line that is not a record's hash"):
+            hash_lines.parse("f", bad)
 
 
 def test_no_hashes_no_near_groups(tmp_path):

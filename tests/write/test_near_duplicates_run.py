@@ -55,10 +55,12 @@ def test_both_sinks_find_the_same_near_groups_and_fail_says_so_after_writing(tre
         assert result.returncode == 1, result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith(
             "error: --cross_split_duplicates fail: 1 group of copies across splits (the dataset is written")
-        assert "cross-split leakage: 1 group" in result.stdout
+        assert "cross-split leakage: 1 group of copies or near copies in two splits (groups per pair of splits: " \
+               "train/validation 1)" in result.stdout
         manifest = json.loads((out / "manifest.json").read_text())  # written before the exit
         near = manifest["duplicates"]["near"]
-        assert (near["groups"], near["files"], near["across_splits"], near["validation_files_across"]) == (1, 2, 1, 1)
+        assert (near["groups"], near["files"], near["across_splits"], near["files_across"]) == (1, 2, 1, 2)
+        assert near["split_pairs"] == {"train/validation": 1}
         groups[sink] = _near(out)
     assert groups["streaming"] == groups["shuffle"]
     assert {path: split for _, split, path in groups["streaming"]} == expected

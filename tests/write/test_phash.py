@@ -87,3 +87,17 @@ def test_a_run_for_exact_copies_only_hashes_nothing():
     picture(5, 64, 48).save(buf, "JPEG")
     assert process_image(buf.getvalue(), ImageSpec(height=16, width=16)).phash is not None
     assert process_image(buf.getvalue(), ImageSpec(height=16, width=16, perceptual_hash=False)).phash is None
+
+
+def test_the_distance_of_arrays_is_the_distance_of_each_pair_with_numpy_2_or_without(monkeypatch):
+    """One Hamming distance for ints and uint64 arrays (broadcast), the same through numpy 1.26's
+    byte table as through numpy 2's bitwise_count."""
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 2**64 - 1, size=50, dtype=np.uint64, endpoint=True)
+    b = rng.integers(0, 2**64 - 1, size=40, dtype=np.uint64, endpoint=True)
+    expected = [[distance(int(x), int(y)) for y in b] for x in a]
+    assert distance(a[:, None], b[None, :]).tolist() == expected
+    assert distance(a, int(b[0])).tolist() == [row[0] for row in expected]
+    assert distance(2**64 - 1, 0) == 64 and distance(np.array([2**64 - 1], dtype=np.uint64), 0).tolist() == [64]
+    monkeypatch.delattr(np, "bitwise_count")
+    assert distance(a[:, None], b[None, :]).tolist() == expected

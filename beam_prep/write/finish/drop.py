@@ -1,6 +1,13 @@
-"""``--cross_split_duplicates drop``: the members of each group of copies or near copies across
-splits that are not in the group's kept split are left out of the dataset, and named in
-skipped.jsonl.
+"""``--cross_split_duplicates drop``: a file is left out of the dataset, and named in skipped.jsonl,
+when it is a copy, or a near copy within the threshold, of a file kept in a split before its own
+(``split_order``: train, validation, val, the others, test).
+
+A group of near copies is a connected component, and a chain A-B-C of one holds files far apart:
+with A kept, B within the threshold of A is left out, and C, within it of B but not of A, is
+kept. So each group is decided split by split, in their order: its files in the first split are
+kept, and each file of a later split is left out only when it is within the threshold of a file
+kept so far, and kept otherwise (a file the next splits are then compared with). No two files
+kept in different splits are within the threshold, and each file left out names a file kept.
 
 Near duplicates are known only once every image is decoded (the perceptual hashes come from the
 workers), so the shards are written by then: ``choose`` reads the groups ``duplicates.find``
@@ -17,6 +24,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -26,23 +34,21 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.io.tfrecord import Checksum
-from beam_prep.write.finish import duplicates
+from beam_prep.write.finish import hash_lines, split_order
+from beam_prep.write.finish.split_order import kept_split
+from beam_prep.write.images.phash import distance as hamming
 from beam_prep.write.plan import skipped
 from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared import layout
-from beam_prep.write.shared.entry import DEFAULT_SPLIT, VALIDATION_SPLIT
 from beam_prep.write.shared.shard_formats import shard_format
 
 __all__ = ["Dropping", "Rewritten", "choose", "exact_reason", "kept_split", "near_reason", "rewrite"]
 
+_LOG = logging.getLogger(__name__)
 _STAGED = ".without-dropped"  # a rewritten shard's name in the run's folder until it replaces the shard
 _DIGEST = "S32"
-
-
-def kept_split(splits: Iterable[str]) -> str:
-    """The split whose members of a group are kept: train, else validation, else the first by name
-    (a copy in validation and test leaves test, the last to be looked at, clean of both)."""
-    return min(splits, key=lambda s: (s != DEFAULT_SPLIT, s != VALIDATION_SPLIT, s))
+_CELLS = 1 << 22  # distances computed at once when a group's files are compared with its kept ones
+_NEAR, _EXACT = 0, 1  # a row's kind: a file in a near and an exact group is named by the near one's row
 
 
 def exact_reason(split: str) -> str:
@@ -79,7 +85,7 @@ class Dropping:
 
     def lines(self) -> Iterator[tuple[str, str]]:
         """``(path, skipped.jsonl line)`` of each file left out, sorted by path, each once (a file
-        in an exact and a near group is named for its exact copy)."""
+        in an exact and a near group as its near group decided: a copy of a file kept there)."""
         last = None
         for path, _, _, _, line in self._rows:
             if path != last:
@@ -98,18 +104,21 @@ class Dropping:
         self._folder.close()
 
 
-def choose(lines_file: str, root: str) -> Dropping:
+def choose(lines_file: str, root: str, distance: int | None) -> Dropping:
     """The records to leave out: in each group of duplicates.jsonl (``lines_file``, local) that
-    lies in two splits or more, every file outside the group's ``kept_split``.
+    lies in two splits or more, each file that is a copy, or within ``distance`` bits, of a file
+    kept in a split before its own (the module's docstring says why split by split).
 
-    Each is named with the kept file it copies (``duplicate_of``: for an exact copy the first by
-    path, for a near one the closest, then the first by path) and, for a near copy, its
-    ``distance`` in bits. Memory: one group at a time, then 32 bytes a file left out; the lines
-    go through an external sort by path.
+    Each is named with the kept file it copies (``duplicate_of``: a file with the same bytes
+    first, else the closest, then the first by path) and, for a near copy, its ``distance`` in
+    bits. A file in an exact and a near group is decided by its near group, which holds its
+    copies too (the same bytes, the same hash), and every file kept there. Memory: one group
+    at a time, then 32 bytes a file left out; the lines go through an external sort by path.
 
     Args:
       lines_file: duplicates.jsonl as ``duplicates.find`` wrote it: each group's lines together.
       root: the run's ``--input``, which the paths are under (skipped.jsonl's ``relpath``).
+      distance: the near-duplicate threshold the groups were found with; None: no near group.
     """
     folder = SpillFolder(prefix="beam-prep-drop-")
     rows = SortedRows(folder, "dropped")
@@ -118,7 +127,7 @@ def choose(lines_file: str, root: str) -> Dropping:
             records = (json.loads(line) for line in f)
             for _, members in itertools.groupby(records, key=lambda r: (r["kind"], r.get("group"), r["sha256"]
                                                                         if r["kind"] == "exact" else None)):
-                _choose_in(list(members), root, rows)
+                _choose_in(list(members), root, distance, rows)
         digests: dict[str, bytearray] = collections.defaultdict(bytearray)
         by_reason: collections.Counter[str] = collections.Counter()
         last = None
@@ -134,30 +143,55 @@ def choose(lines_file: str, root: str) -> Dropping:
     return Dropping(keys, dict(by_reason), rows, folder)
 
 
-def _choose_in(members: list[dict[str, Any]], root: str, rows: SortedRows) -> None:
-    """One group's files outside its kept split, as rows ``(path, 0 exact or 1 near, (split, sha256),
-    reason, line)``: a file in an exact and a near group sorts first for its exact copy."""
-    splits = {m["split"] for m in members}
+def _choose_in(members: list[dict[str, Any]], root: str, distance: int | None, rows: SortedRows) -> None:
+    """One group's files to leave out, as rows ``(path, _NEAR or _EXACT, (split, sha256), reason,
+    line)``: a file in an exact and a near group sorts first for its near group's decision."""
+    splits = split_order.ordered(m["split"] for m in members)
     if len(splits) < 2:
         return
-    keep = kept_split(splits)
-    kept = sorted((m for m in members if m["split"] == keep), key=lambda m: m["path"])
-    near = members[0]["kind"] == "near"
-    for m in members:
-        if m["split"] == keep:
-            continue
-        if near:
-            picture = int(m["phash"], 16)
-            gap, closest = min(((int(k["phash"], 16) ^ picture).bit_count(), k["path"]) for k in kept)
-            about: dict[str, Any] = {"duplicate_of": closest, "distance": gap}
-            reason = near_reason(keep)
-        else:
-            about = {"duplicate_of": kept[0]["path"]}
-            reason = exact_reason(keep)
-        path = m["path"]
-        base = root.rstrip("/")  # no root (WriteImageDataset's elements): each path as given
-        relpath = path[len(base) + 1:] if base and path.startswith(base + "/") else path
-        rows.append((path, int(near), (m["split"], m["sha256"]), reason, skipped.line(root, relpath, reason, **about)))
+    if members[0]["kind"] != "near":
+        kept = sorted((m for m in members if m["split"] == splits[0]), key=lambda m: m["path"])
+        for m in members:
+            if m["split"] != splits[0]:
+                _left_out(m, kept[0], None, root, rows)
+        return
+    if distance is None:
+        raise ValueError("near groups to drop from, but no threshold")
+    kept = [m for m in members if m["split"] == splits[0]]
+    for split in splits[1:]:
+        kept.sort(key=lambda m: m["path"])  # ties go to the first by path
+        pictures = np.array([int(k["phash"], 16) for k in kept], dtype=np.uint64)
+        contents = np.array([k["sha256"] for k in kept])
+        later = [m for m in members if m["split"] == split]
+        step = max(1, _CELLS // len(kept))
+        for start in range(0, len(later), step):
+            block = later[start:start + step]
+            gaps = hamming(np.array([int(m["phash"], 16) for m in block], dtype=np.uint64)[:, None],
+                           pictures[None, :]).astype(np.int64)
+            other = np.array([m["sha256"] for m in block])[:, None] != contents[None, :]
+            score = np.where(gaps <= distance, 2 * gaps + other, np.iinfo(np.int64).max)  # same bytes first
+            closest = score.argmin(axis=1)
+            for m, at, within in zip(block, closest.tolist(), (gaps[np.arange(len(block)), closest] <= distance)):
+                if within:
+                    copy = kept[at]
+                    _left_out(m, copy, None if copy["sha256"] == m["sha256"] else hamming(
+                        int(m["phash"], 16), int(copy["phash"], 16)), root, rows)
+                else:
+                    kept.append(m)  # kept: the next splits are compared with it too
+
+
+def _left_out(member: dict[str, Any], copy: dict[str, Any], gap: int | None, root: str, rows: SortedRows) -> None:
+    """A file left out as a copy (``gap`` None) or a near copy of the kept file ``copy``, as a row."""
+    if gap is None:
+        about: dict[str, Any] = {"duplicate_of": copy["path"]}
+        reason, kind = exact_reason(copy["split"]), _EXACT if member["kind"] == "exact" else _NEAR
+    else:
+        about = {"duplicate_of": copy["path"], "distance": gap}
+        reason, kind = near_reason(copy["split"]), _NEAR
+    path = member["path"]
+    base = root.rstrip("/")  # no root (WriteImageDataset's elements): each path as given
+    relpath = path[len(base) + 1:] if base and path.startswith(base + "/") else path
+    rows.append((path, kind, (member["split"], member["sha256"]), reason, skipped.line(root, relpath, reason, **about)))
 
 
 class Rewritten:
@@ -184,12 +218,13 @@ class Rewritten:
         try:
             FileSystems.rename(list(sources), list(targets))
         except Exception as e:  # each filesystem raises its own types.
+            _remove_staged(list(sources))  # those not moved: a resumed run writes their shards again
             raise storage_error("replace", targets[0], e) from e
 
     def discard(self) -> None:
-        """Removes the rewritten shards (the counts did not add up: nothing is published)."""
-        if self._staged:
-            layout.delete([source for source, _ in self._staged], "rewritten shards")
+        """Removes the rewritten shards (the counts did not add up, or the manifest could not be
+        built: nothing is published)."""
+        _remove_staged([source for source, _ in self._staged])
 
 
 def rewrite(work: str, file_format: str, compression: str, multi_label: bool,
@@ -221,31 +256,39 @@ def rewrite(work: str, file_format: str, compression: str, multi_label: bool,
     own = set(hash_files)
     rows, staged, total = [], [], 0
     removed: collections.Counter[tuple[str, str]] = collections.Counter()
-    for row in shards:
-        split, name = row[0], row[1]
-        hashes = join(work, layout.hashes_name(name))
-        if split not in dropping.keys or (hashes in own and not _names_any(hashes, dropping)):
-            rows.append(row)
-            continue
-        source, target = join(work, name + _STAGED), join(work, name)
-        checksum, kept, left_out = Checksum(), 0, 0
-        with fmt.records(source, compression, checksum, shown_as=target) as write:
-            for payload in fmt.read(target, compression):
-                sha256, labels = fmt.identity(payload, multi_label)
-                if dropping.holds(split, sha256):
-                    left_out += 1
-                    removed.update((split, label) for label in labels)
-                else:
-                    write(payload)
-                    kept += 1
-        if not left_out:
-            layout.delete(fmt.shard_files(source, compression), source)
-            rows.append(row)
-            continue
-        # Its companions (a DALI index: ShardFormat.companions) written again with it, moved with it.
-        staged.extend(zip(fmt.shard_files(source, compression), fmt.shard_files(target, compression)))
-        total += left_out
-        rows.append((split, name, kept, checksum.size, checksum.hexdigest()))
+    writing: list[str] = []  # the staged shard being written, until it is staged or removed
+    try:
+        for row in shards:
+            split, name = row[0], row[1]
+            hashes = join(work, layout.hashes_name(name))
+            if split not in dropping.keys or (hashes in own and not _names_any(hashes, dropping)):
+                rows.append(row)
+                continue
+            source, target = join(work, name + _STAGED), join(work, name)
+            writing = fmt.shard_files(source, compression)
+            checksum, kept, left_out = Checksum(), 0, 0
+            with fmt.records(source, compression, checksum, shown_as=target) as write:
+                for payload in fmt.read(target, compression):
+                    sha256, labels = fmt.identity(payload, multi_label)
+                    if dropping.holds(split, sha256):
+                        left_out += 1
+                        removed.update((split, label) for label in labels)
+                    else:
+                        write(payload)
+                        kept += 1
+            if not left_out:
+                layout.delete(fmt.shard_files(source, compression), source)
+                writing = []
+                rows.append(row)
+                continue
+            # Its companions (a DALI index: ShardFormat.companions) written again with it, moved with it.
+            staged.extend(zip(fmt.shard_files(source, compression), fmt.shard_files(target, compression)))
+            writing = []
+            total += left_out
+            rows.append((split, name, kept, checksum.size, checksum.hexdigest()))
+    except BaseException:
+        _remove_staged([*(source for source, _ in staged), *writing])
+        raise
     result = Rewritten(rows, [*class_counts, *(((s, label), -n) for (s, label), n in removed.items())], staged)
     if total != dropping.count:
         result.discard()
@@ -261,5 +304,17 @@ def _names_any(hashes: str, dropping: Dropping) -> bool:
             lines = f.read().splitlines()  # a shard's: a line a record
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("read", hashes, e) from e
-    return any(dropping.holds(split.decode(), digest.hex())
-               for digest, split, _ in (duplicates.parse_hash_line(hashes, line) for line in lines if line))
+    return any(dropping.holds(parsed.split.decode(), parsed.sha256.decode())
+               for parsed in (hash_lines.parse(hashes, line) for line in lines if line))
+
+
+def _remove_staged(paths: list[str]) -> None:
+    """Removes the staged shards of ``paths`` that exist, so a run that fails leaves none in its
+    folder. A failure to remove one is logged, not raised: the error that stopped the run is
+    the one to report."""
+    try:
+        present = [path for path in paths if FileSystems.exists(path)]
+        if present:
+            FileSystems.delete(present)
+    except Exception as e:  # noqa: BLE001 - each filesystem raises its own types; the run's error is raised.
+        _LOG.warning("could not remove the rewritten shards %s: %s", ", ".join(paths), e)

@@ -12,9 +12,9 @@ what it costs.
 from __future__ import annotations
 
 import array
-import binascii
 import collections
 import dataclasses
+import itertools
 import json
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,27 +26,17 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep import wording
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, join, open_to_read, storage_error
-from beam_prep.write.finish import near
+from beam_prep.write.finish import hash_lines, near, split_order
+from beam_prep.write.finish.hash_lines import hash_line
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared import layout
-from beam_prep.write.shared.entry import printable
 
-__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error", "parse_hash_line"]
+__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error", "split_pairs"]
 
 EXAMPLES = 5  # groups of copies the manifest shows, and files shown of each
 _PREFIX_HEX = 16  # a sha256's first 8 bytes, as hex: the key held per record
-_SHA256_HEX = 64
 _REST_BYTES = 24  # a sha256 after its prefix
 _READ_BYTES = 1 << 22
-
-
-def hash_line(sha256_hex: str, split: str, path: str, phash: int | None = None) -> str:
-    """A hash file's line for one written record:
-    ``<sha256 hex>\\t<split>\\t<perceptual hash, 16 hex digits>\\t<path as JSON>``, the path as
-    messages show it (``listing.printable``: a name that is not UTF-8 escaped). ``phash`` None
-    (``-``): the record takes no part in the near-duplicate search (an image of one flat colour)."""
-    picture = "-" if phash is None else f"{phash:016x}"
-    return f"{sha256_hex}\t{split}\t{picture}\t{json.dumps(printable(path))}"
 
 
 @dataclasses.dataclass
@@ -57,13 +47,15 @@ class Duplicates:
     ``extra_copies`` is ``within_split + across_splits``: of ``n`` files with one
     content, ``n - 1`` are extra; those in a split that already has the content
     are ``within_split``, and each further split it appears in adds one to
-    ``across_splits`` (a validation image that is also in train: 1).
+    ``across_splits`` (a validation image that is also in train: 1). ``split_pairs``: per pair of
+    splits (``split_order.pair_name``), the contents with a file in both.
     """
 
     images: int = 0  # contents held by two files or more
     extra_copies: int = 0
     within_split: int = 0
     across_splits: int = 0
+    split_pairs: dict[str, int] = dataclasses.field(default_factory=dict)
     examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     near: dict[str, Any] | None = None  # near.NearFound.to_json(); None: no near search
     lines_file: str | None = None
@@ -71,7 +63,8 @@ class Duplicates:
 
     def to_json(self) -> dict[str, Any]:
         return {"images": self.images, "extra_copies": self.extra_copies, "within_split": self.within_split,
-                "across_splits": self.across_splits, "examples": self.examples, "near": self.near}
+                "across_splits": self.across_splits, "split_pairs": self.split_pairs, "examples": self.examples,
+                "near": self.near}
 
     def close(self) -> None:
         if self._folder is not None:
@@ -104,8 +97,7 @@ def find(hash_files: Iterable[str], capacity: int, distance: int | None = near.D
             if len(candidates):
                 _report(files, candidates, sizes, folder, found, out)
             if distance is not None:
-                found.near = near.report(lambda: (lines for _, lines in _chunks(files)), distance, out,
-                                         folder, pairs).to_json()
+                found.near = near.report(lambda: _chunks(files), distance, out, folder, pairs).to_json()
     except BaseException:
         found.close()
         raise
@@ -154,7 +146,8 @@ def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder:
         at = np.minimum(np.searchsorted(candidates, keys), count - 1)
         for i in np.flatnonzero(candidates[at] == keys).tolist():
             group = int(at[i])
-            digest, split, quoted = parse_hash_line(path, lines[i])
+            parsed = hash_lines.parse(path, lines[i])
+            digest, split, quoted = bytes.fromhex(parsed.sha256.decode()), parsed.split, parsed.path
             rest = digest[8:]
             if seen[group] == 0:
                 first[group * _REST_BYTES:(group + 1) * _REST_BYTES] = rest
@@ -180,7 +173,7 @@ def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder:
         for split, quoted in files_apart:
             tally.add(split, quoted)
         tally.group_done()
-    found.examples = tally.examples()
+    tally.done()
 
 
 class _Tally:
@@ -218,6 +211,9 @@ class _Tally:
         f.extra_copies += self._copies - 1
         f.within_split += sum(n - 1 for n in self._per_split.values())
         f.across_splits += len(self._per_split) - 1
+        for a, b in itertools.combinations(sorted(self._per_split), 2):
+            pair = split_order.pair_name(a.decode(), b.decode())
+            f.split_pairs[pair] = f.split_pairs.get(pair, 0) + 1
         kept = self._across if len(self._per_split) > 1 else self._within
         if len(kept) < EXAMPLES:
             kept.append({"sha256": self._sha256, "copies": self._copies,
@@ -225,8 +221,10 @@ class _Tally:
                                    for split, quoted in self._shown]})
         self._per_split.clear()
 
-    def examples(self) -> list[dict[str, Any]]:
-        return (self._across + self._within)[:EXAMPLES]
+    def done(self) -> None:
+        """The counts final: the examples chosen, the pairs of splits in the splits' order."""
+        self._found.examples = (self._across + self._within)[:EXAMPLES]
+        self._found.split_pairs = split_order.sorted_pairs(self._found.split_pairs)
 
 
 def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
@@ -248,21 +246,12 @@ def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
 
 
 def _prefixes(path: str, lines: list[bytes]) -> np.ndarray:
+    """Each hash line's sha256 prefix, read without parsing the line (``hash_lines.parse`` checks
+    the lines kept as candidates): pass 1 reads every record's line."""
     try:
         return np.fromiter((int(line[:_PREFIX_HEX], 16) for line in lines), dtype=np.uint64, count=len(lines))
     except ValueError as e:
         raise DatasetError(f"{path} holds a line that is not a record's hash: {e}") from e
-
-
-def parse_hash_line(path: str, line: bytes) -> tuple[bytes, bytes, bytes]:
-    """A hash line's sha256 (32 bytes), split and source path (JSON-quoted), as bytes."""
-    parts = line.split(b"\t", 3)
-    try:
-        if len(parts) != 4 or len(parts[0]) != _SHA256_HEX:
-            raise ValueError("not four fields")
-        return binascii.unhexlify(parts[0]), parts[1], parts[3]
-    except (ValueError, binascii.Error) as e:
-        raise DatasetError(f"{path} holds a line that is not a record's hash: {line[:200]!r}") from e
 
 
 def copy_lines(found: Duplicates, target: str) -> None:
@@ -281,6 +270,16 @@ def leakage(manifest: Mapping[str, Any]) -> int:
     """Groups of exact or near copies that lie in two splits or more, from a manifest's ``duplicates``."""
     copies = manifest.get("duplicates") or {}
     return int(copies.get("across_splits", 0)) + int((copies.get("near") or {}).get("across_splits", 0))
+
+
+def split_pairs(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """Per pair of splits, the groups of exact or near copies with files in both (every pair, whatever
+    the splits are named), from a manifest's ``duplicates``, in the splits' order."""
+    copies = manifest.get("duplicates") or {}
+    total: collections.Counter[str] = collections.Counter()
+    for counts in (copies.get("split_pairs") or {}, (copies.get("near") or {}).get("split_pairs") or {}):
+        total.update(counts)
+    return split_order.sorted_pairs(total)
 
 
 def leakage_error(action: str, manifest: Mapping[str, Any], output: str) -> str | None:

@@ -27,7 +27,9 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
+from beam_prep.write.finish import hash_lines, split_order
 from beam_prep.write.images.phash import DEFAULT_DISTANCE
+from beam_prep.write.images.phash import distance as hamming
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 
 __all__ = ["DEFAULT_DISTANCE", "NearFound", "band_keys", "band_plan", "components", "near_pairs", "report"]
@@ -122,7 +124,7 @@ def _pairs_of_key(hashes: np.ndarray, distance: int, bands: tuple[tuple[int, int
     step = 1
     while active.size:
         a, b = order[active], order[active + step]
-        close = np.bitwise_count(hashes[a] ^ hashes[b]) <= distance
+        close = hamming(hashes[a], hashes[b]) <= distance
         found_i.append(a[close])
         found_j.append(b[close])
         step += 1
@@ -192,17 +194,18 @@ class NearFound(NamedTuple):
     files: int
     within_split: int
     across_splits: int
-    validation_files_across: int
+    files_across: int
+    split_pairs: dict[str, int]
     distance: int
     examples: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
         return {"distance": self.distance, "groups": self.groups, "files": self.files,
                 "within_split": self.within_split, "across_splits": self.across_splits,
-                "validation_files_across": self.validation_files_across, "examples": self.examples}
+                "files_across": self.files_across, "split_pairs": self.split_pairs, "examples": self.examples}
 
 
-def report(lines: Callable[[], Iterator[list[bytes]]], distance: int, out: IO[bytes],
+def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int, out: IO[bytes],
            folder: SpillFolder, pairs: Iterable[tuple[int, int]] | None = None) -> NearFound:
     """Finds the near-duplicate groups among the hash lines and writes them to ``out``.
 
@@ -211,10 +214,12 @@ def report(lines: Callable[[], Iterator[list[bytes]]], distance: int, out: IO[by
     reported as such). Each of its files is a line of ``out``: ``kind`` near, ``group``
     (numbered from 1 in the order of the components' smallest hash), ``distance`` (its
     hash's from the group's first file's; ``group_distance``, the largest in the group),
-    its sha256, perceptual hash, split and path.
+    its sha256, perceptual hash, split and path. Leakage is counted for every pair of splits
+    (``split_pairs``: the groups holding both), whatever the splits are named.
 
     Args:
-      lines: called twice, each time gives the hash files' lines, a chunk at a time, in one order.
+      lines: called twice, each time gives the hash files' lines, a chunk at a time, in one
+        order, as ``(file, lines)``.
       distance: the threshold.
       out: where the lines go.
       folder: a temporary folder, for the external sort of the groups' files.
@@ -231,74 +236,84 @@ def report(lines: Callable[[], Iterator[list[bytes]]], distance: int, out: IO[by
     # Components of two contents or more, and each one's splits.
     members = np.flatnonzero(group >= 0)
     if not len(members):
-        return NearFound(0, 0, 0, 0, 0, distance, [])
+        return NearFound(0, 0, 0, 0, 0, {}, distance, [])
     by_content = np.unique(np.stack([group[members], contents[members].view(np.int64)]), axis=1)[0]
     ids, counts = np.unique(by_content, return_counts=True)
     near_ids = ids[counts >= 2]
     del by_content, ids, counts
     if not len(near_ids):
-        return NearFound(0, 0, 0, 0, 0, distance, [])
+        return NearFound(0, 0, 0, 0, 0, {}, distance, [])
     in_near = np.isin(group, near_ids)
     rows = np.flatnonzero(in_near)
     order = rows[np.lexsort((rows, np.searchsorted(near_ids, group[rows])))]
     number = np.searchsorted(near_ids, group[order])  # 0-based, in the order of near_ids
     starts = np.flatnonzero(np.r_[True, number[1:] != number[:-1]])
-    split_sets = np.unique(np.stack([number, splits[order].astype(np.int64)]), axis=1)
-    split_count = np.bincount(split_sets[0], minlength=len(near_ids))
-    across = split_count >= 2
-    validation = names.get(b"validation", -1)
-    in_across = across[number]
-    validation_across = int(np.count_nonzero(in_across & (splits[order] == validation)))
+    holds = np.zeros((len(near_ids), len(names)), dtype=bool)  # group x split: whether it has a file there
+    holds[number, splits[order]] = True
+    across = np.count_nonzero(holds, axis=1) >= 2
+    files_across = int(np.count_nonzero(across[number]))
     # Each line goes to its group's place in the report; within a group, its files are ordered by
     # path when read back, an order neither the sink nor the hash files' order changes.
     place = np.empty(len(pictures), dtype=np.int64)
     place[order] = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
     spill = SortedSpill(folder, "near", max(1, len(order)))
     index = 0
-    for chunk in lines():
+    for file, chunk in lines():
         chosen = np.flatnonzero(in_near[index:index + len(chunk)])
         for i in chosen.tolist():
             at = int(place[index + i])
-            spill.add(((at << 64) // len(order), at, chunk[i]))
+            spill.add(((at << 64) // len(order), at, tuple(hash_lines.parse(file, chunk[i]))))
         index += len(chunk)
     examples_across: list[dict[str, Any]] = []
     examples_within: list[dict[str, Any]] = []
     for at, members in itertools.groupby(spill, key=operator.itemgetter(1)):
         g = int(number[at])
-        files = sorted(line.split(b"\t", 3) for _, _, line in members)
-        files.sort(key=operator.itemgetter(3))
-        first = int(files[0][2], 16)
-        gaps = [(int(picture, 16) ^ first).bit_count() for _, _, picture, _ in files]
+        files = sorted(hash_lines.HashLine(*fields) for _, _, fields in members)
+        files.sort(key=operator.attrgetter("path"))
+        gaps = [hamming(f.phash, files[0].phash) for f in files]
         widest = max(gaps)
-        for (digest, split, picture, quoted), gap in zip(files, gaps):
+        for f, gap in zip(files, gaps):
             out.write(b'{"kind": "near", "group": %d, "distance": %d, "group_distance": %d, "sha256": "%s", '
-                      b'"phash": "%s", "split": "%s", "path": %s}\n'
-                      % (g + 1, gap, widest, digest, picture, split, quoted))
+                      b'"phash": "%016x", "split": "%s", "path": %s}\n'
+                      % (g + 1, gap, widest, f.sha256, f.phash, f.split, f.path))
         kept = examples_across if across[g] else examples_within
         if len(kept) < _EXAMPLES:
             kept.append({"group": g + 1, "distance": widest, "files": [
-                {"split": split.decode(), "path": json.loads(quoted), "distance": gap}
-                for (_, split, _, quoted), gap in zip(files[:_EXAMPLES], gaps)]})
+                {"split": f.split.decode(), "path": json.loads(f.path), "distance": gap}
+                for f, gap in zip(files[:_EXAMPLES], gaps)]})
     return NearFound(groups=len(near_ids), files=len(order), within_split=int(np.count_nonzero(~across)),
-                     across_splits=int(np.count_nonzero(across)), validation_files_across=validation_across,
-                     distance=distance, examples=(examples_across + examples_within)[:_EXAMPLES])
+                     across_splits=int(np.count_nonzero(across)), files_across=files_across,
+                     split_pairs=_split_pairs(holds, names), distance=distance,
+                     examples=(examples_across + examples_within)[:_EXAMPLES])
+
+
+def _split_pairs(holds: np.ndarray, names: dict[bytes, int]) -> dict[str, int]:
+    """Per pair of splits (``split_order.pair_name``), the groups with files in both; pairs no
+    group holds are left out."""
+    split = {code: name.decode() for name, code in names.items()}
+    pairs = {}
+    for a, b in itertools.combinations(sorted(split), 2):
+        both = int(np.count_nonzero(holds[:, a] & holds[:, b]))
+        if both:
+            pairs[split_order.pair_name(split[a], split[b])] = both
+    return split_order.sorted_pairs(pairs)
 
 
 _EXAMPLES = 5
 
 
-def _read(chunks: Iterator[list[bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[bytes, int]]:
+def _read(chunks: Iterator[tuple[str, list[bytes]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[bytes, int]]:
     """Per line: its perceptual hash, whether it has one (``-``: none), its sha256's first 8
     bytes and its split's code; and the codes by split name."""
     pictures, contents, splits = array.array("Q"), array.array("Q"), array.array("B")
     hashed = bytearray()
     names: dict[bytes, int] = {}
-    for chunk in chunks:
+    for file, chunk in chunks:
         for line in chunk:
-            digest, split, picture, _ = line.split(b"\t", 3)
-            hashed.append(picture != b"-")
-            pictures.append(int(picture, 16) if hashed[-1] else 0)
-            contents.append(int(digest[:16], 16))
-            splits.append(names.setdefault(split, len(names)))
+            parsed = hash_lines.parse(file, line)
+            hashed.append(parsed.phash is not None)
+            pictures.append(parsed.phash or 0)
+            contents.append(int(parsed.sha256[:16], 16))
+            splits.append(names.setdefault(parsed.split, len(names)))
     return (np.frombuffer(pictures, dtype=np.uint64), np.frombuffer(hashed, dtype=bool),
             np.frombuffer(contents, dtype=np.uint64), np.frombuffer(splits, dtype=np.uint8), names)

@@ -17,8 +17,10 @@ from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
+from apache_beam import coders
 
-from beam_prep.write.finish import near
+from beam_prep.write.finish import hash_lines, near
+from beam_prep.write.images.phash import distance as hamming
 
 __all__ = ["NearPairs"]
 
@@ -44,7 +46,7 @@ class NearPairs(beam.PTransform):
 
     def expand(self, paths: beam.PCollection) -> beam.PCollection:
         return (paths
-                | "ReadHashLines" >> beam.io.ReadAllFromText()
+                | "ReadHashLines" >> beam.io.ReadAllFromText(coder=coders.BytesCoder(), with_filename=True)
                 | "Pictures" >> beam.FlatMap(_picture)
                 | "DistinctPictures" >> beam.Distinct()
                 | "BandKeys" >> beam.FlatMap(_band_keys, self._keys)
@@ -52,11 +54,11 @@ class NearPairs(beam.PTransform):
                 | "PairsWithin" >> beam.FlatMap(_pairs_within, self._keys, self._distance))
 
 
-def _picture(line: str) -> Iterator[int]:
-    """A hash line's perceptual hash, if it has one (``duplicates.hash_line``)."""
-    picture = line.split("\t", 3)[2]
-    if picture != "-":
-        yield int(picture, 16)
+def _picture(file_and_line: tuple[str, bytes]) -> Iterator[int]:
+    """A hash line's perceptual hash, if it has one (``hash_lines``)."""
+    picture = hash_lines.parse(*file_and_line).phash
+    if picture is not None:
+        yield picture
 
 
 def _band_keys(picture: int, keys: list[tuple[tuple[int, int], ...]]) -> Iterator[tuple[tuple[int, int], int]]:
@@ -82,7 +84,7 @@ def _pairs_within(group: tuple[tuple[int, int], Iterable[int]], keys: list[tuple
         rows = hashes[start:start + _BLOCK]
         for column in range(start, len(hashes), _BLOCK):
             columns = hashes[column:column + _BLOCK]
-            a, b = np.nonzero(np.bitwise_count(rows[:, None] ^ columns[None, :]) <= distance)
+            a, b = np.nonzero(hamming(rows[:, None], columns[None, :]) <= distance)
             keep = a + start < b + column
             a, b = rows[a[keep]], columns[b[keep]]
             differ = a ^ b

@@ -116,7 +116,7 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
     try:
         shards, class_counts, copies = reports.shards, reports.class_counts, found.to_json()
         if config.cross_split_duplicates == DROP:
-            dropping = drop.choose(found.lines_file, config.input)
+            dropping = drop.choose(found.lines_file, config.input, distance if distance >= 0 else None)
             rewritten = drop.rewrite(work, config.file_format, config.compression, plan.multi_label, shards,
                                      class_counts, reports.hash_files, dropping)
             shards, class_counts, copies = rewritten.shards, rewritten.class_counts, {**copies, **dropping.to_json()}

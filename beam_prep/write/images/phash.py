@@ -48,6 +48,22 @@ def phash(image: Image.Image) -> int:
     return int.from_bytes(np.packbits(low > (middle[0] + middle[1]) / 2).tobytes(), "big")
 
 
-def distance(a: int, b: int) -> int:
-    """The number of bits in which two hashes differ (Hamming distance)."""
+def distance(a: int | np.ndarray, b: int | np.ndarray) -> int | np.ndarray:
+    """The number of bits in which two hashes differ (Hamming distance): of two ints, an int; of
+    uint64 arrays (or an array and an int), elementwise, broadcast as numpy does. The one
+    definition every near-duplicate step uses (the search, the groups' report, the drop)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return _bit_count(np.asarray(a, dtype=np.uint64) ^ np.asarray(b, dtype=np.uint64))
     return (a ^ b).bit_count()
+
+
+_BYTE_BITS = np.array([i.bit_count() for i in range(256)], dtype=np.uint8)
+
+
+def _bit_count(words: np.ndarray) -> np.ndarray:
+    """The set bits of each uint64: numpy's ``bitwise_count`` (numpy 2), else a byte table (numpy
+    1.26, which setup.py allows)."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words)
+    as_bytes = np.ascontiguousarray(words).view(np.uint8).reshape(*words.shape, 8)
+    return _BYTE_BITS[as_bytes].sum(axis=-1, dtype=np.uint8)

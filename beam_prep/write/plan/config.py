@@ -102,8 +102,9 @@ class PrepareConfig:
       near_duplicate_distance: the largest Hamming distance between two records' perceptual
         hashes that makes them near duplicates; -1 looks for exact copies only.
       cross_split_duplicates: ``report`` the copies across splits, ``fail`` the run once
-        its reports are written, or ``drop`` the files of each such group outside train (or
-        the group's first split: ``finish.drop.kept_split``) (``CROSS_SPLIT_ACTIONS``).
+        its reports are written, or ``drop`` each file that copies, or is within the threshold
+        of, a file kept in an earlier split (``finish.split_order``: train first, test last)
+        (``CROSS_SPLIT_ACTIONS``).
     """
 
     input: str

@@ -290,9 +290,9 @@ class WriteImageDataset(beam.PTransform):
         give these, stored in its record and listed in the manifest, as ``--metadata``'s columns.
       near_duplicate_distance: records whose perceptual hashes differ in at most this many bits
         are near duplicates; -1 finds exact copies only (``--near_duplicate_distance``).
-      cross_split_duplicates: ``report`` copies across splits, ``drop`` the files outside the kept
-        split (named in skipped.jsonl), or ``fail`` the job once the dataset is written
-        (``--cross_split_duplicates``).
+      cross_split_duplicates: ``report`` copies across splits, ``drop`` each file that copies a
+        file kept in an earlier split (train first, test last; named in skipped.jsonl), or
+        ``fail`` the job once the dataset is written (``--cross_split_duplicates``).
 
     Raises:
       OptionsError: when constructed or applied, before the pipeline runs: a bad

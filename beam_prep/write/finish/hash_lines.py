@@ -1,0 +1,67 @@
+"""The hash files' lines: one per written record, written by the workers (``hash_line``) and read
+back by every step that finds or drops duplicates (``parse``), so the format is spelled out in
+one place.
+
+A line is ``<sha256 hex>\\t<split>\\t<perceptual hash, 16 hex digits or ->\\t<path as JSON>``.
+"""
+from __future__ import annotations
+
+import binascii
+import json
+from typing import NamedTuple
+
+from beam_prep.errors import DatasetError
+from beam_prep.write.shared.entry import printable
+
+__all__ = ["HashLine", "hash_line", "parse"]
+
+_SHA256_HEX = 64
+_PHASH_HEX = 16
+_NO_PHASH = b"-"
+
+
+def hash_line(sha256_hex: str, split: str, path: str, phash: int | None = None) -> str:
+    """A hash file's line for one written record, the path as messages show it (``printable``: a
+    name that is not UTF-8 escaped). ``phash`` None (``-``): the record takes no part in the
+    near-duplicate search (an image of one flat colour)."""
+    picture = "-" if phash is None else f"{phash:016x}"
+    return f"{sha256_hex}\t{split}\t{picture}\t{json.dumps(printable(path))}"
+
+
+class HashLine(NamedTuple):
+    """A parsed hash line, its fields as the file holds them but for the perceptual hash.
+
+    Attributes:
+      sha256: the source's sha256, 64 hex digits (bytes).
+      split: the record's split.
+      phash: its perceptual hash; None: none (``-``).
+      path: its source path, JSON-quoted (bytes, as duplicates.jsonl writes it).
+    """
+
+    sha256: bytes
+    split: bytes
+    phash: int | None
+    path: bytes
+
+
+def parse(file: str, line: bytes) -> HashLine:
+    """One line of the hash file ``file``, checked field by field.
+
+    Raises:
+      DatasetError: the line is not a hash line (naming ``file`` and the line).
+    """
+    parts = line.split(b"\t", 3)
+    try:
+        if len(parts) != 4:
+            raise ValueError("not four fields")
+        digest, split, picture, path = parts
+        if len(digest) != _SHA256_HEX or not split:
+            raise ValueError("no sha256 or no split")
+        binascii.unhexlify(digest)
+        if picture == _NO_PHASH:
+            return HashLine(digest, split, None, path)
+        if len(picture) != _PHASH_HEX:
+            raise ValueError("not a perceptual hash")
+        return HashLine(digest, split, int.from_bytes(binascii.unhexlify(picture), "big"), path)
+    except (ValueError, binascii.Error) as e:
+        raise DatasetError(f"{file} holds a line that is not a record's hash: {line[:200]!r}") from e
