@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.storage import join
 from beam_prep.model.features import IMAGE_FORMATS
+from beam_prep.model.names import check_file_name
 
 __all__ = [
     "COMPRESSIONS",
@@ -164,8 +165,12 @@ class SplitInfo:
 
     @classmethod
     def from_json(cls, name: str, split: Mapping[str, Any], root: str = "") -> SplitInfo:
-        """Raises DatasetError (without the manifest's path: the caller adds it)."""
-        shards = tuple(split["shards"])
+        """Raises DatasetError (without the manifest's path: the caller adds it), UnsafeName for a shard
+        name that is not a plain file name in the dataset folder (``names.check_file_name``)."""
+        if not isinstance(split["shards"], list):
+            raise DatasetError(f"splits.{name}.shards is {split['shards']!r}, not a list of file names")
+        shards = tuple(check_file_name(shard, f"splits.{name}.shards[{i}]")
+                       for i, shard in enumerate(split["shards"]))
         for key in ("shard_num_examples", "shard_bytes", "shard_sha256"):
             if split.get(key) is not None and len(split[key]) != len(shards):
                 raise DatasetError(f"split {name!r} lists {len(shards)} shards but {len(split[key])} {key}")
@@ -251,8 +256,8 @@ class DatasetInfo:
             try:
                 splits = {name: SplitInfo.from_json(name, s, root)
                           for name, s in manifest["splits"].items()}
-            except DatasetError as e:
-                raise DatasetError(f"{where}: {e}") from e
+            except DatasetError as e:  # its own type kept: UnsafeName stays one
+                raise type(e)(f"{where}: {e}") from e
             compression = str(manifest.get("compression", "GZIP")).upper()
             if compression not in READ_COMPRESSIONS:
                 raise DatasetError(f"{where}: unknown compression {compression!r}")
