@@ -25,7 +25,7 @@ from beam_prep.io.libraries import require
 from beam_prep.model import features
 from beam_prep.model.dataset import DatasetInfo, SplitInfo
 from beam_prep.reader.images import stored_image
-from beam_prep.reader.manifest_file import resolve_split
+from beam_prep.reader.resolve import resolve_split
 
 __all__ = ["ArrayRecordSource", "data_source"]
 

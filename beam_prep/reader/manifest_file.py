@@ -1,22 +1,20 @@
 """A dataset folder's ``manifest.json``, read without TensorFlow: local files with ``open``, gs:// with
-our own GCS client; and the dataset and split a reader reads (``resolve_split``).
+our own GCS client.
 
 ``load_info`` and every reader read it here, so a JAX or PyTorch host pays
 for neither TensorFlow's import (seconds, and its log lines) nor its GCS layer, and
 every reader words a wrong path the same way: a folder that does not exist, a file
-given for the folder, a folder without a manifest, a dataset of another format,
-a split it lacks.
+given for the folder, a folder without a manifest.
 """
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
-from beam_prep.errors import DatasetError, OptionsError, StorageError
+from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import bucket_of, is_local, join
-from beam_prep.model.dataset import FILE_FORMATS, MANIFEST, DatasetInfo, SplitInfo, parse_manifest
+from beam_prep.model.dataset import MANIFEST, DatasetInfo, parse_manifest
 
-__all__ = ["Resolved", "normalise_root", "read_manifest_bytes", "read_manifest_info", "resolve_split"]
+__all__ = ["normalise_root", "read_manifest_bytes", "read_manifest_info"]
 
 _NOT_FINISHED = ("not a beam-prep dataset, or its pipeline has not finished "
                  "(the manifest is written last, after every shard)")
@@ -60,53 +58,6 @@ def read_manifest_info(root: str) -> tuple[DatasetInfo, dict]:
     text, path = read_manifest_bytes(root)
     manifest = parse_manifest(text, path)
     return DatasetInfo.from_json(manifest, root, path), manifest
-
-
-class Resolved(NamedTuple):
-    """What a reader reads: the dataset (rooted at its local copy for a cached ``gs://`` one),
-    the split, and the folder asked for (``gs://...`` for a cached copy)."""
-
-    info: DatasetInfo
-    split: SplitInfo
-    origin: str
-
-
-def resolve_split(path: str | os.PathLike, split: str, file_format: str, reader: str, *, cache: bool = True,
-                  cache_dir: str | os.PathLike | None = None, max_bytes: int | None = None) -> Resolved:
-    """The dataset at ``path`` and its split ``split``, checked to be of ``file_format``: what every
-    reader (``make_dataset``, ``data_source``, ``shard_urls``, ``webdataset_pipeline``) starts from.
-
-    Args:
-      path: the dataset folder, local or ``gs://``.
-      split: a split in the manifest.
-      file_format: the format the reader reads (a key of ``FILE_FORMATS``).
-      reader: the reader, as messages name it.
-      cache: read a ``gs://`` dataset through the local shard cache (``shard_cache``);
-        False: read its manifest alone, the shards staying ``gs://`` URLs.
-      cache_dir: the cache's folder (``shard_cache.cache_root``).
-      max_bytes: the cache's bound.
-
-    Raises:
-      OptionsError: an unknown ``file_format``, or a cache for a URL other than ``gs://``.
-      DatasetError: no dataset there, one of another format (naming its reader), no such split;
-        UnsafeName for a manifest naming a shard outside its folder, before anything is fetched.
-      StorageError: the manifest or a shard cannot be read or fetched.
-    """
-    if file_format not in FILE_FORMATS:
-        raise OptionsError(f"file_format must be one of {', '.join(FILE_FORMATS)}, not {file_format!r}")
-    origin = normalise_root(path)
-    if is_local(origin) or not cache:
-        info = read_manifest_info(origin)[0]
-    elif origin.startswith("gs://"):
-        from beam_prep.reader import shard_cache
-
-        info = shard_cache.cached_split(origin, split, file_format, reader, cache_dir=cache_dir, max_bytes=max_bytes)
-    else:
-        raise OptionsError(f"{reader} reads local folders and gs://, not {origin}")
-    info.require_format(file_format, reader)
-    if split not in info.splits:
-        raise DatasetError(f"{origin} has no split {split!r}; its splits: {', '.join(info.splits) or 'none'}")
-    return Resolved(info, info.splits[split], origin)
 
 
 def _read_local(root: str, path: str) -> bytes:

@@ -19,7 +19,8 @@ from beam_prep.model.dataset import (
     ImageInfo,
     SplitInfo,
 )
-from beam_prep.reader.manifest_file import read_manifest_info, resolve_split
+from beam_prep.reader.manifest_file import read_manifest_info
+from beam_prep.reader.resolve import resolve_split
 
 __all__ = ["RecordFiles", "Source", "load_info", "read_manifest", "resolve_source", "select_files",
            "tf_compression"]

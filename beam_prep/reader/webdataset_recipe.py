@@ -23,7 +23,7 @@ from typing import Any
 
 from beam_prep.model.dataset import DatasetInfo
 from beam_prep.reader.images import stored_image
-from beam_prep.reader.manifest_file import resolve_split
+from beam_prep.reader.resolve import resolve_split
 
 __all__ = ["shard_urls", "webdataset_pipeline"]
 
