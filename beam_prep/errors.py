@@ -14,6 +14,14 @@ class DatasetError(BeamPrepError):
     """A prepared dataset that is missing, incomplete or inconsistent."""
 
 
+class UnsafeName(DatasetError):
+    """A name read from a dataset's own files that would reach outside its folder.
+
+    A manifest's shard name or a path in duplicates.jsonl: absolute, with ``..``, a separator
+    or a control character. Refused before anything is read or written; the command exits 2 with its one line.
+    """
+
+
 class StorageError(BeamPrepError):
     """A path that cannot be listed, read or written (missing bucket, no permission...)."""
 

@@ -6,7 +6,8 @@ Prints a table of the splits, shards, classes (with the imbalance ratio),
 image spec and failures; ``--json`` prints the same as one JSON object.
 ``--grid`` also draws a contact sheet PNG of images decoded from the shards,
 a row per class. Exit codes: 0 done, 2 bad options or an output folder that
-is missing or not a finished dataset, 1 a shard the manifest lists is missing
+is missing or not a finished dataset (a manifest or duplicates.jsonl naming a
+file outside its folder included), 1 a shard the manifest lists is missing
 or the contact sheet could not be made or written.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from beam_prep.errors import BeamPrepError
+from beam_prep.errors import BeamPrepError, UnsafeName
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 
@@ -122,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             leaks = leakage_sheet.make_leakage_sheet(summary.root, args.leakage_groups)
             if leaks is not None:
                 leakage_sheet.save(leaks, args.leakage)
+        except UnsafeName as e:  # bad data, refused before any image is opened or the sheet written
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         except BeamPrepError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

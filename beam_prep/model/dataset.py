@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.storage import join
 from beam_prep.model.features import IMAGE_FORMATS
+from beam_prep.model.names import check_file_name
 
 __all__ = [
     "COMPRESSIONS",
@@ -173,8 +174,12 @@ class SplitInfo:
 
     @classmethod
     def from_json(cls, name: str, split: Mapping[str, Any], root: str = "") -> SplitInfo:
-        """Raises DatasetError (without the manifest's path: the caller adds it)."""
-        shards = tuple(split["shards"])
+        """Raises DatasetError (without the manifest's path: the caller adds it), UnsafeName for a shard
+        name that is not a plain file name in the dataset folder (``names.check_file_name``)."""
+        if not isinstance(split["shards"], list):
+            raise DatasetError(f"splits.{name}.shards is {split['shards']!r}, not a list of file names")
+        shards = tuple(check_file_name(shard, f"splits.{name}.shards[{i}]")
+                       for i, shard in enumerate(split["shards"]))
         for key in ("shard_num_examples", "shard_bytes", "shard_sha256", "dali_index"):
             if split.get(key) is not None and len(split[key]) != len(shards):
                 raise DatasetError(f"split {name!r} lists {len(shards)} shards but {len(split[key])} {key}")
@@ -185,8 +190,9 @@ class SplitInfo:
                    class_counts=dict(class_counts) if class_counts is not None else None, root=root,
                    shard_bytes=tuple(int(n) for n in sizes) if sizes is not None else None,
                    shard_sha256=tuple(str(h) for h in sha256) if sha256 is not None else None,
-                   dali_index=tuple(str(n) for n in split["dali_index"]) if split.get("dali_index") is not None
-                   else None)
+                   dali_index=tuple(check_file_name(index, f"splits.{name}.dali_index[{i}]")
+                                    for i, index in enumerate(split["dali_index"]))
+                   if split.get("dali_index") is not None else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,8 +268,8 @@ class DatasetInfo:
             try:
                 splits = {name: SplitInfo.from_json(name, s, root)
                           for name, s in manifest["splits"].items()}
-            except DatasetError as e:
-                raise DatasetError(f"{where}: {e}") from e
+            except DatasetError as e:  # its own type kept: UnsafeName stays one
+                raise type(e)(f"{where}: {e}") from e
             compression = str(manifest.get("compression", "GZIP")).upper()
             if compression not in READ_COMPRESSIONS:
                 raise DatasetError(f"{where}: unknown compression {compression!r}")

@@ -20,13 +20,12 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, SupportsIndex
 
-from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import require
-from beam_prep.io.storage import is_local
 from beam_prep.model import features
 from beam_prep.model.dataset import DatasetInfo, SplitInfo
 from beam_prep.reader.images import stored_image
-from beam_prep.reader.manifest_file import normalise_root, read_manifest_info
+from beam_prep.reader.resolve import resolve_split
 
 __all__ = ["ArrayRecordSource", "data_source"]
 
@@ -203,18 +202,6 @@ def data_source(path: str | os.PathLike, split: str = "train", *, pairs: bool = 
       OptionsError: the array_record library is not installed (the message gives its
         install command; beam-prep's ``array_record`` extra installs it too).
     """
-    origin = normalise_root(path)
-    if is_local(origin):
-        info = read_manifest_info(origin)[0]
-    elif origin.startswith("gs://"):
-        from beam_prep.reader import shard_cache
-
-        info = shard_cache.cached_split(origin, split, _FORMAT, _READER, cache_dir=cache_dir,
-                                        max_bytes=cache_max_bytes)
-    else:
-        raise OptionsError(f"{_READER} reads local folders and gs://, not {origin}")
-    info.require_format(_FORMAT, _READER)
-    if split not in info.splits:
-        raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(info.splits)}")
-    return ArrayRecordSource(info, info.splits[split], pairs=pairs, pil_images=pil_images, transform=transform,
+    info, chosen, origin = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir, max_bytes=cache_max_bytes)
+    return ArrayRecordSource(info, chosen, pairs=pairs, pil_images=pil_images, transform=transform,
                              target_transform=target_transform, origin=origin)

@@ -1,7 +1,7 @@
 """A dataset folder's ``manifest.json``, read without TensorFlow: local files with ``open``, gs:// with
 our own GCS client.
 
-``load_info`` and ``data_source`` both read it here, so a JAX or PyTorch host pays
+``load_info`` and every reader read it here, so a JAX or PyTorch host pays
 for neither TensorFlow's import (seconds, and its log lines) nor its GCS layer, and
 every reader words a wrong path the same way: a folder that does not exist, a file
 given for the folder, a folder without a manifest.

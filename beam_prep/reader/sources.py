@@ -20,6 +20,7 @@ from beam_prep.model.dataset import (
     SplitInfo,
 )
 from beam_prep.reader.manifest_file import read_manifest_info
+from beam_prep.reader.resolve import resolve_split
 
 __all__ = ["RecordFiles", "Source", "load_info", "read_manifest", "resolve_source", "select_files",
            "tf_compression"]
@@ -125,12 +126,7 @@ def resolve_source(path: str | RecordFiles, split: str) -> Source:
         return _match(path)
     if not isinstance(path, str):
         raise OptionsError(f"path must be a dataset folder or a RecordFiles, not {path!r}")
-    info = load_info(path)
-    info.require_format(TFRECORD, "beam_prep.make_dataset")
-    if split not in info.splits:
-        raise DatasetError(
-            f"{info.root} has no split {split!r}; its splits: {', '.join(info.splits) or 'none'}")
-    s = info.splits[split]
+    info, s, _ = resolve_split(path, split, TFRECORD, "beam_prep.make_dataset", cache=False)
     if not s.files:
         raise DatasetError(f"split {split!r} of {info.root} has no shard files")
     _check_files_exist(info.root, s)

@@ -21,35 +21,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.io.storage import is_local
-from beam_prep.model.dataset import FILE_FORMATS, DatasetInfo
+from beam_prep.model.dataset import DatasetInfo
 from beam_prep.reader.images import stored_image
-from beam_prep.reader.manifest_file import normalise_root, read_manifest_info
+from beam_prep.reader.resolve import resolve_split
 
 __all__ = ["shard_urls", "webdataset_pipeline"]
 
 _FORMAT = "webdataset"
 _READER = "beam_prep.webdataset_pipeline"
 _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
-
-
-def _resolve(path: str | os.PathLike, split: str, file_format: str, reader: str, cache_dir: Any,
-             cache_max_bytes: int | None) -> DatasetInfo:
-    origin = normalise_root(path)
-    if file_format not in FILE_FORMATS:
-        raise OptionsError(f"file_format must be one of {', '.join(FILE_FORMATS)}, not {file_format!r}")
-    if is_local(origin) or cache_dir is False:
-        info = read_manifest_info(origin)[0]
-    else:
-        from beam_prep.reader import shard_cache
-
-        info = shard_cache.cached_split(origin, split, file_format, reader, cache_dir=cache_dir,
-                                        max_bytes=cache_max_bytes)
-    info.require_format(file_format, reader)
-    if split not in info.splits:
-        raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(info.splits)}")
-    return info
 
 
 def shard_urls(path: str | os.PathLike, split: str = "train", file_format: str = _FORMAT, *,
@@ -76,8 +56,9 @@ def shard_urls(path: str | os.PathLike, split: str = "train", file_format: str =
         reader), or no such split.
       StorageError: a ``gs://`` shard cannot be fetched.
     """
-    reader = f"a {file_format} reader"
-    return list(_resolve(path, split, file_format, reader, cache_dir, cache_max_bytes).splits[split].files)
+    chosen = resolve_split(path, split, file_format, f"a {file_format} reader", cache=cache_dir is not False,
+                           cache_dir=cache_dir or None, max_bytes=cache_max_bytes).split
+    return list(chosen.files)
 
 
 def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffle: bool | None = None,
@@ -121,8 +102,8 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
     require(_FORMAT, _READER)
     import webdataset as wds
 
-    info = _resolve(path, split, _FORMAT, _READER, cache_dir, cache_max_bytes)
-    urls = list(info.splits[split].files)
+    info, chosen, _ = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir, max_bytes=cache_max_bytes)
+    urls = list(chosen.files)
     if shuffle is None:
         shuffle = split == "train"
     sample = _Sample(info, pil_images, with_meta, transform, target_transform)

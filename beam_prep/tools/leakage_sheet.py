@@ -6,6 +6,11 @@ or more), the closest first: a group whose files differ in fewest bits of the
 perceptual hash (exact copies: 0) is the surest leak. The images are the source
 files the hashes were made from (a file that cannot be read shows as a note), as
 a user would open them to decide what to remove.
+
+Those paths are data, read from the dataset's duplicates.jsonl: the sheet opens
+only files under the run's input folder (the manifest's ``options.input``), and
+refuses a file naming any other path (absolute elsewhere, or escaping with ``..``)
+before it opens any image (``names.path_under``).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from PIL import Image, ImageDraw
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, join, read_lines, storage_error
+from beam_prep.model.names import path_under
 from beam_prep.tools.contact_sheet import BACKGROUND, MUTED, PAD, TEXT, _fit, _font, _text_size
 from beam_prep.write.shared.layout import DUPLICATES
 
@@ -35,24 +41,36 @@ class LeakageSheet:
     rows: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
 
 
-def cross_split_groups(lines: Iterable[str]) -> list[tuple[str, int, list[dict[str, Any]]]]:
+def cross_split_groups(lines: Iterable[str], input_root: str | None = None,
+                       where: str = DUPLICATES) -> list[tuple[str, int, list[dict[str, Any]]]]:
     """duplicates.jsonl's groups in two splits or more, closest first: ``(caption, distance, files)``.
+
+    Args:
+      lines: duplicates.jsonl's lines.
+      input_root: where given, the path of each file of those groups must lie under it (the
+        run's input); it is then made whole (a relative one joined to the root).
+      where: the file, as messages name it.
 
     Raises:
       DatasetError: a line that is not JSON.
+      UnsafeName: with ``input_root``, a file of those groups whose path lies outside it.
     """
-    groups: dict[tuple[str, Any], list[dict[str, Any]]] = collections.defaultdict(list)
-    for line in lines:
+    groups: dict[tuple[str, Any], list[tuple[int, dict[str, Any]]]] = collections.defaultdict(list)
+    for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except ValueError as e:
-            raise DatasetError(f"{DUPLICATES} holds a line that is not JSON: {line[:200]!r}") from e
+            raise DatasetError(f"{where} holds a line that is not JSON: {line[:200]!r}") from e
         kind = row.get("kind", "exact")
-        groups[kind, row["group"] if kind == "near" else row["sha256"]].append(row)
+        groups[kind, row["group"] if kind == "near" else row["sha256"]].append((number, row))
     found = []
-    for (kind, key), files in groups.items():
+    for (kind, key), numbered in groups.items():
+        files = [row for _, row in numbered]
         if len({f["split"] for f in files}) < 2:
             continue
+        if input_root is not None:
+            for number, row in numbered:
+                row["path"] = path_under(input_root, row.get("path"), where, f"line {number}'s path")
         distance = files[0].get("group_distance", 0)
         caption = f"near group {key}, ≤ {distance} bits" if kind == "near" else f"exact copies {key[:12]}"
         found.append((caption, distance, files))
@@ -64,9 +82,15 @@ def make_leakage_sheet(output: str, groups: int = 8, cell: int = 160) -> Leakage
     """The sheet of the dataset at ``output``'s ``groups`` closest cross-split groups; None if none.
 
     Raises:
-      DatasetError, StorageError: duplicates.jsonl cannot be read.
+      DatasetError, StorageError: the manifest or duplicates.jsonl cannot be read.
+      UnsafeName: duplicates.jsonl names a file outside the run's input folder (before any is opened).
     """
-    found = cross_split_groups(read_lines(join(output, DUPLICATES)))[:groups]
+    from beam_prep.reader.sources import read_manifest
+
+    manifest = read_manifest(output)[1]
+    input_root = str((manifest.get("options") or {}).get("input") or "")
+    where = join(output, DUPLICATES)
+    found = cross_split_groups(read_lines(where), input_root, where)[:groups]
     if not found:
         return None
     font = _font()
@@ -83,7 +107,7 @@ def make_leakage_sheet(output: str, groups: int = 8, cell: int = 160) -> Leakage
         shown = sorted(files, key=lambda f: (f["split"] != "validation", f["path"]))[:MAX_FILES]
         for column, f in enumerate(shown):
             left = caption_w + column * (cell + PAD)
-            try:
+            try:  # the path checked to lie under the input (cross_split_groups)
                 with Image.open(f["path"]) as source:
                     picture = _fit(source.convert("RGB"), cell)
                 sheet.paste(picture, (left + (cell - picture.width) // 2, y + (cell - picture.height) // 2))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from beam_prep.errors import DatasetError, StorageError
+from beam_prep.errors import DatasetError, StorageError, UnsafeName
 from beam_prep.io.dali_index import FRAMING, parse_index
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, TFRECORD, DatasetInfo, SplitInfo, labels_lines
@@ -95,6 +95,8 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
 
     Raises:
       DatasetError: no dataset there (no ``manifest.json``; the message names the folder).
+      UnsafeName: the manifest names a shard outside the folder (``../x``, an absolute path):
+        refused, not reported, since nothing it names may be opened.
       StorageError: the folder cannot be read at all.
     """
     from beam_prep.reader.checks import batch_checker
@@ -109,6 +111,8 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
         raise DatasetError(f"no {MANIFEST} in {root}")  # only if it appeared meanwhile
     try:
         info, manifest = read_manifest(root)
+    except UnsafeName:  # a name reaching outside the folder: refused, nothing of it read
+        raise
     except DatasetError as e:  # there, but not a manifest this beam-prep can use
         problems.add(MANIFEST_PROBLEM, join(root, MANIFEST), str(e))
         kept, more = problems.result()

@@ -57,7 +57,7 @@ def test_shard_urls_checks_the_format_and_the_split(dataset):
     with pytest.raises(DatasetError, match=r"holds array_record shards .* which a webdataset reader does not "
                                            r"read: read it with beam_prep.data_source"):
         beam_prep.shard_urls(dataset, "train")
-    with pytest.raises(DatasetError, match=r"has no split 'validation'; it has train"):
+    with pytest.raises(DatasetError, match=r"has no split 'validation'; its splits: train"):
         beam_prep.shard_urls(dataset, "validation", "array_record")
 
 
