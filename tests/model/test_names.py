@@ -48,6 +48,15 @@ def test_a_manifest_naming_a_shard_outside_its_folder_is_refused_naming_the_file
     assert "\n" not in str(caught.value) and isinstance(caught.value, DatasetError)
 
 
+@pytest.mark.parametrize(("name", "why"), HOSTILE[:2])
+def test_a_manifest_naming_a_dali_index_outside_its_folder_is_refused(name, why):
+    manifest = _manifest([GOOD, "placeholder"])
+    manifest["splits"]["train"]["dali_index"] = [GOOD + ".idx", name]
+    with pytest.raises(UnsafeName) as caught:
+        DatasetInfo.from_json(manifest, "/data/ds", "/data/ds/manifest.json")
+    assert str(caught.value).startswith(f"/data/ds/manifest.json: splits.train.dali_index[1] is {name!r}, which {why}")
+
+
 @pytest.mark.parametrize("shards", [[GOOD, 7], "train.tfrecord.gz", [None]])
 def test_shards_that_are_not_a_list_of_strings_are_refused(shards):
     with pytest.raises(DatasetError, match=r"^m.json: splits.train.shards"):
