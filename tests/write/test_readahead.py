@@ -2,13 +2,21 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+import json
+import pathlib
 import threading
 import time
+import urllib.parse
 
 import pytest
+from helpers import REPO, make_tree
 
 from beam_prep.errors import ImageError
+from beam_prep.io.tfrecord import read_records
+from beam_prep.model.features import decode_all
 from beam_prep.write.images.readahead import ReadAhead, ReadAheadConfig, thread_pool
+from pipelines import prepare_images
 
 
 class RecordingRead:
@@ -114,3 +122,72 @@ def test_cancel_drops_reads_not_started():
                 window.push(p, p, 1)
         gate.set()
     assert started == ["file-000"]
+
+
+# --- across shard ends, on the GCS test server --------------------------------------
+
+SHARDS = 4
+IMAGES = 24
+
+
+@pytest.fixture(scope="module")
+def shard_bucket(gcs_server, tmp_path_factory):
+    tree = tmp_path_factory.mktemp("tree")
+    make_tree(tree, {"ant": IMAGES // 2, "bee": IMAGES // 2}, size=(32, 24))
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(tree, "images")
+    return bucket
+
+
+def _prepare(gcs_server, bucket, out, sink: str, concurrency: int, latency_s: float) -> list:
+    """One worker writes ``SHARDS`` shards from gs://; returns the image reads the gateway saw."""
+    gateway = gcs_server.gateway
+    since = len(gateway.seen())
+    gateway.set_latency(latency_s)
+    try:
+        gcs_server.run(prepare_images.command(
+            "--input", bucket.url("images"), "--output", str(out), "--image_size", "16", "--sink", sink,
+            "--num_shards", str(SHARDS), "--direct_num_workers", "1", "--read_concurrency", str(concurrency)),
+            cwd=REPO)
+    finally:
+        gateway.set_latency(0.0)
+    return [r for r in gateway.seen()[since:]
+            if bucket.name in r.buckets and r.method == "GET" and "alt=media" in r.path]
+
+
+def _shard_heads(out: pathlib.Path, n: int) -> list[list[str]]:
+    """Each shard's first ``n`` images (``images/<relpath>``), from the shards written."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    return [["images/" + decode_all(record)["image/filename"][0].decode()
+             for record in itertools.islice(read_records(str(out / name), "gzip"), n)]
+            for name in manifest["splits"]["train"]["shards"]]
+
+
+def test_the_next_shards_reads_start_before_a_shard_is_done(gcs_server, shard_bucket, tmp_path):
+    """One worker writes 4 shards of 6 images, 4 reads ahead, 200 ms a request. A window drained
+    at each shard's end starts each shard's first reads with nothing else in flight; carried
+    over, the next shard's first reads start while the current shard's last are in flight, so
+    only the worker's first shard starts alone."""
+    window = 4
+    reads = _prepare(gcs_server, shard_bucket, tmp_path / "ahead", "streaming", concurrency=window, latency_s=0.2)
+    assert len(reads) == IMAGES and all(r.status == 200 for r in reads)
+    others = {urllib.parse.unquote(r.path.split("/o/", 1)[1].split("?", 1)[0]): r.others_in_flight for r in reads}
+    heads = _shard_heads(tmp_path / "ahead", window)
+    assert len(heads) == SHARDS
+    # A shard's first reads go out together; the first of them to arrive finds none in flight
+    # unless the shard before still has reads out.
+    started_alone = [head for head in heads if min(others[name] for name in head) == 0]
+    assert len(started_alone) == 1, [[others[name] for name in head] for head in heads]
+    assert max(others.values()) <= window - 1  # the window's cap holds across shards
+
+
+def test_shards_read_ahead_across_their_ends_are_those_read_one_by_one(gcs_server, shard_bucket, tmp_path):
+    """The same shards, byte for byte, as a run that reads each image in its turn: a window
+    carried over shard ends keeps each shard's records, in listing order, in its own file."""
+    _prepare(gcs_server, shard_bucket, tmp_path / "ahead", "streaming", concurrency=4, latency_s=0.02)
+    _prepare(gcs_server, shard_bucket, tmp_path / "inline", "streaming", concurrency=0, latency_s=0.0)
+    shards = sorted(p.name for p in (tmp_path / "inline").glob("train-*"))
+    assert len(shards) == SHARDS
+    assert sorted(p.name for p in (tmp_path / "ahead").glob("train-*")) == shards
+    for name in shards:
+        assert (tmp_path / "ahead" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
