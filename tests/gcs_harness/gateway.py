@@ -79,6 +79,7 @@ class SeenRequest:
     # Other requests the gateway was handling (waiting out the latency, or being answered) when
     # this one came in: a request counts from its arrival until its answer is ready to send.
     others_in_flight: int = 0
+    connection: int = 0  # the client's port: requests over one kept-alive connection share it
 
 
 class _GatewayHTTPServer(http.server.ThreadingHTTPServer):
@@ -297,7 +298,7 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
     def _record(self, path: str, status: int, buckets: frozenset[str]) -> None:
         self.server.gateway._record(SeenRequest(
             self.tunnel_host, self.command, path, self.headers.get("Authorization"),
-            int(status), buckets, self.others_in_flight))
+            int(status), buckets, self.others_in_flight, self.client_address[1]))
 
     def _reply(self, status: HTTPStatus, body: bytes,
                content_type: str = "application/json; charset=UTF-8") -> None:

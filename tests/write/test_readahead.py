@@ -179,6 +179,8 @@ def test_the_next_shards_reads_start_before_a_shard_is_done(gcs_server, shard_bu
     started_alone = [head for head in heads if min(others[name] for name in head) == 0]
     assert len(started_alone) == 1, [[others[name] for name in head] for head in heads]
     assert max(others.values()) <= window - 1  # the window's cap holds across shards
+    # One request an image, over the worker's kept-alive connections: none opened per read.
+    assert len({r.connection for r in reads}) <= window
 
 
 def test_shards_read_ahead_across_their_ends_are_those_read_one_by_one(gcs_server, shard_bucket, tmp_path):
