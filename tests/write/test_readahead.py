@@ -10,12 +10,20 @@ import time
 import urllib.parse
 
 import pytest
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.transforms.window import GlobalWindow
 from helpers import REPO, make_tree
 
-from beam_prep.errors import ImageError
+from beam_prep.errors import ImageError, StorageError
+from beam_prep.io.storage import write_lines
 from beam_prep.io.tfrecord import read_records
 from beam_prep.model.features import decode_all
+from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.images.readahead import ReadAhead, ReadAheadConfig, thread_pool
+from beam_prep.write.journal import resume
+from beam_prep.write.shared import layout
+from beam_prep.write.shared.entry import FileEntry
+from beam_prep.write.sinks.steps import SinkConfig, WriteShardFn
 from pipelines import prepare_images
 
 
@@ -193,3 +201,63 @@ def test_shards_read_ahead_across_their_ends_are_those_read_one_by_one(gcs_serve
     assert sorted(p.name for p in (tmp_path / "ahead").glob("train-*")) == shards
     for name in shards:
         assert (tmp_path / "ahead" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
+
+
+# --- the streaming sink's DoFn, called as a runner calls it ------------------------------------
+
+
+@pytest.fixture
+def shard_work(tmp_path):
+    """A run's folder with 3 shard listings of 6 local images each, and the sink's config (4 ahead)."""
+    images = make_tree(tmp_path / "tree", {"cat": 18}, size=(32, 24))
+    work = tmp_path / "work"
+    work.mkdir()
+    for index in range(3):
+        write_lines(str(work / layout.shard_listing_name("train", index)), [
+            FileEntry(str(p), f"cat/{p.name}", "train", "cat", 0, p.stat().st_size).to_json()
+            for p in images[index * 6:(index + 1) * 6]])
+    return SinkConfig(ImageSpec(16, 16), ReadAheadConfig(concurrency=4), str(work), "gzip", {"train": 3})
+
+
+def _shards_out(outputs) -> list[str]:
+    """The shard names among a call's outputs (the main output's rows)."""
+    return [o.value[1] for o in outputs if not isinstance(o, TaggedOutput)]
+
+
+def _call(fn, index: int) -> list:
+    return list(fn.process(index, timestamp=0, window=GlobalWindow()))
+
+
+def test_a_shard_is_finished_by_the_call_after_it_when_its_last_reads_are_in_flight(shard_work):
+    names = [layout.shard_name("train", i, 3, shard_work.shard_suffix) for i in range(3)]
+    fn = WriteShardFn(shard_work, "train")
+    fn.setup()
+    try:
+        fn.start_bundle()
+        assert _shards_out(_call(fn, 0)) == []  # its last 4 reads are still in the window
+        assert resume.finished_shard(shard_work.work, names[0]) is None
+        assert _shards_out(_call(fn, 1)) == [names[0]]  # finished while shard 1's reads went out
+        assert resume.finished_shard(shard_work.work, names[0]).records == 6
+        assert _shards_out(list(fn.finish_bundle())) == [names[1]]
+        assert resume.finished_shard(shard_work.work, names[1]).records == 6
+    finally:
+        fn.teardown()
+
+
+def test_a_failed_call_leaves_the_shards_it_had_open_unfinished_and_a_new_bundle_writes_them(shard_work):
+    name = layout.shard_name("train", 0, 3, shard_work.shard_suffix)
+    (pathlib.Path(shard_work.work) / layout.shard_listing_name("train", 2)).unlink()
+    fn = WriteShardFn(shard_work, "train")
+    fn.setup()
+    try:
+        fn.start_bundle()
+        _call(fn, 0)
+        with pytest.raises(StorageError):
+            _call(fn, 2)  # its listing is gone: shard 0's last reads are dropped with it
+        assert resume.finished_shard(shard_work.work, name) is None
+        assert not (pathlib.Path(shard_work.work) / name).exists()
+        fn.start_bundle()  # the runner retries
+        assert _shards_out(_call(fn, 0) + list(fn.finish_bundle())) == [name]
+    finally:
+        fn.teardown()
+    assert resume.finished_shard(shard_work.work, name).records == 6
