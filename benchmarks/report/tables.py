@@ -194,6 +194,9 @@ def gcs_read(results: Mapping) -> str:
              "", "| client | wall ms | client CPU ms | requests | emulator CPU ms |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['client']} | {r['wall_ms']:.2f} | {r['cpu_ms']:.2f} | {r['requests']:.1f} "
               f"| {r['emulator_cpu_ms']:.2f} |" for r in results["rows"]]
+    if results.get("shards"):
+        lines += ["", f"(d) and (e) read on {results['read_concurrency']} threads, through the read-ahead window, "
+                      f"with {results['latency_ms']:g} ms added to every request."]
     return "\n".join(lines)
 
 

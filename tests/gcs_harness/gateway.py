@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -76,6 +76,10 @@ class SeenRequest:
     authorization: str | None
     status: int
     buckets: frozenset[str]  # named in the path, or in a batch body
+    # Other requests the gateway was handling (waiting out the latency, or being answered) when
+    # this one came in: a request counts from its arrival until its answer is ready to send.
+    others_in_flight: int = 0
+    connection: int = 0  # the client's port: requests over one kept-alive connection share it
 
 
 class _GatewayHTTPServer(http.server.ThreadingHTTPServer):
@@ -107,6 +111,8 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.tunnel_host: str | None = None
+        self.others_in_flight = 0
+        self._flying = False
         self.server.gateway._track(self.connection)
 
     def finish(self) -> None:
@@ -154,9 +160,21 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         body = self._read_body()
-        with self.server.gateway._in_flight():
-            time.sleep(self.server.gateway.latency_s)  # concurrent requests wait side by side
+        gateway = self.server.gateway
+        self.others_in_flight = gateway._take_off()
+        self._flying = True
+        try:
+            time.sleep(gateway.latency_s)  # concurrent requests wait side by side
             self._serve_request(body)
+        finally:
+            self._land()
+
+    def _land(self) -> None:
+        """Ends this request's time in flight: its answer is ready, so the client may already
+        have it (and send its next request) before the gateway's thread counts it done."""
+        if self._flying:
+            self._flying = False
+            self.server.gateway._landed()
 
     def _serve_request(self, body: bytes) -> None:
         url = urllib.parse.urlsplit(self.path)
@@ -185,6 +203,7 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
 
         status, reason, headers, data = self._answer(target, body, frozenset(buckets))
         self._record(target, status, frozenset(buckets))
+        self._land()
         self.send_response(status, reason)
         for name, value in headers:
             self.send_header(name, value)
@@ -279,7 +298,7 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
     def _record(self, path: str, status: int, buckets: frozenset[str]) -> None:
         self.server.gateway._record(SeenRequest(
             self.tunnel_host, self.command, path, self.headers.get("Authorization"),
-            int(status), buckets))
+            int(status), buckets, self.others_in_flight, self.client_address[1]))
 
     def _reply(self, status: HTTPStatus, body: bytes,
                content_type: str = "application/json; charset=UTF-8") -> None:
@@ -403,7 +422,9 @@ class GcsGateway:
     * on request, adds a fixed latency to every request (``set_latency``),
       fails chosen objects with chosen statuses (``fail``), carries out a
       request but answers it with a failure (``lose_answers``), and counts
-      the most requests in flight at once (``max_in_flight``).
+      the most requests in flight at once (``max_in_flight``), and with each
+      request seen, how many others were in flight when it came in
+      (``SeenRequest.others_in_flight``).
 
     The emulator serves one request at a time with a listen backlog of five,
     so the gateway forwards one at a time too, each on a fresh connection
@@ -481,16 +502,16 @@ class GcsGateway:
         with self._state_lock:
             self.max_in_flight = self._active
 
-    @contextlib.contextmanager
-    def _in_flight(self) -> Iterator[None]:
+    def _take_off(self) -> int:
+        """Counts a request in flight; returns how many others were."""
         with self._state_lock:
             self._active += 1
             self.max_in_flight = max(self.max_in_flight, self._active)
-        try:
-            yield
-        finally:
-            with self._state_lock:
-                self._active -= 1
+            return self._active - 1
+
+    def _landed(self) -> None:
+        with self._state_lock:
+            self._active -= 1
 
     def _first_page(self, data: bytes, target: str) -> bytes:
         """Pages the emulator's one-page answer as GCS does; the rest waits under a token."""

@@ -2,13 +2,29 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+import json
+import pathlib
 import threading
 import time
+import urllib.parse
 
 import pytest
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.transforms.window import GlobalWindow
+from helpers import REPO, make_tree
 
-from beam_prep.errors import ImageError
+from beam_prep.errors import ImageError, StorageError
+from beam_prep.io.storage import write_lines
+from beam_prep.io.tfrecord import read_records
+from beam_prep.model.features import decode_all
+from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.images.readahead import ReadAhead, ReadAheadConfig, thread_pool
+from beam_prep.write.journal import resume
+from beam_prep.write.shared import layout
+from beam_prep.write.shared.entry import FileEntry
+from beam_prep.write.sinks.steps import SinkConfig, WriteShardFn
+from pipelines import prepare_images
 
 
 class RecordingRead:
@@ -114,3 +130,134 @@ def test_cancel_drops_reads_not_started():
                 window.push(p, p, 1)
         gate.set()
     assert started == ["file-000"]
+
+
+# --- across shard ends, on the GCS test server --------------------------------------
+
+SHARDS = 4
+IMAGES = 24
+
+
+@pytest.fixture(scope="module")
+def shard_bucket(gcs_server, tmp_path_factory):
+    tree = tmp_path_factory.mktemp("tree")
+    make_tree(tree, {"ant": IMAGES // 2, "bee": IMAGES // 2}, size=(32, 24))
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(tree, "images")
+    return bucket
+
+
+def _prepare(gcs_server, bucket, out, sink: str, concurrency: int, latency_s: float) -> list:
+    """One worker writes ``SHARDS`` shards from gs://; returns the image reads the gateway saw."""
+    gateway = gcs_server.gateway
+    since = len(gateway.seen())
+    gateway.set_latency(latency_s)
+    try:
+        gcs_server.run(prepare_images.command(
+            "--input", bucket.url("images"), "--output", str(out), "--image_size", "16", "--sink", sink,
+            "--num_shards", str(SHARDS), "--direct_num_workers", "1", "--read_concurrency", str(concurrency)),
+            cwd=REPO)
+    finally:
+        gateway.set_latency(0.0)
+    return [r for r in gateway.seen()[since:]
+            if bucket.name in r.buckets and r.method == "GET" and "alt=media" in r.path]
+
+
+def _shard_heads(out: pathlib.Path, n: int) -> list[list[str]]:
+    """Each shard's first ``n`` images (``images/<relpath>``), from the shards written."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    return [["images/" + decode_all(record)["image/filename"][0].decode()
+             for record in itertools.islice(read_records(str(out / name), "gzip"), n)]
+            for name in manifest["splits"]["train"]["shards"]]
+
+
+def test_the_next_shards_reads_start_before_a_shard_is_done(gcs_server, shard_bucket, tmp_path):
+    """One worker writes 4 shards of 6 images, 4 reads ahead, 200 ms a request. A window drained
+    at each shard's end starts each shard's first reads with nothing else in flight; carried
+    over, the next shard's first reads start while the current shard's last are in flight, so
+    only the worker's first shard starts alone."""
+    window = 4
+    reads = _prepare(gcs_server, shard_bucket, tmp_path / "ahead", "streaming", concurrency=window, latency_s=0.2)
+    assert len(reads) == IMAGES and all(r.status == 200 for r in reads)
+    others = {urllib.parse.unquote(r.path.split("/o/", 1)[1].split("?", 1)[0]): r.others_in_flight for r in reads}
+    heads = _shard_heads(tmp_path / "ahead", window)
+    assert len(heads) == SHARDS
+    # A shard's first reads go out together; the first of them to arrive finds none in flight
+    # unless the shard before still has reads out.
+    started_alone = [head for head in heads if min(others[name] for name in head) == 0]
+    assert len(started_alone) == 1, [[others[name] for name in head] for head in heads]
+    assert max(others.values()) <= window - 1  # the window's cap holds across shards
+    # One request an image, over the worker's kept-alive connections: none opened per read.
+    assert len({r.connection for r in reads}) <= window
+
+
+def test_shards_read_ahead_across_their_ends_are_those_read_one_by_one(gcs_server, shard_bucket, tmp_path):
+    """The same shards, byte for byte, as a run that reads each image in its turn: a window
+    carried over shard ends keeps each shard's records, in listing order, in its own file."""
+    _prepare(gcs_server, shard_bucket, tmp_path / "ahead", "streaming", concurrency=4, latency_s=0.02)
+    _prepare(gcs_server, shard_bucket, tmp_path / "inline", "streaming", concurrency=0, latency_s=0.0)
+    shards = sorted(p.name for p in (tmp_path / "inline").glob("train-*"))
+    assert len(shards) == SHARDS
+    assert sorted(p.name for p in (tmp_path / "ahead").glob("train-*")) == shards
+    for name in shards:
+        assert (tmp_path / "ahead" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
+
+
+# --- the streaming sink's DoFn, called as a runner calls it ------------------------------------
+
+
+@pytest.fixture
+def shard_work(tmp_path):
+    """A run's folder with 3 shard listings of 6 local images each, and the sink's config (4 ahead)."""
+    images = make_tree(tmp_path / "tree", {"cat": 18}, size=(32, 24))
+    work = tmp_path / "work"
+    work.mkdir()
+    for index in range(3):
+        write_lines(str(work / layout.shard_listing_name("train", index)), [
+            FileEntry(str(p), f"cat/{p.name}", "train", "cat", 0, p.stat().st_size).to_json()
+            for p in images[index * 6:(index + 1) * 6]])
+    return SinkConfig(ImageSpec(16, 16), ReadAheadConfig(concurrency=4), str(work), "gzip", {"train": 3})
+
+
+def _shards_out(outputs) -> list[str]:
+    """The shard names among a call's outputs (the main output's rows)."""
+    return [o.value[1] for o in outputs if not isinstance(o, TaggedOutput)]
+
+
+def _call(fn, index: int) -> list:
+    return list(fn.process(index, timestamp=0, window=GlobalWindow()))
+
+
+def test_a_shard_is_finished_by_the_call_after_it_when_its_last_reads_are_in_flight(shard_work):
+    names = [layout.shard_name("train", i, 3, shard_work.shard_suffix) for i in range(3)]
+    fn = WriteShardFn(shard_work, "train")
+    fn.setup()
+    try:
+        fn.start_bundle()
+        assert _shards_out(_call(fn, 0)) == []  # its last 4 reads are still in the window
+        assert resume.finished_shard(shard_work.work, names[0]) is None
+        assert _shards_out(_call(fn, 1)) == [names[0]]  # finished while shard 1's reads went out
+        assert resume.finished_shard(shard_work.work, names[0]).records == 6
+        assert _shards_out(list(fn.finish_bundle())) == [names[1]]
+        assert resume.finished_shard(shard_work.work, names[1]).records == 6
+    finally:
+        fn.teardown()
+
+
+def test_a_failed_call_leaves_the_shards_it_had_open_unfinished_and_a_new_bundle_writes_them(shard_work):
+    name = layout.shard_name("train", 0, 3, shard_work.shard_suffix)
+    (pathlib.Path(shard_work.work) / layout.shard_listing_name("train", 2)).unlink()
+    fn = WriteShardFn(shard_work, "train")
+    fn.setup()
+    try:
+        fn.start_bundle()
+        _call(fn, 0)
+        with pytest.raises(StorageError):
+            _call(fn, 2)  # its listing is gone: shard 0's last reads are dropped with it
+        assert resume.finished_shard(shard_work.work, name) is None
+        assert not (pathlib.Path(shard_work.work) / name).exists()
+        fn.start_bundle()  # the runner retries
+        assert _shards_out(_call(fn, 0) + list(fn.finish_bundle())) == [name]
+    finally:
+        fn.teardown()
+    assert resume.finished_shard(shard_work.work, name).records == 6

@@ -8,8 +8,9 @@ order the files went in, so a shard's records and their order stay what the
 listing says. The window is capped both by count and by bytes (from the sizes
 the listing recorded), so memory stays bounded however large the files.
 
-Both sinks use it: the streaming sink over one shard's listing, the shuffle
-sink over the elements of a bundle.
+Both sinks use it, one window a bundle: the streaming sink over the listings
+of the shards it writes, one after the other (the next shard's reads start
+before the current one's last are done), the shuffle sink over the elements.
 """
 from __future__ import annotations
 

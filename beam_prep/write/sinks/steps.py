@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Iterable
@@ -151,12 +152,107 @@ class ImageToExampleFn(beam.DoFn):
         yield WindowedValue(row, timestamp, (window,))
 
 
+class _Shard:
+    """A shard the streaming sink is writing: its files come back read, in listing order, from
+    the worker's read-ahead, perhaps in a later ``process`` call than the one that listed them.
+
+    Its file is opened when its first file comes back, not when it is listed, so that however
+    many shards' reads the window holds, one shard file is open at a time.
+    """
+
+    def __init__(self, config: SinkConfig, name: str, reporter: progress.Reporter,
+                 timestamp: object, window: object) -> None:
+        self.name = name
+        self.reporter = reporter
+        self.timestamp = timestamp
+        self.window = window
+        self.pushed = 0  # files given to the read-ahead
+        self.taken = 0  # files back from it, and written or failed
+        self.listed = False  # every file of its listing pushed
+        self._config = config
+        self._format = shard_format(config.file_format)
+        self._file: contextlib.ExitStack | None = None
+        self._write = None
+        self._partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
+        self._checksum = tfrecord.Checksum()
+        self._per_label: collections.Counter[str] = collections.Counter()  # a multi-label record under each label
+        self._originals: collections.Counter[str] = collections.Counter()
+        self._resized: collections.Counter[str] = collections.Counter()
+        self._written = 0
+        self._failures: list[dict] = []
+        self._flat: list[str] = []
+        self._hashes: list[str] = []
+
+    @property
+    def complete(self) -> bool:
+        return self.listed and self.taken == self.pushed
+
+    def add(self, entry: FileEntry, fetched: Fetched, counters: Counters) -> None:
+        """One file's read, in its turn: its record written, or its failure kept."""
+        self.taken += 1
+        with resample.counting() as resized:
+            row, failure = count_image(entry, fetched.error or fetched.data, self._config.spec, self._format,
+                                       counters, self.reporter)
+        self._resized.update(resized)
+        if row is None:
+            self._failures.append(failure)
+            return
+        self._open()(row.example)
+        self._written += 1
+        self._per_label.update(row.labels)
+        if row.original is not None:
+            self._originals[row.original] += 1
+        if row.flat:
+            self._flat.append(entry.relpath)
+        self._hashes.append(row.hash_line)
+
+    def finish(self) -> resume.ShardRecord:
+        """Completes the shard: its file renamed to its final name, its hash file, then its record."""
+        config = self._config
+        self._open()  # a shard of failed files only is still written, empty
+        file, self._file = self._file, None
+        file.close()
+        # The shard's companions (its DALI index) under their final names with it.
+        FileSystems.rename(self._format.shard_files(self._partial, config.compression),
+                           self._format.shard_files(join(config.work, self.name), config.compression))
+        write_lines(join(config.work, layout.hashes_name(self.name)), self._hashes)
+        record = resume.ShardRecord(
+            name=self.name, records=self._written, size=self._checksum.size, sha256=self._checksum.hexdigest(),
+            class_counts=dict(self._per_label), failures=self._failures,
+            originals=dict(sorted(self._originals.items())), flat=FlatImages.of(self._flat).to_json(),
+            resized=dict(sorted(self._resized.items())))
+        resume.write_shard_record(config.work, record)
+        self.reporter.flush()
+        return record
+
+    def abandon(self) -> None:
+        """Closes the file of a shard that will not be finished: it stays under its temporary
+        name, never marked finished, and the next run writes the shard again."""
+        if self._file is not None:
+            file, self._file = self._file, None
+            with contextlib.suppress(Exception):
+                file.close()
+
+    def _open(self):
+        if self._file is None:
+            config = self._config
+            self._file = contextlib.ExitStack()
+            self._write = self._file.enter_context(self._format.records(
+                self._partial, config.compression, self._checksum, shown_as=join(config.work, self.name)))
+        return self._write
+
+
 class WriteShardFn(beam.DoFn):
     """Writes one whole shard from its listing (already in order-key order), unless a
     resumed run finished it already (``resume.finished_shard``).
 
     The next files' reads run ahead of the work (``ReadAhead``), and records
-    are written in listing order all the same. The shard is written under a
+    are written in listing order all the same. The window is the bundle's, not
+    the shard's: a worker's next shard's first reads start while its current
+    shard's last are still in flight, so the reads never drain at a shard's end.
+    A shard whose last files are still being read when its ``process`` call
+    ends is completed by the next call, or by ``finish_bundle``, and its outputs
+    leave then, with their own timestamp and window. The shard is written under a
     name of its own and renamed when complete, then marked finished
     (``resume.write_shard_record``), so a shard file under its final name is
     always whole, and a retried bundle or a worker left over from a killed
@@ -174,74 +270,89 @@ class WriteShardFn(beam.DoFn):
         self._counters = Counters()
         self._listed = Metrics.counter(NAMESPACE, "listed")
         self._kept = Metrics.counter(NAMESPACE, "shards_kept")
+        self._window: ReadAhead | None = None
+        self._open: collections.deque[_Shard] = collections.deque()  # listed, not yet finished, in order
 
     def setup(self) -> None:
         self._reading.setup()
 
     def teardown(self) -> None:
+        self._abandon()
         self._reading.teardown()
 
-    def process(self, index: int):
+    def start_bundle(self) -> None:
+        self._abandon()  # what a failed bundle left
+        self._window = self._reading.window()
+
+    def process(self, index: int, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
         config, split = self._config, self._split
         name = layout.shard_name(split, index, config.num_shards[split], config.shard_suffix)
         record = resume.finished_shard(config.work, name)
-        if record is None:
-            # Named by the shard: a retried shard starts its counts again rather than adding to them.
-            reporter = progress.reporter(config.progress_folder, f"{split}-{index:05d}")
-            record = self._write(index, name, reporter)
-            reporter.flush()
-        else:  # its images are in the launcher's count already (progress.Carried), and no work of this run
+        if record is not None:  # its images are in the launcher's count already (progress.Carried), and no work of this run
             self._kept.inc()
             self._listed.inc(record.images)
-        for failure in record.failures:
-            yield TaggedOutput(FAILED, failure)
-        for label, n in record.class_counts.items():
-            yield TaggedOutput(COUNTS, ((split, label), n))
-        for reason, n in record.originals.items():
-            yield TaggedOutput(ORIGINALS, (reason, n))
-        yield TaggedOutput(FLAT, FlatImages.from_json(record.flat))
-        for key, n in record.resized.items():
-            yield TaggedOutput(RESIZED, (key, n))
-        yield split, name, record.records, record.size, record.sha256
+            yield from _shard_outputs(split, record, timestamp, window)
+            return
+        try:
+            # Named by the shard: a retried shard starts its counts again rather than adding to them.
+            shard = _Shard(config, name, progress.reporter(config.progress_folder, f"{split}-{index:05d}"),
+                           timestamp, window)
+            self._open.append(shard)
+            for line in read_lines(join(config.work, layout.shard_listing_name(split, index))):
+                entry = FileEntry.from_json(line)  # parsed as the window takes them
+                shard.pushed += 1
+                for fetched in self._window.push((shard, entry), entry.path, entry.size):
+                    yield from self._take(fetched)
+            shard.listed = True
+            yield from self._finish_complete()
+        except BaseException:
+            self._abandon()
+            raise
 
-    def _write(self, index: int, name: str, reporter: progress.Reporter) -> resume.ShardRecord:
-        config, split = self._config, self._split
-        lines = read_lines(join(config.work, layout.shard_listing_name(split, index)))
-        entries = (FileEntry.from_json(line) for line in lines)  # parsed as the window takes them
-        per_label: collections.Counter[str] = collections.Counter()  # a multi-label record under each label
-        written = 0
-        originals: collections.Counter[str] = collections.Counter()
-        failures = []
-        flat = []
-        hashes = []
-        checksum = tfrecord.Checksum()
-        partial = join(config.work, f"{name}.{uuid.uuid4().hex}.partial")
-        file_format = shard_format(config.file_format)
-        with file_format.records(partial, config.compression, checksum, shown_as=join(config.work, name)) as write, \
-                self._reading.window() as window, resample.counting() as resized:
-            for fetched in window.stream(entries, lambda e: e.path, lambda e: e.size):
-                entry = fetched.item
-                self._listed.inc()
-                row, failure = count_image(entry, fetched.error or fetched.data, config.spec, file_format,
-                                           self._counters, reporter)
-                if row is None:
-                    failures.append(failure)
-                    continue
-                write(row.example)
-                written += 1
-                per_label.update(row.labels)
-                if row.original is not None:
-                    originals[row.original] += 1
-                if row.flat:
-                    flat.append(entry.relpath)
-                hashes.append(row.hash_line)
-        # The shard's companions (its DALI index) under their final names with it.
-        FileSystems.rename(file_format.shard_files(partial, config.compression),
-                           file_format.shard_files(join(config.work, name), config.compression))
-        write_lines(join(config.work, layout.hashes_name(name)), hashes)
-        record = resume.ShardRecord(name=name, records=written, size=checksum.size,
-                                    sha256=checksum.hexdigest(), class_counts=dict(per_label), failures=failures,
-                                    originals=dict(sorted(originals.items())),
-                                    flat=FlatImages.of(flat).to_json(), resized=dict(sorted(resized.items())))
-        resume.write_shard_record(config.work, record)
-        return record
+    def finish_bundle(self):
+        try:
+            for fetched in self._window.drain():
+                yield from self._take(fetched)
+            yield from self._finish_complete()
+        except BaseException:
+            self._abandon()
+            raise
+        assert not self._open, "every shard listed in a bundle is finished at its end"
+        self._window = None
+
+    def _take(self, fetched: Fetched):
+        shard, entry = fetched.item
+        self._listed.inc()
+        shard.add(entry, fetched, self._counters)
+        yield from self._finish_complete()
+
+    def _finish_complete(self):
+        """Finishes the shards whose files are all back: the window gives them back in order."""
+        while self._open and self._open[0].complete:
+            shard = self._open.popleft()
+            yield from _shard_outputs(self._split, shard.finish(), shard.timestamp, shard.window)
+
+    def _abandon(self) -> None:
+        """Drops the reads in flight and the shards not finished (a failed or cut-short bundle)."""
+        if self._window is not None:
+            self._window.cancel()
+            self._window = None
+        while self._open:
+            self._open.popleft().abandon()
+
+
+def _shard_outputs(split: str, record: resume.ShardRecord, timestamp: object, window: object):
+    """A shard's outputs (``WriteShardFn``'s), in the timestamp and window of its element."""
+    def windowed(value):
+        return WindowedValue(value, timestamp, (window,))
+
+    for failure in record.failures:
+        yield TaggedOutput(FAILED, windowed(failure))
+    for label, n in record.class_counts.items():
+        yield TaggedOutput(COUNTS, windowed(((split, label), n)))
+    for reason, n in record.originals.items():
+        yield TaggedOutput(ORIGINALS, windowed((reason, n)))
+    yield TaggedOutput(FLAT, windowed(FlatImages.from_json(record.flat)))
+    for key, n in record.resized.items():
+        yield TaggedOutput(RESIZED, windowed((key, n)))
+    yield windowed((split, record.name, record.records, record.size, record.sha256))
