@@ -33,7 +33,7 @@ from beam_prep.write.plan.metadata import (
     combine_tables,
     read_table,
 )
-from beam_prep.write.plan.selection import Selection
+from beam_prep.write.plan.selection import ListedRow, Selection
 from beam_prep.write.plan.spill import RowFile, SortedRows, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
 from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
@@ -52,6 +52,7 @@ SKIP_HIDDEN = "hidden or system file"
 SKIP_NOT_IMAGE = "not an image file"
 SKIP_DEPTH = "image outside the label folders"
 SKIP_NO_ROW = "image no --metadata row names"
+_WALKED_ALL = (None, 0, None)  # the walk's (relpath, size, reason) once every file is merged with the table
 
 
 class Listing:
@@ -65,7 +66,7 @@ class Listing:
     """
 
     def __init__(self, root: str, labels: list[str], splits: list[str], split_counts: dict[str, int],
-                 unknown_labels: int, total_bytes: int, skips: _Skips, folder: SpillFolder, files: Iterable[tuple],
+                 unknown_labels: int, total_bytes: int, skips: _Skips, folder: SpillFolder, files: Iterable[ListedRow],
                  label_offset: int, table: Table | None = None, unlabelled: bool = False) -> None:
         self.root = root
         self.labels = labels
@@ -106,11 +107,10 @@ class Listing:
     def entries(self) -> Iterator[FileEntry]:
         """Every listed image, in order-key order, read back from disk."""
         root, ids, table = self.root, self._ids, self._table
-        for _, relpath, split, label, size, *row in self._files:
-            if not row:
+        for _, relpath, split, label, size, labels, extra in self._files:
+            if extra is None:  # a file listed from the tree alone
                 yield FileEntry(f"{root}/{relpath}", relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
                 continue
-            labels, extra = row
             label_ids = None
             if self.unlabelled:
                 label_id = NO_LABEL
@@ -271,7 +271,7 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
         if label not in label_folders:
             label_folders[label] = "/".join(parts[:depth - 1])
             check_label_name(label, join(root, label_folders[label]))
-        choice.add((order_key(relpath), relpath, split, label, size), known is None or label in known)
+        choice.add((order_key(relpath), relpath, split, label, size, None, None), known is None or label in known)
 
     if not choice.added:
         layout = "ROOT/<label>/<image> or ROOT/<split>/<label>/<image>"
@@ -286,7 +286,7 @@ def _list(root: str, folder: SpillFolder, validation_percent: float, labels: Seq
 
 
 def _listing(root: str, names: list[str], split_counts: collections.Counter[str], unknown: int, total_bytes: int,
-             skips: _Skips, folder: SpillFolder, files: Iterable[tuple], label_offset: int,
+             skips: _Skips, folder: SpillFolder, files: Iterable[ListedRow], label_offset: int,
              table: Table | None = None, unlabelled: bool = False) -> Listing:
     """The ``Listing``, its skipped files logged by reason."""
     splits = sorted(split_counts, key=_split_rank)
@@ -367,7 +367,7 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     no image is in such a folder, the dataset has no labels (``Listing.unlabelled``).
     """
     table = _read_tables(root, folder, validation_percent, path, split_tables)
-    walked = SortedRows(folder, "walked")
+    walked = SortedRows(folder, "walked")  # (relpath, size, reason) of each file, by path
     prefix = len(root) + 1
     for file_path, size, reason in walk_tree(root):
         if file_path.startswith(root + "/"):
@@ -383,25 +383,25 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
     seen: set[str] = set()
     listed: collections.Counter[str] = collections.Counter()  # every row, by split: a dataset without labels
     found = iter(walked)
-    current = next(found, None)
+    walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
 
-    def skip(relpath: str, size: int, reason: str | None) -> None:
-        why = _unnamed_reason(relpath, size, reason)
+    def skip(relpath: str, reason: str | None) -> None:
+        why = _unnamed_reason(relpath, reason)
         top = relpath.split("/", 1)[0]
         if why == SKIP_NO_ROW and with_tables and top in SPLIT_NAMES and top not in with_tables:
             untabled.setdefault(top, relpath)
         skips.add(relpath, why)
 
     for file_name, line, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
-        while current is not None and current[0] < file_name:
-            skip(*current)
-            current = next(found, None)
+        while walked_path is not None and walked_path < file_name:
+            skip(walked_path, walked_reason)
+            walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
         size = 0  # a file the walk did not find: listed, and its read fails
-        if current is not None and current[0] == file_name:
-            relpath, size, reason = current
-            current = next(found, None)
+        if walked_path == file_name:
+            size, reason = walked_size, walked_reason
+            walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
             if reason is not None:  # a pipe or device (reading it could block forever): skipped all the same
-                skips.add(relpath, reason)
+                skips.add(file_name, reason)
                 continue
         if split is None:
             _check_no_split_folder(table, file_name, line)
@@ -414,9 +414,9 @@ def _list_table(root: str, folder: SpillFolder, validation_percent: float, label
             listed[split] += 1
         choice.add((order_key(file_name), file_name, split, label, size, row_labels, extra),
                    bool(names) and (known is None or known.issuperset(names)))
-    while current is not None:
-        skip(*current)
-        current = next(found, None)
+    while walked_path is not None:
+        skip(walked_path, walked_reason)
+        walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
     if untabled:
         split, example = min(untabled.items())
         raise OptionsError(f"{join(root, split)} holds images ({example}, ...) but no {' or '.join(SPLIT_TABLE_NAMES)}, "
@@ -459,9 +459,8 @@ def _no_labels_message(table: Table, unknown: int, labels_file: bool) -> str:
             f"{'labels' if table.multi_label else 'label'} column, or drop it for a dataset without labels")
 
 
-def _unnamed_reason(relpath: str, size: int, reason: str | None) -> str:
+def _unnamed_reason(relpath: str, reason: str | None) -> str:
     """Why a file that no --metadata row names is skipped."""
-    del size
     if reason is not None:
         return reason
     if any(_is_junk(part) for part in relpath.split("/")):

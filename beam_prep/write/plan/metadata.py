@@ -123,12 +123,13 @@ class Table:
         Raises:
           OptionsError: two rows name the same file (both lines named).
         """
-        previous: tuple = ("", 0)
+        previous_name, previous_line = "", 0  # no row names "" (``_file_name`` refuses it)
         for row in self._rows:
-            if row[0] == previous[0]:  # (a table in a split folder: its own, as names start with the folder)
-                raise OptionsError(f"--metadata {self.path} lines {previous[1]} and {row[1]} both name "
-                                   f"{row[0]!r}: keep one row per image")
-            previous = row
+            file_name, line, _, _, _, _ = row
+            if file_name == previous_name:  # (a table in a split folder: its own, as names start with the folder)
+                raise OptionsError(f"--metadata {self.path} lines {previous_line} and {line} both name "
+                                   f"{file_name!r}: keep one row per image")
+            previous_name, previous_line = file_name, line
             yield row
 
     def features(self, extra: tuple[Any, ...]) -> dict[str, Any]:
@@ -207,8 +208,8 @@ def read_table(path: str, folder: SpillFolder, splits: Sequence[str], split_fold
             raise OptionsError(f"--metadata {path} is empty: it needs a {FILE_NAME} column") from None
         except UnicodeDecodeError as e:
             raise OptionsError(f"--metadata {path} is not UTF-8 text ({e.reason}): save it as UTF-8") from None
-        reader = _RowReader(path, header, first_line, fmt, tuple(splits), SortedRows(folder, f"metadata-{split_folder or ''}"),
-                            split_folder)
+        rows = SortedRows(folder, f"metadata-{split_folder or ''}")
+        reader = _RowReader(path, header, first_line, fmt, tuple(splits), rows, split_folder)
         try:
             for values, line in records:
                 reader.add(values, line)
