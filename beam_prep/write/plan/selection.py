@@ -11,7 +11,7 @@ of them: the kept files' splits stay a fair draw).
 With both, the cap comes first and each label's share is of the files it keeps.
 
 Both need a label's count before any of its files is placed. The listing's rows go
-to its spill as ever, with their hashes in place of their split; a small row per file
+to its spill as ever, as ``RankedRow``s: their hashes beside their split; a small row per file
 goes to a second spill, read back in hash order, where each label's first files set
 its threshold: the split hash of its last validation file (a tie in a 64-bit hash, one
 chance in billions, puts both files in validation, and is counted), or the (cap hash,
@@ -26,19 +26,40 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from beam_prep.errors import OptionsError
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared.entry import DEFAULT_SPLIT, VALIDATION_SPLIT
 from beam_prep.write.shared.hashing import hashed_split, split_and_cap_hashes, split_for
 
-__all__ = ["SKIP_OVER_CAP", "Chosen", "Placed", "Selection", "thresholds", "validation_count"]
+__all__ = ["SKIP_OVER_CAP", "Chosen", "ListedRow", "Placed", "RankedRow", "Selection", "thresholds",
+           "validation_count"]
 
 SKIP_OVER_CAP = "over --max_per_class"  # skipped.jsonl's reason for a file past its label's cap
 
-Row = tuple  # a listing row: (order key, relpath, split, label, size, *table fields)
 Threshold = tuple[int, str]  # a label's last kept (cap hash, relpath): its rows up to it are kept
+
+
+# The listing's rows are plain tuples, unpacked by the names below wherever they are read: a
+# tree of millions of files makes millions of them, and a NamedTuple takes Python's slow paths
+# (made and pickled by a Python call, unpacked and sorted without CPython's tuple fast paths):
+# a listing of 30,000 files took a quarter to a third longer with one.
+ListedRow = tuple[int, str, str | None, str, int, tuple[str, ...] | None, tuple[Any, ...] | None]
+"""One listed file: ``(order_key, relpath, split, label, size, labels, extra)``.
+
+``split`` is None only on its way into ``Selection.add``, where ranking hashes it.
+``labels`` and ``extra`` are a table's (``--metadata``, ``MetadataRow``): ``extra`` is
+None for a file listed from the tree alone, a tuple (empty perhaps) for a table's row;
+``labels`` is None but for a multi-label table's row.
+"""
+RankedRow = tuple[int, str, int | None, str | int, str, int, tuple[str, ...] | None, tuple[Any, ...] | None]
+"""A ``ListedRow`` while ``Selection`` ranks its label, placed by ``Placed``:
+``(order_key, relpath, cap_hash, split, label, size, labels, extra)``.
+
+``cap_hash`` is None without ``--max_per_class``; ``split`` is the row's split, or,
+stratified, its split hash (an int), compared with its label's threshold.
+"""
 
 
 def validation_count(files: int, percent: float) -> int:
@@ -72,20 +93,19 @@ def thresholds(ranked: Iterable[tuple[int, int]], quota: Sequence[int]) -> tuple
 class Placed:
     """The listing's rows read back in order-key order, each placed by its label's thresholds.
 
-    A row holds ``(cap hash, split or split hash)`` where its split goes: dropped past its
-    label's cap threshold, and, stratified, in validation up to its split threshold.
+    Each ``RankedRow`` is dropped past its label's cap threshold, and, stratified, put in
+    validation up to its split threshold: what comes out is ``ListedRow``s.
     """
 
-    def __init__(self, rows: Iterable[Row], kept: Mapping[str, Threshold] | None,
+    def __init__(self, rows: Iterable[RankedRow], kept: Mapping[str, Threshold] | None,
                  validation: Mapping[str, int] | None) -> None:
         self._rows = rows
         self._kept = kept
         self._validation = validation
 
-    def __iter__(self) -> Iterator[Row]:
+    def __iter__(self) -> Iterator[ListedRow]:
         kept, validation = self._kept, self._validation
-        for row in self._rows:
-            (cap_hash, split), relpath, label = row[2], row[1], row[3]
+        for order_key, relpath, cap_hash, split, label, size, labels, extra in self._rows:
             if kept is not None:
                 last = kept.get(label)
                 if last is not None and (cap_hash, relpath) > last:
@@ -93,13 +113,13 @@ class Placed:
             if validation is not None:
                 top = validation.get(label)
                 split = VALIDATION_SPLIT if top is not None and split <= top else DEFAULT_SPLIT
-            yield (row[0], relpath, split) + row[3:]
+            yield order_key, relpath, split, label, size, labels, extra
 
 
 class Chosen(NamedTuple):
     """What the listing keeps: its rows, in order-key order, and their counts."""
 
-    files: Iterable[Row]
+    files: Iterable[ListedRow]
     split_counts: collections.Counter[str]  # split -> rows whose labels are all known
     unknown: int  # rows with a label missing from --labels_file, or none
     total_bytes: int  # of every row kept, unknown labels included
@@ -152,22 +172,22 @@ class Selection:
         """A file's split where the tree and table give none; None where ``add`` hashes it (ranked)."""
         return None if self.active else split_for(relpath, self._percent)
 
-    def add(self, row: Row, known: bool) -> None:
+    def add(self, row: ListedRow, known: bool) -> None:
         """One listed file; ``known``: its labels are all in the label list (else it is reported)."""
         self.added += 1
+        order_key, relpath, split, name, size, labels, extra = row
         if self._ranked is None:
-            self._count(row[2], known, row[4])
+            self._count(split, known, size)
             self._files.add(row)
             return
-        relpath, size = row[1], row[4]
-        label = self._ids.get(row[3])
+        label = self._ids.get(name)
         if label is None:
-            label = self._ids[row[3]] = len(self._labels)
-            self._labels.append(row[3])
+            label = self._ids[name] = len(self._labels)
+            self._labels.append(name)
             self._files_per_label.append(0)
             self._known.append(known)
         self._files_per_label[label] += 1
-        split, cap_hash = row[2], None
+        cap_hash = None
         if split is None:  # hashed here: one SHA-256 for the split hash and the cap hash
             split, cap_hash = split_and_cap_hashes(relpath)
             if not self._stratify:
@@ -181,7 +201,7 @@ class Selection:
             if cap_hash is None:  # a split the tree or table gives
                 cap_hash = split_and_cap_hashes(relpath)[1]
             self._ranked.add((cap_hash, relpath, label, size, split))
-        self._files.add((row[0], relpath, (cap_hash, split)) + row[3:])
+        self._files.add((order_key, relpath, cap_hash, split, name, size, labels, extra))
 
     def finish(self, skip: Callable[[str, str], None]) -> Chosen:
         """The rows kept, each in its split; ``skip(relpath, reason)`` is called for each one left out."""
