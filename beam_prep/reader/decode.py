@@ -2,8 +2,8 @@
 
 Per-image functions, traced inside the reader's ``tf.data`` maps. A JPEG is
 decoded only as far as needed: a centre crop or a random crop decodes just
-that window (``tf.io.decode_and_crop_jpeg``), and a window twice the output
-size or more is also scaled down in the DCT domain as it is decoded.
+that window (``tf.io.decode_and_crop_jpeg``), and a random crop well over the
+output size is also scaled down in the DCT domain as it is decoded.
 """
 from __future__ import annotations
 

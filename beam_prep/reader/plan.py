@@ -102,9 +102,8 @@ class RecordPlan:
             return random_crop_flip(encoded, self.image, self.size, params=self.crop_flip,
                                     record_hw=hw, dct_method=self.dct_method)
         if self.resizes:
-            # A JPEG window twice the output or more decodes scaled down (1/2, 1/4, 1/8) first.
             window = decode_window(encoded, self.image, lambda shape: center_window(shape, self.size),
-                                   hw, self.dct_method, at_least=self.size)
+                                   hw, self.dct_method)
             return resize(window, self.size, self.image.channels)
         return decode(encoded, self.image, hw, self.dct_method)
 
