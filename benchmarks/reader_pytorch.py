@@ -11,7 +11,11 @@ same number of worker processes and batch 256, uint8 images and int64 labels:
   (g) Grain: ``MapDataset.source(data_source)`` shuffled, batched, ``mp_prefetch``;
   (i) torchvision's ``ImageFolder`` on the corpus's source JPEGs (what one trains
       from without preparing a dataset), with ``Resize(224)``, ``CenterCrop(224)``
-      and ``PILToTensor``: the same 224x224 uint8 images, decoded from the originals.
+      and ``PILToTensor``: the same 224x224 uint8 images, decoded from the originals;
+  (x) NVIDIA DALI's CPU pipeline over the same WebDataset shards as (w)
+      (``benchmarks/dali_pipelines.py``: ``beam_prep.dali_reader``, ``fn.decoders.image``
+      on the CPU), with as many threads as the others have workers; left out, and
+      said, when DALI (the ``dali`` extra) is not installed.
 
 Each reader runs epochs back to back (the loaders' workers persist between
 them), gets a warm-up, then a timed stretch, in several rounds. Images/s is wall
@@ -34,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, machine
+from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, dali_pipelines, machine
 from benchmarks.corpus import ensure_corpus
 from benchmarks.reading import BATCH_SIZE, DEFAULT_IMAGES, NUM_SHARDS, WARMUP_SECONDS, ensure_dataset
 from benchmarks.report import tables
@@ -47,6 +51,7 @@ LABELS = {
     "w": "(w) torch DataLoader over beam_prep.webdataset_pipeline (webdataset)",
     "g": "(g) Grain MapDataset over beam_prep.data_source, mp_prefetch",
     "i": "(i) torchvision ImageFolder on the source JPEGs, Resize + CenterCrop 224",
+    "x": "(x) NVIDIA DALI CPU pipeline over beam_prep.dali_reader (webdataset)",
 }
 
 
@@ -99,12 +104,17 @@ def readers(array_record: pathlib.Path, webdataset: pathlib.Path, jpegs: pathlib
     folder = torchvision.datasets.ImageFolder(
         str(jpegs), transform=v2.Compose([v2.Resize(IMAGE_SIZE, antialias=True), v2.CenterCrop(IMAGE_SIZE),
                                           v2.PILToTensor()]))
-    return {
+    found = {
         "p": torch_loader(beam_prep.data_source(array_record, "train", pairs=True), shuffle=True),
         "w": torch_loader(beam_prep.webdataset_pipeline(webdataset, "train")),
         "g": grain_loader,
         "i": torch_loader(folder, shuffle=True),
     }
+    if dali_pipelines.available():
+        found["x"] = lambda: dali_pipelines.dali_batches(webdataset, threads=workers)
+    else:
+        log.warning("NVIDIA DALI is not installed (pip install 'beam-prep[dali]'): reader x left out")
+    return found
 
 
 def _cpu_seconds() -> float:
@@ -158,7 +168,7 @@ def main(argv: Sequence[str] | None) -> None:
     array_record = ensure_dataset(root, args.images, "jpeg", "none", "array_record", datasets)
     webdataset = ensure_dataset(root, args.images, "jpeg", "none", "webdataset", datasets)
     makers = readers(array_record, webdataset, root, args.workers)
-    keys = args.only.split(",") if args.only else list(makers)
+    keys = [k for k in args.only.split(",") if k in makers] if args.only else list(makers)
     rates: dict[str, list[float]] = {key: [] for key in keys}
     cpu: dict[str, list[float]] = {key: [] for key in keys}
     for round_, key in itertools.product(range(args.rounds), keys):

@@ -26,7 +26,7 @@ from beam_prep.reader.plan import (
     make_plan,
 )
 from beam_prep.reader.plan import parse as parse_records
-from beam_prep.reader.shards import read_shard
+from beam_prep.reader.shards import read_buffer_bytes, read_shard
 from beam_prep.reader.sources import (
     RecordFiles,
     resolve_source,
@@ -148,8 +148,10 @@ def _records(paths: tuple[str, ...], shard_counts: tuple[int, ...] | None, count
     """The serialized records of ``paths``, in their order: files shuffled, interleaved, records shuffled."""
     import tensorflow as tf
 
+    buffer_size = read_buffer_bytes(paths[0])  # a split's shards are all in one place
+
     def read_file(shard, num_records=None):
-        return read_shard(shard, compression_type, num_records)
+        return read_shard(shard, compression_type, num_records, buffer_size)
 
     if shard_counts is not None:
         # Each shard with its record count: a damaged one fails naming itself.

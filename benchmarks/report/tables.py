@@ -327,8 +327,9 @@ def reader_rate(results: Mapping, key: str) -> tuple[float, float]:
 
 
 def reader(results: Mapping) -> str:
-    """Each reader against the decode limit (c) and the seed notebook's reader (b)."""
-    compare = {"a": "c", "a_fast": "c_fast", "a_eval": "c", "a_crop": "c"}
+    """Each reader against the decode limit (c) and the seed notebook's reader (b); then, where the
+    record has them, reader (a) on the default command's dataset and beside DALI's CPU pipeline."""
+    compare = {"a": "c", "a_fast": "c_fast", "a_eval": "c", "a_crop": "c", "e": "e_limit"}
     keys = results["results"]
     lines = ["| reader | images/s | images per CPU-s | ÷ (c) limit | ÷ (b) seed |", "|---|---:|---:|---:|---:|"]
 
@@ -348,7 +349,41 @@ def reader(results: Mapping) -> str:
         head = (f"{settings['images']:,} records of {settings['image_size']}×{settings['image_size']} JPEG "
                 f"q{settings['jpeg_quality']} in {settings['num_shards']} GZIP shards, batch "
                 f"{settings['batch_size']}; medians of {settings['rounds']} rounds of {settings['seconds']:g} s.\n\n")
-    return head + "\n".join(lines)
+    return head + "\n".join(lines) + _reader_default(results) + _reader_dali(results)
+
+
+def _reader_default(results: Mapping) -> str:
+    """Reader (a) on the default command's dataset against the decode limit on its records: empty
+    in a record without them."""
+    keys = results["results"]
+    if not {"e", "e_limit"} <= keys.keys():
+        return ""
+    (wall, cpu), (lwall, lcpu) = reader_rate(results, "e"), reader_rate(results, "e_limit")
+    shards = results.get("settings", {}).get("default_num_shards")
+    layout = f" ({shards} GZIP shards)" if shards else ""
+    return (f"\n\nOn the dataset the default command writes{layout}, reader (a) reads at "
+            f"{times(wall / lwall)} of the decode limit on its records ({times(cpu / lcpu)} per CPU-s).")
+
+
+def _reader_dali(results: Mapping) -> str:
+    """beam-prep's reader beside DALI's CPU pipeline on the same uncompressed records, decode only and
+    decode + resize: empty in a record without DALI's readers."""
+    keys = results["results"]
+    pairs = [("decode", "a_none", "x"), ("decode + resize", "a_resize", "x_resize")]
+    pairs = [p for p in pairs if {p[1], p[2]} <= keys.keys()]
+    if not pairs:
+        return ""
+    size = results.get("settings", {}).get("resize")
+    lines = ["| | make_dataset images/s | DALI CPU images/s | make_dataset CPU ms / image "
+             "| DALI CPU ms / image | make_dataset ÷ DALI per CPU-s |", "|---|---:|---:|---:|---:|---:|"]
+    for name, ours, dali in pairs:
+        (wall, cpu), (dwall, dcpu) = reader_rate(results, ours), reader_rate(results, dali)
+        what = f"{name} to {size}×{size}" if name != "decode" and size else name
+        lines.append(f"| {what} | {wall:,.0f} | {dwall:,.0f} | {1e3 / cpu:.2f} | {1e3 / dcpu:.2f} "
+                     f"| {times(cpu / dcpu)} |")
+    return ("\n\nbeam-prep's reader (training defaults) beside NVIDIA DALI's CPU pipeline "
+            "(`fn.decoders.image(device=\"cpu\")`, `fn.resize`), on the same records written with "
+            "`--compression none`:\n\n" + "\n".join(lines))
 
 
 def verify(results: Mapping) -> str:
