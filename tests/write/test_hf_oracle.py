@@ -354,8 +354,9 @@ def test_a_dataset_without_labels_counts_its_samples_and_reads_back_in_each_form
         tmp_path, file_format, sink):
     """The captioning layout in every format through either sink: every shard's count is its samples
     (the shuffle sink counts them after writing: a WebDataset sample has no cls here), each format's
-    reader gives every image without a label, and verify finds nothing wrong."""
+    reader gives every image without a label, verify finds nothing wrong and bench counts images."""
     from beam_prep.tools import verification
+    from beam_prep.tools.throughput import measure_reader
 
     if file_format == "array_record":
         pytest.importorskip("array_record")
@@ -374,6 +375,10 @@ def test_a_dataset_without_labels_counts_its_samples_and_reads_back_in_each_form
         assert read_without_labels(out, split, file_format) == names
     report = verification.verify(str(out))
     assert report.ok and report.problems == (), report.problems
+    batches: list[int] = []  # bench counts images, not labels
+    measure_reader(str(out), "train", batch_size=3, training=False, seconds=0, warmup_seconds=0,
+                   progress=batches.append)
+    assert batches == [2 if file_format == "webdataset" else 3]  # WebDataset's batches end with each pass
 
 
 def read_without_labels(out: pathlib.Path, split: str, file_format: str) -> set[str]:
