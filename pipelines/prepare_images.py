@@ -34,7 +34,7 @@ from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted, Writte
 from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
 from beam_prep.write.finish import duplicates
-from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.config import PrepareConfig, progress_interval
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY
 from beam_prep.write.run.interrupt import signal_of
 from beam_prep.write.run.pipeline import RunResult, run
@@ -129,7 +129,8 @@ def plan_summary(result: RunResult, input_root: str) -> str:
 
 def run_with_progress(config: PrepareConfig, options: PipelineOptions, console: TextIO) -> RunResult:
     """The job, its progress drawn on ``console`` while it runs."""
-    display = ProgressDisplay(console, options.view_as(PrepareImagesOptions).progress_interval)
+    interval = progress_interval(options.view_as(PrepareImagesOptions).progress_interval)
+    display = ProgressDisplay(console, interval)
     try:
         return run(config, options, on_progress=display, progress_interval=display.poll_interval)
     finally:

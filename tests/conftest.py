@@ -6,6 +6,8 @@ import pathlib
 import pytest
 from helpers import REPO
 
+from beam_prep.write.plan.config import PROGRESS_INTERVAL_ENV
+
 # A real GCS server on loopback for gs:// tests: the test harness in gcs_harness/.
 pytest_plugins = ["gcs_harness.server", "tiers"]
 
@@ -19,6 +21,13 @@ def repo() -> pathlib.Path:
 def _children_keep_temp_files_here(tmp_path_factory, monkeypatch):
     """Child processes write temp files (a failed or killed job's log) in the test's own folder."""
     monkeypatch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))
+
+
+@pytest.fixture(autouse=True)
+def _no_progress_line_for_a_slow_machine(monkeypatch):
+    """A run prints a progress line only where its test asks (``--progress_interval``): a small run
+    under load lasts past the default interval, and its output must not depend on that."""
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "86400")
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,11 @@ from beam_prep.write.images.imaging import DEFAULT_MAX_PIXELS, OUTPUT_FORMATS, R
 from beam_prep.write.plan.config import (
     DEFAULT_DISTANCE,
     DEFAULT_IMAGE_SIZE,
+    DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_READ_AHEAD_MB,
     DEFAULT_REMOTE_READ_CONCURRENCY,
     DEFAULT_TARGET_SHARD_MB,
+    PROGRESS_INTERVAL_ENV,
     PrepareConfig,
     config_from_flags,
 )
@@ -35,7 +37,6 @@ LABELS_SPLITS = "labels and splits"
 SHARDS = "shards and compression"
 RUN = "run"
 SECTIONS = (INPUT_OUTPUT, IMAGE, LABELS_SPLITS, SHARDS, RUN)
-DEFAULT_PROGRESS_INTERVAL = 30.0
 
 
 class PrepareImagesOptions(PipelineOptions):
@@ -187,9 +188,10 @@ def _shard_arguments(group: Any) -> None:
 def _run_arguments(group: Any) -> None:
     """--help's "run" section: progress, logging and the failure budget."""
     group.add_argument(
-        "--progress_interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
+        "--progress_interval", type=float, default=None,
         help="Seconds between progress lines when stderr is not a terminal (a terminal gets a "
-             "progress bar); local runs only.")
+             f"progress bar); local runs only (default: ${PROGRESS_INTERVAL_ENV}, else "
+             f"{DEFAULT_PROGRESS_INTERVAL:g}).")
     group.add_argument(
         "--verbose", action="store_true", default=False,
         help="Show Beam's log and a failed job's full traceback on stderr, instead of "

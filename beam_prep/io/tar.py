@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 from beam_prep.io.storage import storage_error
 
-__all__ = ["BLOCK", "END", "count_members", "member", "read_members", "samples", "webdataset_key"]
+__all__ = ["BLOCK", "END", "count_samples", "member", "read_members", "samples", "webdataset_key"]
 
 BLOCK = 512
 # The end of an archive: two zero blocks.
@@ -103,9 +103,9 @@ def samples(f: BinaryIO) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
         yield key, members
 
 
-def count_members(path: str, suffix: str) -> int:
-    """The members of the tar file ``path`` (any Beam filesystem) whose names end with ``suffix``:
-    a WebDataset shard's samples, counted by the one member each has of that kind.
+def count_samples(path: str) -> int:
+    """The samples of the tar file ``path`` (any Beam filesystem), as ``samples`` groups them: a
+    WebDataset shard's records, with or without a ``cls`` member (a dataset without labels has none).
 
     Raises:
       StorageError: the file cannot be read or is not a whole tar file, naming it.
@@ -115,6 +115,6 @@ def count_members(path: str, suffix: str) -> int:
 
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return sum(name.endswith(suffix) for name, _ in read_members(f))
+            return sum(1 for _ in samples(f))
     except Exception as e:  # each filesystem raises its own types, tarfile its own.
         raise storage_error("read", path, e) from e

@@ -1,5 +1,6 @@
 """A ``--file_format webdataset`` dataset for PyTorch: its shards listed and checked, and a
-``webdataset.WebDataset`` pipeline that reads every sample once an epoch at any size.
+``webdataset`` pipeline that reads every sample once an epoch at any size, in an order drawn
+from a seed and the epoch.
 
 The recipe on the page it replaces lost samples: batching in each worker with
 ``partial=False`` dropped each worker's remainder (every sample, with 2,000 images
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from beam_prep.model.dataset import DatasetInfo
@@ -67,11 +69,20 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
                         transform: Callable[[Any], Any] | None = None,
                         target_transform: Callable[[int], Any] | None = None,
                         cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None) -> Any:
-    """A ``webdataset.WebDataset`` of split ``split``'s ``(image, label)`` samples, for a ``DataLoader``.
+    """A ``webdataset`` pipeline of split ``split``'s ``(image, label)`` samples, for a ``DataLoader``.
 
     Each epoch yields every sample exactly once over all ``DataLoader`` workers and
     ``torch.distributed`` ranks (unless ``resampled``), whatever the number of shards,
-    workers and samples; batch in the ``DataLoader`` (``batch_size=``).
+    workers and samples; batch in the ``DataLoader`` (``batch_size=``). A dataset without
+    labels yields images alone (``(image, meta)`` with ``with_meta``).
+
+    The order is drawn from ``seed`` and the epoch alone: epoch ``e`` shuffles each worker's
+    shards with a generator seeded by ``(seed, e)`` and its samples by ``(seed, e, rank,
+    worker)``, the same on every run. The epoch is the one given to the pipeline's
+    ``set_epoch(e)`` (0 until then), as with ``DistributedSampler.set_epoch``, plus the passes
+    each worker has made over the pipeline since: workers started before ``set_epoch``
+    (persistent ones) see it too. So epochs go 0, 1, 2... with or without ``set_epoch``, with
+    persistent workers, workers started anew each epoch, or none.
 
     Args:
       path: the dataset folder, local or ``gs://`` (read through ``data_source``'s cache).
@@ -79,9 +90,9 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
       shuffle: shuffle shards and samples; default True for ``train``, False otherwise.
       shuffle_buffer: samples held to shuffle from (per worker).
       resampled: draw shards with replacement, endlessly (WebDataset's recipe for
-        many nodes, where shards do not divide evenly): bound each worker's epoch
-        with ``.with_epoch(n)``.
-      seed: the shuffles' seed; epoch ``e`` shuffles shards with ``seed + e``.
+        many nodes, where shards do not divide evenly), each worker by ``(seed, epoch,
+        rank, worker)``: bound each worker's epoch with ``.with_epoch(n)``.
+      seed: the shuffles' seed.
       pil_images: images as PIL images (for torchvision's transforms), not uint8 arrays.
       with_meta: samples are ``(image, label, meta)``, ``meta`` the sample's json (file
         name, label text, source sha256 and size).
@@ -91,7 +102,8 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
       cache_max_bytes: for ``gs://``, as ``data_source``'s.
 
     Returns:
-      A ``webdataset.WebDataset`` (an ``IterableDataset``).
+      A ``webdataset.DataPipeline`` (an ``IterableDataset``) with ``set_epoch(epoch)``, and
+      WebDataset's ``with_epoch``, ``repeat``, ``map``, ``batched`` and the rest.
 
     Raises:
       DatasetError: no dataset there, another format (naming its reader), no such split.
@@ -103,38 +115,164 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
     import webdataset as wds
 
     info, chosen, _ = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir, max_bytes=cache_max_bytes)
-    urls = list(chosen.files)
     if shuffle is None:
         shuffle = split == "train"
-    sample = _Sample(info, pil_images, with_meta, transform, target_transform)
-    dataset = wds.WebDataset(urls, resampled=resampled, shardshuffle=len(urls) if shuffle and not resampled else False,
-                             detshuffle=True, seed=seed, nodesplitter=wds.split_by_node,
-                             workersplitter=wds.split_by_worker, empty_check=False)
+    epochs = _Epochs()
+    stages = [_Shards(list(chosen.files), epochs, seed, shuffle, resampled), wds.tarfile_to_samples()]
     if shuffle:
-        dataset = dataset.shuffle(shuffle_buffer)
-    return dataset.map(sample)
+        stages.append(_SampleShuffle(shuffle_buffer, epochs, seed))
+    stages.append(wds.map(_Sample(info, pil_images, with_meta, transform, target_transform)))
+    dataset = wds.FluidWrapper(stages[0])  # a DataPipeline with WebDataset's map, batched, ...
+    for stage in stages[1:]:
+        dataset.append(stage)
+    dataset.set_epoch = epochs.set_epoch
+    return dataset
+
+
+def _worker() -> tuple[int, int, int, int]:
+    """This process's ``(rank, world_size, worker, num_workers)``, as WebDataset's splitters see them."""
+    from webdataset.utils import pytorch_worker_info
+
+    return pytorch_worker_info()
+
+
+class _Epochs:
+    """The epoch of each pass over a pipeline: ``set_epoch``'s, plus the passes made since.
+
+    Kept in shared memory, made when the pipeline is: a ``DataLoader``'s workers, forked or
+    spawned, persistent or started each epoch, read what the main process set, and count
+    their passes in it, a slot per ``(num_workers, worker)``, so that a worker started anew
+    each epoch goes on from its predecessor's count. Pickled other than into a new process
+    (a copy for another machine), it becomes a copy of its own.
+    """
+
+    # Slots for up to this many workers a loader. Beyond, workers share slots by their id's remainder,
+    # and their epochs advance faster: the orders are other ones, each sample still read once.
+    _WORKERS = 128
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        size = 1 + self._WORKERS * (self._WORKERS + 1) // 2
+        self._counts = multiprocessing.RawArray("q", size)  # [0]: set_epoch's; then passes a slot
+        self.current = 0  # this copy's epoch for its pass under way
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch of every worker's next pass (``DistributedSampler.set_epoch``'s meaning).
+
+        Args:
+          epoch: the epoch, 0 or more.
+        """
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int, 0 or more, not {epoch!r}")
+        self._counts[0] = epoch
+        self._counts[1:] = [0] * (len(self._counts) - 1)
+
+    def begin(self, worker: int, num_workers: int) -> int:
+        """This copy's epoch for the pass it begins, as its worker sees it; counts the pass."""
+        n = min(max(num_workers, 1), self._WORKERS)
+        slot = 1 + n * (n - 1) // 2 + worker % n
+        self.current = self._counts[0] + self._counts[slot]
+        self._counts[slot] += 1
+        return self.current
+
+    def __getstate__(self) -> dict[str, Any]:
+        from multiprocessing.context import get_spawning_popen
+
+        if get_spawning_popen() is not None:  # into a worker: the same memory
+            return {"counts": self._counts, "current": self.current}
+        return {"counts": list(self._counts), "current": self.current}  # elsewhere: a copy of its own
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        counts = state["counts"]
+        if isinstance(counts, list):
+            import multiprocessing
+
+            counts = multiprocessing.RawArray("q", counts)
+        self._counts, self.current = counts, state["current"]
+
+
+class _Shards:
+    """A pipeline's source: this worker's shards for one pass, as ``{"url": path}`` items.
+
+    The rank's share, then the worker's (WebDataset's ``split_by_node`` and
+    ``split_by_worker``), shuffled by ``(seed, epoch)``; or, ``resampled``, shards drawn with
+    replacement without end by ``(seed, epoch, rank, worker)``.
+    """
+
+    def __init__(self, urls: list[str], epochs: _Epochs, seed: int, shuffle: bool, resampled: bool) -> None:
+        self.urls = urls
+        self.epochs = epochs
+        self.seed = seed
+        self.shuffle = shuffle
+        self.resampled = resampled
+
+    def __call__(self) -> Iterator[dict[str, str]]:
+        rank, world_size, worker, num_workers = _worker()
+        epoch = self.epochs.begin(worker, num_workers)  # now, not at the first item: the next stages read it
+        if self.resampled:
+            return _draws(self.urls, random.Random(f"{self.seed}/{epoch}/{rank}/{worker}"))
+        mine = self.urls[rank::world_size][worker::num_workers]
+        if self.shuffle:
+            random.Random(f"{self.seed}/{epoch}").shuffle(mine)
+        return iter([{"url": url} for url in mine])
+
+
+def _draws(urls: list[str], rng: random.Random) -> Iterator[dict[str, str]]:
+    while urls:
+        yield {"url": rng.choice(urls)}
+
+
+class _SampleShuffle:
+    """Samples shuffled in a buffer of ``size``, by ``(seed, epoch, rank, worker)``."""
+
+    def __init__(self, size: int, epochs: _Epochs, seed: int) -> None:
+        self.size = size
+        self.epochs = epochs
+        self.seed = seed
+
+    def __call__(self, samples: Iterable[Any]) -> Iterator[Any]:
+        rank, _, worker, _ = _worker()
+        return _buffer_shuffle(samples, self.size, random.Random(f"{self.seed}/{self.epochs.current}/{rank}/{worker}"))
+
+
+def _buffer_shuffle(samples: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """Each sample once: a random one of the ``size`` held goes out as each new one comes in."""
+    held: list[Any] = []
+    for sample in samples:
+        held.append(sample)
+        if len(held) >= size:
+            i = rng.randrange(len(held))
+            held[i], held[-1] = held[-1], held[i]
+            yield held.pop()
+    rng.shuffle(held)
+    yield from held
 
 
 class _Sample:
-    """A WebDataset sample dict to ``(image, label[, meta])``: a class, so that it pickles into workers."""
+    """A WebDataset sample dict to ``(image, label[, meta])``, or ``image`` (``(image, meta)``) without
+    labels: a class, so that it pickles into workers."""
 
     def __init__(self, info: DatasetInfo, pil: bool, with_meta: bool, transform: Callable[[Any], Any] | None,
                  target_transform: Callable[[int], Any] | None) -> None:
         self.extension = _EXTENSIONS[info.image.format]
         self.image_format = info.image.format
         self.offset = info.label_offset
+        self.labelled = bool(info.labels)
         self.pil = pil
         self.with_meta = with_meta
         self.transform = transform
         self.target_transform = target_transform
 
-    def __call__(self, sample: dict[str, Any]) -> tuple[Any, ...]:
+    def __call__(self, sample: dict[str, Any]) -> Any:
         meta = json.loads(sample["json"])
         image = stored_image(sample[self.extension], self.image_format, meta["height"], meta["width"],
                              meta["channels"], self.pil)
-        label = int(sample["cls"]) - self.offset
         if self.transform is not None:
             image = self.transform(image)
+        if not self.labelled:
+            return (image, meta) if self.with_meta else image
+        label = int(sample["cls"]) - self.offset
         if self.target_transform is not None:
             label = self.target_transform(label)
         return (image, label, meta) if self.with_meta else (image, label)

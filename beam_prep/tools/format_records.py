@@ -26,7 +26,7 @@ from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local
 from beam_prep.io.tar import samples, webdataset_key
-from beam_prep.model.features import ImageRecord, encode_example
+from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example
 
 __all__ = ["Bad", "examples"]
 
@@ -103,22 +103,32 @@ def _webdataset_samples(path: str) -> Iterator[bytes | Bad]:
 
 
 def _sample_example(key: str, members: dict[str, bytes]) -> bytes | Bad:
-    """A sample as the Example the TFRecord writer makes, or why it cannot be one."""
+    """A sample as the Example the TFRecord writer makes, or why it cannot be one.
+
+    A sample of a dataset without labels has no ``cls`` and no label in its json: its Example
+    has no label keys, as the other formats' records."""
     images = [ext for ext in members if ext in _IMAGE_FORMATS]
-    missing = [part for part, ok in (("an image (jpg, png or raw)", len(images) == 1), ("cls", "cls" in members),
+    missing = [part for part, ok in (("an image (jpg, png or raw)", len(images) == 1),
                                      ("json", "json" in members)) if not ok]
+    try:
+        about = json.loads(members["json"]) if "json" in members else {}
+    except ValueError as e:
+        return Bad(f"sample {key}'s json cannot be read: {type(e).__name__}: {e}")
+    labelled = "cls" in members or (isinstance(about, dict) and "label" in about)
+    if labelled and "cls" not in members:
+        missing.insert(1, "cls")
     if missing:
         return Bad(f"sample {key} lacks {', '.join(missing)}: it has {', '.join(sorted(members)) or 'nothing'}")
     try:
-        about = json.loads(members["json"])
-        label = int(members["cls"])
+        label = int(members["cls"]) if labelled else NO_LABEL
         record = ImageRecord(encoded=members[images[0]], image_format=_IMAGE_FORMATS[images[0]],
                              height=int(about["height"]), width=int(about["width"]),
-                             channels=int(about["channels"]), label=label, label_text=str(about["label_text"]),
+                             channels=int(about["channels"]), label=label,
+                             label_text=str(about["label_text"]) if labelled else "",
                              filename=str(about["filename"]), sha256=str(about["sha256"]))
     except (ValueError, KeyError, TypeError) as e:
         return Bad(f"sample {key}'s cls or json cannot be read: {type(e).__name__}: {e}")
-    if about.get("label") != label:
+    if labelled and about.get("label") != label:
         return Bad(f"sample {key}'s cls is {label} but its json's label is {about.get('label')!r}")
     if webdataset_key(record.filename) != key:
         return Bad(f"sample {key}'s key is not the one of its file name {record.filename!r} "

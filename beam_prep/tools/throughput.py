@@ -100,7 +100,7 @@ def _data_source_batches(path: str, split: str, batch_size: int, training: bool)
         else:
             keys = [(position + i) % len(source) for i in range(batch_size)]
             position = (position + batch_size) % len(source)
-        yield (np.asarray([record["label"] for record in source.__getitems__(keys)]),)
+        yield (np.asarray([record.get("label", -1) for record in source.__getitems__(keys)]),)  # -1: none
 
 
 def _webdataset_batches(info, split: str, batch_size: int, training: bool) -> Iterator:
@@ -118,8 +118,9 @@ def _webdataset_batches(info, split: str, batch_size: int, training: bool) -> It
     dataset = webdataset.WebDataset(urls, shardshuffle=len(urls) if training else False, empty_check=False)
     if training:
         dataset = dataset.shuffle(1000)
-    dataset = dataset.decode("rgb8").to_tuple(image, "cls").batched(batch_size, collation_fn=None).repeat()
-    return ((np.asarray([int(label) for _, label in batch]),) for batch in dataset)
+    # Each sample has a json; a dataset without labels has no cls.
+    dataset = dataset.decode("rgb8").to_tuple(image, "json").batched(batch_size, collation_fn=None).repeat()
+    return ((np.asarray([meta.get("label", -1) for _, meta in batch]),) for batch in dataset)
 
 
 def time_batches(batches: Iterator, seconds: float, warmup_seconds: float,
@@ -138,7 +139,9 @@ def time_batches(batches: Iterator, seconds: float, warmup_seconds: float,
     images = 0
     wall, cpu = time.perf_counter(), time.process_time()
     while images == 0 or time.perf_counter() - wall < seconds:
-        n = int(next(batches)[0].shape[0])
+        batch = next(batches)
+        # (images, ...) or (labels, ...), or the images alone (make_dataset on a dataset without labels)
+        n = int((batch[0] if isinstance(batch, tuple) else batch).shape[0])
         images += n
         if progress is not None:
             progress(n)

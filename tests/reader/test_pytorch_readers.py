@@ -141,3 +141,27 @@ def test_readers_refuse_a_dataset_of_another_format_naming_it(datasets):
         beam_prep.shard_urls(datasets["webdataset", 100], "train", "array_record")
     urls = beam_prep.shard_urls(datasets["webdataset", 2000], "validation")
     assert urls and all(pathlib.Path(u).is_file() and u.endswith(".tar") for u in urls)
+
+
+def test_webdataset_orders_are_drawn_from_the_seed_and_epoch_whatever_the_workers(trees, tmp_path):
+    """Epochs go 0, 1, 2 with persistent workers, workers started anew each epoch, or none, with
+    set_epoch or without; each a new order holding every sample once, the same for the same seed
+    and epoch; an epoch set while persistent workers run reaches them (a resumed training)."""
+    folder = tmp_path / "ds"
+    prepare_here("--input", str(trees[100]), "--output", str(folder), "--file_format", "webdataset",
+                 "--image_size", "8", "--validation_percent", "0", "--num_shards", "4")
+    done = subprocess.run(child("torch_loaders", "orders", str(folder)), cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    orders = json.loads(done.stdout.splitlines()[-1])
+    every = sorted(p.relative_to(trees[100]).as_posix() for p in trees[100].rglob("*.jpg"))
+    for setting, epochs in orders.items():
+        assert all(sorted(epoch) == every for epoch in epochs), setting  # each sample once an epoch
+    for workers in (0, 2):
+        settings = [epochs for setting, epochs in orders.items() if setting.startswith(f"workers={workers} ")]
+        assert len(settings) == (2 if workers == 0 else 4)
+        assert all(epochs == settings[0] for epochs in settings), f"workers={workers}: the orders differ by setting"
+        assert len({tuple(epoch) for epoch in settings[0]}) == 3, f"workers={workers}: an epoch repeats an order"
+    assert orders["persistent, then set_epoch(5)"][0] == orders["workers=2 persistent=True set_epoch=False"][0]
+    assert orders["persistent, then set_epoch(5)"][1] == orders["started anew at set_epoch(5)"][0]
+    assert orders["seed=8"][0] != orders["workers=2 persistent=False set_epoch=False"][0]

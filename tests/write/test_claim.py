@@ -293,12 +293,14 @@ def test_gcs_a_claim_not_renewed_is_taken_over_and_its_holder_learns_it(agents, 
 
 
 def test_gcs_a_renewed_claim_is_not_taken_over(agents, gcs_server, gcs_bucket):
+    """A claim older than the contender's stale_after_s, renewed every 0.1 s: that limit is 20
+    heartbeats, so that a loaded machine's late heartbeat does not make the claim look stale."""
     out = gcs_bucket.url("out")
     agents[0].ask("claim", output=out, run_id="run-a", env=gcs_server.env(),
-                  kwargs={"heartbeat_s": 0.1, "stale_after_s": 1.0})
-    time.sleep(0.8)
+                  kwargs={"heartbeat_s": 0.1, "stale_after_s": 5.0})
+    time.sleep(2.5)
     with pytest.raises(OutputBusy, match="in use by run run-a "):
-        claim_output(out, stale_after_s=0.5, heartbeat_s=None)
+        claim_output(out, stale_after_s=2.0, heartbeat_s=None)
 
 
 def test_gcs_the_heartbeat_renews_the_claim(gcs_server, gcs_bucket):

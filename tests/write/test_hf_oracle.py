@@ -346,3 +346,60 @@ def test_a_dataset_without_labels_reads_through_data_source_as_dicts_of_images_a
         source.targets  # noqa: B018 - the property is what is tested
     with pytest.raises(DatasetError, match="without labels: read its items as dicts"):
         data_source(out, "train", pairs=True)
+
+
+@pytest.mark.parametrize("sink", ["streaming", "shuffle"])
+@pytest.mark.parametrize("file_format", ["tfrecord", "array_record", "webdataset"])
+def test_a_dataset_without_labels_counts_its_samples_and_reads_back_in_each_format_and_sink(
+        tmp_path, file_format, sink):
+    """The captioning layout in every format through either sink: every shard's count is its samples
+    (the shuffle sink counts them after writing: a WebDataset sample has no cls here), each format's
+    reader gives every image without a label, verify finds nothing wrong and bench counts images."""
+    from beam_prep.tools import verification
+    from beam_prep.tools.throughput import measure_reader
+
+    if file_format == "array_record":
+        pytest.importorskip("array_record")
+    if file_format == "webdataset":
+        pytest.importorskip("webdataset")
+    captions(tmp_path / "tree")
+    out = tmp_path / "out"
+    prepare_here("--input", str(tmp_path / "tree"), "--output", str(out), "--image_size", "4",
+                 "--file_format", file_format, "--sink", sink)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["labels"] == [] and manifest["sink"] == sink
+    expected = {"train": {"train/a.png", "train/b.png"}, "test": {"test/c.png"}}
+    for split, names in expected.items():
+        info = manifest["splits"][split]
+        assert info["num_examples"] == sum(info["shard_num_examples"]) == len(names), (split, info)
+        assert read_without_labels(out, split, file_format) == names
+    report = verification.verify(str(out))
+    assert report.ok and report.problems == (), report.problems
+    batches: list[int] = []  # bench counts images, not labels
+    measure_reader(str(out), "train", batch_size=3, training=False, seconds=0, warmup_seconds=0,
+                   progress=batches.append)
+    assert batches == [2 if file_format == "webdataset" else 3]  # WebDataset's batches end with each pass
+
+
+def read_without_labels(out: pathlib.Path, split: str, file_format: str) -> set[str]:
+    """The file names of a split as its format's reader gives them, each item checked to hold an
+    image and no label."""
+    import beam_prep
+
+    if file_format == "tfrecord":
+        batches = list(beam_prep.make_dataset(str(out), split, batch_size=1, training=False,
+                                              extra_keys=("image/filename",)))
+        assert all(images.shape == (1, 4, 4, 3) and set(extra) == {"image/filename"} for images, extra in batches)
+        return {extra["image/filename"][0].numpy().decode() for _, extra in batches}
+    if file_format == "array_record":
+        items = list(beam_prep.data_source(out, split))
+        assert all(set(item) == {"image", "filename", "sha256"} and item["image"].shape == (4, 4, 3)
+                   for item in items)
+        return {item["filename"] for item in items}
+    images = list(beam_prep.webdataset_pipeline(out, split))
+    assert images and all(image.shape == (4, 4, 3) for image in images)  # images alone, no label
+    with_meta = list(beam_prep.webdataset_pipeline(out, split, with_meta=True))
+    assert len(with_meta) == len(images)
+    assert all(image.shape == (4, 4, 3) and "label" not in meta and "label_text" not in meta
+               for image, meta in with_meta)
+    return {meta["filename"] for _, meta in with_meta}

@@ -9,7 +9,7 @@ from helpers import make_tree
 
 from beam_prep.api import with_local_defaults
 from beam_prep.cli.options import config_from_options
-from beam_prep.write.plan.config import DEFAULT_REMOTE_READ_CONCURRENCY
+from beam_prep.write.plan.config import DEFAULT_REMOTE_READ_CONCURRENCY, PROGRESS_INTERVAL_ENV, progress_interval
 from beam_prep.write.run import pipeline
 from beam_prep.write.run.pipeline import local_workers
 from pipelines import prepare_images
@@ -185,3 +185,22 @@ def test_writeimagedataset_warns_of_originals_with_a_fixed_size_by_its_argument_
                                              r"already exactly 32x32 .*: resize_mode none, or resize_mode "
                                              r"shorter_side no_upscale=True, keeps the rest$"):
         WriteImageDataset(str(tmp_path / "out"), ["a"], image_format="original", resize_mode="pad", image_size=32)
+
+
+def test_the_progress_interval_is_the_flags_else_the_environments_else_30_seconds(monkeypatch):
+    """$BEAM_PREP_PROGRESS_INTERVAL pins it for every run of a job (and of the tests, whose output
+    must not depend on how long a run takes); the flag still wins."""
+    monkeypatch.delenv(PROGRESS_INTERVAL_ENV, raising=False)
+    assert progress_interval(None) == 30.0
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "2.5")
+    assert progress_interval(None) == 2.5
+    assert progress_interval(7.0) == 7.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan"])
+def test_a_bad_progress_interval_in_the_environment_is_refused_naming_it(capsys, tree, tmp_path, monkeypatch, value):
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, value)
+    out = tmp_path / "out"
+    err = fails(capsys, "--input", str(tree), "--output", str(out))
+    assert err == f"error: BEAM_PREP_PROGRESS_INTERVAL must be more than 0 seconds, not {value}\n"
+    assert not out.exists()

@@ -28,12 +28,18 @@ from pipelines import prepare_images
 
 
 class RecordingRead:
-    """A read that takes a while and records how many ran at once, and in which thread."""
+    """A read that takes a while and records how many ran at once, and in which thread.
 
-    def __init__(self, seconds: float = 0.02, fail: frozenset[str] = frozenset()) -> None:
+    With ``reach``, the first reads wait (10 s at most) until ``reach`` run at once: a window
+    that allows that many then shows it on any machine, however late its threads are scheduled,
+    and one that allows fewer shows fewer (after the wait).
+    """
+
+    def __init__(self, seconds: float = 0.02, fail: frozenset[str] = frozenset(), reach: int = 0) -> None:
         self._seconds = seconds
         self._fail = fail
-        self._lock = threading.Lock()
+        self._reach = reach
+        self._lock = threading.Condition()
         self._active = 0
         self.max_active = 0
         self.threads: set[str] = set()
@@ -43,6 +49,8 @@ class RecordingRead:
             self._active += 1
             self.max_active = max(self.max_active, self._active)
             self.threads.add(threading.current_thread().name)
+            self._lock.notify_all()
+            self._lock.wait_for(lambda: self.max_active >= self._reach, timeout=10)
         try:
             time.sleep(self._seconds)
             if path in self._fail:
@@ -64,7 +72,7 @@ def paths(n: int) -> list[str]:
 
 
 def test_results_come_back_in_order_with_reads_in_flight_up_to_the_cap(pool):
-    read = RecordingRead()
+    read = RecordingRead(reach=6)
     window = ReadAhead(read, ReadAheadConfig(concurrency=6), pool)
     fetched = list(window.stream(paths(40), lambda p: p, lambda p: 100))
     assert [f.item for f in fetched] == paths(40)
@@ -73,7 +81,7 @@ def test_results_come_back_in_order_with_reads_in_flight_up_to_the_cap(pool):
 
 
 def test_the_byte_cap_limits_reads_in_flight(pool):
-    read = RecordingRead()
+    read = RecordingRead(reach=3)
     window = ReadAhead(read, ReadAheadConfig(concurrency=16, max_bytes=3_000), pool)
     fetched = list(window.stream(paths(30), lambda p: p, lambda p: 1_000))
     assert len(fetched) == 30

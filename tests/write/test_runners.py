@@ -6,7 +6,7 @@ from helpers import make_tree
 
 from beam_prep import prepare
 from beam_prep.errors import OptionsError
-from beam_prep.write.plan.runners import KNOWN_RUNNERS, check_runner
+from beam_prep.write.plan.runners import KNOWN_RUNNERS, check_runner, is_local_runner
 from pipelines import cli
 
 
@@ -73,3 +73,32 @@ def test_a_dataflow_runner_by_another_spelling_still_gets_dataflows_checks(capsy
     code = cli.main(["prepare", "--input", "gs://b/in", "--output", "gs://b/out", "--runner", "dataflow"])
     assert code == 2
     assert "DataflowRunner needs --project and --region" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("runner", ["FlinkRunner", "SparkRunner", "PortableRunner", "spark"])
+def test_a_remote_runner_refuses_a_local_output_in_one_line_and_creates_nothing(capsys, tree, tmp_path, runner):
+    """Its workers see their own disks: a shuffle-sink run on a local folder ended "records were lost"."""
+    out = tmp_path / "out"
+    code = cli.main(["prepare", "--input", "gs://bucket/in", "--output", str(out), "--runner", runner])
+    err = capsys.readouterr().err
+    assert code == 2
+    name = check_runner(runner)
+    assert err == f"error: {name} workers cannot see local paths: --output must be gs://, not {out}\n"
+    assert not out.exists()
+
+
+def test_a_remote_runner_refuses_a_local_input_first(capsys, tree, tmp_path):
+    out = tmp_path / "out"
+    assert cli.main(["prepare", "--input", str(tree), "--output", str(out), "--runner", "FlinkRunner"]) == 2
+    assert capsys.readouterr().err == f"error: FlinkRunner workers cannot see local paths: --input must be gs://, not {tree}\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("runner,local", [
+    (None, True), ("DirectRunner", True), ("PrismRunner", True), ("FnApiRunner", True),
+    ("apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner", True),
+    ("DataflowRunner", False), ("FlinkRunner", False), ("SparkRunner", False), ("PortableRunner", False),
+    ("my_package.runners.MyRunner", False),
+])
+def test_which_runners_run_their_workers_here(runner, local):
+    assert is_local_runner(runner) is local

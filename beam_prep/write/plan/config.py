@@ -37,7 +37,7 @@ from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadAheadConfig
 from beam_prep.write.plan.failure_budget import parse_max_failures
 from beam_prep.write.plan.metadata import check_path
-from beam_prep.write.plan.runners import check_runner
+from beam_prep.write.plan.runners import check_runner, is_local_runner
 from beam_prep.write.shared.shard_formats import check_installed
 
 SINKS = ("auto", "streaming", "shuffle")
@@ -61,6 +61,10 @@ MAX_READ_CONCURRENCY = 256
 # The largest output side: 16384x16384 RGB is 805 MB of pixels a record, about where
 # decoders, protobuf (2 GB a message) and accelerators give out.
 MAX_IMAGE_SIDE = 16384
+DEFAULT_PROGRESS_INTERVAL = 30.0
+# The default of --progress_interval: a log or CI job pins it once for every run, and the tests
+# pin it so that no run prints a progress line because the machine is slow.
+PROGRESS_INTERVAL_ENV = "BEAM_PREP_PROGRESS_INTERVAL"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +211,28 @@ def _warn_originals_resized(spec: ImageSpec, prefix: str) -> None:
         f"{p}resize_mode none, or {p}resize_mode shorter_side {no_upscale}, keeps the rest"), stacklevel=3)
 
 
+def progress_interval(flag: float | None) -> float:
+    """Seconds between progress lines: ``--progress_interval``, else ``$BEAM_PREP_PROGRESS_INTERVAL``,
+    else ``DEFAULT_PROGRESS_INTERVAL``.
+
+    Raises:
+      OptionsError: the flag or the variable is not a number of seconds more than 0, naming it.
+    """
+    if flag is not None:
+        name, value = "--progress_interval", flag
+    elif os.environ.get(PROGRESS_INTERVAL_ENV, "").strip():
+        name, value = PROGRESS_INTERVAL_ENV, os.environ[PROGRESS_INTERVAL_ENV]
+    else:
+        return DEFAULT_PROGRESS_INTERVAL
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:  # NaN too
+        raise OptionsError(f"{name} must be more than 0 seconds, not {value}")
+    return seconds
+
+
 def normalised_path(path: str) -> str:
     """A local path made absolute, a gs:// one without a trailing slash: one spelling a folder."""
     return os.path.abspath(path) if is_local(path) else path.rstrip("/")
@@ -228,13 +254,19 @@ def _check_dataflow(options: PipelineOptions, source: str, target: str) -> None:
         raise OptionsError(f"DataflowRunner needs {' and '.join(missing)} (the GCP project and region to run in)")
     if not (cloud.temp_location or "").startswith("gs://"):
         raise OptionsError("DataflowRunner needs --temp_location gs://BUCKET/tmp (where Beam stages and writes temp files)")
-    for flag, path in (("--input", source), ("--output", target)):
-        if not path.startswith("gs://"):
-            raise OptionsError(f"DataflowRunner workers cannot see local paths: {flag} must be gs://, not {path}")
     setup = options.view_as(SetupOptions)
     if not (setup.setup_file or options.view_as(WorkerOptions).sdk_container_image):
         raise OptionsError("DataflowRunner workers need beam-prep: pass --setup_file ./setup.py "
                            "or --sdk_container_image with the image the Dockerfile builds")
+
+
+def _check_remote_paths(runner: str, source: str, target: str) -> None:
+    """A runner whose workers run elsewhere (Dataflow, Flink, Spark, a portable job server) reads
+    and writes where they are: a local folder there is another, or none, and a run on it loses
+    its records at the end. Refused before any work."""
+    for flag, path in (("--input", source), ("--output", target)):
+        if is_local(path):
+            raise OptionsError(f"{runner} workers cannot see local paths: {flag} must be gs://, not {path}")
 
 
 # The checks the command's flags and WriteImageDataset's arguments of the same name share:
@@ -310,8 +342,7 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
     _check_selection(o.stratify, o.validation_percent, o.max_per_class)
     max_failures = parse_max_failures(o.max_failures) if o.max_failures is not None else None
-    if not o.progress_interval > 0:
-        raise OptionsError(f"--progress_interval must be more than 0 seconds, not {o.progress_interval}")
+    progress_interval(o.progress_interval)
     resample.check_choice()  # BEAM_PREP_RESIZE_KERNEL: a value it takes, and one this environment can honour
     spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels,
                       no_upscale=o.no_upscale, background=o.background)
@@ -321,8 +352,11 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--input {o.input} is not a directory")
     if _inside(target, source):
         raise OptionsError(f"--output {o.output} is inside --input {o.input}: its files would be listed as input")
-    if check_runner(options.view_as(StandardOptions).runner) in ("DataflowRunner", "TestDataflowRunner"):
+    runner = check_runner(options.view_as(StandardOptions).runner)
+    if runner in ("DataflowRunner", "TestDataflowRunner"):
         _check_dataflow(options, source, target)
+    if not is_local_runner(runner):
+        _check_remote_paths(runner, source, target)
     table = _metadata_path(o.metadata, o.recursive)
     concurrency = o.read_concurrency
     if concurrency is None:

@@ -16,6 +16,18 @@ from beam_prep.errors import OptionsError
 # Beam's own runners, by the names its docs give them.
 KNOWN_RUNNERS = tuple(StandardOptions.KNOWN_RUNNER_NAMES)
 _BY_LOWER = {name.lower(): name for name in KNOWN_RUNNERS}
+# The runners whose workers run on this machine and see its files; None is Beam's default, DirectRunner.
+LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                           "PrismRunner", "FnApiRunner"})
+
+
+def is_local_runner(runner: str | None) -> bool:
+    """Whether ``runner`` (as ``check_runner`` names it) runs its workers on this machine.
+
+    A class given by its dotted path counts by its class name: Beam's local runners by
+    their path are local, any other class is taken to run its workers elsewhere.
+    """
+    return runner in LOCAL_RUNNERS or (runner is not None and runner.rpartition(".")[2] in LOCAL_RUNNERS)
 
 
 def check_runner(runner: str | None) -> str | None:

@@ -39,6 +39,7 @@ from beam_prep.write.plan import failure_budget, sharding
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.plan.run_plan import RunPlan
+from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
 from beam_prep.write.run import interrupt
 from beam_prep.write.run.beam_compat import batch_fn_api_runner
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineRunner
 
 _LOG = logging.getLogger(__name__)
-LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
-                           "PrismRunner", "FnApiRunner"})
 
 
 @dataclasses.dataclass(frozen=True)
