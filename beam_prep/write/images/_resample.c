@@ -209,7 +209,9 @@ release:
  * is built. Each row of out: the weighted sum of the rows of src its bounds name, clipped to 8
  * bits. Integer sums in any order are Pillow's exactly: every sum fits in 32 bits (filter_rows
  * checks it), and the int32 arithmetic wraps nowhere else. */
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(X86_VECTORS) && defined(__GNUC__) && !defined(__clang__)
+/* where the vector paths are built, the scalar one stays scalar: a reference of its own. Elsewhere
+ * (ARM) it is the only path, and the compiler vectorises it (NEON): integer sums, the same bytes. */
 #define SCALAR __attribute__((optimize("no-tree-vectorize")))
 #else
 #define SCALAR

@@ -386,20 +386,21 @@ def _resample(kernel: ModuleType, rows: np.ndarray, in_size: tuple[int, int], ch
         h_bounds, h_weights = _coefficients(kernel, width, b0, b2, out_w)
         y0, y1 = int(v_bounds[0, 0]), int(v_bounds[-1, 0]) + int(v_bounds[-1, 1])
         v_bounds[:, 0] -= y0
-        if channels == 4:  # the pixels' 4 channels side by side: the pass runs along the rows
+        if channels == 4 and kernel.get_isa() != "scalar":  # RGBX along the rows, in place, by vectors of taps
             filtered = scratch.get(stage + "rows", (y1 - y0, out_w * 4), np.uint8)
             kernel.filter_pixels(rows, height, width, y0, y1 - y0, h_bounds, h_weights, h_weights.shape[1],
                                  filtered, out_w)
-        else:  # one byte a pixel: down the columns of a transposed copy, a whole vector of pixels a tap
+        else:  # down the columns of a transposed copy, a whole vector of pixels a tap (and the scalar path's way)
+            pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
             x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0]) + int(h_bounds[-1, 1])
             h_bounds[:, 0] -= x0
-            columns = scratch.get(stage + "columns", (x1 - x0, y1 - y0), np.uint8)
-            kernel.transpose(rows, height, width, y0, x0, y1 - y0, x1 - x0, 1, columns)
-            across = scratch.get(stage + "filtered", (out_w, y1 - y0), np.uint8)
-            kernel.filter_rows(columns, x1 - x0, y1 - y0, h_bounds, h_weights, h_weights.shape[1],
-                               across, out_w, scratch.get("acc", (y1 - y0,), np.int32))
-            filtered = scratch.get(stage + "rows", (y1 - y0, out_w), np.uint8)
-            kernel.transpose(across, out_w, y1 - y0, 0, 0, out_w, y1 - y0, 1, filtered)
+            columns = scratch.get(stage + "columns", (x1 - x0, y1 - y0), pixel)
+            kernel.transpose(rows, height, width, y0, x0, y1 - y0, x1 - x0, channels, columns)
+            across = scratch.get(stage + "filtered", (out_w, y1 - y0), pixel)
+            kernel.filter_rows(columns, x1 - x0, (y1 - y0) * channels, h_bounds, h_weights, h_weights.shape[1],
+                               across, out_w, scratch.get("acc", ((y1 - y0) * channels,), np.int32))
+            filtered = scratch.get(stage + "rows", (y1 - y0, out_w), pixel).view(np.uint8)
+            kernel.transpose(across, out_w, y1 - y0, 0, 0, out_w, y1 - y0, channels, filtered)
         rows, height = filtered, y1 - y0
     if _needs_vertical(in_size, size, box):
         out = scratch.get(stage + "out", (out_h, out_w * channels), np.uint8)
