@@ -98,12 +98,14 @@ PEERS = ["img2dataset>=1.47", "tensorflow-io>=0.37"]
 # release of one of them cannot fail CI or change the pages' HTML unasked.
 DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
 
-# Our resize kernel (write/images/_resample.c): Pillow's bicubic loops, vectorised, built by the
+# Our resize kernel (write/images/_resample.c): Pillow's bicubic loops, vectorised for SSE4.1, AVX2 and
+# AVX-512 (_resample_simd.h, the one the CPU runs chosen at load), built by the
 # install where a C compiler is found. Optional: without one the install still succeeds, and
 # Pillow's own loops resize (the same pixels, slower; the run says so once). -ffp-contract=off:
 # no fused multiply-add in the weights, whose roundings must be Pillow's.
 RESIZE_KERNEL = Extension(
     "beam_prep.write.images._resample", ["beam_prep/write/images/_resample.c"], optional=True,
+    depends=["beam_prep/write/images/_resample_simd.h"],
     extra_compile_args=["/O2", "/fp:precise"] if os.name == "nt" else ["-O3", "-ffp-contract=off"])
 
 setup(

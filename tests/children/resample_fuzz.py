@@ -34,7 +34,7 @@ def _u8(n: int) -> np.ndarray:
 
 
 def hostile_calls(kernel) -> dict[str, Callable[[], object]]:
-    """Calls of the kernel's three C entry points that each must refuse with ValueError: sizes
+    """Calls of the kernel's C entry points that each must refuse with ValueError: sizes
     whose products or sums overflow, bounds outside the source, aliasing buffers, NaN boxes."""
     bounds = np.array([[0, 2]], np.int32)
     weights = np.array([[1 << 21, 1 << 21, 0, 0, 0]], np.int32)
@@ -77,6 +77,23 @@ def hostile_calls(kernel) -> dict[str, Callable[[], object]]:
         "transpose: block past the source": lambda: kernel.transpose(_u8(100), 10, 10, 8, 0, 3, 1, 1, _u8(3)),
         "transpose: itemsize 3": lambda: kernel.transpose(_u8(300), 10, 10, 0, 0, 1, 1, 3, _u8(3)),
         "transpose: out overlaps src": lambda: kernel.transpose(shared, 8, 8, 0, 0, 2, 2, 1, shared[60:64]),
+        "filter_pixels: y0 + rows overflows": lambda: kernel.filter_pixels(
+            _u8(40), 10, 1, SSIZE_MAX, 1, bounds[:, :1].copy(), weights, 5, _u8(4), 1),
+        "filter_pixels: first + count overflows int": lambda: kernel.filter_pixels(
+            _u8(40), 1, 10, 0, 1, np.array([[INT_MAX - 1, 2]], np.int32), weights, 5, _u8(4), 1),
+        "filter_pixels: taps past the row": lambda: kernel.filter_pixels(
+            _u8(40), 1, 10, 0, 1, np.array([[9, 2]], np.int32), weights, 5, _u8(4), 1),
+        "filter_pixels: src size overflows": lambda: kernel.filter_pixels(
+            _u8(40), 2**62, 2**40, 0, 1, bounds, weights, 5, _u8(4), 1),
+        "filter_pixels: out size overflows": lambda: kernel.filter_pixels(
+            _u8(40), 2, 5, 0, 2, bounds, weights, 5, _u8(4), 2**62),
+        "filter_pixels: out too small": lambda: kernel.filter_pixels(_u8(40), 2, 5, 0, 2, bounds, weights, 5, _u8(4), 1),
+        "filter_pixels: weights whose sum overflows 32 bits": lambda: kernel.filter_pixels(
+            np.full(40, 255, np.uint8), 2, 5, 0, 1, bounds, np.array([[INT_MAX, INT_MAX, 0, 0, 0]], np.int32), 5,
+            _u8(4), 1),
+        "filter_pixels: out overlaps src": lambda: kernel.filter_pixels(
+            shared[:40], 2, 5, 0, 1, bounds, weights, 5, shared[36:40], 1),
+        "set_isa: an unknown instruction set": lambda: kernel.set_isa("avx1024"),
     }
 
 
@@ -133,6 +150,7 @@ def fuzz(seconds: float, seed: int) -> collections.Counter:
     pixels = np.random.default_rng(seed)
     kernel = resample.resample_loader.load().kernel
     calls = hostile_calls(kernel)
+    isas = kernel.isas()
     counted: collections.Counter = collections.Counter()
     deadline = time.monotonic() + seconds
     cases = 0
@@ -144,6 +162,7 @@ def fuzz(seconds: float, seed: int) -> collections.Counter:
             except ValueError:
                 continue
             raise AssertionError(f"{name}: no ValueError")
+        kernel.set_isa(rng.choice(isas))  # each of the loops this CPU runs, in turn at random
         mode = rng.choice(["L", "RGB"])
         width, height = _geometry(rng)
         alignment = rng.choice([1, 1, 1, 4, 64])  # Pillow's line padding, as PILLOW_ALIGNMENT sets it
@@ -155,7 +174,8 @@ def fuzz(seconds: float, seed: int) -> collections.Counter:
         finally:
             Image.core.set_alignment(1)
         size, box = _size(rng, width, height), _box(rng, width, height)
-        case = f"case {cases}: {mode} {width}x{height} (alignment {alignment}) size={size!r} box={box!r}"
+        case = (f"case {cases} ({kernel.get_isa()}): {mode} {width}x{height} (alignment {alignment}) size={size!r} "
+                f"box={box!r}")
         with resample.counting() as counts:
             got = outcome(resample.resize, img, size, box)
         want = outcome(img.resize, size, Image.Resampling.BICUBIC, box=box)

@@ -7,7 +7,8 @@ or run without HOME (an arbitrary container UID), where the old loader found no 
 that state by a ``sitecustomize`` first on their path, and the run must write
 the same shards as Pillow's loops, with one console line where the kernel fell
 back, and a manifest that says what resized the images. A bad
-``BEAM_PREP_RESIZE_KERNEL`` is refused before any work (exit 2, nothing made).
+``BEAM_PREP_RESIZE_KERNEL`` or ``BEAM_PREP_RESAMPLE_ISA`` is refused before any work (exit 2, nothing
+made), and the scalar loops write the widest loops' shards.
 """
 from __future__ import annotations
 
@@ -124,6 +125,27 @@ def test_a_bad_kernel_choice_is_refused_before_any_work(tree, tmp_path, state, k
     (line,) = [line for line in done.stderr.splitlines() if line.strip()]
     assert message in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "neon9"])
+def test_a_bad_loop_choice_is_refused_before_any_work(tree, tmp_path, isa):
+    out = tmp_path / "out"
+    done = _run(tree, out, None, None, **{resample_loader.ISA_VARIABLE: isa})
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert f"{resample_loader.ISA_VARIABLE} must be one of scalar, sse4, avx2, avx512" in line, line
+    assert not out.exists()
+
+
+def test_the_scalar_loops_write_the_same_shards_as_the_widest(tree, tmp_path):
+    shards = {}
+    for isa in ("scalar", ""):  # empty: unset, the widest loops this CPU runs
+        out = tmp_path / (isa or "widest")
+        done = _run(tree, out, None, None, **{resample_loader.ISA_VARIABLE: isa})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads((out / "manifest.json").read_text())["resize_kernel"] == resample.KERNEL
+        shards[isa] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
+    assert shards["scalar"] and shards["scalar"] == shards[""]
 
 
 def test_lines_pillow_pads_are_resized_by_pillow_and_said_once(tree, tmp_path):

@@ -17,14 +17,32 @@
 
 #define PRECISION_BITS (32 - 8 - 2) /* Pillow's, for 8-bit images */
 
-/* The integer loops compiled twice on x86-64 Linux with GCC, for the baseline and for AVX2, the
- * one this CPU runs chosen when the module loads (an ifunc): wider vectors where the CPU has them,
- * and no build that another CPU cannot run. Integer arithmetic: the same bytes either way. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 6
-#define WIDE_VECTORS __attribute__((target_clones("avx2", "default")))
-#else
-#define WIDE_VECTORS
+/* The vector loops (_resample_simd.h) are built for SSE4.1, AVX2 and AVX-512 on x86-64 with GCC or
+ * clang, each function for its own target, and the one this CPU runs is chosen when the module
+ * loads (set_isa overrides it): no build that another CPU cannot run. Elsewhere (another compiler
+ * or CPU), the scalar loops alone. Integer arithmetic: the same bytes on every path. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define X86_VECTORS 1
+#include <immintrin.h>
 #endif
+
+static inline uint8_t
+clip8(int32_t sum) {
+    int32_t v = sum >> PRECISION_BITS;
+    return v < 0 ? 0 : (v > 255 ? 255 : (uint8_t)v);
+}
+
+static inline uint32_t
+load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void
+store_u32(uint8_t *p, uint32_t v) {
+    memcpy(p, &v, 4);
+}
 
 static inline double
 bicubic_filter(double x) {
@@ -187,12 +205,21 @@ release:
     return NULL;
 }
 
-/* Each row of out: the weighted sum of the rows of src its bounds name, clipped to 8 bits. The
- * inner loops run over whole contiguous rows (all channels), which gcc vectorises. Integer sums in
- * any order are Pillow's exactly: every partial sum fits in 32 bits (filter_rows checks it). */
-WIDE_VECTORS static void
-filter_rows_loop(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights,
-                 int taps, uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
+/* The scalar loops: the reference every vector path is checked against, and the path where none
+ * is built. Each row of out: the weighted sum of the rows of src its bounds name, clipped to 8
+ * bits. Integer sums in any order are Pillow's exactly: every sum fits in 32 bits (filter_rows
+ * checks it), and the int32 arithmetic wraps nowhere else. */
+#if defined(X86_VECTORS) && defined(__GNUC__) && !defined(__clang__)
+/* where the vector paths are built, the scalar one stays scalar: a reference of its own. Elsewhere
+ * (ARM) it is the only path, and the compiler vectorises it (NEON): integer sums, the same bytes. */
+#define SCALAR __attribute__((optimize("no-tree-vectorize")))
+#else
+#define SCALAR
+#endif
+
+SCALAR static void
+vertical_scalar(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights, int taps,
+                uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
     for (Py_ssize_t yy = 0; yy < out_rows; yy++) {
         const Py_ssize_t first = bounds[yy * 2];
         const int count = bounds[yy * 2 + 1];
@@ -200,27 +227,210 @@ filter_rows_loop(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, co
         for (Py_ssize_t i = 0; i < width; i++) {
             acc[i] = 1 << (PRECISION_BITS - 1);
         }
-        int y = 0;
-        for (; y + 4 <= count; y += 4) {
-            const uint8_t *restrict r0 = src + (first + y) * width, *restrict r1 = r0 + width,
-                          *restrict r2 = r1 + width, *restrict r3 = r2 + width;
-            const int32_t w0 = k[y], w1 = k[y + 1], w2 = k[y + 2], w3 = k[y + 3];
-            for (Py_ssize_t i = 0; i < width; i++) {
-                acc[i] += r0[i] * w0 + r1[i] * w1 + r2[i] * w2 + r3[i] * w3;
-            }
-        }
-        for (; y < count; y++) {
-            const uint8_t *restrict row = src + (first + y) * width;
+        for (int y = 0; y < count; y++) {
+            const uint8_t *row = src + (first + y) * width;
             const int32_t w = k[y];
             for (Py_ssize_t i = 0; i < width; i++) {
                 acc[i] += row[i] * w;
             }
         }
-        uint8_t *restrict line = out + yy * width;
+        uint8_t *line = out + yy * width;
         for (Py_ssize_t i = 0; i < width; i++) {
-            int32_t v = acc[i] >> PRECISION_BITS;
-            line[i] = v < 0 ? 0 : (v > 255 ? 255 : v);
+            line[i] = clip8(acc[i]);
         }
+    }
+}
+
+/* The horizontal pass over rows of 4-byte pixels, each output pixel's 4 channels the weighted sum
+ * of the source pixels its bounds name; xw: each tap's weight 4 times (expand_weights). */
+SCALAR static void
+horizontal4_scalar(const uint8_t *src, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t src_cols,
+                   const int32_t *bounds, const int32_t *xw, int xtaps, uint8_t *out, Py_ssize_t out_w) {
+    (void)src_cols;
+    for (Py_ssize_t y = 0; y < rows; y++) {
+        for (Py_ssize_t x = 0; x < out_w; x++) {
+            const uint8_t *p = src + y * stride + (Py_ssize_t)bounds[x * 2] * 4;
+            const int count = bounds[x * 2 + 1];
+            const int32_t *k = xw + x * xtaps * 4;
+            int32_t a[4] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
+                            1 << (PRECISION_BITS - 1)};
+            for (int t = 0; t < count; t++) {
+                for (int c = 0; c < 4; c++) {
+                    a[c] += p[t * 4 + c] * k[t * 4 + c];
+                }
+            }
+            uint8_t *o = out + (y * out_w + x) * 4;
+            for (int c = 0; c < 4; c++) {
+                o[c] = clip8(a[c]);
+            }
+        }
+    }
+}
+
+#ifdef X86_VECTORS
+/* Pillow's rounding constant in a pixel's 4 channels, then 0: a horizontal sum's first value */
+static const int32_t ROUNDING[16] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
+                                     1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
+
+#define SUFFIX sse4
+#define TARGET __attribute__((target("sse4.1")))
+#define VEC __m128i
+#define LANES 4
+#define STRIP 4
+#define V_PIXELS(p) _mm_cvtepu8_epi32(_mm_cvtsi32_si128(load_u32(p)))
+#define V_WEIGHTS(p) _mm_loadu_si128((const __m128i *)(p))
+#define V_SET1(w) _mm_set1_epi32(w)
+#define V_ZERO() _mm_setzero_si128()
+#define V_ADD(a, b) _mm_add_epi32((a), (b))
+#define V_MUL(a, b) _mm_mullo_epi32((a), (b))
+#define V_STORE(p, v) store_u32((p), (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16( \
+    _mm_packs_epi32(_mm_srai_epi32((v), PRECISION_BITS), _mm_setzero_si128()), _mm_setzero_si128())))
+#define V_FOLD(v) (v)
+#include "_resample_simd.h"
+#undef SUFFIX
+#undef TARGET
+#undef VEC
+#undef LANES
+#undef STRIP
+#undef V_PIXELS
+#undef V_WEIGHTS
+#undef V_SET1
+#undef V_ZERO
+#undef V_ADD
+#undef V_MUL
+#undef V_STORE
+#undef V_FOLD
+
+#define SUFFIX avx2
+#define TARGET __attribute__((target("avx2")))
+#define VEC __m256i
+#define LANES 8
+#define STRIP 4
+#define V_PIXELS(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define V_WEIGHTS(p) _mm256_loadu_si256((const __m256i *)(p))
+#define V_SET1(w) _mm256_set1_epi32(w)
+#define V_ZERO() _mm256_setzero_si256()
+#define V_ADD(a, b) _mm256_add_epi32((a), (b))
+#define V_MUL(a, b) _mm256_mullo_epi32((a), (b))
+#define V_STORE(p, v) avx2_store((p), (v))
+#define V_FOLD(v) _mm_add_epi32(_mm256_extracti128_si256((v), 0), _mm256_extracti128_si256((v), 1))
+TARGET static inline void
+avx2_store(uint8_t *p, __m256i v) {
+    v = _mm256_srai_epi32(v, PRECISION_BITS);
+    __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(words, words));
+}
+#include "_resample_simd.h"
+#undef SUFFIX
+#undef TARGET
+#undef VEC
+#undef LANES
+#undef STRIP
+#undef V_PIXELS
+#undef V_WEIGHTS
+#undef V_SET1
+#undef V_ZERO
+#undef V_ADD
+#undef V_MUL
+#undef V_STORE
+#undef V_FOLD
+
+#define SUFFIX avx512
+#define TARGET __attribute__((target("avx512f")))
+#define VEC __m512i
+#define LANES 16
+#define STRIP 8
+#define V_PIXELS(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define V_WEIGHTS(p) _mm512_loadu_si512((const void *)(p))
+#define V_SET1(w) _mm512_set1_epi32(w)
+#define V_ZERO() _mm512_setzero_si512()
+#define V_ADD(a, b) _mm512_add_epi32((a), (b))
+#define V_MUL(a, b) _mm512_mullo_epi32((a), (b))
+#define V_STORE(p, v) _mm_storeu_si128((__m128i *)(p), _mm512_cvtusepi32_epi8( \
+    _mm512_max_epi32(_mm512_srai_epi32((v), PRECISION_BITS), _mm512_setzero_si512())))
+#define V_FOLD(v) avx512_fold(v)
+TARGET static inline __m128i
+avx512_fold(__m512i v) {
+    __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
+}
+#include "_resample_simd.h"
+#undef SUFFIX
+#undef TARGET
+#undef VEC
+#undef LANES
+#undef STRIP
+#undef V_PIXELS
+#undef V_WEIGHTS
+#undef V_SET1
+#undef V_ZERO
+#undef V_ADD
+#undef V_MUL
+#undef V_STORE
+#undef V_FOLD
+#endif /* X86_VECTORS */
+
+/* The instruction sets, the loops of each, and the one in use (chosen at load, or by set_isa). */
+enum { ISA_SCALAR, ISA_SSE4, ISA_AVX2, ISA_AVX512, ISA_COUNT };
+static const char *const ISA_NAMES[ISA_COUNT] = {"scalar", "sse4", "avx2", "avx512"};
+static int isa = ISA_SCALAR;
+
+/* Whether this build has the loops for `which` and this CPU (and its OS) runs them. */
+static int
+isa_runs(int which) {
+    switch (which) {
+    case ISA_SCALAR:
+        return 1;
+#ifdef X86_VECTORS
+    case ISA_SSE4:
+        return __builtin_cpu_supports("sse4.1");
+    case ISA_AVX2:
+        return __builtin_cpu_supports("avx2");
+    case ISA_AVX512:
+        return __builtin_cpu_supports("avx512f");
+#endif
+    default:
+        return 0;
+    }
+}
+
+static void
+vertical(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights, int taps,
+         uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
+    switch (isa) {
+#ifdef X86_VECTORS
+    case ISA_SSE4:
+        vertical_sse4(src, width, bounds, weights, taps, out, out_rows);
+        return;
+    case ISA_AVX2:
+        vertical_avx2(src, width, bounds, weights, taps, out, out_rows);
+        return;
+    case ISA_AVX512:
+        vertical_avx512(src, width, bounds, weights, taps, out, out_rows);
+        return;
+#endif
+    default:
+        vertical_scalar(src, width, bounds, weights, taps, out, out_rows, acc);
+    }
+}
+
+static void
+horizontal4(const uint8_t *src, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t src_cols, const int32_t *bounds,
+            const int32_t *xw, int xtaps, uint8_t *out, Py_ssize_t out_w) {
+    switch (isa) {
+#ifdef X86_VECTORS
+    case ISA_SSE4:
+        horizontal4_sse4(src, stride, rows, src_cols, bounds, xw, xtaps, out, out_w);
+        return;
+    case ISA_AVX2:
+        horizontal4_avx2(src, stride, rows, src_cols, bounds, xw, xtaps, out, out_w);
+        return;
+    case ISA_AVX512:
+        horizontal4_avx512(src, stride, rows, src_cols, bounds, xw, xtaps, out, out_w);
+        return;
+#endif
+    default:
+        horizontal4_scalar(src, stride, rows, src_cols, bounds, xw, xtaps, out, out_w);
     }
 }
 
@@ -297,7 +507,7 @@ filter_rows(PyObject *self, PyObject *args) {
         goto release_acc;
     }
     Py_BEGIN_ALLOW_THREADS
-    filter_rows_loop(src.buf, width, bounds.buf, weights.buf, taps, out.buf, out_rows, acc.buf);
+    vertical(src.buf, width, bounds.buf, weights.buf, taps, out.buf, out_rows, acc.buf);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&acc);
     PyBuffer_Release(&out);
@@ -318,9 +528,149 @@ release_src:
     return NULL;
 }
 
+PyDoc_STRVAR(filter_pixels_doc,
+"filter_pixels(src, src_rows, src_cols, y0, rows, bounds, weights, taps, out, out_w)\n\n"
+"The horizontal pass over 4-byte pixels, in place: each of out's rows x out_w pixels (uint8,\n"
+"4 bytes each) is the weighted sum of the pixels of src's row y0 + its row (src: src_rows x\n"
+"src_cols pixels) its bounds (int32, out_w x 2: first source pixel, tap count) and weights\n"
+"(int32, out_w x taps) name, with Pillow's rounding and clipping. The GIL is released while it runs.");
+
+static PyObject *
+filter_pixels(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *bounds_obj, *weights_obj, *out_obj;
+    Py_ssize_t src_rows, src_cols, y0, rows, out_w;
+    int taps;
+    Py_buffer src, bounds, weights, out;
+    if (!PyArg_ParseTuple(args, "OnnnnOOiOn", &src_obj, &src_rows, &src_cols, &y0, &rows, &bounds_obj,
+                          &weights_obj, &taps, &out_obj, &out_w)) {
+        return NULL;
+    }
+    /* a difference of non-negative sizes: no sum that could overflow */
+    if (src_rows < 0 || src_cols < 0 || y0 < 0 || rows < 0 || out_w < 0 || taps < 1 || y0 > src_rows - rows) {
+        PyErr_SetString(PyExc_ValueError, "the rows are not inside the source");
+        return NULL;
+    }
+    Py_ssize_t src_size = size_of(src_rows, src_cols, 4, "src"), bounds_size = size_of(out_w, 2, 4, "bounds"),
+               weights_size = size_of(out_w, taps, 4, "weights"), out_size = size_of(rows, out_w, 4, "out"),
+               expanded_size = size_of(out_w, ((Py_ssize_t)taps + 3) / 4, 64, "the expanded weights");
+    if (src_size < 0 || bounds_size < 0 || weights_size < 0 || out_size < 0 || expanded_size < 0) {
+        return NULL;
+    }
+    if (get_buffer(src_obj, &src, src_size, 0, "src") < 0) {
+        return NULL;
+    }
+    if (get_buffer(bounds_obj, &bounds, bounds_size, 0, "bounds") < 0) {
+        goto release_src;
+    }
+    if (get_buffer(weights_obj, &weights, weights_size, 0, "weights") < 0) {
+        goto release_bounds;
+    }
+    if (get_buffer(out_obj, &out, out_size, 1, "out") < 0) {
+        goto release_weights;
+    }
+    if (overlap(&out, &src) || overlap(&out, &bounds) || overlap(&out, &weights)) {
+        PyErr_SetString(PyExc_ValueError, "out overlaps another buffer");
+        goto release_out;
+    }
+    if (!rows_are_safe(bounds.buf, weights.buf, taps, out_w, src_cols)) {
+        goto release_out;
+    }
+    if (rows > 0 && out_w > 0) { /* else no pixel: y0 may be src_rows */
+        /* each tap's weight once a channel, so that a vector of taps multiplies a vector of pixels */
+        int32_t *expanded = PyMem_RawMalloc(expanded_size);
+        if (!expanded) {
+            PyErr_NoMemory();
+            goto release_out;
+        }
+        const int32_t *w = weights.buf, *b = bounds.buf;
+        const int xtaps = (taps + 3) / 4 * 4; /* whole vectors of 4 taps, the most AVX-512 reads at once */
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t x = 0; x < out_w; x++) {
+            for (int t = 0; t < xtaps; t++) {
+                const int32_t v = t < b[x * 2 + 1] ? w[x * taps + t] : 0;
+                int32_t *e = expanded + (x * xtaps + t) * 4;
+                e[0] = e[1] = e[2] = e[3] = v;
+            }
+        }
+        horizontal4((const uint8_t *)src.buf + y0 * src_cols * 4, src_cols * 4, rows, src_cols, bounds.buf, expanded,
+                    xtaps, out.buf, out_w);
+        Py_END_ALLOW_THREADS
+        PyMem_RawFree(expanded);
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&weights);
+    PyBuffer_Release(&bounds);
+    PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+release_out:
+    PyBuffer_Release(&out);
+release_weights:
+    PyBuffer_Release(&weights);
+release_bounds:
+    PyBuffer_Release(&bounds);
+release_src:
+    PyBuffer_Release(&src);
+    return NULL;
+}
+
+PyDoc_STRVAR(isas_doc,
+"isas()\n\n"
+"The instruction sets whose loops this build has and this CPU runs, slowest first: scalar, then\n"
+"any of sse4, avx2, avx512.");
+
+static PyObject *
+isas(PyObject *self, PyObject *unused) {
+    PyObject *names = PyList_New(0);
+    for (int i = 0; names && i < ISA_COUNT; i++) {
+        if (isa_runs(i)) {
+            PyObject *name = PyUnicode_FromString(ISA_NAMES[i]);
+            if (!name || PyList_Append(names, name) < 0) {
+                Py_XDECREF(name);
+                Py_CLEAR(names);
+                break;
+            }
+            Py_DECREF(name);
+        }
+    }
+    return names;
+}
+
+PyDoc_STRVAR(get_isa_doc, "get_isa()\n\nThe instruction set whose loops run: the fastest of isas(), or set_isa's.");
+
+static PyObject *
+get_isa(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(ISA_NAMES[isa]);
+}
+
+PyDoc_STRVAR(set_isa_doc,
+"set_isa(name)\n\n"
+"Runs the loops of instruction set `name` (one of isas()) from now on, in this process: to\n"
+"compare the paths. ValueError for a name this build or CPU does not run.");
+
+static PyObject *
+set_isa(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) {
+        return NULL;
+    }
+    for (int i = 0; i < ISA_COUNT; i++) {
+        if (strcmp(name, ISA_NAMES[i]) == 0) {
+            if (!isa_runs(i)) {
+                PyErr_Format(PyExc_ValueError, "this %s does not run the %s loops",
+                             i == ISA_AVX512 || i == ISA_AVX2 || i == ISA_SSE4 ? "build or CPU" : "build", name);
+                return NULL;
+            }
+            isa = i;
+            Py_RETURN_NONE;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "no instruction set %R: one of scalar, sse4, avx2, avx512", arg);
+    return NULL;
+}
+
 /* out (cols x rows) = the rows x cols block of src at (y0, x0) transposed, in 4x4 tiles. */
 #define TRANSPOSE(T)                                                                              \
-    WIDE_VECTORS static void transpose_##T(const T *src, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t cols,  \
+    static void transpose_##T(const T *src, Py_ssize_t stride, Py_ssize_t rows, Py_ssize_t cols,  \
                               T *out) {                                                           \
         Py_ssize_t whole_rows = rows - rows % 4, whole_cols = cols - cols % 4;                    \
         for (Py_ssize_t r0 = 0; r0 < whole_rows; r0 += 4) {                                       \
@@ -408,6 +758,10 @@ static PyMethodDef methods[] = {
     {"coefficients", coefficients, METH_VARARGS, coefficients_doc},
     {"filter_rows", filter_rows, METH_VARARGS, filter_rows_doc},
     {"transpose", transpose, METH_VARARGS, transpose_doc},
+    {"filter_pixels", filter_pixels, METH_VARARGS, filter_pixels_doc},
+    {"isas", isas, METH_NOARGS, isas_doc},
+    {"get_isa", get_isa, METH_NOARGS, get_isa_doc},
+    {"set_isa", set_isa, METH_O, set_isa_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -419,6 +773,15 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__resample(void) {
     PyObject *m = PyModule_Create(&module);
+#ifdef X86_VECTORS
+    __builtin_cpu_init();
+#endif
+    for (int i = ISA_COUNT - 1; i >= 0; i--) { /* the widest this CPU runs */
+        if (isa_runs(i)) {
+            isa = i;
+            break;
+        }
+    }
 #ifdef BEAM_PREP_EXACT_SCRATCH
     /* A sanitizer build (tests/write/test_resample_sanitized.py): resample.py then gives every call
      * scratch arrays of exact size, so that AddressSanitizer sees a read or write past one. */

@@ -381,22 +381,27 @@ def _resample(kernel: ModuleType, rows: np.ndarray, in_size: tuple[int, int], ch
     out_w, out_h = size
     b0, b1, b2, b3 = box
     scratch = _scratch(bool(getattr(kernel, "EXACT_SCRATCH", False)))
-    pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
     v_bounds, v_weights = _coefficients(kernel, height, b1, b3, out_h)
     if _needs_horizontal(in_size, size, box):
         h_bounds, h_weights = _coefficients(kernel, width, b0, b2, out_w)
         y0, y1 = int(v_bounds[0, 0]), int(v_bounds[-1, 0]) + int(v_bounds[-1, 1])
-        x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0]) + int(h_bounds[-1, 1])
-        h_bounds[:, 0] -= x0
         v_bounds[:, 0] -= y0
-        columns = scratch.get(stage + "columns", (x1 - x0, y1 - y0), pixel)
-        kernel.transpose(rows, height, width, y0, x0, y1 - y0, x1 - x0, channels, columns)
-        filtered = scratch.get(stage + "filtered", (out_w, y1 - y0), pixel)
-        kernel.filter_rows(columns, x1 - x0, (y1 - y0) * channels, h_bounds, h_weights, h_weights.shape[1],
-                           filtered, out_w, scratch.get("acc", ((y1 - y0) * channels,), np.int32))
-        transposed = scratch.get(stage + "rows", (y1 - y0, out_w), pixel)
-        kernel.transpose(filtered, out_w, y1 - y0, 0, 0, out_w, y1 - y0, channels, transposed)
-        rows, height = transposed.view(np.uint8), y1 - y0
+        if channels == 4 and kernel.get_isa() != "scalar":  # RGBX along the rows, in place, by vectors of taps
+            filtered = scratch.get(stage + "rows", (y1 - y0, out_w * 4), np.uint8)
+            kernel.filter_pixels(rows, height, width, y0, y1 - y0, h_bounds, h_weights, h_weights.shape[1],
+                                 filtered, out_w)
+        else:  # down the columns of a transposed copy, a whole vector of pixels a tap (and the scalar path's way)
+            pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
+            x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0]) + int(h_bounds[-1, 1])
+            h_bounds[:, 0] -= x0
+            columns = scratch.get(stage + "columns", (x1 - x0, y1 - y0), pixel)
+            kernel.transpose(rows, height, width, y0, x0, y1 - y0, x1 - x0, channels, columns)
+            across = scratch.get(stage + "filtered", (out_w, y1 - y0), pixel)
+            kernel.filter_rows(columns, x1 - x0, (y1 - y0) * channels, h_bounds, h_weights, h_weights.shape[1],
+                               across, out_w, scratch.get("acc", ((y1 - y0) * channels,), np.int32))
+            filtered = scratch.get(stage + "rows", (y1 - y0, out_w), pixel).view(np.uint8)
+            kernel.transpose(across, out_w, y1 - y0, 0, 0, out_w, y1 - y0, channels, filtered)
+        rows, height = filtered, y1 - y0
     if _needs_vertical(in_size, size, box):
         out = scratch.get(stage + "out", (out_h, out_w * channels), np.uint8)
         kernel.filter_rows(rows, height, out_w * channels, v_bounds, v_weights, v_weights.shape[1], out, out_h,

@@ -29,6 +29,11 @@ KERNEL_VARIABLE = "BEAM_PREP_RESIZE_KERNEL"
 PILLOW = "pillow"
 KERNEL = "kernel"
 CHOICES = (PILLOW, KERNEL)
+# Which of the kernel's loops run, to compare them (tests/write/test_resample_isa.py, benchmarks):
+# unset (or empty), the widest this CPU runs; else scalar, sse4, avx2 or avx512, and a refused run
+# where this build or CPU does not run that one. The pixels are the same whichever runs.
+ISA_VARIABLE = "BEAM_PREP_RESAMPLE_ISA"
+ISAS = ("scalar", "sse4", "avx2", "avx512")
 EXTENSION = "beam_prep.write.images._resample"
 
 
@@ -115,7 +120,27 @@ def load() -> Loaded:
         return Loaded(None, fallback=f"the resize kernel is not built in this install: {_REBUILD}")
     except Exception as e:  # noqa: BLE001 - whatever stops the import, Pillow's loops resize, said once.
         return Loaded(None, fallback=f"the resize kernel cannot load ({type(e).__name__}: {e}): {_REBUILD}")
+    use_isa(kernel, os.environ.get(ISA_VARIABLE) or None)
     return Loaded(kernel, rules=CHECKED_PILLOW[version])
+
+
+def use_isa(kernel: ModuleType, name: str | None) -> None:
+    """Runs the kernel's loops for instruction set ``name`` (``ISA_VARIABLE``'s value), or its
+    widest where None.
+
+    Raises:
+      OptionsError: a name not in ``ISAS``, or one this build or CPU does not run.
+    """
+    if name is None:
+        kernel.set_isa(kernel.isas()[-1])  # the module's own choice, again after any set_isa
+        return
+    if name not in ISAS:
+        raise OptionsError(f"{ISA_VARIABLE} must be one of {', '.join(ISAS)} (or unset: the widest this CPU "
+                           f"runs), not {name!r}")
+    if name not in kernel.isas():
+        raise OptionsError(f"{ISA_VARIABLE}={name}, but this build or CPU runs only {', '.join(kernel.isas())}: "
+                           "unset it for the widest of those")
+    kernel.set_isa(name)
 
 
 @functools.cache
