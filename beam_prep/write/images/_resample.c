@@ -776,7 +776,10 @@ PyInit__resample(void) {
 #ifdef X86_VECTORS
     __builtin_cpu_init();
 #endif
-    for (int i = ISA_COUNT - 1; i >= 0; i--) { /* the widest this CPU runs */
+    /* The widest this CPU runs, up to AVX2: the AVX-512 loops have not yet run on a CPU that has
+     * them against Pillow's bytes (docs/design/resizing.md), so they are taken only when asked
+     * for (BEAM_PREP_RESAMPLE_ISA=avx512), never by default. */
+    for (int i = ISA_AVX2; i >= 0; i--) {
         if (isa_runs(i)) {
             isa = i;
             break;
