@@ -228,3 +228,15 @@ def test_a_record_is_there_whole_or_not_at_all_whenever_its_writer_is_killed(tmp
             writer.wait()
         assert resume.finished_shard(str(work), "train-00000") is not None, f"attempt {attempt}"
         assert resume.finished_count(str(work), ["train-00000"]) == 1
+
+
+def test_a_record_naming_another_shard_is_not_taken_for_finished(tmp_path):
+    """A record's name reaches the manifest and the move that publishes the shards: one that
+    names another file (``../../victim``, damaged or written into the output folder by someone
+    else) is not the shard's, which is written again; the run failed on it at every resume."""
+    for name in ("../../victim.txt", "train-00001", "/etc/passwd"):
+        body = resume.ShardRecord(name, 1, 2, "0" * 64, {}, [], {})
+        (tmp_path / resume.done_name("train-00000")).write_text(json.dumps(body.__dict__))
+        assert resume.finished_shard(str(tmp_path), "train-00000") is None, name
+    resume.write_shard_record(str(tmp_path), resume.ShardRecord("train-00000", 1, 2, "0" * 64, {}, [], {}))
+    assert resume.finished_shard(str(tmp_path), "train-00000").name == "train-00000"

@@ -194,11 +194,15 @@ def write_shard_record(work: str, record: ShardRecord) -> None:
 
 
 def finished_shard(work: str, name: str) -> ShardRecord | None:
-    """The record of shard ``name`` if it is finished, else None; ``keep_finished`` has checked it."""
+    """The record of shard ``name`` if it is finished, else None; ``keep_finished`` has checked it.
+
+    A record naming another shard is not this one's (damaged, or written by someone else into
+    the output folder): its name would reach the manifest, so the shard is written again."""
     try:
-        return ShardRecord(**json.loads(read_bytes(join(work, done_name(name))).decode("utf-8")))
+        record = ShardRecord(**json.loads(read_bytes(join(work, done_name(name))).decode("utf-8")))
     except Exception:  # noqa: BLE001 - not finished, or its record cut short: written again
         return None
+    return record if record.name == name else None
 
 
 def finished_records(work: str, names: list[str], threads: int = 8) -> list[ShardRecord]:
