@@ -40,7 +40,7 @@ import logging
 import os
 import re
 
-from beam_prep.errors import DatasetError, StorageError
+from beam_prep.errors import DatasetError, StorageError, UnsafeName
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, parse_manifest
 from beam_prep.reader import cache_room
@@ -95,6 +95,7 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
     remote.require_format(file_format, reader)
     if split not in remote.splits:
         raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(remote.splits)}")
+    _check_not_own(remote.splits[split].shards, split, manifest_path)
     root = cache_root(cache_dir)
     os.makedirs(root, exist_ok=True)
     manifest_sha256 = hashlib.sha256(text).hexdigest()
@@ -136,6 +137,24 @@ def _fill(origin: str, remote: DatasetInfo, text: bytes, split: str, root: str, 
                                                        thread_name_prefix="beam-prep-fetch") as pool:
                 list(pool.map(lambda name: _fetch(client, origin, folder, name, expected.get(name)), missing))
             _write_atomically(os.path.join(folder, MANIFEST), text)
+
+
+# The files the cache keeps beside a folder's shards: a shard of one of these names would be written over them.
+_OWN_NAMES = frozenset({MANIFEST, _STAMPS, cache_room.MARKER, cache_room.USE_LOCK, cache_room.FILL_LOCK,
+                        cache_room.LAST_USED, cache_room.RESERVED})
+
+
+def _check_not_own(shards: tuple[str, ...], split: str, where: str) -> None:
+    """Refuses a shard named as one of the cache's own files (its marker, a lock, ``manifest.json``):
+    written over it, it would make the folder another's (never evicted) or free its lock under its readers.
+
+    Raises:
+      UnsafeName: naming the manifest, the field and the value.
+    """
+    for i, name in enumerate(shards):
+        if name in _OWN_NAMES:
+            raise UnsafeName(f"{where}: splits.{split}.shards[{i}] is {name!r}, which the shard cache keeps for "
+                             "its own files: a dataset's shards are not named so")
 
 
 def _folder_name(origin: str, manifest_sha256: str) -> str:
