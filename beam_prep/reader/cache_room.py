@@ -88,11 +88,18 @@ def open_folder(root: str, name: str, origin: str, manifest_sha256: str) -> str:
     """The cache's folder ``name`` under ``root``, created and marked if new, and pinned (``use`` held).
 
     The pin is taken before the folder is filled, so a folder being filled is never evicted.
+
+    Raises:
+      StorageError: ``name`` is a link (to a folder elsewhere, where the shards would go) or a file;
+        other processes evicted the folder every time this one opened it.
     """
     folder = os.path.join(root, name)
     for _ in range(_PIN_TRIES):
         if folder in _PINNED:
             return folder
+        if os.path.lexists(folder) and not _is_real(folder, stat.S_IFDIR):
+            raise StorageError(f"the shard cache's folder {folder} is a link or a file, not a folder the cache made: "
+                               "nothing is written through it; remove it, or give another cache_dir")
         with contextlib.suppress(FileNotFoundError):  # evicted between two of these steps: again
             os.makedirs(folder, exist_ok=True)
             _mark(folder, origin, manifest_sha256)
