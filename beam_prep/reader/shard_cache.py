@@ -191,10 +191,15 @@ def _intact(folder: str, name: str, expected: str | None) -> bool:
         stat = os.stat(path)
     except (OSError, ValueError):
         return False
-    sha256 = expected or stamp["sha256"]
-    if (stat.st_size, stat.st_mtime_ns) == (stamp["size"], stamp["mtime_ns"]) and stamp["sha256"] == sha256:
+    if not isinstance(stamp, dict):  # JSON, but not a stamp (damaged): no stamp, as a missing one
+        stamp = {}
+    sha256 = expected or stamp.get("sha256")
+    if not isinstance(sha256, str):
+        return False
+    size = stamp.get("size") if isinstance(stamp.get("size"), int) else None
+    if (stat.st_size, stat.st_mtime_ns) == (size, stamp.get("mtime_ns")) and stamp.get("sha256") == sha256:
         return True
-    if stat.st_size == stamp["size"] and _sha256(path) == sha256:
+    if size in (None, stat.st_size) and _sha256(path) == sha256:
         _write_stamp(folder, name, sha256)  # touched, not changed: stamp its new time
         return True
     _LOG.warning("cached shard %s has changed since it was fetched (size or sha256): fetching it again", path)

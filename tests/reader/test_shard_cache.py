@@ -369,3 +369,18 @@ def test_a_link_at_the_cache_folders_name_is_not_written_through(gcs_server, gcs
                                  "made: nothing is written through it; remove it, or give another cache_dir")
     assert [p.name for p in outside.iterdir()] == ["notes.txt"]
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_damaged_stamp_is_taken_for_no_stamp(gcs_server, gcs_bucket, uploaded, tmp_path):
+    """A stamp that is JSON but not a stamp (cut short to ``{}``, ``null``, a list, a size that is text) is
+    no stamp: the shard is checked against the manifest's sha256 (fetched again only if it differs),
+    never a KeyError or TypeError out of ``data_source``."""
+    cache = tmp_path / "cache"
+    expected = records(beam_prep.data_source(uploaded, "train", cache_dir=cache))
+    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
+    stamps = sorted((folder / ".stamps").iterdir())
+    for stamp, text in zip(stamps, ["{}", "null", "[1, 2]", '{"size": "x", "mtime_ns": 0, "sha256": 5}']):
+        stamp.write_text(text)
+    since = len(gcs_server.gateway.seen())
+    assert records(beam_prep.data_source(uploaded, "train", cache_dir=cache)) == expected
+    assert shard_gets(gcs_server, gcs_bucket, since) == []  # the shards are whole: hashed, not fetched
