@@ -240,3 +240,26 @@ def test_a_record_naming_another_shard_is_not_taken_for_finished(tmp_path):
         assert resume.finished_shard(str(tmp_path), "train-00000") is None, name
     resume.write_shard_record(str(tmp_path), resume.ShardRecord("train-00000", 1, 2, "0" * 64, {}, [], {}))
     assert resume.finished_shard(str(tmp_path), "train-00000").name == "train-00000"
+
+
+def test_a_run_record_naming_another_folder_or_split_is_not_resumed(tmp_path):
+    """run.json is data in the output folder: its run id names the folder the resumed run reads its
+    listings from, writes its shards to and removes at the end, and its split names name those files.
+    One naming ``../../victim`` or a split ``../../x`` would put them outside the output folder (shards
+    published to ``OUTPUT/../../x-00000-of-00001...``): it cannot be resumed."""
+    out = tmp_path / "out"
+    name = "20260101T000000Z-0123abcd"
+    folder = out / ".beam-prep" / name
+    folder.mkdir(parents=True)
+
+    def record(run_id: str = name, plan_id: str = name, split: str = "train") -> resume.RunRecord:
+        return resume.RunRecord(run_id, {}, False, {"run_id": plan_id, "num_shards": {split: 1},
+                                                    "split_counts": {split: 3}})
+
+    resume.write_run_record(str(folder), record())
+    assert resume.find_resumable(str(out), [name], {}) == record()
+    for hostile in (record(run_id="../../victim"), record(plan_id="../../victim"), record(split="../../x"),
+                    record(split="Train")):
+        resume.write_run_record(str(folder), hostile)
+        with pytest.raises(OptionsError, match=f"unfinished run {name}, which cannot be resumed"):
+            resume.find_resumable(str(out), [name], {})

@@ -31,7 +31,7 @@ from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
 from beam_prep.write.plan.config import PrepareConfig
-from beam_prep.write.plan.listing import find_split_tables
+from beam_prep.write.plan.listing import SPLIT_NAMES, find_split_tables
 from beam_prep.write.plan.metadata import file_sha256
 from beam_prep.write.shared import layout
 
@@ -110,14 +110,21 @@ def _write_record(path: str, body: Mapping[str, Any]) -> None:
         raise storage_error("write", path, e) from e
 
 
-def _read_run_record(work: str) -> RunRecord | None:
+def _read_run_record(work: str, run_id: str) -> RunRecord | None:
+    """The record of run ``run_id`` in ``work``, or None where it cannot be resumed. A record is data in
+    the output folder: one naming another run (``../../victim``) or a split the writer never makes
+    (``../../x``) would put the run's files, and its shards, outside it; it is not this run's."""
     try:
         body = json.loads(read_bytes(join(work, RUN_RECORD)).decode("utf-8"))
         if body.pop("run_format") != RUN_FORMAT:
             return None
         body.pop("beam_prep_version", None)
-        return RunRecord(**body)
-    except Exception:  # noqa: BLE001 - missing, unreadable or from another version: not resumable
+        record = RunRecord(**body)
+        splits = {*record.plan.get("num_shards", {}), *record.plan.get("split_counts", {})}
+        if record.run_id != run_id or record.plan.get("run_id") != run_id or not splits <= set(SPLIT_NAMES):
+            return None
+        return record
+    except Exception:  # noqa: BLE001 - missing, unreadable, damaged or from another version: not resumable
         return None
 
 
@@ -136,7 +143,7 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
         raise OptionsError(f"--output {output} holds the files of {len(leftovers)} unfinished runs "
                            f"({', '.join(leftovers)}); pass --overwrite to start over")
     (run_id,) = leftovers
-    record = _read_run_record(layout.run_folder(output, run_id))
+    record = _read_run_record(layout.run_folder(output, run_id), run_id)
     if record is None:
         raise OptionsError(f"--output {output} holds the files of unfinished run {run_id}, which cannot be "
                            "resumed (stopped while listing, made by another beam-prep version, or damaged); "
