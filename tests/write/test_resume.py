@@ -263,3 +263,28 @@ def test_a_run_record_naming_another_folder_or_split_is_not_resumed(tmp_path):
         resume.write_run_record(str(folder), hostile)
         with pytest.raises(OptionsError, match=f"unfinished run {name}, which cannot be resumed"):
             resume.find_resumable(str(out), [name], {})
+
+
+def test_a_listing_naming_a_file_outside_the_input_is_refused_before_the_resumed_run_reads_it(tree, tmp_path):
+    """The listings a resumed run reads are data in the output folder, as its records are: a line
+    naming a picture elsewhere on the machine (someone else's, with a share of the output folder)
+    was read into the dataset. Refused with exit 2, naming the listing, the line and the path."""
+    out = tmp_path / "out"
+    stopped, _, _ = interrupt(tree, out, signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    victim = tmp_path / "private" / "me.jpg"
+    victim.parent.mkdir()
+    victim.write_bytes((tree / "ant" / "img_000.jpg").read_bytes()[:-1] + b"\xd9")
+    work = run_folder(out)
+    listing = work / layout.shard_listing_name("train", SHARDS - 1)
+    lines = listing.read_text().splitlines()
+    entry = json.loads(lines[0])
+    lines[0] = json.dumps({**entry, "path": str(victim), "size": victim.stat().st_size})
+    listing.write_text("\n".join(lines) + "\n")
+    resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
+    assert resumed.returncode == 2, resumed.stderr
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"error: {listing}: line 1's path is {str(victim)!r}, not a path under {tree} (it is absolute elsewhere, "
+        "or holds . or ..): only files under it are opened; the unfinished run cannot be resumed: pass "
+        "--overwrite to start over")
+    assert not (out / "manifest.json").exists()

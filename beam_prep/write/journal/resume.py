@@ -27,16 +27,17 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
-from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_lines
+from beam_prep.errors import DatasetError, OptionsError, UnsafeName
+from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, read_lines, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
+from beam_prep.model.names import path_under
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.listing import SPLIT_NAMES, find_split_tables
 from beam_prep.write.plan.metadata import file_sha256
 from beam_prep.write.shared import layout
 
-__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
-           "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]
+__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "check_listings", "find_resumable", "finished_count",
+           "finished_shard", "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
@@ -157,6 +158,30 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
                                f"{_shown(key, then, record.options)} where this run has {_shown(key, now, options)}; "
                                "run it with the same options to resume it, or pass --overwrite to start over")
     return record
+
+
+def check_listings(work: str, listings: Iterable[str], root: str) -> None:
+    """Checks that every file the listings ``listings`` of run folder ``work`` name lies under ``root``
+    (the run's ``--input``), before a resumed run reads them: the listings are data in the output folder,
+    and a line naming a file elsewhere (``/home/me/private.jpg``) would be read into the shards.
+
+    Raises:
+      OptionsError: naming the listing, the line and the path, and saying that --overwrite starts over.
+    """
+    if not root:  # WriteImageDataset's elements: no folder they lie under
+        return
+    for name in listings:
+        where = join(work, name)
+        for number, line in enumerate(read_lines(where), 1):
+            try:
+                path = json.loads(line).get("path")
+            except (ValueError, AttributeError):
+                path = None
+            try:
+                path_under(root, path, where, f"line {number}'s path")
+            except UnsafeName as e:
+                raise OptionsError(f"{e}; the unfinished run cannot be resumed: pass --overwrite to start "
+                                   "over") from e
 
 
 def _shown(key: str, value: Any, options: Mapping[str, Any]) -> str:
