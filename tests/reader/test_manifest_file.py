@@ -85,3 +85,9 @@ def test_a_number_that_is_no_number_is_a_malformed_manifest(dataset, field, valu
     (dataset / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetError, match=rf"^{dataset}/manifest.json is incomplete or malformed: missing or bad "):
         beam_prep.load_info(str(dataset))
+
+
+def test_load_info_takes_a_path_object_as_every_reader_does(dataset):
+    """``make_dataset``, ``data_source`` and ``shard_urls`` take ``os.PathLike``; ``load_info`` raised
+    AttributeError ('PosixPath' object has no attribute 'rstrip')."""
+    assert beam_prep.load_info(dataset) == beam_prep.load_info(str(dataset))
