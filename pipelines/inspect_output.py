@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from beam_prep.errors import BeamPrepError, UnsafeName
+from beam_prep.wording import for_terminal
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 
@@ -110,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(inspection.to_json(summary), indent=2, ensure_ascii=False))
     else:
-        print(inspection.render_text(summary, args.max_classes), end="")
+        print(for_terminal(inspection.render_text(summary, args.max_classes)), end="")
     status = 0
     if summary.missing_shards:
         print(f"error: {len(summary.missing_shards)} shards the manifest lists are missing from "

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from beam_prep.errors import BeamPrepError
 from beam_prep.tools.verification import verify
 from beam_prep.tools.verify_report import MAX_PER_KIND, VerifyReport
+from beam_prep.wording import for_terminal
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress_bar.close()
             print(f"error: {e}", file=sys.stderr)
             return 2
-    print(describe(report))
+    print(for_terminal(describe(report)))
     return 0 if report.ok else 1
 
 

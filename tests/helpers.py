@@ -157,7 +157,7 @@ def leave_unfinished_run(argv: list[str], output: str | os.PathLike) -> None:
     recorded = resume.record_options(config_from_options(PipelineOptions(argv)), None)
     work = layout.run_folder(str(output), UNFINISHED_RUN)
     os.makedirs(work)
-    resume.write_run_record(work, resume.RunRecord(UNFINISHED_RUN, recorded, False, {}))
+    resume.write_run_record(work, resume.RunRecord(UNFINISHED_RUN, recorded, False, {"run_id": UNFINISHED_RUN}))
 
 
 def assert_edited_table_refused(capsys: Any, argv: list[str], output: str | os.PathLike, table: pathlib.Path,

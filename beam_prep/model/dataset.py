@@ -283,7 +283,7 @@ class DatasetInfo:
                        multi_label=bool(manifest.get("multi_label", False)),
                        extra_features=_extra_features(manifest.get("extra_features", {})),
                        file_format=file_format)
-        except (KeyError, TypeError, AttributeError) as e:
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as e:  # a count "many", 1e400, NaN
             raise DatasetError(f"{where} is incomplete or malformed: missing or bad {e}") from e
         except OptionsError as e:
             raise DatasetError(f"{where}: {e}") from e

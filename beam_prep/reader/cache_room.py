@@ -55,7 +55,7 @@ MARKER = ".beam-prep-cache.json"
 USE_LOCK = ".use.lock"
 FILL_LOCK = ".fill.lock"
 LAST_USED = ".last_used"
-_RESERVED = ".reserved"
+RESERVED = ".reserved"
 _EVICT_LOCK = ".evict.lock"
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,80}-(?P<hash>[0-9a-f]{16})")
 # A folder being removed: its name and a character the cache's names never hold, so it is never taken for one.
@@ -88,11 +88,18 @@ def open_folder(root: str, name: str, origin: str, manifest_sha256: str) -> str:
     """The cache's folder ``name`` under ``root``, created and marked if new, and pinned (``use`` held).
 
     The pin is taken before the folder is filled, so a folder being filled is never evicted.
+
+    Raises:
+      StorageError: ``name`` is a link (to a folder elsewhere, where the shards would go) or a file;
+        other processes evicted the folder every time this one opened it.
     """
     folder = os.path.join(root, name)
     for _ in range(_PIN_TRIES):
         if folder in _PINNED:
             return folder
+        if os.path.lexists(folder) and not _is_real(folder, stat.S_IFDIR):
+            raise StorageError(f"the shard cache's folder {folder} is a link or a file, not a folder the cache made: "
+                               "nothing is written through it; remove it, or give another cache_dir")
         with contextlib.suppress(FileNotFoundError):  # evicted between two of these steps: again
             os.makedirs(folder, exist_ok=True)
             _mark(folder, origin, manifest_sha256)
@@ -204,7 +211,7 @@ def _cache_folders(root: str) -> list[_Folder]:
         match = _NAME.fullmatch(entry.name)
         if match and _ours(entry.path, match["hash"]):
             on_disk = _folder_bytes(entry.path)
-            counted = max(on_disk, _read_int(os.path.join(entry.path, _RESERVED)))
+            counted = max(on_disk, _read_int(os.path.join(entry.path, RESERVED)))
             try:
                 last_used = os.stat(os.path.join(entry.path, LAST_USED)).st_mtime
             except OSError:
@@ -317,7 +324,7 @@ def room(root: str, folder: str, needed: int, max_bytes: int | None, origin: str
                     f"split {split!r} of {origin} needs {needed} bytes in the shard cache {root}, and its disk has "
                     f"{free} free once every folder no process uses is evicted: free disk space, or point "
                     "cache_dir (BEAM_PREP_CACHE) at a larger disk")
-        reserved = os.path.join(folder, _RESERVED)
+        reserved = os.path.join(folder, RESERVED)
         with open(reserved, "w", encoding="ascii") as f:
             f.write(str(own))
     try:

@@ -40,7 +40,7 @@ import logging
 import os
 import re
 
-from beam_prep.errors import DatasetError, StorageError
+from beam_prep.errors import DatasetError, StorageError, UnsafeName
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, parse_manifest
 from beam_prep.reader import cache_room
@@ -95,6 +95,7 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
     remote.require_format(file_format, reader)
     if split not in remote.splits:
         raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(remote.splits)}")
+    _check_not_own(remote.splits[split].shards, split, manifest_path)
     root = cache_root(cache_dir)
     os.makedirs(root, exist_ok=True)
     manifest_sha256 = hashlib.sha256(text).hexdigest()
@@ -138,6 +139,24 @@ def _fill(origin: str, remote: DatasetInfo, text: bytes, split: str, root: str, 
             _write_atomically(os.path.join(folder, MANIFEST), text)
 
 
+# The files the cache keeps beside a folder's shards: a shard of one of these names would be written over them.
+_OWN_NAMES = frozenset({MANIFEST, _STAMPS, cache_room.MARKER, cache_room.USE_LOCK, cache_room.FILL_LOCK,
+                        cache_room.LAST_USED, cache_room.RESERVED})
+
+
+def _check_not_own(shards: tuple[str, ...], split: str, where: str) -> None:
+    """Refuses a shard named as one of the cache's own files (its marker, a lock, ``manifest.json``):
+    written over it, it would make the folder another's (never evicted) or free its lock under its readers.
+
+    Raises:
+      UnsafeName: naming the manifest, the field and the value.
+    """
+    for i, name in enumerate(shards):
+        if name in _OWN_NAMES:
+            raise UnsafeName(f"{where}: splits.{split}.shards[{i}] is {name!r}, which the shard cache keeps for "
+                             "its own files: a dataset's shards are not named so")
+
+
 def _folder_name(origin: str, manifest_sha256: str) -> str:
     """``<bucket>_<path>-<manifest hash>``: readable, and new when the dataset is rewritten."""
     return cache_room.folder_name(re.sub(r"[^A-Za-z0-9._-]+", "_", origin[len("gs://"):])[-80:], manifest_sha256)
@@ -172,10 +191,15 @@ def _intact(folder: str, name: str, expected: str | None) -> bool:
         stat = os.stat(path)
     except (OSError, ValueError):
         return False
-    sha256 = expected or stamp["sha256"]
-    if (stat.st_size, stat.st_mtime_ns) == (stamp["size"], stamp["mtime_ns"]) and stamp["sha256"] == sha256:
+    if not isinstance(stamp, dict):  # JSON, but not a stamp (damaged): no stamp, as a missing one
+        stamp = {}
+    sha256 = expected or stamp.get("sha256")
+    if not isinstance(sha256, str):
+        return False
+    size = stamp.get("size") if isinstance(stamp.get("size"), int) else None
+    if (stat.st_size, stat.st_mtime_ns) == (size, stamp.get("mtime_ns")) and stamp.get("sha256") == sha256:
         return True
-    if stat.st_size == stamp["size"] and _sha256(path) == sha256:
+    if size in (None, stat.st_size) and _sha256(path) == sha256:
         _write_stamp(folder, name, sha256)  # touched, not changed: stamp its new time
         return True
     _LOG.warning("cached shard %s has changed since it was fetched (size or sha256): fetching it again", path)

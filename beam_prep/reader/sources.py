@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,7 +87,7 @@ class Source:
     extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)  # key -> bytes, int64 or float
 
 
-def load_info(path: str) -> DatasetInfo:
+def load_info(path: str | os.PathLike) -> DatasetInfo:
     """Reads and checks ``path/manifest.json`` (local or ``gs://``).
 
     Use it to size a model before reading (``load_info(path).num_classes``), or to
@@ -110,14 +111,15 @@ def load_info(path: str) -> DatasetInfo:
     return read_manifest(path)[0]
 
 
-def read_manifest(path: str) -> tuple[DatasetInfo, dict[str, Any]]:
+def read_manifest(path: str | os.PathLike) -> tuple[DatasetInfo, dict[str, Any]]:
     """``load_info(path)`` and the whole manifest it was read from, from one read.
 
     The manifest also holds the writer's record of its run (counts, failures
     by stage, skipped files by reason), which tools such as ``beam-prep
     inspect`` show and the dataset model leaves out. Raises as ``load_info``.
     """
-    return read_manifest_info(path.rstrip("/") or path)
+    text = os.fspath(path)
+    return read_manifest_info(text.rstrip("/") or text)
 
 
 def resolve_source(path: str | RecordFiles, split: str) -> Source:

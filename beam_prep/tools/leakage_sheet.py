@@ -10,13 +10,19 @@ a user would open them to decide what to remove.
 Those paths are data, read from the dataset's duplicates.jsonl: the sheet opens
 only files under the run's input folder (the manifest's ``options.input``), and
 refuses a file naming any other path (absolute elsewhere, or escaping with ``..``)
-before it opens any image (``names.path_under``).
+before it opens any image (``names.path_under``). That folder is the manifest's word too, so an image
+is drawn only when its file is a regular file whose bytes have the sha256 its line records (the run's
+hash of it): a manifest naming ``/`` as its input shows no file the run did not hash, and a file changed
+since the run is said to be, not drawn.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterable
 from typing import Any
 
@@ -108,14 +114,35 @@ def make_leakage_sheet(output: str, groups: int = 8, cell: int = 160) -> Leakage
         for column, f in enumerate(shown):
             left = caption_w + column * (cell + PAD)
             try:  # the path checked to lie under the input (cross_split_groups)
-                with Image.open(f["path"]) as source:
-                    picture = _fit(source.convert("RGB"), cell)
-                sheet.paste(picture, (left + (cell - picture.width) // 2, y + (cell - picture.height) // 2))
+                if not _the_runs_file(f["path"], f.get("sha256")):
+                    pen.text((left, y + (cell - text_h) // 2), "not the run's file", fill=MUTED, font=font)
+                else:
+                    with Image.open(f["path"]) as source:
+                        picture = _fit(source.convert("RGB"), cell)
+                    sheet.paste(picture, (left + (cell - picture.width) // 2, y + (cell - picture.height) // 2))
             except (OSError, ValueError):
                 pen.text((left, y + (cell - text_h) // 2), "cannot read", fill=MUTED, font=font)
             pen.text((left, y + cell + PAD // 2), f["split"], fill=TEXT, font=font)
         rows.append((caption, tuple((f["split"], f["path"]) for f in shown)))
     return LeakageSheet(sheet, tuple(rows))
+
+
+def _the_runs_file(path: str, sha256: Any) -> bool:
+    """Whether ``path`` is a regular file (not a device or a pipe, which could block) whose bytes have
+    ``sha256``, the run's hash of the file its line names: hashed as it is read, never held whole.
+
+    Raises:
+      OSError: it cannot be read.
+    """
+    if not is_local(path):
+        return True  # Image.open reads local files only: a gs:// one shows as "cannot read", as before
+    if not isinstance(sha256, str) or not stat.S_ISREG(os.stat(path).st_mode):
+        return False
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest() == sha256
 
 
 def save(sheet: LeakageSheet, path: str) -> None:

@@ -69,6 +69,12 @@ def hostile_calls(kernel) -> dict[str, Callable[[], object]]:
             _u8(40), 10, 4, bounds, weights, 5, shared[:16], 1, shared[:16].view(np.int32)),
         "filter_rows: out overlaps src": lambda: kernel.filter_rows(
             shared[:40], 10, 4, bounds, weights, 5, shared[36:40], 1, _i32(4)),
+        "coefficients: bounds not aligned to 4 bytes": lambda: kernel.coefficients(
+            10, 0.0, 10.0, 2, 21, _u8(17)[1:], _i32(2, 21)),
+        "filter_rows: weights not aligned to 4 bytes": lambda: kernel.filter_rows(
+            _u8(40), 10, 4, bounds, _u8(21)[1:], 5, _u8(4), 1, _i32(4)),
+        "filter_rows: acc not aligned to 4 bytes": lambda: kernel.filter_rows(
+            _u8(40), 10, 4, bounds, weights, 5, _u8(4), 1, _u8(17)[1:]),
         "transpose: y0 + rows overflows": lambda: kernel.transpose(_u8(100), 10, 10, SSIZE_MAX, 0, 1, 1, 1, _u8(1)),
         "transpose: x0 + cols overflows": lambda: kernel.transpose(_u8(100), 10, 10, 0, SSIZE_MAX, 1, 1, 1, _u8(1)),
         "transpose: src size overflows": lambda: kernel.transpose(_u8(100), 2**62, 4, 2**40, 0, 1, 1, 4, _u8(4)),

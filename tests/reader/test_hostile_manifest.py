@@ -153,3 +153,19 @@ def test_a_manifest_of_plain_names_reads(tmp_path):
     folder = _local(tmp_path, "webdataset", "train-00001-of-00002.tar")
     assert beam_prep.shard_urls(folder, "train", cache_dir=False) == [str(folder / f"{GOOD}.tar"),
                                                                       str(folder / "train-00001-of-00002.tar")]
+
+
+@pytest.mark.parametrize("name", [".beam-prep-cache.json", ".use.lock", ".fill.lock", ".reserved", ".last_used",
+                                  ".stamps"])
+def test_the_shard_cache_refuses_a_shard_named_as_one_of_its_own_files(gcs_server, gcs_bucket, tmp_path, name):
+    """A shard named as the cache's marker or one of its locks would be written over it: a folder whose
+    marker is the shard's bytes is no longer the cache's (never evicted, never counted), one whose
+    ``use`` lock is replaced is evicted under its readers. Refused before anything is fetched."""
+    url = _serve(gcs_bucket, "array_record", name)
+    cache = tmp_path / "cache"
+    with pytest.raises(UnsafeName) as caught:
+        beam_prep.data_source(url, "train", cache_dir=str(cache))
+    assert str(caught.value) == (
+        f"{url}/manifest.json: splits.train.shards[1] is {name!r}, which the shard cache keeps for its own "
+        "files: a dataset's shards are not named so")
+    assert not cache.exists() or list(cache.iterdir()) in ([], [cache / ".evict.lock"])

@@ -69,3 +69,25 @@ def test_load_info_imports_no_tensorflow(dataset):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["('ant',", "'bee')", "1", "False"]
+
+
+@pytest.mark.parametrize("field, value", [("num_examples", "many"), ("num_examples", 1e400),
+                                          ("num_examples", float("nan")), ("shard_num_examples", ["x"]),
+                                          ("label_offset", "one")])
+def test_a_number_that_is_no_number_is_a_malformed_manifest(dataset, field, value):
+    """A manifest is data: a count that is text, infinite or NaN is refused as malformed, naming the
+    manifest (a DatasetError; ``inspect`` exits 2), not a ValueError or OverflowError with a traceback."""
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    if field == "label_offset":
+        manifest[field] = value
+    else:
+        manifest["splits"]["train"][field] = value
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=rf"^{dataset}/manifest.json is incomplete or malformed: missing or bad "):
+        beam_prep.load_info(str(dataset))
+
+
+def test_load_info_takes_a_path_object_as_every_reader_does(dataset):
+    """``make_dataset``, ``data_source`` and ``shard_urls`` take ``os.PathLike``; ``load_info`` raised
+    AttributeError ('PosixPath' object has no attribute 'rstrip')."""
+    assert beam_prep.load_info(dataset) == beam_prep.load_info(str(dataset))

@@ -345,3 +345,42 @@ def test_several_processes_filling_and_evicting_one_cache_keep_its_bound_and_its
     assert sorted(p.name.rsplit("-", 1)[0] for p in cache.iterdir() if p.is_dir() and p not in foreign
                   and not p.is_symlink()) == [f"{gcs_bucket.name}_{n}" for n in "abc"]
     assert bytes_under(cache, foreign) <= bound
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling link", "file"])
+def test_a_link_at_the_cache_folders_name_is_not_written_through(gcs_server, gcs_bucket, uploaded, tmp_path, kind):
+    """A link at the name the cache gives a dataset's folder (names are predictable: the URL and the manifest's
+    sha256), as someone else with a share of the cache folder could place: the shards, the marker and the
+    locks would be written wherever it points. Refused in one line, and nothing is written there."""
+    manifest = gcs_bucket.read_bytes("ds/manifest.json")
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", uploaded[len("gs://"):])
+    cache, outside = tmp_path / "cache", tmp_path / "outside"
+    cache.mkdir()
+    outside.mkdir()
+    (outside / "notes.txt").write_text("mine")
+    name = cache / f"{readable}-{hashlib.sha256(manifest).hexdigest()[:16]}"
+    if kind == "file":
+        name.write_text("a file")
+    else:
+        name.symlink_to(outside if kind == "link" else tmp_path / "nowhere", target_is_directory=True)
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(uploaded, "train", cache_dir=cache)
+    assert str(caught.value) == (f"the shard cache's folder {name} is a link or a file, not a folder the cache "
+                                 "made: nothing is written through it; remove it, or give another cache_dir")
+    assert [p.name for p in outside.iterdir()] == ["notes.txt"]
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_damaged_stamp_is_taken_for_no_stamp(gcs_server, gcs_bucket, uploaded, tmp_path):
+    """A stamp that is JSON but not a stamp (cut short to ``{}``, ``null``, a list, a size that is text) is
+    no stamp: the shard is checked against the manifest's sha256 (fetched again only if it differs),
+    never a KeyError or TypeError out of ``data_source``."""
+    cache = tmp_path / "cache"
+    expected = records(beam_prep.data_source(uploaded, "train", cache_dir=cache))
+    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
+    stamps = sorted((folder / ".stamps").iterdir())
+    for stamp, text in zip(stamps, ["{}", "null", "[1, 2]", '{"size": "x", "mtime_ns": 0, "sha256": 5}']):
+        stamp.write_text(text)
+    since = len(gcs_server.gateway.seen())
+    assert records(beam_prep.data_source(uploaded, "train", cache_dir=cache)) == expected
+    assert shard_gets(gcs_server, gcs_bucket, since) == []  # the shards are whole: hashed, not fetched

@@ -19,7 +19,7 @@ from beam_prep.errors import DatasetError
 from beam_prep.reader import load_info
 from beam_prep.tools import contact_sheet, inspection
 from beam_prep.tools.summary import summarize
-from pipelines import cli, inspect_output
+from pipelines import cli, inspect_output, verify_output
 
 LABELS = {"ant": 3, "bee": 7, "cat": 4}
 
@@ -405,3 +405,24 @@ def test_inspect_reads_a_gs_output_as_it_reads_a_local_one(gcs_server, capsys, t
                              cwd=REPO, check=False)
     assert missing.returncode == 2 and missing.stdout == ""
     assert f"error: no manifest.json at {bucket.url('nothing')}/manifest.json" in missing.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_names_from_the_manifest_reach_the_terminal_without_their_control_characters(output, tmp_path, command,
+                                                                                   capsys):
+    """A label is the manifest's word (data, from a bucket someone else may control): one holding escape
+    sequences (retitle the window, clear the screen, a carriage return over a line) is shown escaped."""
+    copy = tmp_path / "out"
+    shutil.copytree(output, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    hostile = "\x1b]0;owned\x07\x1b[2J\rant"
+    manifest["labels"][0] = hostile
+    for split in manifest["splits"].values():
+        split["class_counts"] = {(hostile if k == "ant" else k): n for k, n in split["class_counts"].items()}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    main = inspect_output.main if command == "inspect" else verify_output.main
+    main([str(copy)])
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\r"), out
+    if command == "inspect":
+        assert "\\x1b]0;owned\\x07\\x1b[2J\\x0dant" in out

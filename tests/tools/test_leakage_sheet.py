@@ -4,8 +4,12 @@ before any image is opened or the sheet written. An output folder made from the 
 duplicates.jsonl lines as the writer words them: no pipeline runs."""
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -20,8 +24,10 @@ from pipelines import inspect_output
 CELL = 40
 
 
-def _output(tmp_path: pathlib.Path, input_root: str, paths: list[str]) -> pathlib.Path:
-    """An output folder whose duplicates.jsonl holds one exact group across train and validation: ``paths``."""
+def _output(tmp_path: pathlib.Path, input_root: str, paths: list[str], sha256: str | None = None) -> pathlib.Path:
+    """An output folder whose duplicates.jsonl holds one exact group across train and validation: ``paths``,
+    with the sha256 of the picture the ``tree`` fixture puts in the input (or ``sha256``)."""
+    sha256 = sha256 or hashlib.sha256((tmp_path / "in" / "a" / "one.png").read_bytes()).hexdigest()
     out = tmp_path / "out"
     out.mkdir()
     info = DatasetInfo(root="", labels=("a",), image=ImageInfo(8, 8),
@@ -30,7 +36,7 @@ def _output(tmp_path: pathlib.Path, input_root: str, paths: list[str]) -> pathli
     (out / "manifest.json").write_text(json.dumps({**info.to_json(), "options": {"input": input_root}}))
     splits = ["validation", *["train"] * (len(paths) - 1)]
     (out / "duplicates.jsonl").write_text("".join(
-        json.dumps({"kind": "exact", "sha256": "ab" * 32, "split": split, "path": path}) + "\n"
+        json.dumps({"kind": "exact", "sha256": sha256, "split": split, "path": path}) + "\n"
         for split, path in zip(splits, paths)))
     return out
 
@@ -51,7 +57,8 @@ def test_the_files_under_the_input_are_drawn(tmp_path, tree):
     out = _output(tmp_path, str(tree), [inside, "a/one.png"])  # a relative path is taken under the input
     sheet = leakage_sheet.make_leakage_sheet(str(out), cell=CELL)
     (caption, files), = sheet.rows
-    assert caption == "exact copies " + "ab" * 6 and files == (("validation", inside), ("train", inside))
+    assert caption == "exact copies " + hashlib.sha256((tree / "a" / "one.png").read_bytes()).hexdigest()[:12] \
+        and files == (("validation", inside), ("train", inside))
     # Both cells show the picture, not the "cannot read" note: the middle pixel of each is the picture's.
     expected = np.asarray(picture(1, 64, 64).resize((CELL, CELL), Image.Resampling.LANCZOS))[CELL // 2, CELL // 2]
     pixels = np.asarray(sheet.image)
@@ -60,6 +67,34 @@ def test_the_files_under_the_input_are_drawn(tmp_path, tree):
         x = left + column * (CELL + leakage_sheet.PAD) + CELL // 2
         got = pixels[leakage_sheet.PAD + CELL // 2, x].astype(int)
         assert np.abs(got - expected.astype(int)).max() <= 8, (column, got, expected)
+
+
+def test_only_the_files_the_run_hashed_are_drawn_whatever_input_the_manifest_names(tmp_path, tree):
+    """The input folder is the manifest's word: one naming ``/`` let any file be drawn (a victim's picture
+    outside the run's input, a device or a pipe opened). A file is drawn only with the bytes the run
+    hashed; any other cell says so."""
+    victim = tmp_path / "victim" / "evil.png"
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)  # opened, it would block the sheet for good: a regression fails (after 5 s), not hangs
+
+    def unblock() -> None:
+        with contextlib.suppress(OSError):  # ENXIO: no reader opened it, as it should be
+            os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(5, unblock)
+    timer.start()
+    try:
+        out = _output(tmp_path, "/", [str(tree / "a" / "one.png"), str(victim), str(pipe)])
+        sheet = leakage_sheet.make_leakage_sheet(str(out), cell=CELL)
+    finally:
+        timer.cancel()
+    pixels = np.asarray(sheet.image).astype(int)
+    left = sheet.image.width - leakage_sheet.PAD - 3 * (CELL + leakage_sheet.PAD)
+    cells = [pixels[leakage_sheet.PAD:leakage_sheet.PAD + CELL, x:x + CELL]
+             for x in range(left, left + 3 * (CELL + leakage_sheet.PAD), CELL + leakage_sheet.PAD)]
+    coloured = [int((np.ptp(c, axis=2) > 16).sum()) for c in cells]  # the pictures' pixels; text is grey
+    # The files are sorted validation first, then by path: one.png (drawn), pipe and evil.png (not drawn).
+    assert coloured[0] > CELL * CELL // 4 and coloured[1:] == [0, 0], coloured
 
 
 @pytest.mark.parametrize("hostile", ["{victim}", "{root}/../victim/evil.png", "../victim/evil.png",

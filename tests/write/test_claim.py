@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import REPO, child
+from helpers import REPO, child, make_tree
 
+from beam_prep.errors import OptionsError
 from beam_prep.write.run.claim import Holder, OutputBusy, _claim_best_effort, claim_output, claim_path, new_run_id
 
 _ANSWER_TIMEOUT_S = 30.0
@@ -356,3 +357,28 @@ def test_gcs_only_one_run_wins_a_takeover_race(agents, gcs_server, gcs_bucket):
         for agent in agents:
             agent.ask("release")
         assert not gcs_bucket.exists("out/.beam-prep/claim.json")
+
+
+
+@pytest.mark.slow  # on main the run went on, into a pipeline
+def test_a_work_folder_that_is_a_link_is_refused_before_anything_is_written_through_it(tmp_path, capsys):
+    """``<output>/.beam-prep`` linked to a folder elsewhere: its entries were taken for unfinished
+    runs, and ``--overwrite`` removed them (a folder of the link's target, with its files); the claim
+    was written there too. Refused in one line, exit 2 from the command, nothing touched."""
+    from pipelines import prepare_images
+
+    victim = tmp_path / "victim"
+    (victim / "precious").mkdir(parents=True)
+    (victim / "precious" / "thesis.tex").write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".beam-prep").symlink_to(victim, target_is_directory=True)
+    make_tree(tmp_path / "in", {"ant": 2, "bee": 2}, size=(8, 8))
+    argv = ["--input", str(tmp_path / "in"), "--output", str(out), "--image_size", "8", "--overwrite"]
+    assert prepare_images.main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --output {out} holds .beam-prep as a link to {victim}: beam-prep keeps each run's files in a "
+        "folder of its own there, and removes them; remove the link")
+    assert sorted(str(p.relative_to(victim)) for p in victim.rglob("*")) == ["precious", "precious/thesis.tex"]
+    with pytest.raises(OptionsError):
+        claim_output(str(out))

@@ -228,3 +228,63 @@ def test_a_record_is_there_whole_or_not_at_all_whenever_its_writer_is_killed(tmp
             writer.wait()
         assert resume.finished_shard(str(work), "train-00000") is not None, f"attempt {attempt}"
         assert resume.finished_count(str(work), ["train-00000"]) == 1
+
+
+def test_a_record_naming_another_shard_is_not_taken_for_finished(tmp_path):
+    """A record's name reaches the manifest and the move that publishes the shards: one that
+    names another file (``../../victim``, damaged or written into the output folder by someone
+    else) is not the shard's, which is written again; the run failed on it at every resume."""
+    for name in ("../../victim.txt", "train-00001", "/etc/passwd"):
+        body = resume.ShardRecord(name, 1, 2, "0" * 64, {}, [], {})
+        (tmp_path / resume.done_name("train-00000")).write_text(json.dumps(body.__dict__))
+        assert resume.finished_shard(str(tmp_path), "train-00000") is None, name
+    resume.write_shard_record(str(tmp_path), resume.ShardRecord("train-00000", 1, 2, "0" * 64, {}, [], {}))
+    assert resume.finished_shard(str(tmp_path), "train-00000").name == "train-00000"
+
+
+def test_a_run_record_naming_another_folder_or_split_is_not_resumed(tmp_path):
+    """run.json is data in the output folder: its run id names the folder the resumed run reads its
+    listings from, writes its shards to and removes at the end, and its split names name those files.
+    One naming ``../../victim`` or a split ``../../x`` would put them outside the output folder (shards
+    published to ``OUTPUT/../../x-00000-of-00001...``): it cannot be resumed."""
+    out = tmp_path / "out"
+    name = "20260101T000000Z-0123abcd"
+    folder = out / ".beam-prep" / name
+    folder.mkdir(parents=True)
+
+    def record(run_id: str = name, plan_id: str = name, split: str = "train") -> resume.RunRecord:
+        return resume.RunRecord(run_id, {}, False, {"run_id": plan_id, "num_shards": {split: 1},
+                                                    "split_counts": {split: 3}})
+
+    resume.write_run_record(str(folder), record())
+    assert resume.find_resumable(str(out), [name], {}) == record()
+    for hostile in (record(run_id="../../victim"), record(plan_id="../../victim"), record(split="../../x"),
+                    record(split="Train")):
+        resume.write_run_record(str(folder), hostile)
+        with pytest.raises(OptionsError, match=f"unfinished run {name}, which cannot be resumed"):
+            resume.find_resumable(str(out), [name], {})
+
+
+def test_a_listing_naming_a_file_outside_the_input_is_refused_before_the_resumed_run_reads_it(tree, tmp_path):
+    """The listings a resumed run reads are data in the output folder, as its records are: a line
+    naming a picture elsewhere on the machine (someone else's, with a share of the output folder)
+    was read into the dataset. Refused with exit 2, naming the listing, the line and the path."""
+    out = tmp_path / "out"
+    stopped, _, _ = interrupt(tree, out, signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    victim = tmp_path / "private" / "me.jpg"
+    victim.parent.mkdir()
+    victim.write_bytes((tree / "ant" / "img_000.jpg").read_bytes()[:-1] + b"\xd9")
+    work = run_folder(out)
+    listing = work / layout.shard_listing_name("train", SHARDS - 1)
+    lines = listing.read_text().splitlines()
+    entry = json.loads(lines[0])
+    lines[0] = json.dumps({**entry, "path": str(victim), "size": victim.stat().st_size})
+    listing.write_text("\n".join(lines) + "\n")
+    resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
+    assert resumed.returncode == 2, resumed.stderr
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"error: {listing}: line 1's path is {str(victim)!r}, not a path under {tree} (it is absolute elsewhere, "
+        "or holds . or ..): only files under it are opened; the unfinished run cannot be resumed: pass "
+        "--overwrite to start over")
+    assert not (out / "manifest.json").exists()

@@ -244,7 +244,7 @@ def test_a_resumed_run_needs_the_same_stratify_and_cap_but_not_the_same_budget(t
     run_id = "20260101T000000Z-0123abcd"
     (out / ".beam-prep" / run_id).mkdir(parents=True)
     resume.write_run_record(layout.run_folder(str(out), run_id), resume.RunRecord(
-        run_id, resume.record_options(config, None), False, {}))
+        run_id, resume.record_options(config, None), False, {"run_id": run_id}))
     def options(**changed):
         return resume.record_options(dataclasses.replace(config, **changed), None)
 

@@ -108,6 +108,19 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t need, int writable, const 
     return 0;
 }
 
+/* Whether every int32 buffer given is aligned to 4 bytes: the loops read and write them as int32_t (a
+ * misaligned one is undefined behaviour, and the vectorised loops may assume the alignment). */
+static int
+aligned_4(const Py_buffer *const *views, int count) {
+    for (int i = 0; i < count; i++) {
+        if ((uintptr_t)views[i]->buf % 4) {
+            PyErr_SetString(PyExc_ValueError, "int32 buffers must be aligned to 4 bytes");
+            return 0;
+        }
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(coefficients_doc,
 "coefficients(in_size, in0, in1, out_size, taps, bounds, weights)\n\n"
 "Pillow's precompute_coeffs and normalize_coeffs_8bpc for one axis: fills bounds (int32,\n"
@@ -147,6 +160,10 @@ coefficients(PyObject *self, PyObject *args) {
     }
     if (overlap(&bounds_view, &weights_view)) {
         PyErr_SetString(PyExc_ValueError, "bounds and weights overlap");
+        goto release;
+    }
+    const Py_buffer *int32_views[] = {&bounds_view, &weights_view};
+    if (!aligned_4(int32_views, 2)) {
         goto release;
     }
     int32_t *bounds = bounds_view.buf, *kk = weights_view.buf;
@@ -503,7 +520,8 @@ filter_rows(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "out or acc overlaps another buffer");
         goto release_acc;
     }
-    if (!rows_are_safe(bounds.buf, weights.buf, taps, out_rows, src_rows)) {
+    const Py_buffer *int32_views[] = {&bounds, &weights, &acc};
+    if (!aligned_4(int32_views, 3) || !rows_are_safe(bounds.buf, weights.buf, taps, out_rows, src_rows)) {
         goto release_acc;
     }
     Py_BEGIN_ALLOW_THREADS

@@ -27,16 +27,17 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 import beam_prep
-from beam_prep.errors import DatasetError, OptionsError
-from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_lines
+from beam_prep.errors import DatasetError, OptionsError, UnsafeName
+from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, read_lines, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
+from beam_prep.model.names import path_under
 from beam_prep.write.plan.config import PrepareConfig
-from beam_prep.write.plan.listing import find_split_tables
+from beam_prep.write.plan.listing import SPLIT_NAMES, find_split_tables
 from beam_prep.write.plan.metadata import file_sha256
 from beam_prep.write.shared import layout
 
-__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "find_resumable", "finished_count", "finished_shard",
-           "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]
+__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "check_listings", "find_resumable", "finished_count",
+           "finished_shard", "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
@@ -110,14 +111,21 @@ def _write_record(path: str, body: Mapping[str, Any]) -> None:
         raise storage_error("write", path, e) from e
 
 
-def _read_run_record(work: str) -> RunRecord | None:
+def _read_run_record(work: str, run_id: str) -> RunRecord | None:
+    """The record of run ``run_id`` in ``work``, or None where it cannot be resumed. A record is data in
+    the output folder: one naming another run (``../../victim``) or a split the writer never makes
+    (``../../x``) would put the run's files, and its shards, outside it; it is not this run's."""
     try:
         body = json.loads(read_bytes(join(work, RUN_RECORD)).decode("utf-8"))
         if body.pop("run_format") != RUN_FORMAT:
             return None
         body.pop("beam_prep_version", None)
-        return RunRecord(**body)
-    except Exception:  # noqa: BLE001 - missing, unreadable or from another version: not resumable
+        record = RunRecord(**body)
+        splits = {*record.plan.get("num_shards", {}), *record.plan.get("split_counts", {})}
+        if record.run_id != run_id or record.plan.get("run_id") != run_id or not splits <= set(SPLIT_NAMES):
+            return None
+        return record
+    except Exception:  # noqa: BLE001 - missing, unreadable, damaged or from another version: not resumable
         return None
 
 
@@ -136,7 +144,7 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
         raise OptionsError(f"--output {output} holds the files of {len(leftovers)} unfinished runs "
                            f"({', '.join(leftovers)}); pass --overwrite to start over")
     (run_id,) = leftovers
-    record = _read_run_record(layout.run_folder(output, run_id))
+    record = _read_run_record(layout.run_folder(output, run_id), run_id)
     if record is None:
         raise OptionsError(f"--output {output} holds the files of unfinished run {run_id}, which cannot be "
                            "resumed (stopped while listing, made by another beam-prep version, or damaged); "
@@ -150,6 +158,30 @@ def find_resumable(output: str, leftovers: list[str], options: Mapping[str, Any]
                                f"{_shown(key, then, record.options)} where this run has {_shown(key, now, options)}; "
                                "run it with the same options to resume it, or pass --overwrite to start over")
     return record
+
+
+def check_listings(work: str, listings: Iterable[str], root: str) -> None:
+    """Checks that every file the listings ``listings`` of run folder ``work`` name lies under ``root``
+    (the run's ``--input``), before a resumed run reads them: the listings are data in the output folder,
+    and a line naming a file elsewhere (``/home/me/private.jpg``) would be read into the shards.
+
+    Raises:
+      OptionsError: naming the listing, the line and the path, and saying that --overwrite starts over.
+    """
+    if not root:  # WriteImageDataset's elements: no folder they lie under
+        return
+    for name in listings:
+        where = join(work, name)
+        for number, line in enumerate(read_lines(where), 1):
+            try:
+                path = json.loads(line).get("path")
+            except (ValueError, AttributeError):
+                path = None
+            try:
+                path_under(root, path, where, f"line {number}'s path")
+            except UnsafeName as e:
+                raise OptionsError(f"{e}; the unfinished run cannot be resumed: pass --overwrite to start "
+                                   "over") from e
 
 
 def _shown(key: str, value: Any, options: Mapping[str, Any]) -> str:
@@ -194,11 +226,15 @@ def write_shard_record(work: str, record: ShardRecord) -> None:
 
 
 def finished_shard(work: str, name: str) -> ShardRecord | None:
-    """The record of shard ``name`` if it is finished, else None; ``keep_finished`` has checked it."""
+    """The record of shard ``name`` if it is finished, else None; ``keep_finished`` has checked it.
+
+    A record naming another shard is not this one's (damaged, or written by someone else into
+    the output folder): its name would reach the manifest, so the shard is written again."""
     try:
-        return ShardRecord(**json.loads(read_bytes(join(work, done_name(name))).decode("utf-8")))
+        record = ShardRecord(**json.loads(read_bytes(join(work, done_name(name))).decode("utf-8")))
     except Exception:  # noqa: BLE001 - not finished, or its record cut short: written again
         return None
+    return record if record.name == name else None
 
 
 def finished_records(work: str, names: list[str], threads: int = 8) -> list[ShardRecord]:

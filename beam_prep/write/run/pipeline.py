@@ -430,7 +430,11 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         layout.check_output(config.output, config.overwrite or resumed.overwrite, [])
         run_plan = RunPlan(**resumed.plan)
         names = _shard_names(config, run_plan)
-        kept = resume.keep_finished(layout.run_folder(config.output, run_plan.run_id), names)
+        work = layout.run_folder(config.output, run_plan.run_id)
+        resume.check_listings(work, [layout.UNKNOWN_LABELS, *(layout.shard_listing_name(split, i) for split, count
+                                                             in run_plan.num_shards.items() for i in range(count))],
+                              config.input)
+        kept = resume.keep_finished(work, names)
         _LOG.warning("resuming run %s: %d of %d shards already written (%s of %s images); it uses the listing "
                      "that run made (--overwrite lists afresh)", run_plan.run_id, len(kept), len(names),
                      f"{resume.images_in(kept):,}", f"{sum(run_plan.split_counts.values()):,}")

@@ -6,7 +6,7 @@ import logging
 import os
 import time
 
-from beam_prep.errors import StorageError
+from beam_prep.errors import OptionsError, StorageError
 from beam_prep.io.storage import storage_error
 from beam_prep.write.run.claim.holder import (
     _ATTEMPTS,
@@ -52,6 +52,11 @@ class _LocalClaim(Claim):
 
 def _claim_local(output: str, holder: Holder) -> Claim:
     path = claim_path(output)
+    work = os.path.dirname(path)
+    if os.path.islink(work):  # its entries are taken for runs' folders, and removed with --overwrite
+        raise OptionsError(f"--output {output} holds {os.path.basename(work)} as a link to {os.readlink(work)}: "
+                           "beam-prep keeps each run's files in a folder of its own there, and removes them; "
+                           "remove the link")
     created = _missing_folders(output)
     for _ in range(_ATTEMPTS):
         fd = _open_claim_file(path)
