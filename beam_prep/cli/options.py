@@ -176,7 +176,7 @@ def _shard_arguments(group: Any) -> None:
              "compress by under 1%%, and gzip otherwise). JPEG and PNG payloads barely compress; raw pixels do, "
              "but inflating them caps read speed below decoding JPEG: prefer none for raw. "
              "none also writes TFDS's metadata and, beside each shard, the index NVIDIA DALI reads it with "
-             "(<shard>.idx: always, a line a record), and is what TPU ResNet and TF-slim code read "
+             "(dali-<shard>.idx: always, a line a record), and is what TPU ResNet and TF-slim code read "
              f"({doc_page('guides/training-code.md')}).")
     group.add_argument(
         "--sink", default="auto",

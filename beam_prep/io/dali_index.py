@@ -4,7 +4,7 @@ NVIDIA DALI's ``fn.readers.tfrecord`` needs one index file per shard (``index_pa
 format its ``tfrecord2idx`` script writes: each record's byte offset in the shard and its framed
 size (length, its CRC, the data, its CRC: the data's length plus 16), one record a line, in shard
 order. The ``tfrecord`` package for PyTorch reads the same files. The writer knows every
-record's length while it writes, so it writes the index beside the shard (``<shard>.idx``) at
+record's length while it writes, so it writes the index beside the shard (``dali-<shard>.idx``: ``index_name``) at
 the cost of a line a record, instead of a second pass that reads the whole shard back (and
 ``tfrecord2idx`` imports TensorFlow). GZIP shards have no index: DALI reads uncompressed
 TFRecords only.
@@ -13,16 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["FRAMING", "SUFFIX", "Index", "index_name", "index_text", "parse_index"]
+__all__ = ["FRAMING", "PREFIX", "SUFFIX", "Index", "index_name", "index_text", "parse_index"]
 
+PREFIX = "dali-"
 SUFFIX = ".idx"
 # The bytes TFRecord adds around a record's data: uint64 length, its masked CRC, the data's masked CRC.
 FRAMING = 16
 
 
 def index_name(shard: str) -> str:
-    """The index file of a shard (a name or a path): beside it, ``.idx`` added."""
-    return shard + SUFFIX
+    """The index file of a shard (a name, a path or a pattern): beside it, ``PREFIX`` before its
+    name and ``SUFFIX`` after, so that ``dali-train-00000-of-00004.tfrecord.idx`` indexes
+    ``train-00000-of-00004.tfrecord``.
+
+    The prefix keeps the index out of the patterns training code finds its shards with
+    (``train-*``, ``train*``: TPU ResNet's, the Model Garden's, TF-slim's), which would
+    otherwise read an index as a shard (``DataLossError: corrupted record``).
+    """
+    folder, sep, name = shard.rpartition("/")
+    return f"{folder}{sep}{PREFIX}{name}{SUFFIX}"
 
 
 def index_text(lengths: Iterable[int]) -> bytes:

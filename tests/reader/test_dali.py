@@ -74,7 +74,7 @@ def test_each_uncompressed_shard_has_dalis_index_beside_it_listed_in_the_manifes
     folder = datasets[run]
     listed = 0
     for split in manifest(folder)["splits"].values():
-        assert split["dali_index"] == [f"{shard}.idx" for shard in split["shards"]]
+        assert split["dali_index"] == [f"dali-{shard}.idx" for shard in split["shards"]]
         for shard, index, n in zip(split["shards"], split["dali_index"], split["shard_num_examples"]):
             text = (folder / index).read_text()
             assert text == reference_index(folder / shard)

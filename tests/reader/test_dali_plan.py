@@ -38,7 +38,7 @@ def test_the_plan_lists_the_shards_their_index_files_and_the_labels(tmp_path):
     plan = dali_plan(write_dataset(tmp_path / "ds"), "train")
     assert plan.file_format == "tfrecord"
     assert plan.files == tuple(str(tmp_path / "ds" / f"train-0000{i}-of-00002.tfrecord") for i in range(2))
-    assert plan.index_files == tuple(f + ".idx" for f in plan.files)
+    assert plan.index_files == tuple(index_name(f) for f in plan.files)
     assert (plan.labels, plan.label_offset, plan.image_extension) == (("a", "b"), 1, "jpg")
 
 
@@ -77,7 +77,7 @@ def test_a_dataset_without_index_files_is_refused(tmp_path):
 
 def test_an_index_file_gone_from_the_folder_is_named(tmp_path):
     folder = write_dataset(tmp_path / "ds")
-    gone = tmp_path / "ds" / "train-00001-of-00002.tfrecord.idx"
+    gone = tmp_path / "ds" / "dali-train-00001-of-00002.tfrecord.idx"
     gone.unlink()
     assert refusal(folder).startswith(f"{gone}: the DALI index of a shard of {folder} is missing")
 
@@ -108,7 +108,7 @@ def test_an_index_says_each_framed_records_offset_and_size():
 
 
 def test_an_index_is_the_datasets_file_that_overwrite_replaces(tmp_path):
-    (tmp_path / "train-00000-of-00001.tfrecord.idx").write_bytes(b"")
+    (tmp_path / "dali-train-00000-of-00001.tfrecord.idx").write_bytes(b"")
     (tmp_path / "notes.idx").write_bytes(b"")
-    assert layout.existing_dataset_files(str(tmp_path)) == [str(tmp_path / "train-00000-of-00001.tfrecord.idx")]
-    assert not layout.is_shard_name("train-00000-of-00001.tfrecord.idx")  # verify: not an unlisted shard
+    assert layout.existing_dataset_files(str(tmp_path)) == [str(tmp_path / "dali-train-00000-of-00001.tfrecord.idx")]
+    assert not layout.is_shard_name("dali-train-00000-of-00001.tfrecord.idx")  # verify: not an unlisted shard

@@ -6,7 +6,7 @@ stores for it, where the record is made (``examples.make_example``), and
 ``records`` opens a shard and returns the function that appends one payload.
 
 * ``tfrecord``: a serialized ``tf.train.Example`` in TFRecord framing, GZIP or not; an
-  uncompressed shard gets DALI's index beside it (``io.dali_index``: ``<shard>.idx``), one of
+  uncompressed shard gets DALI's index beside it (``io.dali_index``: ``dali-<shard>.idx``), one of
   the shard's ``companions``, which every step that renames or removes a shard moves with it.
 * ``array_record``: the same ``tf.train.Example``, in an ArrayRecord file (as
   TFDS writes ``file_format=array_record``), for Grain's random access.
