@@ -105,7 +105,7 @@ DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdoc
 # no fused multiply-add in the weights, whose roundings must be Pillow's.
 RESIZE_KERNEL = Extension(
     "beam_prep.write.images._resample", ["beam_prep/write/images/_resample.c"], optional=True,
-    depends=["beam_prep/write/images/_resample_simd.h"],
+    depends=["beam_prep/write/images/_resample_simd.h", "beam_prep/write/images/_phash.h"],
     extra_compile_args=["/O2", "/fp:precise"] if os.name == "nt" else ["-O3", "-ffp-contract=off"])
 
 setup(

@@ -36,10 +36,17 @@ def _u8(n: int) -> np.ndarray:
 def hostile_calls(kernel) -> dict[str, Callable[[], object]]:
     """Calls of the kernel's C entry points that each must refuse with ValueError: sizes
     whose products or sums overflow, bounds outside the source, aliasing buffers, NaN boxes."""
+    from beam_prep.write.images.phash import _DCT
     bounds = np.array([[0, 2]], np.int32)
     weights = np.array([[1 << 21, 1 << 21, 0, 0, 0]], np.int32)
     shared = _u8(64)
     return {
+        "phash: width * height overflows": lambda: kernel.phash(_u8(64), 2**30, 2**30, 4, _DCT),
+        "phash: pixels too small": lambda: kernel.phash(_u8(64), 9, 9, 1, _DCT),
+        "phash: 3 bytes a pixel": lambda: kernel.phash(_u8(64), 4, 4, 3, _DCT),
+        "phash: no pixel": lambda: kernel.phash(_u8(64), 0, 4, 1, _DCT),
+        "phash: dct too small": lambda: kernel.phash(_u8(64), 4, 4, 1, np.zeros(8)),
+        "phash: thumbnail too small": lambda: kernel.phash(_u8(64), 4, 4, 1, _DCT, _u8(1023)),
         "coefficients: out_size 0 (a division by zero)": lambda: kernel.coefficients(
             10, 0.0, 10.0, 0, 5, _i32(1, 2), _i32(1, 5)),
         "coefficients: negative out_size": lambda: kernel.coefficients(10, 0.0, 10.0, -3, 5, _i32(1, 2), _i32(1, 5)),
@@ -151,6 +158,7 @@ def fuzz(seconds: float, seed: int) -> collections.Counter:
     from PIL import Image
 
     from beam_prep.write.images import resample
+    from beam_prep.write.images.phash import _DCT
 
     rng = random.Random(seed)
     pixels = np.random.default_rng(seed)
@@ -189,6 +197,18 @@ def fuzz(seconds: float, seed: int) -> collections.Counter:
             raise AssertionError(f"{case}: the kernel gave {got[:3]!r}, Pillow {want[:3]!r}")
         if resample._BROKEN.reason is not None:
             raise AssertionError(f"{case}: the kernel turned off: {resample._BROKEN.reason}")
+        if got[0] == "image" and 0 not in got[2]:  # the hash of what it made, and of its source
+            made = resample.resize(img, size, box)
+            for image, fresh in ((made, True), (img, False)):
+                by_kernel = resample.kernel_pixels(image, just_made=fresh)
+                if by_kernel is None:
+                    continue
+                thumbnail = np.zeros((32, 32), np.uint8)
+                by_kernel[0].phash(by_kernel[1], image.width, image.height, by_kernel[2], _DCT, thumbnail)
+                grey = image if image.mode == "L" else image.convert("L")
+                if not np.array_equal(thumbnail, np.asarray(grey.resize((32, 32), Image.Resampling.BOX))):
+                    raise AssertionError(f"{case}: the hash's thumbnail of {image.size} is not Pillow's")
+                counted["hashed"] += 1
         counted.update(counts)
     counted["cases"] = cases
     return counted
@@ -216,7 +236,8 @@ def main() -> None:
     _load_extension(args.extension)
     counted = fuzz(args.seconds, args.seed)
     print(f"fuzz: {counted['cases']} cases like Pillow's; resized by the kernel {counted['kernel']}, "
-          f"by Pillow {sum(n for k, n in counted.items() if k.startswith('pillow'))}")
+          f"by Pillow {sum(n for k, n in counted.items() if k.startswith('pillow'))}; "
+          f"hashed by the kernel {counted['hashed']}")
 
 
 if __name__ == "__main__":

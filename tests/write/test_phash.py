@@ -12,6 +12,8 @@ from PIL import Image
 from real_images import pillow_corpus
 
 from beam_prep.tools.sample import picture
+from beam_prep.write.images import phash as phash_module
+from beam_prep.write.images import resample, resample_loader
 from beam_prep.write.images.imaging import ImageSpec, process_image
 from beam_prep.write.images.phash import distance, phash
 
@@ -101,3 +103,86 @@ def test_the_distance_of_arrays_is_the_distance_of_each_pair_with_numpy_2_or_wit
     assert distance(2**64 - 1, 0) == 64 and distance(np.array([2**64 - 1], dtype=np.uint64), 0).tolist() == [64]
     monkeypatch.delattr(np, "bitwise_count")
     assert distance(a[:, None], b[None, :]).tolist() == expected
+
+
+def _pillows_thumbnail(image: Image.Image) -> np.ndarray:
+    return np.asarray((image if image.mode == "L" else image.convert("L")).resize((32, 32), Image.Resampling.BOX))
+
+
+def _numpy_hash(image: Image.Image, monkeypatch) -> int:
+    """The hash by Pillow's steps and numpy (what runs where the kernel does not)."""
+    with monkeypatch.context() as m:
+        m.setenv(resample_loader.KERNEL_VARIABLE, resample.PILLOW)
+        return phash(image)
+
+
+@pytest.fixture(scope="module")
+def hash_images(pillow_images):
+    """Photographs (Pillow's test images) and random pixels, RGB and L, at sizes that reach the
+    kernel's every branch: 32 on either side (a pass skipped), 1 pixel, widths short of and past
+    a vector of 8, heights short of a block of 8 rows, and large."""
+    rng = np.random.default_rng(11)
+    photos = []
+    for name in pillow_images.names:
+        if len(photos) == 6:
+            break
+        if not name.lower().endswith((".jpg", ".jpeg", ".png")) or any(
+                bad in name for bad in ("truncated", "broken", "corrupt", "invalid")):
+            continue
+        try:
+            with Image.open(pillow_images.path(name)) as img:
+                photos.append(img.convert("RGB"))
+        except OSError:  # a test file damaged on purpose
+            continue
+    sizes = [(32, 32), (32, 300), (300, 32), (1, 1), (1, 90), (90, 1), (7, 5), (33, 31), (224, 224),
+             (225, 223), (500, 13), (13, 500), (1024, 768)]
+    out = []
+    for i, (width, height) in enumerate(sizes):
+        noise = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        photo = photos[i % len(photos)].resize((width, height), Image.Resampling.BICUBIC)
+        out += [noise, noise.convert("L"), photo, photo.convert("L")]
+    return out
+
+
+@pytest.mark.parametrize("isa", ["scalar", "sse4", "avx2", "avx512"])
+def test_the_kernels_thumbnail_is_pillows_and_its_hash_numpys_on_every_path(hash_images, isa, monkeypatch):
+    """The kernel's whole hash in one call: its grey 32x32 thumbnail is Pillow's
+    ``convert("L").resize((32, 32), BOX)`` byte for byte, and its hash the one Pillow's steps and
+    numpy give, on each vector path forced in turn (the scalar loops on every path but AVX2)."""
+    loaded = resample_loader.load()
+    assert loaded.kernel is not None, loaded.fallback
+    if isa not in loaded.kernel.isas():
+        pytest.skip(f"this CPU or build does not run the {isa} loops")
+    try:
+        resample_loader.use_isa(loaded.kernel, isa)
+        for image in hash_images:
+            kernel, pixels, pixelsize, keep_alive = resample.kernel_pixels(image)
+            thumbnail = np.zeros((32, 32), np.uint8)
+            hashed = kernel.phash(pixels, image.width, image.height, pixelsize, phash_module._DCT, thumbnail)
+            assert np.array_equal(thumbnail, _pillows_thumbnail(image)), (image.mode, image.size)
+            assert hashed == phash(image) == _numpy_hash(image, monkeypatch), (image.mode, image.size)
+            del keep_alive
+    finally:
+        resample_loader.use_isa(loaded.kernel, None)
+
+
+@pytest.mark.parametrize("mode", ["center_crop", "shorter_side", "stretch", "pad"])
+def test_a_just_resized_image_is_hashed_from_the_kernels_rows_as_from_its_pixels(mode, monkeypatch):
+    """``process_image`` hashes the kernel's own rows of the image it has just made: the hash of
+    the record is the hash of the image it stores, by every path."""
+    buf = io.BytesIO()
+    picture(9, 301, 173).save(buf, "JPEG", quality=95)
+    side = 47 if mode == "shorter_side" else 61  # shorter_side takes one size
+    spec = ImageSpec(height=47, width=side, resize_mode=mode, image_format="png")
+    outcome = process_image(buf.getvalue(), spec)
+    stored = Image.open(io.BytesIO(outcome.data))
+    assert outcome.phash == phash(stored) == _numpy_hash(stored, monkeypatch)
+
+
+def test_the_kernels_rows_are_used_only_for_the_image_just_made():
+    """An image resized before the last one is hashed from its own pixels, not the last rows."""
+    first = resample.resize(picture(1, 120, 90), (40, 30), None)
+    second = resample.resize(picture(2, 120, 90), (40, 30), None)
+    assert resample.kernel_pixels(first, just_made=True)[1] is not resample.kernel_pixels(second, just_made=True)[1]
+    assert phash(first, just_resized=True) == phash(first.copy())
+    assert phash(second, just_resized=True) == phash(second.copy())

@@ -6,7 +6,8 @@
  * resample.py calls these three functions and holds every rule of Pillow's resize (pass order,
  * shortcuts, box checks); docs/design/resizing.md says why the result is Pillow's byte for byte:
  * the weights are Pillow's few double operations in its order (compiled with -ffp-contract=off,
- * so no fused multiply-add changes a rounding), the rest is integer arithmetic.
+ * so no fused multiply-add changes a rounding), the rest is integer arithmetic. phash.py calls the
+ * perceptual hash (_phash.h), which shares the weights' code.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -121,6 +122,54 @@ aligned_4(const Py_buffer *const *views, int count) {
     return 1;
 }
 
+/* Pillow's precompute_coeffs and normalize_coeffs_8bpc for one axis (filter and its support at scale
+ * 1 as Pillow's struct filter holds them) into bounds (out_size x 2) and kk (out_size x taps), with
+ * k (taps doubles) as scratch; NULL, or why the arguments cannot be Pillow's (nothing is raised). */
+static const char *
+fill_coefficients(int in_size, float in0, float in1, int out_size, int taps, double (*filter)(double),
+                  double filter_support, int32_t *bounds, int32_t *kk, double *k) {
+    double scale = (double)(in1 - in0) / out_size;
+    double filterscale = scale < 1.0 ? 1.0 : scale;
+    double support = filter_support * filterscale;
+    double inv_filterscale = 1.0 / filterscale;
+    for (Py_ssize_t xx = 0; xx < out_size; xx++) {
+        double center = in0 + (xx + 0.5) * scale;
+        double ww = 0.0;
+        /* Pillow's (int) then clip, clipped first: the same ints, and no cast out of int's range */
+        double lo = center - support + 0.5, hi = center + support + 0.5;
+        int xmin = lo < 0 ? 0 : (int)lo;
+        int xmax = hi >= in_size ? in_size : (int)hi;
+        xmax -= xmin;
+        if (xmax < 0 || xmax > taps) {
+            return "a pixel's taps do not fit";
+        }
+        int x;
+        for (x = 0; x < xmax; x++) {
+            double w = filter((x + xmin - center + 0.5) * inv_filterscale);
+            k[x] = w;
+            ww += w;
+        }
+        if (ww != 0.0) {
+            for (x = 0; x < xmax; x++) {
+                k[x] /= ww;
+            }
+        }
+        for (; x < taps; x++) {
+            k[x] = 0;
+        }
+        for (x = 0; x < taps; x++) {
+            double scaled = k[x] * (1 << PRECISION_BITS);
+            if (!(scaled > -INT_MAX && scaled < INT_MAX)) {
+                return "a weight does not fit in 32 bits";
+            }
+            kk[xx * taps + x] = k[x] < 0 ? (int)(-0.5 + scaled) : (int)(0.5 + scaled);
+        }
+        bounds[xx * 2 + 0] = xmin;
+        bounds[xx * 2 + 1] = xmax;
+    }
+    return NULL;
+}
+
 PyDoc_STRVAR(coefficients_doc,
 "coefficients(in_size, in0, in1, out_size, taps, bounds, weights)\n\n"
 "Pillow's precompute_coeffs and normalize_coeffs_8bpc for one axis: fills bounds (int32,\n"
@@ -167,48 +216,15 @@ coefficients(PyObject *self, PyObject *args) {
         goto release;
     }
     int32_t *bounds = bounds_view.buf, *kk = weights_view.buf;
-    double inv_filterscale = 1.0 / filterscale;
     double *k = PyMem_Malloc(taps * sizeof(double));
     if (!k) {
         PyErr_NoMemory();
         goto release;
     }
-    for (Py_ssize_t xx = 0; xx < out_size; xx++) {
-        double center = in0 + (xx + 0.5) * scale;
-        double ww = 0.0;
-        /* Pillow's (int) then clip, clipped first: the same ints, and no cast out of int's range */
-        double lo = center - support + 0.5, hi = center + support + 0.5;
-        int xmin = lo < 0 ? 0 : (int)lo;
-        int xmax = hi >= in_size ? in_size : (int)hi;
-        xmax -= xmin;
-        if (xmax < 0 || xmax > taps) {
-            PyErr_SetString(PyExc_ValueError, "a pixel's taps do not fit");
-            goto free_k;
-        }
-        int x;
-        for (x = 0; x < xmax; x++) {
-            double w = bicubic_filter((x + xmin - center + 0.5) * inv_filterscale);
-            k[x] = w;
-            ww += w;
-        }
-        if (ww != 0.0) {
-            for (x = 0; x < xmax; x++) {
-                k[x] /= ww;
-            }
-        }
-        for (; x < taps; x++) {
-            k[x] = 0;
-        }
-        for (x = 0; x < taps; x++) {
-            double scaled = k[x] * (1 << PRECISION_BITS);
-            if (!(scaled > -INT_MAX && scaled < INT_MAX)) {
-                PyErr_SetString(PyExc_ValueError, "a weight does not fit in 32 bits");
-                goto free_k;
-            }
-            kk[xx * taps + x] = k[x] < 0 ? (int)(-0.5 + scaled) : (int)(0.5 + scaled);
-        }
-        bounds[xx * 2 + 0] = xmin;
-        bounds[xx * 2 + 1] = xmax;
+    const char *error = fill_coefficients(in_size, in0, in1, out_size, taps, bicubic_filter, 2.0, bounds, kk, k);
+    if (error) {
+        PyErr_SetString(PyExc_ValueError, error);
+        goto free_k;
     }
     PyMem_Free(k);
     PyBuffer_Release(&bounds_view);
@@ -772,6 +788,8 @@ release:
     return NULL;
 }
 
+#include "_phash.h"
+
 static PyMethodDef methods[] = {
     {"coefficients", coefficients, METH_VARARGS, coefficients_doc},
     {"filter_rows", filter_rows, METH_VARARGS, filter_rows_doc},
@@ -780,11 +798,12 @@ static PyMethodDef methods[] = {
     {"isas", isas, METH_NOARGS, isas_doc},
     {"get_isa", get_isa, METH_NOARGS, get_isa_doc},
     {"set_isa", set_isa, METH_O, set_isa_doc},
+    {"phash", phash, METH_VARARGS, phash_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_resample", "Pillow's bicubic resample loops, vectorised (see _resample.c).", -1,
+    PyModuleDef_HEAD_INIT, "_resample", "Pillow's bicubic resample loops, vectorised, and the perceptual hash (see _resample.c).", -1,
     methods,
 };
 

@@ -221,7 +221,7 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     except (OSError, ValueError) as e:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
     img = _resize(img, region, spec)
-    picture = phash(img) if spec.perceptual_hash else None  # the picture as written: small, so cheap to hash
+    picture = phash(img, just_resized=True) if spec.perceptual_hash else None  # the picture as written: small, so cheap to hash
     return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img), picture)
 
 

@@ -13,7 +13,10 @@ thumbnail pixel the mean of its area) costs a sixth as much on a 224x224 image
 and averages away the same detail, so ``phash(image)`` is
 ``imagehash.phash(image.convert("L").resize((32, 32), BOX))`` bit for bit.
 Computed with numpy (two 8x32 matrix products), so the workers need no scipy;
-tests/write/test_phash.py checks it against ``imagehash``. Why this hash, which
+tests/write/test_phash.py checks it against ``imagehash``. Where the resize
+kernel runs, the whole hash is one call of it on the image's own pixels
+(``_phash.h``: Pillow's grey and BOX thumbnail byte for byte, the same DCT),
+a tenth of the cost of Pillow's steps and numpy's here. Why this hash, which
 image a run hashes and how its distance threshold was chosen:
 docs/design/duplicates.md.
 """
@@ -22,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from beam_prep.write.images import resample
+
 __all__ = ["BITS", "DEFAULT_DISTANCE", "THUMBNAIL", "distance", "phash"]
 
 BITS = 64
@@ -29,16 +34,27 @@ DEFAULT_DISTANCE = 6  # the near-duplicate threshold in bits, chosen on docs/per
 THUMBNAIL = 32  # the greyscale thumbnail's side (a reduced decode no smaller hashes near its full decode)
 _KEPT = 8  # the DCT coefficients kept per axis
 # Rows k < 8 of scipy's DCT-II for 32 points: y[k] = 2 * sum_n x[n] cos(pi k (2n + 1) / 64).
+_TALL = 100  # taller than this many times its width, Image.resize resizes vertically first (Pillow 12.2)
 _DCT = 2.0 * np.cos(np.pi * np.arange(_KEPT)[:, None] * (2 * np.arange(THUMBNAIL)[None, :] + 1) / (2 * THUMBNAIL))
 
 
-def phash(image: Image.Image) -> int:
+def phash(image: Image.Image, just_resized: bool = False) -> int:
     """The image's 64-bit DCT hash, as an unsigned int.
 
     Args:
       image: any Pillow image, upright as it is shown; its alpha is ignored, as
         ``convert("L")`` ignores it.
+      just_resized: ``image`` is what ``resample.resize`` has just returned on
+        this thread, not changed since: the kernel's rows are hashed where it
+        left them (``resample.kernel_pixels``). The same hash either way.
     """
+    if image.height <= image.width * _TALL:  # Image.resize's own rule for taller ones (Pillow 12.2): its code
+        by_kernel = resample.kernel_pixels(image, just_made=just_resized)
+        if by_kernel is not None:
+            kernel, pixels, pixelsize, keep_alive = by_kernel
+            hashed = kernel.phash(pixels, image.width, image.height, pixelsize, _DCT)
+            del keep_alive  # Pillow's memory is read until here
+            return hashed
     grey = image if image.mode == "L" else image.convert("L")
     pixels = np.asarray(grey.resize((THUMBNAIL, THUMBNAIL), Image.Resampling.BOX), dtype=np.float64)
     # The 8x8 lowest frequencies of the 2-D DCT, rounded: a symmetric image has coefficients that are

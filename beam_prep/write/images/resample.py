@@ -32,6 +32,7 @@ import logging
 import math
 import struct
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
@@ -275,7 +276,38 @@ def _by_kernel(loaded: resample_loader.Loaded, img: Image.Image, size: Any, box:
         rows = _resample(loaded.kernel, rows, in_size, channels, step_size, step_box, f"{stage}:")
     resized = Image.frombytes(img.mode, size, rows, "raw", "RGBX" if channels == 4 else "L")  # a copy
     del keep_alive  # Pillow's memory is read until here
+    _LAST.keep(resized, rows)
     return resized
+
+
+def kernel_pixels(img: Image.Image, just_made: bool = False) -> tuple[ModuleType, np.ndarray, int, object] | None:
+    """The kernel and a view of ``img``'s pixels, for the kernel's other work on the image as it
+    is (the perceptual hash): ``(kernel, pixels, pixelsize, keep_alive)``, or None where the
+    resize would not run in the kernel (not built or not chosen, a Pillow not checked, broken,
+    another mode, an empty image, pixels Pillow cannot hand over, padded lines).
+    ``keep_alive`` must stay alive while ``pixels`` is read.
+
+    ``just_made``: ``img`` is the image this thread's last ``resize`` returned, unchanged since
+    (the caller's word: an in-place change such as ``paste`` cannot be seen here); its pixels are
+    then read in the scratch rows the kernel wrote, not exported from Pillow's memory again."""
+    if img.mode not in _MODES or 0 in img.size or _BROKEN.reason is not None \
+            or resample_loader.choice() == PILLOW:
+        return None
+    loaded = resample_loader.load()
+    if loaded.kernel is None or loaded.rules is None:
+        return None
+    rows = _LAST.rows_of(img) if just_made else None
+    if rows is not None:
+        return loaded.kernel, rows, _MODES[img.mode], None
+    img.load()
+    try:
+        pixels = _pixels(img, loaded.rules)
+    except _Declined:
+        return None
+    if pixels is None:
+        return None
+    view, keep_alive = pixels
+    return loaded.kernel, view, _MODES[img.mode], keep_alive
 
 
 _FLOAT32 = struct.Struct("f")
@@ -506,3 +538,25 @@ class _Scratch(threading.local):
 
 
 _scratch = functools.cache(_Scratch)
+
+
+class _LastOutput(threading.local):
+    """The last image this thread's kernel made, and its rows in the scratch arrays, which stay
+    as they are until the thread's next resize: so that the perceptual hash of a resized image
+    reads the kernel's rows rather than exporting the image's pixels again."""
+
+    def __init__(self) -> None:
+        self._image: weakref.ref[Image.Image] | None = None
+        self._rows: np.ndarray | None = None
+
+    def keep(self, image: Image.Image, rows: np.ndarray) -> None:
+        self._image, self._rows = weakref.ref(image), rows
+
+    def rows_of(self, image: Image.Image) -> np.ndarray | None:
+        """``image``'s rows if it is the last image made here; else None."""
+        if self._image is None or self._image() is not image:
+            return None
+        return self._rows
+
+
+_LAST = _LastOutput()
