@@ -88,6 +88,8 @@ BENCH = [
     "psutil>=5.9",
     # benchmarks/bench_resize.py's other ways to decode and resize, beside our kernel.
     "pyvips>=3", "pyvips-binary>=8.16", "opencv-python-headless>=4.10", "simplejpeg>=1.8",
+    # bench_writer --profile: a sampling profile of the whole command, launcher and workers.
+    "py-spy>=0.4",
 ]
 
 # A peer writer for benchmarks/bench_writer.py, in its own extra: it pins its own

@@ -39,7 +39,8 @@ corpus from local disk and from the test GCS server at added latencies, both sin
 every ``--file_format``, and ``data_source``'s random reads beside ``make_dataset``'s.
 ``--kernel`` runs (c) with each resize kernel, alternating (``benchmarks/writer_kernel.py``):
 this checkout's, Pillow's loops, and another checkout's (``--baseline DIR``), with CPU ms per
-image and peak RSS, PSS and USS.
+image and peak RSS, PSS and USS. ``--profile`` samples (c) with py-spy, launcher and workers, and
+says what each stage costs an image (``benchmarks/writer_profile.py``).
 """
 from __future__ import annotations
 
@@ -300,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from benchmarks import writer_formats
 
         writer_formats.main(argv)
+        return
+    if "--profile" in argv:
+        from benchmarks import writer_profile
+
+        writer_profile.main(argv)
         return
     if "--kernel" in argv:
         from benchmarks import writer_kernel

@@ -31,7 +31,7 @@ from benchmarks import REPO_ROOT, machine
 # What decides the numbers, by distribution name; a package not installed is recorded as None.
 PACKAGES = ("apache-beam", "tensorflow", "pillow", "pillow-simd", "numpy", "numba", "isal", "protobuf",
             "array-record", "img2dataset", "pyvips", "opencv-python-headless", "simplejpeg", "torch", "torchvision",
-            "grain", "jax", "webdataset")
+            "grain", "jax", "webdataset", "py-spy")
 
 
 def versions() -> dict[str, str | None]:

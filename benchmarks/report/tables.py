@@ -495,11 +495,35 @@ def writer_kernel(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def writer_profile(results: Mapping) -> str:
+    """``bench_writer --profile``: each stage's share of py-spy's busy samples of the default command,
+    and that share of its CPU per image, largest first; the image's own work (``process_image``)
+    apart from the work around it. Samples of a blocked thread, or without a Python frame, are
+    counted apart and left out of the shares."""
+    left_out = ("waiting", "outside Python frames (interpreter start and exit, native threads)")
+    samples: Mapping[str, int] = {k: v for k, v in results["samples"].items() if k not in left_out}
+    total = sum(samples.values()) or 1
+    per_image = results["cpu_ms_per_image"]
+    lines = ["| stage | samples | share | CPU ms per image |", "|---|---:|---:|---:|"]
+    for stage, count in sorted(samples.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {stage} | {count:,} | {count / total:.1%} | {count / total * per_image:.3f} |")
+    image = sum(n for stage, n in samples.items() if stage.startswith("image:"))
+    around = sum(n for stage, n in samples.items() if stage.startswith(("record:", "read:", "worker:")))
+    lines.append(f"| **all** | {total:,} | 100% | {per_image:.3f} |")
+    apart = ", ".join(f"{stage} {results['samples'].get(stage, 0):,}" for stage in left_out)
+    lines.append(f"\n{results['images']:,} images, {per_image:.2f} ms of CPU per image (the timed run), "
+                 f"{total:,} busy samples at {results['rate']} a second (left out: {apart}). The image's "
+                 f"own work (`process_image`): {image / total * per_image:.3f} ms; the worker's work around it "
+                 f"(reading, the record, its checksums and counts, the loop): {around / total * per_image:.3f} ms, "
+                 f"{around / max(image, 1):.1%} of the image's.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
     "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates,
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
-    "writer-kernel": writer_kernel,
+    "writer-kernel": writer_kernel, "writer-profile": writer_profile,
 }
