@@ -33,9 +33,10 @@ __all__ = ["GZIP_LEVEL", "Checksum", "count_records", "frame", "masked_crc32c", 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
-# ISA-L at level 3 compresses JPEG payloads about as well as zlib's default level, for far
-# less CPU (chosen in benchmarks/bench_writer.py; docs/performance/writer.md has the figures).
-GZIP_LEVEL = 3
+# ISA-L at level 2: within about 1% of zlib's default level's output on the records the default
+# command writes, for half of level 3's CPU and a small part of zlib's (benchmarks/bench_gzip.py;
+# docs/performance/framing.md has the figures).
+GZIP_LEVEL = 2
 
 
 def masked_crc32c(data: bytes) -> int:

@@ -470,6 +470,19 @@ def framing(results: Mapping) -> str:
             f"{results['repeat']} alternating runs.\n\n" + "\n".join(lines))
 
 
+def gzip_levels(results: Mapping) -> str:
+    """``bench_gzip``: each compressor's median CPU per record over the rounds, and its output over
+    the framed records' bytes; the level beam-prep writes marked."""
+    lines = ["| compressor | CPU µs per record | output ÷ records | MB per CPU-s |", "|---|---:|---:|---:|"]
+    for name, seconds in results["cpu_seconds"].items():
+        median = statistics.median(seconds)
+        mark = " (beam-prep's)" if name == f"ISA-L level {results['level']}" else ""
+        lines.append(f"| {name}{mark} | {median / results['records'] * 1e6:,.1f} "
+                     f"| {results['sizes'][name] / results['bytes']:.4f} | {results['bytes'] / median / 1e6:,.0f} |")
+    return (f"{results['records']:,} records, {results['bytes'] / 1e6:,.1f} MB framed; {results['repeat']} "
+            "alternating rounds, medians.\n\n" + "\n".join(lines))
+
+
 def writer_kernel(results: Mapping) -> str:
     """``bench_writer --kernel``: each variant's medians over its rounds, its CPU per image over the
     first variant's, and the perceptual hash's cost (the default command over it without the hash)."""
@@ -525,5 +538,5 @@ TABLES: dict[str, Callable[[Mapping], str]] = {
     "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates,
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
-    "writer-kernel": writer_kernel, "writer-profile": writer_profile,
+    "writer-kernel": writer_kernel, "writer-profile": writer_profile, "gzip": gzip_levels,
 }
