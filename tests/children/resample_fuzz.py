@@ -4,7 +4,7 @@ differential fuzz of ``resample.resize`` against ``Image.resize``.
 ``hostile_calls`` is used in-process by ``tests/write/test_resample.py`` and here. Run as a child
 (``python -m tests.children.resample_fuzz --extension FILE``), it loads the kernel from the extension file it is given (the sanitizer build of
 ``tests/write/test_resample_sanitized.py``, under AddressSanitizer and UBSan), then resizes random
-images with random geometry and arguments, odd ones included, for a number of seconds: each
+images with random geometry and arguments, odd ones included, a number of cases: each
 outcome (the image's bytes, or the error's type and message) must be Pillow's, and the kernel
 must stay on. It prints one summary line and exits 0, or raises at the first difference.
 """
@@ -16,7 +16,6 @@ import importlib.util
 import math
 import random
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -153,8 +152,10 @@ def _size(rng: random.Random, width: int, height: int):
             rng.choice([1, 3, rng.randint(1, 40), rng.randint(1, 400)]))
 
 
-def fuzz(seconds: float, seed: int) -> collections.Counter:
-    """Random resizes for ``seconds``, each compared with Pillow's; the counts of what resized."""
+def fuzz(cases: int, seed: int) -> collections.Counter:
+    """``cases`` random resizes, each compared with Pillow's; the counts of what resized.
+
+    A count, not a time: the same seed checks the same cases on any machine, under any load."""
     from PIL import Image
 
     from beam_prep.write.images import resample
@@ -166,11 +167,8 @@ def fuzz(seconds: float, seed: int) -> collections.Counter:
     calls = hostile_calls(kernel)
     isas = kernel.isas()
     counted: collections.Counter = collections.Counter()
-    deadline = time.monotonic() + seconds
-    cases = 0
-    while time.monotonic() < deadline:
-        cases += 1
-        for name, call in calls.items() if cases % 500 == 1 else ():
+    for case_number in range(1, cases + 1):
+        for name, call in calls.items() if case_number % 500 == 1 else ():
             try:
                 call()
             except ValueError:
@@ -188,7 +186,7 @@ def fuzz(seconds: float, seed: int) -> collections.Counter:
         finally:
             Image.core.set_alignment(1)
         size, box = _size(rng, width, height), _box(rng, width, height)
-        case = (f"case {cases} ({kernel.get_isa()}): {mode} {width}x{height} (alignment {alignment}) size={size!r} "
+        case = (f"case {case_number} ({kernel.get_isa()}): {mode} {width}x{height} (alignment {alignment}) size={size!r} "
                 f"box={box!r}")
         with resample.counting() as counts:
             got = outcome(resample.resize, img, size, box)
@@ -230,11 +228,11 @@ def _load_extension(path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extension", required=True, help="the built _resample extension to load")
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--cases", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     _load_extension(args.extension)
-    counted = fuzz(args.seconds, args.seed)
+    counted = fuzz(args.cases, args.seed)
     print(f"fuzz: {counted['cases']} cases like Pillow's; resized by the kernel {counted['kernel']}, "
           f"by Pillow {sum(n for k, n in counted.items() if k.startswith('pillow'))}; "
           f"hashed by the kernel {counted['hashed']}")

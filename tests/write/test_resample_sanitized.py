@@ -5,8 +5,10 @@ The extension is built again with ``-fsanitize=address,undefined`` (every findin
 or write past one reaches memory the sanitizer guards. ``tests/children/resample_fuzz.py`` then loads it
 in a fresh Python (the sanitizer's runtime preloaded: the interpreter itself is not built with
 it) and resizes random images, odd sizes, boxes and arguments, and Pillow's padded lines
-included, for about a minute: every outcome must be Pillow's, and the C entry points must
-refuse hostile calls with ValueError.
+included, a fixed number of cases (the same ones on any machine): every outcome must be
+Pillow's, and the C entry points must refuse hostile calls with ValueError. A planted
+overrun, read under the same runtime and options, first shows that the sanitizer would stop
+the fuzz at one.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import sysconfig
 
 import pytest
@@ -23,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 SOURCE = REPO / "beam_prep" / "write" / "images" / "_resample.c"
 FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
-SECONDS = 60
+CASES = 2000
 
 
 def _compiler() -> str:
@@ -37,7 +40,7 @@ def _compiler() -> str:
 def _runtime(cc: str, tmp_path: pathlib.Path) -> str:
     """The AddressSanitizer runtime to preload, after checking the compiler builds with the flags."""
     probe = tmp_path / "probe.c"
-    probe.write_text("int probe(int *p) { return p[1]; }\n")
+    probe.write_text("int probe(int *p) { return p[1]; }\n")  # reads past a one-int buffer
     done = subprocess.run([cc, "-shared", "-fPIC", *FLAGS, str(probe), "-o", str(tmp_path / "probe.so")],
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -48,22 +51,41 @@ def _runtime(cc: str, tmp_path: pathlib.Path) -> str:
     return runtime
 
 
-def test_the_sanitized_kernel_resizes_like_pillow_for_a_minute(tmp_path):
-    cc = _compiler()
-    runtime = _runtime(cc, tmp_path)
-    extension = tmp_path / f"_resample{sysconfig.get_config_var('EXT_SUFFIX')}"
-    include = sysconfig.get_paths()["include"]
-    subprocess.run([cc, "-shared", "-fPIC", *FLAGS, "-ffp-contract=off", "-DBEAM_PREP_EXACT_SCRATCH",
-                    f"-I{include}", str(SOURCE), "-o", str(extension)], check=True, capture_output=True)
+# Calls the probe on a one-int buffer from malloc: AddressSanitizer must stop the read past it.
+OVERRUN = """
+import ctypes, sys
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+buffer = libc.malloc(4)
+print(ctypes.CDLL(sys.argv[1]).probe(ctypes.c_void_p(buffer)))
+"""
+
+
+def _env(runtime: str) -> dict[str, str]:
     env = {**os.environ, "LD_PRELOAD": runtime, "PYTHONMALLOC": "malloc", "PYTHONPATH": str(REPO),
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0",  # the interpreter's own allocations live on
            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
     env.pop("BEAM_PREP_RESIZE_KERNEL", None)
-    done = subprocess.run(child("resample_fuzz", "--extension", str(extension), "--seconds", str(SECONDS)), cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=SECONDS * 5)
+    return env
+
+
+def test_the_sanitized_kernel_resizes_like_pillow_case_after_case(tmp_path):
+    cc = _compiler()
+    runtime = _runtime(cc, tmp_path)
+    env = _env(runtime)
+    planted = subprocess.run([sys.executable, "-c", OVERRUN, str(tmp_path / "probe.so")], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert planted.returncode != 0 and "ERROR: AddressSanitizer: heap-buffer-overflow" in planted.stderr, (
+        planted.stdout + planted.stderr[-3000:])
+    extension = tmp_path / f"_resample{sysconfig.get_config_var('EXT_SUFFIX')}"
+    include = sysconfig.get_paths()["include"]
+    subprocess.run([cc, "-shared", "-fPIC", *FLAGS, "-ffp-contract=off", "-DBEAM_PREP_EXACT_SCRATCH",
+                    f"-I{include}", str(SOURCE), "-o", str(extension)], check=True, capture_output=True)
+    done = subprocess.run(child("resample_fuzz", "--extension", str(extension), "--cases", str(CASES)), cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
     assert "ERROR: AddressSanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr[-6000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("fuzz:")]
     cases, by_kernel = int(line.split()[1]), int(line.split("resized by the kernel ")[1].split(",")[0])
     hashed = int(line.split("hashed by the kernel ")[1])  # the perceptual hash's thumbnail against Pillow's
-    assert cases >= 1000 and by_kernel >= cases // 3 and hashed >= by_kernel, line
+    assert cases == CASES and by_kernel >= cases // 3 and hashed >= by_kernel, line
