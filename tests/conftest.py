@@ -44,3 +44,47 @@ def pillow_images():
     except CorpusUnavailable as e:
         why = str(e)
     pytest.fail(why, pytrace=False)
+
+
+# The modules that take longest, longest first: xdist starts them before the rest, so that
+# none of them is the last thing a worker runs while the other waits. The docs pages are
+# each their own unit (any worker runs any page); the other modules stay whole (loadfile),
+# so that a module's fixtures are built once.
+LONGEST_FIRST = (
+    "tests/write/test_resume.py",
+    "tests/write/test_resume_variants.py",
+    "tests/write/test_gcs_pipeline.py",
+    "tests/write/test_formats.py",
+    "tests/docs/test_examples.py::test_page_examples_run",
+    "tests/write/test_resample_command.py",
+    "tests/cli/test_cli.py",
+    "tests/reader/test_reader.py",
+    "tests/write/test_hostile.py",
+)
+PAGE_TEST = "tests/docs/test_examples.py::test_page_examples_run["
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, but each docs page a unit of its own and the longest modules first."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.startswith(PAGE_TEST) else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the first assignment: the queue is whole
+                def rank(scope: str) -> int:
+                    return next((i for i, s in enumerate(LONGEST_FIRST) if scope.startswith(s)), len(LONGEST_FIRST))
+                units = sorted(self.workqueue.items(), key=lambda unit: rank(unit[0]))  # stable: xdist's order next
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)

@@ -14,7 +14,6 @@ says the exit code it must end with: ``<!-- exit: 2 -->``.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import pathlib
@@ -35,7 +34,6 @@ NOT_RUN = {
 }
 RUN = {"bash", "sh", "python"}
 BLOCK_TIMEOUT_S = 600
-PAGES_AT_ONCE = 2
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>[\w+-]*)[^\n]*$")
 _MARK = re.compile(r"^\s*<!--\s*(?P<key>not-run|exit):\s*(?P<value>[\w-]+)\s*-->\s*$")
@@ -192,23 +190,9 @@ def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Pat
     return None
 
 
-@pytest.fixture(scope="session")
-def page_failures(request, sample_tree: pathlib.Path, tmp_path_factory) -> dict[pathlib.Path, str | None]:
-    """The selected pages' examples, run two pages at a time (each in its own folder).
-
-    Most of a page's time is processes starting and importing on one core, so two pages
-    at once keep both cores busy: the suite's time, not the examples, is what this saves.
-    """
-    wanted = [item.callspec.params["page"] for item in request.session.items
-              if getattr(item, "originalname", None) == "test_page_examples_run"]
-
-    def run(page: pathlib.Path) -> str | None:
-        return _run_page(page, sample_tree, tmp_path_factory.mktemp("page"))
-
-    with concurrent.futures.ThreadPoolExecutor(PAGES_AT_ONCE) as pool:
-        return dict(zip(wanted, pool.map(run, wanted)))
-
-
 @pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
-def test_page_examples_run(page: pathlib.Path, page_failures: dict[pathlib.Path, str | None]):
-    assert page_failures[page] is None, page_failures[page]
+def test_page_examples_run(page: pathlib.Path, sample_tree: pathlib.Path, tmp_path: pathlib.Path):
+    """One page a test, its blocks in order in a folder of its own: the suite's scheduler
+    (``conftest.pytest_xdist_make_scheduler``) gives each page to whichever worker is free."""
+    failure = _run_page(page, sample_tree, tmp_path / "page")
+    assert failure is None, failure
