@@ -68,21 +68,44 @@ def _run(tree: pathlib.Path, out: pathlib.Path, state: str | None, kernel: str |
     return run_prepare("--input", str(tree), "--output", str(out), *ARGS, *flags, env=env)
 
 
+@pytest.fixture(scope="module")
+def run_once(tree, tmp_path_factory):
+    """``_run`` made once for each state, kernel, flags and variables: the runs several tests
+    compare with (the kernel's, Pillow's) are made once for the module. Gives the finished
+    process and its output folder."""
+    made: dict[tuple, tuple] = {}
+
+    def run(state: str | None, kernel: str | None, *flags: str, homeless: bool = False, **variables: str):
+        key = (state, kernel, flags, homeless, tuple(sorted(variables.items())))
+        if key not in made:
+            out = tmp_path_factory.mktemp("run") / "out"
+            made[key] = (_run(tree, out, state, kernel, *flags, homeless=homeless, **variables), out)
+        return made[key]
+
+    return run
+
+
+def _shards(out: pathlib.Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
+
+
 def _fallback_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "Pillow's own loops" in line]
 
 
-def test_every_kernel_state_writes_pillows_shards_and_says_so_once(tree, tmp_path):
+def test_every_kernel_state_writes_pillows_shards_and_says_so_once(run_once):
+    """Without HOME, the ISA variable is set empty too: an empty one is an unset one (the widest loops)."""
     runs = {"built": (None, None), "pillow chosen": (None, resample.PILLOW),
             "not built": ("not built", None), "import fails": ("import fails", None),
             "HOME unset": (None, None)}
-    shards, manifests = {}, {}
+    shards, manifests, outs = {}, {}, []
     for name, (state, kernel) in runs.items():
-        out = tmp_path / name.replace(" ", "-")
-        done = _run(tree, out, state, kernel, homeless=name == "HOME unset")
+        variables = {resample_loader.ISA_VARIABLE: ""} if name == "HOME unset" else {}
+        done, out = run_once(state, kernel, homeless=name == "HOME unset", **variables)
+        outs.append(out)
         assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
         manifests[name] = json.loads((out / "manifest.json").read_text())
-        shards[name] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
+        shards[name] = _shards(out)
         lines = _fallback_lines(done.stderr)
         if state is None:
             assert lines == [], f"{name}: {lines}"
@@ -100,7 +123,8 @@ def test_every_kernel_state_writes_pillows_shards_and_says_so_once(tree, tmp_pat
     for name in ("not built", "import fails"):
         assert manifests[name]["resize_kernel"] == resample.PILLOW
         assert len(manifests[name]["resize_fallback"]) == 1
-    assert not list(tmp_path.glob("**/.*.partial")) and not list(tmp_path.glob("**/*.partial"))
+    for out in outs:
+        assert not list(out.glob("**/.*.partial")) and not list(out.glob("**/*.partial"))
 
 
 def test_the_shuffle_sink_counts_what_resized_too(tree, tmp_path):
@@ -137,29 +161,27 @@ def test_a_bad_loop_choice_is_refused_before_any_work(tree, tmp_path, isa):
     assert not out.exists()
 
 
-def test_the_scalar_loops_write_the_same_shards_as_the_widest(tree, tmp_path):
+def test_the_scalar_loops_write_the_same_shards_as_the_widest(run_once):
     shards = {}
-    for isa in ("scalar", ""):  # empty: unset, the widest loops this CPU runs
-        out = tmp_path / (isa or "widest")
-        done = _run(tree, out, None, None, **{resample_loader.ISA_VARIABLE: isa})
+    for isa in ("scalar", None):  # None: unset, the widest loops this CPU runs (the "built" run above)
+        done, out = run_once(None, None, **({resample_loader.ISA_VARIABLE: isa} if isa else {}))
         assert done.returncode == 0, done.stderr[-3000:]
         assert json.loads((out / "manifest.json").read_text())["resize_kernel"] == resample.KERNEL
-        shards[isa] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
-    assert shards["scalar"] and shards["scalar"] == shards[""]
+        shards[isa] = _shards(out)
+    assert shards["scalar"] and shards["scalar"] == shards[None]
 
 
-def test_lines_pillow_pads_are_resized_by_pillow_and_said_once(tree, tmp_path):
+def test_lines_pillow_pads_are_resized_by_pillow_and_said_once(run_once):
     """``PILLOW_ALIGNMENT=64`` (Pillow pads each image line to 64 bytes): the kernel read the padded
     rows as contiguous and wrote other pixels; now each padded image goes to Pillow's loops, the
     shards are Pillow's, and the run says why once."""
-    want = _run(tree, tmp_path / "pillow", None, resample.PILLOW)
-    padded = _run(tree, tmp_path / "padded", None, None, PILLOW_ALIGNMENT="64")
+    want, want_out = run_once(None, resample.PILLOW)  # the "pillow chosen" run above
+    padded, padded_out = run_once(None, None, PILLOW_ALIGNMENT="64")
     for done in (want, padded):
         assert done.returncode == 0, done.stderr[-3000:]
-    shards = {name: {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.tfrecord*"))}
-              for name in ("pillow", "padded")}
+    shards = {"pillow": _shards(want_out), "padded": _shards(padded_out)}
     assert shards["pillow"] and shards["padded"] == shards["pillow"]
-    manifest = json.loads((tmp_path / "padded" / "manifest.json").read_text())
+    manifest = json.loads((padded_out / "manifest.json").read_text())
     assert manifest["resize_fallback"] == [resample.PADDED_LINES]
     (line,) = _fallback_lines(padded.stderr)
     assert "Pillow pads its image lines (PILLOW_ALIGNMENT" in line, line
