@@ -25,14 +25,15 @@ SHARDS = 16
 ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers", "2",
         "--direct_running_mode", "multi_processing")
 # Enough photos that the run is still going when the test has seen two shards finish and
-# signals it, with time to spare on a loaded machine (see photo_tree).
-PHOTOS_PER_LABEL = 120
+# pauses its workers (see photo_tree and interrupt).
+PHOTOS_PER_LABEL = 40
 DATASET_FILES = ("errors.jsonl", "skipped.jsonl", "labels.txt", "duplicates.jsonl")
 
 
 def photo_tree(root: pathlib.Path) -> pathlib.Path:
     """Photos in 4 labels, a broken one, and copies, whose 16 shards keep the workers busy for
-    a while after the first two are finished: time for a signal to stop them midway.
+    a while after the first two are finished: time for the test to see it and pause them
+    (``interrupt``) before they finish the rest.
 
     Progressive JPEGs without chroma subsampling: their decode costs several times a baseline
     JPEG's, which the kernel draft-decodes to 48 px almost for free (16 shards of those took
@@ -50,8 +51,8 @@ def photo_tree(root: pathlib.Path) -> pathlib.Path:
     for original, copy in (("ant/img_000.jpg", "bee/copy_a.jpg"), ("ant/img_000.jpg", "dog/copy_b.jpg"),
                            ("bee/img_001.jpg", "cat/copy_c.jpg")):  # duplicates, in shards of their own
         shutil.copyfile(root / original, root / copy)
-    # A near duplicate: half the size, at JPEG quality 50 (the resumed run must group it the same).
-    picture(PHOTOS_PER_LABEL + 5, 640, 480).resize((320, 240)).save(root / "dog" / "near_e.jpg", quality=50)
+    # A near duplicate of bee/img_004.jpg: half the size, at JPEG quality 50 (the resumed run must group it the same).
+    picture(PHOTOS_PER_LABEL + 4, 640, 480).resize((320, 240)).save(root / "dog" / "near_e.jpg", quality=50)
     return root
 
 
@@ -79,9 +80,12 @@ def interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, w
     sends ``signum``; the finished process, the seconds it took to end after the signal, and
     the pids of the processes it started.
 
-    Those processes are listed once the workers are writing, before the run is ready, so
-    that the signal follows the moment the test sees the run ready: the run's remaining work
-    must outlast the signal's way through the launcher, not the test's own steps as well.
+    The moment the test sees the run ready, its worker processes are paused (SIGSTOP), so
+    the run is stopped there however long the signal takes through the launcher on a loaded
+    machine; they go on (SIGCONT) once the launcher has told each of them to stop (its SIGTERM
+    is pending), which they then do first: the run is stopped where the test saw it, and its
+    remaining work need only outlast the test's own look, not the signal's way as well. A
+    SIGKILL to the whole group ends them paused, as a power loss would.
     """
     ready = ready or (lambda _: len(finished_records(out)) >= 2)
     process = subprocess.Popen(command("--input", str(tree), "--output", str(out), *args, *extra), cwd=REPO,
@@ -90,8 +94,11 @@ def interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, w
         wait_for(lambda: list(out.glob(f"{layout.WORK_DIR}/*/*.partial")), process, "a shard to be started")
         workers = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
         wait_for(lambda: ready(process.pid), process, "the run to be ready to stop")
+        paused = _pause_workers(process.pid)
         sent = time.monotonic()
         (os.killpg if whole_group else os.kill)(process.pid, signum)
+        if not whole_group:
+            _resume_once_told_to_stop(paused)
         stdout, stderr = process.communicate(timeout=60)
         took = time.monotonic() - sent
     finally:
@@ -99,6 +106,42 @@ def interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, w
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), took, workers
+
+
+def _pause_workers(pid: int) -> list[psutil.Process]:
+    """SIGSTOP to the Beam worker processes the launcher ``pid`` started: the run's work stops here."""
+    from beam_prep.write.run.interrupt import is_worker
+
+    workers = [p for p in psutil.Process(pid).children(recursive=True) if is_worker(p)]
+    assert workers, "no worker processes to pause"
+    for worker in workers:
+        worker.suspend()
+    return workers
+
+
+def _told_to_stop(worker: psutil.Process) -> bool:
+    """Whether a paused worker has a SIGTERM waiting (or has ended): what it does first on SIGCONT."""
+    try:
+        if worker.status() == psutil.STATUS_ZOMBIE:
+            return True
+        fields = dict(line.split(":", 1) for line in pathlib.Path(f"/proc/{worker.pid}/status").read_text().splitlines())
+    except (psutil.Error, OSError):
+        return True
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return bool(pending & (1 << (signal.SIGTERM - 1)))
+
+
+def _resume_once_told_to_stop(workers: list[psutil.Process], timeout: float = 30) -> None:
+    """SIGCONT to the paused ``workers`` once the launcher has signalled each (or after ``timeout``:
+    a launcher that never stops its workers lets them run on, and its test fails on what they do)."""
+    deadline = time.monotonic() + timeout
+    while not all(_told_to_stop(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for worker in workers:
+        try:
+            worker.resume()
+        except psutil.Error:
+            pass
 
 
 def wait_for(condition: Callable[[], Any], process: subprocess.Popen, what: str, timeout: float = 120) -> Any:

@@ -13,7 +13,16 @@ from collections.abc import Callable
 
 import pytest
 from helpers import encode, run_prepare
-from interrupts import ARGS, DATASET_FILES, SHARDS, dataset_digests, finished_records, interrupt, photo_tree
+from interrupts import (
+    ARGS,
+    DATASET_FILES,
+    PHOTOS_PER_LABEL,
+    SHARDS,
+    dataset_digests,
+    finished_records,
+    interrupt,
+    photo_tree,
+)
 
 from beam_prep.tools.sample import picture
 from beam_prep.write.journal import progress, resume
@@ -79,9 +88,9 @@ def test_a_resumed_run_of_originals_counts_kept_and_reencoded_as_an_uninterrupte
     assert "resuming run" in resumed.stderr
     assert dataset_digests(out) == dataset_digests(whole)
     assert sum(name.endswith(".tfrecord") for name in dataset_digests(whole)) == SHARDS  # uncompressed, by default
-    # Every other record is one of the fixture's photos, all larger than 48x48.
+    # Every other record is one of the fixture's photos (the copies and the near copy too), all larger than 48x48.
     resized = json.loads((whole / "manifest.json").read_text())["counts"]["written"] - 40
-    assert resized > 200
+    assert resized == 4 * PHOTOS_PER_LABEL + 4
     expected = {"kept": 40, "reencoded": resized, "reencoded_by_reason": {"resized": resized}}
     for folder in (whole, out):
         assert json.loads((folder / "manifest.json").read_text())["originals"] == expected
