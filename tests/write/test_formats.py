@@ -20,8 +20,10 @@ from beam_prep.tools.sample import picture
 LABELS = ("ant", "bee", "cat")
 PER_LABEL = 7
 # PNGs at their own size: the stored pixels are the source's exactly.
-ARGS = ("--image_format", "png", "--resize_mode", "none", "--validation_percent", "30", "--num_shards", "2",
-        "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+DATASET_ARGS = ("--image_format", "png", "--resize_mode", "none", "--validation_percent", "30", "--num_shards", "2")
+# The commands on gs:// run with worker processes; the runs in this process on Beam's in-memory
+# runner (``prepare_here``), which must write the same bytes.
+ARGS = (*DATASET_ARGS, "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
 FORMATS = ("tfrecord", "array_record", "webdataset")
 
 
@@ -44,12 +46,14 @@ def tree(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def outputs(tree, tmp_path_factory) -> dict[str, pathlib.Path]:
     """The tree prepared once in each format (TFRecords uncompressed, as the others are), in this
-    process: the gs:// runs below, commands with worker processes, must write the same bytes."""
+    process on the in-memory runner: the gs:// runs below, commands with worker processes, must
+    write the same bytes."""
     out = {}
     for file_format in FORMATS:
         folder = tmp_path_factory.mktemp(file_format) / "out"
         extra = ("--compression", "none") if file_format == "tfrecord" else ()
-        prepare_here("--input", str(tree), "--output", str(folder), "--file_format", file_format, *extra, *ARGS)
+        prepare_here("--input", str(tree), "--output", str(folder), "--file_format", file_format, *extra,
+                     *DATASET_ARGS)
         out[file_format] = folder
     return out
 
@@ -247,7 +251,8 @@ def _contents(folder: pathlib.Path, file_format: str) -> dict[str, list]:
 @pytest.mark.parametrize("file_format", ["array_record", "webdataset"])
 def test_the_shuffle_sink_writes_the_same_records_in_every_format(outputs, tree, tmp_path, file_format):
     out = tmp_path / "out"
-    prepare_here("--input", str(tree), "--output", str(out), "--file_format", file_format, "--sink", "shuffle", *ARGS)
+    prepare_here("--input", str(tree), "--output", str(out), "--file_format", file_format, "--sink", "shuffle",
+                 *DATASET_ARGS)
     manifest, streamed = _manifest(out), _manifest(outputs[file_format])
     assert manifest["sink"] == "shuffle" and manifest["counts"] == streamed["counts"]
     for split, info in manifest["splits"].items():  # counted after Beam's sink wrote them, per format
