@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import pytest
@@ -34,6 +35,8 @@ NOT_RUN = {
 }
 RUN = {"bash", "sh", "python"}
 BLOCK_TIMEOUT_S = 600
+# The system's temporary folder, read at collection, before any test points TMPDIR at its own folder.
+SYSTEM_TMP = tempfile.gettempdir()
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>[\w+-]*)[^\n]*$")
 _MARK = re.compile(r"^\s*<!--\s*(?P<key>not-run|exit):\s*(?P<value>[\w-]+)\s*-->\s*$")
@@ -162,10 +165,11 @@ def _steps(page: pathlib.Path) -> list[list[Block]]:
     return steps
 
 
-def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Path) -> str | None:
-    """Runs ``page``'s examples in ``folder``; None, or why the first failing step failed."""
+def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Path, tmp: str) -> str | None:
+    """Runs ``page``'s examples in ``folder``, their temporary files in ``tmp``; None, or why the
+    first failing step failed."""
     shutil.copytree(sample_tree, folder / "sample_data")
-    env = _env()
+    env = {**_env(), "TMPDIR": tmp}
     for n, step in enumerate(_steps(page)):
         first = step[0]
         if is_script(first):
@@ -193,6 +197,11 @@ def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Pat
 @pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_page_examples_run(page: pathlib.Path, sample_tree: pathlib.Path, tmp_path: pathlib.Path):
     """One page a test, its blocks in order in a folder of its own: the suite's scheduler
-    (``conftest.pytest_xdist_make_scheduler``) gives each page to whichever worker is free."""
-    failure = _run_page(page, sample_tree, tmp_path / "page")
+    (``conftest.pytest_xdist_make_scheduler``) gives each page to whichever worker is free.
+
+    Their temporary files go to a folder of the system's temporary folder, as a reader's do, not
+    under the test's: Ray (the DALI page) puts sockets there, whose paths must fit in 107 bytes.
+    """
+    with tempfile.TemporaryDirectory(prefix="page-", dir=SYSTEM_TMP) as tmp:
+        failure = _run_page(page, sample_tree, tmp_path / "page", tmp)
     assert failure is None, failure
