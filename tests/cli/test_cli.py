@@ -426,29 +426,29 @@ def originals_warning(mode: str, size: str) -> str:
 
 
 @pytest.mark.parametrize("mode", ["center_crop", "stretch", "pad"])
-def test_originals_with_a_fixed_size_mode_warn_before_any_work(tree, tmp_path, tmpdir_env, mode):
-    """Said before the output is even looked at: a run refused there still shows it, first."""
+def test_originals_with_a_fixed_size_mode_warn_before_any_work(tree, tmp_path, capsys, mode):
+    """Said before the output is even looked at: a run refused there still shows it, first.
+    (The command's main in this process: refused before any work, it starts nothing.)"""
     out = tmp_path / "out"
     out.mkdir()
     (out / "manifest.json").write_text("{}")
-    refused = run_prepare("--input", str(tree), "--output", str(out), "--image_format", "original",
-                          "--resize_mode", mode, "--image_size", "48x64", env=tmpdir_env)
-    assert refused.returncode == 2
-    assert refused.stderr == originals_warning(mode, "48x64") + (
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), "--image_format", "original",
+                                "--resize_mode", mode, "--image_size", "48x64"]) == 2
+    assert capsys.readouterr().err == originals_warning(mode, "48x64") + (
         f"error: --output {out} already holds a dataset (1 files); pass --overwrite to replace it\n")
 
 
 @pytest.mark.parametrize("flags", [("--resize_mode", "none"),
                                    ("--resize_mode", "shorter_side", "--no_upscale"),
                                    ("--image_format", "jpeg")])
-def test_originals_that_keep_their_size_or_no_originals_say_nothing(tree, tmp_path, tmpdir_env, flags):
+def test_originals_that_keep_their_size_or_no_originals_say_nothing(tree, tmp_path, capsys, flags):
     out = tmp_path / "out"
     out.mkdir()
     (out / "manifest.json").write_text("{}")
     image_format = () if "--image_format" in flags else ("--image_format", "original")
-    refused = run_prepare("--input", str(tree), "--output", str(out), *image_format, *flags, env=tmpdir_env)
-    assert refused.returncode == 2
-    assert refused.stderr.startswith("error: ") and "warning" not in refused.stderr, refused.stderr
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *image_format, *flags]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("error: ") and "warning" not in stderr, stderr
 
 
 def test_the_originals_warning_is_printed_once_on_a_whole_run(tmp_path, tmpdir_env):
