@@ -106,7 +106,10 @@ def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninte
     assert_shard_checksums(out)  # kept shards' sha256 from their records, the rewritten ones' anew
 
 
-def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted, tmp_path):
+def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted, tmp_path, capsys):
+    """The refusals run the command's main in this process: refused before any work, it starts nothing."""
+    from pipelines import prepare_images
+
     out = tmp_path / "out"
     stopped, _, _ = interrupt(tree, out, signal.SIGTERM)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
@@ -114,15 +117,15 @@ def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted
     before = sorted(p.name for p in folder.iterdir())
 
     other = [*ARGS[:1], "32", *ARGS[2:]]
-    refused = run_prepare("--input", str(tree), "--output", str(out), *other)
-    assert refused.returncode == 2
-    assert refused.stderr.splitlines()[-1] == (
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *other]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: --output {out} holds unfinished run {folder.name}, started with --image_size 48x48 where "
         "this run has 32x32; run it with the same options to resume it, or pass --overwrite to start over")
     assert sorted(p.name for p in folder.iterdir()) == before
-    refused = run_prepare("--input", str(tree), "--output", str(out), *ARGS, "--file_format", "array_record")
-    assert refused.returncode == 2
-    assert refused.stderr.splitlines()[-1] == (
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS, "--file_format",
+                                "array_record"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: --output {out} holds unfinished run {folder.name}, started with --file_format \"tfrecord\" where "
         'this run has "array_record"; run it with the same options to resume it, or pass --overwrite to start over')
     assert sorted(p.name for p in folder.iterdir()) == before
