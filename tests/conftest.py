@@ -47,18 +47,20 @@ def pillow_images():
 
 
 # The modules that take longest, longest first: xdist starts them before the rest, so that
-# none of them is the last thing a worker runs while the other waits. The docs pages are
-# each their own unit (any worker runs any page); the other modules stay whole (loadfile),
-# so that a module's fixtures are built once.
+# none of them is the last thing a worker runs while the others wait. The docs pages are
+# each their own unit (any worker runs any page; the longest page first); the other modules
+# stay whole (loadfile), so that a module's fixtures are built once.
 LONGEST_FIRST = (
     "tests/write/test_resume.py",
     "tests/write/test_resume_variants.py",
+    "tests/docs/test_examples.py::test_page_examples_run[docs/guides/inspect-verify-bench.md]",
     "tests/write/test_gcs_pipeline.py",
-    "tests/write/test_formats.py",
     "tests/docs/test_examples.py::test_page_examples_run",
+    "tests/write/test_real_images.py",
     "tests/write/test_resample_command.py",
     "tests/cli/test_cli.py",
     "tests/reader/test_reader.py",
+    "tests/write/test_formats.py",
     "tests/write/test_hostile.py",
 )
 PAGE_TEST = "tests/docs/test_examples.py::test_page_examples_run["
@@ -88,3 +90,12 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return LongestFirst(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker a core, and one more. Much of a test's time is a process starting,
+    a child waited for or a server answering; with one worker a core, the cores sat idle then."""
+    import os
+
+    return len(os.sched_getaffinity(0)) + 1
