@@ -18,21 +18,43 @@ box_filter(double x) {
     return 0.0;
 }
 
+/* The last axes' coefficients, most images being of one or two sizes: read and written with the
+ * GIL held, and copied out, so that a thread hashing without it never reads one being replaced. */
+#define PHASH_KEPT_AXES 2
+#define PHASH_KEPT_TAPS 33 /* axes up to 512 pixels */
+static struct {
+    Py_ssize_t in_size; /* 0: empty */
+    int taps;
+    int32_t bounds[PHASH_SIDE * 2];
+    int32_t kk[PHASH_SIDE * PHASH_KEPT_TAPS];
+} kept_axes[PHASH_KEPT_AXES];
+static int next_kept_axis;
+
 /* One axis's BOX coefficients from in_size to PHASH_SIDE over the whole axis, in memory of their own;
- * NULL with an exception set. */
+ * NULL with an exception set. Called with the GIL held. */
 static int32_t *
 box_coefficients(Py_ssize_t in_size, int *taps, int32_t *bounds) {
     float in1 = (float)in_size; /* Pillow takes the box in float32 */
     double scale = (double)in1 / PHASH_SIDE;
     *taps = (int)ceil(0.5 * (scale < 1.0 ? 1.0 : scale)) * 2 + 1;
     int32_t *kk = PyMem_RawMalloc((size_t)PHASH_SIDE * *taps * sizeof(int32_t));
-    double *k = PyMem_RawMalloc((size_t)*taps * sizeof(double));
-    const char *error = NULL;
-    if (kk && k) {
-        error = fill_coefficients((int)in_size, 0.0f, in1, PHASH_SIDE, *taps, box_filter, 0.5, bounds, kk, k);
+    if (!kk) {
+        PyErr_NoMemory();
+        return NULL;
     }
+    for (int i = 0; i < PHASH_KEPT_AXES; i++) {
+        if (kept_axes[i].in_size == in_size && kept_axes[i].taps == *taps) {
+            memcpy(bounds, kept_axes[i].bounds, sizeof(kept_axes[i].bounds));
+            memcpy(kk, kept_axes[i].kk, (size_t)PHASH_SIDE * *taps * sizeof(int32_t));
+            return kk;
+        }
+    }
+    double *k = PyMem_RawMalloc((size_t)*taps * sizeof(double));
+    const char *error = k ? fill_coefficients((int)in_size, 0.0f, in1, PHASH_SIDE, *taps, box_filter, 0.5, bounds,
+                                              kk, k)
+                          : NULL;
     PyMem_RawFree(k);
-    if (!kk || !k || error) {
+    if (!k || error) {
         PyMem_RawFree(kk);
         if (error) {
             PyErr_SetString(PyExc_ValueError, error);
@@ -40,6 +62,14 @@ box_coefficients(Py_ssize_t in_size, int *taps, int32_t *bounds) {
             PyErr_NoMemory();
         }
         return NULL;
+    }
+    if (*taps <= PHASH_KEPT_TAPS) {
+        int i = next_kept_axis;
+        next_kept_axis = (i + 1) % PHASH_KEPT_AXES;
+        kept_axes[i].in_size = in_size;
+        kept_axes[i].taps = *taps;
+        memcpy(kept_axes[i].bounds, bounds, sizeof(kept_axes[i].bounds));
+        memcpy(kept_axes[i].kk, kk, (size_t)PHASH_SIDE * *taps * sizeof(int32_t));
     }
     return kk;
 }
@@ -58,8 +88,14 @@ grey_of(const uint8_t *p) {
 #if (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
 __attribute__((target("avx2"))) static Py_ssize_t
 grey_block_avx2(const uint8_t *lines, Py_ssize_t stride, Py_ssize_t width, uint8_t *grey) {
-    const __m256i byte = _mm256_set1_epi32(0xff), half = _mm256_set1_epi32(0x8000);
-    const __m256i kr = _mm256_set1_epi32(19595), kg = _mm256_set1_epi32(38470), kb = _mm256_set1_epi32(7471);
+    /* each pixel's (R, B) and (G, G) as pairs of int16, multiplied and summed by madd: R * 19595 +
+     * B * 7471 and G * 19235 * 2 (38470 does not fit in an int16), exactly rgb2l's integer sum */
+    const __m256i red_blue = _mm256_setr_epi8(0, -1, 2, -1, 4, -1, 6, -1, 8, -1, 10, -1, 12, -1, 14, -1,
+                                              0, -1, 2, -1, 4, -1, 6, -1, 8, -1, 10, -1, 12, -1, 14, -1);
+    const __m256i green = _mm256_setr_epi8(1, -1, 1, -1, 5, -1, 5, -1, 9, -1, 9, -1, 13, -1, 13, -1,
+                                           1, -1, 1, -1, 5, -1, 5, -1, 9, -1, 9, -1, 13, -1, 13, -1);
+    const __m256i k_red_blue = _mm256_set1_epi32(7471 << 16 | 19595), k_green = _mm256_set1_epi32(19235 << 16 | 19235);
+    const __m256i half = _mm256_set1_epi32(0x8000);
     /* in each 128-bit lane, 4 rows x 4 columns of bytes to 4 columns x 4 rows */
     const __m256i columns = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                                              0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -68,11 +104,9 @@ grey_block_avx2(const uint8_t *lines, Py_ssize_t stride, Py_ssize_t width, uint8
         __m256i y[PHASH_BLOCK];
         for (int r = 0; r < PHASH_BLOCK; r++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(lines + r * stride + x * 4));
-            const __m256i red = _mm256_and_si256(v, byte), green = _mm256_and_si256(_mm256_srli_epi32(v, 8), byte),
-                          blue = _mm256_and_si256(_mm256_srli_epi32(v, 16), byte);
-            __m256i sum = _mm256_add_epi32(_mm256_mullo_epi32(red, kr), _mm256_mullo_epi32(green, kg));
-            sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_mullo_epi32(blue, kb), half));
-            y[r] = _mm256_srli_epi32(sum, 16);
+            const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(v, red_blue), k_red_blue),
+                                                 _mm256_madd_epi16(_mm256_shuffle_epi8(v, green), k_green));
+            y[r] = _mm256_srli_epi32(_mm256_add_epi32(sum, half), 16);
         }
         /* lane 0: rows 0-3 (then 4-7) of columns 0-3; lane 1: of columns 4-7 */
         const __m256i top = _mm256_packus_epi16(_mm256_packus_epi32(y[0], y[1]), _mm256_packus_epi32(y[2], y[3]));
@@ -216,8 +250,10 @@ compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* phash.py's DCT (dct @ thumb @ dct.T, rounded to 6 decimals as numpy rounds), median and bits */
-static uint64_t
+/* phash.py's DCT (dct @ thumb @ dct.T, rounded to 6 decimals as numpy rounds), median and bits. Each
+ * sum is taken in the same order on every path (and no multiply-add is fused: -ffp-contract=off),
+ * so the vectors change no rounding. */
+PHASH_CLONES static uint64_t
 dct_bits(const uint8_t *thumb, const double *dct) {
     double half[PHASH_KEPT][PHASH_SIDE], low[PHASH_KEPT * PHASH_KEPT], sorted[PHASH_KEPT * PHASH_KEPT];
     for (int k = 0; k < PHASH_KEPT; k++) { /* each sum over n in order, a row of 32 at a time */
