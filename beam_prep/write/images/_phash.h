@@ -158,18 +158,41 @@ box_columns_avx2(const uint8_t *grey, const int32_t *bounds, const int32_t *kk, 
 #endif
 #endif
 
-#if defined(X86_VECTORS) && !defined(__clang__)
-/* the loops below vectorise; the wider the vectors this CPU runs, the fewer (chosen at load) */
-#define PHASH_CLONES __attribute__((target_clones("avx2", "sse4.1", "default")))
-#else
-#define PHASH_CLONES
+#ifdef X86_VECTORS
+/* The vertical pass over the horizontal pass's rows (32 bytes each, from the first one read): each
+ * thumbnail row the weighted sum of the rows its bounds name, a vector of 8 columns a tap, rounded
+ * and clipped as clip8 (avx2_store's packs saturate to 0..255). */
+__attribute__((target("avx2"))) static void
+box_rows_avx2(const uint8_t *rows, Py_ssize_t first, const int32_t *bounds, const int32_t *kk, int taps,
+              uint8_t *thumb) {
+    for (int yy = 0; yy < PHASH_SIDE; yy++) {
+        const uint8_t *src = rows + (bounds[yy * 2] - first) * PHASH_SIDE;
+        const int32_t *k = kk + (Py_ssize_t)yy * taps;
+        const int count = bounds[yy * 2 + 1];
+        __m256i acc[PHASH_SIDE / 8];
+        for (int i = 0; i < PHASH_SIDE / 8; i++) {
+            acc[i] = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+        }
+        for (int t = 0; t < count; t++) {
+            const __m256i w = _mm256_set1_epi32(k[t]);
+            for (int i = 0; i < PHASH_SIDE / 8; i++) {
+                const __m256i pixels = _mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(src + t * PHASH_SIDE + i * 8)));
+                acc[i] = _mm256_add_epi32(acc[i], _mm256_mullo_epi32(pixels, w));
+            }
+        }
+        for (int i = 0; i < PHASH_SIDE / 8; i++) {
+            avx2_store(thumb + yy * PHASH_SIDE + i * 8, acc[i]);
+        }
+    }
+}
 #endif
 
 /* The 32x32 thumbnail of ImagingResample: horizontal pass first (over the rows the vertical pass
  * reads), then vertical; a pass is skipped where its axis is 32 already. The horizontal pass takes
  * PHASH_BLOCK rows at a time, greyed into column order (grey: width x PHASH_BLOCK), so that each
  * tap is one weight times a vector of rows; the vertical pass, one weight times a row of 32. */
-PHASH_CLONES static void
+static void
 box_thumbnail(const uint8_t *pixels, Py_ssize_t width, int pixelsize, const int32_t *h_bounds, const int32_t *h_kk,
               int h_taps, int32_t *v_bounds, const int32_t *v_kk, int v_taps, Py_ssize_t height, uint8_t *grey,
               uint8_t *rows, uint8_t *thumb) {
@@ -226,6 +249,12 @@ box_thumbnail(const uint8_t *pixels, Py_ssize_t width, int pixelsize, const int3
         memcpy(thumb, rows, PHASH_SIDE * PHASH_SIDE);
         return;
     }
+#ifdef X86_VECTORS
+    if (isa >= ISA_AVX2) {
+        box_rows_avx2(rows, first, v_bounds, v_kk, v_taps, thumb);
+        return;
+    }
+#endif
     for (int yy = 0; yy < PHASH_SIDE; yy++) {
         int32_t acc[PHASH_SIDE];
         for (int xx = 0; xx < PHASH_SIDE; xx++) {
@@ -251,9 +280,8 @@ compare_doubles(const void *a, const void *b) {
 }
 
 /* phash.py's DCT (dct @ thumb @ dct.T, rounded to 6 decimals as numpy rounds), median and bits. Each
- * sum is taken in the same order on every path (and no multiply-add is fused: -ffp-contract=off),
- * so the vectors change no rounding. */
-PHASH_CLONES static uint64_t
+ * sum is taken in order, and no multiply-add is fused (-ffp-contract=off). */
+static uint64_t
 dct_bits(const uint8_t *thumb, const double *dct) {
     double half[PHASH_KEPT][PHASH_SIDE], low[PHASH_KEPT * PHASH_KEPT], sorted[PHASH_KEPT * PHASH_KEPT];
     for (int k = 0; k < PHASH_KEPT; k++) { /* each sum over n in order, a row of 32 at a time */
