@@ -2,6 +2,7 @@
 the properties the near-duplicate search relies on."""
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import imagehash
@@ -186,3 +187,26 @@ def test_the_kernels_rows_are_used_only_for_the_image_just_made():
     assert resample.kernel_pixels(first, just_made=True)[1] is not resample.kernel_pixels(second, just_made=True)[1]
     assert phash(first, just_resized=True) == phash(first.copy())
     assert phash(second, just_resized=True) == phash(second.copy())
+
+
+def test_a_resize_that_fails_in_the_kernel_leaves_no_earlier_image_reading_its_scratch_rows(monkeypatch):
+    """A later resize writes the scratch rows and then fails (Pillow's loops resize it instead): the
+    image made before it is no longer read from those rows, which now hold the failed one's."""
+    first = resample.resize(picture(1, 120, 90), (40, 30), None)
+    expected = phash(first.copy())
+    loaded = resample_loader.load()
+
+    class FailsAfterWriting:
+        def __getattr__(self, name):
+            return getattr(loaded.kernel, name)
+
+        def filter_rows(self, *args):
+            loaded.kernel.filter_rows(*args)
+            raise MemoryError("after writing")
+
+    monkeypatch.setattr(resample_loader, "load", lambda: dataclasses.replace(loaded, kernel=FailsAfterWriting()))
+    second = resample.resize(picture(2, 120, 90), (40, 30), None)  # Pillow's loops, after the kernel wrote
+    monkeypatch.undo()
+    assert second.size == (40, 30)
+    assert resample.kernel_pixels(first, just_made=True)[3] is not None  # exported again, not the scratch rows
+    assert phash(first, just_resized=True) == expected

@@ -34,7 +34,6 @@ DEFAULT_DISTANCE = 6  # the near-duplicate threshold in bits, chosen on docs/per
 THUMBNAIL = 32  # the greyscale thumbnail's side (a reduced decode no smaller hashes near its full decode)
 _KEPT = 8  # the DCT coefficients kept per axis
 # Rows k < 8 of scipy's DCT-II for 32 points: y[k] = 2 * sum_n x[n] cos(pi k (2n + 1) / 64).
-_TALL = 100  # taller than this many times its width, Image.resize resizes vertically first (Pillow 12.2)
 _DCT = 2.0 * np.cos(np.pi * np.arange(_KEPT)[:, None] * (2 * np.arange(THUMBNAIL)[None, :] + 1) / (2 * THUMBNAIL))
 
 
@@ -48,7 +47,7 @@ def phash(image: Image.Image, just_resized: bool = False) -> int:
         this thread, not changed since: the kernel's rows are hashed where it
         left them (``resample.kernel_pixels``). The same hash either way.
     """
-    if image.height <= image.width * _TALL:  # Image.resize's own rule for taller ones (Pillow 12.2): its code
+    if image.height <= image.width * resample.TALL:  # Image.resize's own rule for taller ones: its code
         by_kernel = resample.kernel_pixels(image, just_made=just_resized)
         if by_kernel is not None:
             kernel, pixels, pixelsize, keep_alive = by_kernel

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 RESAMPLE = Image.Resampling.BICUBIC
 _MODES = {"L": 1, "RGB": 4}  # bytes a pixel in Pillow's memory: RGB is stored as RGBX
 _INT_MAX = 2**31 - 1
-_TALL = 100  # Pillow 12.2+: an image taller than this many times its width is resized vertically first
+TALL = 100  # Pillow 12.2+: an image taller than this many times its width is resized vertically first
 # A count's key for images Pillow resized because the kernel could not (``fallback_key``): the reason follows.
 _FALLBACK = f"{PILLOW}: "
 
@@ -257,7 +257,7 @@ def _by_kernel(loaded: resample_loader.Loaded, img: Image.Image, size: Any, box:
     size, box = plain
     width, height = img.size
     out_w, out_h = size
-    if (rules.tall_first and height > width * _TALL and out_h < height
+    if (rules.tall_first and height > width * TALL and out_h < height
             and out_w >= 1 and out_h >= 1):  # Image.resize: vertically, then horizontally
         steps = [((width, height), (width, out_h), (0.0, box[1], _f32(width), box[3])),
                  ((width, out_h), size, (box[0], 0.0, box[2], _f32(out_h)))]
@@ -272,6 +272,7 @@ def _by_kernel(loaded: resample_loader.Loaded, img: Image.Image, size: Any, box:
     view, keep_alive = pixels
     channels = _MODES[img.mode]
     rows = view.reshape(height, width * channels)
+    _LAST.forget()  # the scratch rows change from here: no earlier image is read from them again
     for stage, (in_size, step_size, step_box) in enumerate(steps):
         rows = _resample(loaded.kernel, rows, in_size, channels, step_size, step_box, f"{stage}:")
     resized = Image.frombytes(img.mode, size, rows, "raw", "RGBX" if channels == 4 else "L")  # a copy
@@ -551,6 +552,9 @@ class _LastOutput(threading.local):
 
     def keep(self, image: Image.Image, rows: np.ndarray) -> None:
         self._image, self._rows = weakref.ref(image), rows
+
+    def forget(self) -> None:
+        self._image = self._rows = None
 
     def rows_of(self, image: Image.Image) -> np.ndarray | None:
         """``image``'s rows if it is the last image made here; else None."""
