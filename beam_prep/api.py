@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.cli.flags import bare_flags, check_flags, check_positionals, spelled_as_known
 from beam_prep.cli.options import config_from_options
-from beam_prep.cli.spelling import as_keywords
+from beam_prep.cli.spelling import as_keywords, flag_value
 from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
 from beam_prep.write.journal.progress import Progress
 from beam_prep.write.plan.config import PrepareConfig
@@ -31,15 +31,6 @@ from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY, WorkerNoise
 from beam_prep.write.run.pipeline import run
 
 __all__ = ["parse_command_line", "prepare", "with_local_defaults"]
-
-
-def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value given to ``flag`` (``--flag v`` or ``--flag=v``), None if it is not given."""
-    for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if name == flag:
-            return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-    return None
 
 
 def with_local_defaults(argv: Sequence[str]) -> list[str]:

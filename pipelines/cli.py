@@ -144,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: unknown command {argv[0]!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
         print(usage(), file=sys.stderr)
         return 2
+    if argv[0] == "prepare":  # the run's first worker starts while this process imports Beam
+        from beam_prep.cli.early import start_workers_early
+        start_workers_early(argv[1:])
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 

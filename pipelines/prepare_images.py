@@ -23,6 +23,10 @@ import traceback
 from collections.abc import Sequence
 from typing import TextIO
 
+if __name__ == "__main__":  # the run's first worker starts while this process imports Beam
+    from beam_prep.cli.early import start_workers_early
+    start_workers_early(sys.argv[1:])
+
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.api import parse_command_line
@@ -38,6 +42,7 @@ from beam_prep.write.plan.config import PrepareConfig, progress_interval
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY
 from beam_prep.write.run.interrupt import signal_of
 from beam_prep.write.run.pipeline import RunResult, run
+from beam_prep.write.run.warm_pool import close_early
 from pipelines.cli import VERSION, VERSION_FLAG, ConsoleFormatter, console_logging
 from pipelines.progress_display import ProgressDisplay
 
@@ -177,7 +182,13 @@ def run_logged(config: PrepareConfig, options: PipelineOptions) -> RunResult:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        close_early()  # workers started for a run that never took them (refused options, help)
+
+
+def _main(argv: list[str]) -> int:
     flags = known_spelling(argv[:argv.index("--")] if "--" in argv else argv, [HELP_BEAM, VERSION_FLAG])
     console_logging(verbose="--verbose" in flags)
     # Workers relay that they cannot parse our options (they only need Beam's): noise.

@@ -13,7 +13,7 @@ import re
 import shlex
 from collections.abc import Iterable, Sequence
 
-__all__ = ["PATH_FLAGS", "as_keywords", "as_positional_message", "known_spelling", "nearest_flag", "positionals_message",
+__all__ = ["PATH_FLAGS", "as_keywords", "as_positional_message", "flag_value", "known_spelling", "nearest_flag", "positionals_message",
            "unknown_flags_message"]
 
 # prepare's path flags, which a user often types as positional arguments (``prepare tree out``),
@@ -116,3 +116,12 @@ def as_keywords(message: str, bare_flags: Iterable[str] = ()) -> str:
     """
     bare = {flag.lstrip("-") for flag in bare_flags}
     return _FLAG.sub(lambda m: f"{m[1]}=True" if m[1] in bare else m[1], message)
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--flag v`` or ``--flag=v``), None if it is not given."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    return None

@@ -422,7 +422,23 @@ def startup(results: Mapping) -> str:
         extra = f"{median - base:+.2f}" if name.startswith("command") and base is not None else ""
         lines.append(f"| {name} | {median:.{digits}f} | {min(values):.{digits}f} | {max(values):.{digits}f} "
                      f"| {extra} |")
-    return (f"Kernel: {results['kernel']}; {results['rounds']} rounds, alternating.\n\n" + "\n".join(lines))
+    return (f"Kernel: {results['kernel']}; {results['rounds']} rounds, alternating.\n\n" + "\n".join(lines)
+            + (f"\n\n{startup_phases(results)}" if results.get("phases") else ""))
+
+
+def startup_phases(results: Mapping) -> str:
+    """The command's fixed cost on each tree, medians, workers started with it against by Beam."""
+    keys = ("start-up s", "finishing s", "fixed s", "before the run s", "wall s", "CPU s", "CPU ÷ (cores × wall)")
+    lines = ["| tree | workers | " + " | ".join(k.replace(" s", " (s)") for k in keys) + " |",
+             "|---|---|" + "---:|" * len(keys)]
+    for tree, runs in results["phases"].items():
+        for name, figures in runs.items():
+            cells = [f"{statistics.median(figures[k]):.2f}" for k in keys]
+            lines.append(f"| {tree} | {name} | " + " | ".join(cells) + " |")
+    return (f"The command's fixed cost, medians of {results['rounds']} alternating rounds on "
+            f"{results.get('cores', '?')} cores: start-up and finishing as its summary line gives them "
+            "(tenths of a second); before the run, from the process's start to the run's (Python, imports, "
+            "options).\n\n" + "\n".join(lines))
 
 
 def reader_gcs(results: Mapping) -> str:

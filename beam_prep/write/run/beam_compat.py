@@ -50,7 +50,7 @@ def add_options_arguments(cls: type[PipelineOptions], parser: argparse.ArgumentP
     cls._add_argparse_args(parser)
 
 
-def batch_fn_api_runner(options: PipelineOptions) -> PipelineRunner:
+def batch_fn_api_runner(options: PipelineOptions, worker_command: str | None = None) -> PipelineRunner:
     """Beam's batch FnApiRunner, built as DirectRunner builds it when it picks that runner.
 
     DirectRunner offers no public way to skip its attempt at the Prism runner
@@ -58,14 +58,43 @@ def batch_fn_api_runner(options: PipelineOptions) -> PipelineRunner:
     the runner is built as ``DirectRunner.run_pipeline`` builds it: with the
     options encoded into the provision info that its worker processes read
     (``--direct_num_workers``, ``--direct_running_mode``, ...).
+
+    Args:
+      options: the job's options.
+      worker_command: the shell command that starts a worker process in the
+        ``multi_processing`` mode, instead of Beam's ``python -m
+        apache_beam.runners.worker.sdk_worker_main`` (``warm_pool``'s relay). The
+        runner sets its environment (``_default_environment``) from that mode in
+        ``run_pipeline``, with no way to give it another command: a subclass
+        swaps the command as the environment is set.
     """
     from apache_beam.portability.api import beam_provision_api_pb2
     from apache_beam.runners.portability.fn_api_runner import fn_runner
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+    provision = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    if worker_command is None:
+        return fn_runner.FnApiRunner(provision_info=provision)
+    return _runner_with_worker_command(fn_runner.FnApiRunner, worker_command)(provision_info=provision)
+
+
+def _runner_with_worker_command(base: type, command: str) -> type:
+    """``base`` (FnApiRunner) whose subprocess environment runs ``command``."""
+    from apache_beam.transforms import environments
+
+    class WithWorkerCommand(base):  # type: ignore[misc, valid-type]
+        @property
+        def _default_environment(self):
+            return self.__dict__["_environment"]
+
+        @_default_environment.setter
+        def _default_environment(self, environment) -> None:
+            if isinstance(environment, environments.SubprocessSDKEnvironment):
+                environment = environments.SubprocessSDKEnvironment.from_command_string(command_string=command)
+            self.__dict__["_environment"] = environment
+
+    return WithWorkerCommand
 
 
 class WorkerNoise(logging.Filter):

@@ -15,11 +15,11 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["is_worker", "signal_of", "signals_as_interrupts", "stop_workers"]
+__all__ = ["WORKER_MODULE", "is_worker", "signal_of", "signals_as_interrupts", "stop_workers"]
 
 _LOG = logging.getLogger(__name__)
 # What names a Beam SDK worker process in its command line (SubprocessSDKEnvironment's command).
-_WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
+WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
 _STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -92,6 +92,6 @@ def stop_workers(grace_s: float = 3.0) -> int:
 def is_worker(process) -> bool:
     """Whether a ``psutil.Process`` is a Beam SDK worker, by its command line."""
     try:
-        return any(_WORKER_MODULE in part for part in process.cmdline())
+        return any(WORKER_MODULE in part for part in process.cmdline())
     except Exception:  # noqa: BLE001 - gone already, or not ours to see
         return False

@@ -41,7 +41,7 @@ from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
-from beam_prep.write.run import interrupt
+from beam_prep.write.run import interrupt, warm_pool
 from beam_prep.write.run.beam_compat import batch_fn_api_runner
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.run.worker_requirements import add_format_requirement
@@ -140,18 +140,39 @@ def _fit_workers(options: PipelineOptions, images: int) -> None:
     direct.direct_num_workers = max(1, min(local_workers(options), -(-images // IMAGES_PER_WORKER)))
 
 
-def local_runner(options: PipelineOptions) -> PipelineRunner | None:
+def local_runner(options: PipelineOptions, pool: warm_pool.WarmPool | None = None) -> PipelineRunner | None:
     """Beam's batch FnApiRunner, built as DirectRunner builds it, for DirectRunner jobs.
 
     DirectRunner first tries the Prism runner when it can download it, and Prism
     runs Python transforms in one process: a user would silently lose every core
     but one, and a machine without internet waits for the download to fail. The
-    FnApiRunner honours ``--direct_running_mode`` and ``--direct_num_workers``.
+    FnApiRunner honours ``--direct_running_mode`` and ``--direct_num_workers``;
+    with ``pool``, its worker processes are the pool's, started while the run listed.
     Returns None where the user chose another runner.
     """
     if _runner_name(options) not in (None, "DirectRunner"):
         return None
-    return batch_fn_api_runner(options)
+    return batch_fn_api_runner(options, pool.relay_command() if pool is not None else None)
+
+
+@contextlib.contextmanager
+def _warm_workers(options: PipelineOptions) -> Iterator[warm_pool.WarmPool | None]:
+    """The pool of a multi-process local run's workers (``warm_pool``): the command's, started
+    before it imported Beam, or a new one that ``_start_workers`` fills."""
+    direct = options.view_as(DirectOptions)
+    if _runner_name(options) not in (None, "DirectRunner") or direct.direct_running_mode != "multi_processing":
+        warm_pool.close_early()  # the command guessed from its arguments, and Beam's options say otherwise
+        yield None
+        return
+    with warm_pool.warm_pool() as pool:
+        yield pool
+
+
+def _start_workers(pool: warm_pool.WarmPool | None, options: PipelineOptions) -> None:
+    """Once the output folder is checked, before listing: one worker started, or the count the
+    user gave, to import while the launcher lists; the run fits the count once it has listed."""
+    if pool is not None:
+        pool.start_up_to(options.view_as(DirectOptions).direct_num_workers or 1)
 
 
 def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
@@ -291,8 +312,8 @@ def run(config: PrepareConfig, options: PipelineOptions,
     if options.view_as(TestOptions).dry_run:
         return _dry_run(config, options, local, start)
     with interrupt.signals_as_interrupts(), claim_output(config.output, new_run_id()) as claim, \
-            _progress_folder(local) as folder:
-        job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder)
+            _progress_folder(local) as folder, _warm_workers(options) as pool:
+        job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder, pool=pool)
         try:
             with _watching(folder, job, on_progress, progress_interval):
                 result = job.pipeline.run()
@@ -414,10 +435,10 @@ def _watching(folder: str | None, job: _Prepared,
 
 
 def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
-             write: bool, progress_folder: str | None = None) -> _Prepared:
+             write: bool, progress_folder: str | None = None, pool: warm_pool.WarmPool | None = None) -> _Prepared:
     """Checks the output folder, then lists and plans, or takes the plan of the unfinished run
     this one resumes; with ``write``, clears unfinished runs and writes this run's listings.
-    Returns the pipeline, built, and its plan."""
+    Returns the pipeline, built (its workers ``pool``'s, fitted to the run), and its plan."""
     labels = _labels(config)
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
     resumable = _resumable(resolve_sink(config, options), options)
@@ -428,6 +449,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         resumed = resume.find_resumable(config.output, leftovers, recorded)
     if resumed is not None:
         layout.check_output(config.output, config.overwrite or resumed.overwrite, [])
+        _start_workers(pool, options)
         run_plan = RunPlan(**resumed.plan)
         names = _shard_names(config, run_plan)
         work = layout.run_folder(config.output, run_plan.run_id)
@@ -440,6 +462,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                      f"{resume.images_in(kept):,}", f"{sum(run_plan.split_counts.values()):,}")
     else:
         layout.check_output(config.output, config.overwrite, leftovers)
+        _start_workers(pool, options)
         listing, run_plan = plan_run(config, options, run_id, labels)
         with listing:
             if write:
@@ -452,7 +475,9 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     if _runner_name(options) not in LOCAL_RUNNERS:
         add_format_requirement(options, config.file_format)  # remote workers need the format's library
     _fit_workers(options, (sum(run_plan.split_counts.values()) or run_plan.listed) - resume.images_in(kept))
-    p = beam.Pipeline(runner=local_runner(options), options=options)
+    if pool is not None:
+        pool.fit(local_workers(options))
+    p = beam.Pipeline(runner=local_runner(options, pool), options=options)
     build(p, config, run_plan, progress_folder, finalize=not resumable)
     return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept))
 

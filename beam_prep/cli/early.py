@@ -1,0 +1,40 @@
+"""``beam-prep prepare``'s first workers, started from its arguments before it imports Beam.
+
+A local run's worker processes import Beam, Pillow, numpy and the kernel for
+about a second of a core each; started as the command starts (``warm_pool``),
+they do it while the launcher imports its own and lists the tree. Only the
+command line is known this early, so it is read as Beam will read it, for the
+few flags that decide whether a local multi-process run follows.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from beam_prep.cli.spelling import flag_value
+from beam_prep.write.run import warm_pool
+
+__all__ = ["early_workers", "start_workers_early"]
+
+# Flags after which no run follows (help, the version) or none with workers (a dry run).
+_NO_RUN = frozenset({"-h", "--help", "--help_beam", "--version", "--dry_run"})
+
+
+def early_workers(argv: Sequence[str]) -> int | None:
+    """The workers a ``prepare`` command line asks for, as far as it can be told before Beam
+    parses it: ``--direct_num_workers`` (0 or absent: one, which the run fits to its images),
+    or None for another runner or mode, a dry run or help."""
+    if any(arg.partition("=")[0] in _NO_RUN for arg in argv):
+        return None
+    if flag_value(argv, "--runner") not in (None, "DirectRunner") \
+            or flag_value(argv, "--direct_running_mode") not in (None, "multi_processing"):
+        return None
+    workers = flag_value(argv, "--direct_num_workers")
+    return max(int(workers), 1) if workers is not None and workers.isdigit() else 1
+
+
+def start_workers_early(argv: Sequence[str]) -> None:
+    """Starts the workers ``argv`` (``prepare``'s arguments) asks for (``warm_pool.start_early``);
+    the command closes them when it ends (``warm_pool.close_early``) if no run took them."""
+    count = early_workers(argv)
+    if count is not None:
+        warm_pool.start_early(count)

@@ -1,0 +1,309 @@
+"""A local run's workers started while the launcher lists: their start-up overlaps its work.
+
+Beam's local runner starts a worker process (``SubprocessSDKEnvironment``) only
+once the pipeline runs, after the whole listing and plan, and each then spends
+about a second of a core importing Beam, Pillow, numpy and the kernel while the
+run waits. A ``WarmPool`` starts them at the run's start instead
+(``warm_worker``: imports done, then waiting), and Beam's worker command becomes
+``relay_command()``: a small process that the launcher hands over to a waiting
+worker, which reads the relay's environment (the control service's address, the
+options) and takes its stdout and stderr (where Beam's worker would have
+written: a job's log file), serves Beam as the worker it asked for, and answers
+with its exit status for the relay to exit with. A relay with no worker waiting, or whose
+worker cannot take it over, starts Beam's own worker command itself, as Beam
+would have.
+
+The hand-over is the launcher's: it accepts the relays on a socket only its
+user can reach (a name no file holds, the peer's uid checked; elsewhere than
+Linux, a file in a private folder) and passes each to a waiting worker over the
+socket pair it started that worker with. Workers beyond what the run needs are
+stopped (``fit``), and every one left at ``close``.
+
+The command starts its pool before it imports Beam (``start_early``), so that
+the first worker's start overlaps the launcher's own; the run takes it over
+(``take_early``), and the command closes one no run took (``close_early``).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+
+from beam_prep.write.run import warm_worker
+from beam_prep.write.run.interrupt import WORKER_MODULE
+
+__all__ = ["NOT_TAKEN", "RELAY", "WARM_VARIABLE", "WarmPool", "close_early", "enabled", "start_early", "take_early", "warm_pool"]
+
+_LOG = logging.getLogger(__name__)
+
+# The relay's line in a job's log where the worker it was handed to could not take over.
+NOT_TAKEN = "a waiting worker could not take over"
+# The relay, run by Beam's worker command line as `python -I -S -c RELAY <address> <worker module>`:
+# the standard library only (-I -S: no site, no user paths), as it starts for every worker.
+RELAY = """\
+import json, os, socket, struct, sys
+address, module = sys.argv[1], sys.argv[2]
+answer = b""
+try:
+    relay = socket.socket(socket.AF_UNIX)
+    relay.connect("\\0" + address[1:] if address.startswith("@") else address)
+    answer = relay.recv(1)
+except OSError:
+    pass
+if answer != b"W":
+    os.execv(sys.executable, [sys.executable, "-m", module])
+environment = json.dumps(dict(os.environ)).encode()
+try:
+    socket.send_fds(relay, [struct.pack("!I", len(environment))], [1, 2])
+    relay.sendall(environment)
+    status = relay.makefile("rb").readline().strip()
+except OSError:
+    status = b"cold"
+if status == b"cold":
+    sys.stderr.write("beam-prep: a waiting worker could not take over; Beam's worker starts instead\\n")
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module])
+sys.exit(int(status) if status.lstrip(b"-").isdigit() else 1)
+"""
+# How long a worker may take to exit once it has given its relay its status, or been told to stop.
+_EXIT_S = 30
+# Longest path a Unix socket's address holds, on every platform (sun_path is 104 or 108 bytes).
+_MAX_SOCKET_PATH = 100
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# Set to 0, Beam starts its workers as the pipeline runs (the start-up benchmark's baseline).
+WARM_VARIABLE = "BEAM_PREP_WARM_WORKERS"
+
+
+def enabled() -> bool:
+    """Whether runs start their workers early: unless ``BEAM_PREP_WARM_WORKERS=0``."""
+    return os.environ.get(WARM_VARIABLE, "1") != "0"
+
+
+def _socket_address(address: str) -> str:
+    """A Linux abstract name (``@name``) as ``socket`` takes it; a path as it is."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
+class WarmPool:
+    """Worker processes waiting with their imports done, and the socket their relays reach them on.
+
+    Use as a context manager (``warm_pool``): ``close`` stops every worker that
+    no relay took and the socket's thread.
+    """
+
+    def __init__(self) -> None:
+        self._folder: str | None = None
+        self._listener, self.address = self._listen()
+        self._waiting: list[tuple[subprocess.Popen, socket.socket]] = []
+        self._started: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._hand_over, name="beam-prep-warm-pool", daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> tuple[socket.socket, str]:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.setblocking(True)
+        try:
+            if sys.platform.startswith("linux"):  # an abstract name: no file to remove, any TMPDIR
+                name = f"beam-prep-workers-{os.getpid()}-{secrets.token_hex(16)}"
+                listener.bind("\0" + name)
+                address = "@" + name
+            else:
+                self._folder = tempfile.mkdtemp(prefix="bp-")  # mode 0700: only this user reaches it
+                address = os.path.join(self._folder, "w")
+                if len(address.encode()) > _MAX_SOCKET_PATH:
+                    raise OSError(f"the temp folder's path is too long for a socket: {address}")
+                listener.bind(address)
+            listener.listen(64)
+        except BaseException:
+            listener.close()
+            self._remove_folder()
+            raise
+        return listener, address
+
+    def relay_command(self) -> str:
+        """Beam's worker command line for this pool (``SubprocessSDKEnvironment``'s, run by a shell)."""
+        return shlex.join([sys.executable, "-I", "-S", "-c", RELAY, self.address, WORKER_MODULE])
+
+    def start(self, count: int) -> None:
+        """Starts ``count`` more waiting workers."""
+        for _ in range(count):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            ours.setblocking(True)
+            theirs.setblocking(True)  # the worker's end blocks, whatever this process's default timeout
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", warm_worker.__name__, str(theirs.fileno()), WORKER_MODULE],
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            with self._lock:
+                self._waiting.append((process, ours))
+                self._started.append(process)
+
+    def start_up_to(self, count: int) -> None:
+        """As many started as make ``count`` waiting, where fewer are."""
+        self.start(max(count - self.waiting, 0))
+
+    def fit(self, count: int) -> None:
+        """Exactly ``count`` workers waiting: more started, or those beyond it stopped."""
+        with self._lock:
+            extra = self._waiting[count:]
+            del self._waiting[count:]
+            missing = count - len(self._waiting)
+        self._stop(extra)
+        self.start(max(missing, 0))
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    def _hand_over(self) -> None:
+        """The socket's thread: each relay to a waiting worker, or told to start Beam's worker itself."""
+        while True:
+            try:
+                relay, _ = self._listener.accept()
+            except OSError as e:
+                if self._closed:
+                    return
+                _LOG.warning("the run's worker socket: %s", e)
+                continue
+            with relay:
+                if self._closed:
+                    return
+                relay.setblocking(True)  # a default timeout (Beam's GCP credentials set one) makes it not
+                try:
+                    self._hand(relay)
+                except Exception:  # noqa: BLE001 - a relay left without an answer would wait for ever
+                    _LOG.exception("a relay could not be handed over: it starts Beam's worker")
+                    with contextlib.suppress(OSError):
+                        relay.sendall(warm_worker.COLD)
+
+    def _hand(self, relay: socket.socket) -> None:
+        """``relay`` to the first waiting worker still there, or told to start Beam's worker."""
+        if not self._same_user(relay):
+            return
+        while True:
+            with self._lock:
+                worker = self._waiting.pop(0) if self._waiting else None
+            if worker is None:
+                _LOG.debug("a relay and no worker waiting: it starts Beam's")
+                relay.sendall(warm_worker.COLD)
+                return
+            process, ours = worker
+            try:
+                socket.send_fds(ours, [b"R"], [relay.fileno()])
+            except OSError:  # that worker is gone: the next one
+                continue
+            finally:
+                ours.close()
+            _LOG.debug("a relay handed to waiting worker %d", process.pid)
+            return
+
+    @staticmethod
+    def _same_user(relay: socket.socket) -> bool:
+        if not hasattr(socket, "SO_PEERCRED"):
+            return True  # the socket's folder is this user's alone
+        _, uid, _ = _PEERCRED.unpack(relay.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        if uid != os.getuid():
+            _LOG.warning("a process of user %d reached the run's worker socket: refused", uid)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stops the workers still waiting, then the socket's thread; those serving Beam go on."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = self._waiting, []
+        self._stop(waiting)
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+            wake.connect(_socket_address(self.address))  # wakes the thread's accept
+        self._thread.join()
+        self._listener.close()
+        for process in self._started:  # reaped, so that their CPU is their launcher's
+            try:
+                process.wait(timeout=_EXIT_S)
+            except subprocess.TimeoutExpired:
+                _LOG.warning("a worker process (%d) did not exit %d s after its work: killed", process.pid, _EXIT_S)
+                process.kill()
+                process.wait()
+        self._remove_folder()
+
+    def _stop(self, workers: list[tuple[subprocess.Popen, socket.socket]]) -> None:
+        for process, ours in workers:
+            ours.close()
+            process.terminate()
+
+    def _remove_folder(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+    def __enter__(self) -> WarmPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def warm_pool() -> Iterator[WarmPool | None]:
+    """The command's pool (``start_early``), or a new one with no worker started yet (a run
+    starts them once its output is checked: a refused run starts none); None (Beam starts its
+    workers) where the socket cannot be made, or ``BEAM_PREP_WARM_WORKERS=0``. Closed on leaving."""
+    pool = take_early()
+    if pool is None:
+        if not enabled():
+            yield None
+            return
+        try:
+            pool = WarmPool()
+        except OSError as e:
+            _LOG.info("local workers start when the pipeline runs: %s", e)
+            yield None
+            return
+    with pool:
+        yield pool
+
+
+_EARLY: list[WarmPool] = []  # the command's pool, started before its run
+
+
+def start_early(count: int) -> None:
+    """The command's pool, ``count`` workers started before it imports Beam (``beam_prep.cli.early``
+    decides from its arguments); a run takes it over (``take_early``), and the command closes
+    it after (``close_early``), whether or not a run took it."""
+    if _EARLY or not enabled():
+        return
+    try:
+        pool = WarmPool()
+    except OSError:
+        return  # the run says why, as it makes its own
+    _EARLY.append(pool)
+    pool.start(count)
+
+
+def take_early() -> WarmPool | None:
+    """The pool ``start_early`` started, for the run to use (and close); None if there is none."""
+    return _EARLY.pop() if _EARLY else None
+
+
+def close_early() -> None:
+    """Closes a pool ``start_early`` started and no run took (refused options, a busy output)."""
+    while _EARLY:
+        _EARLY.pop().close()
+

@@ -1,0 +1,134 @@
+"""A local run's Beam worker, started before the run's pipeline exists: ``python -m`` this module.
+
+It imports what a worker needs (Beam's harness, Pillow, numpy, the kernel, the
+sinks' code) while the launcher lists the tree, then waits on the socket its
+launcher gave it (``warm_pool``) for a relay's connection: the process Beam
+started as its worker (``warm_pool.RELAY``). It reads the relay's environment
+(the control service's address, the options) and its stdout and stderr, becomes
+the worker Beam asked for, and answers with its exit status, which the relay
+exits with. Its
+launcher gone, or the relay never coming, it exits at once.
+
+Its command line names Beam's worker module (``sys.argv[2]``), so that the
+launcher's ``interrupt.stop_workers`` and anyone's ``ps`` know it for one.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import sys
+
+__all__ = ["main"]
+
+# The relay's first message: its environment, as JSON of this many bytes (network order).
+LENGTH = struct.Struct("!I")
+# Sent to the relay on taking it over: it sends its environment next.
+TAKEN = b"W"
+# Sent to the relay by the launcher when no worker waits: it starts Beam's worker itself.
+COLD = b"C"
+# Sent to the relay in place of a status by a worker that could not take it over: it starts Beam's worker.
+COLD_STATUS = b"cold\n"
+# The most an environment may be: a relay's larger message is refused (a status of 1).
+_MAX_ENVIRONMENT = 1 << 24
+
+
+def _prepare() -> None:
+    """The imports a worker's first bundle would pay for. Silent: until a relay is handed over,
+    this process's stderr is the command's console, not the job's log; an import that fails
+    here fails again where Beam reports it."""
+    with contextlib.suppress(Exception):
+        from apache_beam.runners.worker import sdk_worker_main  # noqa: F401 - Beam's harness and its protos
+
+        from beam_prep.write.sinks import shard_sinks  # noqa: F401 - the DoFns, imaging, the kernel, GZIP
+
+
+def _read_exactly(conn: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the relay closed its connection")
+        data += chunk
+    return bytes(data)
+
+
+def _relay_of(launcher: socket.socket) -> socket.socket | None:
+    """The relay's connection, as the launcher hands it over; None where the launcher closed its end."""
+    try:
+        _, fds, _, _ = socket.recv_fds(launcher, 1, 1)
+    except OSError:
+        return None
+    if not fds:
+        return None
+    relay = socket.socket(fileno=fds[0])
+    # Blocking, whatever the launcher's socket module had for a default timeout (Beam's GCP
+    # credentials set one), since the flag goes with the descriptor.
+    relay.setblocking(True)
+    return relay
+
+
+def _take_over(relay: socket.socket) -> dict[str, str]:
+    """The relay's environment; its stdout and stderr become this process's."""
+    relay.sendall(TAKEN)
+    header, fds, _, _ = socket.recv_fds(relay, LENGTH.size, 2)
+    try:
+        if len(fds) != 2:
+            raise ValueError("a relay sent no stdout and stderr")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    (size,) = LENGTH.unpack(header + _read_exactly(relay, LENGTH.size - len(header)))
+    if size > _MAX_ENVIRONMENT:
+        raise ValueError(f"a relay's environment of {size} bytes")
+    environment = json.loads(_read_exactly(relay, size))
+    if not isinstance(environment, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in environment.items()):
+        raise ValueError("a relay's environment is not a map of strings")
+    return environment
+
+
+def main(argv: list[str]) -> int:
+    """Runs one worker for the relay handed over on file descriptor ``argv[1]``; returns its status."""
+    launcher = socket.socket(fileno=int(argv[1]))
+    launcher.setblocking(True)
+    _prepare()
+    relay = _relay_of(launcher)
+    launcher.close()
+    if relay is None:
+        return 0
+    with relay:
+        try:
+            environment = _take_over(relay)
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                relay.sendall(COLD_STATUS)  # the relay starts Beam's worker itself
+            return 1
+        os.environ.clear()
+        os.environ.update(environment)
+        from apache_beam.runners.worker import sdk_worker_main
+
+        status = 1
+        try:
+            sdk_worker_main.main([sdk_worker_main.__file__])
+            status = 0
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                relay.sendall(f"{status}\n".encode())
+            except OSError:
+                pass
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

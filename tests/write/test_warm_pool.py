@@ -1,0 +1,236 @@
+"""A local run's workers start while it lists (``warm_pool``): the run is served by them, a relay
+without one starts Beam's own worker, nothing is left running, and only this user reaches them."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+
+import psutil
+import pytest
+from helpers import REPO, make_tree, read_split, run_prepare
+
+import beam_prep
+from beam_prep.cli.early import early_workers, start_workers_early
+from beam_prep.write.run import pipeline, warm_pool, warm_worker
+
+pytestmark = pytest.mark.slow
+
+POOL_LOG = "beam_prep.write.run.warm_pool"
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warm") / "in"
+    make_tree(root, {"a": 6, "b": 6}, size=(20, 16))
+    return root
+
+
+def waiting_workers() -> set[int]:
+    """This process's waiting workers, by their command line."""
+    return {p.pid for p in psutil.Process().children() if warm_worker.__name__ in " ".join(p.cmdline())}
+
+
+def handed_over(caplog) -> list[int]:
+    return [int(r.getMessage().rsplit(" ", 1)[1]) for r in caplog.records
+            if r.name == POOL_LOG and r.getMessage().startswith("a relay handed to waiting worker")]
+
+
+def test_the_run_is_served_by_the_workers_started_before_it_listed(tree, tmp_path, monkeypatch, caplog):
+    seen_while_listing: set[int] = set()
+    list_tree = pipeline.list_tree
+
+    def listing_after_looking(*args, **kwargs):
+        seen_while_listing.update(waiting_workers())
+        return list_tree(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "list_tree", listing_after_looking)
+    caplog.set_level(logging.DEBUG, logger=POOL_LOG)
+    manifest = beam_prep.prepare(str(tree), str(tmp_path / "out"), image_size=16, num_shards=2,
+                                 direct_num_workers=2, direct_running_mode="multi_processing")
+    assert manifest["counts"]["written"] == 12
+    assert len(read_split(tmp_path / "out", "train")) == 12
+    served = handed_over(caplog)
+    assert len(served) == 2 and set(served) <= seen_while_listing, (served, seen_while_listing)
+    assert waiting_workers() == set()  # every one ended and reaped
+
+
+def test_a_default_socket_timeout_in_the_launcher_changes_nothing(tree, tmp_path):
+    """Beam's GCP credentials set one for a gs:// run; the non-blocking flag it gives a socket goes
+    with its descriptor to the worker, whose end must block all the same."""
+    result = _command_with_pool_log(tree, tmp_path / "out", "--direct_num_workers", "1",
+                                    setup="import socket; socket.setdefaulttimeout(30.0)")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("a relay handed to waiting worker") == 1, result.stderr
+    assert warm_pool.NOT_TAKEN not in result.stderr, result.stderr
+    assert result.stdout.startswith("beam-prep: 12 of 12 images written"), result.stdout
+
+
+def test_a_relay_with_no_worker_waiting_starts_beams_own(tree, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(warm_pool.WarmPool, "start", lambda self, count: None)
+    caplog.set_level(logging.DEBUG, logger=POOL_LOG)
+    manifest = beam_prep.prepare(str(tree), str(tmp_path / "out"), image_size=16, num_shards=2,
+                                 direct_num_workers=2, direct_running_mode="multi_processing")
+    assert manifest["counts"]["written"] == 12
+    cold = [r for r in caplog.records if r.name == POOL_LOG and "no worker waiting" in r.getMessage()]
+    assert len(cold) == 2 and handed_over(caplog) == []
+
+
+def _answer(pool: warm_pool.WarmPool) -> bytes:
+    """What the launcher answers a relay that connects: the first byte it gets."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as relay:
+        relay.connect(warm_pool._socket_address(pool.address))
+        return relay.recv(1)
+
+
+def test_a_worker_gone_while_waiting_is_passed_over():
+    with warm_pool.WarmPool() as pool:
+        pool.start(1)
+        (process, _), = pool._waiting
+        process.kill()
+        process.wait()
+        assert _answer(pool) == warm_worker.COLD
+        assert pool.waiting == 0
+
+
+def _relay(address: str) -> subprocess.CompletedProcess:
+    """The relay as Beam's worker command runs it, with ``python -m platform`` for Beam's worker
+    (it prints the platform): what the relay runs where no waiting worker serves it."""
+    return subprocess.run([sys.executable, "-I", "-S", "-c", warm_pool.RELAY, address, "platform"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_relay_that_reaches_no_launcher_starts_beams_worker():
+    ran = _relay(f"@beam-prep-workers-none-{uuid.uuid4().hex}")
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+    assert warm_pool.NOT_TAKEN not in ran.stderr
+
+
+class _NotAProcess:
+    pid = 0
+
+    def terminate(self) -> None:
+        pass
+
+
+def test_a_relay_whose_worker_cannot_take_over_starts_beams_worker():
+    """A worker that takes the relay and then fails (here: answers ``cold`` at once): the relay
+    starts Beam's worker itself, and says so in the job's log."""
+    with warm_pool.WarmPool() as pool:
+        ours, theirs = socket.socketpair()
+        pool._waiting.append((_NotAProcess(), ours))
+
+        def failing_worker() -> None:
+            _, fds, _, _ = socket.recv_fds(theirs, 1, 1)
+            with socket.socket(fileno=fds[0]) as relay:
+                relay.sendall(warm_worker.TAKEN)
+                relay.recv(4)
+                relay.sendall(warm_worker.COLD_STATUS)
+
+        thread = threading.Thread(target=failing_worker)
+        thread.start()
+        ran = _relay(pool.address)
+        thread.join()
+        theirs.close()
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+    assert warm_pool.NOT_TAKEN in ran.stderr
+
+
+def test_workers_beyond_the_runs_count_are_stopped():
+    with warm_pool.WarmPool() as pool:
+        pool.start(3)
+        started = [p for p, _ in pool._waiting]
+        pool.fit(1)
+        assert pool.waiting == 1
+        for process in started[1:]:
+            assert process.wait(timeout=30) != 0  # terminated, not left to finish its imports
+        pool.fit(2)
+        assert pool.waiting == 2
+    assert all(p.poll() is not None for p in pool._started)
+
+
+@pytest.mark.skipif(not hasattr(os, "setuid") or os.geteuid() != 0, reason="needs another user: run as root")
+def test_another_user_is_refused():
+    with warm_pool.WarmPool() as pool:
+        pool.start(1)
+        code = ("import os, socket, sys; os.setuid(65534); s = socket.socket(socket.AF_UNIX); "
+                f"s.connect({warm_pool._socket_address(pool.address)!r}); sys.stdout.write(repr(s.recv(1)))")
+        refused = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert refused.stdout == "b''"  # closed without an answer
+        assert pool.waiting == 1  # its worker still waits for the run
+
+
+@pytest.mark.parametrize("argv,count", [
+    ([], 1),
+    (["--direct_num_workers", "3"], 3),
+    (["--direct_num_workers=2", "--runner", "DirectRunner"], 2),
+    (["--direct_num_workers", "0"], 1),
+    (["--direct_running_mode", "multi_processing"], 1),
+    (["--direct_running_mode", "in_memory"], None),
+    (["--runner", "DataflowRunner"], None),
+    (["--dry_run"], None),
+    (["--help"], None),
+])
+def test_the_command_line_says_how_many_workers_start_early(argv, count):
+    assert early_workers(["--input", "in", "--output", "out", *argv]) == count
+
+
+def test_the_early_pool_is_the_runs_or_closed():
+    start_workers_early(["--input", "in", "--output", "out", "--direct_num_workers", "2"])
+    pool = warm_pool.take_early()
+    assert pool is not None and pool.waiting == 2 and warm_pool.take_early() is None
+    pool.close()
+    start_workers_early(["--input", "in", "--output", "out"])
+    warm_pool.close_early()
+    assert warm_pool.take_early() is None
+
+
+def test_a_refused_command_leaves_no_worker_running(tmp_path):
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, BEAM_PREP_TEST_MARK=mark)
+    refused = run_prepare("--input", str(tmp_path / "missing"), "--output", str(tmp_path / "out"), env=env)
+    assert refused.returncode == 2, refused.stderr
+    assert not (tmp_path / "out").exists()
+
+    def marked(process: psutil.Process) -> bool:
+        try:
+            return process.environ().get("BEAM_PREP_TEST_MARK") == mark
+        except psutil.Error:
+            return False
+
+    assert [p.pid for p in psutil.process_iter() if marked(p)] == []
+
+
+def test_the_command_is_served_by_its_early_workers(tree, tmp_path):
+    """``python -m pipelines.prepare_images`` starts its worker before it imports Beam: that
+    worker, not one Beam starts, writes the shards."""
+    result = _command_with_pool_log(tree, tmp_path / "out", "--direct_num_workers", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("beam-prep: 12 of 12 images written"), result.stdout
+    assert result.stderr.count("a relay handed to waiting worker") == 1, result.stderr
+    assert "no worker waiting" not in result.stderr and warm_pool.NOT_TAKEN not in result.stderr
+
+
+def _command_with_pool_log(tree, out, *args: str, setup: str = "") -> subprocess.CompletedProcess:
+    """``python -m pipelines.prepare_images`` with ``--verbose`` and the pool's debug records on stderr,
+    after ``setup`` (Python) runs in it."""
+    return subprocess.run([sys.executable, "-c", _VERBOSE_POOL.format(setup=setup), "--input", str(tree),
+                           "--output", str(out), "--image_size", "16", "--verbose", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+# The command as `python -m pipelines.prepare_images` runs it, the pool's debug records shown.
+_VERBOSE_POOL = """
+import logging, runpy, sys
+{setup}
+logging.getLogger("beam_prep.write.run.warm_pool").setLevel(logging.DEBUG)
+handler = logging.StreamHandler(sys.stderr)
+handler.setLevel(logging.DEBUG)
+logging.getLogger("beam_prep.write.run.warm_pool").addHandler(handler)
+sys.argv = ["prepare_images", *sys.argv[1:]]
+runpy.run_module("pipelines.prepare_images", run_name="__main__")
+"""
