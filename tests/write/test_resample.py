@@ -319,7 +319,7 @@ def test_without_the_kernel_pillow_resizes_the_same_bytes_and_says_why(reload_ke
 
 def test_a_kernel_failing_at_work_hands_over_to_pillow_once(kernel, monkeypatch, caplog):
     class Failing:
-        def coefficients(self, *args):
+        def resample_image(self, *args):
             raise RuntimeError("a bug in the kernel")
 
     monkeypatch.setattr(resample, "_BROKEN", resample._Broken())

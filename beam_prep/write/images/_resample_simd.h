@@ -34,14 +34,15 @@
 #define X_STORE(p, v) store_u32((p), (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16( \
     _mm_packs_epi32(_mm_srai_epi32((v), PRECISION_BITS), _mm_setzero_si128()), _mm_setzero_si128())))
 
-/* filter_rows' loop: each output row the weighted sum of the source rows its bounds name, over
- * strips of STRIP vectors whose sums stay in registers for all the taps. */
+/* filter_rows' loop: each output row the weighted sum of the source rows its bounds name (src's
+ * first row being row `first`), over strips of STRIP vectors whose sums stay in registers for all
+ * the taps. */
 LOOPS static void
 CAT(vertical, SUFFIX)(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights,
-                      int taps, uint8_t *out, Py_ssize_t out_rows) {
+                      int taps, Py_ssize_t first, uint8_t *out, Py_ssize_t out_rows) {
     const VEC round = V_SET1(1 << (PRECISION_BITS - 1));
     for (Py_ssize_t yy = 0; yy < out_rows; yy++) {
-        const uint8_t *base = src + (Py_ssize_t)bounds[yy * 2] * width;
+        const uint8_t *base = src + ((Py_ssize_t)bounds[yy * 2] - first) * width;
         const int count = bounds[yy * 2 + 1];
         const int32_t *k = &weights[(Py_ssize_t)yy * taps];
         uint8_t *line = out + yy * width;
