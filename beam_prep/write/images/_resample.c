@@ -309,7 +309,7 @@ static const int32_t ROUNDING[16] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_
 #define TARGET __attribute__((target("sse4.1")))
 #define VEC __m128i
 #define LANES 4
-#define STRIP 4
+#define STRIP 8
 #define V_PIXELS(p) _mm_cvtepu8_epi32(_mm_cvtsi32_si128(load_u32(p)))
 #define V_WEIGHTS(p) _mm_loadu_si128((const __m128i *)(p))
 #define V_SET1(w) _mm_set1_epi32(w)
@@ -338,7 +338,7 @@ static const int32_t ROUNDING[16] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_
 #define TARGET __attribute__((target("avx2")))
 #define VEC __m256i
 #define LANES 8
-#define STRIP 4
+#define STRIP 8
 #define V_PIXELS(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define V_WEIGHTS(p) _mm256_loadu_si256((const __m256i *)(p))
 #define V_SET1(w) _mm256_set1_epi32(w)

@@ -11,7 +11,8 @@
  *   TARGET            the target attribute
  *   VEC, LANES        the vector type and its int32 lanes; G = LANES / 4, the taps of a pixel one
  *                     vector holds in the horizontal pass
- *   STRIP             the vectors of sums the vertical pass keeps in registers (half the registers)
+ *   STRIP             the vectors of sums the vertical pass keeps in registers (half the registers or
+ *                     more; then STRIP / 2, so that a row's tail is at most one vector short of it)
  *   V_PIXELS(p)       LANES bytes at p widened to LANES int32
  *   V_WEIGHTS(p)      LANES int32 at p
  *   V_SET1(w), V_ZERO(), V_ADD, V_MUL
@@ -34,6 +35,25 @@
 #define X_STORE(p, v) store_u32((p), (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16( \
     _mm_packs_epi32(_mm_srai_epi32((v), PRECISION_BITS), _mm_setzero_si128()), _mm_setzero_si128())))
 
+/* N vectors of the row from i: their sums in registers for all of the row's taps */
+#define VERTICAL_STRIP(N)                                                                           \
+    do {                                                                                            \
+        VEC a[N];                                                                                   \
+        for (int u = 0; u < N; u++) {                                                               \
+            a[u] = round;                                                                           \
+        }                                                                                           \
+        const uint8_t *p = base + i;                                                                \
+        for (int y = 0; y < count; y++, p += width) {                                               \
+            const VEC w = V_SET1(k[y]);                                                             \
+            for (int u = 0; u < N; u++) {                                                           \
+                a[u] = V_ADD(V_MUL(V_PIXELS(p + u * LANES), w), a[u]);                              \
+            }                                                                                       \
+        }                                                                                           \
+        for (int u = 0; u < N; u++) {                                                               \
+            V_STORE(line + i + u * LANES, a[u]);                                                    \
+        }                                                                                           \
+    } while (0)
+
 /* filter_rows' loop: each output row the weighted sum of the source rows its bounds name (src's
  * first row being row `first`), over strips of STRIP vectors whose sums stay in registers for all
  * the taps. */
@@ -48,20 +68,10 @@ CAT(vertical, SUFFIX)(const uint8_t *src, Py_ssize_t width, const int32_t *bound
         uint8_t *line = out + yy * width;
         Py_ssize_t i = 0;
         for (; i + STRIP * LANES <= width; i += STRIP * LANES) {
-            VEC a[STRIP];
-            for (int u = 0; u < STRIP; u++) {
-                a[u] = round;
-            }
-            const uint8_t *p = base + i;
-            for (int y = 0; y < count; y++, p += width) {
-                const VEC w = V_SET1(k[y]);
-                for (int u = 0; u < STRIP; u++) {
-                    a[u] = V_ADD(V_MUL(V_PIXELS(p + u * LANES), w), a[u]);
-                }
-            }
-            for (int u = 0; u < STRIP; u++) {
-                V_STORE(line + i + u * LANES, a[u]);
-            }
+            VERTICAL_STRIP(STRIP);
+        }
+        for (; i + STRIP / 2 * LANES <= width; i += STRIP / 2 * LANES) { /* a half strip: no tail of single vectors */
+            VERTICAL_STRIP(STRIP / 2);
         }
         for (; i + LANES <= width; i += LANES) {
             VEC a = round;
@@ -173,6 +183,7 @@ CAT(horizontal4, SUFFIX)(const uint8_t *src, Py_ssize_t stride, Py_ssize_t rows,
 }
 
 #undef HORIZONTAL_PIXEL
+#undef VERTICAL_STRIP
 #undef X_PIXEL
 #undef X_STORE
 #undef G
