@@ -301,10 +301,6 @@ horizontal4_scalar(const uint8_t *src, Py_ssize_t stride, Py_ssize_t rows, Py_ss
 }
 
 #ifdef X86_VECTORS
-/* Pillow's rounding constant in a pixel's 4 channels, then 0: a horizontal sum's first value */
-static const int32_t ROUNDING[16] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
-                                     1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
-
 #define SUFFIX sse4
 #define TARGET __attribute__((target("sse4.1")))
 #define VEC __m128i
