@@ -3,11 +3,14 @@
  *
  * Built by setup.py as the optional extension beam_prep.write.images._resample (where it is not
  * built, beam-prep resizes with Pillow's own loops: the same pixels). beam_prep/write/images/
- * resample.py calls these three functions and holds every rule of Pillow's resize (pass order,
- * shortcuts, box checks); docs/design/resizing.md says why the result is Pillow's byte for byte:
- * the weights are Pillow's few double operations in its order (compiled with -ffp-contract=off,
- * so no fused multiply-add changes a rounding), the rest is integer arithmetic. phash.py calls the
- * perceptual hash (_phash.h), which shares the weights' code.
+ * resample.py holds every rule of Pillow's resize (pass order, shortcuts, box checks) and calls
+ * resample_image, the whole resize in one call: Pillow's image read by its line pointers, both
+ * passes, the output written into the image Pillow made for it. coefficients, filter_rows,
+ * transpose and filter_pixels are its steps one by one (the tests call them).
+ * docs/design/resizing.md says why the result is Pillow's byte for byte: the weights are Pillow's
+ * few double operations in its order (compiled with -ffp-contract=off, so no fused multiply-add
+ * changes a rounding), the rest is integer arithmetic. phash.py calls the perceptual hash
+ * (_phash.h), which shares the weights' code.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1252,8 +1255,9 @@ PyInit__resample(void) {
         }
     }
 #ifdef BEAM_PREP_EXACT_SCRATCH
-    /* A sanitizer build (tests/write/test_resample_sanitized.py): resample.py then gives every call
-     * scratch arrays of exact size, so that AddressSanitizer sees a read or write past one. */
+    /* A sanitizer build (tests/write/test_resample_sanitized.py), said to its fuzz: resample_image's
+     * scratch is always allocated at its exact size, so that AddressSanitizer sees a read or write
+     * past it (the older entry points take the caller's arrays). */
     if (m && PyModule_AddIntConstant(m, "EXACT_SCRATCH", 1) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -8,10 +8,11 @@ holds every rule of Pillow's resize around them: the box checks and shortcuts
 of ``_imaging.c``, the pass order of ``ImagingResampleInner`` (horizontal
 first, skipped where not needed), and ``Image.resize``'s own (from Pillow 12.2,
 an image taller than 100 times its width resized vertically first, then
-horizontally). Each pass runs over whole contiguous rows, which the compiler
-vectorises: the horizontal pass on a transposed copy of the rows it needs.
-Pixels come from Pillow's memory without a copy (its Arrow export), and the
-scratch arrays are kept per thread.
+horizontally). The resize is one call of the kernel (``resample_image``): it
+reads Pillow's image in place by its line pointers, runs both passes with
+vector loops (each axis's coefficients kept for the next image of the same
+geometry), and writes the output image Pillow made for it, with no copy and no
+Python between the passes.
 
 Any input is Pillow's: where the kernel would not compute Pillow's own answer
 (arguments that are not plain numbers, an empty image, padded lines, the sizes
