@@ -35,7 +35,17 @@ def _u8(n: int) -> np.ndarray:
 def hostile_calls(kernel) -> dict[str, Callable[[], object]]:
     """Calls of the kernel's C entry points that each must refuse with ValueError: sizes
     whose products or sums overflow, bounds outside the source, aliasing buffers, NaN boxes."""
+    from PIL import Image
+
+    from beam_prep.write.images import resample_loader
     from beam_prep.write.images.phash import _DCT
+    named = resample_loader.load().rules.mode_name  # the installed Pillow's image struct
+    grey, small, rgb = Image.new("L", (10, 8)).im, Image.new("L", (4, 3)).im, Image.new("RGB", (10, 8)).im
+
+    def whole(src=grey, dst=small, channels=1, sizes=(10, 8, 4, 3), box=(0.0, 0.0, 10.0, 8.0), passes=(True, True, False),
+              mode_name=named):
+        return kernel.resample_image(src, dst, mode_name, channels, *sizes, *box, *passes)
+
     bounds = np.array([[0, 2]], np.int32)
     weights = np.array([[1 << 21, 1 << 21, 0, 0, 0]], np.int32)
     shared = _u8(64)
@@ -106,6 +116,25 @@ def hostile_calls(kernel) -> dict[str, Callable[[], object]]:
         "filter_pixels: out overlaps src": lambda: kernel.filter_pixels(
             shared[:40], 2, 5, 0, 1, bounds, weights, 5, shared[36:40], 1),
         "set_isa: an unknown instruction set": lambda: kernel.set_isa("avx1024"),
+        "resample_image: the source is not that wide": lambda: whole(sizes=(11, 8, 4, 3)),
+        "resample_image: the source is not that tall": lambda: whole(sizes=(10, 9, 4, 3)),
+        "resample_image: dst is not that size": lambda: whole(sizes=(10, 8, 5, 3)),
+        "resample_image: sizes past any image": lambda: whole(sizes=(INT_MAX, INT_MAX, INT_MAX, INT_MAX)),
+        "resample_image: a side of 0": lambda: whole(sizes=(0, 8, 4, 3)),
+        "resample_image: a negative side": lambda: whole(sizes=(10, 8, 4, -3)),
+        "resample_image: 3 bytes a pixel": lambda: whole(channels=3),
+        "resample_image: 4 bytes a pixel of an L image": lambda: whole(channels=4),
+        "resample_image: 1 byte a pixel of an RGB image": lambda: whole(src=rgb),
+        "resample_image: dst is src": lambda: whole(dst=grey, sizes=(10, 8, 10, 8), box=(0.5, 0.0, 10.0, 8.0)),
+        "resample_image: the other Pillow's struct": lambda: whole(mode_name=not named),
+        "resample_image: no pass": lambda: whole(sizes=(10, 8, 10, 8), passes=(False, False, False)),
+        "resample_image: a side changed by no pass": lambda: whole(passes=(False, True, False)),
+        "resample_image: vertical first with no vertical pass": lambda: whole(
+            sizes=(10, 8, 4, 8), passes=(True, False, True)),
+        "resample_image: NaN box": lambda: whole(box=(math.nan, 0.0, 10.0, 8.0)),
+        "resample_image: box past the source": lambda: whole(box=(0.0, 0.0, 11.0, 8.0)),
+        "resample_image: inverted box": lambda: whole(box=(0.0, 6.0, 10.0, 2.0)),
+        "resample_image: negative box": lambda: whole(box=(-1.0, 0.0, 10.0, 8.0)),
     }
 
 

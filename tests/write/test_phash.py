@@ -190,8 +190,8 @@ def test_the_kernels_rows_are_used_only_for_the_image_just_made():
 
 
 def test_a_resize_that_fails_in_the_kernel_leaves_no_earlier_image_reading_its_scratch_rows(monkeypatch):
-    """A later resize writes the scratch rows and then fails (Pillow's loops resize it instead): the
-    image made before it is no longer read from those rows, which now hold the failed one's."""
+    """A later resize runs in the kernel and then fails (Pillow's loops resize it instead): the image
+    made before it is no longer taken for the last one made, so it is hashed from its own pixels."""
     first = resample.resize(picture(1, 120, 90), (40, 30), None)
     expected = phash(first.copy())
     loaded = resample_loader.load()
@@ -200,13 +200,13 @@ def test_a_resize_that_fails_in_the_kernel_leaves_no_earlier_image_reading_its_s
         def __getattr__(self, name):
             return getattr(loaded.kernel, name)
 
-        def filter_rows(self, *args):
-            loaded.kernel.filter_rows(*args)
+        def resample_image(self, *args):
+            loaded.kernel.resample_image(*args)
             raise MemoryError("after writing")
 
     monkeypatch.setattr(resample_loader, "load", lambda: dataclasses.replace(loaded, kernel=FailsAfterWriting()))
     second = resample.resize(picture(2, 120, 90), (40, 30), None)  # Pillow's loops, after the kernel wrote
     monkeypatch.undo()
     assert second.size == (40, 30)
-    assert resample.kernel_pixels(first, just_made=True)[3] is not None  # exported again, not the scratch rows
+    assert resample.kernel_pixels(first, just_made=True)[3] is not None  # exported again, not the last rows
     assert phash(first, just_resized=True) == expected

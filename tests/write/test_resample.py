@@ -319,7 +319,7 @@ def test_without_the_kernel_pillow_resizes_the_same_bytes_and_says_why(reload_ke
 
 def test_a_kernel_failing_at_work_hands_over_to_pillow_once(kernel, monkeypatch, caplog):
     class Failing:
-        def coefficients(self, *args):
+        def resample_image(self, *args):
             raise RuntimeError("a bug in the kernel")
 
     monkeypatch.setattr(resample, "_BROKEN", resample._Broken())
@@ -431,6 +431,44 @@ def test_a_side_past_float32s_integers_compares_as_pillows_c_does(fresh_kernel):
     img = Image.frombytes("L", (width, 1), np.random.default_rng(24).integers(0, 256, width, np.uint8).tobytes())
     counted = _assert_like_pillow(img, (width, 2), None, "16,777,217 x 1 -> x 2")
     assert counted == {resample.KERNEL: 1}
+
+
+def test_resample_image_writes_pillows_pixels_into_the_image_it_is_given_and_keeps_it_alive(kernel):
+    """The whole resize in one C call: Pillow's bytes, written into the image core it is given, and
+    those rows handed back as a read-only buffer that keeps the image alive after the image is gone."""
+    img = Image.effect_mandelbrot((60, 40), (-2, -1, 1, 1), 30).convert("RGB")
+    tall = Image.effect_mandelbrot((4, 900), (-2, -1, 1, 1), 30)
+    for src, size, box, passes in [(img, (24, 16), (0.5, 0.0, 50.0, 40.0), (True, True, False)),
+                                   (img, (60, 16), (0.0, 0.25, 60.0, 39.5), (False, True, False)),
+                                   (img, (24, 40), (1.0, 0.0, 59.0, 40.0), (True, False, False)),
+                                   (tall, (3, 30), (0.0, 0.0, 4.0, 900.0), (True, True, True))]:
+        want = src.resize(size, BICUBIC, box=box) if not passes[2] else src.resize(
+            (src.width, size[1]), BICUBIC, box=(0, box[1], src.width, box[3])).resize(
+            size, BICUBIC, box=(box[0], 0, box[2], size[1]))
+        made = Image.core.fill(src.mode, size, 0)
+        channels = resample._MODES[src.mode]
+        rows = kernel.kernel.resample_image(src.im, made, kernel.rules.mode_name, channels, *src.size, *size, *box,
+                                            *passes)
+        resized = Image.Image()._new(made)
+        assert_same(resized, want, f"{src.mode} {src.size} -> {size} {box} {passes}")
+        view = memoryview(rows)
+        assert view.readonly and view.nbytes == size[0] * size[1] * channels
+        expected = bytes(view)
+        del made, resized, view
+        assert bytes(memoryview(rows)) == expected  # the image's memory, alive as long as its rows
+
+
+def test_resample_image_refuses_what_is_not_a_pillow_image_or_an_int(kernel):
+    img = Image.new("L", (10, 8))
+    named = kernel.rules.mode_name
+    with pytest.raises(TypeError):
+        kernel.kernel.resample_image(object(), img.im, named, 1, 10, 8, 10, 8, 0.0, 0.5, 10.0, 8.0, False, True, False)
+    with pytest.raises(TypeError):
+        kernel.kernel.resample_image(img.im, b"\0" * 80, named, 1, 10, 8, 10, 8, 0.0, 0.5, 10.0, 8.0, False, True,
+                                     False)
+    with pytest.raises(OverflowError):
+        kernel.kernel.resample_image(img.im, Image.new("L", (4, 3)).im, named, 1, 2**40, 8, 4, 3, 0.0, 0.0, 10.0, 8.0,
+                                     True, True, False)
 
 
 def test_the_c_entry_points_refuse_hostile_arguments(kernel):

@@ -3,11 +3,14 @@
  *
  * Built by setup.py as the optional extension beam_prep.write.images._resample (where it is not
  * built, beam-prep resizes with Pillow's own loops: the same pixels). beam_prep/write/images/
- * resample.py calls these three functions and holds every rule of Pillow's resize (pass order,
- * shortcuts, box checks); docs/design/resizing.md says why the result is Pillow's byte for byte:
- * the weights are Pillow's few double operations in its order (compiled with -ffp-contract=off,
- * so no fused multiply-add changes a rounding), the rest is integer arithmetic. phash.py calls the
- * perceptual hash (_phash.h), which shares the weights' code.
+ * resample.py holds every rule of Pillow's resize (pass order, shortcuts, box checks) and calls
+ * resample_image, the whole resize in one call: Pillow's image read by its line pointers, both
+ * passes, the output written into the image Pillow made for it. coefficients, filter_rows,
+ * transpose and filter_pixels are its steps one by one (the tests call them).
+ * docs/design/resizing.md says why the result is Pillow's byte for byte: the weights are Pillow's
+ * few double operations in its order (compiled with -ffp-contract=off, so no fused multiply-add
+ * changes a rounding), the rest is integer arithmetic. phash.py calls the perceptual hash
+ * (_phash.h), which shares the weights' code.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -252,9 +255,9 @@ release:
 
 SCALAR static void
 vertical_scalar(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights, int taps,
-                uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
+                Py_ssize_t src_first, uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
     for (Py_ssize_t yy = 0; yy < out_rows; yy++) {
-        const Py_ssize_t first = bounds[yy * 2];
+        const Py_ssize_t first = bounds[yy * 2] - src_first;
         const int count = bounds[yy * 2 + 1];
         const int32_t *k = &weights[yy * taps];
         for (Py_ssize_t i = 0; i < width; i++) {
@@ -301,15 +304,11 @@ horizontal4_scalar(const uint8_t *src, Py_ssize_t stride, Py_ssize_t rows, Py_ss
 }
 
 #ifdef X86_VECTORS
-/* Pillow's rounding constant in a pixel's 4 channels, then 0: a horizontal sum's first value */
-static const int32_t ROUNDING[16] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
-                                     1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1)};
-
 #define SUFFIX sse4
 #define TARGET __attribute__((target("sse4.1")))
 #define VEC __m128i
 #define LANES 4
-#define STRIP 4
+#define STRIP 8
 #define V_PIXELS(p) _mm_cvtepu8_epi32(_mm_cvtsi32_si128(load_u32(p)))
 #define V_WEIGHTS(p) _mm_loadu_si128((const __m128i *)(p))
 #define V_SET1(w) _mm_set1_epi32(w)
@@ -338,7 +337,7 @@ static const int32_t ROUNDING[16] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_
 #define TARGET __attribute__((target("avx2")))
 #define VEC __m256i
 #define LANES 8
-#define STRIP 4
+#define STRIP 8
 #define V_PIXELS(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define V_WEIGHTS(p) _mm256_loadu_si256((const __m256i *)(p))
 #define V_SET1(w) _mm256_set1_epi32(w)
@@ -427,23 +426,26 @@ isa_runs(int which) {
     }
 }
 
+/* Each of out's out_rows rows (width bytes) the weighted sum of the rows of src its bounds name,
+ * src's first row being row `first` of the bounds' axis; acc: scratch of width int32 (the scalar
+ * loops'). */
 static void
 vertical(const uint8_t *src, Py_ssize_t width, const int32_t *bounds, const int32_t *weights, int taps,
-         uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
+         Py_ssize_t first, uint8_t *out, Py_ssize_t out_rows, int32_t *acc) {
     switch (isa) {
 #ifdef X86_VECTORS
     case ISA_SSE4:
-        vertical_sse4(src, width, bounds, weights, taps, out, out_rows);
+        vertical_sse4(src, width, bounds, weights, taps, first, out, out_rows);
         return;
     case ISA_AVX2:
-        vertical_avx2(src, width, bounds, weights, taps, out, out_rows);
+        vertical_avx2(src, width, bounds, weights, taps, first, out, out_rows);
         return;
     case ISA_AVX512:
-        vertical_avx512(src, width, bounds, weights, taps, out, out_rows);
+        vertical_avx512(src, width, bounds, weights, taps, first, out, out_rows);
         return;
 #endif
     default:
-        vertical_scalar(src, width, bounds, weights, taps, out, out_rows, acc);
+        vertical_scalar(src, width, bounds, weights, taps, first, out, out_rows, acc);
     }
 }
 
@@ -541,7 +543,7 @@ filter_rows(PyObject *self, PyObject *args) {
         goto release_acc;
     }
     Py_BEGIN_ALLOW_THREADS
-    vertical(src.buf, width, bounds.buf, weights.buf, taps, out.buf, out_rows, acc.buf);
+    vertical(src.buf, width, bounds.buf, weights.buf, taps, 0, out.buf, out_rows, acc.buf);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&acc);
     PyBuffer_Release(&out);
@@ -790,6 +792,429 @@ release:
 
 #include "_phash.h"
 
+/* ---- The whole resize in one call (resample_image): Pillow's image in, Pillow's image out ---- */
+
+/* The head of Pillow's struct ImagingMemoryInstance (libImaging/Imaging.h), up to the line size: before
+ * Pillow 12.0 the mode is its name (char[7]), from 12.0 its number (ModeID); the fields after it are
+ * the same in both (resample_loader.PillowRules.mode_name says which a version has). */
+#define IMAGING_HEAD                                                                                   \
+    int type;                                                                                          \
+    int depth;                                                                                         \
+    int bands;                                                                                         \
+    int xsize;                                                                                         \
+    int ysize;                                                                                         \
+    void *palette;                                                                                     \
+    uint8_t **image8;                                                                                  \
+    int32_t **image32;                                                                                 \
+    char **image;                                                                                      \
+    char *block;                                                                                       \
+    void *blocks;                                                                                      \
+    int pixelsize;                                                                                     \
+    int linesize;
+typedef struct {
+    char mode[7];
+    IMAGING_HEAD
+} imaging_head_named;
+typedef struct {
+    int mode;
+    IMAGING_HEAD
+} imaging_head_numbered;
+#undef IMAGING_HEAD
+
+/* The line pointers of the Pillow image `core` (an ImagingCore: Image.im), checked to be width x
+ * height pixels of pixelsize bytes in lines of width * pixelsize bytes; -1 with TypeError (not an
+ * image core) or ValueError (not that image, or a struct not laid out as `mode_name` says). */
+static int
+pillow_lines(PyObject *core, int mode_name, Py_ssize_t width, Py_ssize_t height, int pixelsize, uint8_t ***lines) {
+    PyObject *capsule = PyObject_GetAttrString(core, "ptr");
+    if (!capsule || !PyCapsule_IsValid(capsule, "Pillow Imaging")) {
+        Py_XDECREF(capsule);
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "src and dst must be Pillow image cores (Image.im)");
+        return -1;
+    }
+    const void *im = PyCapsule_GetPointer(capsule, "Pillow Imaging");
+    Py_DECREF(capsule); /* the capsule does not own the image: core does, and the caller holds core */
+    int xsize, ysize, size, linesize;
+    uint8_t **found;
+    char **image;
+    if (mode_name) {
+        const imaging_head_named *head = im;
+        xsize = head->xsize, ysize = head->ysize, size = head->pixelsize, linesize = head->linesize;
+        found = size == 1 ? head->image8 : (uint8_t **)head->image32, image = head->image;
+    } else {
+        const imaging_head_numbered *head = im;
+        xsize = head->xsize, ysize = head->ysize, size = head->pixelsize, linesize = head->linesize;
+        found = size == 1 ? head->image8 : (uint8_t **)head->image32, image = head->image;
+    }
+    if (xsize != width || ysize != height || size != pixelsize || linesize != width * pixelsize || !found ||
+        (void *)found != (void *)image) {
+        PyErr_Format(PyExc_ValueError,
+                     "an image core is not %zd x %zd pixels of %d bytes, or Pillow's image struct is not laid out "
+                     "as this version's was",
+                     width, height, pixelsize);
+        return -1;
+    }
+    *lines = found;
+    return 0;
+}
+
+/* Whether the lines lie one after the other from the first (Pillow pads them, PILLOW_ALIGNMENT, or
+ * keeps them in several blocks, each line in one). */
+static int
+lines_follow(uint8_t *const *lines, Py_ssize_t height, Py_ssize_t linesize) {
+    for (Py_ssize_t y = 1; y < height; y++) {
+        if (lines[y] != lines[0] + y * linesize) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* One axis's bounds and weights (Pillow's, checked as rows_are_safe checks them) and, for the
+ * horizontal pass over 4-byte pixels, each weight once a channel (expanded). Counted references:
+ * the last axes are kept for the next image of the same geometry (kept_resize_axes), and a resize
+ * holds its own reference while it runs without the GIL; both taken and dropped with the GIL held. */
+typedef struct {
+    Py_ssize_t refs;
+    int in_size, out_size;
+    uint32_t in0_bits, in1_bits; /* the box, as float32 bits */
+    int taps, xtaps;             /* xtaps: the taps rounded up to whole vectors of 4 (expanded's) */
+    int32_t *bounds, *kk, *expanded;
+    Py_ssize_t first, end; /* the first source pixel any output reads, and one past the last */
+} resize_axis;
+
+#define KEPT_RESIZE_AXES 4
+#define KEPT_RESIZE_BYTES (1 << 22) /* an axis kept whole, expanded weights included: up to 4 MB */
+static resize_axis *kept_resize_axes[KEPT_RESIZE_AXES];
+static int next_resize_axis;
+
+static void
+axis_release(resize_axis *axis) {
+    if (axis && --axis->refs == 0) {
+        PyMem_RawFree(axis->expanded);
+        PyMem_RawFree(axis->kk);
+        PyMem_RawFree(axis->bounds);
+        PyMem_RawFree(axis);
+    }
+}
+
+/* A new axis (one reference) with Pillow's coefficients from in_size to out_size over [in0, in1];
+ * NULL with ValueError (coefficients' checks) or MemoryError. */
+static resize_axis *
+axis_new(int in_size, float in0, float in1, int out_size) {
+    if (out_size < 1 || in_size < 1 || !(in0 >= 0) || !(in1 <= in_size) || !(in1 - in0 >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "sizes or box out of range");
+        return NULL;
+    }
+    double scale = (double)(in1 - in0) / out_size;
+    double support = 2.0 * (scale < 1.0 ? 1.0 : scale);
+    if (support >= INT_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "sizes or taps do not match the box");
+        return NULL;
+    }
+    int taps = (int)ceil(support) * 2 + 1;
+    Py_ssize_t bounds_size = size_of(out_size, 2, 4, "bounds"), weights_size = size_of(out_size, taps, 4, "weights");
+    if (bounds_size < 0 || weights_size < 0) {
+        return NULL;
+    }
+    resize_axis *axis = PyMem_RawCalloc(1, sizeof(resize_axis));
+    double *k = PyMem_RawMalloc((size_t)taps * sizeof(double));
+    if (axis) {
+        axis->refs = 1;
+        axis->bounds = PyMem_RawMalloc(bounds_size);
+        axis->kk = PyMem_RawMalloc(weights_size);
+    }
+    if (!axis || !k || !axis->bounds || !axis->kk) {
+        PyMem_RawFree(k);
+        axis_release(axis);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    axis->in_size = in_size, axis->out_size = out_size, axis->taps = taps, axis->xtaps = (taps + 3) / 4 * 4;
+    memcpy(&axis->in0_bits, &in0, 4);
+    memcpy(&axis->in1_bits, &in1, 4);
+    const char *error = fill_coefficients(in_size, in0, in1, out_size, taps, bicubic_filter, 2.0, axis->bounds, axis->kk, k);
+    PyMem_RawFree(k);
+    if (error) {
+        PyErr_SetString(PyExc_ValueError, error);
+        axis_release(axis);
+        return NULL;
+    }
+    if (!rows_are_safe(axis->bounds, axis->kk, taps, out_size, in_size)) {
+        axis_release(axis);
+        return NULL;
+    }
+    axis->first = in_size, axis->end = 0;
+    for (int i = 0; i < out_size; i++) {
+        Py_ssize_t first = axis->bounds[i * 2], end = first + axis->bounds[i * 2 + 1];
+        axis->first = first < axis->first ? first : axis->first;
+        axis->end = end > axis->end ? end : axis->end;
+    }
+    if (axis->first > axis->end) { /* no output reads a pixel: an empty range */
+        axis->first = axis->end;
+    }
+    return axis;
+}
+
+/* The axis for this geometry, kept or new, with a reference for the caller, and its expanded weights
+ * where `expand`; NULL with an exception. Called with the GIL held. */
+static resize_axis *
+axis_get(int in_size, float in0, float in1, int out_size, int expand) {
+    uint32_t in0_bits, in1_bits;
+    memcpy(&in0_bits, &in0, 4);
+    memcpy(&in1_bits, &in1, 4);
+    resize_axis *axis = NULL;
+    for (int i = 0; i < KEPT_RESIZE_AXES; i++) {
+        resize_axis *kept = kept_resize_axes[i];
+        if (kept && kept->in_size == in_size && kept->out_size == out_size && kept->in0_bits == in0_bits &&
+            kept->in1_bits == in1_bits) {
+            axis = kept;
+            axis->refs++;
+            break;
+        }
+    }
+    if (!axis) {
+        axis = axis_new(in_size, in0, in1, out_size);
+        if (!axis) {
+            return NULL;
+        }
+        Py_ssize_t bytes;
+        if (product(out_size, (Py_ssize_t)axis->taps * 4 + 8 + (Py_ssize_t)axis->xtaps * 16, 1, &bytes) == 0 &&
+            bytes <= KEPT_RESIZE_BYTES) {
+            int i = next_resize_axis;
+            next_resize_axis = (i + 1) % KEPT_RESIZE_AXES;
+            axis_release(kept_resize_axes[i]);
+            kept_resize_axes[i] = axis;
+            axis->refs++;
+        }
+    }
+    if (expand && !axis->expanded) {
+        Py_ssize_t expanded_size = size_of(out_size, axis->xtaps, 16, "the expanded weights");
+        int32_t *expanded = expanded_size < 0 ? NULL : PyMem_RawMalloc(expanded_size);
+        if (!expanded) {
+            if (expanded_size >= 0) {
+                PyErr_NoMemory();
+            }
+            axis_release(axis);
+            return NULL;
+        }
+        const int32_t *w = axis->kk, *b = axis->bounds;
+        for (Py_ssize_t x = 0; x < out_size; x++) {
+            for (int t = 0; t < axis->xtaps; t++) {
+                const int32_t v = t < b[x * 2 + 1] ? w[x * axis->taps + t] : 0;
+                int32_t *e = expanded + (x * axis->xtaps + t) * 4;
+                e[0] = e[1] = e[2] = e[3] = v;
+            }
+        }
+        axis->expanded = expanded;
+    }
+    return axis;
+}
+
+/* A horizontal pass: rows x in_w pixels of `channels` bytes at src (contiguous rows) to rows x out_w
+ * at out. by_pixels: along the rows, 4-byte pixels, the axis's expanded weights; else down the
+ * columns of a transposed copy (columns, across: scratch of (end - first) x rows and out_w x rows
+ * pixels; acc: rows * channels int32). */
+static void
+horizontal_pass(const uint8_t *src, Py_ssize_t in_w, Py_ssize_t rows, int channels, const resize_axis *h,
+                int by_pixels, uint8_t *out, uint8_t *columns, uint8_t *across, int32_t *acc) {
+    const Py_ssize_t out_w = h->out_size;
+    if (rows == 0) {
+        return;
+    }
+    if (by_pixels) {
+        horizontal4(src, in_w * 4, rows, in_w, h->bounds, h->expanded, h->xtaps, out, out_w);
+        return;
+    }
+    const Py_ssize_t cols = h->end - h->first;
+    if (channels == 4) {
+        transpose_uint32_t((const uint32_t *)src + h->first, in_w, rows, cols, (uint32_t *)columns);
+    } else {
+        transpose_uint8_t(src + h->first, in_w, rows, cols, columns);
+    }
+    vertical(columns, rows * channels, h->bounds, h->kk, h->taps, h->first, across, out_w, acc);
+    if (channels == 4) {
+        transpose_uint32_t((const uint32_t *)across, rows, out_w, rows, (uint32_t *)out);
+    } else {
+        transpose_uint8_t(across, rows, out_w, rows, out);
+    }
+}
+
+/* The rows a resample_image call reads and writes where the image's lines are one buffer: a
+ * read-only buffer that keeps the image core (its owner) alive. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;
+    void *buf;
+    Py_ssize_t len;
+} RowsObject;
+
+static int
+rows_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    RowsObject *rows = (RowsObject *)self;
+    return PyBuffer_FillInfo(view, self, rows->buf, rows->len, 1, flags);
+}
+
+static void
+rows_dealloc(PyObject *self) {
+    Py_XDECREF(((RowsObject *)self)->owner);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyBufferProcs rows_as_buffer = {rows_getbuffer, NULL};
+
+static PyTypeObject RowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "beam_prep.write.images._resample.Rows",
+    .tp_basicsize = sizeof(RowsObject),
+    .tp_dealloc = rows_dealloc,
+    .tp_as_buffer = &rows_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The rows of an image resample_image made: a read-only buffer that keeps the image alive.",
+};
+
+PyDoc_STRVAR(resample_image_doc,
+"resample_image(src, dst, mode_name, channels, in_w, in_h, out_w, out_h, x0, y0, x1, y1,\n"
+"               horizontal, vertical, vertical_first)\n\n"
+"Pillow's bicubic resample of the box (x0, y0, x1, y1) of the image core src (Image.im:\n"
+"in_w x in_h pixels of `channels` bytes, 1 or 4) into the image core dst (out_w x out_h, made\n"
+"for it), in one call: Pillow's coefficients (the last axes' kept for the next image of the\n"
+"same geometry), the horizontal pass where `horizontal` (over the rows the vertical pass reads),\n"
+"the vertical pass where `vertical`, in that order, or vertical first where `vertical_first`.\n"
+"mode_name: Pillow's image struct begins with the mode's name (before Pillow 12). The GIL is\n"
+"released while the loops run.\n\n"
+"Returns False where src's lines do not lie one after the other (nothing is done); else the\n"
+"resized rows (a read-only buffer of out_h x out_w * channels bytes that keeps dst alive), or\n"
+"None where dst's lines do not lie one after the other (its rows were written line by line).\n"
+"ValueError for arguments that are not those images' or not Pillow's geometry, TypeError where\n"
+"src or dst is not an image core.");
+
+static PyObject *
+resample_image(PyObject *self, PyObject *args) {
+    PyObject *src_core, *dst_core;
+    int mode_name, channels, in_w, in_h, out_w, out_h, need_h, need_v, v_first;
+    float x0, y0, x1, y1;
+    if (!PyArg_ParseTuple(args, "OOiiiiiiffffppp", &src_core, &dst_core, &mode_name, &channels, &in_w, &in_h, &out_w,
+                          &out_h, &x0, &y0, &x1, &y1, &need_h, &need_v, &v_first)) {
+        return NULL;
+    }
+    if ((channels != 1 && channels != 4) || in_w < 1 || in_h < 1 || out_w < 1 || out_h < 1) {
+        PyErr_SetString(PyExc_ValueError, "channels must be 1 or 4, and every side at least 1");
+        return NULL;
+    }
+    if ((!need_h && out_w != in_w) || (!need_v && out_h != in_h) || (!need_h && !need_v) || (v_first && !need_v)) {
+        PyErr_SetString(PyExc_ValueError, "a pass not run must leave its side as it is, and one must run");
+        return NULL;
+    }
+    if (src_core == dst_core) {
+        PyErr_SetString(PyExc_ValueError, "dst is src");
+        return NULL;
+    }
+    uint8_t **src_lines, **dst_lines;
+    if (pillow_lines(src_core, mode_name, in_w, in_h, channels, &src_lines) < 0 ||
+        pillow_lines(dst_core, mode_name, out_w, out_h, channels, &dst_lines) < 0) {
+        return NULL;
+    }
+    const Py_ssize_t in_row = (Py_ssize_t)in_w * channels, out_row = (Py_ssize_t)out_w * channels;
+    if (!lines_follow(src_lines, in_h, in_row)) {
+        Py_RETURN_FALSE;
+    }
+    const int dst_whole = lines_follow(dst_lines, out_h, out_row);
+    const uint8_t *src = src_lines[0];
+    /* each product of two ints: no overflow in a Py_ssize_t */
+    if (dst_whole && (const uint8_t *)dst_lines[0] < src + (Py_ssize_t)in_h * in_row &&
+        src < (const uint8_t *)dst_lines[0] + (Py_ssize_t)out_h * out_row) {
+        PyErr_SetString(PyExc_ValueError, "dst overlaps src");
+        return NULL;
+    }
+    if (channels == 4 && (uintptr_t)src % 4) {
+        PyErr_SetString(PyExc_ValueError, "4-byte pixels must be aligned");
+        return NULL;
+    }
+    const int by_pixels = channels == 4 && isa != ISA_SCALAR;
+    resize_axis *h = NULL, *v = NULL;
+    if ((need_h && !(h = axis_get(in_w, x0, x1, out_w, by_pixels))) || (need_v && !(v = axis_get(in_h, y0, y1, out_h, 0)))) {
+        axis_release(h);
+        return NULL;
+    }
+    /* The rows between the passes (mid), the transposed copies, the sums, and the output where dst's
+     * lines are not one buffer: each of its exact size (the sanitizer build sees past any). */
+    Py_ssize_t first = 0, rows = 0; /* horizontal first: the source rows the vertical pass reads */
+    Py_ssize_t mid_size = 0, columns_size = 0, across_size = 0, acc_size = out_row > in_row ? out_row : in_row;
+    if (need_h) {
+        if (v_first) {
+            rows = out_h;
+        } else {
+            first = need_v ? v->first : 0, rows = need_v ? v->end - v->first : in_h;
+        }
+        if (need_v) {
+            mid_size = v_first ? size_of(out_h, in_row, 1, "mid") : size_of(rows, out_row, 1, "mid");
+        }
+        if (!by_pixels) {
+            columns_size = size_of(h->end - h->first, rows, channels, "columns");
+            across_size = size_of(out_w, rows, channels, "across");
+            acc_size = rows * channels > acc_size ? rows * channels : acc_size;
+        }
+    }
+    Py_ssize_t final_size = dst_whole ? 0 : size_of(out_h, out_row, 1, "out");
+    PyObject *result = NULL;
+    uint8_t *mid = NULL, *columns = NULL, *across = NULL, *final = NULL;
+    int32_t *acc = NULL;
+    if (mid_size < 0 || columns_size < 0 || across_size < 0 || final_size < 0 || acc_size > PY_SSIZE_T_MAX / 4) {
+        if (acc_size > PY_SSIZE_T_MAX / 4) {
+            PyErr_SetString(PyExc_ValueError, "the sums' size overflows");
+        }
+        goto release;
+    }
+    mid = PyMem_RawMalloc(mid_size), columns = PyMem_RawMalloc(columns_size), across = PyMem_RawMalloc(across_size);
+    final = dst_whole ? dst_lines[0] : PyMem_RawMalloc(final_size);
+    acc = PyMem_RawMalloc(acc_size * 4);
+    if (!mid || !columns || !across || !final || !acc) {
+        PyErr_NoMemory();
+        goto release;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (v_first) {
+        vertical(src, in_row, v->bounds, v->kk, v->taps, 0, need_h ? mid : final, out_h, acc);
+        if (need_h) {
+            horizontal_pass(mid, in_w, rows, channels, h, by_pixels, final, columns, across, acc);
+        }
+    } else {
+        if (need_h) {
+            horizontal_pass(src + first * in_row, in_w, rows, channels, h, by_pixels, need_v ? mid : final, columns,
+                            across, acc);
+        }
+        if (need_v) {
+            vertical(need_h ? mid : src, out_row, v->bounds, v->kk, v->taps, need_h ? first : 0, final, out_h, acc);
+        }
+    }
+    if (!dst_whole) {
+        for (Py_ssize_t y = 0; y < out_h; y++) {
+            memcpy(dst_lines[y], final + y * out_row, out_row);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (!dst_whole) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    } else if ((result = PyType_GenericAlloc(&RowsType, 0))) {
+        RowsObject *made = (RowsObject *)result;
+        Py_INCREF(dst_core);
+        made->owner = dst_core, made->buf = dst_lines[0], made->len = out_h * out_row;
+    }
+release:
+    PyMem_RawFree(acc);
+    if (!dst_whole) {
+        PyMem_RawFree(final);
+    }
+    PyMem_RawFree(across);
+    PyMem_RawFree(columns);
+    PyMem_RawFree(mid);
+    axis_release(v);
+    axis_release(h);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"coefficients", coefficients, METH_VARARGS, coefficients_doc},
     {"filter_rows", filter_rows, METH_VARARGS, filter_rows_doc},
@@ -799,6 +1224,7 @@ static PyMethodDef methods[] = {
     {"get_isa", get_isa, METH_NOARGS, get_isa_doc},
     {"set_isa", set_isa, METH_O, set_isa_doc},
     {"phash", phash, METH_VARARGS, phash_doc},
+    {"resample_image", resample_image, METH_VARARGS, resample_image_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -809,7 +1235,13 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC
 PyInit__resample(void) {
+    if (PyType_Ready(&RowsType) < 0) {
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
+    if (!m) {
+        return NULL;
+    }
 #ifdef X86_VECTORS
     __builtin_cpu_init();
 #endif
@@ -823,8 +1255,9 @@ PyInit__resample(void) {
         }
     }
 #ifdef BEAM_PREP_EXACT_SCRATCH
-    /* A sanitizer build (tests/write/test_resample_sanitized.py): resample.py then gives every call
-     * scratch arrays of exact size, so that AddressSanitizer sees a read or write past one. */
+    /* A sanitizer build (tests/write/test_resample_sanitized.py), said to its fuzz: resample_image's
+     * scratch is always allocated at its exact size, so that AddressSanitizer sees a read or write
+     * past it (the older entry points take the caller's arrays). */
     if (m && PyModule_AddIntConstant(m, "EXACT_SCRATCH", 1) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -8,10 +8,11 @@ holds every rule of Pillow's resize around them: the box checks and shortcuts
 of ``_imaging.c``, the pass order of ``ImagingResampleInner`` (horizontal
 first, skipped where not needed), and ``Image.resize``'s own (from Pillow 12.2,
 an image taller than 100 times its width resized vertically first, then
-horizontally). Each pass runs over whole contiguous rows, which the compiler
-vectorises: the horizontal pass on a transposed copy of the rows it needs.
-Pixels come from Pillow's memory without a copy (its Arrow export), and the
-scratch arrays are kept per thread.
+horizontally). The resize is one call of the kernel (``resample_image``): it
+reads Pillow's image in place by its line pointers, runs both passes with
+vector loops (each axis's coefficients kept for the next image of the same
+geometry), and writes the output image Pillow made for it, with no copy and no
+Python between the passes.
 
 Any input is Pillow's: where the kernel would not compute Pillow's own answer
 (arguments that are not plain numbers, an empty image, padded lines, the sizes
@@ -27,7 +28,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import functools
 import logging
 import math
 import struct
@@ -266,31 +266,40 @@ def _by_kernel(loaded: resample_loader.Loaded, img: Image.Image, size: Any, box:
     if any(_pillows_own(rules, *step) for step in steps):
         return None
     img.load()
-    pixels = _pixels(img, rules)
-    if pixels is None:
+    if img.readonly:  # memory Pillow does not own: its export would crash (_pixels), so Pillow's loops
         return None
-    view, keep_alive = pixels
-    channels = _MODES[img.mode]
-    rows = view.reshape(height, width * channels)
-    _LAST.forget()  # the scratch rows change from here: no earlier image is read from them again
-    for stage, (in_size, step_size, step_box) in enumerate(steps):
-        rows = _resample(loaded.kernel, rows, in_size, channels, step_size, step_box, f"{stage}:")
-    resized = Image.frombytes(img.mode, size, rows, "raw", "RGBX" if channels == 4 else "L")  # a copy
-    del keep_alive  # Pillow's memory is read until here
-    _LAST.keep(resized, rows)
+    if len(steps) == 1:
+        horizontal, vertical = _needs_horizontal(*steps[0]), _needs_vertical(*steps[0])
+        if not (horizontal or vertical):  # ImagingResampleInner's copy (the crop shortcut above takes it first)
+            return None
+    else:  # each its own _imaging.c call: the first vertical only, the second horizontal only
+        horizontal, vertical = _needs_horizontal(*steps[1]), True
+    # Pillow's own image, which the kernel writes (no copy): fill's zeros are a memset a line, where
+    # new's are one of the whole block
+    made = Image.core.fill(img.mode, size, 0)
+    _LAST.forget()  # an earlier image's rows are no longer the last made
+    rows = loaded.kernel.resample_image(img.im, made, rules.mode_name, _MODES[img.mode], width, height, out_w, out_h,
+                                        *box, horizontal, vertical, len(steps) == 2)
+    if rows is False:  # the source's lines are not one buffer: Pillow's export says why
+        if _pixels(img, rules) is None:
+            return None  # several blocks (over 16 MB by default)
+        raise _Declined(PADDED_LINES)
+    resized = Image.Image()._new(made)
+    if rows is not None:
+        _LAST.keep(resized, rows)
     return resized
 
 
-def kernel_pixels(img: Image.Image, just_made: bool = False) -> tuple[ModuleType, np.ndarray, int, object] | None:
-    """The kernel and a view of ``img``'s pixels, for the kernel's other work on the image as it
+def kernel_pixels(img: Image.Image, just_made: bool = False) -> tuple[ModuleType, Any, int, object] | None:
+    """The kernel and a view of ``img``'s pixels (a buffer), for the kernel's other work on the image as it
     is (the perceptual hash): ``(kernel, pixels, pixelsize, keep_alive)``, or None where the
     resize would not run in the kernel (not built or not chosen, a Pillow not checked, broken,
     another mode, an empty image, pixels Pillow cannot hand over, padded lines).
     ``keep_alive`` must stay alive while ``pixels`` is read.
 
-    ``just_made``: ``img`` is the image this thread's last ``resize`` returned, unchanged since
-    (the caller's word: an in-place change such as ``paste`` cannot be seen here); its pixels are
-    then read in the scratch rows the kernel wrote, not exported from Pillow's memory again."""
+    ``just_made``: ``img`` is the image this thread's last ``resize`` returned (the caller's word);
+    its pixels are then read where the kernel wrote them, the image's own memory (kept alive by
+    the buffer), not exported from Pillow again."""
     if img.mode not in _MODES or 0 in img.size or _BROKEN.reason is not None \
             or resample_loader.choice() == PILLOW:
         return None
@@ -404,45 +413,6 @@ def _coefficients(kernel: ModuleType, in_size: int, in0: float, in1: float,
     return bounds, weights
 
 
-def _resample(kernel: ModuleType, rows: np.ndarray, in_size: tuple[int, int], channels: int,
-              size: tuple[int, int], box: tuple[float, ...], stage: str) -> np.ndarray:
-    """One ``ImagingResampleInner`` call: ``rows`` (height x width*channels bytes) to the output's
-    rows, horizontal pass first where needed (only over the source rows the vertical pass
-    reads), then vertical where needed. ``stage`` names its scratch arrays apart from another
-    call's whose output it reads."""
-    width, height = in_size
-    out_w, out_h = size
-    b0, b1, b2, b3 = box
-    scratch = _scratch(bool(getattr(kernel, "EXACT_SCRATCH", False)))
-    v_bounds, v_weights = _coefficients(kernel, height, b1, b3, out_h)
-    if _needs_horizontal(in_size, size, box):
-        h_bounds, h_weights = _coefficients(kernel, width, b0, b2, out_w)
-        y0, y1 = int(v_bounds[0, 0]), int(v_bounds[-1, 0]) + int(v_bounds[-1, 1])
-        v_bounds[:, 0] -= y0
-        if channels == 4 and kernel.get_isa() != "scalar":  # RGBX along the rows, in place, by vectors of taps
-            filtered = scratch.get(stage + "rows", (y1 - y0, out_w * 4), np.uint8)
-            kernel.filter_pixels(rows, height, width, y0, y1 - y0, h_bounds, h_weights, h_weights.shape[1],
-                                 filtered, out_w)
-        else:  # down the columns of a transposed copy, a whole vector of pixels a tap (and the scalar path's way)
-            pixel = np.uint32 if channels == 4 else np.uint8  # one element a pixel, for transposing
-            x0, x1 = int(h_bounds[0, 0]), int(h_bounds[-1, 0]) + int(h_bounds[-1, 1])
-            h_bounds[:, 0] -= x0
-            columns = scratch.get(stage + "columns", (x1 - x0, y1 - y0), pixel)
-            kernel.transpose(rows, height, width, y0, x0, y1 - y0, x1 - x0, channels, columns)
-            across = scratch.get(stage + "filtered", (out_w, y1 - y0), pixel)
-            kernel.filter_rows(columns, x1 - x0, (y1 - y0) * channels, h_bounds, h_weights, h_weights.shape[1],
-                               across, out_w, scratch.get("acc", ((y1 - y0) * channels,), np.int32))
-            filtered = scratch.get(stage + "rows", (y1 - y0, out_w), pixel).view(np.uint8)
-            kernel.transpose(across, out_w, y1 - y0, 0, 0, out_w, y1 - y0, channels, filtered)
-        rows, height = filtered, y1 - y0
-    if _needs_vertical(in_size, size, box):
-        out = scratch.get(stage + "out", (out_h, out_w * channels), np.uint8)
-        kernel.filter_rows(rows, height, out_w * channels, v_bounds, v_weights, v_weights.shape[1], out, out_h,
-                           scratch.get("acc", (out_w * channels,), np.int32))
-        rows = out
-    return rows
-
-
 class _Imaging11(ctypes.Structure):
     """The head of Pillow's ``struct ImagingMemoryInstance`` (libImaging/Imaging.h) before 12.0."""
 
@@ -516,47 +486,22 @@ def _pixels(img: Image.Image, rules: resample_loader.PillowRules) -> tuple[np.nd
     return np.frombuffer(buffer, np.uint8), (capsule, img)
 
 
-class _Scratch(threading.local):
-    """Arrays reused from image to image, one set per thread: fresh ones would touch new pages
-    on every image. ``exact``: a fresh array of the exact size each time instead (the sanitizer
-    build's mode, where a read past an array's end must reach memory AddressSanitizer guards)."""
-
-    def __init__(self, exact: bool = False) -> None:
-        self._buffers: dict[str, np.ndarray] = {}
-        self._exact = exact
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        """A C-contiguous array of ``shape`` and ``dtype``, in memory kept under ``name``."""
-        if self._exact:
-            return np.empty(shape, dtype)
-        size = 1
-        for side in shape:
-            size *= side
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.dtype != dtype or buffer.size < size:
-            buffer = self._buffers[name] = np.empty(max(size, 1 << 16), dtype)
-        return buffer[:size].reshape(shape)
-
-
-_scratch = functools.cache(_Scratch)
-
-
 class _LastOutput(threading.local):
-    """The last image this thread's kernel made, and its rows in the scratch arrays, which stay
-    as they are until the thread's next resize: so that the perceptual hash of a resized image
-    reads the kernel's rows rather than exporting the image's pixels again."""
+    """The last image this thread's kernel made, and its rows: the image's own memory, in a buffer
+    that keeps it alive (``resample_image``'s), so that the perceptual hash of a resized image reads
+    them without exporting the image's pixels again."""
 
     def __init__(self) -> None:
         self._image: weakref.ref[Image.Image] | None = None
-        self._rows: np.ndarray | None = None
+        self._rows: memoryview | None = None
 
-    def keep(self, image: Image.Image, rows: np.ndarray) -> None:
+    def keep(self, image: Image.Image, rows: Any) -> None:
         self._image, self._rows = weakref.ref(image), rows
 
     def forget(self) -> None:
         self._image = self._rows = None
 
-    def rows_of(self, image: Image.Image) -> np.ndarray | None:
+    def rows_of(self, image: Image.Image) -> Any:
         """``image``'s rows if it is the last image made here; else None."""
         if self._image is None or self._image() is not image:
             return None
