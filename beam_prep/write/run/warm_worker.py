@@ -131,4 +131,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # At once: the harness has closed its log handler and the DoFns their files, and the
+    # interpreter's teardown (modules, gRPC's threads) is a second's wait for the launcher,
+    # which reaps its workers.
+    os._exit(code)
