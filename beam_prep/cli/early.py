@@ -8,6 +8,7 @@ few flags that decide whether a local multi-process run follows.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from beam_prep.cli.spelling import flag_value
@@ -21,15 +22,18 @@ _NO_RUN = frozenset({"-h", "--help", "--help_beam", "--version", "--dry_run"})
 
 def early_workers(argv: Sequence[str]) -> int | None:
     """The workers a ``prepare`` command line asks for, as far as it can be told before Beam
-    parses it: ``--direct_num_workers`` (0 or absent: one, which the run fits to its images),
-    or None for another runner or mode, a dry run or help."""
+    parses it: ``--direct_num_workers``, or where it is 0 or absent, as many as the run is
+    likely to fit to (``warm_pool.expected_workers``: one a core for a large tree, one for
+    the sample); None for another runner or mode, a dry run or help."""
     if any(arg.partition("=")[0] in _NO_RUN for arg in argv):
         return None
     if flag_value(argv, "--runner") not in (None, "DirectRunner") \
             or flag_value(argv, "--direct_running_mode") not in (None, "multi_processing"):
         return None
     workers = flag_value(argv, "--direct_num_workers")
-    return max(int(workers), 1) if workers is not None and workers.isdigit() else 1
+    if workers is not None and workers.isdigit() and int(workers) > 0:
+        return int(workers)
+    return warm_pool.expected_workers(flag_value(argv, "--input") or "", os.cpu_count() or 1)
 
 
 def start_workers_early(argv: Sequence[str]) -> None:

@@ -179,6 +179,20 @@ def test_the_command_line_says_how_many_workers_start_early(argv, count):
     assert early_workers(["--input", "in", "--output", "out", *argv]) == count
 
 
+def test_a_tree_is_expected_to_need_a_worker_per_256_files_up_to_the_cores(tmp_path):
+    """Counted before the listing, so that every worker the run will fit to starts while it lists:
+    Beam starts no work until all have connected."""
+    for label, count in (("a", 300), ("b", 300)):
+        (tmp_path / "in" / label).mkdir(parents=True)
+        for i in range(count):
+            (tmp_path / "in" / label / f"{i}.jpg").touch()
+    assert warm_pool.expected_workers(str(tmp_path / "in"), 8) == 3  # 600 files: 3 workers of 256
+    assert warm_pool.expected_workers(str(tmp_path / "in"), 2) == 2
+    assert warm_pool.expected_workers(str(tmp_path / "in" / "a"), 8) == 2
+    assert warm_pool.expected_workers(str(tmp_path / "missing"), 8) == 1
+    assert warm_pool.expected_workers("gs://bucket/images", 8) == 8
+
+
 def test_the_early_pool_is_the_runs_or_closed():
     start_workers_early(["--input", "in", "--output", "out", "--direct_num_workers", "2"])
     pool = warm_pool.take_early()

@@ -112,9 +112,7 @@ def _resumable(sink: str, options: PipelineOptions) -> bool:
     return sink == "streaming" and _runner_name(options) in LOCAL_RUNNERS
 
 
-# Images a worker process is worth starting for: starting one (Python, Beam, our modules) costs
-# about the CPU of converting a few hundred images, so a small job runs on fewer workers.
-IMAGES_PER_WORKER = 256
+IMAGES_PER_WORKER = warm_pool.IMAGES_PER_WORKER
 
 
 def local_workers(options: PipelineOptions) -> int:
@@ -137,7 +135,7 @@ def _fit_workers(options: PipelineOptions, images: int) -> None:
     if _runner_name(options) not in LOCAL_RUNNERS or direct.direct_running_mode == "in_memory" \
             or direct.direct_num_workers != 0:
         return
-    direct.direct_num_workers = max(1, min(local_workers(options), -(-images // IMAGES_PER_WORKER)))
+    direct.direct_num_workers = warm_pool.workers_for(images, local_workers(options))
 
 
 def local_runner(options: PipelineOptions, pool: warm_pool.WarmPool | None = None) -> PipelineRunner | None:
@@ -168,11 +166,13 @@ def _warm_workers(options: PipelineOptions) -> Iterator[warm_pool.WarmPool | Non
         yield pool
 
 
-def _start_workers(pool: warm_pool.WarmPool | None, options: PipelineOptions) -> None:
-    """Once the output folder is checked, before listing: one worker started, or the count the
-    user gave, to import while the launcher lists; the run fits the count once it has listed."""
+def _start_workers(pool: warm_pool.WarmPool | None, options: PipelineOptions, root: str) -> None:
+    """Once the output folder is checked, before listing: the count the user gave, or the count
+    the run is likely to fit to (``warm_pool.expected_workers``), started to import while the
+    launcher lists; the run fits the count once it has listed."""
     if pool is not None:
-        pool.start_up_to(options.view_as(DirectOptions).direct_num_workers or 1)
+        pool.start_up_to(options.view_as(DirectOptions).direct_num_workers
+                         or warm_pool.expected_workers(root, local_workers(options)))
 
 
 def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
@@ -449,7 +449,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         resumed = resume.find_resumable(config.output, leftovers, recorded)
     if resumed is not None:
         layout.check_output(config.output, config.overwrite or resumed.overwrite, [])
-        _start_workers(pool, options)
+        _start_workers(pool, options, config.input)
         run_plan = RunPlan(**resumed.plan)
         names = _shard_names(config, run_plan)
         work = layout.run_folder(config.output, run_plan.run_id)
@@ -462,7 +462,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                      f"{resume.images_in(kept):,}", f"{sum(run_plan.split_counts.values()):,}")
     else:
         layout.check_output(config.output, config.overwrite, leftovers)
-        _start_workers(pool, options)
+        _start_workers(pool, options, config.input)
         listing, run_plan = plan_run(config, options, run_id, labels)
         with listing:
             if write:

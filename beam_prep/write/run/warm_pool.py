@@ -39,10 +39,12 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
+from beam_prep.io.storage import is_local
 from beam_prep.write.run import warm_worker
 from beam_prep.write.run.interrupt import WORKER_MODULE
 
-__all__ = ["NOT_TAKEN", "RELAY", "WARM_VARIABLE", "WarmPool", "close_early", "enabled", "start_early", "take_early", "warm_pool"]
+__all__ = ["IMAGES_PER_WORKER", "NOT_TAKEN", "RELAY", "WARM_VARIABLE", "WarmPool", "close_early", "enabled",
+           "expected_workers", "start_early", "take_early", "warm_pool", "workers_for"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -87,6 +89,34 @@ WARM_VARIABLE = "BEAM_PREP_WARM_WORKERS"
 def enabled() -> bool:
     """Whether runs start their workers early: unless ``BEAM_PREP_WARM_WORKERS=0``."""
     return os.environ.get(WARM_VARIABLE, "1") != "0"
+
+
+# Images a worker process is worth starting for: starting one (Python, Beam, our modules) costs
+# about the CPU of converting a few hundred images, so a small job runs on fewer workers.
+IMAGES_PER_WORKER = 256
+
+
+def workers_for(images: int, most: int) -> int:
+    """Workers for a run of ``images`` images: one per ``IMAGES_PER_WORKER``, 1 to ``most``."""
+    return max(1, min(most, -(-images // IMAGES_PER_WORKER)))
+
+
+def expected_workers(root: str, most: int) -> int:
+    """Before the listing, the workers a run of ``root`` is likely to fit to (``workers_for``), from
+    the files under it counted up to what ``most`` workers take: the count costs milliseconds,
+    however large the tree. They are started then, not once the listing is done, since Beam
+    starts no work before every worker has connected: one started late would hold up the rest.
+    A gs:// root counts as large: its listing takes longer than a start-up, and a run over the
+    network is rarely a small one. A guess only: the run fits the count once it has listed."""
+    if not is_local(root):
+        return most
+    cap = most * IMAGES_PER_WORKER
+    seen = 0
+    for _, _, files in os.walk(root):
+        seen += len(files)
+        if seen >= cap:
+            break
+    return workers_for(seen, most)
 
 
 def _socket_address(address: str) -> str:
