@@ -8,6 +8,9 @@ rounds that take turns so that a shared machine's drift falls on every row:
   * ``kernel, no perceptual hash``: the same with ``--near_duplicate_distance -1``
     (the kernel's cost apart from the near-duplicate hash each image now gets);
   * ``pillow``: the same with ``BEAM_PREP_RESIZE_KERNEL=pillow`` (Pillow's loops);
+  * ``pillow-simd``: with ``--accelerated DIR``, the same with that build of
+    pillow-simd first on the path of the command and its workers (the kernel
+    steps aside for it): the speed the kernel is held to;
   * ``baseline``: with ``--baseline DIR``, the command of another checkout (e.g.
     ``git worktree add ../beam-prep-main main``: today's loader), first on the
     path of the command and its workers; one untimed run first fills its kernel
@@ -21,7 +24,8 @@ pages split between their processes) and USS (pages only one process maps),
 and the CPU per image over the first row's (the bar: the default command's
 may rise at most 3% over the baseline's).
 
-    python -m benchmarks.bench_writer --kernel [--images 2000] [--repeat 5] [--baseline DIR] [--json k.json]
+    python -m benchmarks.bench_writer --kernel [--images 2000] [--repeat 5] [--baseline DIR]
+        [--accelerated .ci/pillow-simd] [--json k.json]
 """
 from __future__ import annotations
 
@@ -52,14 +56,18 @@ MIB = 2**20
 NO_HASH = ("--near_duplicate_distance", "-1")
 
 
-def variants(baseline: pathlib.Path | None) -> dict[str, tuple[pathlib.Path, dict[str, str], tuple[str, ...]]]:
-    """Each variant's checkout, its environment's changes and its extra flags."""
+def variants(baseline: pathlib.Path | None, accelerated: pathlib.Path | None = None,
+             ) -> dict[str, tuple[pathlib.Path, dict[str, str], tuple[str, ...]]]:
+    """Each variant's checkout, its environment's changes (a ``PYTHONPATH`` goes after the
+    checkout, before the caller's) and its extra flags."""
     runs = {}
     if baseline is not None:
         runs["baseline"] = (baseline.resolve(), {}, ())
     runs["kernel"] = (REPO_ROOT, {}, ())
     runs["kernel, no perceptual hash"] = (REPO_ROOT, {}, NO_HASH)
     runs["pillow"] = (REPO_ROOT, {resample.KERNEL_VARIABLE: resample.PILLOW}, ())
+    if accelerated is not None:
+        runs["pillow-simd"] = (REPO_ROOT, {"PYTHONPATH": str(accelerated.resolve())}, ())
     return runs
 
 
@@ -69,7 +77,7 @@ def run_variant(corpus: Corpus, workdir: pathlib.Path, checkout: pathlib.Path, e
     out = workdir / "out"
     shutil.rmtree(out, ignore_errors=True)
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+        filter(None, [str(checkout), env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]))}
     if resample.KERNEL_VARIABLE not in env:
         full_env.pop(resample.KERNEL_VARIABLE, None)
     measured = run_measured(prepare_images.command("--input", str(corpus.root), "--output", str(out), *FLAGS, *flags,
@@ -94,18 +102,22 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--repeat", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--baseline", type=pathlib.Path, metavar="DIR",
                         help="another checkout to run as the first row (e.g. main, with today's loader)")
+    parser.add_argument("--accelerated", type=pathlib.Path, metavar="DIR",
+                        help="a pillow-simd build (.ci/pillow-simd) to run as a row of its own")
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
     if args.images < 1 or args.repeat < 1:
         parser.error("--images and --repeat must be positive")
     if args.baseline is not None and not (args.baseline / "pipelines" / "prepare_images.py").is_file():
         parser.error(f"--baseline {args.baseline} is not a beam-prep checkout")
+    if args.accelerated is not None and not (args.accelerated / "PIL").is_dir():
+        parser.error(f"--accelerated {args.accelerated} holds no PIL package: bash .ci/build-pillow-simd DIR")
     if resample.available() != resample.KERNEL:
         parser.error("the kernel is not built in this checkout: python setup.py build_ext --inplace")
     recording = Recording("writer-kernel", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     corpus = ensure_corpus(args.images, CACHE_DIR)
-    runs = variants(args.baseline)
+    runs = variants(args.baseline, args.accelerated)
     results: dict[str, list[dict]] = {name: [] for name in runs}
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="kernel-", dir=CACHE_DIR))
     try:
