@@ -20,9 +20,6 @@ import pytest
 from helpers import REPO
 from packaging.specifiers import SpecifierSet
 
-# Where tests/write/test_accelerated.py finds the pillow-simd that .ci/run builds.
-SIMD_TARGET = REPO / ".ci" / "pillow-simd"
-
 
 def setup_kwargs() -> dict:
     tree = ast.parse((REPO / "setup.py").read_text())
@@ -145,33 +142,34 @@ def test_the_project_installs_from_the_copied_context(workdir, tmp_path):
     assert f"Requires-Dist: apache-beam[gcp]=={setup_kwargs()['BEAM_VERSION']}" in requires
 
 
-def test_the_workers_get_pillow_simd_built_by_the_script_ci_tests():
-    # The same script builds the opt-in accelerated Pillow for tests/write/test_accelerated.py,
-    # and the image checks that it replaced the stock Pillow.
-    text = dockerfile()
-    assert re.search(r"^COPY \.ci/build-pillow-simd ", text, re.MULTILINE)
-    assert "bash build-pillow-simd" in text
-    assert "imaging.library().startswith('pillow-simd')" in text
-    script = (REPO / ".ci" / "build-pillow-simd").read_text()
-    assert re.search(r'PILLOW_SIMD="pillow-simd==[\d.]+\w*"', script)
+def test_the_workers_resize_with_the_kernel_built_in_the_image():
+    """The image's workers resize with the kernel, as a local run does (the same bytes), not
+    pillow-simd: its install builds the extension with a compiler it removes in the same layer,
+    and a check refuses an image where the kernel does not run (the check runs below)."""
+    runs = [arguments for name, arguments in instructions(dockerfile()) if name == "RUN"]
+    (install,) = [run for run in runs if "pip install" in run]
+    assert "apt-get install" in install and " gcc " in install and "apt-get purge -y gcc" in install
+    assert install.index("apt-get install") < install.index("pip install") < install.index("apt-get purge")
+    assert "resample.available() == resample.KERNEL" in install
+    assert not any("pillow-simd" in arguments for _, arguments in instructions(dockerfile()))
 
 
-def python_checks(text: str) -> list[tuple[str, bool]]:
-    """Every ``python -c CODE`` of the RUN lines, with whether its RUN line builds pillow-simd."""
+def image_environment(text: str) -> dict[str, str]:
+    """The ``ENV KEY=VALUE`` instructions' variables."""
+    return dict(pair.split("=", 1) for name, arguments in instructions(text) if name == "ENV"
+                for pair in shlex.split(arguments))
+
+
+def python_checks(text: str) -> list[str]:
+    """Every ``python -c CODE`` of the RUN lines."""
     checks = []
     for name, arguments in instructions(text):
         if name != "RUN":
             continue
         words = shlex.split(arguments)
-        checks += [(words[i + 2], "build-pillow-simd" in arguments) for i, word in enumerate(words[:-2])
+        checks += [words[i + 2] for i, word in enumerate(words[:-2])
                    if word in ("python", "python3") and words[i + 1] == "-c"]
     return checks
-
-
-def imports_of(code: str) -> str:
-    """``code``'s import statements alone: what a check needs importable, without what it asserts."""
-    return "\n".join(ast.unparse(node) for node in ast.walk(ast.parse(code))
-                     if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 # Appended to each check: the project's modules it imported are the image's, never this checkout's
@@ -187,32 +185,19 @@ for name in ("beam_prep", "pipelines"):
 def test_every_python_check_of_the_dockerfile_passes_where_the_image_runs_it(workdir, tmp_path):
     """Each check runs as its RUN line runs it: ``python -c`` in the image's working folder, the
     project installed from it (``pip install .``, here into a folder on PYTHONPATH, in place of
-    site-packages) and its dependencies the running environment's; the repository is on no path.
-
-    A check on a RUN line that builds pillow-simd runs with the pillow-simd that .ci/run builds
-    (``.ci/pillow-simd``, first on the path, as the image has it in place of Pillow). Where none
-    is built, that check's imports still run, so a module it names that moved fails here, and
-    only its assertion about the Pillow build is left to CI, which requires the build
-    (``BEAM_PREP_REQUIRE_PILLOW_SIMD``, as tests/write/test_accelerated.py does).
-    """
+    site-packages, its kernel built as the image builds it), the image's ``ENV`` variables set,
+    and its dependencies the running environment's; the repository is on no path."""
     site = tmp_path / "site-packages"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
          str(site), "."], cwd=workdir, capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
-    simd_built = (SIMD_TARGET / "PIL").is_dir()
-    if not simd_built and os.environ.get("BEAM_PREP_REQUIRE_PILLOW_SIMD"):
-        pytest.fail(f"pillow-simd is not built in {SIMD_TARGET.relative_to(REPO)} (.ci/run builds it)")
     checks = python_checks(dockerfile())
-    assert len(checks) >= 2, checks  # the install's and the pillow-simd build's
+    assert len(checks) >= 2, checks  # the install's and the kernel's
     failed = []
-    for code, needs_simd in checks:
-        path = [str(site)]
-        if needs_simd and simd_built:
-            path.insert(0, str(SIMD_TARGET))
-        elif needs_simd:
-            code = imports_of(code)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    for code in checks:
+        env = {**os.environ, **image_environment(dockerfile()), "PYTHONPATH": str(site)}
+        env.pop("BEAM_PREP_RESIZE_KERNEL", None)
         result = subprocess.run([sys.executable, "-c", code + _FROM_THE_IMAGE, f"{workdir}/", f"{site}/"],
                                 cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
