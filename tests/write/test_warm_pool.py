@@ -12,11 +12,12 @@ import uuid
 
 import psutil
 import pytest
-from helpers import REPO, make_tree, read_split, run_prepare
+from helpers import REPO, make_tree, run_prepare
 
 import beam_prep
 from beam_prep.cli.early import early_workers, start_workers_early
-from beam_prep.write.run import pipeline, warm_pool, warm_worker
+from beam_prep.errors import OptionsError
+from beam_prep.write.run import warm_pool, warm_worker
 
 pytestmark = pytest.mark.slow
 
@@ -40,23 +41,42 @@ def handed_over(caplog) -> list[int]:
             if r.name == POOL_LOG and r.getMessage().startswith("a relay handed to waiting worker")]
 
 
-def test_the_run_is_served_by_the_workers_started_before_it_listed(tree, tmp_path, monkeypatch, caplog):
-    seen_while_listing: set[int] = set()
-    list_tree = pipeline.list_tree
+def test_the_command_is_served_by_the_workers_it_started_before_it_listed(tree, tmp_path):
+    """Order of events, not time: the workers alive as the listing begins are the ones the
+    relays are handed to, and every one is reaped when the command ends."""
+    result = _command_with_pool_log(tree, tmp_path / "out", "--direct_num_workers", "2", setup=_LOOK_WHILE_LISTING)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("beam-prep: 12 of 12 images written"), result.stdout
+    (seen,) = [set(map(int, line.split()[1:])) for line in result.stderr.splitlines()
+               if line.startswith("waiting-while-listing")]
+    served = [int(line.rsplit(" ", 1)[1]) for line in result.stderr.splitlines()
+              if line.startswith("a relay handed to waiting worker")]
+    assert len(seen) == 2 and sorted(served) == sorted(seen), result.stderr
+    assert warm_pool.NOT_TAKEN not in result.stderr
 
-    def listing_after_looking(*args, **kwargs):
-        seen_while_listing.update(waiting_workers())
-        return list_tree(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "list_tree", listing_after_looking)
-    caplog.set_level(logging.DEBUG, logger=POOL_LOG)
-    manifest = beam_prep.prepare(str(tree), str(tmp_path / "out"), image_size=16, num_shards=2,
-                                 direct_num_workers=2, direct_running_mode="multi_processing")
-    assert manifest["counts"]["written"] == 12
-    assert len(read_split(tmp_path / "out", "train")) == 12
-    served = handed_over(caplog)
-    assert len(served) == 2 and set(served) <= seen_while_listing, (served, seen_while_listing)
-    assert waiting_workers() == set()  # every one ended and reaped
+# The command's workers waiting as its listing begins, said on stderr.
+_LOOK_WHILE_LISTING = """
+import psutil
+from beam_prep.write.run import pipeline
+_list_tree = pipeline.list_tree
+def _looking(*args, **kwargs):
+    pids = [p.pid for p in psutil.Process().children() if "warm_worker" in " ".join(p.cmdline())]
+    print("waiting-while-listing", *pids, file=sys.stderr, flush=True)
+    return _list_tree(*args, **kwargs)
+pipeline.list_tree = _looking
+"""
+
+
+def test_a_library_run_refused_by_its_listing_starts_no_worker(tmp_path):
+    """``beam_prep.prepare`` starts its workers once it has listed: a run its checks or its listing
+    refuse starts no process (an empty tree here)."""
+    (tmp_path / "in").mkdir()
+    before = set(waiting_workers())
+    with pytest.raises(OptionsError):
+        beam_prep.prepare(str(tmp_path / "in"), str(tmp_path / "out"), direct_num_workers=2,
+                          direct_running_mode="multi_processing")
+    assert waiting_workers() == before == set()
 
 
 def test_a_default_socket_timeout_in_the_launcher_changes_nothing(tree, tmp_path):

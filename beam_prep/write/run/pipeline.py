@@ -156,7 +156,8 @@ def local_runner(options: PipelineOptions, pool: warm_pool.WarmPool | None = Non
 @contextlib.contextmanager
 def _warm_workers(options: PipelineOptions) -> Iterator[warm_pool.WarmPool | None]:
     """The pool of a multi-process local run's workers (``warm_pool``): the command's, started
-    before it imported Beam, or a new one that ``_start_workers`` fills."""
+    before it imported Beam, or a new one, filled once the run has listed (a run of the library
+    refused by its checks or its listing starts no process)."""
     direct = options.view_as(DirectOptions)
     if _runner_name(options) not in (None, "DirectRunner") or direct.direct_running_mode != "multi_processing":
         warm_pool.close_early()  # the command guessed from its arguments, and Beam's options say otherwise
@@ -164,15 +165,6 @@ def _warm_workers(options: PipelineOptions) -> Iterator[warm_pool.WarmPool | Non
         return
     with warm_pool.warm_pool() as pool:
         yield pool
-
-
-def _start_workers(pool: warm_pool.WarmPool | None, options: PipelineOptions, root: str) -> None:
-    """Once the output folder is checked, before listing: the count the user gave, or the count
-    the run is likely to fit to (``warm_pool.expected_workers``), started to import while the
-    launcher lists; the run fits the count once it has listed."""
-    if pool is not None:
-        pool.start_up_to(options.view_as(DirectOptions).direct_num_workers
-                         or warm_pool.expected_workers(root, local_workers(options)))
 
 
 def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
@@ -449,7 +441,6 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         resumed = resume.find_resumable(config.output, leftovers, recorded)
     if resumed is not None:
         layout.check_output(config.output, config.overwrite or resumed.overwrite, [])
-        _start_workers(pool, options, config.input)
         run_plan = RunPlan(**resumed.plan)
         names = _shard_names(config, run_plan)
         work = layout.run_folder(config.output, run_plan.run_id)
@@ -462,7 +453,6 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                      f"{resume.images_in(kept):,}", f"{sum(run_plan.split_counts.values()):,}")
     else:
         layout.check_output(config.output, config.overwrite, leftovers)
-        _start_workers(pool, options, config.input)
         listing, run_plan = plan_run(config, options, run_id, labels)
         with listing:
             if write:
