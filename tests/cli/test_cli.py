@@ -9,7 +9,7 @@ import resource
 import subprocess
 
 import pytest
-from helpers import REPO, child, encode, make_tree, run_prepare
+from helpers import REPO, child, encode, make_tree, prepare_here, run_prepare
 
 import beam_prep
 from beam_prep.cli.flags import check_flags, known_flags, nearest_flag, unknown_flags
@@ -181,9 +181,10 @@ def snapshot(folder) -> dict[str, tuple[int, int]]:
 
 
 def test_a_refused_run_says_one_line_and_changes_nothing(tree, tmp_path, tmpdir_env):
+    """The dataset there is made in this process (``prepare_here``); the refused run is the command's."""
     out = tmp_path / "out"
     args = ("--input", str(tree), "--output", str(out), "--image_size", "16", "--direct_running_mode", "in_memory")
-    assert run_prepare(*args, env=tmpdir_env).returncode == 0
+    prepare_here(*args)
     before = snapshot(out)
     refused = run_prepare(*args, env=tmpdir_env)
     assert refused.returncode == 2 and refused.stdout == ""
@@ -193,14 +194,17 @@ def test_a_refused_run_says_one_line_and_changes_nothing(tree, tmp_path, tmpdir_
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
 
 
-def test_a_run_refused_after_listing_leaves_no_output_folder(tmp_path, tmpdir_env):
+def test_a_run_refused_after_listing_leaves_no_output_folder(tmp_path, capsys):
+    """The command's main in this process: refused before any work, it starts nothing."""
     make_tree(tmp_path / "split", {"a": 2}, splits=["train", "validation"], size=(24, 20))
     out = tmp_path / "new" / "out"
-    refused = run_prepare("--input", str(tmp_path / "split"), "--output", str(out), "--validation_percent", "10",
-                          "--direct_running_mode", "in_memory", env=tmpdir_env)
-    assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr == (f"error: {tmp_path / 'split'} already has split folders (train, validation); "
-                              "drop --validation_percent\n")
+    capsys.readouterr()
+    code = prepare_images.main(["--input", str(tmp_path / "split"), "--output", str(out), "--validation_percent",
+                                "10", "--direct_running_mode", "in_memory"])
+    refused = capsys.readouterr()
+    assert code == 2 and refused.out == ""
+    assert refused.err == (f"error: {tmp_path / 'split'} already has split folders (train, validation); "
+                           "drop --validation_percent\n")
     assert not (tmp_path / "new").exists()
 
 
