@@ -16,6 +16,7 @@ from PIL import Image
 from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import LIBRARIES
 from beam_prep.tools.sample import picture
+from pipelines import prepare_images
 
 LABELS = ("ant", "bee", "cat")
 PER_LABEL = 7
@@ -445,21 +446,23 @@ def test_each_reader_refuses_another_format_naming_the_right_one(outputs):
         beam_prep.make_dataset(str(outputs["webdataset"]), "train")
 
 
-def test_an_unknown_format_is_refused_before_any_work_naming_the_choices(tree, tmp_path):
+def test_an_unknown_format_is_refused_before_any_work_naming_the_choices(tree, tmp_path, capsys):
+    """The command's main in this process: refused before any work, it starts nothing."""
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "parquet")
-    assert result.returncode == 2
-    assert result.stderr.splitlines()[-1] == (
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), "--file_format", "parquet"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "error: --file_format must be one of tfrecord, array_record, webdataset, not 'parquet'")
     assert not out.exists()
 
 
-def test_gzip_is_refused_for_the_formats_that_are_not_tfrecord(tree, tmp_path):
+def test_gzip_is_refused_for_the_formats_that_are_not_tfrecord(tree, tmp_path, capsys):
+    """The command's main in this process: refused before any work, it starts nothing."""
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "webdataset",
-                         "--compression", "gzip")
-    assert result.returncode == 2
-    assert result.stderr.splitlines()[-1] == (
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), "--file_format", "webdataset",
+                                "--compression", "gzip"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "error: --compression gzip is for --file_format tfrecord only: webdataset shards are not "
         "GZIP-compressed (drop --compression)")
     assert not out.exists()
