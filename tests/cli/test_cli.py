@@ -107,10 +107,12 @@ def test_the_command_stops_on_an_unknown_flag_with_nothing_written(tree, tmp_pat
     assert not out.exists() and result.stdout == ""
 
 
-def test_every_flag_of_prepare_takes_dashes_or_underscores(tree, tmp_path):
-    result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image-size", "16",
-                         "--direct-running-mode=in_memory", "--labels-txt", "slim")
-    assert result.returncode == 0, result.stderr
+@pytest.mark.slow  # a Beam pipeline, on the in-memory runner
+def test_every_flag_of_prepare_takes_dashes_or_underscores(tree, tmp_path, capsys):
+    """The command's main in this process: its flags are read there, and the run is in-memory."""
+    code = prepare_images.main(["--input", str(tree), "--output", str(tmp_path / "out"), "--image-size", "16",
+                                "--direct-running-mode=in_memory", "--labels-txt", "slim"])
+    assert code == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert (manifest["image"]["height"], manifest["image"]["width"]) == (16, 16)
     assert (tmp_path / "out" / "labels.txt").read_text() == "0:a\n1:b\n"
