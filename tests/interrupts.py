@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
-from helpers import REPO, encode
+from helpers import REPO, encode, prepare_here
 
 from beam_prep.tools.sample import picture
 from beam_prep.write.journal import resume
@@ -22,8 +22,11 @@ from beam_prep.write.shared import layout
 from pipelines.prepare_images import command
 
 SHARDS = 16
-ARGS = ("--image_size", "48", "--num_shards", str(SHARDS), "--direct_num_workers", "2",
-        "--direct_running_mode", "multi_processing")
+# What decides the bytes ARGS' runs write (the shard count given, not the workers'): an
+# uninterrupted run the tests compare a resumed one with is made in this process with these
+# (``uninterrupted``), as the command's workers add nothing to what it writes.
+WRITTEN_ARGS = ("--image_size", "48", "--num_shards", str(SHARDS))
+ARGS = (*WRITTEN_ARGS, "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
 # Enough photos that the run is still going when the test has seen two shards finish and
 # pauses its workers (see photo_tree and interrupt).
 PHOTOS_PER_LABEL = 40
@@ -54,6 +57,15 @@ def photo_tree(root: pathlib.Path) -> pathlib.Path:
     # A near duplicate of bee/img_004.jpg: half the size, at JPEG quality 50 (the resumed run must group it the same).
     picture(PHOTOS_PER_LABEL + 4, 640, 480).resize((320, 240)).save(root / "dog" / "near_e.jpg", quality=50)
     return root
+
+
+def uninterrupted(tree: pathlib.Path, out: pathlib.Path, *extra: str) -> dict[str, str]:
+    """The digests of what an uninterrupted run of ``tree`` with ARGS and ``extra`` writes to ``out``:
+    the reference a resumed run must match, made in this process (``helpers.prepare_here``) with
+    WRITTEN_ARGS, whose bytes are those of the command's run with ARGS (a resumed run that wrote
+    other bytes fails its test either way)."""
+    prepare_here("--input", str(tree), "--output", str(out), *WRITTEN_ARGS, *extra)
+    return dataset_digests(out)
 
 
 def dataset_digests(out: pathlib.Path) -> dict[str, str]:

@@ -9,7 +9,7 @@ import resource
 import subprocess
 
 import pytest
-from helpers import REPO, child, encode, make_tree, run_prepare
+from helpers import REPO, child, encode, make_tree, prepare_here, run_prepare
 
 import beam_prep
 from beam_prep.cli.flags import check_flags, known_flags, nearest_flag, unknown_flags
@@ -107,10 +107,12 @@ def test_the_command_stops_on_an_unknown_flag_with_nothing_written(tree, tmp_pat
     assert not out.exists() and result.stdout == ""
 
 
-def test_every_flag_of_prepare_takes_dashes_or_underscores(tree, tmp_path):
-    result = run_prepare("--input", str(tree), "--output", str(tmp_path / "out"), "--image-size", "16",
-                         "--direct-running-mode=in_memory", "--labels-txt", "slim")
-    assert result.returncode == 0, result.stderr
+@pytest.mark.slow  # a Beam pipeline, on the in-memory runner
+def test_every_flag_of_prepare_takes_dashes_or_underscores(tree, tmp_path, capsys):
+    """The command's main in this process: its flags are read there, and the run is in-memory."""
+    code = prepare_images.main(["--input", str(tree), "--output", str(tmp_path / "out"), "--image-size", "16",
+                                "--direct-running-mode=in_memory", "--labels-txt", "slim"])
+    assert code == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert (manifest["image"]["height"], manifest["image"]["width"]) == (16, 16)
     assert (tmp_path / "out" / "labels.txt").read_text() == "0:a\n1:b\n"
@@ -181,9 +183,10 @@ def snapshot(folder) -> dict[str, tuple[int, int]]:
 
 
 def test_a_refused_run_says_one_line_and_changes_nothing(tree, tmp_path, tmpdir_env):
+    """The dataset there is made in this process (``prepare_here``); the refused run is the command's."""
     out = tmp_path / "out"
     args = ("--input", str(tree), "--output", str(out), "--image_size", "16", "--direct_running_mode", "in_memory")
-    assert run_prepare(*args, env=tmpdir_env).returncode == 0
+    prepare_here(*args)
     before = snapshot(out)
     refused = run_prepare(*args, env=tmpdir_env)
     assert refused.returncode == 2 and refused.stdout == ""
@@ -193,14 +196,17 @@ def test_a_refused_run_says_one_line_and_changes_nothing(tree, tmp_path, tmpdir_
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
 
 
-def test_a_run_refused_after_listing_leaves_no_output_folder(tmp_path, tmpdir_env):
+def test_a_run_refused_after_listing_leaves_no_output_folder(tmp_path, capsys):
+    """The command's main in this process: refused before any work, it starts nothing."""
     make_tree(tmp_path / "split", {"a": 2}, splits=["train", "validation"], size=(24, 20))
     out = tmp_path / "new" / "out"
-    refused = run_prepare("--input", str(tmp_path / "split"), "--output", str(out), "--validation_percent", "10",
-                          "--direct_running_mode", "in_memory", env=tmpdir_env)
-    assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr == (f"error: {tmp_path / 'split'} already has split folders (train, validation); "
-                              "drop --validation_percent\n")
+    capsys.readouterr()
+    code = prepare_images.main(["--input", str(tmp_path / "split"), "--output", str(out), "--validation_percent",
+                                "10", "--direct_running_mode", "in_memory"])
+    refused = capsys.readouterr()
+    assert code == 2 and refused.out == ""
+    assert refused.err == (f"error: {tmp_path / 'split'} already has split folders (train, validation); "
+                           "drop --validation_percent\n")
     assert not (tmp_path / "new").exists()
 
 

@@ -10,12 +10,13 @@ import re
 
 import numpy as np
 import pytest
-from helpers import REPO, assert_shard_checksums, encode, prepare_here, run_prepare
+from helpers import REPO, assert_shard_checksums, encode, prepare_here
 from PIL import Image
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.libraries import LIBRARIES
 from beam_prep.tools.sample import picture
+from pipelines import prepare_images
 
 LABELS = ("ant", "bee", "cat")
 PER_LABEL = 7
@@ -445,39 +446,44 @@ def test_each_reader_refuses_another_format_naming_the_right_one(outputs):
         beam_prep.make_dataset(str(outputs["webdataset"]), "train")
 
 
-def test_an_unknown_format_is_refused_before_any_work_naming_the_choices(tree, tmp_path):
+def test_an_unknown_format_is_refused_before_any_work_naming_the_choices(tree, tmp_path, capsys):
+    """The command's main in this process: refused before any work, it starts nothing."""
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "parquet")
-    assert result.returncode == 2
-    assert result.stderr.splitlines()[-1] == (
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), "--file_format", "parquet"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "error: --file_format must be one of tfrecord, array_record, webdataset, not 'parquet'")
     assert not out.exists()
 
 
-def test_gzip_is_refused_for_the_formats_that_are_not_tfrecord(tree, tmp_path):
+def test_gzip_is_refused_for_the_formats_that_are_not_tfrecord(tree, tmp_path, capsys):
+    """The command's main in this process: refused before any work, it starts nothing."""
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "webdataset",
-                         "--compression", "gzip")
-    assert result.returncode == 2
-    assert result.stderr.splitlines()[-1] == (
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), "--file_format", "webdataset",
+                                "--compression", "gzip"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "error: --compression gzip is for --file_format tfrecord only: webdataset shards are not "
         "GZIP-compressed (drop --compression)")
     assert not out.exists()
 
 
-def test_a_missing_library_is_refused_before_any_work_with_its_install_command(tree, tmp_path):
-    """A package of the library's name that cannot be imported, first on the path: as a machine without it."""
-    import os
+def test_a_missing_library_is_refused_before_any_work_with_its_install_command(tree, tmp_path, capsys, monkeypatch):
+    """A package of the library's name that cannot be imported, first on the path: as a machine without it.
+    The command's main in this process, which has forgotten the library's modules while it runs:
+    refused before any work, it starts nothing."""
+    import sys
 
     shadow = tmp_path / "shadow" / "array_record"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('No module named array_record')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), str(REPO),
-                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(shadow.parent))
+    for name in [n for n in sys.modules if n == "array_record" or n.startswith("array_record.")]:
+        monkeypatch.delitem(sys.modules, name)
     out = tmp_path / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), "--file_format", "array_record", env=env)
-    assert result.returncode == 2
-    last = result.stderr.splitlines()[-1]
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), "--file_format", "array_record"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
     assert last.startswith("error: --file_format array_record needs the array-record library, which cannot be "
                            "imported here"), last
     assert last.endswith("install it with pip install 'array-record>=0.8,<0.9'"), last

@@ -5,7 +5,7 @@ import gzip
 import json
 
 import pytest
-from helpers import REPO, child, make_tree
+from helpers import REPO, child, make_tree, prepare_here
 
 from beam_prep.model.features import decode_all
 from pipelines import prepare_images
@@ -15,6 +15,14 @@ LABELS = {"cat": 6, "dog": 5}
 
 def prepare(gcs_server, *args, check=True):
     return gcs_server.run(prepare_images.command(*args), cwd=REPO, check=check)
+
+
+def refused_here(capsys, *args) -> tuple[int, str]:
+    """The command's main in this process (under ``gcs_env``), for a run refused before any work,
+    which starts nothing: its exit code and what it wrote on stderr."""
+    capsys.readouterr()
+    code = prepare_images.main(list(args))
+    return code, capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -88,29 +96,27 @@ def test_shuffle_sink_finalises_on_gcs(gcs_server, gcs_run):
         {"path": bucket.url("images/loose.jpg"), "relpath": "loose.jpg", "reason": "image outside the label folders"}]
 
 
-def test_empty_gs_input_is_reported(gcs_server, gcs_bucket):
-    result = prepare(gcs_server, "--input", gcs_bucket.url("nothing"), "--output", gcs_bucket.url("out"),
-                     check=False)
-    assert result.returncode == 2
-    assert f"no images under {gcs_bucket.url('nothing')}" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_empty_gs_input_is_reported(gcs_server, gcs_bucket, capsys):
+    code, stderr = refused_here(capsys, "--input", gcs_bucket.url("nothing"), "--output", gcs_bucket.url("out"))
+    assert code == 2
+    assert f"no images under {gcs_bucket.url('nothing')}" in stderr
+    assert "Traceback" not in stderr
 
 
-def test_missing_bucket_is_reported(gcs_server, gcs_missing_bucket, gcs_bucket):
-    result = prepare(gcs_server, "--input", f"gs://{gcs_missing_bucket}/images",
-                     "--output", gcs_bucket.url("out"), check=False)
-    assert result.returncode != 0
-    assert f"gs://{gcs_missing_bucket}" in result.stderr and "does not exist" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_missing_bucket_is_reported(gcs_server, gcs_missing_bucket, gcs_bucket, capsys):
+    code, stderr = refused_here(capsys, "--input", f"gs://{gcs_missing_bucket}/images",
+                                "--output", gcs_bucket.url("out"))
+    assert code != 0
+    assert f"gs://{gcs_missing_bucket}" in stderr and "does not exist" in stderr
+    assert "Traceback" not in stderr
 
 
-def test_permission_error_is_reported(gcs_server, gcs_run, gcs_forbidden_bucket):
+def test_permission_error_is_reported(gcs_server, gcs_run, gcs_forbidden_bucket, capsys):
     bucket, _ = gcs_run
-    result = prepare(gcs_server, "--input", bucket.url("images"), "--output", gcs_forbidden_bucket.url("out"),
-                     check=False)
-    assert result.returncode != 0
-    assert f"gs://{gcs_forbidden_bucket.name}" in result.stderr and "permission" in result.stderr.lower()
-    assert "Traceback" not in result.stderr
+    code, stderr = refused_here(capsys, "--input", bucket.url("images"), "--output", gcs_forbidden_bucket.url("out"))
+    assert code != 0
+    assert f"gs://{gcs_forbidden_bucket.name}" in stderr and "permission" in stderr.lower()
+    assert "Traceback" not in stderr
 
 
 def test_dataflow_job_builds_offline_with_the_designed_steps(gcs_server, gcs_run, tmp_path):
@@ -206,8 +212,10 @@ def test_reader_reports_empty_missing_and_forbidden_gs_paths(
     assert errors["forbidden"][0] == "StorageError" and "permission denied" in errors["forbidden"][1]
 
 
-def test_an_interrupted_run_into_gs_resumes_from_its_folder_there(gcs_server, tmp_path):
-    """The run's record and finished shards live in gs://.../OUT/.beam-prep: any machine resumes it."""
+def test_an_interrupted_run_into_gs_resumes_from_its_folder_there(gcs_server, gcs_env, tmp_path):
+    """The run's record and finished shards live in gs://.../OUT/.beam-prep: any machine resumes it.
+    The uninterrupted run it resumes to is made in this process (under ``gcs_env``), with the same
+    shard count: the workers' count changes nothing it writes."""
     import os
     import signal
     import subprocess
@@ -216,9 +224,9 @@ def test_an_interrupted_run_into_gs_resumes_from_its_folder_there(gcs_server, tm
     make_tree(tmp_path / "tree", {"ant": 24, "bee": 24}, size=(32, 24))
     bucket = gcs_server.new_bucket()
     bucket.upload_tree(tmp_path / "tree", "images")
-    args = ("--input", bucket.url("images"), "--image_size", "16", "--num_shards", "8",
-            "--direct_num_workers", "2", "--read_concurrency", "1")
-    prepare(gcs_server, *args, "--output", bucket.url("whole"))
+    written = ("--input", bucket.url("images"), "--image_size", "16", "--num_shards", "8", "--read_concurrency", "1")
+    args = (*written, "--direct_num_workers", "2")
+    prepare_here(*written, "--output", bucket.url("whole"))
     shards = [f"train-{i:05d}-of-00008.tfrecord.gz" for i in range(8)]
 
     def finished() -> list[str]:
@@ -284,14 +292,14 @@ def test_a_metadata_table_on_gcs_labels_a_flat_folder(gcs_server, gcs_bucket, tm
     assert seen == {f"flat/img_{i:03d}.jpg": ([0, 1][: i % 2 + 1], f"image {i}") for i in range(4)}
 
 
-def test_a_metadata_table_missing_from_gcs_is_refused(gcs_server, gcs_bucket, tmp_path):
+def test_a_metadata_table_missing_from_gcs_is_refused(gcs_server, gcs_bucket, tmp_path, capsys):
     make_tree(tmp_path / "tree", {"a": 1}, size=(24, 20))
     gcs_bucket.upload_tree(tmp_path / "tree", "images")
-    result = prepare(gcs_server, "--input", gcs_bucket.url("images"), "--output", gcs_bucket.url("out"),
-                     "--metadata", gcs_bucket.url("nope.csv"), check=False)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith(f"error: cannot read --metadata {gcs_bucket.url('nope.csv')}: ")
-    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    code, stderr = refused_here(capsys, "--input", gcs_bucket.url("images"), "--output", gcs_bucket.url("out"),
+                                "--metadata", gcs_bucket.url("nope.csv"))
+    assert code == 2, stderr
+    assert stderr.startswith(f"error: cannot read --metadata {gcs_bucket.url('nope.csv')}: ")
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
     assert gcs_bucket.list_names("out/") == []
 
 

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 
-from helpers import REPO, child, make_tree, read_split, run_prepare
+from helpers import REPO, child, make_tree, prepare_here, read_split, run_prepare
 
 from beam_prep.write.plan.listing import SKIP_DEPTH, SKIP_HIDDEN, SKIP_NOT_IMAGE
 from beam_prep.write.plan.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL
@@ -107,10 +107,12 @@ def _wait_for(pattern: str, folder: pathlib.Path, proc: subprocess.Popen, timeou
         time.sleep(0.01)
 
 
-def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path):
+def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path, capsys):
+    """The killed run is the command's; the runs before and after it are made in this process
+    (``prepare_here``, the refused one the command's main: refused before any work, it starts nothing)."""
     tree, out = tmp_path / "tree", tmp_path / "out"
     make_tree(tree, {"a": 3, "b": 2}, size=(24, 20))
-    assert run_prepare("--input", str(tree), "--output", str(out), *ARGS).returncode == 0
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS)
     old = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     make_tree(tree, {"c": 400}, size=(96, 64))
 
@@ -126,11 +128,12 @@ def test_a_killed_overwrite_leaves_the_old_dataset_whole(tmp_path):
     assert len(read_split(out, "train")) == 5
 
     # The killed run would resume with its own options; with others, the folder is refused.
-    refused = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
-    assert refused.returncode == 2
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS]) == 2
+    refused = capsys.readouterr().err
     assert re.search(r"holds unfinished run \d{8}T\d{6}Z-\w+, started with --num_shards 1 where this run has 0; "
-                     r".*pass --overwrite to start over", refused.stderr), refused.stderr
-    assert run_prepare("--input", str(tree), "--output", str(out), "--overwrite", *ARGS).returncode == 0
+                     r".*pass --overwrite to start over", refused), refused
+    prepare_here("--input", str(tree), "--output", str(out), "--overwrite", *ARGS)
     assert len(read_split(out, "train")) == 405
     assert [p.name for p in out.iterdir() if p.is_dir()] == []
 
@@ -153,18 +156,22 @@ def test_a_failed_run_keeps_its_finished_shards_for_the_same_command_to_resume(t
     assert len(read_split(out, "train")) == 2 and not (out / ".beam-prep").exists()
 
 
-def test_a_run_into_a_folder_another_run_holds_is_refused(tmp_path):
+def test_a_run_into_a_folder_another_run_holds_is_refused(tmp_path, capsys):
+    """The refused run is the command's main in this process (refused before any work, it starts
+    nothing), the run once the holder is gone ``prepare_here``."""
     tree, out = tmp_path / "tree", tmp_path / "out"
     make_tree(tree, {"a": 2}, size=(24, 20))
     holder = subprocess.Popen(child("claim_holder", str(out)), cwd=REPO, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        refused = run_prepare("--input", str(tree), "--output", str(out), "--overwrite", *ARGS)
+        capsys.readouterr()
+        code = prepare_images.main(["--input", str(tree), "--output", str(out), "--overwrite", *ARGS])
+        refused = capsys.readouterr().err
     finally:
         holder.communicate("", timeout=60)
-    assert refused.returncode == 2
+    assert code == 2
     assert re.search(rf"--output {re.escape(str(out))} is in use by run run-elsewhere \(pid {holder.pid} on "
-                     r".*\) since \d{4}-\d\d-\d\dT.*wait for it to end", refused.stderr), refused.stderr
+                     r".*\) since \d{4}-\d\d-\d\dT.*wait for it to end", refused), refused
     assert not out.joinpath(".beam-prep").exists() and not list(out.glob("*.tfrecord.gz"))
-    assert run_prepare("--input", str(tree), "--output", str(out), *ARGS).returncode == 0
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS)

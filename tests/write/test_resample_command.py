@@ -8,13 +8,15 @@ that state by a ``sitecustomize`` first on their path, and the run must write
 the same shards as Pillow's loops, with one console line where the kernel fell
 back, and a manifest that says what resized the images. A bad
 ``BEAM_PREP_RESIZE_KERNEL`` or ``BEAM_PREP_RESAMPLE_ISA`` is refused before any work (exit 2, nothing
-made), and the scalar loops write the widest loops' shards.
+made: the command's main in this process, put in that state, as it starts nothing), and the scalar
+loops write the widest loops' shards.
 """
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -85,6 +87,34 @@ def run_once(tree, tmp_path_factory):
     return run
 
 
+@pytest.fixture
+def refused_here(tree, capsys):
+    """The command's main in this process, in ``state`` with ``BEAM_PREP_RESIZE_KERNEL`` ``kernel`` and
+    ``variables`` set: for a run refused before any work, which starts nothing. Gives its exit code and
+    the lines it wrote on stderr. The state is this process's (``not built``: the extension's import
+    fails as the ``sitecustomize`` makes it fail), and what the kernel's loader found is forgotten
+    before and after."""
+    from pipelines import prepare_images
+
+    def refused(out: pathlib.Path, state: str | None, kernel: str | None, **variables: str) -> tuple[int, list[str]]:
+        assert state in (None, "not built"), state
+        resample_loader.load.cache_clear()
+        monkeypatch.delenv(resample.KERNEL_VARIABLE, raising=False)
+        if kernel is not None:
+            monkeypatch.setenv(resample.KERNEL_VARIABLE, kernel)
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        if state == "not built":
+            monkeypatch.setitem(sys.modules, resample_loader.EXTENSION, None)
+        capsys.readouterr()
+        code = prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS])
+        return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield refused
+    resample_loader.load.cache_clear()
+
+
 def _shards(out: pathlib.Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("*.tfrecord*"))}
 
@@ -142,21 +172,21 @@ def test_the_shuffle_sink_counts_what_resized_too(tree, tmp_path):
     (None, "off", "BEAM_PREP_RESIZE_KERNEL must be pillow or kernel"),
     ("not built", "kernel", "BEAM_PREP_RESIZE_KERNEL=kernel, but the resize kernel is not built in this install"),
 ])
-def test_a_bad_kernel_choice_is_refused_before_any_work(tree, tmp_path, state, kernel, message):
+def test_a_bad_kernel_choice_is_refused_before_any_work(refused_here, tmp_path, state, kernel, message):
     out = tmp_path / "out"
-    done = _run(tree, out, state, kernel)
-    assert done.returncode == 2, done.stderr[-2000:]
-    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    code, lines = refused_here(out, state, kernel)
+    assert code == 2, lines
+    (line,) = lines
     assert message in line, line
     assert not out.exists()
 
 
 @pytest.mark.parametrize("isa", ["AVX2", "neon9"])
-def test_a_bad_loop_choice_is_refused_before_any_work(tree, tmp_path, isa):
+def test_a_bad_loop_choice_is_refused_before_any_work(refused_here, tmp_path, isa):
     out = tmp_path / "out"
-    done = _run(tree, out, None, None, **{resample_loader.ISA_VARIABLE: isa})
-    assert done.returncode == 2, done.stderr[-2000:]
-    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    code, lines = refused_here(out, None, None, **{resample_loader.ISA_VARIABLE: isa})
+    assert code == 2, lines
+    (line,) = lines
     assert f"{resample_loader.ISA_VARIABLE} must be one of scalar, sse4, avx2, avx512" in line, line
     assert not out.exists()
 

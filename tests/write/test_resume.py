@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,18 +14,20 @@ import time
 
 import psutil
 import pytest
-from helpers import REPO, assert_shard_checksums, make_tree, run_prepare
+from helpers import REPO, assert_shard_checksums, make_tree, prepare_here, run_prepare
 from interrupts import (
     ARGS,
     DATASET_FILES,
     PHOTOS_PER_LABEL,
     SHARDS,
+    WRITTEN_ARGS,
     dataset_digests,
     finished_records,
     interrupt,
     photo_tree,
     run_folder,
 )
+from interrupts import uninterrupted as uninterrupted_run
 
 from beam_prep.errors import OptionsError
 from beam_prep.write.journal import resume
@@ -39,10 +42,9 @@ def tree(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tree, tmp_path_factory) -> dict[str, str]:
+    """What the resumed runs must write: an uninterrupted run's digests, made in this process."""
     out = tmp_path_factory.mktemp("whole") / "out"
-    result = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
-    assert result.returncode == 0, result.stderr
-    digests = dataset_digests(out)
+    digests = uninterrupted_run(tree, out)
     assert len(digests) == SHARDS + len(DATASET_FILES)
     assert json.loads((out / "manifest.json").read_text())["duplicates"]["extra_copies"] == 3
     lines = [json.loads(line) for line in (out / "duplicates.jsonl").read_text().splitlines()]
@@ -52,10 +54,33 @@ def uninterrupted(tree, tmp_path_factory) -> dict[str, str]:
     return digests
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tree, tmp_path_factory):
+    """``stopped_run(signum)``: the command with ARGS stopped by ``signum`` once two shards are
+    finished (``interrupt``), made once a signal for the tests that start from such a run. Each call
+    puts a copy of the output folder as the stop left it back where the run wrote it (the path its
+    run record names), and gives that folder, the stopped process, the seconds it took to end after
+    the signal, and those of the processes it started that were still running once it had ended."""
+    made: dict[int, tuple] = {}
+
+    def stopped(signum: int) -> tuple[pathlib.Path, subprocess.CompletedProcess, float, list[int]]:
+        if signum not in made:
+            base = tmp_path_factory.mktemp(f"stopped-{signum}")
+            process, took, workers = interrupt(tree, base / "out", signum)
+            running = [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+            shutil.copytree(base / "out", base / "as-stopped", symlinks=True)
+            made[signum] = (base, process, took, running)
+        base, process, took, running = made[signum]
+        shutil.rmtree(base / "out")
+        shutil.copytree(base / "as-stopped", base / "out", symlinks=True)
+        return base / "out", process, took, running
+
+    return stopped
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uninterrupted, tmp_path, signum):
-    out = tmp_path / "out"
-    stopped, took, workers = interrupt(tree, out, signum)
+def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uninterrupted, stopped_run, signum):
+    out, stopped, took, running = stopped_run(signum)
     assert stopped.returncode == 128 + signum, stopped.stderr
     assert took < 10
     finished = finished_records(out)
@@ -65,7 +90,7 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
         f"interrupted: {len(finished)} of {SHARDS} shards written; run the same command again to resume, "
         "or pass --overwrite to start over"), stopped.stderr
     assert "Traceback" not in stopped.stderr and stopped.stdout == ""
-    assert [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"] == []
+    assert running == []
     assert not list(out.glob("*.tfrecord.gz")) and not (out / "manifest.json").exists()
 
     folder = run_folder(out)
@@ -106,12 +131,12 @@ def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninte
     assert_shard_checksums(out)  # kept shards' sha256 from their records, the rewritten ones' anew
 
 
-def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted, tmp_path, capsys):
-    """The refusals run the command's main in this process: refused before any work, it starts nothing."""
+def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted, stopped_run, capsys, caplog):
+    """The refusals run the command's main in this process: refused before any work, it starts nothing.
+    The run with --overwrite too, on the in-memory runner: what it writes is the subject."""
     from pipelines import prepare_images
 
-    out = tmp_path / "out"
-    stopped, _, _ = interrupt(tree, out, signal.SIGTERM)
+    out, stopped, _, _ = stopped_run(signal.SIGTERM)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
     folder = run_folder(out)
     before = sorted(p.name for p in folder.iterdir())
@@ -130,9 +155,10 @@ def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted
         'this run has "array_record"; run it with the same options to resume it, or pass --overwrite to start over')
     assert sorted(p.name for p in folder.iterdir()) == before
 
-    fresh = run_prepare("--input", str(tree), "--output", str(out), *other, "--overwrite")
-    assert fresh.returncode == 0, fresh.stderr
-    assert "resuming" not in fresh.stderr
+    caplog.clear()
+    prepare_here("--input", str(tree), "--output", str(out), *WRITTEN_ARGS[:1], "32", *WRITTEN_ARGS[2:],
+                 "--overwrite")
+    assert not [r.getMessage() for r in caplog.records if "resuming" in r.getMessage()]
     assert json.loads((out / "manifest.json").read_text())["image"]["height"] == 32
     assert not (out / ".beam-prep").exists()
 
@@ -140,7 +166,7 @@ def test_other_options_are_refused_and_overwrite_starts_over(tree, uninterrupted
 def test_an_interrupted_overwrite_resumes_without_it_and_replaces_the_dataset(tree, uninterrupted, tmp_path):
     out = tmp_path / "out"
     make_tree(tmp_path / "old", {"old": 2}, size=(24, 20))
-    assert run_prepare("--input", str(tmp_path / "old"), "--output", str(out), *ARGS).returncode == 0
+    prepare_here("--input", str(tmp_path / "old"), "--output", str(out), *WRITTEN_ARGS)  # made in this process
     old = (out / "manifest.json").read_text()
 
     stopped, _, _ = interrupt(tree, out, signal.SIGINT, "--overwrite")
@@ -172,7 +198,10 @@ def test_a_run_folder_that_cannot_be_resumed_is_refused_naming_overwrite(tmp_pat
         resume.find_resumable(str(out), [folder.name], {})
 
 
-def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    """The command's main in this process: a dry run lists and plans, and starts nothing."""
+    from pipelines import prepare_images
+
     tree, out = tmp_path / "tree", tmp_path / "out"
     make_tree(tree, {"ant": 7, "bee": 5, "owl": 3}, size=(24, 20))
     (tree / "notes.txt").write_text("x")
@@ -180,13 +209,15 @@ def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     (tree / "loose.jpg").write_bytes((tree / "ant" / "img_000.jpg").read_bytes())
     labels = tmp_path / "labels.txt"
     labels.write_text("bee\nant\n")
-    result = run_prepare("--input", str(tree), "--output", str(out), "--dry_run", "--labels_file", str(labels),
-                         "--validation_percent", "40", "--num_shards", "2")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    capsys.readouterr()
+    code = prepare_images.main(["--input", str(tree), "--output", str(out), "--dry_run", "--labels_file",
+                                str(labels), "--validation_percent", "40", "--num_shards", "2"])
+    result = capsys.readouterr()
+    assert code == 0, result.err
+    lines = result.out.splitlines()
     assert re.fullmatch(rf"dry run: {re.escape(str(tree))} lists 15 images in 2 labels \(bee, ant\); "
                         r"planned in [\d.]+ s, nothing written", lines[0]), lines
-    train, validation = (int(re.search(rf"  {split}: (\d+) images in 2 shards", result.stdout).group(1))
+    train, validation = (int(re.search(rf"  {split}: (\d+) images in 2 shards", result.out).group(1))
                          for split in ("train", "validation"))
     assert train + validation == 12 and validation > 0
     assert "  not written, label not in --labels_file: 3 images (each would be reported in errors.jsonl)" in lines
@@ -268,12 +299,16 @@ def test_a_run_record_naming_another_folder_or_split_is_not_resumed(tmp_path):
             resume.find_resumable(str(out), [name], {})
 
 
-def test_a_listing_naming_a_file_outside_the_input_is_refused_before_the_resumed_run_reads_it(tree, tmp_path):
+def test_a_listing_naming_a_file_outside_the_input_is_refused_before_the_resumed_run_reads_it(tree, stopped_run,
+                                                                                               tmp_path, capsys):
     """The listings a resumed run reads are data in the output folder, as its records are: a line
     naming a picture elsewhere on the machine (someone else's, with a share of the output folder)
-    was read into the dataset. Refused with exit 2, naming the listing, the line and the path."""
-    out = tmp_path / "out"
-    stopped, _, _ = interrupt(tree, out, signal.SIGTERM)
+    was read into the dataset. Refused with exit 2, naming the listing, the line and the path.
+    (The resumed run is the command's main in this process, on the in-memory runner: refused
+    before any work, it starts nothing.)"""
+    from pipelines import prepare_images
+
+    out, stopped, _, _ = stopped_run(signal.SIGTERM)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
     victim = tmp_path / "private" / "me.jpg"
     victim.parent.mkdir()
@@ -284,9 +319,10 @@ def test_a_listing_naming_a_file_outside_the_input_is_refused_before_the_resumed
     entry = json.loads(lines[0])
     lines[0] = json.dumps({**entry, "path": str(victim), "size": victim.stat().st_size})
     listing.write_text("\n".join(lines) + "\n")
-    resumed = run_prepare("--input", str(tree), "--output", str(out), *ARGS)
-    assert resumed.returncode == 2, resumed.stderr
-    assert resumed.stderr.strip().splitlines()[-1] == (
+    capsys.readouterr()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *WRITTEN_ARGS,
+                                "--direct_running_mode", "in_memory"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: {listing}: line 1's path is {str(victim)!r}, not a path under {tree} (it is absolute elsewhere, "
         "or holds . or ..): only files under it are opened; the unfinished run cannot be resumed: pass "
         "--overwrite to start over")

@@ -22,8 +22,10 @@ from interrupts import (
     finished_records,
     interrupt,
     photo_tree,
+    uninterrupted,
 )
 
+from beam_prep.errors import BeamPrepWarning
 from beam_prep.tools.sample import picture
 from beam_prep.write.journal import progress, resume
 
@@ -36,15 +38,14 @@ def tree(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def uninterrupted_as(tree, tmp_path_factory) -> Callable[[str], dict[str, str]]:
-    """The digests of an uninterrupted run in ``--file_format``, made once a format."""
+    """The digests of an uninterrupted run in ``--file_format``, made once a format (in this process:
+    ``interrupts.uninterrupted``)."""
     made: dict[str, dict[str, str]] = {}
 
     def digests(file_format: str) -> dict[str, str]:
         if file_format not in made:
             out = tmp_path_factory.mktemp(f"whole-{file_format}") / "out"
-            result = run_prepare("--input", str(tree), "--output", str(out), *ARGS, "--file_format", file_format)
-            assert result.returncode == 0, result.stderr
-            made[file_format] = dataset_digests(out)
+            made[file_format] = uninterrupted(tree, out, "--file_format", file_format)
             assert len(made[file_format]) == SHARDS + len(DATASET_FILES)
         return made[file_format]
 
@@ -79,7 +80,8 @@ def test_a_resumed_run_of_originals_counts_kept_and_reencoded_as_an_uninterrupte
             (mixed / label / f"small_{i}.jpg").write_bytes(encode(picture(1000 + i, 48, 48), "JPEG", quality=90))
     args = (*ARGS, "--image_format", "original")
     whole = tmp_path / "whole"
-    assert run_prepare("--input", str(mixed), "--output", str(whole), *args).returncode == 0
+    with pytest.warns(BeamPrepWarning, match="keeps only the JPEGs already exactly 48x48"):  # center_crop's
+        uninterrupted(mixed, whole, "--image_format", "original")
     out = tmp_path / "out"
     stopped, _, _ = interrupt(mixed, out, signal.SIGTERM, "--image_format", "original")
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
@@ -107,7 +109,7 @@ def test_a_resumed_run_with_a_table_writes_what_the_whole_run_writes(tree, tmp_p
                     "caption": f"photo {i}", "score": i / 7}) + "\n" for i, name in enumerate(names)))
     args = (*ARGS, "--metadata", str(table))
     whole = tmp_path / "whole"
-    assert run_prepare("--input", str(tree), "--output", str(whole), *args).returncode == 0
+    uninterrupted(tree, whole, "--metadata", str(table))
     out = tmp_path / "out"
     stopped, _, _ = interrupt(tree, out, signal.SIGTERM, "--metadata", str(table))
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
@@ -132,15 +134,23 @@ HALFWAY_ARGS = ("--direct_num_workers", "2", "--direct_running_mode", "multi_pro
 def halfway_tree(tmp_path_factory) -> pathlib.Path:
     """Photos whose shorter side is under twice the default 224 px, so that each is decoded
     whole (no JPEG draft) and the run lasts long enough to be stopped halfway. A few pictures,
-    each file told apart by a JPEG comment: quicker to make than a picture each."""
+    each file told apart by a JPEG comment: quicker to make than a picture each, and each picture
+    encoded once (``_with_comment``)."""
     root = tmp_path_factory.mktemp("halfway") / "tree"
-    pictures = [picture(seed, 640, 440) for seed in range(8)]
+    jpegs = [encode(picture(seed, 640, 440), "JPEG", quality=90) for seed in range(8)]
     for i in range(HALFWAY_IMAGES):
         folder = root / f"label_{i % 4}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"img_{i:05d}.jpg").write_bytes(encode(pictures[i % 8], "JPEG", quality=90,
-                                                         comment=f"photo {i}".encode()))
+        (folder / f"img_{i:05d}.jpg").write_bytes(_with_comment(jpegs[i % 8], f"photo {i}".encode()))
     return root
+
+
+def _with_comment(jpeg: bytes, comment: bytes) -> bytes:
+    """``jpeg`` with a comment (a COM segment) after its JFIF header: another file of the same
+    picture, byte for byte what Pillow's ``comment=`` writes, without encoding the picture again."""
+    assert jpeg[:4] == b"\xff\xd8\xff\xe0", "not a JFIF JPEG"
+    end = 4 + int.from_bytes(jpeg[4:6], "big")
+    return jpeg[:end] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + jpeg[end:]
 
 
 def _progress_of(pid: int) -> progress.Progress:
