@@ -37,7 +37,7 @@ def with_local_defaults(argv: Sequence[str]) -> list[str]:
     """Every core busy by default: multi-process DirectRunner unless the user chose otherwise.
 
     The worker count is Beam's 0, one a core, which the run lowers for a small job
-    (``pipeline.IMAGES_PER_WORKER``); a count the user gives is kept. The in-memory
+    (``warm_pool.IMAGES_PER_WORKER``); a count the user gives is kept. The in-memory
     mode runs one worker and gets no count: Beam warns about any other.
     """
     argv = list(argv)

@@ -213,6 +213,24 @@ def test_a_tree_is_expected_to_need_a_worker_per_256_files_up_to_the_cores(tmp_p
     assert warm_pool.expected_workers("gs://bucket/images", 8) == 8
 
 
+def test_a_tree_of_many_folders_is_counted_as_large_without_a_walk_of_all_of_them(tmp_path, monkeypatch):
+    """The count stops at the cap's worth of folders, as at its worth of files: a tree of a
+    million nearly empty folders costs no more to guess than a small one."""
+    for i in range(600):
+        (tmp_path / "in" / f"label{i:03d}").mkdir(parents=True)
+    visited = []
+    walk = warm_pool.os.walk
+
+    def counted_walk(*args, **kwargs):
+        for entry in walk(*args, **kwargs):
+            visited.append(entry[0])
+            yield entry
+
+    monkeypatch.setattr(warm_pool.os, "walk", counted_walk)
+    assert warm_pool.expected_workers(str(tmp_path / "in"), 2) == 2
+    assert len(visited) == 2 * warm_pool.IMAGES_PER_WORKER
+
+
 def test_the_early_pool_is_the_runs_or_closed():
     start_workers_early(["--input", "in", "--output", "out", "--direct_num_workers", "2"])
     pool = warm_pool.take_early()

@@ -112,9 +112,6 @@ def _resumable(sink: str, options: PipelineOptions) -> bool:
     return sink == "streaming" and _runner_name(options) in LOCAL_RUNNERS
 
 
-IMAGES_PER_WORKER = warm_pool.IMAGES_PER_WORKER
-
-
 def local_workers(options: PipelineOptions) -> int:
     """Workers the local runner may run at once (the shard count is rounded up to a multiple):
     ``--direct_num_workers``, or one a core where it is 0 (Beam's meaning, and our default)."""
@@ -128,7 +125,7 @@ def local_workers(options: PipelineOptions) -> int:
 
 def _fit_workers(options: PipelineOptions, images: int) -> None:
     """Where the worker count is 0 (one a core: the default), a local job starts one worker per
-    ``IMAGES_PER_WORKER`` images it has to convert, up to one a core: a sample of 40 images
+    ``warm_pool.IMAGES_PER_WORKER`` images it has to convert, up to one a core: a sample of 40 images
     then starts one worker, not one a core, and finishes sooner on less CPU. The shards are
     planned for every core all the same, so the output does not depend on it."""
     direct = options.view_as(DirectOptions)

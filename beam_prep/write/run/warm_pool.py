@@ -107,15 +107,16 @@ def expected_workers(root: str, most: int) -> int:
     however large the tree. They are started then, not once the listing is done, since Beam
     starts no work before every worker has connected: one started late would hold up the rest.
     A gs:// root counts as large: its listing takes longer than a start-up, and a run over the
-    network is rarely a small one. A guess only: the run fits the count once it has listed."""
+    network is rarely a small one, and so does a tree with more folders than the cap's files
+    (the walk stops there too). A guess only: the run fits the count once it has listed."""
     if not is_local(root):
         return most
     cap = most * IMAGES_PER_WORKER
     seen = 0
-    for _, _, files in os.walk(root):
+    for folders, (_, _, files) in enumerate(os.walk(root), 1):
         seen += len(files)
-        if seen >= cap:
-            break
+        if seen >= cap or folders >= cap:
+            return most
     return workers_for(seen, most)
 
 
@@ -184,10 +185,6 @@ class WarmPool:
             with self._lock:
                 self._waiting.append((process, ours))
                 self._started.append(process)
-
-    def start_up_to(self, count: int) -> None:
-        """As many started as make ``count`` waiting, where fewer are."""
-        self.start(max(count - self.waiting, 0))
 
     def fit(self, count: int) -> None:
         """Exactly ``count`` workers waiting: more started, or those beyond it stopped."""
