@@ -404,15 +404,6 @@ def _taps(in0: float, in1: float, out_size: int) -> int | None:
     return taps
 
 
-def _coefficients(kernel: ModuleType, in_size: int, in0: float, in1: float,
-                  out_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pillow's bounds and integer weights for one axis (``_pillows_own`` has ruled out its MemoryError)."""
-    taps = _taps(in0, in1, out_size)
-    bounds, weights = np.empty((out_size, 2), np.int32), np.empty((out_size, taps), np.int32)
-    kernel.coefficients(in_size, in0, in1, out_size, taps, bounds, weights)
-    return bounds, weights
-
-
 class _Imaging11(ctypes.Structure):
     """The head of Pillow's ``struct ImagingMemoryInstance`` (libImaging/Imaging.h) before 12.0."""
 
