@@ -40,8 +40,9 @@ def _prepare() -> None:
     this process's stderr is the command's console, not the job's log; an import that fails
     here fails again where Beam reports it."""
     with contextlib.suppress(Exception):
-        from apache_beam.runners.worker import sdk_worker_main  # noqa: F401 - Beam's harness and its protos
+        from beam_prep.write.run.lean_imports import import_beam
 
+        import_beam("apache_beam.runners.worker.sdk_worker_main")  # Beam's harness and its protos
         from beam_prep.write.sinks import shard_sinks  # noqa: F401 - the DoFns, imaging, the kernel, GZIP
 
 

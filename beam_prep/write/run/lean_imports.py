@@ -1,0 +1,50 @@
+"""Beam's import without the parts a beam-prep process never uses.
+
+``import apache_beam`` imports every IO connector Beam ships and, where it is
+installed, pandas (for Beam's DataFrame type hints): about a third of its
+import's CPU, paid by the launcher and again by every worker, and none of it
+used by a run. Beam imports each of those under ``try: ... except
+ImportError``, so while ``import_beam`` runs they are reported missing and
+Beam goes on without them. The refusal ends with the import: whatever asks for
+one of them later (a user's own code, a Dataflow submission) imports it as
+usual. Only processes beam-prep starts for itself use it (the command's
+launcher, its warm workers), never a library caller's.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Sequence
+
+__all__ = ["UNUSED", "import_beam"]
+
+# Each is imported by Beam under an ``except ImportError`` (apache_beam/io/__init__.py,
+# apache_beam/typehints/__init__.py); tests/write/test_lean_imports.py checks that Beam still imports.
+UNUSED = ("pandas", "apache_beam.io.gcp.bigquery", "apache_beam.io.gcp.pubsub")
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Reports ``names`` (and their submodules) as not installed."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = tuple(names)
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if any(name == refused or name.startswith(refused + ".") for refused in self._names):
+            raise ModuleNotFoundError(f"{name} is left out of this process's import of Beam", name=name)
+        return None
+
+
+def import_beam(*modules: str) -> None:
+    """Imports ``apache_beam`` and ``modules`` with ``UNUSED`` left out; a no-op for what is
+    already imported. An import that fails here raises as it would anywhere."""
+    finder = _Refuse(UNUSED)
+    sys.meta_path.insert(0, finder)
+    try:
+        import apache_beam  # noqa: F401 - the package's own imports are the point
+
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        sys.meta_path.remove(finder)
