@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from apache_beam.runners.runner import PipelineRunner
 
 __all__ = ["WORKER_LOG_RELAY", "BeamArgumentParser", "WorkerNoise", "add_options_arguments", "batch_fn_api_runner",
-           "worker_log_location"]
+           "views_once", "worker_log_location"]
+
+_View = TypeVar("_View", bound=PipelineOptions)
 
 # The logger through which the local runner relays its worker processes' log records.
 WORKER_LOG_RELAY = "apache_beam.runners.portability.local_job_service"
@@ -77,6 +79,42 @@ def batch_fn_api_runner(options: PipelineOptions, worker_command: str | None = N
     if worker_command is None:
         return fn_runner.FnApiRunner(provision_info=provision)
     return _runner_with_worker_command(fn_runner.FnApiRunner, worker_command)(provision_info=provision)
+
+
+class _ViewsOnce(PipelineOptions):
+    """Options whose ``view_as`` makes each class's view once (see ``views_once``)."""
+
+    def view_as(self, cls: type[_View]) -> _View:
+        views = self.__dict__.setdefault("_views", {})
+        view = views.get(cls)
+        if view is None:
+            view = views[cls] = super().view_as(cls)
+        return view
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state.pop("_views", None)  # made again where unpickled
+        return state
+
+
+def views_once(options: PipelineOptions) -> PipelineOptions:
+    """``options`` (the same values, shared: a change through either shows in both) whose views
+    are each made once a class.
+
+    Beam asks a pipeline's options for a view (``view_as``) a few hundred times
+    while it builds and runs a job (each transform applied, each type check), and
+    every view parses the command line again with a new argparse parser of its
+    class's flags: about a tenth of a second of a launcher's start-up per hundred
+    views. A view holds no value of its own (it reads and writes the options'
+    ``_all_options``, private to Beam, shared here), so one per class gives the
+    same answers.
+    """
+    if isinstance(options, _ViewsOnce):
+        return options
+    once = object.__new__(_ViewsOnce)
+    once.__dict__.update(options.__dict__)
+    once.__dict__.pop("_views", None)
+    return once
 
 
 def _runner_with_worker_command(base: type, command: str) -> type:

@@ -42,7 +42,7 @@ from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
 from beam_prep.write.run import interrupt, warm_pool
-from beam_prep.write.run.beam_compat import batch_fn_api_runner
+from beam_prep.write.run.beam_compat import batch_fn_api_runner, views_once
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.run.worker_requirements import add_format_requirement
 from beam_prep.write.shared import layout
@@ -297,6 +297,7 @@ def run(config: PrepareConfig, options: PipelineOptions,
     """
     start = time.perf_counter()
     launched = time.time()  # wall time: the workers' reports are in it
+    options = views_once(options)  # the caller's options, values shared
     local = _runner_name(options) in LOCAL_RUNNERS
     if options.view_as(TestOptions).dry_run:
         return _dry_run(config, options, local, start)
