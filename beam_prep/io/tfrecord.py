@@ -25,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from isal import igzip
 
 from beam_prep.errors import DatasetError
+from beam_prep.io.gzip_stream import GzipStream
 from beam_prep.io.storage import storage_error
 
 __all__ = ["GZIP_LEVEL", "Checksum", "count_records", "frame", "masked_crc32c", "read_records", "shard_writer",
@@ -92,7 +93,8 @@ class _Checksummed:
 @contextlib.contextmanager
 def shard_writer(path: str, compression: str, checksum: Checksum | None = None,
                  shown_as: str | None = None) -> Iterator[BinaryIO]:
-    """A shard file; GZIP is a standard stream, as Beam's sinks write, compressed with ISA-L.
+    """A shard file; GZIP is a standard stream, as Beam's sinks write, its chunks deflated by ISA-L
+    where that shrinks them enough to repay a reader's inflate, stored where not (``gzip_stream``).
 
     ``checksum``, if given, gets every byte the file gets;
     ``shown_as`` is the path errors name (a shard written under a temporary name
@@ -110,8 +112,7 @@ def shard_writer(path: str, compression: str, checksum: Checksum | None = None,
             if compression == "none":
                 yield raw
                 return
-            with igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL,
-                                 mtime=0) as f:
+            with GzipStream(raw, GZIP_LEVEL) as f:
                 yield f
     except OSError as e:
         raise storage_error("write", shown_as or path, e) from e

@@ -487,14 +487,27 @@ def framing(results: Mapping) -> str:
 
 
 def gzip_levels(results: Mapping) -> str:
-    """``bench_gzip``: each compressor's median CPU per record over the rounds, and its output over
-    the framed records' bytes; the level beam-prep writes marked."""
-    lines = ["| compressor | CPU µs per record | output ÷ records | MB per CPU-s |", "|---|---:|---:|---:|"]
+    """``bench_gzip``: each compressor's median CPU per record over the rounds, its output over
+    the framed records' bytes, and (results that have it) TensorFlow's CPU per record reading it
+    back; what beam-prep writes marked."""
+    reads = results.get("read_cpu_seconds", {})
+    ours = results.get("ours", f"ISA-L level {results['level']}")
+    read_head = " TensorFlow's read, CPU µs per record |" if reads else ""
+    lines = [f"| compressor | CPU µs per record | output ÷ records | MB per CPU-s |{read_head}",
+             "|---|---:|---:|---:|" + ("---:|" if reads else "")]
+
+    def read_cell(name: str) -> str:
+        return f" {statistics.median(reads[name]) / results['records'] * 1e6:,.1f} |" if name in reads else ""
+
     for name, seconds in results["cpu_seconds"].items():
         median = statistics.median(seconds)
-        mark = " (beam-prep's)" if name == f"ISA-L level {results['level']}" else ""
+        mark = " (beam-prep's)" if name == ours else ""
         lines.append(f"| {name}{mark} | {median / results['records'] * 1e6:,.1f} "
-                     f"| {results['sizes'][name] / results['bytes']:.4f} | {results['bytes'] / median / 1e6:,.0f} |")
+                     f"| {results['sizes'][name] / results['bytes']:.4f} | {results['bytes'] / median / 1e6:,.0f} |"
+                     + read_cell(name))
+    for name in reads:
+        if name not in results["cpu_seconds"]:
+            lines.append(f"| {name} | — | 1.0000 | — |{read_cell(name)}")
     return (f"{results['records']:,} records, {results['bytes'] / 1e6:,.1f} MB framed; {results['repeat']} "
             "alternating rounds, medians.\n\n" + "\n".join(lines))
 
