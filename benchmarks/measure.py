@@ -7,9 +7,24 @@ other work moves far less than wall time. Memory is the peak of the summed
 resident set size, sampled in a thread. Summing RSS counts pages shared between
 processes once per process, so it is an upper bound, and it is what a user's
 monitor (or an OOM killer's accounting of a container) adds up.
+
+Some trees' CPU escapes ``RUSAGE_CHILDREN``. A process whose parent exits before
+it is handed to init; a process whose parent ignores ``SIGCHLD`` is reaped by the
+kernel as it exits, its time added to no one's. Ray does both: its raylet ignores
+``SIGCHLD``, and its workers may outlive the raylet. ``run_measured(...,
+escaping=True)`` then (Linux only) makes this process the *subreaper* of the tree
+while it runs (``PR_SET_CHILD_SUBREAPER``), so that orphans are handed to it
+rather than to init, and samples every process of the tree, adopted orphans
+included, for its own CPU time as well as its memory, until the last orphan has
+exited (it is killed after a grace period) and been reaped here, its final time
+read from its zombie first. Both figures are then lower bounds of the tree's
+CPU: ``RUSAGE_CHILDREN`` misses what the kernel reaped, the samples each
+process's last interval (at most ``SAMPLE_SECONDS``) and processes shorter than
+one; the larger is taken, and both are kept.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import logging
@@ -28,6 +43,9 @@ log = logging.getLogger(__name__)
 
 SAMPLE_SECONDS = 0.1
 TAIL_CHARS = 4000
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+# How long processes the command left behind may take to exit once it has before they are killed.
+ORPHAN_GRACE_SECONDS = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +63,12 @@ class Measured:
     # maps) of the tree, where ``run_measured`` was asked for them: RSS counts a shared page once a process.
     peak_pss_bytes: int = 0
     peak_uss_bytes: int = 0
+    # With ``escaping``: the tree's processes handed to this process and reaped here, and the two
+    # lower bounds of its CPU that ``cpu_seconds`` is the larger of (RUSAGE_CHILDREN's, and the sum
+    # of every process's own CPU time as last sampled).
+    orphans_reaped: int = 0
+    cpu_seconds_rusage: float | None = None
+    cpu_seconds_sampled: float | None = None
 
     def seconds_until_written(self, path: pathlib.Path) -> float:
         """From command start until ``path`` was last written (its mtime)."""
@@ -53,10 +77,17 @@ class Measured:
 
 class TreeMemorySampler:
     """Keeps the peak summed RSS of a process and all its descendants, and with ``private`` their
-    peak summed PSS and USS too (read from smaps: slower, so only where asked)."""
+    peak summed PSS and USS too (read from smaps: slower, so only where asked). With ``adopted``, the
+    pids of this process's children before the run: every other child of this process (the tree's
+    orphans, where it is their subreaper) and its descendants count too, and each process's own CPU
+    time as last seen is kept (``cpu_seconds``)."""
 
-    def __init__(self, pid: int, interval: float = SAMPLE_SECONDS, private: bool = False) -> None:
+    def __init__(self, pid: int, interval: float = SAMPLE_SECONDS, private: bool = False,
+                 adopted: set[int] | None = None) -> None:
         self._root = psutil.Process(pid)
+        self._adopted = adopted
+        self._cpu: dict[tuple[int, float], float] = {}  # by (pid, start time): user + system seconds
+        self._lock = threading.Lock()
         self._private = private
         self.peak_pss_bytes = 0
         self.peak_uss_bytes = 0
@@ -79,13 +110,35 @@ class TreeMemorySampler:
             if self._stop.wait(self._interval):
                 return
 
+    @property
+    def cpu_seconds(self) -> float:
+        """The sum of every sampled process's own CPU time, as last seen."""
+        with self._lock:
+            return sum(self._cpu.values())
+
+    def record_cpu(self, process: psutil.Process) -> None:
+        """Keeps ``process``'s own CPU time now (a zombie's is its final one)."""
+        try:
+            times = process.cpu_times()
+            key = (process.pid, process.create_time())
+        except psutil.Error:
+            return
+        with self._lock:
+            self._cpu[key] = max(self._cpu.get(key, 0.0), times.user + times.system)
+
     def _sample(self) -> int:
         try:
             processes = [self._root, *self._root.children(recursive=True)]
         except psutil.Error:  # The root has exited.
-            return 0
+            if self._adopted is None:
+                return 0
+            processes = []
+        if self._adopted is not None:
+            processes += _orphans(self._adopted | {self._root.pid}, recursive=True)
         total = pss = uss = 0
         for process in processes:
+            if self._adopted is not None:
+                self.record_cpu(process)
             try:
                 if self._private:
                     full = process.memory_full_info()
@@ -100,12 +153,15 @@ class TreeMemorySampler:
 
 
 def run_measured(
-    command: Sequence[str], cwd: pathlib.Path, env: dict[str, str] | None = None, private: bool = False
+    command: Sequence[str], cwd: pathlib.Path, env: dict[str, str] | None = None, private: bool = False,
+    escaping: bool = False,
 ) -> Measured:
     """Runs ``command`` to completion, timed from start to exit, sampling its tree's memory.
 
     Output goes to temporary files rather than pipes so a chatty command can
-    never block on a full pipe while we wait for it.
+    never block on a full pipe while we wait for it. With ``escaping`` the CPU
+    of processes that escape ``RUSAGE_CHILDREN`` is counted too (the module's
+    docstring says how); the wall time still ends at the command's exit.
     """
     log.info("running %s", " ".join(command))
     # The previous run's output is still being written back to disk: flush it now,
@@ -113,24 +169,101 @@ def run_measured(
     os.sync()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        adopted = None
+        if escaping:
+            adopted = {child.pid for child in psutil.Process().children()}
+            _set_subreaper(True)
         started_at = time.time()
         start = time.perf_counter()
-        process = subprocess.Popen(
-            list(command), cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err
-        )
+        orphans = 0
         try:
-            with TreeMemorySampler(process.pid, private=private) as sampler:
-                returncode = process.wait()
-            seconds = time.perf_counter() - start
+            process = subprocess.Popen(
+                list(command), cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=err
+            )
+            try:
+                with TreeMemorySampler(process.pid, private=private, adopted=adopted) as sampler:
+                    returncode = process.wait()
+                    seconds = time.perf_counter() - start
+                    if adopted is not None:
+                        orphans = _reap_orphans(adopted | {process.pid}, sampler)
+            finally:
+                if process.poll() is None:  # Interrupted: leave no workers behind.
+                    _kill_tree(process.pid)
+                    if adopted is not None:
+                        _reap_orphans(adopted | {process.pid}, None)
         finally:
-            if process.poll() is None:  # Interrupted: leave no workers behind.
-                _kill_tree(process.pid)
+            if escaping:
+                _set_subreaper(False)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        rusage_cpu = sampled_cpu = None
+        if escaping:
+            rusage_cpu, sampled_cpu = cpu, sampler.cpu_seconds
+            cpu = max(rusage_cpu, sampled_cpu)
         out.seek(0)
         err.seek(0)
         return Measured(seconds, sampler.peak_bytes, returncode, out.read(), err.read()[-TAIL_CHARS:],
-                        started_at, cpu, sampler.peak_pss_bytes, sampler.peak_uss_bytes)
+                        started_at, cpu, sampler.peak_pss_bytes, sampler.peak_uss_bytes, orphans,
+                        rusage_cpu, sampled_cpu)
+
+
+def _set_subreaper(on: bool) -> None:
+    """Makes this process (or stops it being) the reaper of its descendants' orphans: Linux only."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _orphans(known: set[int], recursive: bool = False) -> list[psutil.Process]:
+    """This process's children but ``known`` (with their descendants if ``recursive``)."""
+    found = []
+    try:
+        children = [child for child in psutil.Process().children() if child.pid not in known]
+    except psutil.Error:
+        return []
+    for child in children:
+        found.append(child)
+        if recursive:
+            try:
+                found += child.children(recursive=True)
+            except psutil.Error:
+                continue
+    return found
+
+
+def _reap_orphans(known: set[int], sampler: TreeMemorySampler | None) -> int:
+    """Reaps the children this process adopted as subreaper (all but ``known``) as they exit, each one's
+    final CPU time given to ``sampler`` first; kills those still running ``ORPHAN_GRACE_SECONDS`` on.
+    Returns how many it reaped. A reaped child's children were adopted in turn, and are reaped next."""
+    deadline = time.monotonic() + ORPHAN_GRACE_SECONDS
+    reaped = 0
+    warned = False
+    while orphans := _orphans(known):
+        for orphan in orphans:
+            try:
+                if orphan.status() != psutil.STATUS_ZOMBIE:
+                    continue
+                if sampler is not None:
+                    sampler.record_cpu(orphan)
+                orphan.wait(timeout=0)
+                reaped += 1
+            except (psutil.Error, psutil.TimeoutExpired):
+                continue
+        if time.monotonic() >= deadline:  # and again for any adopted since
+            alive = _orphans(known, recursive=True)
+            if not warned:
+                log.warning("killing %d processes the command left running %.0f s after it exited", len(alive),
+                            ORPHAN_GRACE_SECONDS)
+                warned = True
+            for process in alive:
+                try:
+                    process.kill()
+                except psutil.Error:
+                    continue
+        time.sleep(SAMPLE_SECONDS / 2)
+    if reaped:
+        log.info("reaped %d processes the command's tree left behind", reaped)
+    return reaped
 
 
 def _kill_tree(pid: int) -> None:
