@@ -92,9 +92,9 @@ BENCH = [
     "py-spy>=0.4",
 ]
 
-# A peer writer for benchmarks/bench_writer.py, in its own extra: it pins its own
-# versions of OpenCV and others.
-PEERS = ["img2dataset>=1.47", "tensorflow-io>=0.37"]
+# The writer benchmark's peers (img2dataset, MosaicML Streaming, LitData) pin versions of numpy,
+# OpenCV and others that conflict with these: they are no extra, but a virtualenv of their own made
+# from benchmarks/peers-requirements.txt.
 
 # The documentation site (mkdocs.yml; .ci/run builds it with --strict), pinned so that a
 # release of one of them cannot fail CI or change the pages' HTML unasked.
@@ -118,7 +118,7 @@ setup(
     packages=find_packages(include=["beam_prep", "beam_prep.*", "pipelines", "pipelines.*"]),
     ext_modules=[RESIZE_KERNEL],
     install_requires=REQUIRED,
-    extras_require={"test": TEST, "bench": BENCH, "peers": PEERS, "docs": DOCS, "grain-pytorch": GRAIN_PYTORCH,
+    extras_require={"test": TEST, "bench": BENCH, "docs": DOCS, "grain-pytorch": GRAIN_PYTORCH,
                     **DALI, **FORMATS},
     entry_points={"console_scripts": ["beam-prep=pipelines.cli:main"]},
 )

@@ -12,3 +12,5 @@ CACHE_DIR = pathlib.Path(__file__).resolve().parent / ".cache"  # corpora and da
 # The settings both benchmarks write and read with, so their numbers describe the same records.
 IMAGE_SIZE = 224
 JPEG_QUALITY = 90
+# The writer benchmark's peers that pin their own numpy, pandas, OpenCV...: their own virtualenv, made so.
+PEERS_INSTALL = "python3.11 -m venv .venv-peers && .venv-peers/bin/pip install -r benchmarks/peers-requirements.txt"

@@ -18,7 +18,12 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       their ratios to it are taken on the same machine minutes;
   (g) the hand-written writer a user might write instead
       (``benchmarks/handwritten_writer.py``: Pool + Pillow + TFRecordWriter);
-  (h) img2dataset, when installed (``pip install -e '.[peers]'``);
+  (h) img2dataset, (j) MosaicML Streaming's MDS (``benchmarks/peer_mds.py``),
+      (k) LitData's ``optimize`` (``benchmarks/peer_litdata.py``) and (l) Ray
+      Data to TFRecords (``benchmarks/peer_ray.py``), each the same job
+      through that tool's documented API, when installed: all but Ray live in
+      their own virtualenv (``benchmarks/peers.py`` says how to make it;
+      ``--peers_python`` names another);
   (c′) with ``--accelerated DIR``: (c) with the pillow-simd that
       ``bash .ci/build-pillow-simd DIR`` built first on the path (the opt-in
       accelerator, README *Faster resizing*), checked in its manifest.
@@ -57,12 +62,14 @@ import tempfile
 from collections.abc import Sequence
 
 from beam_prep.write.images.imaging import ImageSpec
-from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine, peers
+from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, PEERS_INSTALL, REPO_ROOT, machine, peers
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
-from benchmarks.measure import run_measured
+from benchmarks.measure import Measured, run_measured
 from benchmarks.results import Recording
 from benchmarks.writer_runs import DEFAULT_FLAGS, RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
+
+log = logging.getLogger(__name__)
 
 DEFAULT_IMAGES = 2000
 ORIGINALS_RUNS = {
@@ -123,11 +130,45 @@ def run_img2dataset(command: str, corpus: Corpus, workdir: pathlib.Path) -> RunR
     out = workdir / "img2dataset"
     measured, report = peers.run_img2dataset(command, corpus, out)
     result = measured_result(corpus, measured, out)
+    result.details = escaping_details(measured)
     if result.error is None and report["written"] != corpus.images:
         result.error = f"wrote {report['written']} records for {corpus.images} images"
     if result.error is None:
         result.psnr = peers.record_quality(sorted(out.glob("*.tfrecord")), corpus, peers.img2dataset_record)
     return result
+
+
+def run_recipe(recipe: peers.Recipe, peers_python: pathlib.Path, corpus: Corpus,
+               workdir: pathlib.Path) -> RunResult:
+    """(j), (k) or (l): a peer recipe module; its records counted and scored with its own reader."""
+    out = workdir / recipe.key
+    measured, report = peers.run_recipe(recipe, peers_python, corpus, out)
+    result = measured_result(corpus, measured, out)
+    result.details = {**report, **escaping_details(measured)}
+    if result.error is None and not report:
+        result.error = "no JSON report on stdout"
+    if result.error is None:
+        try:
+            if recipe.key == "ray":
+                # Ray names its TFRecord files *.tar whatever their compression.
+                files = sorted(path for path in out.iterdir() if path.is_file())
+                report["written"] = peers.count_tfrecords(files, "gzip")
+                result.psnr = peers.record_quality(files, corpus, peers.ray_record, compression="GZIP")
+            else:
+                result.psnr = peers.samples_quality(peers.dumped_samples(recipe, peers_python, out), corpus)
+        except Exception as e:  # noqa: BLE001 - any failure to read back is the row's error, not the run's
+            result.error = f"its records could not be read back: {e!r}"
+        result.details["written"] = report.get("written")
+    if result.error is None and report.get("written") != corpus.images:
+        result.error = f"wrote {report.get('written')} records for {corpus.images} images"
+    return result
+
+
+def escaping_details(measured: Measured) -> dict[str, object]:
+    """A run measured with ``escaping``: its CPU is the larger of these two lower bounds (measure.py says
+    why), and the processes it left behind that were reaped here."""
+    return {"orphans_reaped": measured.orphans_reaped, "cpu_seconds_rusage": measured.cpu_seconds_rusage,
+            "cpu_seconds_sampled": measured.cpu_seconds_sampled}
 
 
 def _ratio(ours: RunResult, other: float | None) -> str:
@@ -167,6 +208,9 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
 PEER_NAMES = {
     "handwritten": "(g) hand-written Pool + Pillow + TFRecordWriter",
     "img2dataset": "(h) img2dataset (file:// list, center_crop)",
+    "mds": "(j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, gz:6)",
+    "litdata": "(k) LitData `optimize` (chunks, zstd asked)",
+    "ray": "(l) Ray Data: `read_binary_files`, `map`, `write_tfrecords` (gzip)",
     "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
 }
 
@@ -278,6 +322,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also run (c′): (c) with the pillow-simd built by `bash .ci/build-pillow-simd DIR` "
              "(.ci/run builds one in .ci/pillow-simd)",
     )
+    parser.add_argument(
+        "--peers_python", type=pathlib.Path, default=peers.PEERS_PYTHON, metavar="PATH",
+        help="the interpreter of the peers' virtualenv: img2dataset, MosaicML Streaming and LitData "
+             f"(default .venv-peers/bin/python; made with: {PEERS_INSTALL})",
+    )
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
     if args.accelerated is not None and not (args.accelerated / "PIL").is_dir():
@@ -321,8 +370,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = ImageSpec(height=IMAGE_SIZE, width=IMAGE_SIZE, jpeg_quality=JPEG_QUALITY)
     limits: list[LimitResult] = []
     attempts: dict[int, tuple[list[RunResult], list[RunResult]]] = {size: ([], []) for size in corpora}
-    img2dataset = peers.img2dataset_command()
+    img2dataset = peers.img2dataset_command(args.peers_python)
+    recipes = {key: recipe for key, recipe in peers.RECIPES.items()
+               if peers.importable(recipe.python(args.peers_python), recipe.package)}
     peer_attempts: dict[str, list[RunResult]] = {"handwritten": [], **({"img2dataset": []} if img2dataset else {}),
+                                                 **{key: [] for key in recipes},
                                                  **({"accelerated": []} if args.accelerated else {})}
     originals: dict[str, dict[int, list[RunResult]]] = {name: {size: [] for size in corpora}
                                                          for name in ORIGINALS_RUNS}
@@ -331,8 +383,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # next: with --repeat, (b), (a) and (c) take turns and each row is the median.
     for _ in range(args.repeat):
         limits.append(measure_limit(corpora[max(corpora)].files(), args.sample, spec))
-        logging.getLogger(__name__).info("limit: %.0f images/s per core, %.0f measured on %d cores",
-                     limits[-1].per_core, limits[-1].parallel_images_per_s, limits[-1].cores)
+        log.info("limit: %.0f images/s per core, %.0f measured on %d cores",
+                 limits[-1].per_core, limits[-1].parallel_images_per_s, limits[-1].cores)
         for size, corpus in corpora.items():
             workdir = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=CACHE_DIR))
             try:
@@ -345,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     peer_attempts["handwritten"].append(run_handwritten(corpus, workdir))
                     if img2dataset:
                         peer_attempts["img2dataset"].append(run_img2dataset(img2dataset, corpus, workdir))
+                    for key, recipe in recipes.items():
+                        peer_attempts[key].append(run_recipe(recipe, args.peers_python, corpus, workdir))
                 load.append(os.getloadavg()[0])
                 for name, flags in ORIGINALS_RUNS.items():
                     originals[name][size].append(run_ours(corpus, workdir, flags))
@@ -362,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     for corpus in corpora.values():
         print(_corpus_line(corpus))
-    print(f"Settings: {IMAGE_SIZE}×{IMAGE_SIZE}, JPEG quality {JPEG_QUALITY}, GZIP TFRecords; "
+    print(f"Settings: {IMAGE_SIZE}×{IMAGE_SIZE}, JPEG quality {JPEG_QUALITY}, GZIP TFRecords "
+          "(MDS and LitData's chunks for (j) and (k)); "
           "wall time from command start to exit for (a), to manifest.json written for (c); page cache warm; "
           "peak RSS summed over the process tree. "
           "(a) stretches with nearest neighbour and encodes with optimize_size, as the notebook does; "
@@ -370,7 +425,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(table(limit, runs, peer_runs))
     if not img2dataset:
-        print("\n(h) img2dataset is not installed: pip install -e '.[peers]' puts it beside the table")
+        print(f"\n(h) img2dataset is not installed: {PEERS_INSTALL} puts it beside the table")
+    for key, recipe in peers.RECIPES.items():
+        if key not in recipes:
+            print(f"\n{PEER_NAMES[key].split(' ', 1)[0]} {recipe.distribution} is not importable by "
+                  f"{recipe.python(args.peers_python)}: {recipe.install_hint()} puts it beside the table")
     line = accelerated_line(runs[max(runs)], peer_runs)
     if line:
         print(f"\n{line}")
@@ -414,9 +473,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"\n{name} at {size:,} images failed: {result.error}")
 
     if args.json:
+        peer_versions = {"img2dataset": peers.img2dataset_version(img2dataset) if img2dataset else None,
+                         **{recipe.distribution: peers.distribution_version(recipe.python(args.peers_python),
+                                                                            recipe.distribution)
+                            for recipe in recipes.values()}}
         recording.write(args.json, {
             "busy_percent_before": info["busy_percent_before"],
-            "img2dataset": peers.img2dataset_version(img2dataset) if img2dataset else None,
+            "img2dataset": peer_versions["img2dataset"],
+            "peer_versions": peer_versions,
             "settings": {"image_size": IMAGE_SIZE, "jpeg_quality": JPEG_QUALITY},
             "corpora": [corpus.summary() for corpus in corpora.values()],
             "limit": limit.to_json(),
@@ -433,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for name, by_size in originals.items() for size, results in sorted(by_size.items())
             ],
             "load_average": load,
-        })
+        }, other_versions={name: version for name, version in peer_versions.items() if version})
 
 
 if __name__ == "__main__":

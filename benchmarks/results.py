@@ -24,7 +24,7 @@ import platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from benchmarks import REPO_ROOT, machine
 
@@ -77,11 +77,13 @@ class Recording:
         self.date = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
         self.load_before = [round(x, 2) for x in os.getloadavg()]
 
-    def document(self, results: object) -> dict[str, object]:
+    def document(self, results: object, other_versions: Mapping[str, str] | None = None) -> dict[str, object]:
         """The whole record, ``results`` under ``"results"``; the load average is read now.
 
         Args:
             results: the benchmark's own numbers, JSON-serialisable.
+            other_versions: packages the benchmark ran in other environments (the writer's peers),
+                by distribution name: added to this environment's.
 
         Returns:
             The record as a dict.
@@ -92,19 +94,21 @@ class Recording:
         info["load_average_before"] = self.load_before
         info["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         return {"benchmark": self.benchmark, "command": self.command, "date": self.date, "machine": info,
-                "versions": versions(), "results": results}
+                "versions": {**versions(), **(other_versions or {})}, "results": results}
 
-    def write(self, path: pathlib.Path | str | None, results: object) -> dict[str, object]:
+    def write(self, path: pathlib.Path | str | None, results: object,
+              other_versions: Mapping[str, str] | None = None) -> dict[str, object]:
         """Writes :meth:`document` to ``path`` (nothing when it is None) and returns it.
 
         Args:
             path: the ``--json`` file, or None.
             results: the benchmark's own numbers, JSON-serialisable.
+            other_versions: as :meth:`document`'s.
 
         Returns:
             The record as a dict.
         """
-        record = self.document(results)
+        record = self.document(results, other_versions)
         if path is not None:
             path = pathlib.Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -77,6 +77,12 @@ FIGURES: dict[str, tuple[str, str, Callable[[Mapping[str, Mapping]], str]]] = {
                                   lambda results: _peer_cpu_ratio(results, "handwritten")),
     "writer.vs_img2dataset_cpu": ("writer", "images per CPU-second of (c) over img2dataset (h)",
                                   lambda results: _peer_cpu_ratio(results, "img2dataset")),
+    "writer.vs_mds_cpu": ("writer", "images per CPU-second of (c) over MosaicML Streaming's MDS writer (j)",
+                          lambda results: _peer_cpu_ratio(results, "mds")),
+    "writer.vs_litdata_cpu": ("writer", "images per CPU-second of (c) over LitData's `optimize` (k)",
+                              lambda results: _peer_cpu_ratio(results, "litdata")),
+    "writer.vs_ray_cpu": ("writer", "images per CPU-second of (c) over Ray Data to TFRecords (l)",
+                          lambda results: _peer_cpu_ratio(results, "ray")),
     "reader.images_per_s": ("reader", "images/s of the reader with training defaults, row (a)",
                             _reader_images_per_s),
     "launcher.seconds_2m": ("launcher", "seconds `beam-prep prepare --dry_run` lists and plans 2,000,000 files in, "

@@ -9,14 +9,22 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 
+from benchmarks import PEERS_INSTALL
+
 GIB = 2**30
 MIB = 2**20
 
 WRITER_PEERS = {
     "handwritten": "(g) hand-written Pool + Pillow + TFRecordWriter",
     "img2dataset": "(h) img2dataset (file:// list, center_crop)",
+    "mds": "(j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, gz:6)",
+    "litdata": "(k) LitData `optimize` (chunks, zstd asked)",
+    "ray": "(l) Ray Data: `read_binary_files`, `map`, `write_tfrecords` (gzip)",
     "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
 }
+# The peers a run has only where their tools are installed, by the distribution whose version it records;
+# results from before (j) to (l) existed have none of them, nor ``peer_versions``.
+OPTIONAL_PEERS = {"img2dataset": "img2dataset", "mds": "mosaicml-streaming", "litdata": "litdata", "ray": "ray"}
 SEED = "(a) seed notebook writer (tf.data, GZIP)"
 OURS = "(c) beam-prep `pipelines.prepare_images`"
 
@@ -82,11 +90,7 @@ def writer(results: Mapping) -> str:
                      "| — | — | — | — |")
     lines += [_writer_row(OURS, size["ours"], None) for size in runs]
     out = ["\n".join(lines)]
-    if not results.get("img2dataset"):
-        out.append("Row (h) is absent: img2dataset was not installed where this ran "
-                   "(`pip install -e '.[peers]'` puts it beside the table).")
-    else:
-        out.append(f"Row (h) ran img2dataset {results['img2dataset']}.")
+    out.append(_peer_note(results))
     fast = results["peers"].get("accelerated")
     if fast and not fast.get("error") and cpu_ms_per_image(fast):
         against = [("(c)", largest), ("(a) the seed writer", runs[-1]["seed"]),
@@ -104,6 +108,31 @@ def writer(results: Mapping) -> str:
     if loads:
         out.append(f"Load average (1 min) after each run from (c) on: {min(loads):.1f} to {max(loads):.1f}.")
     return "\n\n".join(out)
+
+
+def _peer_note(results: Mapping) -> str:
+    """Which tool versions the optional peer rows ran, and which rows are absent and why."""
+    found = results.get("peer_versions") or {"img2dataset": results.get("img2dataset")}
+    ran = [key for key in OPTIONAL_PEERS if key in results["peers"]]
+    absent = [key for key in OPTIONAL_PEERS if key not in results["peers"]]
+    notes = []
+    if ran:
+        versions = ", ".join(f"{OPTIONAL_PEERS[key]} {found.get(OPTIONAL_PEERS[key]) or '(version unknown)'}"
+                             for key in ran)
+        notes.append(f"{_rows(ran)} ran {versions}.")
+    if absent:
+        notes.append(f"{_rows(absent)} {'is' if len(absent) == 1 else 'are'} absent: not installed where this "
+                     f"ran, or newer than these results (`{PEERS_INSTALL}` makes the peers' virtualenv; "
+                     "Ray Data is in the `test` extra).")
+    return " ".join(notes)
+
+
+def _rows(keys: Sequence[str]) -> str:
+    """``Row (h)``, ``Rows (j) and (k)``, ``Rows (h), (j) and (k)``."""
+    letters = [WRITER_PEERS[key].split(" ", 1)[0] for key in keys]
+    if len(letters) == 1:
+        return f"Row {letters[0]}"
+    return f"Rows {', '.join(letters[:-1])} and {letters[-1]}"
 
 
 def originals(results: Mapping) -> str:

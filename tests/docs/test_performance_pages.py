@@ -136,6 +136,29 @@ def test_a_benchmark_record_says_what_ran_where_and_with_which_versions(tmp_path
     assert render.load_results(tmp_path / "results") == {"reader": record}
 
 
+def test_the_writer_table_shows_the_newer_peers_and_reads_results_made_before_them():
+    from benchmarks.report import tables
+
+    before = tables.writer(WRITER["results"])  # no (j), (k), (l), no peer_versions
+    assert "Row (h) ran img2dataset 1.47.0. Rows (j), (k) and (l) are absent" in before
+    results = copy.deepcopy(WRITER["results"])
+    results["peers"].update(mds=_run(20000, 20.0, 40.0), litdata=_run(20000, 25.0, 64.0),
+                            ray=_run(20000, 32.0, 80.0))
+    results["peer_versions"] = {"img2dataset": "1.47.0", "mosaicml-streaming": "0.13.0", "litdata": "0.2.76",
+                                "ray": "2.60.0"}
+    after = tables.writer(results)
+    # (c): 16 s, 1.60 ms an image; (j): 20 s, 2.00 ms.
+    assert "| (j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, gz:6) | 20,000 | 20.0 | 1,000.0 " \
+           "| 1.25× | 2.00 | 1.25× |" in after
+    assert "| (l) Ray Data: `read_binary_files`, `map`, `write_tfrecords` (gzip) | 20,000 | 32.0 | 625.0 | 2.00× " \
+           "| 4.00 | 2.50× |" in after
+    assert ("Rows (h), (j), (k) and (l) ran img2dataset 1.47.0, mosaicml-streaming 0.13.0, litdata 0.2.76, "
+            "ray 2.60.0.") in after and "absent" not in after
+    values = figures.values({"writer": {**WRITER, "results": results}})
+    assert values["writer.vs_litdata_cpu"] == "2.00×"
+    assert figures.values({"writer": WRITER})["writer.vs_ray_cpu"].startswith("!")
+
+
 def test_the_pytorch_reader_table_gives_medians_and_the_ratio_to_imagefolder():
     from benchmarks.report import tables
 
