@@ -66,6 +66,7 @@ from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, PEERS_INSTALL, REPO_
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, run_measured
+from benchmarks.report.tables import WRITER_PEERS
 from benchmarks.results import Recording
 from benchmarks.writer_runs import DEFAULT_FLAGS, RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
 
@@ -150,10 +151,10 @@ def run_recipe(recipe: peers.Recipe, peers_python: pathlib.Path, corpus: Corpus,
     if result.error is None:
         try:
             if recipe.key == "ray":
-                # Ray names its TFRecord files *.tar whatever their compression.
+                # Ray names its TFRecord files *.tar; they are uncompressed (peer_ray.py).
                 files = sorted(path for path in out.iterdir() if path.is_file())
-                report["written"] = peers.count_tfrecords(files, "gzip")
-                result.psnr = peers.record_quality(files, corpus, peers.ray_record, compression="GZIP")
+                report["written"] = peers.count_tfrecords(files, "none")
+                result.psnr = peers.record_quality(files, corpus, peers.ray_record, compression="")
             else:
                 result.psnr = peers.samples_quality(peers.dumped_samples(recipe, peers_python, out), corpus)
         except Exception as e:  # noqa: BLE001 - any failure to read back is the row's error, not the run's
@@ -205,14 +206,7 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
     return "\n".join(lines)
 
 
-PEER_NAMES = {
-    "handwritten": "(g) hand-written Pool + Pillow + TFRecordWriter",
-    "img2dataset": "(h) img2dataset (file:// list, center_crop)",
-    "mds": "(j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, gz:6)",
-    "litdata": "(k) LitData `optimize` (chunks, zstd asked)",
-    "ray": "(l) Ray Data: `read_binary_files`, `map`, `write_tfrecords` (gzip)",
-    "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
-}
+PEER_NAMES = WRITER_PEERS  # the rows' names, as the report renders them
 
 def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[int, list[RunResult]]]) -> str:
     """(c) and the originals runs: images/s and CPU, each as a median of rounds and as the median

@@ -8,10 +8,9 @@ JPEG q90 as a ``bytes`` column (MDS's own ``jpeg`` encoding saves at Pillow's
 default quality, 75, with no way to ask for another), the label as ``int``, the
 file name as ``str``.
 
-Compression ``gz:6``: gzip, as ours (GZIP TFRecords), at zlib's default level,
-which the hand-written writer's and the seed notebook's TFRecordWriter use too;
-MDS's bare ``gz`` is level 9, which costs more CPU for the same few bytes saved
-on JPEG payloads. Runs in the peers' virtualenv
+Compression ``zstd``, as the docs' examples write: cheap on JPEG payloads, which
+no compressor shrinks by much (beam-prep's GZIP shards store them; a zlib
+level would charge this row for bytes nobody saves). Runs in the peers' virtualenv
 (``benchmarks/peers-requirements.txt``).
 
     python -m benchmarks.peer_mds write --input ROOT --output OUT [--image_size 224] [--jpeg_quality 90]
@@ -32,7 +31,7 @@ from multiprocessing import Pool
 from benchmarks.peer_image import centre_crop_jpeg, dump, labelled_files
 
 COLUMNS = {"image": "bytes", "label": "int", "filename": "str"}
-COMPRESSION = "gz:6"
+COMPRESSION = "zstd"
 
 
 def convert_to_mds(args: tuple[str, list[tuple[str, int]], int, int]) -> int:

@@ -17,9 +17,9 @@ MIB = 2**20
 WRITER_PEERS = {
     "handwritten": "(g) hand-written Pool + Pillow + TFRecordWriter",
     "img2dataset": "(h) img2dataset (file:// list, center_crop)",
-    "mds": "(j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, gz:6)",
+    "mds": "(j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, zstd)",
     "litdata": "(k) LitData `optimize` (chunks, zstd asked)",
-    "ray": "(l) Ray Data: `read_binary_files`, `map`, `write_tfrecords` (gzip)",
+    "ray": "(l) Ray Data: `read_binary_files`, `map`, `write_tfrecords`",
     "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
 }
 # The peers a run has only where their tools are installed, by the distribution whose version it records;
