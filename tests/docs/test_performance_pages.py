@@ -148,9 +148,9 @@ def test_the_writer_table_shows_the_newer_peers_and_reads_results_made_before_th
                                 "ray": "2.60.0"}
     after = tables.writer(results)
     # (c): 16 s, 1.60 ms an image; (j): 20 s, 2.00 ms.
-    assert "| (j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, gz:6) | 20,000 | 20.0 | 1,000.0 " \
+    assert "| (j) MosaicML Streaming: Pool of `MDSWriter`s, `merge_index` (MDS, zstd) | 20,000 | 20.0 | 1,000.0 " \
            "| 1.25× | 2.00 | 1.25× |" in after
-    assert "| (l) Ray Data: `read_binary_files`, `map`, `write_tfrecords` (gzip) | 20,000 | 32.0 | 625.0 | 2.00× " \
+    assert "| (l) Ray Data: `read_binary_files`, `map`, `write_tfrecords` | 20,000 | 32.0 | 625.0 | 2.00× " \
            "| 4.00 | 2.50× |" in after
     assert ("Rows (h), (j), (k) and (l) ran img2dataset 1.47.0, mosaicml-streaming 0.13.0, litdata 0.2.76, "
             "ray 2.60.0.") in after and "absent" not in after
