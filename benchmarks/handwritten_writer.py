@@ -10,26 +10,18 @@ writes its own GZIP shard; the labels come from the folder names.
 Prints one JSON line: images written and seconds in the write loop.
 """
 import argparse
-import io
 import json
 import multiprocessing
 import os
 import time
 
+from benchmarks.peer_image import centre_crop_jpeg
+
 
 def convert(task):
     path, label, size, quality = task
-    from PIL import Image
-
-    img = Image.open(path)
-    img.draft("RGB", (size, size))
-    img = img.convert("RGB")
-    crop = min(img.size)
-    left, top = (img.width - crop) / 2, (img.height - crop) / 2
-    img = img.resize((size, size), Image.Resampling.BICUBIC, box=(left, top, left + crop, top + crop))
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=quality)
-    return buf.getvalue(), label, os.path.basename(path)
+    with open(path, "rb") as f:  # the image work every peer shares (draft, centre crop, bicubic, JPEG)
+        return centre_crop_jpeg(f.read(), size, quality), label, os.path.basename(path)
 
 
 def write_shard(args):

@@ -28,7 +28,7 @@ import os
 import time
 from multiprocessing import Pool
 
-from benchmarks.peer_image import centre_crop_jpeg, dump, labelled_files
+from benchmarks.peer_image import centre_crop_jpeg, command_line, dump, labelled_files
 
 COLUMNS = {"image": "bytes", "label": "int", "filename": "str"}
 COMPRESSION = "zstd"
@@ -73,24 +73,5 @@ def read(args: argparse.Namespace) -> None:
     print(json.dumps({"samples": len(samples), "dataset_samples": len(dataset)}))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    writer = commands.add_parser("write")
-    writer.add_argument("--input", required=True)
-    writer.add_argument("--output", required=True)
-    writer.add_argument("--image_size", type=int, default=224)
-    writer.add_argument("--jpeg_quality", type=int, default=90)
-    reader = commands.add_parser("read")
-    reader.add_argument("--output", required=True)
-    reader.add_argument("--dump", required=True)
-    reader.add_argument("--samples", type=int, default=200)
-    args = parser.parse_args()
-    if args.command == "write":
-        write(args)
-    else:
-        read(args)
-
-
 if __name__ == "__main__":
-    main()
+    command_line(__doc__, write, read)
