@@ -35,6 +35,7 @@ from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, machine
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.gcs_server import UPLOAD_THREADS, GcsServer, emulator_cpu_s, scratch_server
 from benchmarks.measure import check_manifest, run_measured
+from benchmarks.report import tables
 from benchmarks.results import Recording
 from pipelines import prepare_images
 
@@ -55,6 +56,7 @@ class GcsRun:
     seconds: float = 0.0
     peak_rss_bytes: int = 0
     server_cpu_s: float = 0.0
+    command_cpu_s: float = 0.0  # the command's whole process tree's, the server's apart
     error: str | None = None
     all_seconds: list[float] = dataclasses.field(default_factory=list)
 
@@ -70,9 +72,13 @@ class GcsRun:
     def server_ms_per_image(self) -> float | None:
         return None if self.source == "local" else self.server_cpu_s / self.images * 1e3
 
+    @property
+    def command_ms_per_image(self) -> float | None:
+        return None if self.error or not self.command_cpu_s else self.command_cpu_s / self.images * 1e3
+
     def to_json(self) -> dict[str, object]:
         return {**dataclasses.asdict(self), "images_per_s": self.images_per_s,
-                "server_ms_per_image": self.server_ms_per_image}
+                "server_ms_per_image": self.server_ms_per_image, "command_ms_per_image": self.command_ms_per_image}
 
 
 def upload(server: GcsServer, corpora: Sequence[Corpus]) -> dict[int, str]:
@@ -102,7 +108,8 @@ def run_one(server: GcsServer, run: GcsRun, source: str, workdir: pathlib.Path) 
     finally:
         server.gateway.set_latency(0.0)
     server_cpu = emulator_cpu_s(server) + sum(here.cpu_times()[:2]) - cpu_before
-    result = dataclasses.replace(run, peak_rss_bytes=measured.peak_rss_bytes, server_cpu_s=server_cpu)
+    result = dataclasses.replace(run, peak_rss_bytes=measured.peak_rss_bytes, server_cpu_s=server_cpu,
+                                 command_cpu_s=measured.cpu_seconds)
     if measured.returncode != 0:
         result.error = f"exit status {measured.returncode}; stderr ends:\n{measured.stderr_tail}"
         return result
@@ -120,33 +127,6 @@ def median(runs: list[GcsRun]) -> GcsRun:
     chosen = ok[len(ok) // 2]
     chosen.all_seconds = [round(r.seconds, 2) for r in ok]
     return chosen
-
-
-def table(results: dict[tuple, GcsRun]) -> str:
-    lines = [
-        "| sink | input | added latency | reads in flight | images | wall s | images/s | ÷ same at 0 ms "
-        "| ÷ local disk | peak RSS GiB | server CPU ms/image |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key in sorted(results, key=lambda k: (SINKS.index(k[0]), k[3], k[1] != "local", k[2], k[4])):
-        r = results[key]
-        zero = results.get((r.sink, "gs", 0, r.images, 0))
-        local = results.get((r.sink, "local", 0, r.images, 0))
-
-        def ratio(base: GcsRun | None, r: GcsRun = r) -> str:
-            if r.source == "local" or base is None or base.images_per_s is None or r.images_per_s is None:
-                return "—"
-            return f"{r.images_per_s / base.images_per_s:.2f}×"
-
-        rate = "failed" if r.error else f"{r.images_per_s:,.1f}"
-        server = "—" if r.server_ms_per_image is None else f"{r.server_ms_per_image:.2f}"
-        lines.append(
-            f"| {r.sink} | {'gs://' if r.source == 'gs' else 'local disk'} "
-            f"| {'—' if r.source == 'local' else f'{r.latency_ms} ms'} "
-            f"| {'default' if r.concurrency is None else r.concurrency} | {r.images:,} "
-            f"| {r.seconds:.1f} | {rate} | {ratio(zero)} | {ratio(local)} "
-            f"| {r.peak_rss_bytes / GIB:.2f} | {server} |")
-    return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -200,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           "read options; wall time from command start to manifest.json written; medians of "
           f"{args.repeat} run(s) taking turns.")
     print()
-    print(table(results))
+    print(tables.writer_gcs({"runs": [r.to_json() for r in results.values()]}))
     print()
     print(f"Machine: {machine.describe(info)}")
     for r in results.values():

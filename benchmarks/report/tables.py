@@ -186,17 +186,20 @@ def writer_formats(results: Mapping) -> str:
 
 
 def writer_gcs(results: Mapping) -> str:
-    """Local disk against gs:// at each added latency, for each sink."""
+    """Local disk against gs:// at each added latency, for each sink; with the command's own CPU
+    per image (results that have it), which the test server sharing the cores does not move."""
     runs = results["runs"]
     sinks = ("streaming", "shuffle")
+    with_cpu = any(r.get("command_ms_per_image") for r in runs)
 
     def key(r: Mapping) -> tuple:
         return r["sink"], r["source"], r["latency_ms"], r["images"], r.get("concurrency") or 0
 
     by_key = {key(r): r for r in runs}
+    cpu_head = " command CPU ms/image | ÷ local disk per CPU-s |" if with_cpu else ""
     lines = ["| sink | input | added latency | reads in flight | images | wall s | images/s | ÷ same at 0 ms "
-             "| ÷ local disk | peak RSS GiB | server CPU ms/image |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"| ÷ local disk | peak RSS GiB | server CPU ms/image |{cpu_head}",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if with_cpu else "")]
     for r in sorted(runs, key=lambda r: (sinks.index(r["sink"]) if r["sink"] in sinks else 9, r["images"],
                                          r["source"] != "local", r["latency_ms"], r.get("concurrency") or 0)):
         zero = by_key.get((r["sink"], "gs", 0, r["images"], 0))
@@ -208,12 +211,17 @@ def writer_gcs(results: Mapping) -> str:
             return times(r["images_per_s"] / base["images_per_s"])
 
         server = r.get("server_ms_per_image")
+        cpu_cells = ""
+        if with_cpu:
+            own, base = r.get("command_ms_per_image"), (local or {}).get("command_ms_per_image")
+            per_cpu = "—" if r["source"] == "local" or not own or not base else times(base / own)
+            cpu_cells = f" {'—' if not own else f'{own:.2f}'} | {per_cpu} |"
         lines.append(
             f"| {r['sink']} | {'gs://' if r['source'] == 'gs' else 'local disk'} "
             f"| {'—' if r['source'] == 'local' else str(r['latency_ms']) + ' ms'} "
             f"| {r.get('concurrency') or 'default'} | {r['images']:,} | {r['seconds']:.1f} "
             f"| {'failed' if r.get('error') else fmt(r['images_per_s'])} | {ratio(zero)} | {ratio(local)} "
-            f"| {r['peak_rss_bytes'] / GIB:.2f} | {'—' if server is None else f'{server:.2f}'} |")
+            f"| {r['peak_rss_bytes'] / GIB:.2f} | {'—' if server is None else f'{server:.2f}'} |{cpu_cells}")
     return "\n".join(lines)
 
 
