@@ -193,7 +193,7 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
     ]
     lines += [_run_row("(a) seed notebook writer (tf.data, GZIP)", seed, ours) for seed, ours in _by_size(runs)]
     for name, result in (peer_runs or {}).items():
-        lines.append(_run_row(PEER_NAMES[name], result, largest))
+        lines.append(_run_row(WRITER_PEERS[name], result, largest))
     for label, rate, seconds in (
         (f"(b) limit: `process_image` {limit.per_core:,.0f}/s × {limit.cores} cores",
          limit.images_per_s, limit.serial_seconds),
@@ -206,7 +206,6 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
     return "\n".join(lines)
 
 
-PEER_NAMES = WRITER_PEERS  # the rows' names, as the report renders them
 
 def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[int, list[RunResult]]]) -> str:
     """(c) and the originals runs: images/s and CPU, each as a median of rounds and as the median
@@ -242,7 +241,7 @@ def accelerated_line(runs: tuple[RunResult, RunResult], peer_runs: dict[str, Run
         return None
     seed, ours = runs
     against = [("(c)", ours), ("(a) the seed writer", seed),
-               *((PEER_NAMES[name], result) for name, result in peer_runs.items() if name != "accelerated")]
+               *((WRITER_PEERS[name], result) for name, result in peer_runs.items() if name != "accelerated")]
     ratios = ", ".join(f"{fast.images_per_cpu_s / other.images_per_cpu_s:.2f}× {name}"
                        for name, other in against if other.images_per_cpu_s)
     return f"(c′) with pillow-simd, images per CPU-second: {ratios}"
@@ -411,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for corpus in corpora.values():
         print(_corpus_line(corpus))
     print(f"Settings: {IMAGE_SIZE}×{IMAGE_SIZE}, JPEG quality {JPEG_QUALITY}, GZIP TFRecords "
-          "(MDS and LitData's chunks for (j) and (k)); "
+          "(MDS and LitData's chunks for (j) and (k), uncompressed for (l)); "
           "wall time from command start to exit for (a), to manifest.json written for (c); page cache warm; "
           "peak RSS summed over the process tree. "
           "(a) stretches with nearest neighbour and encodes with optimize_size, as the notebook does; "
@@ -422,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"\n(h) img2dataset is not installed: {PEERS_INSTALL} puts it beside the table")
     for key, recipe in peers.RECIPES.items():
         if key not in recipes:
-            print(f"\n{PEER_NAMES[key].split(' ', 1)[0]} {recipe.distribution} is not importable by "
+            print(f"\n{WRITER_PEERS[key].split(' ', 1)[0]} {recipe.distribution} is not importable by "
                   f"{recipe.python(args.peers_python)}: {recipe.install_hint()} puts it beside the table")
     line = accelerated_line(runs[max(runs)], peer_runs)
     if line:
@@ -460,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"(timed all the same), e.g. {limit.first_error}")
     for name, result in peer_runs.items():
         if result.error:
-            print(f"\n{PEER_NAMES[name]} failed: {result.error}")
+            print(f"\n{WRITER_PEERS[name]} failed: {result.error}")
     for size, (seed, ours) in sorted(runs.items()):
         for name, result in (("(a) seed", seed), ("(c) ours", ours)):
             if result.error:

@@ -40,15 +40,16 @@ _STORED_HEADER = struct.Struct("<BHH")  # BFINAL and BTYPE 00 in a byte of its o
 _TRAILER = struct.Struct("<II")  # CRC-32 and size mod 2**32 of the uncompressed bytes
 
 
-def _stored(data: memoryview | bytes, final: bool = False) -> bytes:
-    """``data`` as stored deflate blocks, starting on a byte boundary (after a full flush)."""
+# The stream's last block: stored, final and empty, after the last chunk's own blocks.
+_FINAL_BLOCK = _STORED_HEADER.pack(1, 0, 0xFFFF)
+
+
+def _stored(data: memoryview | bytes) -> bytes:
+    """``data`` as stored (not final) deflate blocks, starting on a byte boundary (after a full flush)."""
     pieces = []
     for start in range(0, len(data), _STORED_MAX):
         piece = data[start:start + _STORED_MAX]
-        last = final and start + _STORED_MAX >= len(data)
-        pieces += (_STORED_HEADER.pack(int(last), len(piece), len(piece) ^ 0xFFFF), piece)
-    if final and not data:
-        pieces.append(_STORED_HEADER.pack(1, 0, 0xFFFF))
+        pieces += (_STORED_HEADER.pack(0, len(piece), len(piece) ^ 0xFFFF), piece)
     return b"".join(pieces)
 
 
@@ -109,7 +110,7 @@ class GzipStream:
             self._raw.write(self._chunk(tail))
         tail.release()
         self._pending.clear()
-        self._raw.write(_stored(b"", final=True))
+        self._raw.write(_FINAL_BLOCK)
         self._raw.write(_TRAILER.pack(self._crc & 0xFFFFFFFF, self._size & 0xFFFFFFFF))
 
     def __enter__(self) -> GzipStream:

@@ -113,7 +113,6 @@ def views_once(options: PipelineOptions) -> PipelineOptions:
         return options
     once = object.__new__(_ViewsOnce)
     once.__dict__.update(options.__dict__)
-    once.__dict__.pop("_views", None)
     return once
 
 
