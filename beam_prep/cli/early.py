@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from beam_prep.cli.spelling import flag_value
 from beam_prep.write.run import warm_pool
+from beam_prep.write.run.lean_imports import local_only
 
 __all__ = ["early_workers", "start_workers_early"]
 
@@ -41,4 +42,4 @@ def start_workers_early(argv: Sequence[str]) -> None:
     the command closes them when it ends (``warm_pool.close_early``) if no run took them."""
     count = early_workers(argv)
     if count is not None:
-        warm_pool.start_early(count)
+        warm_pool.start_early(count, local=local_only(argv))

@@ -1,5 +1,6 @@
 """The command's launcher and warm workers import Beam without its unused connectors and pandas
-(``lean_imports``), and nothing is refused once that import is done."""
+(``lean_imports``), a run on local files without remote storage's filesystems and Dataflow's
+client as well, and nothing is refused once that import is done."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import sys
 import pytest
 from helpers import REPO
 
-from beam_prep.write.run.lean_imports import UNUSED
+from beam_prep.write.run.lean_imports import LOCAL_UNUSED, UNUSED, local_only
 
 pytestmark = pytest.mark.slow  # a fresh interpreter: this one has imported them all already
 
@@ -18,9 +19,12 @@ pytestmark = pytest.mark.slow  # a fresh interpreter: this one has imported them
 _PROBE = """
 import json, sys
 from beam_prep.write.run import warm_worker
-from beam_prep.write.run.lean_imports import UNUSED, import_beam
-warm_worker._prepare()
-import_beam()
+from beam_prep.write.run.lean_imports import LOCAL_UNUSED, UNUSED, import_beam
+LOCAL = sys.argv[1] == "local"
+if LOCAL:
+    UNUSED = UNUSED + LOCAL_UNUSED
+warm_worker._prepare(local=LOCAL)
+import_beam(local=LOCAL)
 import apache_beam as beam
 from apache_beam.runners.worker import sdk_worker_main
 from beam_prep.write.sinks import shard_sinks
@@ -34,10 +38,52 @@ print(json.dumps({"missing": missing, "names": names, "restored": restored,
 """
 
 
-def test_beam_imports_without_the_unused_modules_and_they_import_later():
-    done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=REPO, check=True)
+@pytest.mark.parametrize("run", ["any", "local"])
+def test_beam_imports_without_the_unused_modules_and_they_import_later(run):
+    done = subprocess.run([sys.executable, "-c", _PROBE, run], capture_output=True, text=True, cwd=REPO, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["missing"] == list(UNUSED)  # left out of the worker's and the launcher's import
+    unused = list(UNUSED + LOCAL_UNUSED) if run == "local" else list(UNUSED)
+    assert seen["missing"] == unused  # left out of the worker's and the launcher's import
     assert seen["names"] and seen["restored"]
-    assert seen["later"] == list(UNUSED)  # the refusal ends with the import
+    assert seen["later"] == unused  # the refusal ends with the import
     assert done.stderr == ""  # the worker's preparation is silent
+
+
+# A local run's launcher without gs://'s filesystem still refuses a gs:// path it meets later
+# is missing), and it registers once imported: what anything asking for it later gets.
+_LATER_GCS = """
+import json
+from beam_prep.write.run.lean_imports import import_beam
+import_beam(local=True)
+from apache_beam.io.filesystems import FileSystems
+try:
+    FileSystems.get_filesystem("gs://bucket/x")
+    before = "found"
+except ValueError as e:
+    before = str(e)
+import apache_beam.io.gcp.gcsfilesystem
+after = type(FileSystems.get_filesystem("gs://bucket/x")).__name__
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_a_filesystem_left_out_registers_when_imported_later():
+    done = subprocess.run([sys.executable, "-c", _LATER_GCS], capture_output=True, text=True, cwd=REPO, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "gs://bucket/x" in seen["before"]  # Beam's refusal of a path no filesystem takes
+    assert seen["after"] == "GCSFileSystem"
+
+
+@pytest.mark.parametrize(("argv", "local"), [
+    (["--input", "in", "--output", "out"], True),
+    (["--input", "in", "--output", "out", "--runner", "DirectRunner"], True),
+    (["--input", "gs://b/in", "--output", "out"], False),
+    (["--input", "in", "--output=gs://b/out"], False),
+    (["--input", "in", "--output", "out", "--labels_file", "s3://b/labels.txt"], False),
+    (["--input", "in", "--output", "out", "--temp_location=gs://b/tmp"], False),
+    (["--input", "file:///in", "--output", "out"], False),
+    (["--input", "in", "--output", "out", "--runner", "DataflowRunner"], False),
+    (["--input", "in", "--output", "out", "--runner=PortableRunner"], False),
+])
+def test_local_only_reads_the_command_line(argv, local):
+    assert local_only(argv) is local

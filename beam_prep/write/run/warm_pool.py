@@ -132,7 +132,8 @@ class WarmPool:
     no relay took and the socket's thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, local: bool = False) -> None:
+        self._local = local  # its workers' run reads and writes local files only (``warm_worker.LOCAL``)
         self._folder: str | None = None
         self._listener, self.address = self._listen()
         self._waiting: list[tuple[subprocess.Popen, socket.socket]] = []
@@ -175,7 +176,8 @@ class WarmPool:
             theirs.setblocking(True)  # the worker's end blocks, whatever this process's default timeout
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", warm_worker.__name__, str(theirs.fileno()), WORKER_MODULE],
+                    [sys.executable, "-m", warm_worker.__name__, str(theirs.fileno()), WORKER_MODULE,
+                     *([warm_worker.LOCAL] if self._local else [])],
                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
             except BaseException:
                 ours.close()
@@ -310,14 +312,15 @@ def warm_pool() -> Iterator[WarmPool | None]:
 _EARLY: list[WarmPool] = []  # the command's pool, started before its run
 
 
-def start_early(count: int) -> None:
+def start_early(count: int, local: bool = False) -> None:
     """The command's pool, ``count`` workers started before it imports Beam (``beam_prep.cli.early``
-    decides from its arguments); a run takes it over (``take_early``), and the command closes
-    it after (``close_early``), whether or not a run took it."""
+    decides from its arguments; ``local``: its run reads and writes local files only); a run
+    takes it over (``take_early``), and the command closes it after (``close_early``), whether or
+    not a run took it."""
     if _EARLY or not enabled():
         return
     try:
-        pool = WarmPool()
+        pool = WarmPool(local=local)
     except OSError:
         return  # the run says why, as it makes its own
     _EARLY.append(pool)

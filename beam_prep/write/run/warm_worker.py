@@ -10,7 +10,9 @@ exits with. Its
 launcher gone, or the relay never coming, it exits at once.
 
 Its command line names Beam's worker module (``sys.argv[2]``), so that the
-launcher's ``interrupt.stop_workers`` and anyone's ``ps`` know it for one.
+launcher's ``interrupt.stop_workers`` and anyone's ``ps`` know it for one, and
+then ``LOCAL`` where its run reads and writes local files only (its import then
+leaves out ``lean_imports.LOCAL_UNUSED``).
 """
 from __future__ import annotations
 
@@ -31,18 +33,20 @@ TAKEN = b"W"
 COLD = b"C"
 # Sent to the relay in place of a status by a worker that could not take it over: it starts Beam's worker.
 COLD_STATUS = b"cold\n"
+# The last argument of a worker whose run reads and writes local files only.
+LOCAL = "--local"
 # The most an environment may be: a relay's larger message is refused (a status of 1).
 _MAX_ENVIRONMENT = 1 << 24
 
 
-def _prepare() -> None:
+def _prepare(local: bool = False) -> None:
     """The imports a worker's first bundle would pay for. Silent: until a relay is handed over,
     this process's stderr is the command's console, not the job's log; an import that fails
     here fails again where Beam reports it."""
     with contextlib.suppress(Exception):
         from beam_prep.write.run.lean_imports import import_beam
 
-        import_beam("apache_beam.runners.worker.sdk_worker_main")  # Beam's harness and its protos
+        import_beam("apache_beam.runners.worker.sdk_worker_main", local=local)  # Beam's harness and its protos
         from beam_prep.write.sinks import shard_sinks  # noqa: F401 - the DoFns, imaging, the kernel, GZIP
 
 
@@ -99,7 +103,7 @@ def main(argv: list[str]) -> int:
     """Runs one worker for the relay handed over on file descriptor ``argv[1]``; returns its status."""
     launcher = socket.socket(fileno=int(argv[1]))
     launcher.setblocking(True)
-    _prepare()
+    _prepare(local=argv[3:4] == [LOCAL])
     relay = _relay_of(launcher)
     launcher.close()
     if relay is None:
