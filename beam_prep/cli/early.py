@@ -13,9 +13,8 @@ from collections.abc import Sequence
 
 from beam_prep.cli.spelling import flag_value
 from beam_prep.write.run import warm_pool
-from beam_prep.write.run.lean_imports import local_only
 
-__all__ = ["early_workers", "start_workers_early"]
+__all__ = ["early_workers", "local_only", "start_workers_early"]
 
 # Flags after which no run follows (help, the version) or none with workers (a dry run).
 _NO_RUN = frozenset({"-h", "--help", "--help_beam", "--version", "--dry_run"})
@@ -35,6 +34,14 @@ def early_workers(argv: Sequence[str]) -> int | None:
     if workers is not None and workers.isdigit() and int(workers) > 0:
         return int(workers)
     return warm_pool.expected_workers(flag_value(argv, "--input") or "", os.cpu_count() or 1)
+
+
+def local_only(argv: Sequence[str]) -> bool:
+    """Whether a ``prepare`` command line runs locally on local files only: no argument holds a
+    URL (``gs://``, ``s3://``, ``file://``: any path of Beam's filesystems but a plain one), and
+    the runner is Beam's local one. Then its launcher and workers import Beam without
+    ``lean_imports.LOCAL_UNUSED``. Any argument counts, whatever its flag."""
+    return flag_value(argv, "--runner") in (None, "DirectRunner") and not any("://" in arg for arg in argv)
 
 
 def start_workers_early(argv: Sequence[str]) -> None:

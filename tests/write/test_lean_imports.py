@@ -10,7 +10,8 @@ import sys
 import pytest
 from helpers import REPO
 
-from beam_prep.write.run.lean_imports import LOCAL_UNUSED, UNUSED, local_only
+from beam_prep.cli.early import local_only
+from beam_prep.write.run.lean_imports import LOCAL_UNUSED, UNUSED
 
 pytestmark = pytest.mark.slow  # a fresh interpreter: this one has imported them all already
 

@@ -6,12 +6,13 @@ import's CPU, paid by the launcher and again by every worker, and none of it
 used by a run. Beam imports each of those under ``try: ... except
 ImportError``, so while ``import_beam`` runs they are reported missing and
 Beam goes on without them. A run whose command line names local files only
-(``local_only``) leaves out ``LOCAL_UNUSED`` as well: the filesystems of remote
-storage, Dataflow's client and Arrow, which Beam imports only where installed,
-another fifth of a process's import. The refusal ends with the import: whatever
-asks for one of them later (a user's own code, a Dataflow submission) imports
-it as usual. Only processes beam-prep starts for itself use it (the command's
-launcher, its warm workers), never a library caller's.
+(``beam_prep.cli.early.local_only``) leaves out ``LOCAL_UNUSED`` as well: the
+filesystems of remote storage, Dataflow's client and Arrow, which Beam imports
+only where installed, another fifth of a process's import. The refusal ends
+with the import: whatever asks for one of them later (a user's own code, a
+Dataflow submission) imports it as usual. Only processes beam-prep starts for
+itself use it (the command's launcher, its warm workers), never a library
+caller's.
 """
 from __future__ import annotations
 
@@ -20,9 +21,7 @@ import importlib.machinery
 import sys
 from collections.abc import Sequence
 
-from beam_prep.cli.spelling import flag_value
-
-__all__ = ["LOCAL_UNUSED", "UNUSED", "import_beam", "local_only"]
+__all__ = ["LOCAL_UNUSED", "UNUSED", "import_beam"]
 
 # Each is imported by Beam under an ``except ImportError`` (apache_beam/io/__init__.py,
 # apache_beam/typehints/__init__.py); tests/write/test_lean_imports.py checks that Beam still imports.
@@ -33,8 +32,6 @@ UNUSED = ("pandas", "apache_beam.io.gcp.bigquery", "apache_beam.io.gcp.pubsub")
 # Dataflow's API client, apitools (Dataflow's and GCS's HTTP errors), Arrow (Beam's batched DoFns).
 LOCAL_UNUSED = ("apache_beam.io.gcp.gcsfilesystem", "apache_beam.io.aws", "apache_beam.io.azure",
                 "apache_beam.io.hadoopfilesystem", "google.cloud.dataflow", "apitools", "pyarrow")
-# The runners a run on local files alone may use (``local_only``).
-_LOCAL_RUNNERS = (None, "DirectRunner")
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -50,18 +47,10 @@ class _Refuse(importlib.abc.MetaPathFinder):
         return None
 
 
-def local_only(argv: Sequence[str]) -> bool:
-    """Whether a ``prepare`` command line runs locally on local files only: no argument holds a
-    URL (``gs://``, ``s3://``, ``file://``: any path of Beam's filesystems but a plain one), and
-    the runner is Beam's local one. Read before Beam parses it, so any argument counts, whatever
-    its flag."""
-    return flag_value(argv, "--runner") in _LOCAL_RUNNERS and not any("://" in arg for arg in argv)
-
-
 def import_beam(*modules: str, local: bool = False) -> None:
     """Imports ``apache_beam`` and ``modules`` with ``UNUSED`` left out, and ``LOCAL_UNUSED``
-    too where ``local`` (``local_only``); a no-op for what is already imported. An import that
-    fails here raises as it would anywhere."""
+    too where ``local`` (a run on local files only); a no-op for what is already imported.
+    An import that fails here raises as it would anywhere."""
     finder = _Refuse(UNUSED + LOCAL_UNUSED if local else UNUSED)
     sys.meta_path.insert(0, finder)
     try:
