@@ -145,10 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage(), file=sys.stderr)
         return 2
     if argv[0] == "prepare":  # the run's first worker starts while this process imports Beam
-        from beam_prep.cli.early import local_only, start_workers_early
-        from beam_prep.write.run.lean_imports import import_beam
-        start_workers_early(argv[1:])
-        import_beam(local=local_only(argv[1:]))
+        from beam_prep.cli.early import start_then_import_beam
+        start_then_import_beam(argv[1:])
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 

@@ -24,10 +24,8 @@ from collections.abc import Sequence
 from typing import TextIO
 
 if __name__ == "__main__":  # the run's first worker starts while this process imports Beam
-    from beam_prep.cli.early import local_only, start_workers_early
-    from beam_prep.write.run.lean_imports import import_beam
-    start_workers_early(sys.argv[1:])
-    import_beam(local=local_only(sys.argv[1:]))
+    from beam_prep.cli.early import start_then_import_beam
+    start_then_import_beam(sys.argv[1:])
 
 from apache_beam.options.pipeline_options import PipelineOptions
 

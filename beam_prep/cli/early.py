@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 from beam_prep.cli.spelling import flag_value
 from beam_prep.write.run import warm_pool
+from beam_prep.write.run.lean_imports import import_beam
 
-__all__ = ["early_workers", "local_only", "start_workers_early"]
+__all__ = ["early_workers", "local_only", "start_then_import_beam", "start_workers_early"]
 
 # Flags after which no run follows (help, the version) or none with workers (a dry run).
 _NO_RUN = frozenset({"-h", "--help", "--help_beam", "--version", "--dry_run"})
@@ -50,3 +51,10 @@ def start_workers_early(argv: Sequence[str]) -> None:
     count = early_workers(argv)
     if count is not None:
         warm_pool.start_early(count, local=local_only(argv))
+
+
+def start_then_import_beam(argv: Sequence[str]) -> None:
+    """A ``prepare`` command's first step: its workers started (``start_workers_early``), then
+    Beam imported while they start, both as lean as ``argv`` allows (``local_only``)."""
+    start_workers_early(argv)
+    import_beam(local=local_only(argv))

@@ -50,8 +50,8 @@ def test_beam_imports_without_the_unused_modules_and_they_import_later(run):
     assert done.stderr == ""  # the worker's preparation is silent
 
 
-# A local run's launcher without gs://'s filesystem still refuses a gs:// path it meets later
-# is missing), and it registers once imported: what anything asking for it later gets.
+# A local run's import leaves gs://'s filesystem out (Beam refuses a gs:// path as it does where
+# its GCP extra is missing), and it registers once imported: what anything asking for it later gets.
 _LATER_GCS = """
 import json
 from beam_prep.write.run.lean_imports import import_beam
