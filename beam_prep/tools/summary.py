@@ -9,20 +9,22 @@ whose failures are grouped by stage and reason, and ``skipped.jsonl``, a few
 of whose files are kept per reason as examples. ``inspection`` turns it into
 the table ``beam-prep inspect`` prints, and into what ``--json`` prints.
 
-Everything goes through ``tf.io.gfile``, as the reader does, so local and
-``gs://`` outputs take the same code. A shard the manifest lists but the folder
-lacks is reported in the summary (``missing``), not raised: the point is to
-see what is there.
+A local folder's files are read with ``os`` and ``open``, so that ``inspect``
+imports no TensorFlow (seconds of a core, for a summary that takes
+milliseconds); any other (``gs://``) through ``tf.io.gfile``, as the reader
+reads it. A shard the manifest lists but the folder lacks is reported in the
+summary (``missing``), not raised: the point is to see what is there.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from beam_prep.errors import DatasetError, StorageError
@@ -206,6 +208,10 @@ def summarize(path: str) -> Summary:
 
 def _shard_sizes(files: Sequence[str]) -> dict[str, int | None]:
     """Each file's size in bytes, None for one that does not exist."""
+    if not files:
+        return {}
+    if all(is_local(f) for f in files):
+        return {f: _local_size(f) for f in files}
     import tensorflow as tf
 
     def size(path: str) -> int | None:
@@ -216,10 +222,51 @@ def _shard_sizes(files: Sequence[str]) -> dict[str, int | None]:
         except tf.errors.OpError as e:
             raise StorageError(f"cannot stat {path}: {e.message}") from e
 
-    if not files:
-        return {}
     with concurrent.futures.ThreadPoolExecutor(min(STAT_THREADS, len(files))) as pool:
         return dict(zip(files, pool.map(size, files)))
+
+
+def _local_size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StorageError(f"cannot stat {path}: {e.strerror or e}") from e
+
+
+@contextlib.contextmanager
+def _lines(path: str) -> Iterator[Iterable[str] | None]:
+    """The text lines of ``path``, or None where it does not exist; a failed read raises
+    StorageError naming it. A local file with ``open``, any other through ``tf.io.gfile``."""
+    if is_local(path):
+        try:
+            f = open(path, encoding="utf-8")
+        except FileNotFoundError:
+            yield None
+            return
+        except OSError as e:
+            raise StorageError(f"cannot read {path}: {e.strerror or e}") from e
+        with f:
+            try:
+                yield f
+            except (OSError, UnicodeDecodeError) as e:
+                raise StorageError(f"cannot read {path}: {e}") from e
+        return
+    import tensorflow as tf
+
+    try:
+        exists = tf.io.gfile.exists(path)  # asked first: a GFile opens at its first read, in the caller's loop
+    except tf.errors.OpError as e:
+        raise StorageError(f"cannot read {path}: {e.message}") from e
+    if not exists:
+        yield None
+        return
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            yield f
+    except tf.errors.OpError as e:
+        raise StorageError(f"cannot read {path}: {e.message}") from e
 
 
 def _split_summary(info: DatasetInfo, name: str, sizes: Mapping[str, int | None]) -> SplitSummary:
@@ -248,28 +295,23 @@ def _class_rows(info: DatasetInfo) -> tuple[ClassRow, ...]:
 
 def _failure_groups(errors_file: str) -> list[FailureGroup] | None:
     """errors.jsonl grouped by (stage, error type), most frequent first; None if there is no file."""
-    import tensorflow as tf
-
     groups: dict[tuple[str, str], list[Any]] = {}
-    try:
-        with tf.io.gfile.GFile(errors_file, "r") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    failure = json.loads(line)
-                    key = (str(failure["stage"]), str(failure.get("error_type", "unknown")))
-                except (ValueError, KeyError, TypeError) as e:
-                    raise DatasetError(f"{errors_file} line {number} is not a failure report: {e}") from e
-                if key in groups:
-                    groups[key][0] += 1
-                else:
-                    groups[key] = [1, str(failure.get("path", "")), str(failure.get("message", ""))]
-    except tf.errors.NotFoundError:
-        _LOG.warning("%s does not exist: failures are counted by stage only", errors_file)
-        return None
-    except tf.errors.OpError as e:
-        raise StorageError(f"cannot read {errors_file}: {e.message}") from e
+    with _lines(errors_file) as lines:
+        if lines is None:
+            _LOG.warning("%s does not exist: failures are counted by stage only", errors_file)
+            return None
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                failure = json.loads(line)
+                key = (str(failure["stage"]), str(failure.get("error_type", "unknown")))
+            except (ValueError, KeyError, TypeError) as e:
+                raise DatasetError(f"{errors_file} line {number} is not a failure report: {e}") from e
+            if key in groups:
+                groups[key][0] += 1
+            else:
+                groups[key] = [1, str(failure.get("path", "")), str(failure.get("message", ""))]
     ordered = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     return [FailureGroup(stage, reason, n, example_path, message)
             for (stage, reason), (n, example_path, message) in ordered]
@@ -282,28 +324,23 @@ def _skipped_examples(skipped_file: str, counts: Mapping[str, int]) -> dict[str,
     Read only until each reason the manifest counts (``counts``) has its examples: a tree
     of annotations beside its images may skip millions of files.
     """
-    import tensorflow as tf
-
     examples: dict[str, list[str]] = {}
     missing = sum(min(int(n), SKIPPED_EXAMPLES) for n in counts.values())
-    try:
-        with tf.io.gfile.GFile(skipped_file, "r") as f:
-            for number, line in enumerate(f, 1):
-                if missing <= 0:
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    reason, relpath = str(row["reason"]), str(row["relpath"])
-                except (ValueError, KeyError, TypeError) as e:
-                    raise DatasetError(f"{skipped_file} line {number} is not a skipped file's: {e}") from e
-                shown = examples.setdefault(reason, [])
-                if len(shown) < SKIPPED_EXAMPLES:
-                    shown.append(relpath)
-                    missing -= reason in counts
-    except tf.errors.NotFoundError:
-        return None
-    except tf.errors.OpError as e:
-        raise StorageError(f"cannot read {skipped_file}: {e.message}") from e
+    with _lines(skipped_file) as lines:
+        if lines is None:
+            return None
+        for number, line in enumerate(lines, 1):
+            if missing <= 0:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                reason, relpath = str(row["reason"]), str(row["relpath"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise DatasetError(f"{skipped_file} line {number} is not a skipped file's: {e}") from e
+            shown = examples.setdefault(reason, [])
+            if len(shown) < SKIPPED_EXAMPLES:
+                shown.append(relpath)
+                missing -= reason in counts
     return {reason: tuple(paths) for reason, paths in examples.items()}

@@ -406,6 +406,27 @@ def test_inspect_reads_a_gs_output_as_it_reads_a_local_one(gcs_server, capsys, t
     assert missing.returncode == 2 and missing.stdout == ""
     assert f"error: no manifest.json at {bucket.url('nothing')}/manifest.json" in missing.stderr
 
+    bare = shutil.copytree(output, tmp_path / "bare")  # a dataset whose reports were deleted
+    (bare / "errors.jsonl").unlink()
+    (bare / "skipped.jsonl").unlink()
+    bucket.upload_tree(bare, "bare")
+    result = gcs_server.run([sys.executable, "-m", "pipelines.cli", "inspect", bucket.url("bare"), "--json"],
+                            cwd=REPO)
+    summary = json.loads(result.stdout)
+    assert summary["errors_file"] is None and summary["skipped_file"] is None and summary["failures"] == []
+    assert summary["splits"] == local["splits"]
+
+
+def test_inspecting_a_local_output_imports_no_tensorflow(output):
+    """Its files are read with ``open``: a summary of milliseconds, not TensorFlow's seconds of import."""
+    code = ("import sys; from pipelines import inspect_output; "
+            "code = inspect_output.main(sys.argv[1:]); assert 'tensorflow' not in sys.modules, 'imported'; "
+            "sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, str(output), "--json"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["splits"]["train"]["num_examples"] > 0
+
 
 @pytest.mark.parametrize("command", ["inspect", "verify"])
 def test_names_from_the_manifest_reach_the_terminal_without_their_control_characters(output, tmp_path, command,

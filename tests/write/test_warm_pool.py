@@ -37,21 +37,29 @@ def waiting_workers() -> set[int]:
 
 
 def handed_over(caplog) -> list[int]:
-    return [int(r.getMessage().rsplit(" ", 1)[1]) for r in caplog.records
-            if r.name == POOL_LOG and r.getMessage().startswith("a relay handed to waiting worker")]
+    return [worker for worker, _ in handed(r.getMessage() for r in caplog.records if r.name == POOL_LOG)]
+
+
+def handed(lines) -> list[tuple[int, int]]:
+    """``(worker, process)`` of each relay handed over, as the pool logs it: the worker's id, and
+    that of the process its launcher started (the worker itself, or the one it is a fork of)."""
+    prefix = "a relay handed to waiting worker "
+    return [tuple(int(n) for n in line[len(prefix):].split(", of process ")) for line in lines
+            if line.startswith(prefix)]
 
 
 def test_the_command_is_served_by_the_workers_it_started_before_it_listed(tree, tmp_path):
-    """Order of events, not time: the workers alive as the listing begins are the ones the
-    relays are handed to, and every one is reaped when the command ends."""
+    """Order of events, not time: the process started before the listing begins (one, which
+    imports once for both workers and forks the second) is the one whose workers the relays are
+    handed to, two workers of two processes, and every one is reaped when the command ends."""
     result = _command_with_pool_log(tree, tmp_path / "out", "--direct_num_workers", "2", setup=_LOOK_WHILE_LISTING)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("beam-prep: 12 of 12 images written"), result.stdout
     (seen,) = [set(map(int, line.split()[1:])) for line in result.stderr.splitlines()
                if line.startswith("waiting-while-listing")]
-    served = [int(line.rsplit(" ", 1)[1]) for line in result.stderr.splitlines()
-              if line.startswith("a relay handed to waiting worker")]
-    assert len(seen) == 2 and sorted(served) == sorted(seen), result.stderr
+    served = handed(result.stderr.splitlines())
+    assert len(seen) == 1 and {process for _, process in served} == seen, result.stderr
+    assert len({worker for worker, _ in served}) == 2 and seen < {worker for worker, _ in served}, result.stderr
     assert warm_pool.NOT_TAKEN not in result.stderr
 
 
@@ -145,6 +153,7 @@ def test_a_relay_whose_worker_cannot_take_over_starts_beams_worker():
         pool._waiting.append((_NotAProcess(), ours))
 
         def failing_worker() -> None:
+            theirs.sendall(warm_worker.READY.pack(os.getpid()))
             _, fds, _, _ = socket.recv_fds(theirs, 1, 1)
             with socket.socket(fileno=fds[0]) as relay:
                 relay.sendall(warm_worker.TAKEN)
@@ -160,17 +169,32 @@ def test_a_relay_whose_worker_cannot_take_over_starts_beams_worker():
     assert warm_pool.NOT_TAKEN in ran.stderr
 
 
-def test_workers_beyond_the_runs_count_are_stopped():
+def test_workers_beyond_the_runs_count_are_stopped(monkeypatch):
+    """A process none of whose workers the run needs is terminated, not left to finish its
+    imports; one that still has a worker waiting goes on, and forks none for the sockets closed;
+    nothing of either is left running once the pool is closed."""
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("BEAM_PREP_TEST_MARK", mark)
     with warm_pool.WarmPool() as pool:
-        pool.start(3)
-        started = [p for p, _ in pool._waiting]
+        pool.start(2)
+        pool.start(1)
+        (two, _), _, (one, _) = pool._waiting
         pool.fit(1)
-        assert pool.waiting == 1
-        for process in started[1:]:
-            assert process.wait(timeout=30) != 0  # terminated, not left to finish its imports
+        assert pool.waiting == 1 and pool._waiting[0][0] is two
+        assert one.wait(timeout=30) != 0  # terminated
+        assert two.poll() is None
         pool.fit(2)
         assert pool.waiting == 2
+        assert pool._ready(pool._waiting[0][1]) == two.pid  # it imported, and serves the first socket
     assert all(p.poll() is not None for p in pool._started)
+    assert [p.pid for p in psutil.process_iter() if _marked(p, mark)] == []
+
+
+def _marked(process: psutil.Process, mark: str) -> bool:
+    try:
+        return process.environ().get("BEAM_PREP_TEST_MARK") == mark
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.skipif(not hasattr(os, "setuid") or os.geteuid() != 0, reason="needs another user: run as root")
@@ -247,14 +271,7 @@ def test_a_refused_command_leaves_no_worker_running(tmp_path):
     refused = run_prepare("--input", str(tmp_path / "missing"), "--output", str(tmp_path / "out"), env=env)
     assert refused.returncode == 2, refused.stderr
     assert not (tmp_path / "out").exists()
-
-    def marked(process: psutil.Process) -> bool:
-        try:
-            return process.environ().get("BEAM_PREP_TEST_MARK") == mark
-        except psutil.Error:
-            return False
-
-    assert [p.pid for p in psutil.process_iter() if marked(p)] == []
+    assert [p.pid for p in psutil.process_iter() if _marked(p, mark)] == []
 
 
 def test_the_command_is_served_by_its_early_workers(tree, tmp_path):

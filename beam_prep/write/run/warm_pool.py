@@ -120,6 +120,12 @@ def expected_workers(root: str, most: int) -> int:
     return workers_for(seen, most)
 
 
+def _worker_environment() -> dict[str, str]:
+    """A waiting worker's environment, until it takes a relay's: the command's, with numpy's
+    OpenBLAS on one thread (no worker uses it), so that the process forks with none beside its own."""
+    return {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+
+
 def _socket_address(address: str) -> str:
     """A Linux abstract name (``@name``) as ``socket`` takes it; a path as it is."""
     return "\0" + address[1:] if address.startswith("@") else address
@@ -138,6 +144,7 @@ class WarmPool:
         self._listener, self.address = self._listen()
         self._waiting: list[tuple[subprocess.Popen, socket.socket]] = []
         self._started: list[subprocess.Popen] = []
+        self._handed: set[int] = set()  # the processes (``_started``) one of whose workers took a relay
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._hand_over, name="beam-prep-warm-pool", daemon=True)
@@ -169,24 +176,30 @@ class WarmPool:
         return shlex.join([sys.executable, "-I", "-S", "-c", RELAY, self.address, WORKER_MODULE])
 
     def start(self, count: int) -> None:
-        """Starts ``count`` more waiting workers."""
-        for _ in range(count):
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            ours.setblocking(True)
-            theirs.setblocking(True)  # the worker's end blocks, whatever this process's default timeout
-            try:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", warm_worker.__name__, str(theirs.fileno()), WORKER_MODULE,
-                     *([warm_worker.LOCAL] if self._local else [])],
-                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-            except BaseException:
+        """Starts ``count`` more waiting workers: one process that imports for all of them and
+        forks the others once it has (``warm_worker``)."""
+        if count <= 0:
+            return
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
+        theirs = [pair[1].fileno() for pair in pairs]
+        try:
+            for ours, their in pairs:
+                ours.setblocking(True)
+                their.setblocking(True)  # the worker's end blocks, whatever this process's default timeout
+            process = subprocess.Popen(
+                [sys.executable, "-m", warm_worker.__name__, ",".join(map(str, theirs)), WORKER_MODULE,
+                 *([warm_worker.LOCAL] if self._local else [])],
+                pass_fds=theirs, stdin=subprocess.DEVNULL, env=_worker_environment())
+        except BaseException:
+            for ours, _ in pairs:
                 ours.close()
-                raise
-            finally:
-                theirs.close()
-            with self._lock:
-                self._waiting.append((process, ours))
-                self._started.append(process)
+            raise
+        finally:
+            for _, their in pairs:
+                their.close()
+        with self._lock:
+            self._waiting.extend((process, ours) for ours, _ in pairs)
+            self._started.append(process)
 
     def fit(self, count: int) -> None:
         """Exactly ``count`` workers waiting: more started, or those beyond it stopped."""
@@ -236,13 +249,30 @@ class WarmPool:
                 return
             process, ours = worker
             try:
+                pid = self._ready(ours)
+                if pid is None:  # that worker is gone: the next one
+                    continue
                 socket.send_fds(ours, [b"R"], [relay.fileno()])
-            except OSError:  # that worker is gone: the next one
+            except OSError:
                 continue
             finally:
                 ours.close()
-            _LOG.debug("a relay handed to waiting worker %d", process.pid)
+            with self._lock:
+                self._handed.add(process.pid)
+            _LOG.debug("a relay handed to waiting worker %d, of process %d", pid, process.pid)
             return
+
+    @staticmethod
+    def _ready(ours: socket.socket) -> int | None:
+        """The worker's process id once it waits for a relay (``warm_worker.READY``); None if it is gone."""
+        message = b""
+        while len(message) < warm_worker.READY.size:
+            chunk = ours.recv(warm_worker.READY.size - len(message))
+            if not chunk:
+                return None
+            message += chunk
+        (pid,) = warm_worker.READY.unpack(message)
+        return pid
 
     @staticmethod
     def _same_user(relay: socket.socket) -> bool:
@@ -274,9 +304,15 @@ class WarmPool:
         self._remove_folder()
 
     def _stop(self, workers: list[tuple[subprocess.Popen, socket.socket]]) -> None:
-        for process, ours in workers:
+        """Closes each worker's socket (a waiting worker then exits); a process none of whose
+        workers still waits or was handed a relay is terminated, not left to finish its imports."""
+        for _, ours in workers:
             ours.close()
-            process.terminate()
+        with self._lock:
+            busy = {process.pid for process, _ in self._waiting} | self._handed
+        for process in {process.pid: process for process, _ in workers}.values():
+            if process.pid not in busy:
+                process.terminate()
 
     def _remove_folder(self) -> None:
         if self._folder is not None:

@@ -6,25 +6,37 @@ launcher gave it (``warm_pool``) for a relay's connection: the process Beam
 started as its worker (``warm_pool.RELAY``). It reads the relay's environment
 (the control service's address, the options) and its stdout and stderr, becomes
 the worker Beam asked for, and answers with its exit status, which the relay
-exits with. Its
-launcher gone, or the relay never coming, it exits at once.
+exits with. Its launcher gone, or the relay never coming, it exits at once.
+
+One process imports for all the workers the launcher starts at once: it is
+given a socket for each (``sys.argv[1]``, their descriptors joined by commas),
+and once its imports are done it forks a copy of itself for each socket but the
+first, which it serves itself. A fork costs milliseconds of a core where a fresh
+interpreter's imports cost a second or more, and the copies share the imported
+modules' memory. Each worker says it is ready by sending its process id on its
+socket (``READY``), which the launcher reads before it hands a relay over. The
+first process reaps its copies before it exits, so that their CPU is counted as
+their launcher's.
 
 Its command line names Beam's worker module (``sys.argv[2]``), so that the
-launcher's ``interrupt.stop_workers`` and anyone's ``ps`` know it for one, and
-then ``LOCAL`` where its run reads and writes local files only (its import then
-leaves out ``lean_imports.LOCAL_UNUSED``).
+launcher's ``interrupt.stop_workers`` and anyone's ``ps`` know it and its
+copies for workers, and then ``LOCAL`` where its run reads and writes local
+files only (its import then leaves out ``lean_imports.LOCAL_UNUSED``).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import select
 import socket
 import struct
 import sys
 
 __all__ = ["main"]
 
+# A worker's first message to its launcher, once it waits for a relay: its process id.
+READY = struct.Struct("!I")
 # The relay's first message: its environment, as JSON of this many bytes (network order).
 LENGTH = struct.Struct("!I")
 # Sent to the relay on taking it over: it sends its environment next.
@@ -99,11 +111,65 @@ def _take_over(relay: socket.socket) -> dict[str, str]:
     return environment
 
 
+def _closed(fd: int) -> bool:
+    """Whether the launcher has closed its end of socket ``fd`` (a worker it no longer needs)."""
+    readable, _, _ = select.select([fd], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return os.read(fd, 1) == b""  # the launcher sends nothing before a worker is ready
+    except OSError:
+        return True
+
+
+def _fork(fds: list[int]) -> tuple[int, list[int]]:
+    """A worker for each of ``fds``: this process serves the first, a fork of it each other one
+    the launcher still needs. Returns the descriptor this process serves, and in the first
+    process the forks' ids (none in a fork). Where a fork fails, that socket is closed: its
+    relay goes to another worker, or starts Beam's own."""
+    children: list[int] = []
+    for index, fd in enumerate(fds[1:], 1):
+        pid = -1
+        if not _closed(fd):
+            with contextlib.suppress(OSError):
+                pid = os.fork()
+        if pid == 0:
+            for other in (fds[0], *fds[index + 1:]):  # those before it were closed before it forked
+                os.close(other)
+            return fd, []
+        os.close(fd)
+        if pid > 0:
+            children.append(pid)
+    return fds[0], children
+
+
+def _reap(children: list[int]) -> None:
+    for pid in children:
+        with contextlib.suppress(ChildProcessError, InterruptedError):
+            os.waitpid(pid, 0)
+
+
 def main(argv: list[str]) -> int:
-    """Runs one worker for the relay handed over on file descriptor ``argv[1]``; returns its status."""
-    launcher = socket.socket(fileno=int(argv[1]))
-    launcher.setblocking(True)
+    """Runs the workers for the relays handed over on the file descriptors ``argv[1]`` (joined by
+    commas): this process the first, a fork of it each other one; returns this process's status."""
+    fds = [int(fd) for fd in argv[1].split(",")]
     _prepare(local=argv[3:4] == [LOCAL])
+    fd, children = _fork(fds)
+    try:
+        return _serve(fd)
+    finally:
+        _reap(children)
+
+
+def _serve(fd: int) -> int:
+    """Says the launcher this worker is ready, then serves the relay it hands over on ``fd``."""
+    launcher = socket.socket(fileno=fd)
+    launcher.setblocking(True)
+    try:
+        launcher.sendall(READY.pack(os.getpid()))
+    except OSError:
+        launcher.close()
+        return 0  # the launcher no longer needs this worker
     relay = _relay_of(launcher)
     launcher.close()
     if relay is None:
