@@ -245,6 +245,9 @@ def refused(capsys, tree: pathlib.Path, name: str, text: str, *flags: str) -> st
      "--metadata TABLE line 2: file_name 'a/../../x.jpg' leaves --input: give a path under --input"),
     ("t.csv", "file_name,label\n/etc/x.jpg,a\n",
      "--metadata TABLE line 2: file_name '/etc/x.jpg' is an absolute path: give the path under --input"),
+    # a URL in a local run's table: refused as it would leave --input, so a local run never reads gs://
+    ("t.csv", "file_name,label\na/img_000.jpg,a\ngs://bucket/x.jpg,a\n",
+     "--metadata TABLE line 3: file_name 'gs://bucket/x.jpg' is an absolute path: give the path under --input"),
     ("t.csv", "file_name,label,labels\na/img_000.jpg,a,a\n",
      "--metadata TABLE line 1: both label and labels columns: keep label for one name a row, or labels for "
      "several"),
