@@ -144,7 +144,7 @@ class WarmPool:
         self._listener, self.address = self._listen()
         self._waiting: list[tuple[subprocess.Popen, socket.socket]] = []
         self._started: list[subprocess.Popen] = []
-        self._handed: set[int] = set()  # the processes (``_started``) one of whose workers took a relay
+        self._handed: set[int] = set()  # the processes (``_started``) one of whose workers took (or takes) a relay
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._hand_over, name="beam-prep-warm-pool", daemon=True)
@@ -243,6 +243,8 @@ class WarmPool:
         while True:
             with self._lock:
                 worker = self._waiting.pop(0) if self._waiting else None
+                if worker is not None:  # its process is not to be stopped while it takes the relay
+                    self._handed.add(worker[0].pid)
             if worker is None:
                 _LOG.debug("a relay and no worker waiting: it starts Beam's")
                 relay.sendall(warm_worker.COLD)
@@ -257,8 +259,6 @@ class WarmPool:
                 continue
             finally:
                 ours.close()
-            with self._lock:
-                self._handed.add(process.pid)
             _LOG.debug("a relay handed to waiting worker %d, of process %d", pid, process.pid)
             return
 

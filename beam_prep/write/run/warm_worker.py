@@ -113,8 +113,9 @@ def _take_over(relay: socket.socket) -> dict[str, str]:
 
 def _closed(fd: int) -> bool:
     """Whether the launcher has closed its end of socket ``fd`` (a worker it no longer needs)."""
-    readable, _, _ = select.select([fd], [], [], 0)
-    if not readable:
+    poller = select.poll()  # not select(): a descriptor may be numbered past its 1024
+    poller.register(fd, select.POLLIN)
+    if not poller.poll(0):
         return False
     try:
         return os.read(fd, 1) == b""  # the launcher sends nothing before a worker is ready
