@@ -23,9 +23,7 @@ import logging
 import urllib.parse
 from collections.abc import Iterator
 
-import urllib3
-
-from beam_prep.io.gcs_transport import DEFAULT_TIMEOUT, GcsError, GcsPreconditionFailed, RetryPolicy, Transport
+from beam_prep.io.gcs_transport import DEFAULT_TIMEOUT, GcsError, GcsPreconditionFailed, RetryPolicy, Timeout, Transport
 
 __all__ = ["GcsClient", "GcsError", "GcsPreconditionFailed", "ObjectInfo", "RetryPolicy", "split_gs_path"]
 
@@ -76,7 +74,7 @@ class GcsClient:
     """
 
     def __init__(self, connections: int = LIST_THREADS, retry: RetryPolicy = RetryPolicy(),
-                 endpoint: str | None = None, timeout: urllib3.Timeout = DEFAULT_TIMEOUT) -> None:
+                 endpoint: str | None = None, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
         self._transport = Transport(connections, retry, endpoint, timeout)
 
     @staticmethod

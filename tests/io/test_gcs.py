@@ -6,11 +6,15 @@ can add latency to every request and fail chosen objects with chosen statuses.
 """
 from __future__ import annotations
 
+import base64
 import concurrent.futures
+import hashlib
+import http.server
 import json
 import threading
 import urllib.parse
 
+import google_crc32c
 import pytest
 from helpers import REPO, make_tree, read_split
 
@@ -291,3 +295,41 @@ def test_a_multipart_upload_with_a_precondition_is_checked(gcs_server, gcs_bucke
     with pytest.raises(PreconditionFailed):
         blob.upload_from_string(b"second", if_generation_match=0)
     assert gcs_bucket.read_bytes("o/multi.json") == b"first"
+
+
+class _HashesApart(http.server.BaseHTTPRequestHandler):
+    """Answers every GET as GCS does: the body, and each checksum in an ``x-goog-hash`` header of
+    its own (the test gateway sends both in one), the CRC32C second; ``crc32c`` is the server's."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as GCS: the connection is reused between reads
+    body = b"image bytes" * 100
+    crc32c = base64.b64encode(google_crc32c.value(body).to_bytes(4, "big")).decode()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("x-goog-hash", "md5=" + base64.b64encode(hashlib.md5(self.body).digest()).decode())
+        self.send_header("x-goog-hash", "crc32c=" + self.crc32c)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize("crc32c_right", [True, False])
+def test_each_checksum_header_is_read_when_gcs_sends_them_apart(crc32c_right):
+    """Real GCS repeats ``x-goog-hash``: the CRC32C in the second is checked all the same, and a body
+    that does not match it is retried, then reported, never returned."""
+    handler = type("Handler", (_HashesApart,), {} if crc32c_right else {"crc32c": "AAAAAA=="})
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            client = GcsClient(retry=FAST_RETRY, endpoint=f"http://127.0.0.1:{server.server_port}")
+            if crc32c_right:
+                assert [client.read("gs://b/a.jpg") for _ in range(3)] == [_HashesApart.body] * 3
+            else:
+                with pytest.raises(StorageError, match="CRC32C mismatch"):
+                    client.read("gs://b/a.jpg")
+        finally:
+            server.shutdown()

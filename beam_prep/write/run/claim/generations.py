@@ -7,10 +7,9 @@ import logging
 import threading
 import time
 
-import urllib3
-
 from beam_prep.errors import BeamPrepError, StorageError
 from beam_prep.io.gcs import GcsClient, GcsPreconditionFailed
+from beam_prep.io.gcs_transport import Timeout
 from beam_prep.write.run.claim.holder import (
     _ATTEMPTS,
     Claim,
@@ -24,7 +23,7 @@ from beam_prep.write.run.claim.holder import (
 _LOG = logging.getLogger(__name__)
 
 # The claim is tiny: an answer slower than this is a hung request, better retried.
-_GCS_TIMEOUT = urllib3.Timeout(connect=10.0, read=20.0)
+_GCS_TIMEOUT = Timeout(connect=10.0, read=20.0)
 
 
 @dataclasses.dataclass(frozen=True)
