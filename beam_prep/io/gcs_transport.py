@@ -3,7 +3,7 @@
 The connections are the standard library's ``http.client``, kept open and
 reused (``_Connections``): a worker reads every image as one request, and
 urllib3's pool spent about twice ``http.client``'s CPU per request on the same
-reads (URL re-encoding, its response wrapper; docs/design/sinks.md).
+reads (URL re-encoding, its response wrapper; docs/guides/gcs-dataflow.md).
 
 Every read is checked against the CRC32C that GCS sends in ``x-goog-hash``, and
 transient failures (429, 5xx, dropped or timed-out connections, a checksum
