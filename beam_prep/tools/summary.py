@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from beam_prep.errors import DatasetError, StorageError
-from beam_prep.io.storage import is_local, join
+from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.model.dataset import DatasetInfo
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 
@@ -232,7 +232,7 @@ def _local_size(path: str) -> int | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise StorageError(f"cannot stat {path}: {e.strerror or e}") from e
+        raise storage_error("stat", path, e) from e
 
 
 @contextlib.contextmanager
@@ -246,12 +246,12 @@ def _lines(path: str) -> Iterator[Iterable[str] | None]:
             yield None
             return
         except OSError as e:
-            raise StorageError(f"cannot read {path}: {e.strerror or e}") from e
+            raise storage_error("read", path, e) from e
         with f:
             try:
                 yield f
             except (OSError, UnicodeDecodeError) as e:
-                raise StorageError(f"cannot read {path}: {e}") from e
+                raise storage_error("read", path, e) from e
         return
     import tensorflow as tf
 
