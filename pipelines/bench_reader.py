@@ -24,6 +24,7 @@ from beam_prep.tools.throughput import Throughput, measure_reader
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
+from pipelines.tensorflow_import import import_tensorflow
 
 
 def parser() -> CommandParser:
@@ -64,6 +65,7 @@ def describe(result: Throughput) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     console_logging()
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    import_tensorflow()  # it times make_dataset
     # On stderr, and only on a terminal (disable=None): a log or a pipe gets the result line alone.
     with bar(sys.stderr, unit="img", desc="bench", disable=None) as progress_bar:
         timing = False

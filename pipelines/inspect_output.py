@@ -21,6 +21,7 @@ from beam_prep.errors import BeamPrepError, UnsafeName
 from beam_prep.wording import for_terminal
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
+from pipelines.tensorflow_import import import_tensorflow
 
 EPILOG = """\
 examples:
@@ -87,6 +88,8 @@ def _positive(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     console_logging()
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.grid or "://" in args.output:  # a contact sheet decodes records; gs:// reads through tf.io.gfile
+        import_tensorflow()
 
     from beam_prep.tools import contact_sheet, inspection
     from beam_prep.tools.summary import summarize

@@ -25,6 +25,7 @@ from beam_prep.wording import for_terminal
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
 from pipelines.progress_display import bar
+from pipelines.tensorflow_import import import_tensorflow
 
 
 def parser() -> CommandParser:
@@ -67,6 +68,7 @@ def describe(report: VerifyReport) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     console_logging()
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    import_tensorflow()  # it reads every record with tf.data
     try:
         from beam_prep.reader.sources import load_info
 

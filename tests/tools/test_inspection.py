@@ -428,6 +428,22 @@ def test_inspecting_a_local_output_imports_no_tensorflow(output):
     assert json.loads(result.stdout)["splits"]["train"]["num_examples"] > 0
 
 
+@pytest.mark.parametrize("command", ["verify", "inspect --grid", "bench"])
+def test_the_commands_that_read_records_import_tensorflow_without_kerass_optimizers(output, tmp_path, command):
+    """``tensorflow_import``: TensorFlow's eager import of Keras's optimizers is left out of a command
+    that loads no model, and Keras still imports afterwards in the same process."""
+    name, *flags = command.split()
+    module = {"verify": "verify_output", "inspect": "inspect_output", "bench": "bench_reader"}[name]
+    flags = {"inspect": ["--grid", str(tmp_path / "sheet.png")],
+             "bench": ["--seconds", "0.2", "--warmup_seconds", "0"]}.get(name, [])
+    code = (f"import sys; from pipelines import {module}; code = {module}.main(sys.argv[1:]); "
+            "assert 'tensorflow' in sys.modules and 'keras.src.optimizers' not in sys.modules, 'keras imported'; "
+            "import tensorflow as tf; tf.keras.optimizers.SGD(); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, str(output), *flags], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 @pytest.mark.parametrize("command", ["inspect", "verify"])
 def test_names_from_the_manifest_reach_the_terminal_without_their_control_characters(output, tmp_path, command,
                                                                                    capsys):
