@@ -13,7 +13,7 @@ from typing import NamedTuple
 from beam_prep.errors import DatasetError
 from beam_prep.write.shared.entry import printable
 
-__all__ = ["HashLine", "hash_line", "parse"]
+__all__ = ["HashLine", "fields", "hash_line", "parse"]
 
 _SHA256_HEX = 64
 _PHASH_HEX = 16
@@ -65,3 +65,10 @@ def parse(file: str, line: bytes) -> HashLine:
         return HashLine(digest, split, int.from_bytes(binascii.unhexlify(picture), "big"), path)
     except (ValueError, binascii.Error) as e:
         raise DatasetError(f"{file} holds a line that is not a record's hash: {line[:200]!r}") from e
+
+
+def fields(line: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+    """A line ``parse`` has checked already, as its four fields (sha256, split, perceptual hash as
+    hex or ``-``, path), unchecked: for a second pass over lines, at a fraction of ``parse``'s cost."""
+    sha256, split, picture, path = line.split(b"\t", 3)
+    return sha256, split, picture, path

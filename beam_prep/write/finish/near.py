@@ -256,35 +256,41 @@ def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int
     # path when read back, an order neither the sink nor the hash files' order changes.
     place = np.empty(len(pictures), dtype=np.int64)
     place[order] = np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    # The lines go as they are (``_read`` checked each), split again only once their group is read back.
     spill = SortedSpill(folder, "near", max(1, len(order)))
     index = 0
-    for file, chunk in lines():
+    for _, chunk in lines():
         chosen = np.flatnonzero(in_near[index:index + len(chunk)])
-        for i in chosen.tolist():
-            at = int(place[index + i])
-            spill.add(((at << 64) // len(order), at, tuple(hash_lines.parse(file, chunk[i]))))
+        for i, at in zip(chosen.tolist(), place[index + chosen].tolist()):
+            spill.add(((at << 64) // len(order), at, chunk[i]))
         index += len(chunk)
     examples_across: list[dict[str, Any]] = []
     examples_within: list[dict[str, Any]] = []
     for at, members in itertools.groupby(spill, key=operator.itemgetter(1)):
         g = int(number[at])
-        files = sorted(hash_lines.HashLine(*fields) for _, _, fields in members)
-        files.sort(key=operator.attrgetter("path"))
-        gaps = [hamming(f.phash, files[0].phash) for f in files]
+        files = sorted(_by_path(line) for _, _, line in members)
+        gaps = [hamming(phash, files[0][3]) for *_, phash in files]
         widest = max(gaps)
-        for f, gap in zip(files, gaps):
+        for (path, sha256, split, phash), gap in zip(files, gaps):
             out.write(b'{"kind": "near", "group": %d, "distance": %d, "group_distance": %d, "sha256": "%s", '
                       b'"phash": "%016x", "split": "%s", "path": %s}\n'
-                      % (g + 1, gap, widest, f.sha256, f.phash, f.split, f.path))
+                      % (g + 1, gap, widest, sha256, phash, split, path))
         kept = examples_across if across[g] else examples_within
         if len(kept) < _EXAMPLES:
             kept.append({"group": g + 1, "distance": widest, "files": [
-                {"split": f.split.decode(), "path": json.loads(f.path), "distance": gap}
-                for f, gap in zip(files[:_EXAMPLES], gaps)]})
+                {"split": split.decode(), "path": json.loads(path), "distance": gap}
+                for (path, _, split, _), gap in zip(files[:_EXAMPLES], gaps)]})
     return NearFound(groups=len(near_ids), files=len(order), within_split=int(np.count_nonzero(~across)),
                      across_splits=int(np.count_nonzero(across)), files_across=files_across,
                      split_pairs=_split_pairs(holds, names), distance=distance,
                      examples=(examples_across + examples_within)[:_EXAMPLES])
+
+
+def _by_path(line: bytes) -> tuple[bytes, bytes, bytes, int]:
+    """A near group's line, checked already: ``(path, sha256, split, perceptual hash)``, the order
+    its group lists it in (by path; the other fields break a tie, as two sinks' lines may)."""
+    sha256, split, picture, path = hash_lines.fields(line)
+    return path, sha256, split, int(picture, 16)
 
 
 def _split_pairs(holds: np.ndarray, names: dict[bytes, int]) -> dict[str, int]:
