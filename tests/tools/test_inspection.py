@@ -428,20 +428,32 @@ def test_inspecting_a_local_output_imports_no_tensorflow(output):
     assert json.loads(result.stdout)["splits"]["train"]["num_examples"] > 0
 
 
-@pytest.mark.parametrize("command", ["verify", "inspect --grid", "bench"])
-def test_the_commands_that_read_records_import_tensorflow_without_kerass_optimizers(output, tmp_path, command):
-    """``tensorflow_import``: TensorFlow's eager import of Keras's optimizers is left out of a command
-    that loads no model, and Keras still imports afterwards in the same process."""
-    name, *flags = command.split()
-    module = {"verify": "verify_output", "inspect": "inspect_output", "bench": "bench_reader"}[name]
-    flags = {"inspect": ["--grid", str(tmp_path / "sheet.png")],
-             "bench": ["--seconds", "0.2", "--warmup_seconds", "0"]}.get(name, [])
-    code = (f"import sys; from pipelines import {module}; code = {module}.main(sys.argv[1:]); "
+def test_tensorflow_is_imported_without_kerass_optimizers_and_keras_still_imports_after():
+    """``tensorflow_import``: TensorFlow's eager import of Keras's optimizers is left out, and asked
+    for later (``tf.keras``), Keras imports in the same process."""
+    code = ("import sys; from pipelines.tensorflow_import import import_tensorflow; import_tensorflow(); "
             "assert 'tensorflow' in sys.modules and 'keras.src.optimizers' not in sys.modules, 'keras imported'; "
-            "import tensorflow as tf; tf.keras.optimizers.SGD(); sys.exit(code)")
-    result = subprocess.run([sys.executable, "-c", code, str(output), *flags], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+            "import tensorflow as tf; assert tf.data.Dataset.range(3).reduce(tf.constant(0, tf.int64), lambda a, b: a + b) == 3; "
+            "tf.keras.optimizers.SGD(); assert 'keras.src.optimizers' in sys.modules")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect --grid", "bench", "inspect"])
+def test_the_commands_that_read_records_import_tensorflow_that_way(output, tmp_path, monkeypatch, command):
+    """``verify``, ``bench`` and ``inspect --grid`` import TensorFlow through ``tensorflow_import``
+    before their first record; ``inspect`` of a local folder imports none."""
+    from pipelines import bench_reader
+
+    name = command.split()[0]
+    module = {"verify": verify_output, "inspect": inspect_output, "bench": bench_reader}[name]
+    calls = []
+    monkeypatch.setattr(module, "import_tensorflow", lambda: calls.append(name))
+    flags = {"inspect --grid": ["--grid", str(tmp_path / "sheet.png")],
+             "bench": ["--seconds", "0.2", "--warmup_seconds", "0"]}.get(command, [])
+    code = module.main([str(output), *flags])
+    assert code in (0, 1)  # verify: 1 for the fixture's failed image
+    assert calls == ([] if command == "inspect" else [name])
 
 
 @pytest.mark.parametrize("command", ["inspect", "verify"])
