@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -25,13 +26,19 @@ __all__ = ["LOCAL_UNUSED", "UNUSED", "import_beam"]
 
 # Each is imported by Beam under an ``except ImportError`` (apache_beam/io/__init__.py,
 # apache_beam/typehints/__init__.py); tests/write/test_lean_imports.py checks that Beam still imports.
-UNUSED = ("pandas", "apache_beam.io.gcp.bigquery", "apache_beam.io.gcp.pubsub")
+# MongoDB's client (pymongo, with its bson) too: apache_beam/io/mongodbio.py, which then logs a
+# warning that ``_QUIET`` keeps off the console.
+UNUSED = ("pandas", "apache_beam.io.gcp.bigquery", "apache_beam.io.gcp.pubsub", "pymongo", "bson")
 # What a run on local files with a local runner never uses, each imported by Beam only where it
 # is installed (apache_beam/io/filesystems.py, runners/dataflow/dataflow_runner.py,
 # utils/retry.py, typehints/__init__.py): the filesystems of gs://, s3://, Azure and HDFS,
 # Dataflow's API client, apitools (Dataflow's and GCS's HTTP errors), Arrow (Beam's batched DoFns).
 LOCAL_UNUSED = ("apache_beam.io.gcp.gcsfilesystem", "apache_beam.io.aws", "apache_beam.io.azure",
                 "apache_beam.io.hadoopfilesystem", "google.cloud.dataflow", "apitools", "pyarrow")
+
+
+# Loggers of Beam modules that warn when a module ``UNUSED`` names is missing, silenced for the import.
+_QUIET = ("apache_beam.io.mongodbio",)
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -52,7 +59,11 @@ def import_beam(*modules: str, local: bool = False) -> None:
     too where ``local`` (a run on local files only); a no-op for what is already imported.
     An import that fails here raises as it would anywhere."""
     finder = _Refuse(UNUSED + LOCAL_UNUSED if local else UNUSED)
+    quiet = [logging.getLogger(name) for name in _QUIET]
+    was = [logger.disabled for logger in quiet]
     sys.meta_path.insert(0, finder)
+    for logger in quiet:
+        logger.disabled = True
     try:
         import apache_beam  # noqa: F401 - the package's own imports are the point
 
@@ -60,3 +71,5 @@ def import_beam(*modules: str, local: bool = False) -> None:
             importlib.import_module(module)
     finally:
         sys.meta_path.remove(finder)
+        for logger, disabled in zip(quiet, was):
+            logger.disabled = disabled
