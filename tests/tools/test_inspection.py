@@ -439,6 +439,20 @@ def test_tensorflow_is_imported_without_kerass_optimizers_and_keras_still_import
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def test_keras_is_left_out_only_where_tensorflows_own_import_of_it_may_fail():
+    """Another TensorFlow whose ``__init__`` no longer catches the eager import's ImportError
+    imports as it always does: refusing the module there would fail the command."""
+    import importlib.util
+
+    from pipelines.tensorflow_import import guards_eager_keras
+
+    source = pathlib.Path(importlib.util.find_spec("tensorflow").origin).read_text(encoding="utf-8")
+    assert guards_eager_keras(source)  # the installed one: the test above runs the import without it
+    assert not guards_eager_keras(source.replace("except (ImportError, AttributeError):", "except AttributeError:"))
+    assert not guards_eager_keras(source.replace("except (ImportError, AttributeError):", "finally:"))
+    assert not guards_eager_keras(source.replace('importlib.import_module("keras.src.optimizers")', "pass"))
+
+
 @pytest.mark.parametrize("command", ["verify", "inspect --grid", "bench", "inspect"])
 def test_the_commands_that_read_records_import_tensorflow_that_way(output, tmp_path, monkeypatch, command):
     """``verify``, ``bench`` and ``inspect --grid`` import TensorFlow through ``tensorflow_import``
