@@ -2,7 +2,7 @@
 imported without the Keras optimizers it loads eagerly.
 
 ``import tensorflow`` ends by importing ``keras.src.optimizers``, which pulls in most of
-Keras: about 1.7 s of a core's 6.5 s, so that a SavedModel's optimizers are registered
+Keras (about a quarter of the import's CPU), so that a SavedModel's optimizers are registered
 before one is loaded. These commands read records with ``tf.data`` and load no model, so
 their import leaves that step out: TensorFlow skips it when the module cannot be imported
 (its ``except ImportError``). Only where the installed TensorFlow's own source says so
@@ -21,7 +21,7 @@ __all__ = ["EAGER_KERAS", "guards_eager_keras", "import_tensorflow"]
 
 EAGER_KERAS = "keras.src.optimizers"  # what TensorFlow's __init__ imports at its end
 
-# TensorFlow 2.16 to 2.21's __init__: the eager import, in a try whose except takes ImportError.
+# The eager import as TensorFlow's __init__ writes it (2.21), in a try whose except takes ImportError.
 _GUARDED = re.compile(r'try:\s*\n(?:[ \t]+[^\n]*\n){0,4}?[ \t]+importlib\.import_module\("keras\.src\.optimizers"\)'
                       r'\s*\nexcept \([^)]*\bImportError\b')
 
