@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from beam_prep.errors import BeamPrepError, UnsafeName
+from beam_prep.io.storage import is_local
 from beam_prep.wording import for_terminal
 from pipelines.cli import CommandParser, console_logging
 from pipelines.native_log import native_log_to_file
@@ -88,7 +89,7 @@ def _positive(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     console_logging()
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.grid or "://" in args.output:  # a contact sheet decodes records; gs:// reads through tf.io.gfile
+    if args.grid or not is_local(args.output):  # a contact sheet decodes records; gs:// reads through tf.io.gfile
         import_tensorflow()
 
     from beam_prep.tools import contact_sheet, inspection

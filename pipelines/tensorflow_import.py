@@ -38,7 +38,10 @@ def import_tensorflow() -> None:
         return
     refused = _installed_guards()
     if refused:
-        sys.modules[EAGER_KERAS] = None  # type: ignore[assignment]  # the import system's "refused"
+        # The import system's "refused", checked before any parent package is imported. A finder
+        # refusing it (as ``lean_imports``' refuses Beam's modules) is asked only once ``keras``'s
+        # __init__ has started: part of Keras would be imported, and left behind half-imported.
+        sys.modules[EAGER_KERAS] = None  # type: ignore[assignment]
     try:
         import tensorflow  # noqa: F401
     finally:
