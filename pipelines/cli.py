@@ -144,9 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: unknown command {argv[0]!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
         print(usage(), file=sys.stderr)
         return 2
-    if argv[0] == "prepare":  # the run's first worker starts while this process imports Beam
-        from beam_prep.cli.early import start_then_import_beam
-        start_then_import_beam(argv[1:])
+    if argv[0] == "prepare":  # Beam imported, then the run's first workers forked with it
+        from beam_prep.cli.early import import_beam_then_start_workers
+        import_beam_then_start_workers(argv[1:])
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 

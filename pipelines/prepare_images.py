@@ -23,9 +23,9 @@ import traceback
 from collections.abc import Sequence
 from typing import TextIO
 
-if __name__ == "__main__":  # the run's first worker starts while this process imports Beam
-    from beam_prep.cli.early import start_then_import_beam
-    start_then_import_beam(sys.argv[1:])
+if __name__ == "__main__":  # Beam imported, then the run's first workers forked with it
+    from beam_prep.cli.early import import_beam_then_start_workers
+    import_beam_then_start_workers(sys.argv[1:])
 
 from apache_beam.options.pipeline_options import PipelineOptions
 

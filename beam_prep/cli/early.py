@@ -1,10 +1,11 @@
-"""``beam-prep prepare``'s first workers, started from its arguments before it imports Beam.
+"""``beam-prep prepare``'s first workers, started from its arguments once it has imported Beam.
 
-A local run's worker processes import Beam, Pillow, numpy and the kernel for
-about a second of a core each; started as the command starts (``warm_pool``),
-they do it while the launcher imports its own and lists the tree. Only the
-command line is known this early, so it is read as Beam will read it, for the
-few flags that decide whether a local multi-process run follows.
+A local run's worker processes need Beam, Pillow, numpy and the kernel, about a
+second of a core to import. Forked from the launcher once it has imported Beam
+(``warm_pool``), they have them at the cost of a fork, and wait while the
+launcher lists the tree. Only the command line is known this early, so it is
+read as Beam will read it, for the few flags that decide whether a local
+multi-process run follows.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from beam_prep.cli.spelling import flag_value
 from beam_prep.write.run import warm_pool
 from beam_prep.write.run.lean_imports import import_beam
 
-__all__ = ["early_workers", "local_only", "start_then_import_beam", "start_workers_early"]
+__all__ = ["early_workers", "import_beam_then_start_workers", "local_only", "start_workers_early"]
 
 # Flags after which no run follows (help, the version) or none with workers (a dry run).
 _NO_RUN = frozenset({"-h", "--help", "--help_beam", "--version", "--dry_run"})
@@ -45,16 +46,17 @@ def local_only(argv: Sequence[str]) -> bool:
     return flag_value(argv, "--runner") in (None, "DirectRunner") and not any("://" in arg for arg in argv)
 
 
-def start_workers_early(argv: Sequence[str]) -> None:
-    """Starts the workers ``argv`` (``prepare``'s arguments) asks for (``warm_pool.start_early``);
-    the command closes them when it ends (``warm_pool.close_early``) if no run took them."""
+def start_workers_early(argv: Sequence[str], fork: bool = False) -> None:
+    """Starts the workers ``argv`` (``prepare``'s arguments) asks for (``warm_pool.start_early``;
+    ``fork``: forked from this process); the command closes them when it ends
+    (``warm_pool.close_early``) if no run took them."""
     count = early_workers(argv)
     if count is not None:
-        warm_pool.start_early(count, local=local_only(argv))
+        warm_pool.start_early(count, local=local_only(argv), fork=fork)
 
 
-def start_then_import_beam(argv: Sequence[str]) -> None:
-    """A ``prepare`` command's first step: its workers started (``start_workers_early``), then
-    Beam imported while they start, both as lean as ``argv`` allows (``local_only``)."""
-    start_workers_early(argv)
+def import_beam_then_start_workers(argv: Sequence[str]) -> None:
+    """A ``prepare`` command's first step: Beam imported, as lean as ``argv`` allows
+    (``local_only``), then its workers forked from this process (``start_workers_early``)."""
     import_beam(local=local_only(argv))
+    start_workers_early(argv, fork=True)

@@ -2,8 +2,10 @@
 without one starts Beam's own worker, nothing is left running, and only this user reaches them."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from helpers import REPO, make_tree, run_prepare
 import beam_prep
 from beam_prep.cli.early import early_workers, start_workers_early
 from beam_prep.errors import OptionsError
-from beam_prep.write.run import warm_pool, warm_worker
+from beam_prep.write.run import interrupt, warm_pool, warm_worker
 
 pytestmark = pytest.mark.slow
 
@@ -61,16 +63,24 @@ def test_the_command_is_served_by_the_workers_it_started_before_it_listed(tree, 
     assert len(seen) == 1 and {process for _, process in served} == seen, result.stderr
     assert len({worker for worker, _ in served}) == 2 and seen < {worker for worker, _ in served}, result.stderr
     assert warm_pool.NOT_TAKEN not in result.stderr
+    # A fork of the launcher, after its import of Beam: its command line, and the name workers are known by.
+    (looked,) = [line.split()[1:] for line in result.stderr.splitlines() if line.startswith("worker-seen")]
+    assert looked == [str(*seen), "True", interrupt.WORKER_NAME], result.stderr
 
 
-# The command's workers waiting as its listing begins, said on stderr.
+# The command's workers waiting as its listing begins, said on stderr: each one's id, whether its
+# command line is the launcher's (a fork of it), and its name.
 _LOOK_WHILE_LISTING = """
 import psutil
 from beam_prep.write.run import pipeline
+from beam_prep.write.run.interrupt import is_worker
 _list_tree = pipeline.list_tree
 def _looking(*args, **kwargs):
-    pids = [p.pid for p in psutil.Process().children() if "warm_worker" in " ".join(p.cmdline())]
-    print("waiting-while-listing", *pids, file=sys.stderr, flush=True)
+    me = psutil.Process()
+    workers = [p for p in me.children() if is_worker(p)]
+    print("waiting-while-listing", *[p.pid for p in workers], file=sys.stderr, flush=True)
+    for p in workers:
+        print("worker-seen", p.pid, p.cmdline() == me.cmdline(), p.name(), file=sys.stderr, flush=True)
     return _list_tree(*args, **kwargs)
 pipeline.list_tree = _looking
 """
@@ -303,3 +313,65 @@ logging.getLogger("beam_prep.write.run.warm_pool").addHandler(handler)
 sys.argv = ["prepare_images", *sys.argv[1:]]
 runpy.run_module("pipelines.prepare_images", run_name="__main__")
 """
+
+
+# A forked pool, in a process of its own (the test's has threads: it may not fork), its facts as JSON.
+_FORKED_POOL = """
+import json, os, signal, sys
+import psutil
+from beam_prep.write.run import interrupt, warm_pool
+from beam_prep.write.run.lean_imports import import_beam
+import_beam()
+facts = {"may_fork": warm_pool.may_fork()}
+me = psutil.Process()
+with warm_pool.WarmPool() as pool:
+    pool.start(2, fork=True)
+    pool.start(1, fork=True)
+    (two, _), (_, second), (one, _) = pool._waiting
+    facts["handles"] = [type(p).__name__ for p in (two, one)]
+    first = psutil.Process(two.pid)
+    facts["first"] = [first.name(), first.cmdline() == me.cmdline(), first.ppid() == me.pid]
+    its_fork = psutil.Process(pool._ready(second))  # the second worker, once it waits
+    facts["its_fork"] = [its_fork.name(), its_fork.ppid() == two.pid]
+    pool.fit(2)
+    facts["one_ended"] = one.wait(timeout=30)
+    facts["two_running"] = two.poll() is None
+    facts["stopped"] = interrupt.stop_workers()
+facts["two_ended"] = two.poll()
+print(json.dumps(facts))
+"""
+
+
+def test_a_pool_forked_from_its_launcher_serves_stops_and_reaps_its_workers():
+    """The command's workers forked from the launcher after its import of Beam (``may_fork``): named
+    as workers, with the launcher's command line; stopped beyond the run's count; found and
+    stopped on a signal, the fork's own fork too; reaped; nothing left running."""
+    mark = uuid.uuid4().hex
+    ran = subprocess.run([sys.executable, "-c", _FORKED_POOL], capture_output=True, text=True, timeout=120,
+                         cwd=REPO, env=dict(os.environ, BEAM_PREP_TEST_MARK=mark))
+    assert ran.returncode == 0, ran.stderr
+    facts = json.loads(ran.stdout)
+    assert facts["may_fork"] and facts["handles"] == ["_Forked", "_Forked"]
+    assert facts["first"] == [interrupt.WORKER_NAME, True, True]
+    assert facts["one_ended"] == -signal.SIGTERM and facts["two_running"]
+    assert facts["its_fork"] == [interrupt.WORKER_NAME, True]
+    assert facts["stopped"] == 2 and facts["two_ended"] is not None
+    assert [p.pid for p in psutil.process_iter() if _marked(p, mark)] == []
+
+
+def test_a_process_with_threads_of_its_own_starts_its_workers_anew():
+    """A fork keeps only the thread that forks: a lock another holds would stay held in the
+    worker. A library caller's process with a thread of its own starts a new interpreter."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="a caller's thread")
+    thread.start()
+    try:
+        assert not warm_pool.may_fork()
+        with warm_pool.WarmPool() as pool:
+            pool.start(1, fork=True)
+            (process, _), = pool._waiting
+            assert isinstance(process, subprocess.Popen)
+            assert warm_worker.__name__ in process.args
+    finally:
+        stop.set()
+        thread.join()

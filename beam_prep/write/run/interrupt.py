@@ -15,11 +15,18 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["WORKER_MODULE", "is_worker", "signal_of", "signals_as_interrupts", "stop_workers"]
+__all__ = ["WORKER_MODULE", "WORKER_NAME", "adopt", "is_worker", "name_worker", "signal_of", "signals_as_interrupts",
+           "stop_workers"]
 
 _LOG = logging.getLogger(__name__)
 # What names a Beam SDK worker process in its command line (SubprocessSDKEnvironment's command).
 WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
+# The process name (Linux's ``comm``: ``ps -e``, ``psutil.Process.name``) of a worker forked from
+# its launcher (``warm_pool``), whose command line is the launcher's: at most 15 bytes.
+WORKER_NAME = "beam-prep-work"
+_PR_SET_NAME = 15  # prctl(2)
+# Workers this process forked (``adopt``): found by their id from the fork on, before they are named.
+_FORKED: set[int] = set()
 _STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -63,6 +70,21 @@ def signal_of(interrupt: KeyboardInterrupt) -> int:
     return getattr(interrupt, "signum", signal.SIGINT)
 
 
+def adopt(pid: int) -> None:
+    """Counts process ``pid``, forked from this one to serve as workers, and its own forks among
+    the workers ``stop_workers`` ends, whatever their name."""
+    _FORKED.add(pid)
+
+
+def name_worker() -> None:
+    """Names this process ``WORKER_NAME``, for ``is_worker`` (a fork of its launcher, which keeps
+    the launcher's command line); does nothing where the system has no such name."""
+    import ctypes  # here: only a forked worker names itself
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, WORKER_NAME.encode(), 0, 0, 0)
+
+
 def stop_workers(grace_s: float = 3.0) -> int:
     """Ends the Beam SDK worker processes this process started; returns how many were running.
 
@@ -73,7 +95,7 @@ def stop_workers(grace_s: float = 3.0) -> int:
     import psutil  # imported here: only a stopped local run needs it
 
     try:
-        workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p)]
+        workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p) or _forked(p)]
     except psutil.Error:
         return 0
     for worker in workers:
@@ -90,8 +112,17 @@ def stop_workers(grace_s: float = 3.0) -> int:
 
 
 def is_worker(process) -> bool:
-    """Whether a ``psutil.Process`` is a Beam SDK worker, by its command line."""
+    """Whether a ``psutil.Process`` is a Beam SDK worker, by its command line or, forked from its
+    launcher, by its name (``WORKER_NAME``)."""
     try:
-        return any(WORKER_MODULE in part for part in process.cmdline())
+        return process.name() == WORKER_NAME or any(WORKER_MODULE in part for part in process.cmdline())
     except Exception:  # noqa: BLE001 - gone already, or not ours to see
+        return False
+
+
+def _forked(process) -> bool:
+    """Whether a ``psutil.Process`` is one this process forked for workers (``adopt``), or a fork of one."""
+    try:
+        return process.pid in _FORKED or process.ppid() in _FORKED
+    except Exception:  # noqa: BLE001 - gone already
         return False

@@ -19,9 +19,13 @@ Linux, a file in a private folder) and passes each to a waiting worker over the
 socket pair it started that worker with. Workers beyond what the run needs are
 stopped (``fit``), and every one left at ``close``.
 
-The command starts its pool before it imports Beam (``start_early``), so that
-the first worker's start overlaps the launcher's own; the run takes it over
-(``take_early``), and the command closes one no run took (``close_early``).
+The command starts its pool as soon as it has imported Beam (``start_early``),
+before it lists: the workers' first process is then a fork of the launcher
+(``WarmPool.start``), whose imports are done, so a run pays for Beam's import
+once, not once in the launcher and again in its workers. The run takes the pool
+over (``take_early``), and the command closes one no run took (``close_early``).
+A library caller's run, or workers started once the listing is done, start
+from a new interpreter (``may_fork``).
 """
 from __future__ import annotations
 
@@ -29,8 +33,10 @@ import contextlib
 import logging
 import os
 import secrets
+import select
 import shlex
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -40,7 +46,7 @@ import threading
 from collections.abc import Iterator
 
 from beam_prep.io.storage import is_local
-from beam_prep.write.run import warm_worker
+from beam_prep.write.run import interrupt, warm_worker
 from beam_prep.write.run.interrupt import WORKER_MODULE
 
 __all__ = ["IMAGES_PER_WORKER", "NOT_TAKEN", "RELAY", "WARM_VARIABLE", "WarmPool", "close_early", "enabled",
@@ -82,6 +88,8 @@ _EXIT_S = 30
 # Longest path a Unix socket's address holds, on every platform (sun_path is 104 or 108 bytes).
 _MAX_SOCKET_PATH = 100
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# The pool's thread, which hands relays over (``WarmPool._hand_over``).
+_THREAD_NAME = "beam-prep-warm-pool"
 # Set to 0, Beam starts its workers as the pipeline runs (the start-up benchmark's baseline).
 WARM_VARIABLE = "BEAM_PREP_WARM_WORKERS"
 
@@ -147,7 +155,7 @@ class WarmPool:
         self._handed: set[int] = set()  # the processes (``_started``) one of whose workers took (or takes) a relay
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._hand_over, name="beam-prep-warm-pool", daemon=True)
+        self._thread = threading.Thread(target=self._hand_over, name=_THREAD_NAME, daemon=True)
         self._thread.start()
 
     def _listen(self) -> tuple[socket.socket, str]:
@@ -175,9 +183,11 @@ class WarmPool:
         """Beam's worker command line for this pool (``SubprocessSDKEnvironment``'s, run by a shell)."""
         return shlex.join([sys.executable, "-I", "-S", "-c", RELAY, self.address, WORKER_MODULE])
 
-    def start(self, count: int) -> None:
+    def start(self, count: int, fork: bool = False) -> None:
         """Starts ``count`` more waiting workers: one process that imports for all of them and
-        forks the others once it has (``warm_worker``)."""
+        forks the others once it has (``warm_worker``). With ``fork``, that process is a fork of
+        this one, whose imports are done already, where ``may_fork`` allows; a new interpreter
+        otherwise."""
         if count <= 0:
             return
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
@@ -186,10 +196,13 @@ class WarmPool:
             for ours, their in pairs:
                 ours.setblocking(True)
                 their.setblocking(True)  # the worker's end blocks, whatever this process's default timeout
-            process = subprocess.Popen(
-                [sys.executable, "-m", warm_worker.__name__, ",".join(map(str, theirs)), WORKER_MODULE,
-                 *([warm_worker.LOCAL] if self._local else [])],
-                pass_fds=theirs, stdin=subprocess.DEVNULL, env=_worker_environment())
+            if fork and may_fork():
+                process = self._fork(pairs)
+            else:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", warm_worker.__name__, ",".join(map(str, theirs)), WORKER_MODULE,
+                     *([warm_worker.LOCAL] if self._local else [])],
+                    pass_fds=theirs, stdin=subprocess.DEVNULL, env=_worker_environment())
         except BaseException:
             for ours, _ in pairs:
                 ours.close()
@@ -200,6 +213,40 @@ class WarmPool:
         with self._lock:
             self._waiting.extend((process, ours) for ours, _ in pairs)
             self._started.append(process)
+
+    def _fork(self, pairs: list[tuple[socket.socket, socket.socket]]) -> _Forked:
+        """The workers' first process as a fork of this one (``start``): it serves the sockets'
+        worker ends (``warm_worker.serve``) and exits, never returning here."""
+        sys.stdout.flush()  # what this process has buffered, written once, by this process
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            interrupt.adopt(pid)
+            return _Forked(pid)
+        code = 1
+        try:
+            interrupt.name_worker()
+            self._leave_launcher([ours for ours, _ in pairs])
+            code = warm_worker.serve([their.detach() for _, their in pairs], local=self._local)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)  # never the launcher's exit: its atexit hooks, its files, its workers
+
+    def _leave_launcher(self, ours: list[socket.socket]) -> None:
+        """In a fork (``_fork``): what belongs to the launcher let go, so that the process is what a
+        worker started anew would be: the run's socket and the launcher's ends of the workers'
+        closed, stdin emptied, the launcher's log handlers and signal handlers gone."""
+        self._listener.close()  # else a relay could still reach a socket no one accepts on, once the launcher is gone
+        for sock in (*ours, *(waiting for _, waiting in self._waiting)):
+            sock.close()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        logging.getLogger().handlers.clear()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def fit(self, count: int) -> None:
         """Exactly ``count`` workers waiting: more started, or those beyond it stopped."""
@@ -325,6 +372,62 @@ class WarmPool:
         self.close()
 
 
+def may_fork() -> bool:
+    """Whether this process may fork its workers (``WarmPool.start``): on Linux (a pidfd waits for
+    and signals the fork, never another process that reuses its id), from the main thread, with no
+    thread running but this module's. A fork keeps only the thread that forks, so a lock another
+    thread holds would stay held in it: a library caller's process, with threads of its own,
+    starts its workers anew."""
+    return (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+            and threading.current_thread() is threading.main_thread()
+            and all(thread is threading.main_thread() or thread.name == _THREAD_NAME for thread in threading.enumerate()))
+
+
+class _Forked:
+    """A process ``WarmPool`` forked, with what of ``subprocess.Popen``'s interface the pool uses.
+    Its pidfd waits for it and signals it: never another process that has its id once it is reaped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd: int | None = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)  # readable once the process has ended
+            if not poller.poll(None if timeout is None else timeout * 1000):
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout)
+            self._reap(0)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signum)
+
+    def _reap(self, options: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, options)
+        except ChildProcessError:  # reaped elsewhere (``interrupt.stop_workers``): its status is gone, as Popen says
+            pid, status = self.pid, 0
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
 @contextlib.contextmanager
 def warm_pool() -> Iterator[WarmPool | None]:
     """The command's pool (``start_early``), or a new one with no worker started yet (a run
@@ -348,11 +451,11 @@ def warm_pool() -> Iterator[WarmPool | None]:
 _EARLY: list[WarmPool] = []  # the command's pool, started before its run
 
 
-def start_early(count: int, local: bool = False) -> None:
-    """The command's pool, ``count`` workers started before it imports Beam (``beam_prep.cli.early``
-    decides from its arguments; ``local``: its run reads and writes local files only); a run
-    takes it over (``take_early``), and the command closes it after (``close_early``), whether or
-    not a run took it."""
+def start_early(count: int, local: bool = False, fork: bool = False) -> None:
+    """The command's pool, ``count`` workers started before its run (``beam_prep.cli.early``
+    decides from its arguments; ``local``: its run reads and writes local files only; ``fork``:
+    forked from this process, as ``WarmPool.start`` says); a run takes it over (``take_early``),
+    and the command closes it after (``close_early``), whether or not a run took it."""
     if _EARLY or not enabled():
         return
     try:
@@ -360,7 +463,7 @@ def start_early(count: int, local: bool = False) -> None:
     except OSError:
         return  # the run says why, as it makes its own
     _EARLY.append(pool)
-    pool.start(count)
+    pool.start(count, fork=fork)
 
 
 def take_early() -> WarmPool | None:

@@ -21,7 +21,9 @@ their launcher's.
 Its command line names Beam's worker module (``sys.argv[2]``), so that the
 launcher's ``interrupt.stop_workers`` and anyone's ``ps`` know it and its
 copies for workers, and then ``LOCAL`` where its run reads and writes local
-files only (its import then leaves out ``lean_imports.LOCAL_UNUSED``).
+files only (its import then leaves out ``lean_imports.LOCAL_UNUSED``). The
+command's own first process is instead a fork of its launcher, which runs
+``serve`` with its imports done and names itself (``interrupt.name_worker``).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import socket
 import struct
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "serve"]
 
 # A worker's first message to its launcher, once it waits for a relay: its process id.
 READY = struct.Struct("!I")
@@ -153,8 +155,13 @@ def _reap(children: list[int]) -> None:
 def main(argv: list[str]) -> int:
     """Runs the workers for the relays handed over on the file descriptors ``argv[1]`` (joined by
     commas): this process the first, a fork of it each other one; returns this process's status."""
-    fds = [int(fd) for fd in argv[1].split(",")]
-    _prepare(local=argv[3:4] == [LOCAL])
+    return serve([int(fd) for fd in argv[1].split(",")], local=argv[3:4] == [LOCAL])
+
+
+def serve(fds: list[int], local: bool = False) -> int:
+    """``main``'s work, for a process that already holds the sockets ``fds``: also a fork of the
+    launcher itself (``warm_pool.WarmPool.start``), whose imports are then done already."""
+    _prepare(local=local)
     fd, children = _fork(fds)
     try:
         return _serve(fd)
