@@ -54,7 +54,9 @@ class FileReader:
     def __call__(self, path: str) -> bytes:
         try:
             if is_local(path):
-                with open(path, "rb") as f:
+                # Unbuffered: FileIO reads a whole file in one allocation sized by its fstat, where
+                # the buffered reader's read() grows chunks and joins them (a third of the cost).
+                with open(path, "rb", buffering=0) as f:
                     return f.read()
             if path.startswith("gs://"):
                 return self._gcs_client().read(path)
