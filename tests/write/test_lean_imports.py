@@ -24,7 +24,7 @@ from beam_prep.write.run.lean_imports import LOCAL_UNUSED, UNUSED, import_beam
 LOCAL = sys.argv[1] == "local"
 if LOCAL:
     UNUSED = UNUSED + LOCAL_UNUSED
-warm_worker._prepare(local=LOCAL)
+warm_worker.prepare(local=LOCAL)
 import_beam(local=LOCAL)
 import apache_beam as beam
 from apache_beam.runners.worker import sdk_worker_main

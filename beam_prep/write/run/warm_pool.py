@@ -217,6 +217,9 @@ class WarmPool:
     def _fork(self, pairs: list[tuple[socket.socket, socket.socket]]) -> _Forked:
         """The workers' first process as a fork of this one (``start``): it serves the sockets'
         worker ends (``warm_worker.serve``) and exits, never returning here."""
+        # The workers' imports, here rather than in the fork: the launcher imports the sinks' code
+        # for its own pipeline anyway, and Beam's harness costs it little more.
+        warm_worker.prepare(local=self._local)
         sys.stdout.flush()  # what this process has buffered, written once, by this process
         sys.stderr.flush()
         pid = os.fork()

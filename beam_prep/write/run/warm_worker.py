@@ -35,7 +35,7 @@ import socket
 import struct
 import sys
 
-__all__ = ["main", "serve"]
+__all__ = ["main", "prepare", "serve"]
 
 # A worker's first message to its launcher, once it waits for a relay: its process id.
 READY = struct.Struct("!I")
@@ -53,7 +53,7 @@ LOCAL = "--local"
 _MAX_ENVIRONMENT = 1 << 24
 
 
-def _prepare(local: bool = False) -> None:
+def prepare(local: bool = False) -> None:
     """The imports a worker's first bundle would pay for. Silent: until a relay is handed over,
     this process's stderr is the command's console, not the job's log; an import that fails
     here fails again where Beam reports it."""
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
 def serve(fds: list[int], local: bool = False) -> int:
     """``main``'s work, for a process that already holds the sockets ``fds``: also a fork of the
     launcher itself (``warm_pool.WarmPool.start``), whose imports are then done already."""
-    _prepare(local=local)
+    prepare(local=local)
     fd, children = _fork(fds)
     try:
         return _serve(fd)
