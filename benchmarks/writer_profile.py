@@ -65,7 +65,7 @@ WAITING = "waiting"
 # A sample whose innermost frame is one of these is a thread blocked, not working (py-spy counts
 # some blocked threads busy): a lock, a queue, a child process, gRPC's threads blocked in C.
 _WAITS = {"Condition.wait", "Event.wait", "Semaphore.acquire", "Queue.get", "Popen._try_wait", "_wait_once",
-          "wait", "select", "poll", "sleep", "_serve", "channel_spin", "_poll_connectivity"}
+          "wait", "select", "poll", "sleep", "_serve", "channel_spin", "_poll_connectivity", "accept"}
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
@@ -101,7 +101,7 @@ def py_spy() -> str | None:
 
 
 def profile(spy: str, command: Sequence[str], rate: int, raw: pathlib.Path) -> None:
-    subprocess.run([spy, "record", "--subprocesses", "--rate", str(rate), "--format", "raw", "--output", str(raw),
+    subprocess.run([spy, "record", "--subprocesses", "--nonblocking", "--rate", str(rate), "--format", "raw", "--output", str(raw),
                     "--", *command], cwd=REPO_ROOT, check=True, capture_output=True)
 
 
