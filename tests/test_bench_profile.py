@@ -27,7 +27,10 @@ def test_a_sample_goes_to_the_innermost_stage_it_passes_through():
 
 def test_blocked_threads_and_samples_without_python_frames_are_apart_from_the_shares():
     waiting = [PROCESS, "Thread.run (threading.py:975)", "Condition.wait (threading.py:320)"]
-    lines = [";".join(waiting) + " 30\n", PROCESS + " 10\n",
+    # The warm pool's thread, blocked on its socket until a relay connects (py-spy counts it busy).
+    accepting = [PROCESS, "Thread.run (threading.py:975)", "WarmPool._hand_over (beam_prep/write/run/warm_pool.py:250)",
+                 "socket.accept (socket.py:294)"]
+    lines = [";".join(waiting) + " 20\n", ";".join(accepting) + " 10\n", PROCESS + " 10\n",
              ";".join([*WORKER, "ImageFile.load (PIL/ImageFile.py:300)"]) + " 3\n",
              ";".join([*WORKER, "_encode (beam_prep/write/images/imaging.py:450)"]) + " 1\n"]
     samples = tally(lines)
