@@ -54,8 +54,8 @@ class FileReader:
     def __call__(self, path: str) -> bytes:
         try:
             if is_local(path):
-                # Unbuffered: FileIO reads a whole file in one allocation sized by its fstat, where
-                # the buffered reader's read() grows chunks and joins them (a third of the cost).
+                # Unbuffered: FileIO reads a whole file in one allocation sized by its fstat, with
+                # no buffer object around it (a few µs an image less).
                 with open(path, "rb", buffering=0) as f:
                     return f.read()
             if path.startswith("gs://"):

@@ -30,6 +30,7 @@ from a new interpreter (``may_fork``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -381,9 +382,21 @@ def may_fork() -> bool:
     thread running but this module's. A fork keeps only the thread that forks, so a lock another
     thread holds would stay held in it: a library caller's process, with threads of its own,
     starts its workers anew."""
-    return (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
-            and threading.current_thread() is threading.main_thread()
-            and all(thread is threading.main_thread() or thread.name == _THREAD_NAME for thread in threading.enumerate()))
+    return (threading.current_thread() is threading.main_thread()
+            and all(thread is threading.main_thread() or thread.name == _THREAD_NAME for thread in threading.enumerate())
+            and _pidfds())
+
+
+@functools.cache
+def _pidfds() -> bool:
+    """Whether this system gives pidfds: Python has the calls from 3.9 on Linux, the kernel from 5.3."""
+    if not (hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
 
 
 class _Forked:
