@@ -285,7 +285,7 @@ def test_a_refused_command_leaves_no_worker_running(tmp_path):
 
 
 def test_the_command_is_served_by_its_early_workers(tree, tmp_path):
-    """``python -m pipelines.prepare_images`` starts its worker before it imports Beam: that
+    """``python -m pipelines.prepare_images`` forks its worker once it has imported Beam, before it lists: that
     worker, not one Beam starts, writes the shards."""
     result = _command_with_pool_log(tree, tmp_path / "out", "--direct_num_workers", "1")
     assert result.returncode == 0, result.stderr
