@@ -1,43 +1,13 @@
-"""The shard cache's folders: which are its own, which are in use, and eviction to stay under the bound.
-
-The cache folder may hold anything else (a user's own folders, a symlink, an old
-cache's leftovers): eviction considers only a real folder (not a symlink) whose name
-has the cache's pattern (``<readable>-<16 hex digits>``) and which holds the marker
-the cache writes when it creates the folder, naming the same manifest hash. Nothing
-else is opened, locked, counted or removed.
-
-Locks, all ``fcntl.flock`` on files the cache creates:
-
-- ``<folder>/.use.lock``, shared: taken by every process that fills or reads the
-  folder, before it fills, and held until the process ends (the kernel releases it
-  then, even after a crash or a kill).
-- ``<folder>/.fill.lock``, exclusive: one process fetches a folder's shards while
-  the others wait, then find them stamped.
-- ``<root>/.evict.lock``, exclusive: one process at a time counts the cache, evicts
-  and reserves the bytes it is about to fetch (``<folder>/.reserved``), so that two
-  fills started at once cannot both take the last room.
-
-A folder is evicted only when its ``use`` and ``fill`` locks are both free (taken
-exclusively without waiting): it is first renamed out of its name (so a process
-arriving then makes a new folder instead of reading one being removed; one that had
-opened its lock file sees the file gone once it holds the lock, and starts again),
-then removed, the marker last, so that an eviction cut short is finished by the next.
-
-Why ``fcntl`` and not a library (filelock 4.3, fsspec 2026.9, checked): ``filelock``'s
-``FileLock`` is exclusive only; its ``ReadWriteLock`` is an SQLite transaction held
-per thread (the pin here is the whole process's, kept across a DataLoader's fork) and
-its ``SoftReadWriteLock`` a lease that a killed process keeps until it expires, where
-a shared ``flock`` is a few lines of the standard library that the kernel releases the
-moment its process ends. fsspec's file caches (``filecache``, ``simplecache``) have no
-size bound (an age limit only), no lock between processes (one metadata file that each
-rewrites) and no check against the manifest's sha256. Neither is a dependency of
-beam-prep.
+"""The shard cache's folders: its private root, which folders are its own, which are in use, the
+locks between processes, and eviction to stay under the bound. ``docs/design/reader.md`` (the
+``gs://`` cache) says how and why.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -45,9 +15,10 @@ import re
 import shutil
 import stat
 from collections.abc import Iterator
-from typing import IO
 
 from beam_prep.errors import StorageError
+from beam_prep.reader import cache_fs
+from beam_prep.reader.cache_fs import PRIVATE, Dir
 
 _LOG = logging.getLogger(__name__)
 
@@ -56,223 +27,329 @@ USE_LOCK = ".use.lock"
 FILL_LOCK = ".fill.lock"
 LAST_USED = ".last_used"
 RESERVED = ".reserved"
-_EVICT_LOCK = ".evict.lock"
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,80}-(?P<hash>[0-9a-f]{16})")
+EVICT_LOCK = ".evict.lock"
+# What a writer killed mid-write leaves (``cache_fs.write_new``): removed by the next fill, under the fill lock.
+PARTIAL = re.compile(r"\.partial-[0-9]+\Z")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,80}-[0-9a-f]{16}")
 # A folder being removed: its name and a character the cache's names never hold, so it is never taken for one.
 _EVICTING = re.compile(rf"(?P<name>{_NAME.pattern})\.evicting~[0-9]+")
 _PIN_TRIES = 10
 
 
-def folder_name(readable: str, manifest_sha256: str) -> str:
-    """``<readable>-<the manifest's sha256, 16 digits>``: the only names eviction considers."""
-    return f"{readable}-{manifest_sha256[:16]}"
+def _readable(origin: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", origin.split("://", 1)[-1])[-80:]
+
+
+def folder_name(origin: str, manifest_sha256: str) -> str:
+    """``<bucket>_<path>-<the origin's sha256>-<the manifest's sha256>`` (16 digits each): readable, bound
+    to the origin exactly (``gs://a/b_c`` and ``gs://a_b/c`` read alike), new when the dataset is rewritten."""
+    return f"{_readable(origin)}-{hashlib.sha256(origin.encode()).hexdigest()[:16]}-{manifest_sha256[:16]}"
+
+
+def _earlier_name(origin: str, manifest_sha256: str) -> str:
+    """The name an earlier beam-prep gave the folder (no origin hash): never read, evicted as the cache's."""
+    return f"{_readable(origin)}-{manifest_sha256[:16]}"
+
+
+def open_root(path: str) -> Dir:
+    """The cache's root at ``path`` (made 0700 if absent), open: ``path`` itself where it is the user's and
+    no one else can write it; else, where it is shared with the sticky bit (``/tmp``, or a team's folder
+    made 1777), ``path/<uid>``, made 0700 and checked the same way.
+
+    Raises:
+      StorageError: ``path``, or a folder above it, can be replaced by another user (theirs, or writable by
+        others without the sticky bit); ``path/<uid>`` is not the user's own; ``path`` is on NFS or another
+        filesystem whose ``flock`` does not lock between processes.
+    """
+    real = os.path.realpath(path)
+    _check_above(real)
+    try:
+        os.makedirs(real, mode=0o700, exist_ok=True)
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise StorageError(f"cannot open the shard cache's folder {real}: {e.strerror or e}; "
+                           "give another cache_dir (BEAM_PREP_CACHE)") from e
+    top = Dir(fd, real)
+    try:
+        st = os.fstat(fd)
+        euid = os.geteuid()
+        if st.st_uid == euid and not st.st_mode & 0o022:
+            root = top
+        elif st.st_uid in (euid, 0) and st.st_mode & stat.S_ISVTX:
+            try:
+                root = cache_fs.open_dir(top, str(euid), create=True)
+            except OSError as e:
+                raise StorageError(f"cannot make the shard cache's folder {top.join(str(euid))}: "
+                                   f"{e.strerror or e}; {PRIVATE}") from e
+            top.close()
+        else:
+            raise StorageError(f"the shard cache's folder {real} {_replaceable(st)}: another user could replace "
+                               f"what the cache keeps there; {PRIVATE}")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            top.close()
+        raise
+    try:
+        cache_fs.check_locks_work(root)
+    except StorageError:
+        root.close()
+        raise
+    return root
+
+
+def _replaceable(st: os.stat_result) -> str | None:
+    """Why another user could rename what a folder of this status holds; None where no one could."""
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"belongs to uid {st.st_uid}"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"can be written by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _check_above(real: str) -> None:
+    """Refuses a root below a folder another user could rename it out of (as OpenSSH's StrictModes)."""
+    parent = os.path.dirname(real)
+    while True:
+        with contextlib.suppress(FileNotFoundError):  # made by open_root, the user's
+            why = _replaceable(os.stat(parent))
+            if why is not None:
+                raise StorageError(f"the shard cache's folder {real} is inside {parent}, which {why}: another "
+                                   f"user could replace it; {PRIVATE}")
+        if parent == os.path.dirname(parent):
+            return
+        parent = os.path.dirname(parent)
 
 
 @contextlib.contextmanager
-def locked(path: str, how: int) -> Iterator[IO[bytes]]:
-    """``path`` (created if absent) locked with ``flock`` ``how`` while the block runs."""
-    with open(path, "ab") as f:
-        fcntl.flock(f, how)
-        try:
-            yield f
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def locked(folder: Dir, name: str, how: int) -> Iterator[None]:
+    """``folder``'s lock file ``name`` (made if absent) ``flock``ed ``how`` while the block runs, after a
+    bounded wait (``cache_fs.lock``)."""
+    fd = cache_fs.open_file(folder, name, os.O_RDWR, create=True)
+    try:
+        cache_fs.lock(fd, how, folder.join(name))
+        yield
+    finally:
+        os.close(fd)  # the lock with it
 
 
-# Folders this process fills or reads: their ``use`` lock stays held (shared) until the process ends, so that
-# no other process evicts them under it. One open file per dataset folder, whatever the sources.
-_PINNED: dict[str, IO[bytes]] = {}
+# Folders this process fills or reads: open, with their ``use`` lock held (shared) until the process ends, so
+# that no other process evicts them under it. One per dataset folder, whatever the sources.
+_PINNED: dict[str, tuple[Dir, int]] = {}
 
 
-def open_folder(root: str, name: str, origin: str, manifest_sha256: str) -> str:
-    """The cache's folder ``name`` under ``root``, created and marked if new, and pinned (``use`` held).
-
-    The pin is taken before the folder is filled, so a folder being filled is never evicted.
+def open_folder(root: Dir, name: str, origin: str, manifest_sha256: str) -> Dir:
+    """The cache's folder ``name`` under ``root``, made 0700 and marked if new, open and pinned (``use``
+    held), so that no other process evicts it (its fill included).
 
     Raises:
-      StorageError: ``name`` is a link (to a folder elsewhere, where the shards would go) or a file;
-        other processes evicted the folder every time this one opened it.
+      StorageError: ``name`` is a link or a file, or not the user's own; its marker names another dataset;
+        other processes evicted the folder every time this one opened it; a lock held too long.
     """
-    folder = os.path.join(root, name)
+    path = root.join(name)
     for _ in range(_PIN_TRIES):
-        if folder in _PINNED:
-            return folder
-        if os.path.lexists(folder) and not _is_real(folder, stat.S_IFDIR):
-            raise StorageError(f"the shard cache's folder {folder} is a link or a file, not a folder the cache made: "
-                               "nothing is written through it; remove it, or give another cache_dir")
+        if path in _PINNED:
+            return _PINNED[path][0]
         with contextlib.suppress(FileNotFoundError):  # evicted between two of these steps: again
-            os.makedirs(folder, exist_ok=True)
-            _mark(folder, origin, manifest_sha256)
-            if _pin(folder):
+            folder = cache_fs.open_dir(root, name, create=True)
+            if _pin(root, name, folder):
+                _mark(folder, origin, manifest_sha256)
                 return folder
-        _LOG.info("shard cache: %s was evicted as this process opened it; making it again", folder)
-    raise StorageError(f"cannot keep the shard cache folder {folder}: other processes evicted it "
+        _LOG.info("shard cache: %s was evicted as this process opened it; making it again", path)
+    raise StorageError(f"cannot keep the shard cache folder {path}: other processes evicted it "
                        f"{_PIN_TRIES} times as this one opened it; give this dataset a bound that fits "
                        f"(cache_max_bytes or BEAM_PREP_CACHE_MAX_BYTES), or another cache_dir")
 
 
-def discard(root: str, folder: str) -> None:
-    """Unpins ``folder``, which this process made and could not fill, and removes it unless another
-    process has opened it since: a refused read leaves nothing behind."""
-    pinned = _PINNED.pop(folder, None)
-    if pinned is not None:
-        pinned.close()
-    with locked(os.path.join(root, _EVICT_LOCK), fcntl.LOCK_EX):
-        _evict(folder)
-
-
-def _mark(folder: str, origin: str, manifest_sha256: str) -> None:
-    """Writes the marker that makes ``folder`` the cache's own (a folder of an earlier beam-prep, without
-    one, becomes the cache's when it is used again: its name holds this manifest's hash)."""
-    marker = os.path.join(folder, MARKER)
-    if os.path.exists(marker):
-        return
-    touch(os.path.join(folder, LAST_USED))  # a new folder is the most recently used, not the least
-    partial = f"{marker}.partial-{os.getpid()}"
-    with open(partial, "w", encoding="utf-8") as f:
-        json.dump({"written_by": "beam-prep shard cache", "origin": origin, "manifest_sha256": manifest_sha256}, f)
-    os.replace(partial, marker)
-
-
-def _pin(folder: str) -> bool:
-    """Holds ``folder``'s ``use`` lock shared; False when the folder was evicted meanwhile."""
-    path = os.path.join(folder, USE_LOCK)
+def _pin(root: Dir, name: str, folder: Dir) -> bool:
+    """Holds ``folder``'s ``use`` lock shared; False (``folder`` closed) when it was evicted meanwhile."""
     try:
-        f = open(path, "ab")  # held open on purpose, for the process
-    except FileNotFoundError:
-        return False
-    fcntl.flock(f, fcntl.LOCK_SH)
+        fd = cache_fs.open_file(folder, USE_LOCK, os.O_RDWR, create=True)  # held open on purpose, for the process
+    except BaseException:
+        folder.close()
+        raise
     try:
-        same = os.path.samestat(os.fstat(f.fileno()), os.stat(path))
-    except FileNotFoundError:
-        same = False
-    if not same:  # renamed away by an eviction while this process waited for the lock
-        f.close()
+        cache_fs.lock(fd, fcntl.LOCK_SH, folder.join(USE_LOCK))
+    except BaseException:
+        os.close(fd)
+        folder.close()
+        raise
+    if not cache_fs.same(root, name, folder):  # renamed away by an eviction while this process waited
+        os.close(fd)
+        folder.close()
         return False
-    _PINNED[folder] = f
+    _PINNED[root.join(name)] = (folder, fd)
     return True
 
 
-def touch(path: str) -> None:
-    with open(path, "ab"):
-        pass
-    os.utime(path)
+def _mark(folder: Dir, origin: str, manifest_sha256: str) -> None:
+    """Writes the marker that makes ``folder`` the cache's own (under its fill lock: a fill removes what
+    a writer killed mid-write left), or checks the one there names this dataset.
+
+    Raises:
+      StorageError: the marker names another origin or manifest (or is damaged).
+    """
+    if _marker(folder) is None:
+        with locked(folder, FILL_LOCK, fcntl.LOCK_EX):
+            if _marker(folder) is None:
+                cache_fs.touch(folder, LAST_USED)  # a new folder is the most recently used, not the least
+                cache_fs.write_new(folder, MARKER, json.dumps(
+                    {"written_by": "beam-prep shard cache", "origin": origin,
+                     "manifest_sha256": manifest_sha256}).encode("utf-8"))
+    if _marker(folder) != (origin, manifest_sha256):
+        raise StorageError(f"the shard cache's folder {folder.path} is marked ({MARKER}) as another dataset's "
+                           f"than {origin}'s: nothing is read from it; remove it, or give another cache_dir")
+
+
+def _marker(folder: Dir) -> tuple[str, str] | None:
+    """The origin and manifest sha256 ``folder``'s marker names; None without one; ("", "") if damaged."""
+    text = cache_fs.read_small(folder, MARKER)
+    if text is None:
+        return None
+    try:
+        marker = json.loads(text)
+        origin, manifest_sha256 = marker["origin"], marker["manifest_sha256"]
+    except (ValueError, TypeError, KeyError):
+        return ("", "")
+    return (origin, manifest_sha256) if isinstance(origin, str) and isinstance(manifest_sha256, str) else ("", "")
+
+
+def clear_leftovers(folder: Dir, *inner: Dir) -> None:
+    """Removes what a fill killed mid-write left in ``folder`` (and in ``inner``, its folders): its partial
+    files and its reservation. Under the folder's fill lock, held exclusively: no other fill is under way,
+    so whatever partial file or reservation is there is a dead one's."""
+    for where in (folder, *inner):
+        for name in cache_fs.entries(where):
+            if PARTIAL.search(name) or (where is folder and name == RESERVED):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=where.fd)
+                _LOG.info("shard cache: removed %s, left by a fill that did not end", where.join(name))
+
+
+def discard(root: Dir, folder: Dir) -> None:
+    """Unpins ``folder``, which this process made and could not fill, and removes it unless another
+    process has opened it since: a refused read leaves nothing behind."""
+    pinned = _PINNED.pop(folder.path, None)
+    if pinned is not None:
+        os.close(pinned[1])
+        pinned[0].close()
+    with locked(root, EVICT_LOCK, fcntl.LOCK_EX):
+        _evict(root, os.path.basename(folder.path))
 
 
 @dataclasses.dataclass(frozen=True)
 class _Folder:
-    path: str
+    name: str
     on_disk: int  # its files' bytes now
     counted: int  # those, or the bytes a fill under way reserved, whichever is more
     last_used: float
 
 
-def _folder_bytes(folder: str) -> int:
-    total = 0
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(parent, name)).st_size
-    return total
-
-
-def _is_real(path: str, kind: int) -> bool:
+def _ours(root: Dir, name: str) -> Dir | None:
+    """``root``'s folder ``name``, open, if it is the user's and holds the cache's marker for that very name."""
     try:
-        return stat.S_IFMT(os.lstat(path).st_mode) == kind
-    except OSError:
-        return False
-
-
-def _ours(folder: str, manifest_hash: str) -> bool:
-    """Whether ``folder`` is a real folder holding the cache's marker for the hash its name ends with."""
-    marker = os.path.join(folder, MARKER)
-    if not (_is_real(folder, stat.S_IFDIR) and _is_real(marker, stat.S_IFREG)):
-        return False
+        folder = cache_fs.open_dir(root, name)
+    except (OSError, StorageError):
+        return None
     try:
-        with open(marker, "rb") as f:
-            recorded = json.loads(f.read(4096)).get("manifest_sha256", "")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(recorded, str) and recorded[:16] == manifest_hash
+        marker = _marker(folder)
+    except (OSError, StorageError):
+        marker = None
+    if marker is None or name not in (folder_name(*marker), _earlier_name(*marker)):
+        folder.close()
+        return None
+    return folder
 
 
-def _read_int(path: str) -> int:
+def _read_int(folder: Dir, name: str) -> int:
     try:
-        with open(path, "rb") as f:
-            return int(f.read(32))
-    except (OSError, ValueError):
+        return int(cache_fs.read_small(folder, name, 32) or b"0")
+    except (OSError, ValueError, StorageError):
         return 0
 
 
-def _cache_folders(root: str) -> list[_Folder]:
+def _cache_folders(root: Dir) -> list[_Folder]:
     """The cache's own folders under ``root``, least recently used first."""
     found = []
-    for entry in os.scandir(root):
-        match = _NAME.fullmatch(entry.name)
-        if match and _ours(entry.path, match["hash"]):
-            on_disk = _folder_bytes(entry.path)
-            counted = max(on_disk, _read_int(os.path.join(entry.path, RESERVED)))
+    for name in cache_fs.entries(root):
+        if _NAME.fullmatch(name) and (folder := _ours(root, name)) is not None:
             try:
-                last_used = os.stat(os.path.join(entry.path, LAST_USED)).st_mtime
-            except OSError:
-                last_used = 0.0
-            found.append(_Folder(entry.path, on_disk, counted, last_used))
-    return sorted(found, key=lambda f: (f.last_used, f.path))
+                on_disk = cache_fs.tree_bytes(folder)
+                counted = max(on_disk, _read_int(folder, RESERVED))
+                try:
+                    last_used = os.stat(LAST_USED, dir_fd=folder.fd, follow_symlinks=False).st_mtime
+                except OSError:
+                    last_used = 0.0
+            finally:
+                folder.close()
+            found.append(_Folder(name, on_disk, counted, last_used))
+    return sorted(found, key=lambda f: (f.last_used, f.name))
 
 
-def _remove(folder: str) -> None:
-    """Removes a folder of the cache, its marker last: one cut short still has it, and is finished later."""
-    for entry in os.scandir(folder):
-        if entry.name != MARKER:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.remove(entry.path)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(folder, MARKER))
-    os.rmdir(folder)
-
-
-def _finish_evictions(root: str) -> None:
+def _finish_evictions(root: Dir) -> None:
     """Removes what an eviction cut short left (under ``.evict.lock``: no eviction is under way)."""
-    for entry in os.scandir(root):
-        match = _EVICTING.fullmatch(entry.name)
-        if match and _is_real(entry.path, stat.S_IFDIR) and (
-                _ours(entry.path, match["hash"]) or not os.listdir(entry.path)):
-            with contextlib.suppress(OSError):
-                _remove(entry.path)
-
-
-def _evict(folder: str) -> bool:
-    """Removes ``folder`` if no process uses or fills it (its locks taken without waiting)."""
-    evicting = f"{folder}.evicting~{os.getpid()}"
-    try:
-        with open(os.path.join(folder, USE_LOCK), "ab") as use, open(os.path.join(folder, FILL_LOCK), "ab") as fill:
+    for name in cache_fs.entries(root):
+        match = _EVICTING.fullmatch(name)
+        if match is None:
+            continue
+        with contextlib.suppress(OSError, StorageError):
+            folder = cache_fs.open_dir(root, name)
             try:
-                fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(fill, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # in use by a reader, or being filled
-            os.rename(folder, evicting)
-    except OSError as e:
-        _LOG.warning("shard cache: cannot evict %s: %s", folder, e.strerror or e)
-        return False
+                marker = _marker(folder)
+                ours = marker is not None and match["name"] in (folder_name(*marker), _earlier_name(*marker))
+                empty = not cache_fs.entries(folder)
+            finally:
+                folder.close()
+            if ours or empty:
+                cache_fs.remove_tree(root, name, last=MARKER)
+
+
+def _evict(root: Dir, name: str) -> bool:
+    """Removes ``root``'s folder ``name`` if no process uses or fills it (its locks taken without waiting):
+    renamed out of its name first, then removed through descriptors, its marker last."""
     try:
-        _remove(evicting)
-    except OSError as e:
+        folder = cache_fs.open_dir(root, name)
+    except (OSError, StorageError):
+        return False
+    evicting = f"{name}.evicting~{os.getpid()}"
+    try:
+        use = cache_fs.open_file(folder, USE_LOCK, os.O_RDWR, create=True)
+        try:
+            fill = cache_fs.open_file(folder, FILL_LOCK, os.O_RDWR, create=True)
+            try:
+                try:
+                    fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fill, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False  # in use by a reader, or being filled
+                if not cache_fs.same(root, name, folder):
+                    return False
+                os.rename(name, evicting, src_dir_fd=root.fd, dst_dir_fd=root.fd)
+            finally:
+                os.close(fill)
+        finally:
+            os.close(use)
+    except (OSError, StorageError) as e:
+        _LOG.warning("shard cache: cannot evict %s: %s", folder.path, getattr(e, "strerror", None) or e)
+        return False
+    finally:
+        folder.close()
+    try:
+        cache_fs.remove_tree(root, evicting, last=MARKER)
+    except (OSError, StorageError) as e:
         _LOG.warning("shard cache: %s was evicted but not wholly removed (%s); the next eviction removes it",
-                     evicting, e)
+                     root.join(evicting), e)
     return True
 
 
-def _free_bytes(root: str, folders: list[_Folder]) -> int:
+def _free_bytes(root: Dir, folders: list[_Folder]) -> int:
     """The disk's free space, less what fills under way have reserved and not yet written."""
-    return shutil.disk_usage(root).free - sum(f.counted - f.on_disk for f in folders)
+    return shutil.disk_usage(root.fd).free - sum(f.counted - f.on_disk for f in folders)
 
 
 @contextlib.contextmanager
-def room(root: str, folder: str, needed: int, max_bytes: int | None, origin: str, split: str) -> Iterator[None]:
-    """Makes room for ``needed`` more bytes in ``folder`` and reserves them while the block fetches.
+def room(root: Dir, folder: Dir, needed: int, max_bytes: int | None, origin: str, split: str) -> Iterator[None]:
+    """Makes room for ``needed`` more bytes in ``folder`` and reserves them while the block fetches (called
+    under ``folder``'s fill lock).
 
     With a bound, the least recently used folders of the cache that no process uses or
     fills are evicted until every folder of the cache, those in use included, and the
@@ -283,31 +360,32 @@ def room(root: str, folder: str, needed: int, max_bytes: int | None, origin: str
         too little of the bound; the disk has too little free space (without a bound,
         or once every folder not in use is evicted).
     """
-    with locked(os.path.join(root, _EVICT_LOCK), fcntl.LOCK_EX):
+    with locked(root, EVICT_LOCK, fcntl.LOCK_EX):
         _finish_evictions(root)
         everything = _cache_folders(root)
-        own = _folder_bytes(folder) + needed
+        own = cache_fs.tree_bytes(folder) + needed
         if max_bytes is not None and own > max_bytes:
             raise StorageError(f"split {split!r} of {origin} needs {own} bytes in the shard cache, more than its "
                                f"bound of {max_bytes} (cache_max_bytes or BEAM_PREP_CACHE_MAX_BYTES): raise the "
                                "bound, or read a smaller split")
-        others = [f for f in everything if f.path != folder]
+        this = os.path.basename(folder.path)
+        others = [f for f in everything if f.name != this]
         free = _free_bytes(root, others)
         if max_bytes is None:
             if free < needed:
                 raise StorageError(
-                    f"split {split!r} of {origin} needs {needed} bytes in the shard cache {root}, and its disk has "
-                    f"{free} free; with no bound (cache_max_bytes or BEAM_PREP_CACHE_MAX_BYTES) nothing is evicted: "
-                    "free disk space, set a bound, or point cache_dir (BEAM_PREP_CACHE) at a larger disk")
+                    f"split {split!r} of {origin} needs {needed} bytes in the shard cache {root.path}, and its disk "
+                    f"has {free} free; with no bound (cache_max_bytes or BEAM_PREP_CACHE_MAX_BYTES) nothing is "
+                    "evicted: free disk space, set a bound, or point cache_dir (BEAM_PREP_CACHE) at a larger disk")
         else:
             total = own + sum(f.counted for f in others)
             kept = []
             for candidate in others:
                 if total <= max_bytes and free >= needed:
                     kept.append(candidate)
-                elif _evict(candidate.path):
+                elif root.join(candidate.name) not in _PINNED and _evict(root, candidate.name):
                     _LOG.info("shard cache: evicted %s (least recently used) to make room for %s",
-                              candidate.path, origin)
+                              root.join(candidate.name), origin)
                     total -= candidate.counted
                     free += candidate.on_disk
                 else:
@@ -315,20 +393,18 @@ def room(root: str, folder: str, needed: int, max_bytes: int | None, origin: str
             if total > max_bytes:
                 in_use = sum(f.counted for f in kept)
                 raise StorageError(
-                    f"split {split!r} of {origin} needs {own} bytes in the shard cache {root}, and the folders "
+                    f"split {split!r} of {origin} needs {own} bytes in the shard cache {root.path}, and the folders "
                     f"being read or filled there hold {in_use}: together more than its bound of "
                     f"{max_bytes} (cache_max_bytes or BEAM_PREP_CACHE_MAX_BYTES); raise the bound, or read it "
                     "when those processes have ended")
             if free < needed:
                 raise StorageError(
-                    f"split {split!r} of {origin} needs {needed} bytes in the shard cache {root}, and its disk has "
-                    f"{free} free once every folder no process uses is evicted: free disk space, or point "
+                    f"split {split!r} of {origin} needs {needed} bytes in the shard cache {root.path}, and its disk "
+                    f"has {free} free once every folder no process uses is evicted: free disk space, or point "
                     "cache_dir (BEAM_PREP_CACHE) at a larger disk")
-        reserved = os.path.join(folder, RESERVED)
-        with open(reserved, "w", encoding="ascii") as f:
-            f.write(str(own))
+        cache_fs.write_new(folder, RESERVED, str(own).encode("ascii"))
     try:
         yield
     finally:
         with contextlib.suppress(OSError):
-            os.remove(reserved)  # what the fill wrote is on disk now: counted as it is
+            os.unlink(RESERVED, dir_fd=folder.fd)  # what the fill wrote is on disk now: counted as it is

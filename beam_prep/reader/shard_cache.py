@@ -1,49 +1,24 @@
 """A local cache of gs:// shards, for readers whose libraries open local files only (array_record).
 
-``data_source("gs://bucket/ds", "train")`` reads the manifest from GCS, then makes
-sure the split's shards are in ``CACHE/<dataset>-<manifest hash>/``: missing ones are
-fetched in parallel, each read checked against the CRC32C that GCS sends and against
-the sha256 the manifest records for it (``shard_sha256``; a mismatch is fetched once
-more, then refused naming the shard), written to a temporary name and renamed into
-place, and given a stamp (its size, modification time and sha256). A later run, in
-this process or another, finds the stamps and fetches nothing; a shard whose size or
-time no longer matches its stamp is hashed again, and fetched again if its bytes
-no longer have the manifest's sha256. A dataset rewritten at the same URL has another
-manifest, hence another folder: a run still reading the old one keeps it.
-
-Several processes (DataLoader or Grain workers, several jobs on a host) may start at
-once: each pins the folder (its ``use`` lock, shared, held until the process ends)
-before filling it, then takes its ``fill`` lock, so one fetches while the others wait
-and then find the stamps. With a size bound (``max_bytes``), the least recently used
-folders that no process reads or fills are evicted to make room; the folders in use
-count toward the bound, and a split that does not fit beside them is refused
-(``StorageError``, one line) rather than the bound exceeded. Without a bound nothing
-is evicted: a disk without room for the split refuses it. Eviction considers only the
-folders the cache made (their name and a marker), never anything else under the
-cache folder (a folder an earlier beam-prep made, without the marker, is marked when
-a read uses it again, and kept until then). A read refused before it fetched anything
-leaves no folder behind. ``cache_room`` holds the rules, the locks and why they are
-``fcntl``'s.
-
-A manifest written before ``shard_sha256`` (or whose writer could not report one
-shard's) has none for the split: a download is then checked with GCS's CRC32C only,
-and a cached copy against the sha256 taken when it was fetched.
+``cached_split`` makes sure a split's shards are in the user's private cache folder, each
+checked against the manifest's sha256 (or GCS's CRC32C) when fetched and again the first time
+each process uses it. ``docs/design/reader.md`` (the ``gs://`` cache) says how and why.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import fcntl
 import hashlib
 import json
 import logging
 import os
-import re
+import unicodedata
 
 from beam_prep.errors import DatasetError, StorageError, UnsafeName
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, parse_manifest
-from beam_prep.reader import cache_room
+from beam_prep.reader import cache_fs, cache_room
+from beam_prep.reader.cache_fs import Dir
 from beam_prep.reader.manifest_file import read_manifest_bytes
 
 __all__ = ["cache_root", "cached_split"]
@@ -53,7 +28,10 @@ _LOG = logging.getLogger(__name__)
 FETCH_THREADS = 8  # shards fetched at once; each is held in memory while it is checked and written
 _STAMPS = ".stamps"
 _STAMP_BYTES = 256  # room reserved for a shard's stamp, beside its bytes
-_CHUNK = 1 << 20
+
+# The shards this process has checked (their sha256), by file: a file changed since (its time moves) is checked
+# again. (st_dev, st_ino) -> (size, mtime_ns, ctime_ns, sha256)
+_CHECKED: dict[tuple[int, int], tuple[int, int, int, str]] = {}
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
@@ -85,9 +63,12 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
     Raises:
       DatasetError: no dataset at ``origin``, another format than ``file_format``
         (naming its reader), no such split; a shard, fetched twice, without the sha256
-        the manifest records for it.
+        the manifest records for it. UnsafeName: a shard named as one of the cache's
+        own files (ignoring case), or named twice.
       StorageError: a shard cannot be fetched; the split does not fit the size bound
-        beside the folders in use, or does not fit the disk (``cache_room.room``).
+        beside the folders in use, or does not fit the disk (``cache_room.room``); the
+        cache folder, or something in it, is not the user's own (``cache_fs``); a lock
+        held by another process past ``$BEAM_PREP_CACHE_LOCK_TIMEOUT``.
     """
     bound = _max_bytes(max_bytes)
     text, manifest_path = read_manifest_bytes(origin)
@@ -95,118 +76,142 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
     remote.require_format(file_format, reader)
     if split not in remote.splits:
         raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(remote.splits)}")
-    _check_not_own(remote.splits[split].shards, split, manifest_path)
-    root = cache_root(cache_dir)
-    os.makedirs(root, exist_ok=True)
+    check_names(remote.splits[split].shards, split, manifest_path)
     manifest_sha256 = hashlib.sha256(text).hexdigest()
-    name = _folder_name(origin, manifest_sha256)
-    new = not os.path.lexists(os.path.join(root, name))
-    # Pinned before it is filled: no other process evicts it from here on, this one's fill included.
-    folder = cache_room.open_folder(root, name, origin, manifest_sha256)
+    name = cache_room.folder_name(origin, manifest_sha256)
+    root = cache_room.open_root(cache_root(cache_dir))
     try:
-        _fill(origin, remote, text, split, root, folder, bound, threads)
-    except Exception:
-        if new and not _stamped(folder):
-            cache_room.discard(root, folder)  # made by this call, and nothing fetched into it
-        raise
-    cache_room.touch(os.path.join(folder, cache_room.LAST_USED))
-    return DatasetInfo.from_json(parse_manifest(text, manifest_path), folder, manifest_path)
+        new = name not in cache_fs.entries(root)
+        # Pinned before it is filled: no other process evicts it from here on, this one's fill included.
+        folder = cache_room.open_folder(root, name, origin, manifest_sha256)
+        try:
+            _fill(origin, remote, text, split, root, folder, bound, threads)
+        except Exception:
+            if new and not _stamped(folder):
+                cache_room.discard(root, folder)  # made by this call, and nothing fetched into it
+            raise
+        cache_fs.touch(folder, cache_room.LAST_USED)
+    finally:
+        root.close()
+    return DatasetInfo.from_json(parse_manifest(text, manifest_path), folder.path, manifest_path)
 
 
-def _fill(origin: str, remote: DatasetInfo, text: bytes, split: str, root: str, folder: str,
+def _fill(origin: str, remote: DatasetInfo, text: bytes, split: str, root: Dir, folder: Dir,
           max_bytes: int | None, threads: int) -> None:
     """Fetches the shards of ``split`` that ``folder`` lacks, under its ``fill`` lock, then its manifest."""
-    os.makedirs(os.path.join(folder, _STAMPS), exist_ok=True)
     shards = remote.splits[split].shards
     # The manifest's sha256 of each shard, where the writer recorded them; else GCS's CRC32C alone.
     expected = dict(zip(shards, remote.splits[split].shard_sha256 or ()))
-    with cache_room.locked(os.path.join(folder, cache_room.FILL_LOCK), fcntl.LOCK_EX):
-        missing = [name for name in shards if not _intact(folder, name, expected.get(name))]
-        if not missing:
-            _write_atomically(os.path.join(folder, MANIFEST), text)
-            return
-        from beam_prep.io.gcs import GcsClient
+    with cache_room.locked(folder, cache_room.FILL_LOCK, fcntl.LOCK_EX):
+        stamps = cache_fs.open_dir(folder, _STAMPS, create=True)
+        try:
+            cache_room.clear_leftovers(folder, stamps)
+            missing = [name for name in shards if not _intact(folder, stamps, name, expected.get(name))]
+            if not missing:
+                cache_fs.write_new(folder, MANIFEST, text)
+                return
+            from beam_prep.io.gcs import GcsClient
 
-        client = GcsClient(connections=max(1, min(threads, len(missing))))
-        sizes = dict(client.list(origin))
-        fetched = sum(sizes.get(join(origin, name), 0) for name in missing)
-        needed = fetched + len(missing) * _STAMP_BYTES + len(text)  # the shards, their stamps, the manifest
-        with cache_room.room(root, folder, needed, max_bytes, origin, split):
-            _LOG.info("fetching %d shards (%d bytes) of %s into %s", len(missing), fetched, origin, folder)
-            with concurrent.futures.ThreadPoolExecutor(min(threads, len(missing)),
-                                                       thread_name_prefix="beam-prep-fetch") as pool:
-                list(pool.map(lambda name: _fetch(client, origin, folder, name, expected.get(name)), missing))
-            _write_atomically(os.path.join(folder, MANIFEST), text)
+            client = GcsClient(connections=max(1, min(threads, len(missing))))
+            sizes = dict(client.list(origin))
+            fetched = sum(sizes.get(join(origin, name), 0) for name in missing)
+            needed = fetched + len(missing) * _STAMP_BYTES + len(text)  # the shards, their stamps, the manifest
+            with cache_room.room(root, folder, needed, max_bytes, origin, split):
+                _LOG.info("fetching %d shards (%d bytes) of %s into %s", len(missing), fetched, origin, folder.path)
+                with concurrent.futures.ThreadPoolExecutor(min(threads, len(missing)),
+                                                           thread_name_prefix="beam-prep-fetch") as pool:
+                    list(pool.map(lambda name: _fetch(client, origin, folder, stamps, name, expected.get(name)),
+                                  missing))
+                cache_fs.write_new(folder, MANIFEST, text)
+        finally:
+            stamps.close()
 
 
 # The files the cache keeps beside a folder's shards: a shard of one of these names would be written over them.
-_OWN_NAMES = frozenset({MANIFEST, _STAMPS, cache_room.MARKER, cache_room.USE_LOCK, cache_room.FILL_LOCK,
-                        cache_room.LAST_USED, cache_room.RESERVED})
+_OWN_NAMES = (MANIFEST, _STAMPS, cache_room.MARKER, cache_room.USE_LOCK, cache_room.FILL_LOCK,
+              cache_room.LAST_USED, cache_room.RESERVED)
+_OWN_FOLDED = frozenset(unicodedata.normalize("NFKC", name).casefold() for name in _OWN_NAMES)
 
 
-def _check_not_own(shards: tuple[str, ...], split: str, where: str) -> None:
-    """Refuses a shard named as one of the cache's own files (its marker, a lock, ``manifest.json``):
-    written over it, it would make the folder another's (never evicted) or free its lock under its readers.
+def _folded(name: str) -> str:
+    """``name`` as a file system that ignores case (and Unicode's compatibility forms) may take it."""
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
+def check_names(shards: tuple[str, ...], split: str, where: str) -> None:
+    """Refuses a shard named as one of the cache's own files (its marker, a lock, ``manifest.json``), or as
+    its temporaries (``<name>.partial-<pid>``), ignoring case: on a file system that ignores case, written
+    over it, it would make the folder another's (never evicted) or free its lock under its readers. Refuses a
+    shard named twice (ignoring case): two threads would fetch it into one file at once.
 
     Raises:
       UnsafeName: naming the manifest, the field and the value.
     """
+    seen: dict[str, int] = {}
     for i, name in enumerate(shards):
-        if name in _OWN_NAMES:
+        folded = _folded(name)
+        if folded in _OWN_FOLDED or cache_room.PARTIAL.search(folded):
             raise UnsafeName(f"{where}: splits.{split}.shards[{i}] is {name!r}, which the shard cache keeps for "
                              "its own files: a dataset's shards are not named so")
+        if folded in seen:
+            j = seen[folded]
+            alike = "" if shards[j] == name else f" ({shards[j]!r}, the same name to a file system that ignores case)"
+            raise UnsafeName(f"{where}: splits.{split}.shards[{i}] is {name!r}, which shards[{j}] names too{alike}: "
+                             "a split names each shard once")
+        seen[folded] = i
 
 
-def _folder_name(origin: str, manifest_sha256: str) -> str:
-    """``<bucket>_<path>-<manifest hash>``: readable, and new when the dataset is rewritten."""
-    return cache_room.folder_name(re.sub(r"[^A-Za-z0-9._-]+", "_", origin[len("gs://"):])[-80:], manifest_sha256)
-
-
-def _stamped(folder: str) -> bool:
+def _stamped(folder: Dir) -> bool:
     try:
-        return bool(os.listdir(os.path.join(folder, _STAMPS)))
-    except OSError:
+        stamps = cache_fs.open_dir(folder, _STAMPS)
+    except (OSError, StorageError):
         return False
-
-
-def _stamp_path(folder: str, name: str) -> str:
-    return os.path.join(folder, _STAMPS, name + ".json")
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _intact(folder: str, name: str, expected: str | None) -> bool:
-    """Whether shard ``name`` is cached whole: its size and time as stamped, or else its sha256;
-    the sha256 is the manifest's (``expected``) where it records one, else the stamp's."""
-    path = os.path.join(folder, name)
     try:
-        with open(_stamp_path(folder, name), "rb") as f:
-            stamp = json.loads(f.read())
-        stat = os.stat(path)
-    except (OSError, ValueError):
+        return bool(cache_fs.entries(stamps))
+    finally:
+        stamps.close()
+
+
+def _stamp(stamps: Dir, name: str) -> dict:
+    """Shard ``name``'s stamp (its size and sha256 when fetched); empty where none or damaged."""
+    try:
+        stamp = json.loads(cache_fs.read_small(stamps, name + ".json") or b"{}")
+    except ValueError:
+        return {}
+    return stamp if isinstance(stamp, dict) else {}  # JSON, but not a stamp (damaged): as a missing one
+
+
+def _intact(folder: Dir, stamps: Dir, name: str, expected: str | None) -> bool:
+    """Whether shard ``name`` is cached whole: its sha256 checked, the first time this process uses this file,
+    against the manifest's (``expected``) where it records one, else the stamp's (taken when fetched).
+
+    Raises:
+      StorageError: a link or a file of another user at ``name`` (``cache_fs.open_file``).
+    """
+    try:
+        fd = cache_fs.open_file(folder, name, os.O_RDONLY)
+    except FileNotFoundError:
         return False
-    if not isinstance(stamp, dict):  # JSON, but not a stamp (damaged): no stamp, as a missing one
-        stamp = {}
-    sha256 = expected or stamp.get("sha256")
-    if not isinstance(sha256, str):
-        return False
-    size = stamp.get("size") if isinstance(stamp.get("size"), int) else None
-    if (stat.st_size, stat.st_mtime_ns) == (size, stamp.get("mtime_ns")) and stamp.get("sha256") == sha256:
-        return True
-    if size in (None, stat.st_size) and _sha256(path) == sha256:
-        _write_stamp(folder, name, sha256)  # touched, not changed: stamp its new time
-        return True
-    _LOG.warning("cached shard %s has changed since it was fetched (size or sha256): fetching it again", path)
+    try:
+        st = os.fstat(fd)
+        stamp = _stamp(stamps, name)
+        sha256 = expected or stamp.get("sha256")
+        if not isinstance(sha256, str):
+            return False
+        if _CHECKED.get((st.st_dev, st.st_ino)) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256):
+            return True
+        size = stamp.get("size")
+        if (not isinstance(size, int) or size == st.st_size) and cache_fs.sha256_of(fd) == sha256:
+            _CHECKED[st.st_dev, st.st_ino] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256)
+            return True
+    finally:
+        os.close(fd)
+    _LOG.warning("cached shard %s has changed since it was fetched (size or sha256): fetching it again",
+                 folder.join(name))
     return False
 
 
-def _fetch(client, origin: str, folder: str, name: str, expected: str | None) -> None:
+def _fetch(client, origin: str, folder: Dir, stamps: Dir, name: str, expected: str | None) -> None:
     """Fetches shard ``name`` into ``folder``, checked against the manifest's sha256 ``expected``
     (if any): a mismatch is fetched once more (a transient fault), then refused."""
     url = join(origin, name)
@@ -221,27 +226,7 @@ def _fetch(client, origin: str, folder: str, name: str, expected: str | None) ->
         raise DatasetError(
             f"shard {url} has sha256 {sha256} but the dataset's manifest records {expected} (fetched twice): "
             "it was changed or damaged since the dataset was written; rewrite the dataset or restore the shard")
-    path = os.path.join(folder, name)
-    _write_atomically(path, data)
-    _write_stamp(folder, name, sha256)
+    st = cache_fs.write_new(folder, name, data)
+    _CHECKED[st.st_dev, st.st_ino] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256)
+    cache_fs.write_new(stamps, name + ".json", json.dumps({"size": st.st_size, "sha256": sha256}).encode("utf-8"))
 
-
-def _write_stamp(folder: str, name: str, sha256: str) -> None:
-    stat = os.stat(os.path.join(folder, name))
-    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256}
-    _write_atomically(_stamp_path(folder, name), json.dumps(stamp).encode("utf-8"))
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """``data`` at ``path``, whole or not at all: written beside it, flushed, then renamed over it."""
-    partial = f"{path}.partial-{os.getpid()}"
-    try:
-        with open(partial, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise StorageError(f"cannot write {path} into the shard cache: {e.strerror or e}") from e

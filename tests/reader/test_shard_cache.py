@@ -56,6 +56,21 @@ def shard_gets(gcs_server, bucket, since: int = 0) -> list[str]:
     return out
 
 
+def readable(origin: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", origin[len("gs://"):])[-80:]
+
+
+def folder_name(origin: str, manifest: bytes) -> str:
+    """The name the cache gives a dataset's folder, as the guide computes it: predictable by anyone."""
+    return (f"{readable(origin)}-{hashlib.sha256(origin.encode()).hexdigest()[:16]}"
+            f"-{hashlib.sha256(manifest).hexdigest()[:16]}")
+
+
+def earlier_folder_name(origin: str, manifest: bytes) -> str:
+    """The name an earlier beam-prep gave it (without the origin's hash)."""
+    return f"{readable(origin)}-{hashlib.sha256(manifest).hexdigest()[:16]}"
+
+
 def records(source) -> list[tuple]:
     return [(r["filename"], r["label"], r["image"].tobytes()) for r in source]
 
@@ -197,9 +212,9 @@ def wait_for(path: pathlib.Path, process: subprocess.Popen) -> None:
 
 
 def folder_of(cache: pathlib.Path, origin: str) -> pathlib.Path:
-    """The cache's folder for ``origin`` (``<bucket>_<path>-<hash>``)."""
+    """The cache's folder for ``origin`` (``<bucket>_<path>-<origin hash>-<manifest hash>``)."""
     readable = origin[len("gs://"):].replace("/", "_")
-    (folder,) = [p for p in cache.iterdir() if p.name.rsplit("-", 1)[0] == readable]
+    (folder,) = [p for p in cache.iterdir() if p.name.rsplit("-", 2)[0] == readable]
     return folder
 
 
@@ -342,7 +357,7 @@ def test_several_processes_filling_and_evicting_one_cache_keep_its_bound_and_its
     assert [finish(r) for r in readers] == [[expected]] * 3
     assert {f: tree_state(f) for f in before} == before
     assert not old.exists()
-    assert sorted(p.name.rsplit("-", 1)[0] for p in cache.iterdir() if p.is_dir() and p not in foreign
+    assert sorted(p.name.rsplit("-", 2)[0] for p in cache.iterdir() if p.is_dir() and p not in foreign
                   and not p.is_symlink()) == [f"{gcs_bucket.name}_{n}" for n in "abc"]
     assert bytes_under(cache, foreign) <= bound
 
@@ -353,12 +368,11 @@ def test_a_link_at_the_cache_folders_name_is_not_written_through(gcs_server, gcs
     sha256), as someone else with a share of the cache folder could place: the shards, the marker and the
     locks would be written wherever it points. Refused in one line, and nothing is written there."""
     manifest = gcs_bucket.read_bytes("ds/manifest.json")
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", uploaded[len("gs://"):])
     cache, outside = tmp_path / "cache", tmp_path / "outside"
     cache.mkdir()
     outside.mkdir()
     (outside / "notes.txt").write_text("mine")
-    name = cache / f"{readable}-{hashlib.sha256(manifest).hexdigest()[:16]}"
+    name = cache / folder_name(uploaded, manifest)
     if kind == "file":
         name.write_text("a file")
     else:
