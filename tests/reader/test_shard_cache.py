@@ -17,6 +17,8 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.parse
 
@@ -24,7 +26,7 @@ import pytest
 from helpers import REPO, child, make_tree, prepare_here
 
 import beam_prep
-from beam_prep.errors import DatasetError, StorageError
+from beam_prep.errors import DatasetError, StorageError, UnsafeName
 
 pytestmark = pytest.mark.slow
 
@@ -398,3 +400,369 @@ def test_a_damaged_stamp_is_taken_for_no_stamp(gcs_server, gcs_bucket, uploaded,
     since = len(gcs_server.gateway.seen())
     assert records(beam_prep.data_source(uploaded, "train", cache_dir=cache)) == expected
     assert shard_gets(gcs_server, gcs_bucket, since) == []  # the shards are whole: hashed, not fetched
+
+
+# --- names, origins, a killed fill, locks -------------------------------------------
+
+
+def serve_renamed(gcs_bucket, local_dataset, index: int, name: str) -> str:
+    """``local_dataset`` uploaded with train's shard ``index`` renamed ``name`` (in the manifest and on GCS)."""
+    manifest = json.loads((local_dataset / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    for i, shard in enumerate(train["shards"]):
+        gcs_bucket.write_bytes(f"renamed/{name if i == index else shard}", (local_dataset / shard).read_bytes())
+    train["shards"][index] = name
+    gcs_bucket.write_bytes("renamed/manifest.json", json.dumps(manifest).encode())
+    return gcs_bucket.url("renamed")
+
+
+@pytest.mark.parametrize("name", ["Manifest.json", "MANIFEST.JSON", ".Use.Lock", ".FILL.lock", ".Stamps",
+                                  ".Beam-Prep-Cache.json", "train-00001-of-00003.array_record.partial-123",
+                                  "train-00001-of-00003.array_record.PARTIAL-7"])
+def test_a_shard_named_as_the_caches_own_files_in_another_case_is_refused(gcs_server, gcs_bucket, local_dataset,
+                                                                          tmp_path, name):
+    """On a file system that ignores case (macOS's default), ``Manifest.json`` is ``manifest.json``: fetched,
+    it would replace the cache's own file. Refused before anything is fetched, as the very names are."""
+    url = serve_renamed(gcs_bucket, local_dataset, 1, name)
+    with pytest.raises(UnsafeName, match=rf"^{re.escape(url)}/manifest.json: splits\.train\.shards\[1\] is "
+                                         rf"{re.escape(repr(name))}"):
+        beam_prep.data_source(url, "train", cache_dir=tmp_path / "cache")
+    assert shard_gets(gcs_server, gcs_bucket) == []
+
+
+@pytest.mark.parametrize("case", ["same", "upper"])
+def test_a_shard_named_twice_in_a_split_is_refused_before_any_fetch(gcs_server, gcs_bucket, uploaded, local_dataset,
+                                                                    tmp_path, case):
+    """Two threads would fetch it into one file at once (and ignoring case, two names are one file)."""
+    manifest = json.loads((local_dataset / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    twice = train["shards"][0] if case == "same" else train["shards"][0].upper()
+    for field in ("shards", "shard_sha256", "shard_bytes", "shard_num_examples"):  # the first shard, twice
+        train[field][2] = train[field][0]
+    train["shards"][2] = twice
+    gcs_bucket.write_bytes("ds/manifest.json", json.dumps(manifest).encode())
+    with pytest.raises(UnsafeName, match=rf"^{re.escape(uploaded)}/manifest.json: splits\.train\.shards\[2\] is "
+                                         rf"{re.escape(repr(twice))}"):
+        beam_prep.data_source(uploaded, "train", cache_dir=tmp_path / "cache")
+    assert shard_gets(gcs_server, gcs_bucket) == []
+
+
+@pytest.fixture(scope="module")
+def other_dataset(tmp_path_factory):
+    """A dataset with the local one's names and counts, and other pixels."""
+    tree = tmp_path_factory.mktemp("other-tree")
+    make_tree(tree, {"ant": 12, "bee": 9, "cat": 7}, size=(9, 9))
+    out = tmp_path_factory.mktemp("other") / "ds"
+    prepare_here("--input", str(tree), "--output", str(out), "--file_format", "array_record",
+                 "--image_size", "8", "--validation_percent", "20", "--num_shards", "3", "--label_offset", "1")
+    return out
+
+
+def test_two_origins_whose_names_read_alike_never_share_a_cache_folder(gcs_server, gcs_bucket, local_dataset,
+                                                                       other_dataset, tmp_path):
+    """``gs://b/x/y`` and ``gs://b/x_y`` with one manifest (without shard checksums) and other shards: each
+    reads its own bytes, never the other's."""
+    manifest = json.loads((local_dataset / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        del split["shard_sha256"], split["shard_bytes"]
+    text = json.dumps(manifest).encode()
+    shards = manifest["splits"]["train"]["shards"]
+    assert json.loads((other_dataset / "manifest.json").read_text())["splits"]["train"]["shards"] == shards
+    for where, dataset in (("x/y", local_dataset), ("x_y", other_dataset)):
+        for name in shards:
+            gcs_bucket.write_bytes(f"{where}/{name}", (dataset / name).read_bytes())
+        gcs_bucket.write_bytes(f"{where}/manifest.json", text)
+    cache = tmp_path / "cache"
+    first = records(beam_prep.data_source(gcs_bucket.url("x/y"), "train", cache_dir=cache))
+    second = records(beam_prep.data_source(gcs_bucket.url("x_y"), "train", cache_dir=cache))
+    assert first == records(beam_prep.data_source(local_dataset, "train"))
+    assert second == records(beam_prep.data_source(other_dataset, "train")) != first
+
+
+def test_a_fill_killed_mid_write_leaves_nothing_that_refuses_the_next_bounded_read(gcs_server, gcs_bucket, uploaded,
+                                                                                   local_dataset, tmp_path):
+    """A filler SIGKILLed half way through a shard (OOM, preemption) leaves its partial file and its
+    reservation; the next fill, under the fill lock, removes them: a bound that fits the split still does."""
+    with pytest.raises(StorageError, match=r"needs (\d+) bytes") as refused:  # what a fresh fill needs
+        beam_prep.data_source(uploaded, "train", cache_dir=tmp_path / "probe", cache_max_bytes=1)
+    fits = int(re.search(r"needs (\d+) bytes", str(refused.value))[1])
+    cache, ready = tmp_path / "cache", tmp_path / "ready"
+    filler = subprocess.Popen(child("fill_cache", uploaded, "train", str(cache), "--max_bytes", str(fits),
+                                    "--die_mid_write", str(ready)),
+                              cwd=REPO, env=gcs_server.subprocess_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(ready, filler)
+    finally:
+        filler.kill()
+        filler.communicate(timeout=CHILD_TIMEOUT_S)
+    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
+    partials = [p for p in folder.rglob("*.partial-*")]
+    left = sum(p.stat().st_size for p in partials)
+    assert left > 0 and (folder / ".reserved").exists()  # what the killed fill left
+    bound = fits + left // 2  # fits the split, not the split beside what the killed fill left
+    source = beam_prep.data_source(uploaded, "train", cache_dir=cache, cache_max_bytes=bound)
+    assert records(source) == records(beam_prep.data_source(local_dataset, "train"))
+    assert list(folder.rglob("*.partial-*")) == [] and not (folder / ".reserved").exists()
+    assert bytes_under(cache) <= bound
+
+
+def test_a_lock_held_past_the_bound_is_refused_naming_it_and_its_holder(gcs_server, gcs_bucket, uploaded, tmp_path):
+    """A fill that hangs holds its folder's fill lock: another reader waits for it at most
+    ``$BEAM_PREP_CACHE_LOCK_TIMEOUT`` seconds, then is refused in one line (a legitimate wait, a fill
+    ending, is the test above of two processes filling at once)."""
+    cache, ready, release = tmp_path / "cache", tmp_path / "ready", tmp_path / "release"
+    holder = start_reader(gcs_server, cache, uploaded, "--hold", str(ready), str(release))
+    try:
+        wait_for(ready, holder)
+        folder = folder_of(cache, uploaded)
+        waiter = subprocess.run(child("fill_cache", uploaded, "train", str(cache)), cwd=REPO, capture_output=True,
+                                text=True, env=gcs_server.subprocess_env({"BEAM_PREP_CACHE_LOCK_TIMEOUT": "1"}),
+                                timeout=CHILD_TIMEOUT_S)
+    finally:
+        release.touch()
+    assert waiter.returncode == 1
+    assert waiter.stderr.strip().splitlines()[-1] == (
+        f"beam_prep.errors.StorageError: the shard cache's lock {folder / '.fill.lock'} is held by process "
+        f"{holder.pid}, still after 1 s (BEAM_PREP_CACHE_LOCK_TIMEOUT): another process fills or evicts that "
+        "folder; let it end, stop it if it hangs, or raise the bound")
+    finish(holder)
+
+
+def test_a_cache_on_a_filesystem_whose_flock_is_not_a_lock_is_refused(gcs_server, gcs_bucket, uploaded, tmp_path,
+                                                                     monkeypatch):
+    """NFS emulates ``flock`` with POSIX locks (a process's own never conflict): no NFS here, so the
+    refusal is shown on this folder's own filesystem, read by ``stat -f``, named as NFS."""
+    from beam_prep.reader import cache_fs
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    kind = int(subprocess.run(["stat", "-f", "-c", "%t", str(cache)], capture_output=True, text=True,
+                              check=True).stdout, 16)
+    monkeypatch.setattr(cache_fs, "UNRELIABLE_FLOCK", {kind: "NFS"})
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(uploaded, "train", cache_dir=cache)
+    assert str(caught.value) == (
+        f"the shard cache's folder {cache} is on NFS, whose flock does not lock between processes (the cache's "
+        "locks keep a folder in use from being evicted): point cache_dir (BEAM_PREP_CACHE) at a local disk")
+    assert list(cache.iterdir()) == [] and shard_gets(gcs_server, gcs_bucket) == []
+
+
+def modes(root: pathlib.Path) -> set[tuple[str, int]]:
+    """The kinds and permission bits of everything under ``root``."""
+    return {("folder" if p.is_dir() else "file", p.stat().st_mode & 0o7777) for p in root.rglob("*")}
+
+
+def test_a_cache_folder_others_can_write_gives_this_user_a_private_folder_in_it(gcs_server, gcs_bucket, uploaded,
+                                                                                tmp_path):
+    """A scratch folder shared with the sticky bit (1777, as ``/tmp``): the cache keeps to ``<it>/<uid>``,
+    made 0700, its files 0600. Without the sticky bit anyone could rename that away: refused."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    source = beam_prep.data_source(uploaded, "train", cache_dir=shared)
+    assert pathlib.Path(source.info.root).parent == shared / str(os.geteuid())
+    assert [p.name for p in shared.iterdir()] == [str(os.geteuid())]
+    assert (shared / str(os.geteuid())).stat().st_mode & 0o7777 == 0o700
+    assert modes(shared / str(os.geteuid())) == {("folder", 0o700), ("file", 0o600)}
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(uploaded, "train", cache_dir=open_to_all)
+    assert str(caught.value) == (
+        f"the shard cache's folder {open_to_all} can be written by others without the sticky bit (mode 777): "
+        "another user could replace what the cache keeps there; give a private cache_dir (BEAM_PREP_CACHE): a "
+        "folder of yours that no one else can write")
+    assert list(open_to_all.iterdir()) == []
+
+
+# --- a cache folder shared with another user ---------------------------------------
+
+VICTIM, ATTACKER = 65534, 65533  # nobody, and a uid no one has
+
+
+@pytest.fixture(scope="module")
+def unprivileged() -> None:
+    """Skips, naming why, where this process cannot run beam-prep as another uid: not root, or this
+    Python or checkout out of an unprivileged user's reach (a private folder above them)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run the victim and the attacker as two unprivileged uids")
+    try:
+        done = subprocess.run([sys.executable, "-c", "import beam_prep.reader.shard_cache"], cwd=REPO, user=VICTIM,
+                              group=VICTIM, extra_groups=[], capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S, check=False)
+    except PermissionError as e:
+        pytest.skip(f"uid {VICTIM} cannot run {sys.executable} (a folder above it is private): {e}")
+    if done.returncode != 0:
+        pytest.skip(f"uid {VICTIM} cannot import beam_prep from {REPO}: {done.stderr.strip().splitlines()[-1:]}")
+
+
+@pytest.fixture
+def shared(gcs_server, unprivileged):
+    """A scratch folder every user may write, with the sticky bit (as ``/tmp``), and the victim's home
+    in it (0700, with a file and a folder of theirs). Under ``/tmp`` itself: the unprivileged children
+    cannot reach into root's ``tmp_path``."""
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="beam-prep-shared-", dir="/tmp"))
+    try:
+        scratch.chmod(0o1777)
+        home = scratch / "victim"
+        (home / "mine").mkdir(parents=True)
+        (home / "mine" / "thesis.tex").write_text("keep me")
+        (home / "notes.txt").write_text("the victim's own notes")
+        for path in (home, home / "mine", home / "mine" / "thesis.tex", home / "notes.txt"):
+            os.chown(path, VICTIM, VICTIM)
+        home.chmod(0o700)
+        yield scratch
+    finally:
+        shutil.rmtree(scratch)
+
+
+def as_attacker(action) -> None:
+    """Runs ``action`` in a forked child that is the attacker (uid and gid ``ATTACKER``, umask 0)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(ATTACKER)
+            os.setuid(ATTACKER)
+            os.umask(0)
+            action()
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "the attacker's step failed"
+
+
+def start_victim(gcs_server, shared: pathlib.Path, origin: str, *args: str) -> subprocess.Popen:
+    """The victim reading ``origin``'s train through the cache at ``shared``: it starts once a line
+    arrives on its stdin (its pid known, the attacker readies the cache for it first)."""
+    home = shared / "victim-env"  # not the victim's files the test watches
+    if not home.exists():
+        home.mkdir(mode=0o700)
+        os.chown(home, VICTIM, VICTIM)
+    env = gcs_server.subprocess_env({"HOME": str(home), "TMPDIR": str(home), "BEAM_PREP_CACHE_LOCK_TIMEOUT": "30"})
+    for variable in ("GOOGLE_APPLICATION_CREDENTIALS", "CURL_CA_BUNDLE"):  # the test server's, in root's tmp_path
+        if env.get(variable):
+            copy = home / pathlib.Path(env[variable]).name
+            if not copy.exists():
+                shutil.copyfile(env[variable], copy)
+                os.chown(copy, VICTIM, VICTIM)
+            env[variable] = str(copy)
+    return subprocess.Popen(child("fill_cache", origin, "train", str(shared), "--after_stdin", *args), cwd=REPO,
+                            env=env, user=VICTIM, group=VICTIM, extra_groups=[], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def victims_own(shared: pathlib.Path) -> dict[str, tuple]:
+    return tree_state(shared / "victim")
+
+
+def plant(folder: pathlib.Path, origin: str, manifest: bytes) -> list[pathlib.Path]:
+    """The dataset's folders (0777, the attacker's) at each name the cache may give it in ``folder``."""
+    made = []
+    for name in (folder_name(origin, manifest), earlier_folder_name(origin, manifest)):
+        (folder / name).mkdir(mode=0o777)
+        made.append(folder / name)
+    return made
+
+
+@pytest.mark.parametrize("attack", ["partial files", "stamps"])
+def test_links_a_co_user_plants_in_a_shared_cache_are_never_written_through(gcs_server, gcs_bucket, uploaded,
+                                                                            local_dataset, expected, shared, attack):
+    """The attacker makes the dataset's folder first (its name is computable) and links, in it, the
+    victim's next partial files (``<shard>.partial-<pid>``) to the victim's notes, or ``.stamps`` to a
+    folder of the victim's: the victim's read writes none of its files."""
+    manifest = gcs_bucket.read_bytes("ds/manifest.json")
+    names = [*json.loads(manifest)["splits"]["train"]["shards"], "manifest.json", ".beam-prep-cache.json"]
+    before = victims_own(shared)
+    victim = start_victim(gcs_server, shared, uploaded)
+
+    def attack_():
+        for folder in plant(shared, uploaded, manifest):
+            if attack == "stamps":
+                (folder / ".stamps").symlink_to(shared / "victim" / "mine")
+            else:
+                for name in names:
+                    (folder / f"{name}.partial-{victim.pid}").symlink_to(shared / "victim" / "notes.txt")
+
+    as_attacker(attack_)
+    out, err = victim.communicate("go\n", timeout=CHILD_TIMEOUT_S)
+    assert victims_own(shared) == before
+    assert victim.returncode == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == expected
+
+
+def test_a_poisoned_shard_a_co_user_plants_with_a_matching_stamp_is_never_read(gcs_server, gcs_bucket, uploaded,
+                                                                              local_dataset, expected, shared):
+    """Another shard's bytes at the first shard's name, stamped with its size, time and the manifest's
+    sha256: the victim reads the dataset's records, never the planted ones."""
+    manifest = gcs_bucket.read_bytes("ds/manifest.json")
+    train = json.loads(manifest)["splits"]["train"]
+    poison = (local_dataset / train["shards"][1]).read_bytes()
+
+    def attack():
+        for folder in plant(shared, uploaded, manifest):
+            (folder / ".stamps").mkdir(mode=0o777)
+            shard = folder / train["shards"][0]
+            shard.write_bytes(poison)
+            stat = shard.stat()
+            (folder / ".stamps" / f"{shard.name}.json").write_text(json.dumps(
+                {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": train["shard_sha256"][0]}))
+
+    as_attacker(attack)
+    victim = start_victim(gcs_server, shared, uploaded)
+    out, err = victim.communicate("go\n", timeout=CHILD_TIMEOUT_S)
+    assert victim.returncode == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == expected
+
+
+def test_a_lock_a_co_user_holds_in_a_shared_cache_never_stalls_a_read(gcs_server, gcs_bucket, uploaded, expected,
+                                                                      shared):
+    """The attacker holds the shared folder's ``.evict.lock`` (and the fill lock of the dataset's folder
+    they made) for ever: the victim's bounded read goes on, or is refused, but does not wait on them."""
+    manifest = gcs_bucket.read_bytes("ds/manifest.json")
+    as_attacker(lambda: plant(shared, uploaded, manifest))
+    locks = [shared / ".evict.lock", *(folder / ".fill.lock" for folder in plant_names(shared, uploaded, manifest))]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys\nfiles = [open(p, 'ab') for p in sys.argv[1:]]\n"
+         "for f in files: fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()",
+         *map(str, locks)], user=ATTACKER, group=ATTACKER, extra_groups=[], umask=0, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        victim = start_victim(gcs_server, shared, uploaded, "--max_bytes", str(10 ** 9))
+        out, err = victim.communicate("go\n", timeout=CHILD_TIMEOUT_S)
+    finally:
+        holder.communicate("", timeout=CHILD_TIMEOUT_S)
+    assert victim.returncode == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == expected
+
+
+def plant_names(shared: pathlib.Path, origin: str, manifest: bytes) -> list[pathlib.Path]:
+    return [shared / folder_name(origin, manifest), shared / earlier_folder_name(origin, manifest)]
+
+
+def test_a_co_user_who_makes_the_victims_own_folder_first_gets_it_refused(gcs_server, gcs_bucket, uploaded, shared):
+    """``<shared>/<uid>`` made first by the attacker (0777, with the dataset's folder and links in it):
+    the victim refuses it in one line, and writes nothing."""
+    manifest = gcs_bucket.read_bytes("ds/manifest.json")
+    before = victims_own(shared)
+    taken = shared / str(VICTIM)
+
+    def attack():
+        taken.mkdir(mode=0o777)
+        for folder in plant(taken, uploaded, manifest):
+            (folder / ".stamps").symlink_to(shared / "victim" / "mine")
+
+    as_attacker(attack)
+    victim = start_victim(gcs_server, shared, uploaded)
+    _, err = victim.communicate("go\n", timeout=CHILD_TIMEOUT_S)
+    assert victim.returncode == 1
+    assert err.strip().splitlines()[-1] == (
+        f"beam_prep.errors.StorageError: the shard cache's folder {taken} belongs to uid {ATTACKER}, not to this "
+        f"user (uid {VICTIM}): the cache neither reads nor writes it; give a private cache_dir (BEAM_PREP_CACHE): "
+        "a folder of yours that no one else can write")
+    assert victims_own(shared) == before
+    assert shard_gets(gcs_server, gcs_bucket) == []
