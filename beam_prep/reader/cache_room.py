@@ -83,8 +83,9 @@ def open_root(path: str) -> Dir:
                                    f"{e.strerror or e}; {PRIVATE}") from e
             top.close()
         else:
-            raise StorageError(f"the shard cache's folder {real} {_replaceable(st)}: another user could replace "
-                               f"what the cache keeps there; {PRIVATE}")
+            why = _replaceable(st) or f"belongs to uid {st.st_uid}"
+            raise StorageError(f"the shard cache's folder {real} {why}: another user could replace what the cache "
+                               f"keeps there; {PRIVATE}")
     except BaseException:
         with contextlib.suppress(OSError):
             top.close()
@@ -152,7 +153,11 @@ def open_folder(root: Dir, name: str, origin: str, manifest_sha256: str) -> Dir:
         with contextlib.suppress(FileNotFoundError):  # evicted between two of these steps: again
             folder = cache_fs.open_dir(root, name, create=True)
             if _pin(root, name, folder):
-                _mark(folder, origin, manifest_sha256)
+                try:
+                    _mark(folder, origin, manifest_sha256)
+                except BaseException:
+                    _unpin(folder)
+                    raise
                 return folder
         _LOG.info("shard cache: %s was evicted as this process opened it; making it again", path)
     raise StorageError(f"cannot keep the shard cache folder {path}: other processes evicted it "
@@ -228,12 +233,16 @@ def clear_leftovers(folder: Dir, *inner: Dir) -> None:
 def discard(root: Dir, folder: Dir) -> None:
     """Unpins ``folder``, which this process made and could not fill, and removes it unless another
     process has opened it since: a refused read leaves nothing behind."""
+    _unpin(folder)
+    with locked(root, EVICT_LOCK, fcntl.LOCK_EX):
+        _evict(root, os.path.basename(folder.path))
+
+
+def _unpin(folder: Dir) -> None:
     pinned = _PINNED.pop(folder.path, None)
     if pinned is not None:
         os.close(pinned[1])
         pinned[0].close()
-    with locked(root, EVICT_LOCK, fcntl.LOCK_EX):
-        _evict(root, os.path.basename(folder.path))
 
 
 @dataclasses.dataclass(frozen=True)
