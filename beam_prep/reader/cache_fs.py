@@ -99,7 +99,7 @@ def open_file(folder: Dir, name: str, flags: int, *, create: bool = False) -> in
       StorageError: a link, a folder or another kind of file there; a file of another user, or that others
         can write.
     """
-    flags |= os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)  # a FIFO: no wait
     path = folder.join(name)
     try:
         fd = os.open(name, flags, 0o600, dir_fd=folder.fd)

@@ -64,7 +64,7 @@ def open_root(path: str) -> Dir:
     real = os.path.realpath(path)
     _check_above(real)
     try:
-        os.makedirs(real, mode=0o700, exist_ok=True)
+        _make_private(real)
         fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
         raise StorageError(f"cannot open the shard cache's folder {real}: {e.strerror or e}; "
@@ -96,6 +96,16 @@ def open_root(path: str) -> Dir:
         root.close()
         raise
     return root
+
+
+def _make_private(path: str) -> None:
+    """``path`` and the folders missing above it, each made 0700 (``os.makedirs`` gives those the umask's
+    mode: under a umask of 002, group-writable folders the root would then be refused for)."""
+    if os.path.isdir(path):
+        return
+    _make_private(os.path.dirname(path))
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
 
 
 def _replaceable(st: os.stat_result) -> str | None:
