@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -582,18 +583,52 @@ def test_a_cache_folder_others_can_write_gives_this_user_a_private_folder_in_it(
 VICTIM, ATTACKER = 65534, 65533  # nobody, and a uid no one has
 
 
+def _private_folders() -> dict[pathlib.Path, set[pathlib.Path]]:
+    """The topmost folders that others cannot search (``/root``, mode 0700) above what the victim's
+    Python needs (its installation, the venv, the checkout), each with its entries on the way there."""
+    private: dict[pathlib.Path, set[pathlib.Path]] = {}
+    for needed in {pathlib.Path(p).resolve() for p in (sys.base_prefix, sys.prefix, REPO)}:
+        for folder in reversed(needed.parents):
+            if folder != needed and not folder.stat().st_mode & 0o001:
+                private.setdefault(folder, set()).add(folder / needed.relative_to(folder).parts[0])
+                break
+    return private
+
+
+def as_user(uid: int, command: list[str]) -> list[str]:
+    """``command`` run as ``uid`` (its gid the same number, no other groups), started as root. Where a folder above
+    this Python is private (CI's interpreter under ``/root``), it runs in a mount namespace of its
+    own in which that folder is a world-searchable tmpfs holding only the entries the child needs,
+    bound from the real one: nothing outside the child sees a change."""
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+    private = _private_folders()
+    if not private:
+        return drop
+    script = ["set -e", 'keep=$(mktemp -d)']
+    moves = []
+    for folder, entries in private.items():
+        for entry in sorted(entries):
+            kept = f'"$keep"/{len(moves)}'
+            script += [f"mkdir {kept}", f"mount --bind {shlex.quote(str(entry))} {kept}"]
+            moves.append((kept, entry))
+        script.append(f"mount -t tmpfs -o mode=755 tmpfs {shlex.quote(str(folder))}")
+    for kept, entry in moves:
+        script += [f"mkdir -p {shlex.quote(str(entry))}", f"mount --move {kept} {shlex.quote(str(entry))}"]
+    script += ['rm -r "$keep"', f"cd {shlex.quote(str(REPO))}", 'exec "$@"']
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script), "sh", *drop]
+
+
 @pytest.fixture(scope="module")
 def unprivileged() -> None:
-    """Skips, naming why, where this process cannot run beam-prep as another uid: not root, or this
-    Python or checkout out of an unprivileged user's reach (a private folder above them)."""
+    """Skips, naming why, where this process cannot run beam-prep as another uid: not root, or
+    without the tools that drop to it (``setpriv``) and reach a private Python (``unshare``)."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to run the victim and the attacker as two unprivileged uids")
-    try:
-        done = subprocess.run([sys.executable, "-c", "import beam_prep.reader.shard_cache"], cwd=REPO, user=VICTIM,
-                              group=VICTIM, extra_groups=[], capture_output=True, text=True,
-                              timeout=CHILD_TIMEOUT_S, check=False)
-    except PermissionError as e:
-        pytest.skip(f"uid {VICTIM} cannot run {sys.executable} (a folder above it is private): {e}")
+    missing = [tool for tool in ("setpriv", "unshare") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"needs util-linux's {' and '.join(missing)}, to run the victim as another uid")
+    done = subprocess.run(as_user(VICTIM, [sys.executable, "-c", "import beam_prep.reader.shard_cache"]), cwd=REPO,
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
     if done.returncode != 0:
         pytest.skip(f"uid {VICTIM} cannot import beam_prep from {REPO}: {done.stderr.strip().splitlines()[-1:]}")
 
@@ -650,9 +685,9 @@ def start_victim(gcs_server, shared: pathlib.Path, origin: str, *args: str) -> s
                 shutil.copyfile(env[variable], copy)
                 os.chown(copy, VICTIM, VICTIM)
             env[variable] = str(copy)
-    return subprocess.Popen(child("fill_cache", origin, "train", str(shared), "--after_stdin", *args), cwd=REPO,
-                            env=env, user=VICTIM, group=VICTIM, extra_groups=[], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(as_user(VICTIM, child("fill_cache", origin, "train", str(shared), "--after_stdin", *args)),
+                            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def victims_own(shared: pathlib.Path) -> dict[str, tuple]:
@@ -725,11 +760,10 @@ def test_a_lock_a_co_user_holds_in_a_shared_cache_never_stalls_a_read(gcs_server
     manifest = gcs_bucket.read_bytes("ds/manifest.json")
     as_attacker(lambda: plant(shared, uploaded, manifest))
     locks = [shared / ".evict.lock", *(folder / ".fill.lock" for folder in plant_names(shared, uploaded, manifest))]
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys\nfiles = [open(p, 'ab') for p in sys.argv[1:]]\n"
-         "for f in files: fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()",
-         *map(str, locks)], user=ATTACKER, group=ATTACKER, extra_groups=[], umask=0, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(as_user(ATTACKER, [
+        sys.executable, "-c", "import fcntl, sys\nfiles = [open(p, 'ab') for p in sys.argv[1:]]\n"
+        "for f in files: fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()",
+        *map(str, locks)]), umask=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
         victim = start_victim(gcs_server, shared, uploaded, "--max_bytes", str(10 ** 9))
