@@ -64,9 +64,8 @@ def copy(source: str, target: str) -> None:
         if os.path.isdir(source):
             shutil.copytree(source, target, symlinks=True)
         return
-    names = files(target)
-    if names:
-        FileSystems.delete([f"{target.rstrip('/')}/{name}" for name in names])
+    if files(target):
+        FileSystems.delete([target.rstrip("/") + "/"])  # a folder: its objects in one batch
     names = files(source)
     if names:
         FileSystems.copy([f"{source.rstrip('/')}/{name}" for name in names],

@@ -13,16 +13,18 @@ beam-prep writes, a file removed by hand, and a gs:// move cut between its copy 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 
 import pytest
-from helpers import REPO, child, make_tree, prepare_here
+from helpers import REPO, child, make_tree, prepare_here, run_prepare
 
 from beam_prep.write.finish import publication
 from beam_prep.write.shared import layout
+from pipelines import prepare_images
 
 ARGS = ("--image_size", "16", "--validation_percent", "40", "--direct_running_mode", "in_memory")
 SUMMARY = "beam-prep: 11 of 12 images written in"
@@ -135,3 +137,120 @@ def test_a_drop_run_killed_at_each_step_is_finished_without_converting_again(tmp
         resumed = re.search(r"resuming run \S+: (\d+) of (\d+) shards already written", row["stderr"])
         assert (resumed is None) == recorded(row["after_kill"]), row["step"]
         assert resumed is None or resumed[1] == resumed[2], (row["step"], resumed[0])
+
+
+def test_a_run_into_gs_killed_at_each_step_is_finished_by_the_same_command(tree, gcs_server, gcs_bucket):
+    """On gs:// a move is a copy and a delete (the same rename, 100 files at a time), each a step here."""
+    rows = kill_at_each_step(gcs_bucket.url("out"), gcs_bucket.url("saved"), "--input", str(tree), *ARGS,
+                             gcs_server=gcs_server)
+    check_each_kill_finished(rows, 7)
+    assert gcs_bucket.list_names("out/") == sorted(f"out/{name}" for name in rows[1]["reference"])
+
+
+def test_a_gs_move_cut_between_its_copy_and_its_delete_is_finished(tree, gcs_server, gcs_bucket):
+    """Killed as it published, then each file copied to its target but left in the run's folder, as a
+    rename killed between its copy and its delete leaves them: the same command publishes the
+    staged bytes, and nothing else is left under the output."""
+    from pipelines.prepare_images import command
+
+    argv = command("--input", str(tree), "--output", gcs_bucket.url("out"), *ARGS)
+    killed = gcs_server.run(argv, cwd=REPO, extra_env={publication.KILL_VARIABLE: str(STAGED_FILES + 1)},
+                            check=False)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    (record,) = [name for name in gcs_bucket.list_names("out/") if name.endswith(f"/{publication.RECORD}")]
+    folder = record.rsplit("/", 1)[0]
+    moves = json.loads(gcs_bucket.read_bytes(record))["moves"]
+    assert [name for name in gcs_bucket.list_names("out/") if "/.beam-prep/" not in f"/{name}"] == []
+    published = {}
+    for source, target in moves:
+        published[target] = gcs_bucket.read_bytes(f"{folder}/{source}")
+        gcs_bucket.write_bytes(f"out/{target}", published[target])
+    again = gcs_server.run(argv, cwd=REPO)
+    assert "finishing run" in again.stderr and SUMMARY in again.stdout
+    assert gcs_bucket.list_names("out/") == sorted(f"out/{target}" for target in published)
+    assert all(gcs_bucket.read_bytes(f"out/{target}") == data for target, data in published.items())
+
+
+# A gzip run's staged files: errors.jsonl, skipped.jsonl, duplicates.jsonl, labels.txt, manifest.json.
+STAGED_FILES = 5
+
+
+@pytest.fixture(scope="module")
+def killed_mid_publish(tree, tmp_path_factory):
+    """``killed_mid_publish()``: the output folder of the command with ARGS killed once it had moved its first
+    shard into the folder, put back where the run wrote it (its run record names the path); made once."""
+    base = tmp_path_factory.mktemp("mid-publish")
+    out = base / "out"
+    killed = run_prepare("--input", str(tree), "--output", str(out), *ARGS,
+                         env={**os.environ, publication.KILL_VARIABLE: str(STAGED_FILES + 2)})
+    assert killed.returncode == -9, killed.stderr
+    assert [p.name for p in out.iterdir() if p.is_file()] == ["train-00000-of-00001.tfrecord.gz"]
+    shutil.copytree(out, base / "as-killed", symlinks=True)
+
+    def put_back() -> pathlib.Path:
+        shutil.rmtree(out)
+        shutil.copytree(base / "as-killed", out, symlinks=True)
+        return out
+
+    return put_back
+
+
+def test_other_options_after_a_kill_mid_publish_finish_it_first(tree, killed_mid_publish, capfd):
+    """A run with other options finishes the publication it finds first, then is refused as with any
+    dataset there (--overwrite to replace it); with --overwrite it then replaces it."""
+    out = killed_mid_publish()
+    argv = ["--input", str(tree), "--output", str(out), "--image_size", "24", *ARGS[2:]]
+    assert prepare_images.main(argv) == 2
+    err = capfd.readouterr().err
+    assert "finishing run" in err
+    assert f"--output {out} already holds a dataset" in err and "--overwrite" in err
+    assert json.loads((out / "manifest.json").read_text())["image"]["height"] == 16  # the killed run's
+    assert not (out / layout.WORK_DIR).exists()
+    assert prepare_images.main([*argv, "--overwrite"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["image"]["height"] == 24
+
+
+def test_the_same_command_with_overwrite_finishes_then_starts_over(tree, killed_mid_publish, capfd):
+    out = killed_mid_publish()
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS, "--overwrite"]) == 0
+    captured = capfd.readouterr()
+    assert "finishing run" in captured.err and SUMMARY in captured.out
+    assert "0 images/s" not in captured.out  # it converted the images again, as --overwrite asks
+    assert sorted(p.name for p in out.iterdir()) == [
+        "duplicates.jsonl", "errors.jsonl", "labels.txt", "manifest.json", "skipped.jsonl",
+        "train-00000-of-00001.tfrecord.gz", "validation-00000-of-00001.tfrecord.gz"]
+
+
+@pytest.mark.parametrize("field, value", [("moves", [["../../escaped.txt", "labels.txt"]]),
+                                          ("moves", [["staged/labels.txt", "../escaped.txt"]]),
+                                          ("removes", ["notes-of-mine.txt"]),
+                                          ("run_id", "another-run")])
+def test_a_publication_record_beam_prep_does_not_write_is_refused(tree, killed_mid_publish, capfd, field, value):
+    """The record is data in the output folder: a move from or to outside the folders, a removal of a
+    file no dataset holds or another run's record is refused, naming the record and --overwrite,
+    with nothing moved or removed; --overwrite starts over."""
+    out = killed_mid_publish()
+    (record,) = (out / layout.WORK_DIR).glob(f"*/{publication.RECORD}")
+    body = json.loads(record.read_text())
+    body[field] = value if field != "moves" else [*value, *body["moves"]]
+    record.write_text(json.dumps(body))
+    (out / "notes-of-mine.txt").write_text("mine")
+    (out / layout.WORK_DIR / "claim.json").unlink()  # the killed run's, released by any run after
+    before = sorted(p.relative_to(out.parent) for p in out.parent.rglob("*"))
+    argv = ["--input", str(tree), "--output", str(out), *ARGS]
+    assert prepare_images.main(argv) == 2
+    err = capfd.readouterr().err
+    assert f"whose record {record} cannot be used" in err and "pass --overwrite to start over" in err
+    assert sorted(p.relative_to(out.parent) for p in out.parent.rglob("*")) == before
+    assert prepare_images.main([*argv, "--overwrite"]) == 0
+    assert (out / "notes-of-mine.txt").read_text() == "mine" and not (out.parent / "escaped.txt").exists()
+    assert (out / "manifest.json").exists() and not (out / layout.WORK_DIR).exists()
+
+
+def test_a_file_removed_by_hand_mid_publish_is_named(tree, killed_mid_publish, capfd):
+    out = killed_mid_publish()
+    (out / "train-00000-of-00001.tfrecord.gz").unlink()  # moved, then removed
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS]) == 1
+    err = capfd.readouterr().err
+    assert "cannot finish publishing run" in err and "e.g. train-00000-of-00001.tfrecord.gz" in err
+    assert "pass --overwrite to start over" in err
