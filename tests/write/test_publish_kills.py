@@ -26,6 +26,8 @@ from beam_prep.write.finish import publication
 from beam_prep.write.shared import layout
 from pipelines import prepare_images
 
+pytestmark = pytest.mark.slow  # every test runs the command, or kills it
+
 ARGS = ("--image_size", "16", "--validation_percent", "40", "--direct_running_mode", "in_memory")
 SUMMARY = "beam-prep: 11 of 12 images written in"
 
@@ -254,3 +256,26 @@ def test_a_file_removed_by_hand_mid_publish_is_named(tree, killed_mid_publish, c
     err = capfd.readouterr().err
     assert "cannot finish publishing run" in err and "e.g. train-00000-of-00001.tfrecord.gz" in err
     assert "pass --overwrite to start over" in err
+
+
+def test_a_failed_replace_keeps_its_publication_for_the_next_run(tree, tmp_path, capfd):
+    """A move that fails (a folder where a shard goes) ends the run with one line naming the file, and
+    even a run that keeps nothing else (--sink shuffle) keeps its recorded publication: once the
+    folder is gone, the same command without --overwrite finishes it and exits 0."""
+    out = tmp_path / "out"
+    (out / "validation-00000-of-00001.tfrecord.gz").mkdir(parents=True)
+    (out / "validation-00000-of-00001.tfrecord.gz" / "mine").write_text("in the way")
+    argv = ["--input", str(tree), "--output", str(out), *ARGS, "--sink", "shuffle"]
+    assert prepare_images.main([*argv, "--overwrite"]) == 1
+    err = capfd.readouterr().err
+    assert f"cannot move to {out / 'validation-00000-of-00001.tfrecord.gz'}" in err
+    assert (out / "train-00000-of-00001.tfrecord.gz").exists() and not (out / "manifest.json").exists()
+    assert list((out / layout.WORK_DIR).glob(f"*/{publication.RECORD}"))
+    shutil.rmtree(out / "validation-00000-of-00001.tfrecord.gz")
+    assert prepare_images.main(argv) == 0
+    captured = capfd.readouterr()
+    assert "finishing run" in captured.err and SUMMARY in captured.out
+    assert sorted(p.name for p in out.iterdir()) == [
+        "duplicates.jsonl", "errors.jsonl", "labels.txt", "manifest.json", "skipped.jsonl",
+        "train-00000-of-00001.tfrecord.gz", "validation-00000-of-00001.tfrecord.gz"]
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 11

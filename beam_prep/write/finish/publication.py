@@ -29,7 +29,7 @@ from beam_prep.write.journal import resume
 from beam_prep.write.shared import layout
 
 __all__ = ["KILL_VARIABLE", "RECORD", "STAGED", "Publication", "Steps", "carry_out", "finish_unfinished",
-           "planned", "read_record", "staging_folder", "write_record"]
+           "is_recorded", "planned", "read_record", "staging_folder", "write_record"]
 
 _LOG = logging.getLogger(__name__)
 RECORD = "publish.json"
@@ -113,6 +113,19 @@ def write_record(output: str, publication: Publication) -> None:
     resume.write_record(join(layout.run_folder(output, publication.run_id), RECORD), body)
 
 
+def is_recorded(output: str, run_id: str) -> bool:
+    """Whether run ``run_id`` recorded a publication: its folder is then the next run's to finish, never to remove.
+
+    Raises:
+      StorageError: the folder cannot be read.
+    """
+    path = join(layout.run_folder(output, run_id), RECORD)
+    try:
+        return FileSystems.exists(path)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
+
+
 def read_record(output: str, run_id: str) -> Publication | None:
     """The publication run ``run_id`` recorded, or None where it recorded none.
 
@@ -120,10 +133,10 @@ def read_record(output: str, run_id: str) -> Publication | None:
       OptionsError: the record cannot be read or is not one beam-prep writes (a move out of the
         folders, another run's), naming it and ``--overwrite``.
     """
+    if not is_recorded(output, run_id):
+        return None
     path = join(layout.run_folder(output, run_id), RECORD)
     try:
-        if not FileSystems.exists(path):
-            return None
         body = json.loads(read_bytes(path).decode("utf-8"))
         return _checked(body, run_id)
     except Exception as e:  # unreadable or damaged: each filesystem raises its own types.

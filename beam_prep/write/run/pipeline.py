@@ -515,8 +515,13 @@ def _write_run_folder(config: PrepareConfig, listing: Listing, run_plan: RunPlan
 
 
 def _remove_quietly(output: str, run_id: str) -> None:
-    """A failed run's files go with it; if they cannot, the next run reports them as unfinished."""
+    """A failed run's files go with it, unless its publication is recorded (the next run into the folder
+    finishes it); if they cannot, the next run reports them as unfinished."""
     try:
+        if publication.is_recorded(output, run_id):
+            _LOG.warning("run %s stopped while it published its dataset: the next run into %s finishes it",
+                         run_id, output)
+            return
         layout.remove_run_folder(output, run_id)
     except StorageError as e:
         _LOG.warning("could not remove the failed run's files: %s", e)
