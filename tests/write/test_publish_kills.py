@@ -5,10 +5,12 @@ the run SIGKILLs itself right after step N), locally and on gs:// (the GCS test 
 the same command again after each kill (``tests/children/publish_kills.py``, which forks the
 runs from one process: a run costs its own work only, and each resumes a run killed as its
 publication began, so that it only publishes). Every file under the output, the run's folder
-included, must then be what an uninterrupted run leaves, and the old dataset an ``--overwrite``
+included, must then be what an uninterrupted run leaves (byte for byte; the manifest's ``created``
+time aside), and the old dataset an ``--overwrite``
 run replaces is never lost: whole and unchanged until the publication is recorded, finished into
 the new one after. Then what a rerun does with other options, a record that is not one
-beam-prep writes, a file removed by hand, and a gs:// move cut between its copy and its delete.
+beam-prep writes, a file removed by hand, a gs:// move cut between its copy and its delete, and a
+move that fails.
 """
 from __future__ import annotations
 

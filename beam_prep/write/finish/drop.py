@@ -12,8 +12,8 @@ kept in different splits are within the threshold, and each file left out names 
 Near duplicates are known only once every image is decoded (the perceptual hashes come from the
 workers), so the shards are written by then: ``choose`` reads the groups ``duplicates.find``
 wrote (duplicates.jsonl), and ``rewrite`` writes again, under a staged name in the run's folder
-(published in the shard's place, which stays as written), only the shards that hold a record to leave out, through the format's own reader
-and writer (``ShardFormat.read``, ``records``). A record is known by its split and source
+(published in the shard's place, which stays as written), only the shards that hold a record to
+leave out, through the format's own reader and writer (``ShardFormat.read``, ``records``). A record is known by its split and source
 sha256, which both its hash line and the record itself carry: every record of a content in a
 split lies in the same groups (the same bytes, the same perceptual hash), so leaving out a
 (split, sha256) leaves out exactly the files named. See docs/design/duplicates.md.

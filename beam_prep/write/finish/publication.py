@@ -186,14 +186,13 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     work = layout.run_folder(output, publication.run_id)
     present = _files_under(work)
     *files, manifest = publication.moves
+    gone = [target for source, target in publication.moves if source not in present]
+    missing = sorted(set(gone) - _files_in(output)) if gone else []
+    if missing:
+        raise _lost(output, publication.run_id, missing)
     if manifest[0] in present and FileSystems.exists(join(output, MANIFEST)):
         layout.delete([join(output, MANIFEST)], f"the old dataset's {MANIFEST} in {output}")
         steps.done()
-    gone = [target for source, target in publication.moves if source not in present]
-    if gone:
-        missing = sorted(set(gone) - _files_in(output))
-        if missing:
-            raise _lost(output, publication.run_id, missing)
     _move(work, output, [move for move in files if move[0] in present], steps)
     _move(work, output, [manifest] if manifest[0] in present else [], steps)
     old = sorted(set(publication.removes) & _files_in(output))

@@ -4,16 +4,13 @@ The one place that knows a shard's file name, so both sinks, the manifest and
 ``--overwrite`` agree on what belongs to a dataset.
 
 A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
-the listings the workers read and the shards, under their final names. Only
-when every shard is complete and the counts add up is the dataset published
-(``finish.publication``): its other files staged in the run's folder, then
-``publish.json`` written there naming every move and removal, and only then
-``OUTPUT`` changed: the old manifest removed, the new files moved in, the new
-manifest last, then the old dataset's other files removed. So a killed run
-leaves no partial shard among a dataset's files, a kill once ``publish.json``
-is written is finished by the next run into the folder (the old dataset is
-replaced, never lost half-way), and no run reads or removes another run's work
-files. See docs/design/claim.md, "Publishing".
+the listings the workers read and the shards, under their final names. Once every
+shard is complete and the counts add up, the dataset is published
+(``finish.publication``): its other files staged there, then ``publish.json``
+naming every move and removal, and only then ``OUTPUT`` changed: the old manifest
+removed, the new files moved in, the new manifest last, the old dataset's other
+files removed. A kill before the record leaves ``OUTPUT`` as it was; after, the
+next run finishes it. See docs/design/claim.md, "Publishing".
 """
 from __future__ import annotations
 
