@@ -55,6 +55,7 @@ LONGEST_FIRST = (
     "tests/write/test_resume_variants.py",
     "tests/docs/test_examples.py::test_page_examples_run[docs/guides/inspect-verify-bench.md]",
     "tests/write/test_gcs_pipeline.py",
+    "tests/write/test_publish_kills.py",
     "tests/docs/test_examples.py::test_page_examples_run",
     "tests/write/test_real_images.py",
     "tests/write/test_resample_command.py",

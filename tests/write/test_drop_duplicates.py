@@ -198,29 +198,33 @@ def test_the_shuffle_sink_drops_the_same_files_from_webdataset_shards(tree, stre
 
 def test_a_run_stopped_once_its_shards_are_rewritten_resumes_to_the_same_dataset(tree, streaming, tmp_path,
                                                                                 monkeypatch, capsys):
-    """Stopped between rewriting its shards and publishing them, an ArrayRecord run writes the
-    rewritten shards again when resumed (they no longer match their records), and drops again."""
+    """Stopped between rewriting its shards and publishing them, an ArrayRecord run leaves the shards
+    its workers wrote as they were (the rewritten ones are published from staged names), so the
+    run again keeps every one without converting an image, and drops again."""
     from array_record.python.array_record_module import ArrayRecordReader
+
+    from beam_prep.write.finish import publication
 
     root, args = tree
     out = tmp_path / "out"
     argv = [*args, "--output", str(out), "--file_format", "array_record"]
-    real = layout.publish
+    real = publication.write_record
 
     def stopped(*_):
         raise StorageError("stopped before publishing")
 
-    monkeypatch.setattr(layout, "publish", stopped)
+    monkeypatch.setattr(publication, "write_record", stopped)
     assert prepare_images.main(argv) == 1
     assert "stopped before publishing" in capsys.readouterr().err
     work = next((out / layout.WORK_DIR).iterdir())
     records = {p.name[:-len(".done.json")]: json.loads(p.read_text()) for p in work.glob("*.done.json")}
-    rewritten = sorted(name for name, record in records.items()
-                       if hashlib.sha256((work / name).read_bytes()).hexdigest() != record["sha256"])
-    assert {name.split("-")[0] for name in rewritten} == {"test", "validation"}  # train holds no copy to drop
-    assert not (out / "manifest.json").exists()
-    monkeypatch.setattr(layout, "publish", real)
+    assert records and all(hashlib.sha256((work / name).read_bytes()).hexdigest() == record["sha256"]
+                           for name, record in records.items())
+    assert not list(work.glob("*.without-dropped*"))  # the failed run's rewritten shards removed
+    assert sorted(p.name for p in out.iterdir()) == [layout.WORK_DIR]
+    monkeypatch.setattr(publication, "write_record", real)
     assert prepare_images.main(argv) == 0
+    assert "(0 images/s)" in capsys.readouterr().out  # every shard kept: no image converted again
     reference, _ = streaming
     assert (out / "skipped.jsonl").read_bytes() == (reference / "skipped.jsonl").read_bytes()
     # Read back by array_record's own reader, and by ours.

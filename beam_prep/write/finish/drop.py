@@ -11,9 +11,9 @@ kept in different splits are within the threshold, and each file left out names 
 
 Near duplicates are known only once every image is decoded (the perceptual hashes come from the
 workers), so the shards are written by then: ``choose`` reads the groups ``duplicates.find``
-wrote (duplicates.jsonl), and ``rewrite`` writes again, in the run's folder and before anything
-is published, only the shards that hold a record to leave out, through the format's own reader
-and writer (``ShardFormat.read``, ``records``). A record is known by its split and source
+wrote (duplicates.jsonl), and ``rewrite`` writes again, under a staged name in the run's folder
+(published in the shard's place, which stays as written), only the shards that hold a record to
+leave out, through the format's own reader and writer (``ShardFormat.read``, ``records``). A record is known by its split and source
 sha256, which both its hash line and the record itself carry: every record of a content in a
 split lies in the same groups (the same bytes, the same perceptual hash), so leaving out a
 (split, sha256) leaves out exactly the files named. See docs/design/duplicates.md.
@@ -196,7 +196,8 @@ def _left_out(member: dict[str, Any], copy: dict[str, Any], gap: int | None, roo
 
 class Rewritten:
     """What ``rewrite`` did: the shards' reports as they will be published, and the shards
-    written again (under a staged name, until ``replace``)."""
+    written again, under a staged name in the run's folder, each published from there in place of
+    the shard it replaces (which stays as it was, still matching its record)."""
 
     def __init__(self, shards: list[tuple], class_counts: list[tuple[tuple[str, str], int]],
                  staged: list[tuple[str, str]]) -> None:
@@ -204,26 +205,13 @@ class Rewritten:
         self.class_counts = class_counts
         self._staged = staged
 
-    def replace(self) -> None:
-        """Moves each rewritten shard over the one it replaces, in the run's folder: the last step
-        before publishing (a run killed after it is resumed by writing those shards again, since
-        they no longer match their records).
-
-        Raises:
-          StorageError: a shard cannot be moved.
-        """
-        if not self._staged:
-            return
-        sources, targets = zip(*self._staged)
-        try:
-            FileSystems.rename(list(sources), list(targets))
-        except Exception as e:  # each filesystem raises its own types.
-            _remove_staged(list(sources))  # those not moved: a resumed run writes their shards again
-            raise storage_error("replace", targets[0], e) from e
+    def published_from(self) -> dict[str, str]:
+        """Each rewritten shard's (and companion's) name -> the name of its staged file in the run's folder."""
+        return {target.rsplit("/", 1)[-1]: source.rsplit("/", 1)[-1] for source, target in self._staged}
 
     def discard(self) -> None:
-        """Removes the rewritten shards (the counts did not add up, or the manifest could not be
-        built: nothing is published)."""
+        """Removes the rewritten shards (the counts did not add up, or the dataset could not be
+        staged: nothing is published)."""
         _remove_staged([source for source, _ in self._staged])
 
 

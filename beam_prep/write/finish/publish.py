@@ -4,7 +4,7 @@
 (``pipeline.finalize_from_records``) and ``WriteImageDataset`` each gather what
 the shards report as ``ShardReports`` and hand it to ``complete``: the manifest
 is built from the reports alone (``manifest.build``), and only when the counts
-add up are the shards published and the dataset's files written, the manifest last.
+add up is the dataset staged and published (``publication``), the manifest last.
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.io.storage import join, write_lines
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
-from beam_prep.write.finish import drop, duplicates, manifest
+from beam_prep.write.finish import drop, duplicates, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.images.flat import FlatImages
+from beam_prep.write.journal import resume
 from beam_prep.write.plan import skipped
 from beam_prep.write.plan.config import DROP, PrepareConfig
 from beam_prep.write.plan.run_plan import RunPlan
@@ -91,10 +92,12 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
     """Completes the dataset from its shards' reports, and returns its manifest.
 
     Finds the duplicates among the records; with ``--cross_split_duplicates drop``, writes again
-    the shards that hold a record to leave out (``drop``); checks the counts, publishes the shards,
-    writes errors.jsonl, skipped.jsonl (from the run's folder), duplicates.jsonl,
-    labels.txt, TFDS's metadata where TFDS can read the shards, then the manifest,
-    then removes the run's folder.
+    the shards that hold a record to leave out (``drop``); checks the counts; stages errors.jsonl,
+    skipped.jsonl (from the run's folder), duplicates.jsonl, labels.txt, TFDS's metadata where
+    TFDS can read the shards, and the manifest in the run's folder; records the publication and
+    carries it out (``publication``): the shards and those files moved into the output, the
+    manifest last, the old dataset's other files removed, then the run's folder. Called again
+    for a run whose publication is recorded (a retried step), it finishes that one.
 
     Args:
       config: the run's configuration.
@@ -108,11 +111,15 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
       DatasetError: the counts do not add up (a record was lost): nothing is published.
       StorageError: a file could not be read or written.
     """
+    recorded = publication.read_record(config.output, plan.run_id)
+    if recorded is not None:
+        publication.carry_out(config.output, recorded)
+        return manifest.read(config.output)
     work = layout.run_folder(config.output, plan.run_id)
     distance = config.near_duplicate_distance
     found = duplicates.find(sorted(reports.hash_files), plan.listed, distance if distance >= 0 else None,
                             reports.near_pairs)
-    dropping = None
+    dropping = rewritten = None
     try:
         shards, class_counts, copies = reports.shards, reports.class_counts, found.to_json()
         if config.cross_split_duplicates == DROP:
@@ -124,28 +131,23 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
             built = manifest.build(config, plan, shards, class_counts, reports.failures, reports.originals, copies,
                                    reports.flat, reports.resized, dropping.count if dropping is not None else None)
             skipped.check(work, plan.skipped)
+            steps = publication.Steps()
+            staged = _stage(config, plan, built, reports, found, dropping, steps)
+            moved = rewritten.published_from() if rewritten is not None else {}
+            record = publication.planned(config.output, plan.run_id, resume.command_options(config),
+                                         {name: moved.get(name, name) for split in built["splits"].values()
+                                          for name in (*split["shards"], *split.get("dali_index", ()))}, staged)
+            publication.write_record(config.output, record)
+            steps.done()
         except BaseException:
-            if dropping is not None:
+            if rewritten is not None:
                 rewritten.discard()
             raise
-        if dropping is not None:
-            rewritten.replace()
-        layout.publish(config.output, plan.run_id,
-                       [name for split in built["splits"].values()
-                        for name in (*split["shards"], *split.get("dali_index", ()))])
-        write_lines(join(config.output, layout.ERRORS), error_lines(reports.failures))
-        skipped.publish(work, config.output, plan.skipped, dropping.lines() if dropping is not None else ())
-        duplicates.copy_lines(found, join(config.output, layout.DUPLICATES))
     finally:
         found.close()
         if dropping is not None:
             dropping.close()
-    write_lines(join(config.output, layout.LABELS),
-                labels_lines(plan.labels, config.labels_txt, config.label_offset))
-    write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST))
-    with FileSystems.create(join(config.output, MANIFEST), mime_type="application/json") as f:
-        f.write(json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"))
-    layout.remove_run_folder(config.output, plan.run_id)
+    publication.carry_out(config.output, record, steps)
     _LOG.info("wrote %s", join(config.output, MANIFEST))
     if built["flat_images"]["count"]:
         _LOG.info("records of one flat colour: %s, e.g. %s", built["flat_images"]["count"],
@@ -153,14 +155,42 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
     return built
 
 
-def write_tfds_metadata(info: DatasetInfo) -> None:
-    """TFDS's dataset_info.json, features.json and label names, where TFDS can read the shards."""
+def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports: ShardReports,
+           found: duplicates.Duplicates, dropping: drop.Dropping | None, steps: publication.Steps) -> list[str]:
+    """Writes the files the dataset gains besides its shards into the run's staging folder, the
+    manifest last, a step each; returns their names."""
+    work = layout.run_folder(config.output, plan.run_id)
+    folder = publication.staging_folder(work)
+    write_lines(join(folder, layout.ERRORS), error_lines(reports.failures))
+    steps.done()
+    skipped.publish(work, folder, plan.skipped, dropping.lines() if dropping is not None else ())
+    steps.done()
+    duplicates.copy_lines(found, join(folder, layout.DUPLICATES))
+    steps.done()
+    write_lines(join(folder, layout.LABELS), labels_lines(plan.labels, config.labels_txt, config.label_offset))
+    steps.done()
+    names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS]
+    for filename in write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST), folder):
+        names.append(filename)
+        steps.done()
+    with FileSystems.create(join(folder, MANIFEST), mime_type="application/json") as f:
+        f.write(json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"))
+    steps.done()
+    return [*names, MANIFEST]
+
+
+def write_tfds_metadata(info: DatasetInfo, folder: str | None = None) -> list[str]:
+    """TFDS's dataset_info.json, features.json and label names, where TFDS can read the shards,
+    written into ``folder`` (``info.root`` by default); returns their names, none where it cannot."""
     reason = tfds_metadata.unsupported(info)
     if reason is not None:
         _LOG.info("no TFDS metadata written: %s", reason)
-        return
+        return []
+    written = []
     for filename, lines in tfds_metadata.metadata_files(info).items():
-        write_lines(join(info.root, filename), lines)
+        write_lines(join(folder or info.root, filename), lines)
+        written.append(filename)
+    return written
 
 
 def error_lines(failures: Iterable[Mapping[str, Any]]) -> list[str]:

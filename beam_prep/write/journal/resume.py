@@ -36,8 +36,9 @@ from beam_prep.write.plan.listing import SPLIT_NAMES, find_split_tables
 from beam_prep.write.plan.metadata import file_sha256
 from beam_prep.write.shared import layout
 
-__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "check_listings", "find_resumable", "finished_count",
-           "finished_shard", "images_in", "keep_finished", "record_options", "write_run_record", "write_shard_record"]
+__all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "check_listings", "command_options", "find_resumable",
+           "finished_count", "finished_shard", "images_in", "keep_finished", "record_options", "write_record",
+           "write_run_record", "write_shard_record"]
 
 _LOG = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
@@ -53,10 +54,17 @@ _FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "m
 _RECORDED_BEFORE = {"file_format": "tfrecord", "recursive": False, "stratify": False, "max_per_class": None}
 
 
-def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str, Any]:
-    """The options that decide a run's records, as JSON values; ``labels`` are --labels_file's lines."""
+def command_options(config: PrepareConfig) -> dict[str, Any]:
+    """The options of ``config`` that decide a run's records, as JSON values: those a rerun must repeat
+    to be the same command (a publication's record names its run's: ``publication``)."""
     options = {k: v for k, v in dataclasses.asdict(config).items() if k not in _FREE_OPTIONS}
     options.update(options.pop("spec"))
+    return json.loads(json.dumps(options))
+
+
+def record_options(config: PrepareConfig, labels: list[str] | None) -> dict[str, Any]:
+    """The options that decide a run's records, as JSON values; ``labels`` are --labels_file's lines."""
+    options = command_options(config)
     options["labels"] = labels
     # The table's content, not only its path: a table edited since is another run's records.
     options["metadata_sha256"] = file_sha256(config.metadata) if config.metadata else None
@@ -80,10 +88,10 @@ class RunRecord:
 def write_run_record(work: str, record: RunRecord) -> None:
     """Makes the run resumable: written last, once its listings are complete."""
     body = {"run_format": RUN_FORMAT, "beam_prep_version": beam_prep.__version__, **dataclasses.asdict(record)}
-    _write_record(join(work, RUN_RECORD), body)
+    write_record(join(work, RUN_RECORD), body)
 
 
-def _write_record(path: str, body: Mapping[str, Any]) -> None:
+def write_record(path: str, body: Mapping[str, Any]) -> None:
     """Writes a record that a resume reads, so that it is there whole or not at all.
 
     A process killed while writing it in place would leave it empty or cut
@@ -222,7 +230,7 @@ def done_name(shard: str) -> str:
 
 def write_shard_record(work: str, record: ShardRecord) -> None:
     """Marks a shard finished: written after the shard's file and its hash file are complete and in place."""
-    _write_record(join(work, done_name(record.name)), dataclasses.asdict(record))
+    write_record(join(work, done_name(record.name)), dataclasses.asdict(record))
 
 
 def finished_shard(work: str, name: str) -> ShardRecord | None:

@@ -30,7 +30,7 @@ from beam_prep.errors import (
     TooManyFailures,
 )
 from beam_prep.io.storage import join, read_lines
-from beam_prep.write.finish import duplicates, manifest, publish
+from beam_prep.write.finish import duplicates, manifest, publication, publish
 from beam_prep.write.images import resample
 from beam_prep.write.images.examples import unknown_label_report
 from beam_prep.write.images.flat import FlatImages, is_many
@@ -86,6 +86,11 @@ class _Prepared(NamedTuple):
     plan: RunPlan
     resumable: bool  # the run's folder records what it finishes (streaming sink, local runner)
     kept: tuple[resume.ShardRecord, ...] = ()  # shards a resumed run keeps from the run it continues
+
+    @property
+    def all_kept(self) -> bool:
+        """Whether a resumed run keeps every shard: its job would write nothing."""
+        return bool(self.kept) and len(self.kept) == sum(self.plan.num_shards.values())
 
     def carried(self) -> progress.Carried:
         """The images finished before the workers start: the kept shards', and those under
@@ -303,11 +308,15 @@ def run(config: PrepareConfig, options: PipelineOptions,
         return _dry_run(config, options, local, start)
     with interrupt.signals_as_interrupts(), claim_output(config.output, new_run_id()) as claim, \
             _progress_folder(local) as folder, _warm_workers(options) as pool:
+        if _finish_publications(config):
+            return _finished(config, time.perf_counter() - start, {}, None, None)
         job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder, pool=pool)
+        result = None
         try:
-            with _watching(folder, job, on_progress, progress_interval):
-                result = job.pipeline.run()
-                result.wait_until_finish()
+            if not job.all_kept:  # a resumed run whose shards are all written has only its dataset to finish
+                with _watching(folder, job, on_progress, progress_interval):
+                    result = job.pipeline.run()
+                    result.wait_until_finish()
             if job.resumable:
                 finalize_from_records(config, job.plan)
         except BaseException as e:
@@ -323,13 +332,34 @@ def run(config: PrepareConfig, options: PipelineOptions,
         if folder is not None:
             phases = progress.phases(progress.read_progress(folder, job.plan.listed, job.carried()), launched)
     counters: dict[str, int] = {}
-    for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
+    for c in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"] if result else ():
         counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
+    return _finished(config, time.perf_counter() - start, counters, phases, resume.images_in(job.kept))
+
+
+def _finish_publications(config: PrepareConfig) -> bool:
+    """Finishes the publications of runs stopped while publishing into the output (under its claim,
+    before anything else: ``publication.finish_unfinished``); whether one was this command's, which
+    then has nothing left to do (with --overwrite, a run starts over all the same)."""
+    leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
+    finished = publication.finish_unfinished(config.output, leftovers, config.overwrite)
+    options = resume.command_options(config)
+    return not config.overwrite and any(p.options == options for p in finished)
+
+
+def _finished(config: PrepareConfig, seconds: float, counters: dict[str, int],
+              phases: progress.Phases | None, kept: int | None) -> RunResult:
+    """The result of a run whose dataset is published: its manifest read back, said as a finished run says it.
+    ``kept``: the images a resumed run kept; None: all of them (its publication was all it finished).
+
+    Raises:
+      TooManyFailures, CrossSplitLeakage: as ``run``.
+    """
     written = manifest.read(config.output)
     _warn_if_many_flat(written)
     _warn_if_resized_by_pillow(written)
-    result = RunResult(written, time.perf_counter() - start, counters, phases=phases,
-                       kept=resume.images_in(job.kept))
+    result = RunResult(written, seconds, counters, phases=phases,
+                       kept=written["counts"]["listed"] if kept is None else kept)
     too_many = failure_budget.exceeded(config.max_failures, written["counts"], config.output)
     if too_many is not None:
         raise TooManyFailures(too_many, result)
@@ -485,8 +515,13 @@ def _write_run_folder(config: PrepareConfig, listing: Listing, run_plan: RunPlan
 
 
 def _remove_quietly(output: str, run_id: str) -> None:
-    """A failed run's files go with it; if they cannot, the next run reports them as unfinished."""
+    """A failed run's files go with it, unless its publication is recorded (the next run into the folder
+    finishes it); if they cannot, the next run reports them as unfinished."""
     try:
+        if publication.is_recorded(output, run_id):
+            _LOG.warning("run %s stopped while it published its dataset: the next run into %s finishes it",
+                         run_id, output)
+            return
         layout.remove_run_folder(output, run_id)
     except StorageError as e:
         _LOG.warning("could not remove the failed run's files: %s", e)

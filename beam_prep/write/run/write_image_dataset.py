@@ -27,7 +27,7 @@ from apache_beam.pvalue import PCollection, TaggedOutput
 from beam_prep.errors import CrossSplitLeakage, ElementError, ImageError, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.features import SCHEMA
-from beam_prep.write.finish import duplicates, publish
+from beam_prep.write.finish import duplicates, publication, publish
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
@@ -383,10 +383,11 @@ class WriteImageDataset(beam.PTransform):
 def _clear_output(output: str, overwrite: bool, run_id: str) -> None:
     """Refuses an occupied ``output`` without ``overwrite``; with it, removes unfinished runs' files.
 
-    Done under the output's claim, so a command running into the folder is
+    A publication a run was stopped in is finished first (``publication.finish_unfinished``). Done under the output's claim, so a command running into the folder is
     refused (``OutputBusy``) rather than having its files removed.
     """
     with claim_output(output, run_id, heartbeat_s=None):
+        publication.finish_unfinished(output, layout.unfinished_runs(output, CLAIM_NAME), overwrite)
         leftovers = layout.unfinished_runs(output, CLAIM_NAME)
         layout.check_output(output, overwrite, leftovers)
         layout.remove_unfinished_runs(output, leftovers)

@@ -4,13 +4,13 @@ The one place that knows a shard's file name, so both sinks, the manifest and
 ``--overwrite`` agree on what belongs to a dataset.
 
 A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
-the listings the workers read and the shards, under their final names. Only
-when every shard is complete and the counts add up does ``publish`` move the
-shards to ``OUTPUT`` (the old dataset's manifest removed first, its other files
-after), then labels.txt, errors.jsonl, skipped.jsonl, duplicates.jsonl, TFDS's metadata
-(uncompressed datasets) and manifest.json are written. So a killed run leaves no partial shard among a
-dataset's files, an ``--overwrite`` run leaves the old dataset readable until
-the new one is complete, and no run reads or removes another run's work files.
+the listings the workers read and the shards, under their final names. Once every
+shard is complete and the counts add up, the dataset is published
+(``finish.publication``): its other files staged there, then ``publish.json``
+naming every move and removal, and only then ``OUTPUT`` changed: the old manifest
+removed, the new files moved in, the new manifest last, the old dataset's other
+files removed. A kill before the record leaves ``OUTPUT`` as it was; after, the
+next run finishes it. See docs/design/claim.md, "Publishing".
 """
 from __future__ import annotations
 
@@ -95,6 +95,11 @@ def shard_name(split: str, index: int, count: int, suffix: str) -> str:
     return f"{split}{_SHARD_FORMAT.format(index=index, count=count)}{suffix}"
 
 
+def is_dataset_name(name: str) -> bool:
+    """Whether a file name is one a dataset holds (its manifest, metadata, shards and indexes)."""
+    return any(fnmatch.fnmatchcase(name, p) for p in _OWNED_PATTERNS)
+
+
 def existing_dataset_files(output: str) -> list[str]:
     """Files in ``output`` that make up a dataset (complete or not), by their names."""
     try:
@@ -104,7 +109,7 @@ def existing_dataset_files(output: str) -> list[str]:
     owned = []
     for m in metadata:
         name = m.path[len(output.rstrip("/")) + 1:]
-        if any(fnmatch.fnmatchcase(name, p) for p in _OWNED_PATTERNS):
+        if is_dataset_name(name):
             owned.append(m.path)
     return sorted(owned)
 
@@ -146,27 +151,6 @@ def check_output(output: str, overwrite: bool, leftovers: list[str]) -> None:
     if held:
         raise OptionsError(f"--output {output} already holds {' and '.join(held)}; "
                            "pass --overwrite to replace it")
-
-
-def publish(output: str, run_id: str, shard_names: list[str]) -> None:
-    """Moves a complete run's shards from its folder to ``output``, replacing the old dataset.
-
-    The old manifest goes first, so that no reader takes a half-replaced folder
-    for a dataset; the new manifest is written after this, by the caller.
-    """
-    old = set(existing_dataset_files(output))
-    old_manifest = join(output, MANIFEST)
-    if old_manifest in old:
-        delete([old_manifest], old_manifest)
-    folder = run_folder(output, run_id)
-    sources = [join(folder, name) for name in shard_names]
-    targets = [join(output, name) for name in shard_names]
-    try:
-        _filesystems().rename(sources, targets)
-    except Exception as e:
-        raise storage_error("move shards to", output, e) from e
-    rewritten = {old_manifest, *(join(output, name) for name in (LABELS, ERRORS, SKIPPED, DUPLICATES))}
-    delete(sorted(old - set(targets) - rewritten), f"the old dataset in {output}")
 
 
 def delete(paths: list[str], what: str) -> None:

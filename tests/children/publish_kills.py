@@ -1,0 +1,139 @@
+"""Kills a run at each step of its publication in turn, and runs the same command again after each.
+
+    python -m tests.children.publish_kills OUTPUT SAVED -- ARGS... [--started_with_overwrite]
+
+OUTPUT (local or gs://) holds what the runs start from (nothing, or an old dataset); SAVED is a
+folder (local or gs://) of this program's copies of OUTPUT. Each run is the command
+``prepare --output OUTPUT ARGS`` (``prepare_images.main``) in a process forked from this one,
+which imported it once: a run costs its own work, not Python's and Beam's start-up. Always in
+OUTPUT itself, as a run's record names its output folder. Prints one JSON line per run:
+
+* ``{"initial": TREE}``: OUTPUT as given;
+* ``{"reference": TREE}``: an uninterrupted run from it;
+* ``{"base": TREE}``: a run from it killed as its publication began (its shards all written), which
+  every later run starts from (OUTPUT put back as it left it): a run resumed from it publishes at once;
+* per step N from 1: ``{"step": N, "killed": bool, "after_kill": TREE, "code": exit code of the run
+  again, "stderr": its stderr, "stdout": its stdout, "final": TREE}``, until a run is not killed
+  (N is past its last step): then ``killed`` is false and nothing is run again.
+
+With ``--started_with_overwrite`` (last), the reference run and the base run are given ``--overwrite``,
+and the runs from the base are not: they resume it, as the guide says to.
+
+TREE maps each file under OUTPUT (``.beam-prep`` included) to its sha256; the manifest's
+``created`` line, the one line two runs of a command differ in, is left out of its hash.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_prep.write.finish import publication
+from pipelines import prepare_images
+
+_CREATED = re.compile(rb'\n  "created": "[^"]*",')
+
+
+def files(folder: str) -> list[str]:
+    """The files under ``folder``, at any depth, by their paths relative to it."""
+    if "://" not in folder:
+        return sorted(os.path.relpath(os.path.join(parent, name), folder)
+                      for parent, _, names in os.walk(folder) for name in names)
+    prefix = folder.rstrip("/") + "/"
+    return sorted(m.path[len(prefix):] for m in FileSystems.match([prefix + "**"])[0].metadata_list)
+
+
+def tree(folder: str) -> dict[str, str]:
+    digests = {}
+    for name in files(folder):
+        with FileSystems.open(f"{folder.rstrip('/')}/{name}", compression_type="uncompressed") as f:
+            data = f.read()
+        digests[name] = hashlib.sha256(_CREATED.sub(b"", data) if name == "manifest.json" else data).hexdigest()
+    return digests
+
+
+def copy(source: str, target: str) -> None:
+    """Makes ``target`` hold exactly what ``source`` holds (local folders: empty ones too)."""
+    if "://" not in target:
+        shutil.rmtree(target, ignore_errors=True)
+        if os.path.isdir(source):
+            shutil.copytree(source, target, symlinks=True)
+        return
+    if files(target):
+        FileSystems.delete([target.rstrip("/") + "/"])  # a folder: its objects in one batch
+    names = files(source)
+    if names:
+        FileSystems.copy([f"{source.rstrip('/')}/{name}" for name in names],
+                         [f"{target.rstrip('/')}/{name}" for name in names])
+
+
+def run(output: str, args: list[str], kill_after: int | None) -> tuple[int | None, str, str]:
+    """The command in a forked process: its exit code (None: SIGKILLed), stdout and stderr."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            code = 99
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                if kill_after is not None:
+                    os.environ[publication.KILL_VARIABLE] = str(kill_after)
+                code = prepare_images.main(["--output", output, *args])
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", "replace"))
+        return None if killed else os.waitstatus_to_exitcode(status), texts[0], texts[1]
+
+
+def say(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def main() -> None:
+    output, saved = sys.argv[1:3]
+    assert sys.argv[3] == "--"
+    args = sys.argv[4:]
+    first = args
+    if args[-1] == "--started_with_overwrite":
+        args = args[:-1]
+        first = [*args, "--overwrite"]
+    initial, base = saved.rstrip("/") + "/initial", saved.rstrip("/") + "/base"
+    copy(output, initial)
+    say(initial=tree(output))
+    code, _, stderr = run(output, first, None)
+    assert code == 0, stderr
+    say(reference=tree(output))
+    copy(initial, output)
+    code, _, stderr = run(output, first, 0)
+    assert code is None, f"not killed as its publication began ({code}): {stderr}"
+    say(base=tree(output))
+    copy(output, base)
+    step = 1
+    while True:
+        copy(base, output)
+        code, stdout, stderr = run(output, args, step)
+        if code is not None:
+            assert code == 0, stderr
+            say(step=step, killed=False, final=tree(output))
+            return
+        after_kill = tree(output)
+        code, stdout, stderr = run(output, args, None)
+        say(step=step, killed=True, after_kill=after_kill, code=code, stdout=stdout, stderr=stderr,
+            final=tree(output))
+        step += 1
+
+
+if __name__ == "__main__":
+    main()
