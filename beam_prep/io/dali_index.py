@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["FRAMING", "PREFIX", "SUFFIX", "Index", "index_name", "index_text", "parse_index"]
+__all__ = ["FRAMING", "PREFIX", "SUFFIX", "Index", "extent", "index_name", "index_text", "parse_index"]
 
 PREFIX = "dali-"
 SUFFIX = ".idx"
@@ -57,6 +57,25 @@ def parse_index(text: bytes) -> list[tuple[int, int]]:
             raise ValueError(f"line {number} is {line!r}, not '<offset> <size>'")
         rows.append((int(fields[0]), int(fields[1])))
     return rows
+
+
+def extent(text: bytes) -> tuple[int, int]:
+    """``(records, end)`` of an index file: its line count, and its last line's offset plus size (the
+    shard's length, were the index its own; 0 for an empty index), without parsing the other lines.
+
+    Raises:
+      ValueError: a last line that is not two integers, or a last line without its line break.
+    """
+    if not text:
+        return 0, 0
+    if not text.endswith(b"\n"):
+        raise ValueError("its last line has no line break (cut short?)")
+    last = text[text.rfind(b"\n", 0, len(text) - 1) + 1:]
+    fields = last.split()
+    if len(fields) != 2 or not all(field.isdigit() for field in fields):
+        raise ValueError(f"its last line is {last.rstrip()!r}, not '<offset> <size>'")
+    offset, size = (int(field) for field in fields)
+    return text.count(b"\n"), offset + size
 
 
 class Index:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.storage import join
 from beam_prep.model.features import IMAGE_FORMATS
-from beam_prep.model.names import check_file_name
+from beam_prep.model.names import check_distinct, check_file_name
 
 __all__ = [
     "COMPRESSIONS",
@@ -173,16 +173,28 @@ class SplitInfo:
         return out
 
     @classmethod
-    def from_json(cls, name: str, split: Mapping[str, Any], root: str = "") -> SplitInfo:
-        """Raises DatasetError (without the manifest's path: the caller adds it), UnsafeName for a shard
-        name that is not a plain file name in the dataset folder (``names.check_file_name``)."""
-        if not isinstance(split["shards"], list):
-            raise DatasetError(f"splits.{name}.shards is {split['shards']!r}, not a list of file names")
-        shards = tuple(check_file_name(shard, f"splits.{name}.shards[{i}]")
-                       for i, shard in enumerate(split["shards"]))
+    def from_json(cls, name: str, split: Mapping[str, Any], root: str = "",
+                  seen: dict[str, tuple[str, str]] | None = None) -> SplitInfo:
+        """Raises DatasetError (without the manifest's path: the caller adds it), UnsafeName for a split,
+        shard or index name beam-prep does not write (``names.check_file_name``), or a file named twice, in
+        any case, or named as the manifest (``names.check_distinct``; ``seen``: the files other splits
+        named, which this one's are added to)."""
+        check_file_name(name, "a split's name")
+        names = {key: split[key] for key in ("shards", "dali_index") if split.get(key) is not None}
+        for key, value in names.items():
+            if not isinstance(value, list):
+                raise DatasetError(f"splits.{name}.{key} is {value!r}, not a list of file names")
+            for i, file_name in enumerate(value):
+                check_file_name(file_name, f"splits.{name}.{key}[{i}]")
+        shards = tuple(split["shards"])
         for key in ("shard_num_examples", "shard_bytes", "shard_sha256", "dali_index"):
             if split.get(key) is not None and len(split[key]) != len(shards):
                 raise DatasetError(f"split {name!r} lists {len(shards)} shards but {len(split[key])} {key}")
+        if seen is None:
+            seen = {}
+        seen.setdefault(MANIFEST, ("the manifest", MANIFEST))  # a shard or an index over it would replace it
+        for key, value in names.items():
+            check_distinct(value, f"splits.{name}.{key}", seen)
         counts, sizes, sha256 = (split.get(key) for key in ("shard_num_examples", "shard_bytes", "shard_sha256"))
         class_counts = split.get("class_counts")
         return cls(name=name, shards=shards, num_examples=int(split["num_examples"]),
@@ -190,9 +202,7 @@ class SplitInfo:
                    class_counts=dict(class_counts) if class_counts is not None else None, root=root,
                    shard_bytes=tuple(int(n) for n in sizes) if sizes is not None else None,
                    shard_sha256=tuple(str(h) for h in sha256) if sha256 is not None else None,
-                   dali_index=tuple(check_file_name(index, f"splits.{name}.dali_index[{i}]")
-                                    for i, index in enumerate(split["dali_index"]))
-                   if split.get("dali_index") is not None else None)
+                   dali_index=tuple(split["dali_index"]) if split.get("dali_index") is not None else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +276,8 @@ class DatasetInfo:
                     f"{where} has format_version {version}; this beam-prep reads up to "
                     f"{FORMAT_VERSION}: upgrade beam-prep")
             try:
-                splits = {name: SplitInfo.from_json(name, s, root)
+                seen: dict[str, tuple[str, str]] = {}  # each file once, in any case, across the splits
+                splits = {name: SplitInfo.from_json(name, s, root, seen)
                           for name, s in manifest["splits"].items()}
             except DatasetError as e:  # its own type kept: UnsafeName stays one
                 raise type(e)(f"{where}: {e}") from e

@@ -1,12 +1,12 @@
-"""The one rule for names and paths read from a dataset's own files.
+"""The one rule for names read from a dataset's own files: those beam-prep writes, and no others.
 
-A manifest is data: it may come from a bucket someone else controls. A shard
-name such as ``../../victim/evil.txt`` or ``/etc/passwd``, joined to the dataset
-folder or to the shard cache's, would reach outside it: the readers would open
-it and the cache would write there. So every name a reader or a tool takes from
-a dataset's files is checked here, before anything is read or written, and
-anything but a plain file name in the folder is refused with one line naming
-the file, the field and the value.
+A manifest is data: it may come from a bucket someone else controls. Its names
+become paths (joined to the dataset folder or the shard cache's), URLs, and words in
+commands (WebDataset's ``pipe:``), so each is checked here before anything is read
+or written: a plain file name of ASCII letters, digits, ``.``, ``_`` and ``-``, not
+starting with ``.`` or ``-``, at most ``NAME_MAX`` bytes; anything else is refused
+with one line naming the file, the field and the value. The writer's split names
+obey the same rule (a split names its shard files). See docs/reference/manifest.md.
 
 No Beam and no TensorFlow here: the readers without TensorFlow use it too.
 """
@@ -16,24 +16,25 @@ import os
 import posixpath
 import re
 import unicodedata
+from collections.abc import Sequence
 from typing import Any
 
 from beam_prep.errors import UnsafeName
 from beam_prep.io.storage import is_local
 
-__all__ = ["check_file_name", "path_under"]
+__all__ = ["NAME_MAX", "check_distinct", "check_file_name", "name_problem", "path_under"]
 
+# The most bytes a name may have: a file name's limit on ext4, XFS, APFS and most others.
+NAME_MAX = 255
 _DRIVE = re.compile(r"[A-Za-z]:")  # a Windows drive: C:x is a path on drive C
+_OTHER = re.compile(r"[^A-Za-z0-9_.-]")  # a character outside the allow-list
+_RULE = ": a dataset names only files in its own folder, by their plain names"
+_SHOWN = 300  # characters of a value a message shows
 
 
-def _problem(name: str) -> str | None:
-    """Why ``name`` is not a plain file name, or None. Checked as written and in Unicode's
-    compatibility form (NFKC), so that ``．．／`` (fullwidth) cannot stand for ``../``
-    wherever names are normalised."""
-    if not name:
-        return "is empty"
-    if any(unicodedata.category(c) == "Cc" for c in name):
-        return "holds a control character (NUL, a line break...)"
+def _structure(name: str) -> str | None:
+    """Why ``name`` reaches outside its folder, or None. Checked as written and in Unicode's
+    compatibility form (NFKC), so that ``．．／`` (fullwidth) is said to be ``../``."""
     for form in dict.fromkeys((name, unicodedata.normalize("NFKC", name))):
         parts = form.replace("\\", "/").split("/")
         if form.startswith(("/", "\\")) or _DRIVE.match(form):
@@ -47,8 +48,50 @@ def _problem(name: str) -> str | None:
     return None
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a name beam-prep writes, or None: the allow-list.
+
+    A name is at most ``NAME_MAX`` bytes of ASCII letters, digits, ``.``, ``_`` and ``-``, and
+    starts with neither ``.`` (a hidden file, ``..``) nor ``-`` (an option, to a command).
+
+    Args:
+      name: the name.
+
+    Returns:
+      The reason, to follow "which" in a message (``holds ';', ...``), or None for a good name.
+    """
+    if not name:
+        return "is empty"
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        return "holds a control character (NUL, a line break...)"
+    why = _structure(name)
+    if why is not None:
+        return why
+    other = _OTHER.search(name)
+    if other is not None:
+        return f"holds {other[0]!r} (beam-prep writes names of ASCII letters, digits, '.', '_' and '-' only)"
+    if name[0] in ".-":
+        return (f"starts with {name[0]!r} (beam-prep's names start with a letter, a digit or '_': '.' makes a "
+                "hidden file, '-' an option to a command)")
+    if len(name) > NAME_MAX:
+        return f"is {len(name)} bytes long, more than a file name may be ({NAME_MAX})"
+    return None
+
+
+def _shown(name: Any) -> str:
+    """``repr(name)``, cut short past ``_SHOWN`` characters: a message stays a line a person reads."""
+    if isinstance(name, str) and len(name) > _SHOWN:
+        return f"{name[:_SHOWN]!r}... ({len(name)} characters)"
+    return repr(name)
+
+
+def _refuse(name: Any, field: str, why: str, where: str | None) -> UnsafeName:
+    prefix = f"{where}: " if where is not None else ""
+    return UnsafeName(f"{prefix}{field} is {_shown(name)}, which {why}{_RULE}")
+
+
 def check_file_name(name: Any, field: str, where: str | None = None) -> str:
-    """``name``, once checked to be a plain file name: the name of a file directly in the folder.
+    """``name``, once checked to be a name beam-prep writes: a plain file name in the folder (``name_problem``).
 
     Args:
       name: the value read (a shard name from ``manifest.json``).
@@ -59,16 +102,42 @@ def check_file_name(name: Any, field: str, where: str | None = None) -> str:
       ``name``, unchanged.
 
     Raises:
-      UnsafeName: not a string, empty, with a control character, ``.`` or ``..``, or with a
-        separator or drive (an absolute path, ``../x``, ``a/b``, ``C:x``), as written or once
-        Unicode-normalised.
+      UnsafeName: not a string, empty, with a control character, ``.`` or ``..``, a separator or
+        drive (an absolute path, ``../x``, ``a/b``, ``C:x``; as written or once Unicode-normalised),
+        a character outside the allow-list (a space, ``;``, ``$``, a fullwidth letter...), a first
+        ``.`` or ``-``, or more than ``NAME_MAX`` bytes.
     """
-    why = "is not a string" if not isinstance(name, str) else _problem(name)
+    why = "is not a string" if not isinstance(name, str) else name_problem(name)
     if why is not None:
-        prefix = f"{where}: " if where is not None else ""
-        raise UnsafeName(f"{prefix}{field} is {name!r}, which {why}: a dataset names only files in its own "
-                         "folder, by their plain names")
+        raise _refuse(name, field, why, where)
     return name
+
+
+def check_distinct(names: Sequence[str], field: str, seen: dict[str, tuple[str, str]],
+                   where: str | None = None) -> None:
+    """Refuses a name (checked by ``check_file_name``) that names a file already named, in any case.
+
+    Compared in lower case as well: on a case-insensitive file system (macOS's, Windows')
+    ``Train.tar`` is ``train.tar``, and two fills of one file at once, or a shard written over the
+    manifest, would follow.
+
+    Args:
+      names: the names of ``field``, in order.
+      field: their field (``splits.train.shards``); a name's is ``field[i]``.
+      seen: lower-case name -> (what it is, the name): the files named so far (``the manifest``,
+        ``splits.train.shards[0]``); ``names`` are added to it.
+      where: the file they were read from, for the message; None where the caller adds it.
+
+    Raises:
+      UnsafeName: a name of ``seen``, or twice in ``names``: naming the file, the field and the value.
+    """
+    for i, name in enumerate(names):
+        taken, other = seen.setdefault(name.lower(), (f"{field}[{i}]", name))
+        if taken == f"{field}[{i}]":
+            continue
+        why = (f"names the same file as {taken}" if other == name else
+               f"names the same file as {taken} ({other!r}) where case is not told apart (macOS, Windows)")
+        raise _refuse(name, f"{field}[{i}]", why, where)
 
 
 def path_under(root: str, path: Any, where: str, field: str) -> str:

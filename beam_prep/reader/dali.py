@@ -21,11 +21,12 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.errors import DatasetError, OptionsError, StorageError
+from beam_prep.io.dali_index import extent
 from beam_prep.io.libraries import require
 from beam_prep.io.storage import is_local
 from beam_prep.model import features
-from beam_prep.model.dataset import TFRECORD
+from beam_prep.model.dataset import TFRECORD, SplitInfo
 from beam_prep.reader.manifest_file import normalise_root, read_manifest_info
 
 __all__ = ["DaliPlan", "dali_plan", "dali_reader"]
@@ -33,6 +34,8 @@ __all__ = ["DaliPlan", "dali_plan", "dali_reader"]
 _READER = "beam_prep.dali_reader"
 _WEBDATASET = "webdataset"
 _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}  # the image member's, as the writer names it
+_REWRITE = ("delete it and write it again from its shard (DALI's tfrecord2idx SHARD INDEX), or prepare the dataset "
+            "again")
 
 
 class DaliPlan(NamedTuple):
@@ -71,9 +74,11 @@ def dali_plan(path: str | os.PathLike, split: str = "train") -> DaliPlan:
 
     Raises:
       DatasetError: no dataset there, no such split, or a dataset DALI cannot read: GZIP
-        TFRecords, TFRecords without their index files, ArrayRecord, or a multi-label
-        WebDataset; each message says what to do.
+        TFRecords, TFRecords without their index files or with one whose record count or end is
+        not the manifest's for its shard, ArrayRecord, or a multi-label WebDataset; each message
+        says what to do.
       OptionsError: a ``gs://`` dataset (copy it to local disk first).
+      StorageError: an index file that cannot be read.
     """
     origin = normalise_root(path)
     if not is_local(origin):
@@ -99,6 +104,8 @@ def dali_plan(path: str | os.PathLike, split: str = "train") -> DaliPlan:
         if missing is not None:
             raise DatasetError(f"{missing}: the DALI index of a shard of {origin} is missing; copy the "
                                "dataset with its .idx files, or prepare it again")
+        for i, index in enumerate(index_files):
+            _check_index(index, chosen, i)
     else:
         index_files = None
         if info.multi_label:
@@ -106,6 +113,30 @@ def dali_plan(path: str | os.PathLike, split: str = "train") -> DaliPlan:
                                "prepare it with --file_format tfrecord --compression none for DALI")
     return DaliPlan(info.file_format, chosen.files, index_files, chosen.num_examples, info.labels,
                     info.label_offset, info.multi_label, _EXTENSIONS[info.image.format])
+
+
+def _check_index(path: str, split: SplitInfo, i: int) -> None:
+    """Refuses the DALI index of shard ``i`` of ``split`` where its record count or its end is not the
+    manifest's for the shard: DALI reads the records an index lists, and no error says one is short
+    (left from another run, or cut short). One read of the index, as DALI's own; none of the shard.
+
+    Raises:
+      DatasetError: naming the index, what it holds, what the manifest lists, and what to do.
+    """
+    try:
+        with open(path, "rb") as f:
+            records, end = extent(f.read())
+    except ValueError as e:
+        raise DatasetError(f"{path}: not a DALI index ({e}); {_REWRITE}") from e
+    except OSError as e:
+        raise StorageError(f"cannot read {path}: {e.strerror or e}") from e
+    expected = [(name, listed[i], found) for name, listed, found in (
+        ("records", split.shard_num_examples, records), ("bytes", split.shard_bytes, end)) if listed is not None]
+    if any(listed != found for _, listed, found in expected):
+        raise DatasetError(f"{path}: the DALI index lists {records} records ending at byte {end}, but the manifest "
+                           f"lists {' in '.join(f'{listed} {name}' for name, listed, _ in expected)} for its "
+                           f"shard {split.shards[i]} (left from another run, or cut short?): DALI would read "
+                           f"the records it lists and no others; {_REWRITE}")
 
 
 def dali_reader(path: str | os.PathLike, split: str = "train", *, shard_id: int = 0, num_shards: int = 1,

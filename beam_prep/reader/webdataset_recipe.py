@@ -20,9 +20,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from beam_prep.errors import OptionsError
 from beam_prep.model.dataset import DatasetInfo
 from beam_prep.reader.images import stored_image
 from beam_prep.reader.resolve import resolve_split
@@ -35,7 +37,8 @@ _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
 
 
 def shard_urls(path: str | os.PathLike, split: str = "train", file_format: str = _FORMAT, *,
-               cache_dir: str | os.PathLike | bool | None = None, cache_max_bytes: int | None = None) -> list[str]:
+               cache_dir: str | os.PathLike | bool | None = None, cache_max_bytes: int | None = None,
+               pipe: str | None = None) -> list[str]:
     """The shard files of split ``split``, in order, once the dataset is checked to be of ``file_format``.
 
     For any reader that takes a list of files (``webdataset.WebDataset``, Grain's
@@ -46,21 +49,32 @@ def shard_urls(path: str | os.PathLike, split: str = "train", file_format: str =
       split: a split in the manifest.
       file_format: the format the caller reads: ``webdataset``, ``array_record`` or ``tfrecord``.
       cache_dir: for ``gs://``: where the shards are cached (``data_source``'s cache),
-        or False for the ``gs://`` URLs themselves (to stream them, e.g. as
-        ``pipe:gcloud storage cat URL``).
+        or False for the ``gs://`` URLs themselves (to stream them: see ``pipe``).
       cache_max_bytes: the cache's bound, as ``data_source``'s.
+      pipe: a command that writes the file its last argument names to its output
+        (``"gcloud storage cat"``): each path is returned as WebDataset's ``pipe:`` URL of the
+        command, ``pipe:gcloud storage cat 'gs://bucket/ds/train-00000-of-00004.tar'``, the path
+        quoted for the shell (``shlex.quote``) so that nothing in a folder's name is run. The
+        command itself is yours, as written. None: the paths themselves.
 
     Returns:
-      The shards' paths: local files, or ``gs://`` URLs with ``cache_dir=False``.
+      The shards' paths: local files, or ``gs://`` URLs with ``cache_dir=False``; as ``pipe:``
+      URLs with ``pipe``.
 
     Raises:
       DatasetError: no dataset there, a dataset of another format (naming it and its
         reader), or no such split.
+      UnsafeName: a shard name beam-prep does not write (``model.names``), before anything is read.
+      OptionsError: ``pipe`` is empty.
       StorageError: a ``gs://`` shard cannot be fetched.
     """
+    if pipe is not None and (not isinstance(pipe, str) or not pipe.strip()):
+        raise OptionsError(f"pipe is a command that writes a file to its output (gcloud storage cat), not {pipe!r}")
     chosen = resolve_split(path, split, file_format, f"a {file_format} reader", cache=cache_dir is not False,
                            cache_dir=cache_dir or None, max_bytes=cache_max_bytes).split
-    return list(chosen.files)
+    if pipe is None:
+        return list(chosen.files)
+    return [f"pipe:{pipe} {shlex.quote(file)}" for file in chosen.files]
 
 
 def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffle: bool | None = None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -47,6 +48,7 @@ from beam_prep.tools.verify_report import (
     MISSING_SHARD,
     RUN_COUNTS,
     SHARD_COUNT,
+    SHARD_SHA256,
     SPLIT_COUNT,
     Problems,
     VerifyReport,
@@ -63,6 +65,7 @@ _LOG = logging.getLogger(__name__)
 # benchmarks/bench_verify.py (docs/performance/verify.md), small enough that a shard of a
 # few thousand records still has batches to decode in parallel.
 BATCH_RECORDS = 256
+_HASH_CHUNK = 1 << 20  # bytes a read, to hash a shard
 
 
 @dataclasses.dataclass
@@ -259,7 +262,29 @@ def _check_shard(info: DatasetInfo, split: SplitInfo, index: int, check: Callabl
                                         f"{expected} for it (split {split.name!r})")
     if tally.whole and split.index_files is not None:
         _check_dali_index(split.index_files[index], tally.lengths, problems)
+    if tally.whole and split.shard_sha256 is not None and split.shard_sha256[index]:
+        _check_sha256(path, split.shard_sha256[index], split.name, problems)
     return tally
+
+
+def _check_sha256(path: str, expected: str, split: str, problems: Problems) -> None:
+    """A shard's bytes have the sha256 the writer recorded (``shard_sha256``), as the gs:// cache checks
+    them: records that all check can still be other bytes (a shard replaced by another run's, or edited).
+    Read once more, after its records: from the page cache, where it fits there."""
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except tf.errors.OpError as e:
+        problems.add(SHARD_SHA256, path, f"cannot be read to check its sha256: {_first_line(e.message)}")
+        return
+    if digest.hexdigest() != expected:
+        problems.add(SHARD_SHA256, path, f"has sha256 {digest.hexdigest()}, but the manifest's shard_sha256 for it is "
+                                         f"{expected} (split {split!r}): its bytes are not those written (replaced "
+                                         "or edited since?); copy the dataset again, or prepare it again")
 
 
 def _check_tfrecords(info: DatasetInfo, path: str, check: Callable, tally: _ShardTally, problems: Problems,

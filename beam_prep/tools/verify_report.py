@@ -16,6 +16,7 @@ MISSING_SHARD = "missing_shard"
 EXTRA_SHARD = "extra_shard"
 DAMAGED_SHARD = "damaged_shard"
 SHARD_COUNT = "shard_count"
+SHARD_SHA256 = "shard_sha256"  # a shard read whole whose bytes are not the manifest's shard_sha256
 SPLIT_COUNT = "split_count"
 CLASS_COUNT = "class_count"
 BAD_RECORD = "bad_record"
@@ -25,7 +26,7 @@ LABEL_TEXT = "label_text"
 RUN_COUNTS = "run_counts"
 DALI_INDEX = "dali_index"  # a shard's DALI index (io.dali_index) missing, or not matching the shard
 KINDS = (MANIFEST_PROBLEM, RUN_COUNTS, LABELS_FILE, MISSING_SHARD, EXTRA_SHARD, DAMAGED_SHARD, SHARD_COUNT,
-         SPLIT_COUNT, CLASS_COUNT, BAD_RECORD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT, DALI_INDEX)
+         SHARD_SHA256, SPLIT_COUNT, CLASS_COUNT, BAD_RECORD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT, DALI_INDEX)
 
 MAX_PER_KIND = 20
 

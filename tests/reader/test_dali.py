@@ -19,6 +19,7 @@ import pytest
 from helpers import make_tree, prepare_here
 
 import beam_prep
+from beam_prep.errors import DatasetError
 from beam_prep.io.tfrecord import frame
 from beam_prep.tools.verification import verify
 
@@ -178,11 +179,38 @@ def test_verify_finds_an_index_that_no_longer_matches_its_shard(datasets, tmp_pa
     split = manifest(folder)["splits"]["train"]
     _rewrite_reversed(folder / split["shards"][0])
     report = verify(str(folder))
-    assert [p.kind for p in report.problems] == ["dali_index"]
-    problem = report.problems[0]
-    assert problem.where == str(folder / split["dali_index"][0])
+    # the shard's bytes are not the manifest's either (its records are, in another order)
+    assert [(p.kind, p.where) for p in report.problems] == [("shard_sha256", str(folder / split["shards"][0])),
+                                                            ("dali_index", str(folder / split["dali_index"][0]))]
+    problem = report.problems[1]
     assert "does not match its shard (its line 1 says offset 0 size" in problem.message
     assert "the shard was written again after its index?" in problem.message
+
+
+def _cut_short(index: pathlib.Path, lines: int) -> None:
+    """The index with its first ``lines`` lines only: one left from a run that wrote fewer records, or cut."""
+    index.write_text("".join(index.read_text().splitlines(keepends=True)[:lines]))
+
+
+def test_an_index_shorter_than_its_shard_is_refused_before_dali_reads_fewer_records(datasets, tmp_path):
+    """DALI reads the records an index lists and says nothing of the others: before the check, a pipeline
+    over an index cut short read fewer records than the split holds, without an error."""
+    folder = tmp_path / "ds"
+    shutil.copytree(datasets["tfrecord"], folder)
+    split = manifest(folder)["splits"]["train"]
+    index, shard = folder / split["dali_index"][1], split["shards"][1]
+    kept = split["shard_num_examples"][1] // 2
+    _cut_short(index, kept)
+    end = sum(int(size) for size in [line.split()[1] for line in index.read_text().splitlines()])
+    with pytest.raises(DatasetError) as caught:
+        dali_records(folder, "train")
+    assert str(caught.value) == (
+        f"{index}: the DALI index lists {kept} records ending at byte {end}, but the manifest lists "
+        f"{split['shard_num_examples'][1]} records in {split['shard_bytes'][1]} bytes for its shard {shard} (left "
+        "from another run, or cut short?): DALI would read the records it lists and no others; delete it and "
+        "write it again from its shard (DALI's tfrecord2idx SHARD INDEX), or prepare the dataset again")
+    index.write_text(reference_index(folder / shard))  # written again from its shard, as the message says
+    assert len(dali_records(folder, "train")) == split["num_examples"]
 
 
 def test_verify_finds_a_missing_index(datasets, tmp_path):

@@ -18,13 +18,14 @@ from beam_prep.write.shared.shard_formats import dali_indexed
 
 
 def write_dataset(folder: pathlib.Path, *, file_format: str = "tfrecord", compression: str = "NONE",
-                  indexed: bool = True, multi_label: bool = False, labels: tuple[str, ...] = ("a", "b")) -> str:
+                  indexed: bool = True, multi_label: bool = False, labels: tuple[str, ...] = ("a", "b"),
+                  shard_bytes: tuple[int, int] | None = None) -> str:
     """A manifest as the writer writes it, over two empty shards (and their index files)."""
     suffix = {"tfrecord": ".tfrecord" if compression == "NONE" else ".tfrecord.gz",
               "webdataset": ".tar", "array_record": ".array_record"}[file_format]
     shards = tuple(f"train-0000{i}-of-00002{suffix}" for i in range(2))
     index = tuple(index_name(s) for s in shards) if indexed else None
-    split = SplitInfo("train", shards, 0, (0, 0), dali_index=index)
+    split = SplitInfo("train", shards, 0, (0, 0), dali_index=index, shard_bytes=shard_bytes)
     info = DatasetInfo(str(folder), labels, {"train": split}, ImageInfo(8, 8), compression=compression,
                        label_offset=1, multi_label=multi_label, file_format=file_format)
     folder.mkdir(parents=True, exist_ok=True)
@@ -80,6 +81,40 @@ def test_an_index_file_gone_from_the_folder_is_named(tmp_path):
     gone = tmp_path / "ds" / "dali-train-00001-of-00002.tfrecord.idx"
     gone.unlink()
     assert refusal(folder).startswith(f"{gone}: the DALI index of a shard of {folder} is missing")
+
+
+_REWRITE = ("delete it and write it again from its shard (DALI's tfrecord2idx SHARD INDEX), or prepare the dataset "
+            "again")
+
+
+@pytest.mark.parametrize(("text", "shard_bytes", "holds", "listed"), [
+    (index_text([5]), None, "1 records ending at byte 21", "0 records"),  # left from a run that wrote one
+    (index_text([5]), (0, 0), "1 records ending at byte 21", "0 records in 0 bytes"),
+    (b"", (0, 40), "0 records ending at byte 0", "0 records in 40 bytes"),  # the count alone agrees
+])
+def test_an_index_that_does_not_end_where_its_shard_does_is_refused(tmp_path, text, shard_bytes, holds, listed):
+    folder = write_dataset(tmp_path / "ds", shard_bytes=shard_bytes)
+    index = tmp_path / "ds" / "dali-train-00001-of-00002.tfrecord.idx"
+    index.write_bytes(text)
+    assert refusal(folder) == (f"{index}: the DALI index lists {holds}, but the manifest lists {listed} for its "
+                               "shard train-00001-of-00002.tfrecord (left from another run, or cut short?): DALI "
+                               f"would read the records it lists and no others; {_REWRITE}")
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    (b"0 21\n21", "its last line has no line break (cut short?)"),
+    (b"0 21\n21 x\n", "its last line is b'21 x', not '<offset> <size>'"),
+])
+def test_an_index_that_is_no_index_is_refused(tmp_path, text, why):
+    folder = write_dataset(tmp_path / "ds")
+    index = tmp_path / "ds" / "dali-train-00000-of-00002.tfrecord.idx"
+    index.write_bytes(text)
+    assert refusal(folder) == f"{index}: not a DALI index ({why}); {_REWRITE}"
+
+
+def test_an_index_that_agrees_with_its_shards_manifest_entry_passes(tmp_path):
+    folder = write_dataset(tmp_path / "ds", shard_bytes=(0, 0))
+    assert dali_plan(folder).index_files is not None  # empty shards, empty indexes: 0 records ending at 0
 
 
 def test_a_multi_label_webdataset_and_a_missing_split_are_refused(tmp_path):

@@ -7,6 +7,7 @@ that problem, is named.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -68,7 +69,8 @@ def read_records(path: pathlib.Path) -> list[dict]:
 
 
 def write_records(path: pathlib.Path, records: list[dict]) -> None:
-    """Writes records (``decode_example``'s dicts) as a shard, with the writer's own encoder and framing."""
+    """Writes records (``decode_example``'s dicts) as a shard, with the writer's own encoder and framing, and
+    records its sha256 in the manifest as the writer would: the records are the problem, not the bytes."""
     with shard_writer(str(path), "gzip") as f:
         for r in records:
             write_record(f, features.encode_example(features.ImageRecord(
@@ -76,6 +78,22 @@ def write_records(path: pathlib.Path, records: list[dict]) -> None:
                 height=r[features.HEIGHT], width=r[features.WIDTH], channels=r[features.CHANNELS],
                 label=r[features.LABEL], label_text=r[features.LABEL_TEXT].decode(),
                 filename=r[features.FILENAME].decode(), sha256=r[features.SHA256].decode())))
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def edit(manifest: dict) -> None:
+        for split in manifest["splits"].values():
+            if path.name in split["shards"]:
+                split["shard_sha256"][split["shards"].index(path.name)] = sha256
+    edit_manifest(path.parent, edit)
+
+
+def restamp_gzip(shard: pathlib.Path) -> None:
+    """The shard with another time in its GZIP header (bytes 4 to 8): the same size, the same records,
+    other bytes, as a shard replaced by another run's copy of the same records would be."""
+    data = bytearray(shard.read_bytes())
+    assert data[:3] == b"\x1f\x8b\x08"  # a GZIP member: its MTIME follows the flags
+    data[4:8] = (int.from_bytes(data[4:8], "little") ^ 0x5A5A5A5A).to_bytes(4, "little")
+    shard.write_bytes(bytes(data))
 
 
 def kinds(report) -> list[str]:
@@ -158,6 +176,30 @@ def test_a_shard_with_a_record_more_than_listed_is_named(out):
     report = verify(str(out))
     assert [str(p) for p in report.problems if p.kind == "shard_count"] == [
         f"{out / TRAIN1}: holds 5 records; the manifest lists 4 for it (split 'train')"]
+
+
+def test_a_shard_whose_bytes_are_not_the_manifests_sha256_is_named(out, capsys):
+    """Same size, every record as it was: only its sha256 (``shard_sha256``) tells it from the one written."""
+    shard = out / TRAIN1
+    size, listed = shard.stat().st_size, json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    restamp_gzip(shard)
+    assert shard.stat().st_size == size
+    found = hashlib.sha256(shard.read_bytes()).hexdigest()
+    expected = listed["shard_sha256"][listed["shards"].index(TRAIN1)]
+    assert verify_output.main([str(out)]) == 1
+    line = (f"shard_sha256: {shard}: has sha256 {found}, but the manifest's shard_sha256 for it is {expected} "
+            "(split 'train'): its bytes are not those written (replaced or edited since?); copy the dataset "
+            "again, or prepare it again")
+    assert "  " + line in capsys.readouterr().out.splitlines()[1:]
+    report = verify(str(out))
+    assert kinds(report) == ["shard_sha256"] and report.records == 15  # every record read, and checks
+
+
+def test_a_manifest_without_shard_sha256_checks_no_bytes(out):
+    """A manifest from before ``shard_sha256`` (or a writer that could not report one): nothing to compare."""
+    restamp_gzip(out / TRAIN1)
+    edit_manifest(out, lambda m: [split.pop("shard_sha256") for split in m["splits"].values()])
+    assert verify(str(out)).ok
 
 
 def test_a_manifest_that_cannot_be_used_is_a_problem_not_a_missing_dataset(out, capsys):
@@ -339,13 +381,15 @@ def test_raw_pixels_are_checked_against_the_fixed_size():
 def test_a_dataset_in_gcs_is_verified_through_tensorflows_gcs_filesystem(gcs_server, gcs_bucket, out):
     (out / VALIDATION1).unlink()
     shutil.copy(out / TRAIN1, out / "train-00002-of-00003.tfrecord.gz")
+    restamp_gzip(out / TRAIN0)
     gcs_bucket.upload_tree(out, "out")
     result = gcs_server.run([sys.executable, "-m", "pipelines.cli", "verify", gcs_bucket.url("out")],
                             cwd=REPO, check=False)
     assert result.returncode == 1, result.stderr
     assert f"missing_shard: {gcs_bucket.url('out/' + VALIDATION1)}: listed in split" in result.stdout
     assert f"extra_shard: {gcs_bucket.url('out/train-00002-of-00003.tfrecord.gz')}: " in result.stdout
-    assert result.stdout.startswith(f"2 problems in {gcs_bucket.url('out')} (12 records in 3 shards")
+    assert f"shard_sha256: {gcs_bucket.url('out/' + TRAIN0)}: has sha256 " in result.stdout
+    assert result.stdout.startswith(f"3 problems in {gcs_bucket.url('out')} (12 records in 3 shards")
 
 
 # Reader throughput.

@@ -220,6 +220,11 @@ def test_an_element_of_the_wrong_shape_fails_the_job_with_its_reason(tmp_path):
     ({"labels": ["a", "a"]}, "lists 'a' more than once"),
     ({"labels": ["a\nb"]}, "line break"),
     ({"splits": ["train/x"]}, "cannot name shard files"),
+    ({"splits": ["train;x"]}, "cannot name shard files"),  # the readers' rule (model.names): no word for a shell
+    ({"splits": ["tr\u00e4in"]}, "cannot name shard files"),
+    ({"splits": ["-train"]}, "cannot name shard files"),
+    ({"splits": ["t" * 223]}, "at most 222 of them"),  # dali-<split>-00000-of-00001.tfrecord.idx: 255 bytes
+    ({"splits": ["train", "Train"]}, r"each once \(in any case\)"),
     ({"validation_percent": 100}, r"validation_percent must be in \[0, 100\)"),
     ({"image_size": "big"}, "must be an int or HxW"),
     ({"resize_mode": "fit"}, "resize_mode must be one of"),

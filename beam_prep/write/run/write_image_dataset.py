@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import numbers
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -25,8 +24,11 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import PCollection, TaggedOutput
 
 from beam_prep.errors import CrossSplitLeakage, ElementError, ImageError, OptionsError
+from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import is_local
+from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.model.features import SCHEMA
+from beam_prep.model.names import NAME_MAX, name_problem
 from beam_prep.write.finish import duplicates, publication, publish
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
@@ -56,8 +58,6 @@ __all__ = ["ImageElement", "WriteImageDataset"]
 _FAILED = "failed"
 # The element count the near-duplicate search plans its bands for: the transform cannot know it ahead.
 _NEAR_SEARCH_COUNT = 1_000_000
-# A split names its shard files (<split>-00000-of-00004.tfrecord.gz): no separators, no globs.
-_SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class ImageElement(NamedTuple):
@@ -431,12 +431,26 @@ def _checked_splits(splits: Sequence[str] | None, validation_percent: float) -> 
     if isinstance(splits, (str, bytes)):
         raise OptionsError(f"splits is a list of names, not one {type(splits).__name__}: {splits!r}")
     splits = tuple(splits)
-    if not splits or len(set(splits)) != len(splits):
-        raise OptionsError(f"splits must name one split or more, each once, not {list(splits)}")
+    if not splits or len({str(split).lower() for split in splits}) != len(splits):  # Train is train on macOS
+        raise OptionsError(f"splits must name one split or more, each once (in any case), not {list(splits)}")
     for split in splits:
-        if not isinstance(split, str) or not _SPLIT_NAME.fullmatch(split):
-            raise OptionsError(f"split {split!r} cannot name shard files: use letters, digits, _ . -")
+        _check_split_name(split)
     return splits
+
+
+def _check_split_name(split: Any) -> None:
+    """Refuses a split name the readers would refuse in its files' names (``model.names``' rule).
+
+    A split names its shard files (``<split>-00000-of-00004.tfrecord.gz``) and their DALI indexes
+    (``dali-<shard>.idx``, the longest): no separators, no globs, no words for a shell.
+
+    Raises:
+      OptionsError: naming the split and the rule.
+    """
+    room = NAME_MAX - len(index_name(layout.shard_name("", 0, 1, shard_suffix(TFRECORD, "none"))))  # the longest
+    if not isinstance(split, str) or name_problem(split) is not None or len(split) > room:
+        raise OptionsError(f"split {split!r} cannot name shard files: use ASCII letters, digits, _ . - "
+                           f"(not . or - first), at most {room} of them")
 
 
 def _checked_spec(image_size: int | tuple[int, int] | str | None, resize_mode: str, channels: int,
