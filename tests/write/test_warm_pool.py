@@ -231,6 +231,33 @@ def test_another_user_is_refused():
         assert pool.waiting == 1  # its worker still waits for the run
 
 
+# A process of this user that no run started: it leaves its parent (a fork whose parent exits), then
+# reaches the pool's socket, and says what it was answered.
+_STRANGER = """
+import os, socket, sys, time
+if os.fork():
+    os._exit(0)
+while os.getppid() == {parent}:
+    time.sleep(0.01)
+s = socket.socket(socket.AF_UNIX)
+s.connect({address!r})
+sys.stdout.write(repr(s.recv(1)))
+"""
+
+
+def test_a_process_the_run_did_not_start_is_refused_and_never_recorded():
+    """The same user's, but not a descendant of the launcher (as every relay Beam starts is): it
+    would be stopped with the run's processes, and it would take a worker meant for the run."""
+    with warm_pool.WarmPool() as pool:
+        pool.start(1)
+        code = ("import os; parent = os.getpid()\n"
+                f"exec({_STRANGER!r}.format(parent=parent, address={warm_pool._socket_address(pool.address)!r}))")
+        refused = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert refused.stdout == "b''", refused.stderr  # closed without an answer
+        (worker, _), = pool._waiting  # still waiting for the run, the one process recorded
+        assert [p.pid for p in pool.started._processes] == [worker.pid]
+
+
 @pytest.mark.parametrize("argv,count", [
     ([], 1),
     (["--direct_num_workers", "3"], 3),

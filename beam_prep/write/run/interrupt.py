@@ -42,7 +42,8 @@ class Started:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: the signal handler stops the run in the main thread, which may hold it in ``add``.
+        self._lock = threading.RLock()
         self._processes: list[psutil.Process] = []
         self._stopped = False
 

@@ -281,6 +281,9 @@ class WarmPool:
         if uid is not None and uid != os.getuid():
             _LOG.warning("a process of user %d reached the run's worker socket: refused", uid)
             return
+        if pid is not None and not _started_here(pid):
+            _LOG.warning("process %d, which this run did not start, reached its worker socket: refused", pid)
+            return
         if pid is not None and not self.started.add(pid):
             return
         while True:
@@ -368,6 +371,18 @@ class WarmPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _started_here(pid: int) -> bool:
+    """Whether process ``pid`` descends from this one (the relays Beam starts do), or is this one."""
+    import psutil  # here: as ``interrupt.Started``, only a run with workers needs it
+
+    if pid == os.getpid():
+        return True
+    try:
+        return any(parent.pid == os.getpid() for parent in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
 
 
 def may_fork() -> bool:
