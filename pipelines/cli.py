@@ -132,6 +132,15 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command ``argv`` names, ``sys.argv[1:]`` by default; returns its exit code.
+
+    Called without ``argv`` (the ``beam-prep`` script, ``python -m pipelines.cli``), the
+    process is the command's own: ``prepare`` imports Beam without what a run never uses and
+    forks its first workers from it (``beam_prep.cli.early``). Given ``argv``, it runs in a
+    caller's process, which it leaves as it found it: Beam imported whole, as
+    ``beam_prep.prepare`` does, and no fork of the caller.
+    """
+    own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
         print(usage())
@@ -144,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: unknown command {argv[0]!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
         print(usage(), file=sys.stderr)
         return 2
-    if argv[0] == "prepare":  # Beam imported, then the run's first workers forked with it
+    if argv[0] == "prepare" and own_process:  # Beam imported, then the run's first workers forked with it
         from beam_prep.cli.early import import_beam_then_start_workers
         import_beam_then_start_workers(argv[1:])
     module = importlib.import_module(COMMANDS[argv[0]][0])

@@ -121,10 +121,9 @@ def interrupt(tree: pathlib.Path, out: pathlib.Path, signum: int, *extra: str, w
 
 
 def _pause_workers(pid: int) -> list[psutil.Process]:
-    """SIGSTOP to the Beam worker processes the launcher ``pid`` started: the run's work stops here."""
-    from beam_prep.write.run.interrupt import is_worker
-
-    workers = [p for p in psutil.Process(pid).children(recursive=True) if is_worker(p)]
+    """SIGSTOP to the processes the launcher ``pid`` started (its workers, and the relays Beam started
+    for them): the run's work stops here."""
+    workers = psutil.Process(pid).children(recursive=True)
     assert workers, "no worker processes to pause"
     for worker in workers:
         worker.suspend()

@@ -50,10 +50,19 @@ def shard_records(path: str, checksum: Checksum | None = None,
             writer = module.ArrayRecordWriter(local, WRITER_OPTIONS)
         except Exception as e:  # the C++ writer raises ValueError or RuntimeError
             raise storage_error("write", shown_as or path, e) from e
+        def write(record: bytes) -> None:  # a failed write names the file, wherever it is made
+            try:
+                writer.write(record)
+            except Exception as e:  # the C++ writer raises ValueError or RuntimeError
+                raise storage_error("write", shown_as or path, e) from e
+
         try:
-            yield writer.write
+            yield write
         finally:
-            writer.close()
+            try:
+                writer.close()
+            except Exception as e:  # its last block: the disk may be full
+                raise storage_error("write", shown_as or path, e) from e
         _copy(local, path if stage is not None else None, checksum, shown_as or path)
     finally:
         if stage is not None:

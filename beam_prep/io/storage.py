@@ -8,6 +8,7 @@ Beam's filesystems wrap the client's exceptions (``BeamIOError`` holding a dict 
 """
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
@@ -93,6 +94,21 @@ def _code(error: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+# What to do where a write found no room, by its errno.
+_NO_ROOM = {
+    errno.ENOSPC: "free space on that disk, or write elsewhere",
+    errno.EDQUOT: "free some of this user's quota on that disk, or write elsewhere",
+    errno.EFBIG: "larger than the file system or this process's limit (ulimit -f) allows; raise the limit, "
+                 "or write elsewhere",
+}
+
+
+def _no_room(error: BaseException) -> OSError | None:
+    """The OSError in ``error``'s causes that says a write found no room (a full disk, a quota,
+    a file size limit), or None."""
+    return next((e for e in _causes(error) if isinstance(e, OSError) and e.errno in _NO_ROOM), None)
+
+
 def bucket_of(path: str) -> str | None:
     """``gs://bucket`` of a GCS path, else None."""
     return "gs://" + path[len("gs://"):].split("/", 1)[0] if path.startswith("gs://") else None
@@ -100,6 +116,9 @@ def bucket_of(path: str) -> str | None:
 
 def storage_error(action: str, path: str, error: BaseException) -> StorageError:
     """A StorageError that names ``path`` and says what to fix."""
+    full = _no_room(error)
+    if full is not None:
+        return StorageError(f"cannot {action} {path}: [Errno {full.errno}] {full.strerror}; {_NO_ROOM[full.errno]}")
     codes = {_code(e) for e in _causes(error)}
     names = {type(e).__name__ for e in _causes(error)}
     if is_local(path) and "PermissionError" in names:

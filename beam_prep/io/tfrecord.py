@@ -75,6 +75,28 @@ class Checksum:
         return self._sha256.hexdigest()
 
 
+class _Named:
+    """A file whose failed write raises StorageError naming it, wherever the write is made: a sink
+    holds its shard open across calls (``contextlib.ExitStack``), outside the ``with`` of
+    ``shard_writer``, whose own handler then never sees the error."""
+
+    def __init__(self, raw: BinaryIO, shown_as: str) -> None:
+        self._raw = raw
+        self._shown_as = shown_as
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._raw.write(data)
+        except OSError as e:
+            raise storage_error("write", self._shown_as, e) from e
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except OSError as e:
+            raise storage_error("write", self._shown_as, e) from e
+
+
 class _Checksummed:
     """A file whose written bytes also go to a ``Checksum``."""
 
@@ -102,11 +124,12 @@ def shard_writer(path: str, compression: str, checksum: Checksum | None = None,
 
     The GZIP header holds no time and no file name (as zlib's, which Beam's
     sink uses), so a rerun writes byte-identical files. A failed write raises
-    StorageError naming the file: the job's one-line error says which.
+    StorageError naming the file, wherever it is made: the job's one-line error says which.
     """
     try:
         with FileSystems.create(path, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+                                compression_type=CompressionTypes.UNCOMPRESSED) as opened:
+            raw: BinaryIO = _Named(opened, shown_as or path)  # type: ignore[assignment]
             if checksum is not None:
                 raw = _Checksummed(raw, checksum)
             if compression == "none":

@@ -6,10 +6,12 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 
 import pytest
 from helpers import REPO, child, encode, make_tree, prepare_here, run_prepare
+from small_disk import small_disk
 
 import beam_prep
 from beam_prep.cli.flags import check_flags, known_flags, nearest_flag, unknown_flags
@@ -42,6 +44,7 @@ def tmpdir_env(tmp_path):
 def run_with_file_limit(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """run_prepare in a process that cannot write a file past MAX_FILE_BYTES (EFBIG, "File too large")."""
     def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), not the process
         resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
 
     return run_prepare(*args, env=env, preexec_fn=limit)
@@ -143,7 +146,7 @@ def test_a_failed_job_ends_with_one_line_and_leaves_its_log(tree, tmp_path, tmpd
     assert result.returncode == 1, result.stderr
     assert len(lines) < 10 and "Traceback" not in result.stderr, result.stderr
     assert re.match(r"error: cannot write \S+/train-00000-of-00001\.tfrecord\.gz: \[Errno 27\] "
-                    r"File too large \(full log: ", lines[-1]), lines[-1]
+                    r"File too large; .*ulimit -f.* \(full log: ", lines[-1]), lines[-1]
     assert "while running" not in lines[-1]
     log = log_named_in(lines[-1])
     assert os.path.dirname(log) == tmpdir_env["TMPDIR"]
@@ -152,13 +155,36 @@ def test_a_failed_job_ends_with_one_line_and_leaves_its_log(tree, tmp_path, tmpd
     assert "Error processing instruction" in text  # a worker's own report, not on stderr
 
 
+@pytest.mark.slow  # a pipeline, in a subprocess
+@pytest.mark.parametrize("full", ["a file size limit", "a full disk"])
+def test_a_shard_that_finds_no_room_ends_in_one_line_naming_it(full, tmp_path, tmpdir_env):
+    """Mid-shard, where the write is made outside the ``with`` that opened the file (the streaming
+    sink holds it open across calls): the one line names the shard, the reason and what to do,
+    as for any storage error (exit code 1). The limit or the disk holds the launcher's files."""
+    make_tree(tmp_path / "in", {"a": 30, "b": 30}, size=(64, 64), fmt="PNG", ext=".png")  # 720 KB of raw pixels
+    args = ["--input", str(tmp_path / "in"), "--image_format", "raw", "--image_size", "64",
+            "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
+    if full == "a file size limit":
+        result = run_with_file_limit(*args, "--output", str(tmp_path / "out"), env=tmpdir_env)
+        reason = r"\[Errno 27\] File too large; .*\(ulimit -f\).*"
+    else:
+        with small_disk(tmp_path / "disk") as disk:
+            result = run_prepare(*args, "--output", str(disk / "out"), env=tmpdir_env)
+        reason = r"\[Errno 28\] No space left on device; free space on that disk, or write elsewhere"
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1, result.stderr
+    assert len(lines) < 10 and "Traceback" not in result.stderr, result.stderr
+    assert re.fullmatch(rf"error: cannot write \S+/train-0000[01]-of-00002\.tfrecord\.gz: {reason} "
+                        r"\(full log: \S+\)", lines[-1]), lines[-1]
+
+
 def test_verbose_shows_the_traceback_then_the_cause(tree, tmp_path, tmpdir_env):
     result = run_with_file_limit("--input", str(tree), "--output", str(tmp_path / "out"), *FAILING,
                                  "--direct_running_mode", "in_memory", "--verbose", env=tmpdir_env)
     assert result.returncode == 1, result.stderr
     assert "Traceback (most recent call last):" in result.stderr
     last = result.stderr.splitlines()[-1]
-    assert last.startswith("error: cannot write ") and last.endswith("File too large"), last
+    assert last.startswith("error: cannot write ") and "File too large; " in last and last.endswith("elsewhere"), last
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []
 
 

@@ -1,6 +1,7 @@
-"""A signalled launcher stops its workers before it unwinds, whichever signal it got."""
+"""A signalled or failed launcher stops the processes its run started, and no other one."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,35 +10,66 @@ import time
 
 import psutil
 import pytest
+from helpers import REPO, make_tree
+from small_disk import small_disk
 
 from beam_prep.write.run import interrupt
+from beam_prep.write.run.warm_pool import WORKER_MODULE
 
-# A stand-in worker: a process whose command line names Beam's worker module, as the
-# launcher's workers' do, and that says so once it runs, then runs until it is stopped.
-STAND_IN = [sys.executable, "-c", "import time; print('running', flush=True); time.sleep(120)",
-            "apache_beam.runners.worker.sdk_worker_main"]
+pytestmark = pytest.mark.slow  # each test starts processes
+
+# What ran a process before it says it runs: the lines a stand-in prints then.
+RUNNING = "running\n"
+
+
+def _stand_in(code: str = "pass", *args: str) -> subprocess.Popen:
+    """A process that runs ``code``, then says so and runs until it is stopped; ``args`` end its
+    command line (``WORKER_MODULE``: named as Beam's workers are)."""
+    process = subprocess.Popen([sys.executable, "-c", f"{code}\nimport time; print('running', flush=True); "
+                                "time.sleep(120)", *args], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == RUNNING
+    return process
+
+
+def _ended(process: subprocess.Popen) -> bool:
+    return process.poll() is not None or not psutil.pid_exists(process.pid)
+
+
+def _end(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+
+
+def _looks_like_ours() -> list[subprocess.Popen]:
+    """Processes a run did not start that look like its workers: one whose command line names
+    Beam's worker module, and one named as a worker forked from its launcher is."""
+    return [_stand_in("pass", WORKER_MODULE),
+            _stand_in("from beam_prep.write.run import interrupt; interrupt.name_worker()")]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_stops_the_workers_before_it_raises(signum):
+def test_a_signal_stops_the_runs_processes_before_it_raises(signum):
     """Raised first, the interrupt would unwind through Beam's teardown, which waits for
-    workers that go on writing shards meanwhile: the run would stop late, nobody knows where."""
-    worker = subprocess.Popen(STAND_IN, stdout=subprocess.PIPE, text=True)
+    workers that go on writing shards meanwhile: the run would stop late, nobody knows where.
+    A process that only looks like a worker, not the run's, goes on."""
+    worker = _stand_in("pass", WORKER_MODULE)
+    others = _looks_like_ours()
     try:
-        # Until it has said so, it may still be the fork of this process, with this command line.
-        assert worker.stdout.readline() == "running\n"
-        assert interrupt.is_worker(psutil.Process(worker.pid))
-        with pytest.raises(KeyboardInterrupt) as raised, interrupt.signals_as_interrupts():
+        started = interrupt.Started()
+        assert started.add(worker.pid)
+        with pytest.raises(KeyboardInterrupt) as raised, interrupt.signals_as_interrupts() as stopping:
+            stopping.append(started)
             os.kill(os.getpid(), signum)
             time.sleep(5)  # ended by the handler's interrupt
         # Stopped (and reaped by psutil) before the interrupt was raised, not after.
-        assert worker.poll() is not None or not psutil.pid_exists(worker.pid)
+        assert _ended(worker)
         assert interrupt.signal_of(raised.value) == signum
+        assert [other.poll() for other in others] == [None, None]
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        worker.stdout.close()
+        _end(worker, *others)
 
 
 def test_the_handlers_before_are_back_outside():
@@ -47,49 +79,159 @@ def test_the_handlers_before_are_back_outside():
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
-def _stand_in(code: str) -> subprocess.Popen:
-    """A process that runs ``code``, then says so and runs until it is stopped."""
-    return subprocess.Popen([sys.executable, "-c", f"{code}\nimport time; print('running', flush=True); time.sleep(120)"],
-                            stdout=subprocess.PIPE, text=True)
-
-
-def _ended(process: subprocess.Popen) -> bool:
-    return process.poll() is not None or not psutil.pid_exists(process.pid)
-
-
-def test_a_worker_forked_from_its_launcher_is_known_by_its_name():
-    """A fork keeps its launcher's command line: it names itself instead, and is stopped as any worker."""
-    named = _stand_in("from beam_prep.write.run import interrupt; interrupt.name_worker()")
-    unnamed = _stand_in("pass")
+def test_a_worker_forked_from_its_launcher_names_itself_for_ps_alone():
+    """Its name is for a person's ``ps``: a run that did not record it leaves it running."""
+    named, = others = _looks_like_ours()[1:]
     try:
-        assert named.stdout.readline() == unnamed.stdout.readline() == "running\n"
         assert psutil.Process(named.pid).name() == interrupt.WORKER_NAME
-        assert interrupt.is_worker(psutil.Process(named.pid))
-        assert not interrupt.is_worker(psutil.Process(unnamed.pid))
-        assert interrupt.stop_workers() == 1
-        assert _ended(named) and unnamed.poll() is None
+        assert interrupt.Started().stop() == 0
+        assert named.poll() is None
     finally:
-        for process in (named, unnamed):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            process.stdout.close()
+        _end(*others)
 
 
-def test_a_process_forked_for_workers_is_stopped_before_it_has_a_name(monkeypatch):
-    """From the fork on (``adopt``), not from when the fork names itself, and its own forks with it."""
-    monkeypatch.setattr(interrupt, "_FORKED", set())
+def test_a_recorded_process_is_stopped_with_the_processes_it_started():
+    """Its own forks too (a warm worker's copies), recorded or not; nothing else."""
     parent = _stand_in("import subprocess, sys\n"
                        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])")
+    others = _looks_like_ours()
     try:
-        assert parent.stdout.readline() == "running\n"
         (child,) = psutil.Process(parent.pid).children()
-        assert interrupt.stop_workers() == 0  # neither named nor adopted: not a worker
-        interrupt.adopt(parent.pid)
-        assert interrupt.stop_workers() == 2
+        started = interrupt.Started()
+        assert started.add(parent.pid)
+        assert started.stop() == 2
         assert _ended(parent) and not child.is_running()
+        assert [other.poll() for other in others] == [None, None]
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        parent.stdout.close()
+        _end(parent, *others)
+
+
+def test_a_process_recorded_once_the_run_stopped_is_stopped_at_once():
+    """A relay that reaches the pool after the run stopped its processes is not served: ended."""
+    started = interrupt.Started()
+    assert started.stop() == 0
+    late = _stand_in()
+    try:
+        assert not started.add(late.pid)
+        assert late.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        _end(late)
+
+
+def test_a_recorded_process_that_ended_is_not_signalled():
+    """Recorded with its start time (``psutil.Process``): once it has ended, its id may name another
+    process, which is not the one recorded."""
+    gone = _stand_in()
+    started = interrupt.Started()
+    assert started.add(gone.pid)
+    _end(gone)
+    assert started.stop() == 0
+
+
+def test_this_process_is_never_recorded():
+    started = interrupt.Started()
+    assert started.add(os.getpid()) and started.add(0)
+    assert started.stop() == 0
+
+
+# A library caller: its main thread runs ``beam_prep.prepare``, which fails on a full disk, while its
+# other thread runs a multi-process Beam pipeline of its own (held until prepare is over) and two
+# processes that look like beam-prep's workers (a command line naming Beam's worker module, and
+# the name a forked worker gives itself). What it saw, as JSON.
+_CALLER = r"""
+import json, os, pathlib, subprocess, sys, threading, time
+import apache_beam as beam
+import psutil
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+import beam_prep
+from beam_prep.write.run.warm_pool import WORKER_MODULE
+
+flags, tree, out = map(pathlib.Path, sys.argv[1:4])
+WAIT_S = 120
+
+
+def wait_for(condition, what):
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {WAIT_S} s for {what}"
+        time.sleep(0.02)
+
+
+class Hold(beam.DoFn):
+    # Each element says which worker holds it, then waits for the word that prepare is over.
+    def process(self, element):
+        (flags / f"worker-{os.getpid()}").touch()
+        deadline = time.monotonic() + WAIT_S
+        while not (flags / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        yield element
+
+
+facts = {}
+STAND_IN = "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(600)"
+
+
+def callers_own_work():
+    own = [subprocess.Popen([sys.executable, "-c", STAND_IN, str(flags / "module"), WORKER_MODULE]),
+           subprocess.Popen([sys.executable, "-c", "from beam_prep.write.run import interrupt; "
+                             "interrupt.name_worker(); " + STAND_IN, str(flags / "named")])]
+    try:
+        options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+        with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+            _ = (p | beam.Create(range(4)) | beam.Reshuffle() | beam.ParDo(Hold())
+                 | beam.combiners.Count.Globally() | beam.Map(lambda n: (flags / "count").write_text(str(n))))
+        facts["pipeline"] = (flags / "count").read_text()
+    except Exception as e:
+        facts["pipeline"] = repr(e)
+    finally:
+        facts["own"] = [p.poll() for p in own]
+        for p in own:
+            p.kill()
+            p.wait()
+
+
+def alive(process):
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+thread = threading.Thread(target=callers_own_work)
+thread.start()
+wait_for(lambda: all((flags / name).exists() for name in ("module", "named")), "the caller's processes")
+wait_for(lambda: list(flags.glob("worker-*")), "the caller's pipeline to run")
+me = psutil.Process()
+before = me.children(recursive=True)
+try:
+    beam_prep.prepare(str(tree), str(out), image_format="raw", image_size=64, direct_num_workers=2,
+                      direct_running_mode="multi_processing")
+    facts["prepare"] = "written"
+except Exception as e:
+    facts["prepare"] = str(e)
+facts["survived"] = [alive(p) for p in before]
+facts["left"] = [" ".join(p.cmdline()) for p in me.children(recursive=True) if p not in before and alive(p)]
+(flags / "go").touch()
+thread.join(timeout=3 * WAIT_S)
+facts["joined"] = not thread.is_alive()
+print(json.dumps(facts), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_failed_library_run_leaves_its_callers_own_processes_running(tmp_path):
+    """``beam_prep.prepare`` fails on a full disk (a 300 KB tmpfs) while its caller's other thread
+    runs a multi-process pipeline: the run stops what it started, and the caller's pipeline
+    workers and look-alike processes go on, and its pipeline finishes."""
+    make_tree(tmp_path / "in", {"a": 30, "b": 30}, size=(64, 64), fmt="PNG", ext=".png")  # 720 KB of raw pixels
+    (tmp_path / "flags").mkdir()
+    with small_disk(tmp_path / "disk") as disk:
+        ran = subprocess.run([sys.executable, "-c", _CALLER, str(tmp_path / "flags"), str(tmp_path / "in"),
+                              str(disk / "out")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr
+    facts = json.loads(ran.stdout.splitlines()[-1])
+    assert "No space left on device" in facts["prepare"], facts
+    assert facts["survived"] and all(facts["survived"]), facts
+    assert facts["left"] == [], facts  # what the run started is gone once it has failed
+    assert facts["joined"] and facts["pipeline"] == "4" and facts["own"] == [None, None], facts

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, make_tree
 
 from beam_prep.cli.early import local_only
 from beam_prep.write.run.lean_imports import LOCAL_UNUSED, UNUSED
@@ -88,3 +88,51 @@ def test_a_filesystem_left_out_registers_when_imported_later():
 ])
 def test_local_only_reads_the_command_line(argv, local):
     assert local_only(argv) is local
+
+
+# In a new process: ``pipelines.cli.main`` given its arguments (a caller's own code), or nothing
+# (``baseline``); then what the caller's process has of Beam: gs:// and s3://'s filesystems,
+# Beam's connectors, and each module a lean import leaves out.
+_AFTER_MAIN = """
+import contextlib, importlib, io, json, sys
+run = sys.argv[1:]
+if run:
+    from pipelines import cli
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["prepare", *run])
+    assert code == 0, code
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from beam_prep.write.run.lean_imports import LOCAL_UNUSED, UNUSED
+
+def imports(module):
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:  # not installed here, in either process
+        return False
+
+print(json.dumps({
+    "filesystems": {url: type(FileSystems.get_filesystem(url)).__name__ for url in ("gs://b/x", "s3://b/x")},
+    "connectors": [n for n in ("ReadFromBigQuery", "ReadFromPubSub", "ReadFromMongoDB") if hasattr(beam.io, n)],
+    "modules": {m: imports(m) for m in UNUSED + LOCAL_UNUSED},
+}))
+"""
+
+
+def test_the_command_run_in_a_callers_process_leaves_its_beam_whole(tmp_path):
+    """``pipelines.cli.main(["prepare", ...])`` called from a program: afterwards, that program's
+    Beam has every filesystem and connector a plain ``import apache_beam`` gives it."""
+    make_tree(tmp_path / "in", {"a": 2, "b": 2}, size=(20, 16))
+    run = ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--image_size", "16",
+           "--direct_running_mode", "in_memory"]  # a command line of local files: the leanest import
+    after_main, baseline = (_after_main(argv) for argv in (run, []))
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert after_main["filesystems"] == {"gs://b/x": "GCSFileSystem", "s3://b/x": "S3FileSystem"}
+    assert after_main == baseline
+
+
+def _after_main(argv: list[str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", _AFTER_MAIN, *argv], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])

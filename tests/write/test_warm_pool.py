@@ -68,16 +68,15 @@ def test_the_command_is_served_by_the_workers_it_started_before_it_listed(tree, 
     assert looked == [str(*seen), "True", interrupt.WORKER_NAME], result.stderr
 
 
-# The command's workers waiting as its listing begins, said on stderr: each one's id, whether its
-# command line is the launcher's (a fork of it), and its name.
+# The command's workers waiting as its listing begins (its only processes then), said on stderr: each
+# one's id, whether its command line is the launcher's (a fork of it), and its name.
 _LOOK_WHILE_LISTING = """
 import psutil
 from beam_prep.write.run import pipeline
-from beam_prep.write.run.interrupt import is_worker
 _list_tree = pipeline.list_tree
 def _looking(*args, **kwargs):
     me = psutil.Process()
-    workers = [p for p in me.children() if is_worker(p)]
+    workers = me.children()
     print("waiting-while-listing", *[p.pid for p in workers], file=sys.stderr, flush=True)
     for p in workers:
         print("worker-seen", p.pid, p.cmdline() == me.cmdline(), p.name(), file=sys.stderr, flush=True)
@@ -123,6 +122,20 @@ def _answer(pool: warm_pool.WarmPool) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as relay:
         relay.connect(warm_pool._socket_address(pool.address))
         return relay.recv(1)
+
+
+def test_the_process_beam_starts_is_the_relay_the_pool_records():
+    """Beam's worker command runs the relay in place of its shell (``exec``): the process Beam
+    started, and waits for, is the one the pool records when it connects, the one the run stops.
+    Without warm workers (``BEAM_PREP_WARM_WORKERS=0``) the pool starts none and records Beam's."""
+    with warm_pool.WarmPool(warm=False) as pool:
+        pool.start(2)
+        assert pool.waiting == 0 and pool._started == []
+        # Beam's command without Beam's environment: the worker it starts exits at once.
+        relay = subprocess.Popen(pool.relay_command(), shell=True, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        relay.wait(timeout=120)
+        assert [p.pid for p in pool.started._processes] == [relay.pid]
 
 
 def test_a_worker_gone_while_waiting_is_passed_over():
@@ -216,6 +229,33 @@ def test_another_user_is_refused():
         refused = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert refused.stdout == "b''"  # closed without an answer
         assert pool.waiting == 1  # its worker still waits for the run
+
+
+# A process of this user that no run started: it leaves its parent (a fork whose parent exits), then
+# reaches the pool's socket, and says what it was answered.
+_STRANGER = """
+import os, socket, sys, time
+if os.fork():
+    os._exit(0)
+while os.getppid() == {parent}:
+    time.sleep(0.01)
+s = socket.socket(socket.AF_UNIX)
+s.connect({address!r})
+sys.stdout.write(repr(s.recv(1)))
+"""
+
+
+def test_a_process_the_run_did_not_start_is_refused_and_never_recorded():
+    """The same user's, but not a descendant of the launcher (as every relay Beam starts is): it
+    would be stopped with the run's processes, and it would take a worker meant for the run."""
+    with warm_pool.WarmPool() as pool:
+        pool.start(1)
+        code = ("import os; parent = os.getpid()\n"
+                f"exec({_STRANGER!r}.format(parent=parent, address={warm_pool._socket_address(pool.address)!r}))")
+        refused = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert refused.stdout == "b''", refused.stderr  # closed without an answer
+        (worker, _), = pool._waiting  # still waiting for the run, the one process recorded
+        assert [p.pid for p in pool.started._processes] == [worker.pid]
 
 
 @pytest.mark.parametrize("argv,count", [
@@ -336,7 +376,7 @@ with warm_pool.WarmPool() as pool:
     pool.fit(2)
     facts["one_ended"] = one.wait(timeout=30)
     facts["two_running"] = two.poll() is None
-    facts["stopped"] = interrupt.stop_workers()
+    facts["stopped"] = pool.started.stop()
 facts["two_ended"] = two.poll()
 print(json.dumps(facts))
 """
@@ -344,8 +384,8 @@ print(json.dumps(facts))
 
 def test_a_pool_forked_from_its_launcher_serves_stops_and_reaps_its_workers():
     """The command's workers forked from the launcher after its import of Beam (``may_fork``): named
-    as workers, with the launcher's command line; stopped beyond the run's count; found and
-    stopped on a signal, the fork's own fork too; reaped; nothing left running."""
+    as workers, with the launcher's command line; stopped beyond the run's count; stopped by the
+    run (``started``, as on a signal), the fork's own fork too; reaped; nothing left running."""
     mark = uuid.uuid4().hex
     ran = subprocess.run([sys.executable, "-c", _FORKED_POOL], capture_output=True, text=True, timeout=120,
                          cwd=REPO, env=dict(os.environ, BEAM_PREP_TEST_MARK=mark))

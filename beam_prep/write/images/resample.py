@@ -1,27 +1,9 @@
 """Pillow's bicubic resize, computed by a vectorised kernel of our own: the same pixels, faster.
 
-``resize(img, size, box)`` returns what ``img.resize(size, BICUBIC, box=box)``
-returns, byte for byte, for the Pillow versions the kernel was checked against
-(``resample_loader.CHECKED_PILLOW``): the kernel (the C extension
-``_resample``) computes Pillow's own integer weights and sums, and this module
-holds every rule of Pillow's resize around them: the box checks and shortcuts
-of ``_imaging.c``, the pass order of ``ImagingResampleInner`` (horizontal
-first, skipped where not needed), and ``Image.resize``'s own (from Pillow 12.2,
-an image taller than 100 times its width resized vertically first, then
-horizontally). The resize is one call of the kernel (``resample_image``): it
-reads Pillow's image in place by its line pointers, runs both passes with
-vector loops (each axis's coefficients kept for the next image of the same
-geometry), and writes the output image Pillow made for it, with no copy and no
-Python between the passes.
-
-Any input is Pillow's: where the kernel would not compute Pillow's own answer
-(arguments that are not plain numbers, an empty image, padded lines, the sizes
-Pillow refuses), this call alone goes to Pillow's code, its image or its error.
-Where the kernel is not there (not built, a Pillow version not checked, a bug
-of the kernel), Pillow's loops resize: the same pixels. Each resize is counted by what
-did it (``counting``), so the run can say so once and the manifest records it.
-With pillow-simd in Pillow's place its own resize always runs: its rounding
-differs, and a rerun must give the same bytes.
+``resize(img, size, box)`` returns what ``img.resize(size, BICUBIC, box=box)`` returns, byte
+for byte: this module holds Pillow's rules around the kernel (the C extension ``_resample``),
+hands Pillow any call the kernel would not answer as Pillow does, and counts what resized each
+image (``counting``). docs/design/resizing.md has the rules, the fallbacks and why.
 """
 from __future__ import annotations
 

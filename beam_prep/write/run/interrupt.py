@@ -1,33 +1,103 @@
-"""Ending a local run on Ctrl-C or SIGTERM: within seconds, its worker processes stopped.
+"""Ending a local run on Ctrl-C, SIGTERM or a failure: within seconds, the processes it started stopped.
 
 Beam's multi-process runner starts a process per worker that does not end
 with its launcher's ``KeyboardInterrupt``, and SIGTERM ends a Python process
 without unwinding at all. So while a local job runs, SIGINT and SIGTERM stop the
-worker processes the launcher started, then raise in the main thread as Ctrl-C
-does; whatever else stopped the job, the launcher ends them too before it says
-what was kept.
+processes the run started, then raise in the main thread as Ctrl-C does;
+whatever else stopped the job, the launcher stops them too. A run stops only
+what it recorded as it started it (``Started``), never a process found by its
+name or command line: a library caller's own processes go on.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-__all__ = ["WORKER_MODULE", "WORKER_NAME", "adopt", "is_worker", "name_worker", "signal_of", "signals_as_interrupts",
-           "stop_workers"]
+if TYPE_CHECKING:
+    import psutil
+
+__all__ = ["WORKER_NAME", "Started", "name_worker", "signal_of", "signals_as_interrupts"]
 
 _LOG = logging.getLogger(__name__)
-# What names a Beam SDK worker process in its command line (SubprocessSDKEnvironment's command).
-WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
-# The process name (Linux's ``comm``: ``ps -e``, ``psutil.Process.name``) of a worker forked from
-# its launcher (``warm_pool``), whose command line is the launcher's: at most 15 bytes.
+# The process name (Linux's ``comm``: ``ps -e``) a worker forked from its launcher (``warm_pool``)
+# gives itself, since it keeps the launcher's command line: for a person's ``ps``, at most 15 bytes.
 WORKER_NAME = "beam-prep-work"
 _PR_SET_NAME = 15  # prctl(2)
-# Workers this process forked (``adopt``): found by their id from the fork on, before they are named.
-_FORKED: set[int] = set()
 _STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long a process told to stop (SIGTERM) has before it is killed.
+GRACE_S = 3.0
+
+
+class Started:
+    """The processes a run started, each recorded as it started: its id with its start time
+    (a ``psutil.Process``), so that a process that later reuses the id is never taken for it.
+
+    ``stop`` ends them and the processes they started in turn (a worker's forks); one recorded
+    after ``stop`` is ended as it is recorded. Thread-safe: the pool records from its thread.
+    """
+
+    def __init__(self) -> None:
+        # Re-entrant: the signal handler stops the run in the main thread, which may hold it in ``add``.
+        self._lock = threading.RLock()
+        self._processes: list[psutil.Process] = []
+        self._stopped = False
+
+    def add(self, pid: int) -> bool:
+        """Records process ``pid``, which the run started and which cannot have ended unseen (its
+        parent has not reaped it, or it waits on the run). Returns False where ``stop`` has run:
+        the process is then told to stop at once, and the run should not use it. This process
+        itself, or no id (0: a peer in another pid namespace), is never recorded."""
+        import psutil  # here: a run with no worker process never needs it
+
+        process = None
+        if 0 < pid != os.getpid():
+            with contextlib.suppress(psutil.Error):  # gone already: nothing to stop
+                process = psutil.Process(pid)
+        with self._lock:
+            if not self._stopped:
+                if process is not None:
+                    self._processes.append(process)
+                return True
+        if process is not None:
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        return False
+
+    def stop(self, grace_s: float = GRACE_S) -> int:
+        """Ends each recorded process still running and those it started: SIGTERM, then SIGKILL
+        to any still running after ``grace_s``. Returns how many were running.
+
+        A worker stopped in the middle of a shard leaves a file under a temporary name, which
+        the next run writes again.
+        """
+        import psutil
+
+        with self._lock:
+            self._stopped = True
+            recorded = list(self._processes)
+        running: dict[int, psutil.Process] = {}
+        for process in recorded:
+            # ``is_running`` compares the start time too: an id reused since is not this process.
+            with contextlib.suppress(psutil.Error):
+                if process.is_running():
+                    running.update((p.pid, p) for p in (process, *process.children(recursive=True)))
+        processes = list(running.values())
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        _, alive = psutil.wait_procs(processes, timeout=grace_s)
+        for process in alive:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(alive, timeout=grace_s)
+        if processes:
+            _LOG.debug("stopped %d worker processes", len(processes))
+        return len(processes)
 
 
 class _Signalled(KeyboardInterrupt):
@@ -39,9 +109,10 @@ class _Signalled(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def signals_as_interrupts() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM stop the workers (``stop_workers``), then raise
-    ``KeyboardInterrupt`` (a subclass that names the signal) in the main thread.
+def signals_as_interrupts() -> Iterator[list[Started]]:
+    """While inside, SIGINT and SIGTERM stop the processes of each record (``Started``) the caller
+    adds to the list it is given, then raise ``KeyboardInterrupt`` (a subclass that names the
+    signal) in the main thread.
 
     The workers first: a launcher signalled alone (``kill``, a container stopped;
     a terminal's Ctrl-C reaches the workers too) would otherwise unwind through
@@ -49,17 +120,19 @@ def signals_as_interrupts() -> Iterator[None]:
     so the run would stop well after it was told to, and where nobody can say.
     Does nothing off the main thread, where Python cannot handle signals.
     """
+    stopping: list[Started] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stopping
         return
 
     def handler(signum: int, frame: object) -> None:
-        stop_workers()
+        for started in stopping:
+            started.stop()
         raise _Signalled(signum)
 
     previous = {signum: signal.signal(signum, handler) for signum in _STOPPING_SIGNALS}
     try:
-        yield
+        yield stopping
     finally:
         for signum, then in previous.items():
             signal.signal(signum, then)
@@ -70,59 +143,10 @@ def signal_of(interrupt: KeyboardInterrupt) -> int:
     return getattr(interrupt, "signum", signal.SIGINT)
 
 
-def adopt(pid: int) -> None:
-    """Counts process ``pid``, forked from this one to serve as workers, and its own forks among
-    the workers ``stop_workers`` ends, whatever their name."""
-    _FORKED.add(pid)
-
-
 def name_worker() -> None:
-    """Names this process ``WORKER_NAME``, for ``is_worker`` (a fork of its launcher, which keeps
-    the launcher's command line); does nothing where the system has no such name."""
+    """Names this process ``WORKER_NAME``, for a person's ``ps`` (a fork of its launcher keeps the
+    launcher's command line); does nothing where the system has no such name."""
     import ctypes  # here: only a forked worker names itself
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, WORKER_NAME.encode(), 0, 0, 0)
-
-
-def stop_workers(grace_s: float = 3.0) -> int:
-    """Ends the Beam SDK worker processes this process started; returns how many were running.
-
-    Each gets SIGTERM, and SIGKILL if it has not ended after ``grace_s``. A
-    worker stopped in the middle of a shard leaves a file under a temporary
-    name, which the next run writes again.
-    """
-    import psutil  # imported here: only a stopped local run needs it
-
-    try:
-        workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p) or _forked(p)]
-    except psutil.Error:
-        return 0
-    for worker in workers:
-        with contextlib.suppress(psutil.Error):
-            worker.terminate()
-    _, alive = psutil.wait_procs(workers, timeout=grace_s)
-    for worker in alive:
-        with contextlib.suppress(psutil.Error):
-            worker.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
-    if workers:
-        _LOG.debug("stopped %d worker processes", len(workers))
-    return len(workers)
-
-
-def is_worker(process) -> bool:
-    """Whether a ``psutil.Process`` is a Beam SDK worker, by its command line or, forked from its
-    launcher, by its name (``WORKER_NAME``)."""
-    try:
-        return process.name() == WORKER_NAME or any(WORKER_MODULE in part for part in process.cmdline())
-    except Exception:  # noqa: BLE001 - gone already, or not ours to see
-        return False
-
-
-def _forked(process) -> bool:
-    """Whether a ``psutil.Process`` is one this process forked for workers (``adopt``), or a fork of one."""
-    try:
-        return process.pid in _FORKED or process.ppid() in _FORKED
-    except Exception:  # noqa: BLE001 - gone already
-        return False

@@ -12,7 +12,7 @@ only where installed, another fifth of a process's import. The refusal ends
 with the import: whatever asks for one of them later (a user's own code, a
 Dataflow submission) imports it as usual. Only processes beam-prep starts for
 itself use it (the command's launcher, its warm workers), never a library
-caller's.
+caller's, nor one that calls ``pipelines.cli.main`` with its arguments.
 """
 from __future__ import annotations
 

@@ -306,8 +306,11 @@ def run(config: PrepareConfig, options: PipelineOptions,
     local = _runner_name(options) in LOCAL_RUNNERS
     if options.view_as(TestOptions).dry_run:
         return _dry_run(config, options, local, start)
-    with interrupt.signals_as_interrupts(), claim_output(config.output, new_run_id()) as claim, \
+    with interrupt.signals_as_interrupts() as stopping, claim_output(config.output, new_run_id()) as claim, \
             _progress_folder(local) as folder, _warm_workers(options) as pool:
+        started = pool.started if pool is not None else None
+        if started is not None:
+            stopping.append(started)
         if _finish_publications(config):
             return _finished(config, time.perf_counter() - start, {}, None, None)
         job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder, pool=pool)
@@ -323,7 +326,7 @@ def run(config: PrepareConfig, options: PipelineOptions,
             # A local job ends with this process; a remote one (Dataflow) may still be
             # running after its launcher stops waiting, so its files are left to it.
             if local:
-                _end_local_run(config, job, e)
+                _end_local_run(config, job, e, started)
             raise
         if claim.lost:
             raise DatasetError(f"another run took {config.output} over while run {job.run_id} ran, so the "
@@ -404,10 +407,13 @@ def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start
     return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None), plan=job.plan)
 
 
-def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException) -> None:
-    """After a local job stopped early: its workers stopped; its folder kept where it can be
-    resumed, else removed. An interrupt becomes ``RunInterrupted``, saying what was kept."""
-    interrupt.stop_workers()
+def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
+                   started: interrupt.Started | None) -> None:
+    """After a local job stopped early: the worker processes it started (``started``) stopped, and
+    no other; its folder kept where it can be resumed, else removed. An interrupt becomes
+    ``RunInterrupted``, saying what was kept."""
+    if started is not None:
+        started.stop()
     work = layout.run_folder(config.output, job.run_id)
     if not job.resumable:
         _remove_quietly(config.output, job.run_id)

@@ -1,31 +1,9 @@
-"""A local run's workers started while the launcher lists: their start-up overlaps its work.
+"""A local run's workers started while the launcher lists, so that their start-up overlaps its work.
 
-Beam's local runner starts a worker process (``SubprocessSDKEnvironment``) only
-once the pipeline runs, after the whole listing and plan, and each then spends
-about a second of a core importing Beam, Pillow, numpy and the kernel while the
-run waits. A ``WarmPool`` starts them at the run's start instead
-(``warm_worker``: imports done, then waiting), and Beam's worker command becomes
-``relay_command()``: a small process that the launcher hands over to a waiting
-worker, which reads the relay's environment (the control service's address, the
-options) and takes its stdout and stderr (where Beam's worker would have
-written: a job's log file), serves Beam as the worker it asked for, and answers
-with its exit status for the relay to exit with. A relay with no worker waiting, or whose
-worker cannot take it over, starts Beam's own worker command itself, as Beam
-would have.
-
-The hand-over is the launcher's: it accepts the relays on a socket only its
-user can reach (a name no file holds, the peer's uid checked; elsewhere than
-Linux, a file in a private folder) and passes each to a waiting worker over the
-socket pair it started that worker with. Workers beyond what the run needs are
-stopped (``fit``), and every one left at ``close``.
-
-The command starts its pool as soon as it has imported Beam (``start_early``),
-before it lists: the workers' first process is then a fork of the launcher
-(``WarmPool.start``), whose imports are done, so a run pays for Beam's import
-once, not once in the launcher and again in its workers. The run takes the pool
-over (``take_early``), and the command closes one no run took (``close_early``).
-A library caller's run, or workers started once the listing is done, start
-from a new interpreter (``may_fork``).
+Beam's worker command becomes a relay that the launcher hands to a waiting
+worker (``warm_worker``), or that starts Beam's own worker where none waits;
+every process the pool starts, and every relay that reaches it, is recorded
+(``interrupt.Started``) for the run to stop. docs/design/sinks.md has the rest.
 """
 from __future__ import annotations
 
@@ -48,12 +26,13 @@ from collections.abc import Iterator
 
 from beam_prep.io.storage import is_local
 from beam_prep.write.run import interrupt, warm_worker
-from beam_prep.write.run.interrupt import WORKER_MODULE
 
-__all__ = ["IMAGES_PER_WORKER", "NOT_TAKEN", "RELAY", "WARM_VARIABLE", "WarmPool", "close_early", "enabled",
-           "expected_workers", "start_early", "take_early", "warm_pool", "workers_for"]
+__all__ = ["IMAGES_PER_WORKER", "NOT_TAKEN", "RELAY", "WARM_VARIABLE", "WORKER_MODULE", "WarmPool", "close_early",
+           "enabled", "expected_workers", "start_early", "take_early", "warm_pool", "workers_for"]
 
 _LOG = logging.getLogger(__name__)
+# Beam's SDK worker, as SubprocessSDKEnvironment's command runs it: what a relay with no waiting worker starts.
+WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
 
 # The relay's line in a job's log where the worker it was handed to could not take over.
 NOT_TAKEN = "a waiting worker could not take over"
@@ -144,11 +123,16 @@ class WarmPool:
     """Worker processes waiting with their imports done, and the socket their relays reach them on.
 
     Use as a context manager (``warm_pool``): ``close`` stops every worker that
-    no relay took and the socket's thread.
+    no relay took and the socket's thread. ``started`` records every process the
+    pool starts and every relay that reaches it (the worker Beam started), for the
+    run to stop (``interrupt.Started.stop``). With ``warm`` False it starts no
+    worker: each relay starts Beam's, and is recorded all the same.
     """
 
-    def __init__(self, local: bool = False) -> None:
+    def __init__(self, local: bool = False, warm: bool = True) -> None:
         self._local = local  # its workers' run reads and writes local files only (``warm_worker.LOCAL``)
+        self._warm = warm
+        self.started = interrupt.Started()
         self._folder: str | None = None
         self._listener, self.address = self._listen()
         self._waiting: list[tuple[subprocess.Popen, socket.socket]] = []
@@ -181,15 +165,17 @@ class WarmPool:
         return listener, address
 
     def relay_command(self) -> str:
-        """Beam's worker command line for this pool (``SubprocessSDKEnvironment``'s, run by a shell)."""
-        return shlex.join([sys.executable, "-I", "-S", "-c", RELAY, self.address, WORKER_MODULE])
+        """Beam's worker command line for this pool (``SubprocessSDKEnvironment``'s, run by a shell):
+        the shell becomes the relay (``exec``), so that the process Beam started is the one the
+        pool records when it connects."""
+        return "exec " + shlex.join([sys.executable, "-I", "-S", "-c", RELAY, self.address, WORKER_MODULE])
 
     def start(self, count: int, fork: bool = False) -> None:
         """Starts ``count`` more waiting workers: one process that imports for all of them and
         forks the others once it has (``warm_worker``). With ``fork``, that process is a fork of
         this one, whose imports are done already, where ``may_fork`` allows; a new interpreter
-        otherwise."""
-        if count <= 0:
+        otherwise. None where the pool was made without ``warm``."""
+        if count <= 0 or not self._warm:
             return
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
         theirs = [pair[1].fileno() for pair in pairs]
@@ -204,6 +190,7 @@ class WarmPool:
                     [sys.executable, "-m", warm_worker.__name__, ",".join(map(str, theirs)), WORKER_MODULE,
                      *([warm_worker.LOCAL] if self._local else [])],
                     pass_fds=theirs, stdin=subprocess.DEVNULL, env=_worker_environment())
+                self.started.add(process.pid)  # before its first reap: the id is still its own
         except BaseException:
             for ours, _ in pairs:
                 ours.close()
@@ -225,7 +212,7 @@ class WarmPool:
         sys.stderr.flush()
         pid = os.fork()
         if pid:
-            interrupt.adopt(pid)
+            self.started.add(pid)
             return _Forked(pid)
         code = 1
         try:
@@ -288,8 +275,16 @@ class WarmPool:
                         relay.sendall(warm_worker.COLD)
 
     def _hand(self, relay: socket.socket) -> None:
-        """``relay`` to the first waiting worker still there, or told to start Beam's worker."""
-        if not self._same_user(relay):
+        """``relay`` to the first waiting worker still there, or told to start Beam's worker; each
+        recorded (``started``) first, and neither used once the run has stopped its processes."""
+        pid, uid = self._peer(relay)
+        if uid is not None and uid != os.getuid():
+            _LOG.warning("a process of user %d reached the run's worker socket: refused", uid)
+            return
+        if pid is not None and not _started_here(pid):
+            _LOG.warning("process %d, which this run did not start, reached its worker socket: refused", pid)
+            return
+        if pid is not None and not self.started.add(pid):
             return
         while True:
             with self._lock:
@@ -305,6 +300,8 @@ class WarmPool:
                 pid = self._ready(ours)
                 if pid is None:  # that worker is gone: the next one
                     continue
+                if not self.started.add(pid):
+                    return
                 socket.send_fds(ours, [b"R"], [relay.fileno()])
             except OSError:
                 continue
@@ -326,14 +323,14 @@ class WarmPool:
         return pid
 
     @staticmethod
-    def _same_user(relay: socket.socket) -> bool:
+    def _peer(relay: socket.socket) -> tuple[int | None, int | None]:
+        """The process id and user of the relay's end, as the kernel gives them where it does
+        (``SO_PEERCRED``); elsewhere (None, None): the socket's folder is this user's alone, and
+        the relay's process goes unrecorded."""
         if not hasattr(socket, "SO_PEERCRED"):
-            return True  # the socket's folder is this user's alone
-        _, uid, _ = _PEERCRED.unpack(relay.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-        if uid != os.getuid():
-            _LOG.warning("a process of user %d reached the run's worker socket: refused", uid)
-            return False
-        return True
+            return None, None
+        pid, uid, _ = _PEERCRED.unpack(relay.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        return pid, uid
 
     def close(self) -> None:
         """Stops the workers still waiting, then the socket's thread; those serving Beam go on."""
@@ -374,6 +371,18 @@ class WarmPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _started_here(pid: int) -> bool:
+    """Whether process ``pid`` descends from this one (the relays Beam starts do), or is this one."""
+    import psutil  # here: as ``interrupt.Started``, only a run with workers needs it
+
+    if pid == os.getpid():
+        return True
+    try:
+        return any(parent.pid == os.getpid() for parent in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
 
 
 def may_fork() -> bool:
@@ -436,7 +445,7 @@ class _Forked:
     def _reap(self, options: int) -> None:
         try:
             pid, status = os.waitpid(self.pid, options)
-        except ChildProcessError:  # reaped elsewhere (``interrupt.stop_workers``): its status is gone, as Popen says
+        except ChildProcessError:  # reaped elsewhere (``interrupt.Started.stop``): its status is gone, as Popen says
             pid, status = self.pid, 0
         if pid:
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -447,15 +456,13 @@ class _Forked:
 @contextlib.contextmanager
 def warm_pool() -> Iterator[WarmPool | None]:
     """The command's pool (``start_early``), or a new one with no worker started yet (a run
-    starts them once its output is checked: a refused run starts none); None (Beam starts its
-    workers) where the socket cannot be made, or ``BEAM_PREP_WARM_WORKERS=0``. Closed on leaving."""
+    starts them once its output is checked: a refused run starts none), which starts none with
+    ``BEAM_PREP_WARM_WORKERS=0`` (it only records Beam's); None (Beam starts its workers, and
+    nothing records them) where the socket cannot be made. Closed on leaving."""
     pool = take_early()
     if pool is None:
-        if not enabled():
-            yield None
-            return
         try:
-            pool = WarmPool()
+            pool = WarmPool(warm=enabled())
         except OSError as e:
             _LOG.info("local workers start when the pipeline runs: %s", e)
             yield None

@@ -18,12 +18,13 @@ socket (``READY``), which the launcher reads before it hands a relay over. The
 first process reaps its copies before it exits, so that their CPU is counted as
 their launcher's.
 
-Its command line names Beam's worker module (``sys.argv[2]``), so that the
-launcher's ``interrupt.stop_workers`` and anyone's ``ps`` know it and its
-copies for workers, and then ``LOCAL`` where its run reads and writes local
-files only (its import then leaves out ``lean_imports.LOCAL_UNUSED``). The
-command's own first process is instead a fork of its launcher, which runs
-``serve`` with its imports done and names itself (``interrupt.name_worker``).
+Its command line names Beam's worker module (``sys.argv[2]``), so that
+anyone's ``ps`` knows it and its copies for workers (the launcher knows them by
+the ids it recorded: ``interrupt.Started``), and then ``LOCAL`` where its run
+reads and writes local files only (its import then leaves out
+``lean_imports.LOCAL_UNUSED``). The command's own first process is instead a
+fork of its launcher, which runs ``serve`` with its imports done and names
+itself (``interrupt.name_worker``).
 """
 from __future__ import annotations
 
