@@ -8,6 +8,8 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
+from typing import TypeVar
 
 from beam_prep.errors import StorageError
 from beam_prep.reader import cache_fs
@@ -16,6 +18,7 @@ from beam_prep.reader.cache_fs import PRIVATE, Dir
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_LINKS = 40  # links followed on the way, as the kernel's own limit (ELOOP)
 _OTHER_ERRORS = "give another cache_dir (BEAM_PREP_CACHE)"
+_T = TypeVar("_T")
 
 
 def replaceable(st: os.stat_result) -> str | None:
@@ -48,6 +51,7 @@ def open_path(path: str, *, create: bool = False) -> Dir:
         replace, a link another user could have placed, a file or nothing where a folder should be, a name
         too long, a folder that cannot be searched; a filesystem whose ``flock`` does not lock.
     """
+    path = os.path.abspath(path)
     remaining = path.split("/")
     walked = [_open_at(None, "/", path)]
     links = 0
@@ -68,7 +72,7 @@ def open_path(path: str, *, create: bool = False) -> Dir:
                 continue
             links += 1
             if links > _MAX_LINKS:
-                raise StorageError(f"the shard cache's folder {path} is behind more than {_MAX_LINKS} links (a loop?): "
+                raise StorageError(f"the shard cache's folder {path} is behind more than {_MAX_LINKS} links (a loop?); "
                                    f"{_OTHER_ERRORS}")
             if target.startswith("/"):
                 while len(walked) > 1:
@@ -99,6 +103,7 @@ def same_folder(path: str, identity: tuple[int, int]) -> None:
 
 
 def _check_on_the_way(folder: Dir, path: str) -> None:
+    """Refuses ``folder``, on the way to ``path``, if another user could rename what it holds."""
     why = replaceable(os.fstat(folder.fd))
     if why is not None:
         raise StorageError(f"the shard cache's folder {path} is inside {folder.path}, which {why}: another user "
@@ -136,12 +141,13 @@ def _not_followed(path: str, link: str, which: str) -> StorageError:
 
 
 def _open_at(parent: Dir | None, name: str, path: str) -> Dir:
+    """``parent``'s folder ``name`` (``/`` itself without a parent), opened without following a link."""
     shown = name if parent is None else parent.join(name)
     fd = _os_call(lambda: os.open(name, _DIR_FLAGS, dir_fd=None if parent is None else parent.fd), shown, path)
     return Dir(fd, shown)
 
 
-def _os_call(call, shown: str, path: str):
+def _os_call(call: Callable[[], _T], shown: str, path: str) -> _T:
     """``call()``, its ``OSError`` a one-line ``StorageError`` naming ``shown`` (on the way to ``path``)."""
     try:
         return call()

@@ -254,7 +254,7 @@ def _fetch(client, origin: str, folder: Dir, stamps: Dir, name: str, expected: s
         if len(data) > listed:
             raise StorageError(
                 f"shard {url} is {len(data)} bytes, more than the {listed} GCS listed for it as the shard cache made "
-                "room for the split: it was replaced since; nothing of it is kept: read again once the dataset "
+                "room for the split: it was replaced since, and nothing of it is kept; read again once the dataset "
                 "is no longer being rewritten")
         sha256 = hashlib.sha256(data).hexdigest()
         if expected is None or sha256 == expected:

@@ -1030,20 +1030,36 @@ def test_a_folder_a_co_user_makes_on_the_way_to_the_cache_as_it_is_made_is_refus
     assert list(team.iterdir()) == [] and shard_gets(gcs_server, gcs_bucket) == []
 
 
+@pytest.fixture(scope="module")
+def webdataset_dataset(tmp_path_factory):
+    tree = tmp_path_factory.mktemp("wds-tree")
+    make_tree(tree, {"ant": 4, "bee": 3}, size=(8, 8))
+    out = tmp_path_factory.mktemp("wds") / "ds"
+    prepare_here("--input", str(tree), "--output", str(out), "--file_format", "webdataset", "--image_size", "8",
+                 "--validation_percent", "0", "--num_shards", "2")
+    return out
+
+
+@pytest.mark.parametrize("reader", ["data_source", "webdataset_pipeline"])
 def test_a_worker_refuses_a_cache_folder_replaced_since_it_was_filled(gcs_server, gcs_bucket, uploaded, other_dataset,
-                                                                      shared):
+                                                                      webdataset_dataset, shared, reader):
     """A source pickled into a data loader's worker reopens its shards by path. A folder above the cache
     that became the attacker's (the end state of a race at its making), who then moved the cache away and
     put their own shards at its path: the worker refuses the folder, as does this process's next read."""
     import pickle
 
+    if reader == "webdataset_pipeline":
+        gcs_bucket.upload_tree(webdataset_dataset, "wds")
+        uploaded, poisoned = gcs_bucket.url("wds"), webdataset_dataset
+    else:
+        poisoned = other_dataset
     cache = shared / "team" / "cache"
-    source = beam_prep.data_source(uploaded, "train", cache_dir=cache)
-    assert pickle.loads(pickle.dumps(source)).info.root == source.info.root  # unchanged: reopened as it is
-    folder = pathlib.Path(source.info.root)
+    source = getattr(beam_prep, reader)(uploaded, "train", cache_dir=cache)
+    folder = next(p for p in cache.iterdir() if p.is_dir())
+    assert len(list(pickle.loads(pickle.dumps(source)))) == len(list(source))  # reopened as it is
     os.chown(shared / "team", ATTACKER, ATTACKER)
     (shared / "team").chmod(0o777)
-    poison = {f.name: f.read_bytes() for f in other_dataset.iterdir() if f.is_file()}
+    poison = {f.name: f.read_bytes() for f in poisoned.iterdir() if f.is_file()}
 
     def swap():
         (shared / "team" / "cache").rename(shared / "team" / "moved")
@@ -1059,5 +1075,5 @@ def test_a_worker_refuses_a_cache_folder_replaced_since_it_was_filled(gcs_server
         pickle.loads(pickle.dumps(source))
     assert str(caught.value) == refusal
     with pytest.raises(StorageError) as caught:
-        beam_prep.data_source(uploaded, "train", cache_dir=cache)
+        getattr(beam_prep, reader)(uploaded, "train", cache_dir=cache)
     assert str(caught.value) == refusal.replace(str(folder), str(cache))
