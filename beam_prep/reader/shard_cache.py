@@ -91,10 +91,12 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
         (naming its reader), no such split; a shard, fetched twice, without the sha256
         the manifest records for it. UnsafeName: a shard named as one of the cache's
         own files (ignoring case), or named twice.
-      StorageError: a shard cannot be fetched; the split does not fit the size bound
-        beside the folders in use, or does not fit the disk (``cache_room.room``); the
-        cache folder, or something in it, is not the user's own (``cache_fs``); a lock
-        held by another process past ``$BEAM_PREP_CACHE_LOCK_TIMEOUT``.
+      StorageError: a shard cannot be fetched, or arrives larger than GCS listed it; the
+        split does not fit the size bound beside the folders in use, or does not fit the
+        disk (``cache_room.room``); the cache folder, the way to it (``cache_path``) or
+        something in it is not the user's own (``cache_fs``); a lock held by another
+        process past ``$BEAM_PREP_CACHE_LOCK_TIMEOUT``, or that variable is not a finite
+        number of seconds, 0 or more.
     """
     bound = _max_bytes(max_bytes)
     cache_fs.lock_timeout()  # a bad $BEAM_PREP_CACHE_LOCK_TIMEOUT refused before anything is fetched
