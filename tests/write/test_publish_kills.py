@@ -142,19 +142,21 @@ def test_a_run_killed_at_each_step_of_publishing_is_finished_by_the_same_command
 
 
 def test_an_overwrite_killed_or_failing_at_each_step_never_loses_the_old_dataset(tree, tmp_path):
-    """An --overwrite run replacing a dataset of other images in files of the same names (the train
-    shard, labels.txt, TFDS's metadata...) and of others (the old validation shard, removed), killed at
-    each step and run again without --overwrite, as the guide says: until its publication is recorded
-    the old dataset is there whole, byte for byte; after, the run again finishes the new one; and at
-    every kill TFDS reads exactly the old dataset, exactly the new one, or refuses. A step that fails
-    instead puts the old dataset back (``check_each_failure_undone``)."""
+    """An --overwrite run replacing a dataset of other images in files of the same names (the shards,
+    labels.txt, TFDS's metadata...) and of others (a test split's shard, removed), killed at each step
+    and run again without --overwrite, as the guide says: until its publication is recorded the old
+    dataset is there whole, byte for byte; after, the run again finishes the new one; and at every
+    kill TFDS reads exactly the old dataset, exactly the new one, or refuses (it read the old metadata
+    with new shards). A step that fails instead puts the old dataset back (``check_each_failure_undone``)."""
     out, saved = tmp_path / "out", tmp_path / "saved"
-    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "8", "--compression", "none", *ARGS[2:])
-    rows = kill_at_each_step(str(out), str(saved), "--input", str(tree), *ARGS[:2], "--compression", "none",
-                             "--direct_running_mode", "in_memory", "--started_with_overwrite", flags=("--fail", "--keep"))
-    kills = check_each_kill_finished(rows, 10, overwrite_first=True)
+    # Of the same shape (TFDS refuses shards of another shape than its metadata says), other pixels.
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS, "--compression", "none", "--jpeg_quality", "40")
+    shutil.copyfile(out / "validation-00000-of-00001.tfrecord", out / "test-00000-of-00001.tfrecord")
+    rows = kill_at_each_step(str(out), str(saved), "--input", str(tree), *ARGS, "--compression", "none",
+                             "--started_with_overwrite", flags=("--fail", "--keep"))
+    kills = check_each_kill_finished(rows, 12, overwrite_first=True)
     old, new = top(rows[0]["initial"]), [row for row in rows if "step" in row][-1]["final"]
-    assert "validation-00000-of-00001.tfrecord" in set(old) - set(new)
+    assert "test-00000-of-00001.tfrecord" in set(old) - set(new)
     assert {"train-00000-of-00001.tfrecord", "labels.txt", "dataset_info.json", "manifest.json"} <= set(old) & set(new)
     assert old["train-00000-of-00001.tfrecord"] != new["train-00000-of-00001.tfrecord"]
     # Past the record, the folder holds neither dataset until the run again finishes the new one.
