@@ -308,6 +308,8 @@ ESCAPE_TO = {"from": "staged/labels.txt", "to": "../escaped.txt", "file": "x"}
     (lambda body: body.update(moves=[["staged/manifest.json", "manifest.json"]]), "moves[0] is a list, not an object"),
     (lambda body: body.pop("moves"), "moves is missing"),
     (lambda body: body["old"].append({"name": "labels.txt"}), "old[0].file is missing"),
+    (lambda body: body["old"].append({"name": "labels.txt", "file": "not a file"}),
+     "old[0].file is 'not a file', not a file's identity"),
 ])
 def test_a_publication_record_beam_prep_does_not_write_is_refused(tree, killed_mid_publish, capfd, edit, said):
     """The record is data in the output folder: a move from or to outside the folders, a file no

@@ -22,7 +22,7 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.errors import BeamPrepError, DatasetError, OptionsError, StorageError, UnsafeName
+from beam_prep.errors import BeamPrepError, DatasetError, OptionsError, StorageError
 from beam_prep.io.storage import is_local, join, read_bytes, storage_error
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST
@@ -183,16 +183,14 @@ def read_record(output: str, run_id: str) -> Publication | None:
     Raises:
       OptionsError: the run's folder is a link, or the record cannot be read or is not one
         beam-prep writes for this ``output`` (naming its field and why, and ``--overwrite``).
-      StorageError: the record cannot be read.
     """
     layout.check_run_folder(output, run_id)
     if not is_recorded(output, run_id):
         return None
     path = join(layout.run_folder(output, run_id), RECORD)
-    data = read_bytes(path)
     try:
-        return _checked(json.loads(data.decode("utf-8")), run_id, output)
-    except (ValueError, TypeError, UnsafeName) as e:  # JSON, fields and names: damaged, or not beam-prep's.
+        return _checked(json.loads(read_bytes(path).decode("utf-8")), run_id, output)
+    except Exception as e:  # unreadable (each filesystem raises its own types), damaged, or not beam-prep's
         raise OptionsError(f"--output {output} holds run {run_id}, stopped while publishing, whose record "
                            f"{path} cannot be used ({e}); pass --overwrite to start over") from e
 
@@ -202,7 +200,7 @@ def _checked(body: Any, run_id: str, output: str) -> Publication:
     a move to ``../x``, or of a file no dataset holds, would reach outside the dataset.
 
     Raises:
-      ValueError, UnsafeName: naming the field and what is wrong with it.
+      ValueError, TypeError, UnsafeName: naming the field and what is wrong with it.
     """
     _typed(body, dict, "the record")
     if body.get("publish_format") != _FORMAT:
@@ -250,14 +248,21 @@ def _move(entry: Any, field: str) -> tuple[str, str, str]:
     if name in (RECORD, resume.RUN_RECORD):
         raise ValueError(f"{field}.from is {source!r}, the run's own record")
     _check_dataset_name(target, f"{field}.to")
-    return source, target, found
+    return source, target, _checked_identity(found, f"{field}.file")
 
 
 def _old(entry: Any, field: str) -> tuple[str, str]:
     _typed(entry, dict, field)
     name, found = _field(entry, "name", str, f"{field}.name"), _field(entry, "file", str, f"{field}.file")
     _check_dataset_name(name, f"{field}.name")
-    return name, found
+    return name, _checked_identity(found, f"{field}.file")
+
+
+def _checked_identity(found: str, field: str) -> str:
+    """A file's identity: never what stands for a folder or a link, which a publication never moves."""
+    if found == identity.NOT_A_FILE:
+        raise ValueError(f"{field} is {found!r}, not a file's identity")
+    return found
 
 
 def _check_dataset_name(name: str, field: str) -> None:
