@@ -86,6 +86,7 @@ class _Prepared(NamedTuple):
     plan: RunPlan
     resumable: bool  # the run's folder records what it finishes (streaming sink, local runner)
     kept: tuple[resume.ShardRecord, ...] = ()  # shards a resumed run keeps from the run it continues
+    options: dict[str, Any] | None = None  # what a rerun repeats to be the same command (resume.record_options)
 
     @property
     def all_kept(self) -> bool:
@@ -210,8 +211,9 @@ def _warn_small_percent(percent: float, split_counts: dict[str, int]) -> None:
 
 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: RunPlan,
-          progress_folder: str | None = None, finalize: bool = True) -> None:
+          progress_folder: str | None = None, finalize: bool = True, options: dict[str, Any] | None = None) -> None:
     """The job's transforms; with ``progress_folder`` (local runners), workers report there.
+    ``options``: the run's ``resume.record_options``, recorded with its publication.
 
     Without ``finalize`` the job only writes the shards, and the launcher completes the
     dataset from the shards' records once it is done (``finalize_from_records``): what a
@@ -232,16 +234,18 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: RunPlan,
     failures = (written.failures, label_failures) | "AllFailures" >> beam.Flatten()
     _ = (p
          | "Once" >> beam.Create([None])
-         | "Finalize" >> beam.Map(_complete, config, run_plan,
+         | "Finalize" >> beam.Map(_complete, config, run_plan, options,
                                   **publish.side_inputs(written, failures, config, run_plan.listed)))
 
 
-def _complete(_: None, config: PrepareConfig, run_plan: RunPlan, **reported: Any) -> dict[str, Any]:
+def _complete(_: None, config: PrepareConfig, run_plan: RunPlan, options: dict[str, Any] | None,
+              **reported: Any) -> dict[str, Any]:
     """The job's ``Finalize`` step: ``publish.complete`` with the sink's reports."""
-    return publish.complete(config, run_plan, publish.ShardReports(**reported))
+    return publish.complete(config, run_plan, publish.ShardReports(**reported), options)
 
 
-def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str, Any]:
+def finalize_from_records(config: PrepareConfig, run_plan: RunPlan,
+                          options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Completes a streaming-sink dataset from its shards' records (``resume.ShardRecord``),
     their hash files and the listed files of unknown labels: the same rows the job's own
     ``Finalize`` gathers.
@@ -270,7 +274,7 @@ def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str,
     return publish.complete(config, run_plan, publish.ShardReports(
         shards=shards, class_counts=list(counts.items()), failures=failures, hash_files=hash_files,
         originals=list(originals.items()), flat=[FlatImages.from_json(r.flat) for r in records],
-        resized=list(resized.items())))
+        resized=list(resized.items())), options)
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
@@ -321,7 +325,7 @@ def run(config: PrepareConfig, options: PipelineOptions,
                     result = job.pipeline.run()
                     result.wait_until_finish()
             if job.resumable:
-                finalize_from_records(config, job.plan)
+                finalize_from_records(config, job.plan, job.options)
         except BaseException as e:
             # A local job ends with this process; a remote one (Dataflow) may still be
             # running after its launcher stops waiting, so its files are left to it.
@@ -343,11 +347,14 @@ def run(config: PrepareConfig, options: PipelineOptions,
 def _finish_publications(config: PrepareConfig) -> bool:
     """Finishes the publications of runs stopped while publishing into the output (under its claim,
     before anything else: ``publication.finish_unfinished``); whether one was this command's, which
-    then has nothing left to do (with --overwrite, a run starts over all the same)."""
+    then has nothing left to do (with --overwrite, a run starts over all the same). The same command
+    is the same ``resume.record_options``: --labels_file's lines and the tables' content included."""
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
     finished = publication.finish_unfinished(config.output, leftovers, config.overwrite)
-    options = resume.command_options(config)
-    return not config.overwrite and any(p.options == options for p in finished)
+    if config.overwrite or not finished:
+        return False
+    options = resume.record_options(config, _labels(config))
+    return any(p.options == options for p in finished)
 
 
 def _finished(config: PrepareConfig, seconds: float, counters: dict[str, int],
@@ -502,8 +509,8 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     if pool is not None:
         pool.fit(local_workers(options))
     p = beam.Pipeline(runner=local_runner(options, pool), options=options)
-    build(p, config, run_plan, progress_folder, finalize=not resumable)
-    return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept))
+    build(p, config, run_plan, progress_folder, finalize=not resumable, options=recorded)
+    return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept), recorded)
 
 
 def _write_run_folder(config: PrepareConfig, listing: Listing, run_plan: RunPlan,
