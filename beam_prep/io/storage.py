@@ -31,13 +31,21 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
     Raises:
       StorageError: naming ``path``, if it cannot be written.
     """
+    write_bytes(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
+
+
+def write_bytes(path: str, data: bytes, mime_type: str = "text/plain") -> None:
+    """Writes ``data`` to ``path``, at once, on any filesystem.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be written.
+    """
     # Imported here, not at the top: the reader and the dataset model use this module's
     # path helpers without importing Beam.
     from apache_beam.io.filesystems import FileSystems
 
-    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
     try:
-        with FileSystems.create(path, mime_type="text/plain") as f:
+        with FileSystems.create(path, mime_type=mime_type) as f:
             f.write(data)
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("write", path, e) from e
