@@ -1,6 +1,7 @@
 """A signalled or failed launcher stops the processes its run started, and no other one."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,10 +12,12 @@ import time
 import psutil
 import pytest
 from helpers import REPO, make_tree
+from interrupts import wait_for
 from small_disk import small_disk
 
 from beam_prep.write.run import interrupt
 from beam_prep.write.run.warm_pool import WORKER_MODULE
+from pipelines.prepare_images import command
 
 pytestmark = pytest.mark.slow  # each test starts processes
 
@@ -235,3 +238,43 @@ def test_a_failed_library_run_leaves_its_callers_own_processes_running(tmp_path)
     assert facts["survived"] and all(facts["survived"]), facts
     assert facts["left"] == [], facts  # what the run started is gone once it has failed
     assert facts["joined"] and facts["pipeline"] == "4" and facts["own"] == [None, None], facts
+
+
+def _session(leader: int) -> list[psutil.Process]:
+    """The live processes of the session ``leader`` started (``start_new_session``), wherever they were
+    re-parented."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == leader and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def test_a_launcher_killed_as_its_workers_start_leaves_none_running(tmp_path):
+    """SIGKILL gives the launcher no chance to stop anything: without warm workers
+    (``BEAM_PREP_WARM_WORKERS=0``) each relay runs Beam's worker as its child and ends it once the
+    launcher is gone. Beam's worker alone, killed as it started (before it reached the launcher's
+    control service), waited for ever, re-parented to init."""
+    make_tree(tmp_path / "in", {"a": 20, "b": 20}, size=(64, 48))
+    process = subprocess.Popen(command("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                                       "--image_size", "16", "--direct_num_workers", "2",
+                                       "--direct_running_mode", "multi_processing"), cwd=REPO,
+                               env={**os.environ, "BEAM_PREP_WARM_WORKERS": "0"}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: [p for p in _session(process.pid) if p.cmdline()[1:3] == ["-m", WORKER_MODULE]], process,
+                 "Beam's worker to start")
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 60  # bounded: a loaded machine's seconds, never a worker's for ever
+        while (left := _session(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left == [], [" ".join(p.cmdline())[:120] for p in left]
+    finally:
+        for leftover in _session(process.pid):
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
+        process.stderr.close()
