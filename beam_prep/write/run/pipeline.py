@@ -41,7 +41,7 @@ from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
-from beam_prep.write.run import interrupt, warm_pool
+from beam_prep.write.run import interrupt, warm_pool, worker_errors
 from beam_prep.write.run.beam_compat import batch_fn_api_runner, views_once
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.run.worker_requirements import add_format_requirement
@@ -317,7 +317,7 @@ def run(config: PrepareConfig, options: PipelineOptions,
         result = None
         try:
             if not job.all_kept:  # a resumed run whose shards are all written has only its dataset to finish
-                with _watching(folder, job, on_progress, progress_interval):
+                with _watching(folder, job, on_progress, progress_interval), worker_errors.typed_errors():
                     result = job.pipeline.run()
                     result.wait_until_finish()
             if job.resumable:
