@@ -122,11 +122,13 @@ def bucket_of(path: str) -> str | None:
     return "gs://" + path[len("gs://"):].split("/", 1)[0] if path.startswith("gs://") else None
 
 
-def storage_error(action: str, path: str, error: BaseException) -> StorageError:
-    """A StorageError that names ``path`` and says what to fix."""
+def storage_error(action: str, path: str, error: BaseException, room: str | None = None) -> StorageError:
+    """A StorageError that names ``path`` and says what to fix; ``room``: what to do where the write
+    found no room, in place of the advice for a dataset's disk (free space, or write elsewhere)."""
     full = _no_room(error)
     if full is not None:
-        return StorageError(f"cannot {action} {path}: [Errno {full.errno}] {full.strerror}; {_NO_ROOM[full.errno]}")
+        return StorageError(f"cannot {action} {path}: [Errno {full.errno}] {full.strerror}; "
+                            f"{room or _NO_ROOM[full.errno]}")
     codes = {_code(e) for e in _causes(error)}
     names = {type(e).__name__ for e in _causes(error)}
     if is_local(path) and "PermissionError" in names:
