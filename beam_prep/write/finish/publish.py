@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.io.storage import join, write_lines
+from beam_prep.io.storage import join, write_bytes, write_lines
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import drop, duplicates, manifest, publication
@@ -198,8 +198,8 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
     for filename in write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST), folder):
         names.append(filename)
         steps.done()
-    with FileSystems.create(join(folder, MANIFEST), mime_type="application/json") as f:
-        f.write(json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"))
+    write_bytes(join(folder, MANIFEST), json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"),
+                "application/json")
     steps.done()
     return [*names, MANIFEST]
 

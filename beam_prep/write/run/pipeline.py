@@ -41,7 +41,7 @@ from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
-from beam_prep.write.run import interrupt, warm_pool
+from beam_prep.write.run import interrupt, warm_pool, worker_errors
 from beam_prep.write.run.beam_compat import batch_fn_api_runner, views_once
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.run.worker_requirements import add_format_requirement
@@ -321,7 +321,7 @@ def run(config: PrepareConfig, options: PipelineOptions,
         result = None
         try:
             if not job.all_kept:  # a resumed run whose shards are all written has only its dataset to finish
-                with _watching(folder, job, on_progress, progress_interval):
+                with _watching(folder, job, on_progress, progress_interval), worker_errors.typed_errors():
                     result = job.pipeline.run()
                     result.wait_until_finish()
             if job.resumable:
@@ -329,9 +329,9 @@ def run(config: PrepareConfig, options: PipelineOptions,
         except BaseException as e:
             # A local job ends with this process; a remote one (Dataflow) may still be
             # running after its launcher stops waiting, so its files are left to it.
-            if local:
-                _end_local_run(config, job, e, started)
-            raise
+            if not (local and _end_local_run(config, job, e, started)):
+                raise
+        stopping.over = True  # published: a signal now stops nothing
         if claim.lost:
             raise DatasetError(f"another run took {config.output} over while run {job.run_id} ran, so the "
                                "folder may hold both runs' files: run again with --overwrite")
@@ -415,19 +415,28 @@ def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start
 
 
 def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
-                   started: interrupt.Started | None) -> None:
+                   started: interrupt.Started | None) -> bool:
     """After a local job stopped early: the worker processes it started (``started``) stopped, and
     no other; its folder kept where it can be resumed, else removed. An interrupt becomes
-    ``RunInterrupted``, saying what was kept."""
+    ``RunInterrupted``, saying what was kept, or what is left of its publication; returns True
+    where it came once the dataset was published whole (the run is done: its folder is gone)."""
     if started is not None:
         started.stop()
+    if isinstance(error, KeyboardInterrupt):
+        with contextlib.suppress(StorageError):  # unlisted: said as an interrupt before publishing
+            if job.run_id not in layout.unfinished_runs(config.output, CLAIM_NAME):
+                return True
+            if publication.is_recorded(config.output, job.run_id):
+                raise RunInterrupted(f"stopped while publishing its dataset into {config.output}: run the same "
+                                     "command again to finish publishing it", interrupt.signal_of(error),
+                                     resumable=True) from None
     work = layout.run_folder(config.output, job.run_id)
     if not job.resumable:
         _remove_quietly(config.output, job.run_id)
         if isinstance(error, KeyboardInterrupt):
             raise RunInterrupted("nothing was kept (only the streaming sink resumes); run the same command "
                                  "again to start over", interrupt.signal_of(error), resumable=False) from None
-        return
+        return False
     names = _shard_names(config, job.plan)
     done = resume.finished_count(work, names)
     again = ("run the same command without --overwrite to resume, or with it to start over" if config.overwrite
@@ -436,6 +445,7 @@ def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
         raise RunInterrupted(f"{done} of {len(names)} shards written; {again}", interrupt.signal_of(error),
                              resumable=True) from None
     _LOG.warning("run %s kept %d of %d shards, finished before it failed: %s", job.run_id, done, len(names), again)
+    return False
 
 
 def _shard_names(config: PrepareConfig, run_plan: RunPlan) -> list[str]:
