@@ -332,8 +332,17 @@ def test_a_signal_while_publishing_says_the_same_command_finishes_it(tmp_path, m
     make_tree(tmp_path / "in", {"a": 3, "b": 3}, size=(20, 16))
     args = ("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--image_size", "16",
             "--num_shards", "2")
+    out = tmp_path / "out"
+    done, sent = publication.Steps.done, []
+
+    def signalling(steps):  # SIGTERM at the first step after which a shard is in --output: its first move
+        done(steps)
+        if not sent and any(out.glob("train-*")):
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
     with monkeypatch.context() as patched:
-        _signalled_after(patched, publication, "_move")
+        patched.setattr(publication.Steps, "done", signalling)
         with pytest.raises(KeyboardInterrupt) as stopped:  # any, not to end pytest's session
             prepare_here(*args)
     assert isinstance(stopped.value, RunInterrupted), repr(stopped.value)
