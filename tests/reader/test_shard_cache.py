@@ -32,14 +32,19 @@ from beam_prep.errors import DatasetError, StorageError, UnsafeName
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def local_dataset(tmp_path_factory):
-    tree = tmp_path_factory.mktemp("tree")
-    make_tree(tree, {"ant": 12, "bee": 9, "cat": 7}, size=(8, 8))
-    out = tmp_path_factory.mktemp("ds") / "ds"
+def _dataset(tmp_path_factory, name: str, size: int) -> pathlib.Path:
+    """An ArrayRecord dataset of 28 images (3 classes) of ``size`` pixels a side, resized to 8."""
+    tree = tmp_path_factory.mktemp(f"{name}-tree")
+    make_tree(tree, {"ant": 12, "bee": 9, "cat": 7}, size=(size, size))
+    out = tmp_path_factory.mktemp(name) / "ds"
     prepare_here("--input", str(tree), "--output", str(out), "--file_format", "array_record",
                  "--image_size", "8", "--validation_percent", "20", "--num_shards", "3", "--label_offset", "1")
     return out
+
+
+@pytest.fixture(scope="module")
+def local_dataset(tmp_path_factory):
+    return _dataset(tmp_path_factory, "ds", 8)
 
 
 @pytest.fixture
@@ -508,12 +513,7 @@ def test_a_shard_named_twice_in_a_split_is_refused_before_any_fetch(gcs_server, 
 @pytest.fixture(scope="module")
 def other_dataset(tmp_path_factory):
     """A dataset with the local one's names and counts, and other pixels."""
-    tree = tmp_path_factory.mktemp("other-tree")
-    make_tree(tree, {"ant": 12, "bee": 9, "cat": 7}, size=(9, 9))
-    out = tmp_path_factory.mktemp("other") / "ds"
-    prepare_here("--input", str(tree), "--output", str(out), "--file_format", "array_record",
-                 "--image_size", "8", "--validation_percent", "20", "--num_shards", "3", "--label_offset", "1")
-    return out
+    return _dataset(tmp_path_factory, "other", 9)
 
 
 def test_two_origins_whose_names_read_alike_never_share_a_cache_folder(gcs_server, gcs_bucket, local_dataset,
