@@ -35,7 +35,7 @@ from beam_prep.write.images import resample
 from beam_prep.write.images.examples import unknown_label_report
 from beam_prep.write.images.flat import FlatImages, is_many
 from beam_prep.write.journal import progress, resume
-from beam_prep.write.plan import failure_budget, sharding
+from beam_prep.write.plan import failure_budget, label_ids, sharding
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.plan.run_plan import RunPlan
@@ -189,6 +189,8 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
             split_counts[split], record_bytes, config.target_shard_mb, multiple, max_images)
         for split in listing.splits
     }
+    if config.overwrite:
+        label_ids.warn_if_ids_move(config.output, listing.labels, config.label_offset)
     if 0 < config.validation_percent < 1:
         _warn_small_percent(config.validation_percent, split_counts)
     return listing, RunPlan(labels=listing.labels, num_shards=num_shards, listed=listing.listed,

@@ -35,6 +35,7 @@ from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.readahead import ReadAheadConfig
+from beam_prep.write.plan import label_ids
 from beam_prep.write.plan.config import (
     DEFAULT_READ_AHEAD_MB,
     DEFAULT_REMOTE_READ_CONCURRENCY,
@@ -364,6 +365,8 @@ class WriteImageDataset(beam.PTransform):
         """Beam's PTransform entry point: the elements written as the dataset (see the class)."""
         config, naming = self._config, self._naming
         run_id = new_run_id()
+        if config.overwrite:
+            label_ids.warn_if_ids_move(config.output, naming.labels, config.label_offset)
         _clear_output(config.output, config.overwrite, run_id)
         plan = RunPlan(labels=list(naming.labels), num_shards={s: config.num_shards for s in naming.splits},
                              listed=0, skipped=0, sink=config.sink, run_id=run_id, multi_label=naming.multi_label,
