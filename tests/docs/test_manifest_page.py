@@ -38,6 +38,8 @@ NAMED_BY_DATA = {
     "duplicates.dropped_by_reason": "<reason>",
     "duplicates.split_pairs": "<pair>",
     "duplicates.near.split_pairs": "<pair>",
+    "versions[].splits": "<split>",
+    "versions[].splits.<split>.class_counts": "<label>",
 }
 _SHARD = re.compile(r"^[\w.-]+-\d{5}-of-\d{5}\.(tfrecord(\.gz)?|array_record|tar)$")
 _DALI_INDEX = re.compile(r"^dali-[\w.-]+-\d{5}-of-\d{5}\.tfrecord\.idx$")  # listed as dali-<shard>.idx
