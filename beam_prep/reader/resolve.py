@@ -58,7 +58,8 @@ def resolve_split(path: str | os.PathLike, split: str, file_format: str, reader:
     elif origin.startswith("gs://"):
         from beam_prep.reader import shard_cache
 
-        info = shard_cache.cached_split(origin, split, file_format, reader, cache_dir=cache_dir, max_bytes=max_bytes)
+        info = shard_cache.cached_split(origin, split, file_format, reader, cache_dir=cache_dir, max_bytes=max_bytes,
+                                        version=version)
     else:
         raise OptionsError(f"{reader} reads local folders and gs://, not {origin}")
     info.require_format(file_format, reader)

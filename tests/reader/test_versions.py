@@ -11,7 +11,7 @@ import pathlib
 import shutil
 
 import pytest
-from helpers import make_tree, prepare_here
+from helpers import as_two_versions, make_tree, prepare_here
 
 import beam_prep
 from beam_prep.errors import DatasetError
@@ -19,21 +19,6 @@ from beam_prep.tools.inspection import render_text
 from beam_prep.tools.summary import summarize
 
 FORMATS = {"tfrecord": ("--compression", "none"), "array_record": (), "webdataset": ()}
-
-
-def as_two_versions(out: pathlib.Path) -> dict:
-    """The manifest of ``out`` rewritten to say its first shard of each split was version 1 and the
-    rest version 2; returns it."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    (first,) = manifest["versions"]
-    second = {**first, "version": 2, "input": "/new", "splits": {}}
-    for name, split in manifest["splits"].items():
-        counts = split["shard_num_examples"]
-        first["splits"][name] = {"num_examples": counts[0], "shards": split["shards"][:1]}
-        second["splits"][name] = {"num_examples": sum(counts[1:]), "shards": split["shards"][1:]}
-    manifest["versions"] = [first, second]
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return manifest
 
 
 @pytest.fixture(scope="module")
