@@ -230,6 +230,8 @@ class VersionInfo:
     num_labels: int
     created: str | None = None
     input: str | None = None
+    appended: Mapping[str, Any] | None = None
+    """An append's word on the files it did not write (``append.Additions.counts``); None for version 1."""
 
     @property
     def num_examples(self) -> int:
@@ -241,8 +243,11 @@ class VersionInfo:
             splits[split] = {"num_examples": n, "shards": list(shards)}
             if class_counts is not None:
                 splits[split]["class_counts"] = dict(class_counts)
-        return {"version": self.version, "created": self.created, "input": self.input,
-                "num_labels": self.num_labels, "splits": splits}
+        out = {"version": self.version, "created": self.created, "input": self.input,
+               "num_labels": self.num_labels, "splits": splits}
+        if self.appended is not None:
+            out["appended"] = dict(self.appended)
+        return out
 
     @classmethod
     def from_json(cls, version: Mapping[str, Any]) -> VersionInfo:
@@ -251,9 +256,11 @@ class VersionInfo:
                               if v.get("class_counts") is not None else None)
                  for split, v in version["splits"].items()}
         created, source = version.get("created"), version.get("input")
+        appended = version.get("appended")
         return cls(version=int(version["version"]), added=added, num_labels=int(version["num_labels"]),
                    created=str(created) if created is not None else None,
-                   input=str(source) if source is not None else None)
+                   input=str(source) if source is not None else None,
+                   appended=dict(appended) if appended is not None else None)
 
     @classmethod
     def whole(cls, labels: Sequence[str], splits: Mapping[str, SplitInfo], created: str | None = None,

@@ -10,7 +10,7 @@ from helpers import make_tree, prepare_here
 
 import beam_prep
 from beam_prep.errors import BeamPrepWarning
-from beam_prep.write.plan.label_ids import Move, moves
+from beam_prep.write.grow.label_ids import Move, moves
 
 SMALL = ("--image_size", "16", "--num_shards", "1")
 
@@ -49,8 +49,9 @@ def test_an_overwrite_that_moves_ids_says_which_and_how_to_keep_them_before_any_
         beam_prep.prepare(str(grown / "grown"), str(out), overwrite=True, dry_run=True)
     assert _moved_warnings(caught) == [
         f"overwrite=True gives 2 classes of the dataset in {out} other ids ('circles' 0 -> 1, 'squares' 1 -> 2), "
-        "so a model trained on it would read the wrong labels: to keep their ids, pass labels_file listing its "
-        f"classes in their order ({out}/labels.txt's names) and new ones after them"]
+        "so a model trained on it would read the wrong labels: to keep their ids, add the new images with "
+        "append=True instead, or pass labels_file listing its classes in their order "
+        f"({out}/labels.txt's names) and new ones after them"]
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # said before any work
 
 

@@ -143,6 +143,25 @@ def test_a_drop_run_killed_at_each_step_is_finished_without_converting_again(tmp
         assert resumed is None or resumed[1] == resumed[2], (row["step"], resumed[0])
 
 
+def test_an_append_killed_at_each_step_keeps_the_old_version_whole_and_is_finished(tree, tmp_path):
+    """An --append (a new class, uncompressed TFRecords with DALI indexes): before, while and after its shards
+    are published, the old version's shards are there byte for byte beside a manifest; the same command
+    then ends where an uninterrupted append ends."""
+    out, batch = tmp_path / "out", tmp_path / "batch"
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS, "--compression", "none")
+    make_tree(batch, {"cat": 2, "eel": 2}, size=(20, 24))
+    rows = kill_at_each_step(str(out), str(tmp_path / "saved"), "--input", str(batch), "--append",
+                             "--direct_running_mode", "in_memory")
+    kills = check_each_kill_finished(rows, 17, "beam-prep: 15 of 16 images written in")
+    old = {name: digest for name, digest in top(rows[0]["initial"]).items() if "-000" in name}  # shards, indexes
+    assert len(old) == 4
+    for row in kills:
+        assert "manifest.json" in row["after_kill"], row["step"]
+        assert {name: row["after_kill"].get(name) for name in old} == old, row["step"]
+    new = set(rows[-1]["final"]) - set(rows[0]["initial"])
+    assert {name for name in new if "-v2-" in name} == {name for name in new if name != "changed.jsonl"}
+
+
 def test_a_run_into_gs_killed_at_each_step_is_finished_by_the_same_command(tree, gcs_server, gcs_bucket):
     """On gs:// a move is a copy and a delete (the same rename, 100 files at a time), each a step here."""
     rows = kill_at_each_step(gcs_bucket.url("out"), gcs_bucket.url("saved"), "--input", str(tree), *ARGS,

@@ -79,7 +79,7 @@ def build(
     splits = {}
     for split, count in plan.num_shards.items():
         # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
-        names = (tuple(layout.shard_name(split, i, count, config.shard_suffix) for i in range(count))
+        names = (tuple(layout.shard_name(split, i, count, config.shard_suffix, config.version) for i in range(count))
                  if count else tuple(sorted(shard_rows[split])))
         if plan.multi_label:  # a record counts under each of its labels: its shards' counts are the records
             num_examples = sum(n or 0 for n in shard_rows[split].values())

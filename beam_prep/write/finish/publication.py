@@ -69,12 +69,16 @@ class Publication:
         the manifest last.
       removes: the old dataset's files no move replaces, names in ``--output``; its manifest is
         not among them (it goes first, by the rule ``carry_out`` follows).
+      append: an append's (``--append``): the dataset stays, no file of it is removed, and its
+        manifest is replaced by the new one in one move, last (readers see the old version whole
+        until then).
     """
 
     run_id: str
     options: dict[str, Any]
     moves: tuple[tuple[str, str], ...]
     removes: tuple[str, ...]
+    append: bool = False
 
 
 def staging_folder(work: str) -> str:
@@ -89,7 +93,7 @@ def staging_folder(work: str) -> str:
 
 
 def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mapping[str, str],
-            staged: Iterable[str]) -> Publication:
+            staged: Iterable[str], append: bool = False) -> Publication:
     """The publication of a run whose files are all in its folder, as ``--output`` holds it now.
 
     Args:
@@ -98,13 +102,14 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
       options: its command's options (``resume.command_options``).
       shards: each shard and index file's name -> its path relative to the run's folder.
       staged: the names of the other files, in ``staging_folder``, the manifest among them.
+      append: the run adds to the dataset (``Publication.append``): nothing of it is removed.
     """
     staged = sorted(set(staged) - {MANIFEST})
     moves = [*((source, name) for name, source in shards.items()), *((f"{STAGED}/{name}", name) for name in staged),
              (f"{STAGED}/{MANIFEST}", MANIFEST)]
     targets = {target for _, target in moves}
-    old = [path.rsplit("/", 1)[-1] for path in layout.existing_dataset_files(output)]
-    return Publication(run_id, dict(options), tuple(moves), tuple(sorted(set(old) - targets)))
+    old = [] if append else [path.rsplit("/", 1)[-1] for path in layout.existing_dataset_files(output)]
+    return Publication(run_id, dict(options), tuple(moves), tuple(sorted(set(old) - targets)), append)
 
 
 def write_record(output: str, publication: Publication) -> None:
@@ -161,7 +166,9 @@ def _checked(body: Mapping[str, Any], run_id: str) -> Publication:
         _check_dataset_name(name, f"removes[{i}]")
     if not moves or moves[-1][1] != MANIFEST:
         raise ValueError(f"its last move is not the {MANIFEST}")
-    return Publication(run_id, dict(body["options"]), moves, removes)
+    if body.get("append", False) and removes:
+        raise ValueError("an append's publication removes nothing")
+    return Publication(run_id, dict(body["options"]), moves, removes, bool(body.get("append", False)))
 
 
 def _check_dataset_name(name: str, field: str) -> None:
@@ -174,7 +181,8 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     """Does what ``publication`` records that is not done yet, then removes the run's folder.
 
     The old manifest first, while the new one is still staged (so no reader takes a half-replaced
-    folder for a dataset, and a rerun never removes the new one); each move whose source is still
+    folder for a dataset, and a rerun never removes the new one), unless an append's (its new
+    shards replace no file, and its manifest replaces the old in one move, last); each move whose source is still
     in the run's folder (a source gone with its target present was moved); the new manifest; the
     old dataset's other files; the run's folder, its record last.
 
@@ -190,7 +198,7 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     missing = sorted(set(gone) - _files_in(output)) if gone else []
     if missing:
         raise _lost(output, publication.run_id, missing)
-    if manifest[0] in present and FileSystems.exists(join(output, MANIFEST)):
+    if manifest[0] in present and not publication.append and FileSystems.exists(join(output, MANIFEST)):
         layout.delete([join(output, MANIFEST)], f"the old dataset's {MANIFEST} in {output}")
         steps.done()
     _move(work, output, [move for move in files if move[0] in present], steps)

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.io.storage import join, write_lines
+from beam_prep.io.dali_index import index_name
+from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error, write_lines
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
-from beam_prep.write.finish import drop, duplicates, manifest, publication
+from beam_prep.write.finish import appended, drop, duplicates, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
+from beam_prep.write.grow.append import Additions
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
 from beam_prep.write.plan import skipped
@@ -130,13 +134,19 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
         try:
             built = manifest.build(config, plan, shards, class_counts, reports.failures, reports.originals, copies,
                                    reports.flat, reports.resized, dropping.count if dropping is not None else None)
+            if config.append:  # the dataset's manifest, this run's version added
+                built = appended.merge(manifest.read(config.output), built, config.version, config.input,
+                                       Additions.from_json(plan.appended or {}).counts())
             skipped.check(work, plan.skipped)
             steps = publication.Steps()
             staged = _stage(config, plan, built, reports, found, dropping, steps)
             moved = rewritten.published_from() if rewritten is not None else {}
+            ours = {name for _, name, *_ in shards}
+            ours |= {index_name(name) for name in ours}
             record = publication.planned(config.output, plan.run_id, resume.command_options(config),
                                          {name: moved.get(name, name) for split in built["splits"].values()
-                                          for name in (*split["shards"], *split.get("dali_index", ()))}, staged)
+                                          for name in (*split["shards"], *split.get("dali_index", ()))
+                                          if name in ours}, staged, append=config.append)
             publication.write_record(config.output, record)
             steps.done()
         except BaseException:
@@ -170,6 +180,12 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
     write_lines(join(folder, layout.LABELS), labels_lines(plan.labels, config.labels_txt, config.label_offset))
     steps.done()
     names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS]
+    if config.append:
+        for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES):
+            _after_the_datasets(config.output, folder, name)
+        write_lines(join(folder, layout.CHANGED), Additions.from_json(plan.appended or {}).changed_lines())
+        names.append(layout.CHANGED)
+        steps.done()
     for filename in write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST), folder):
         names.append(filename)
         steps.done()
@@ -177,6 +193,25 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
         f.write(json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"))
     steps.done()
     return [*names, MANIFEST]
+
+
+def _after_the_datasets(output: str, folder: str, name: str) -> None:
+    """An append's report file ``name``, staged in ``folder``: the dataset's lines, then the run's.
+
+    Raises:
+      StorageError: a file cannot be read or written.
+    """
+    old, staged = join(output, name), join(folder, name)
+    try:
+        if not FileSystems.exists(old):
+            return
+        ours = read_bytes(staged)
+        with FileSystems.create(staged, mime_type="text/plain", compression_type=CompressionTypes.UNCOMPRESSED) as out, \
+                open_to_read(old) as theirs:
+            shutil.copyfileobj(theirs, out, 1 << 20)
+            out.write(ours)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", staged, e) from e
 
 
 def write_tfds_metadata(info: DatasetInfo, folder: str | None = None) -> list[str]:

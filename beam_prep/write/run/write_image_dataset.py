@@ -30,12 +30,12 @@ from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.model.features import SCHEMA
 from beam_prep.model.names import NAME_MAX, name_problem
 from beam_prep.write.finish import duplicates, publication, publish
+from beam_prep.write.grow import label_ids
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.readahead import ReadAheadConfig
-from beam_prep.write.plan import label_ids
 from beam_prep.write.plan.config import (
     DEFAULT_READ_AHEAD_MB,
     DEFAULT_REMOTE_READ_CONCURRENCY,

@@ -70,6 +70,6 @@ def warn_if_ids_move(output: str, labels: Sequence[str], label_offset: int) -> N
     more = f" and {len(moved) - _SHOWN} more" if len(moved) > _SHOWN else ""
     warnings.warn(BeamPrepWarning(
         f"--overwrite gives {wording.count(len(moved), 'class', 'classes')} of the dataset in {output} other ids "
-        f"({shown}{more}), so a model trained on it would read the wrong labels: to keep their ids, pass "
-        f"--labels_file listing its classes in their order ({join(output, 'labels.txt')}'s names) "
-        "and new ones after them"), stacklevel=3)
+        f"({shown}{more}), so a model trained on it would read the wrong labels: to keep their ids, add the "
+        f"new images with --append instead, or pass --labels_file listing its classes in their order "
+        f"({join(output, 'labels.txt')}'s names) and new ones after them"), stacklevel=3)

@@ -1,0 +1,253 @@
+"""``--append``: new images added to a dataset as its next version, the old records, shards and label
+ids as they were.
+
+The oracle: a dataset made in one run, with the same options, from the first tree and the files the
+append wrote holds the same records (sha256, class name, split) as the appended one. Each test makes
+its own small tree and dataset in this process (``prepare_here``); one runs the command, for its exit
+codes and summary.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import pathlib
+import shutil
+
+import pytest
+from helpers import encode, make_tree, prepare_here, read_split, run_prepare
+from PIL import Image
+
+import beam_prep
+from beam_prep.errors import BeamPrepWarning, OptionsError
+
+pytestmark = pytest.mark.slow  # every test runs a pipeline
+
+ARGS = ("--image_size", "16", "--validation_percent", "30", "--num_shards", "2")
+
+
+def digests(folder: pathlib.Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
+
+
+def records(out: pathlib.Path, shards: list[str] | None = None) -> collections.Counter:
+    """The dataset's records as (sha256, class name, split), ids read through labels.txt."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    labels = (out / "labels.txt").read_text().splitlines()
+    found = collections.Counter()
+    for split in manifest["splits"]:
+        for r in read_split(out, split):
+            if shards is None or r["shard"] in shards:
+                found[r["image/key/sha256"].decode(), labels[r["image/class/label"]], split] += 1
+    return found
+
+
+@pytest.fixture
+def grown(tmp_path) -> dict[str, pathlib.Path]:
+    """A dataset of circles and squares, then its tree grown as a user's does: a new class that sorts
+    first, new images in an old class, a changed file, a removed file, and a copy of a validation
+    image in a train folder. ``oracle``: the first tree with the files an append should write."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"circles": 6, "squares": 6}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS)
+    oracle = pathlib.Path(shutil.copytree(tree, tmp_path / "oracle"))
+    make_tree(tmp_path / "new", {"aardvark": 3, "circles": 3}, size=(20, 24))
+    for label in ("aardvark", "circles"):
+        for i, image in enumerate(sorted((tmp_path / "new" / label).iterdir())):
+            for root in (tree, oracle):
+                (root / label).mkdir(exist_ok=True)
+                shutil.copyfile(image, root / label / f"new_{i}.jpg")
+    (tree / "circles" / "img_000.jpg").write_bytes(encode(Image.new("RGB", (24, 20), "red")))  # changed
+    (tree / "squares" / "img_001.jpg").unlink()  # removed: its record stays
+    validation = next(r for r in read_split(out, "validation"))["image/filename"].decode()
+    shutil.copyfile(tree / validation, tree / "squares" / "leak.jpg")  # a copy of a validation image
+    return {"tree": tree, "out": out, "oracle": oracle, "root": tmp_path, "validation": tree / validation}
+
+
+def test_an_append_writes_what_the_dataset_lacks_as_version_2_and_keeps_the_rest(grown):
+    out = grown["out"]
+    before, version_1 = digests(out), records(out)
+    manifest = prepare_here("--input", str(grown["tree"]), "--output", str(out), "--append")
+    after = digests(out)
+    # Old shards byte for byte; new ones named as no earlier one, found by train-*.
+    assert {name: after[name] for name in before if name.endswith(".tfrecord.gz")} == \
+        {name: d for name, d in before.items() if name.endswith(".tfrecord.gz")}
+    new_shards = [s for split in manifest["versions"][-1]["splits"].values() for s in split["shards"]]
+    assert sorted(set(after) - set(before)) == sorted(["changed.jsonl", *new_shards])
+    assert {s.split("-v2-")[0] for s in new_shards} == {"train", "validation"}  # train-v2-...: train-* finds it
+    # Ids kept, the new class after them, in every list of classes.
+    assert (out / "labels.txt").read_text().splitlines() == ["circles", "squares", "aardvark"]
+    assert manifest["labels"] == ["circles", "squares", "aardvark"]
+    # The oracle: one run over the first tree and the new files, in the same label order.
+    labels = grown["root"] / "labels.txt"
+    labels.write_text("circles\nsquares\naardvark\n")
+    prepare_here("--input", str(grown["oracle"]), "--output", str(grown["root"] / "union"), *ARGS,
+                 "--labels_file", str(labels))
+    assert records(out) == records(grown["root"] / "union")
+    # Version 1 read after the append is version 1 read before it, record for record.
+    v1 = manifest["versions"][0]
+    assert records(out, [s for split in v1["splits"].values() for s in split["shards"]]) == version_1
+    ds = beam_prep.make_dataset(str(out), "train", batch_size=None, training=False, version=1,
+                                extra_keys=["image/key/sha256"])
+    assert collections.Counter(e["image/key/sha256"].numpy().decode() for _, _, e in ds) == \
+        collections.Counter(sha for (sha, _, split), n in version_1.items() if split == "train" for _ in range(n))
+    # What it left out, said.
+    latest = manifest["versions"][-1]
+    assert (latest["version"], latest["input"], latest["num_labels"]) == (2, str(grown["tree"]), 3)
+    assert latest["appended"] == {"new_labels": ["aardvark"], "unchanged": 10, "failed_before": 0, "copies": 1, "changed": 1,
+                                  "gone": 1}
+    changed = [json.loads(line) for line in (out / "changed.jsonl").read_text().splitlines()]
+    assert [(row["change"], pathlib.Path(row["path"]).name) for row in changed] == [
+        ("changed", "img_000.jpg"), ("copy", "leak.jpg"), ("gone", "img_001.jpg")]
+    assert changed[1]["of"] == str(grown["validation"]) and changed[1]["of_split"] == "validation"
+    skipped = (out / "skipped.jsonl").read_text()
+    assert "copy of a record already in the dataset" in skipped and "leak.jpg" in skipped
+    assert sum(s["num_examples"] for s in latest["splits"].values()) == 6
+    assert manifest["counts"]["written"] == sum(s["num_examples"] for s in manifest["splits"].values()) == 18
+    from beam_prep.tools.verification import verify
+
+    assert verify(str(out)).ok
+
+
+def test_an_append_of_nothing_new_makes_no_version_and_changes_nothing(grown):
+    out = grown["out"]
+    before = digests(out)
+    with pytest.warns(BeamPrepWarning, match=r"^nothing to add to .* \(0 records added; 12 files already in it\): "
+                                             r"no version 2 made$"):
+        beam_prep.prepare(str(_first_tree(grown)), str(out), append=True, direct_running_mode="in_memory")
+    assert digests(out) == before
+
+
+def _first_tree(grown: dict[str, pathlib.Path]) -> pathlib.Path:
+    """The dataset's own input, as it was: an append from it finds nothing new."""
+    manifest = json.loads((grown["out"] / "manifest.json").read_text())
+    first = pathlib.Path(manifest["options"]["input"])
+    shutil.rmtree(first)
+    shutil.copytree(grown["oracle"], first)
+    for name in ("new_0.jpg", "new_1.jpg", "new_2.jpg"):
+        (first / "circles" / name).unlink()
+    shutil.rmtree(first / "aardvark")
+    return first
+
+
+def test_a_new_batch_folder_in_each_format_is_read_by_every_reader_at_each_version(tmp_path):
+    tree, batch = tmp_path / "tree", tmp_path / "batch"
+    make_tree(tree, {"ant": 4, "bee": 4}, size=(24, 20))
+    make_tree(batch, {"ant": 2, "cat": 2}, size=(20, 24))
+    shutil.copyfile(tree / "bee" / "img_000.jpg", batch / "cat" / "copy.jpg")
+    for file_format in ("array_record", "webdataset"):
+        out = tmp_path / file_format
+        prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--num_shards", "1",
+                     "--file_format", file_format)
+        first = digests(out)
+        manifest = prepare_here("--input", str(batch), "--output", str(out), "--append")
+        assert manifest["labels"] == ["ant", "bee", "cat"]
+        assert manifest["versions"][1]["appended"]["copies"] == 1
+        assert {n: digests(out)[n] for n in first if n.startswith("train-")} == \
+            {n: d for n, d in first.items() if n.startswith("train-")}
+        if file_format == "array_record":
+            assert (len(beam_prep.data_source(out, version=1)), len(beam_prep.data_source(out))) == (8, 12)
+            assert sorted(beam_prep.data_source(out).targets) == [0] * 6 + [1] * 4 + [2] * 2
+        else:
+            assert sum(1 for _ in beam_prep.webdataset_pipeline(out, version=1)) == 8
+            assert sorted(label for _, label in beam_prep.webdataset_pipeline(out)) == [0] * 6 + [1] * 4 + [2] * 2
+
+
+def test_an_append_to_a_dataset_made_before_versions(tmp_path):
+    tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
+    make_tree(tree, {"ant": 3}, size=(24, 20))
+    make_tree(batch, {"ant": 2}, size=(20, 24))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--num_shards", "1")
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["versions"]  # as beam-prep wrote it before versions
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    grown = prepare_here("--input", str(batch), "--output", str(out), "--append")
+    assert [(v["version"], v["input"], sum(s["num_examples"] for s in v["splits"].values()))
+            for v in grown["versions"]] == [(1, str(tree), 3), (2, str(batch), 2)]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--overwrite",), r"adds to the dataset in .* replaces it: pass one of them$"),
+    (("--image_size", "32"), r"image_size 32x32 contradicts the dataset in .*, made with 16x16: drop it"),
+    (("--file_format", "webdataset"), r"file_format webdataset contradicts the dataset in .*, made with tfrecord"),
+    (("--labels_file", "x.txt"), r"does not take .*labels_file: an append keeps the dataset's label ids"),
+    (("--sink", "shuffle"), r"writes with the streaming sink of the local runners for now"),
+])
+def test_an_option_that_contradicts_the_dataset_is_refused_before_any_work(tmp_path, extra, message):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 2}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    before = digests(out)
+    with pytest.raises(OptionsError, match=message):
+        prepare_here("--input", str(tree), "--output", str(out), "--append", *extra)
+    assert digests(out) == before
+
+
+def test_the_command_refuses_bad_appends_with_one_line_and_exit_2(tmp_path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 2}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    manifest = (out / "manifest.json").read_text()
+    cases = {
+        "--output {} holds no beam-prep dataset to append to": (str(tmp_path / "none"), None),
+        "--image_size 32x32 contradicts the dataset in": (str(out), ("--image_size", "32")),
+        "has format_version 99; this beam-prep reads up to 1: upgrade beam-prep": (str(out), "newer"),
+        "is not valid JSON": (str(out), "damaged"),
+    }
+    for expected, (output, extra) in cases.items():
+        if extra == "newer":
+            (out / "manifest.json").write_text(manifest.replace('"format_version": 1', '"format_version": 99'))
+        elif extra == "damaged":
+            (out / "manifest.json").write_text(manifest[:40])
+        done = run_prepare("--input", str(tree), "--output", output, "--append",
+                           *(extra if isinstance(extra, tuple) else ()))
+        assert done.returncode == 2, (expected, done.stderr[-2000:])
+        line = done.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: ") and expected.format(tmp_path / "none") in line, (expected, line)
+    assert not (tmp_path / "none").exists()
+
+
+def test_two_appends_at_once_the_second_is_refused_naming_the_holder(tmp_path):
+    """The output's claim: an append holds it as any run does."""
+    from beam_prep.write.run.claim import OutputBusy, claim_output
+
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 2}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    make_tree(tmp_path / "batch", {"bee": 1}, size=(24, 20))
+    with claim_output(str(out), "20260101-000000-holder", heartbeat_s=None), \
+            pytest.raises(OutputBusy, match=r"20260101-000000-holder"):
+        prepare_here("--input", str(tmp_path / "batch"), "--output", str(out), "--append")
+
+
+def test_an_overwrite_names_append_to_keep_the_ids(grown):
+    with pytest.warns(BeamPrepWarning, match=r"other ids \('circles' 0 -> 1, 'squares' 1 -> 2\).*append=True"):
+        beam_prep.prepare(str(grown["tree"]), str(grown["out"]), overwrite=True, dry_run=True)
+
+
+
+def test_a_gs_batch_appended_to_a_gs_dataset(gcs_bucket, tmp_path):
+    """Input and output on gs:// (the GCS test server): the old objects stay byte for byte."""
+    make_tree(tmp_path / "tree", {"ant": 3}, size=(24, 20))
+    make_tree(tmp_path / "batch", {"ant": 1, "bee": 2}, size=(20, 24))
+    gcs_bucket.upload_tree(tmp_path / "tree", "tree")
+    gcs_bucket.upload_tree(tmp_path / "batch", "batch")
+    out = gcs_bucket.url("out")
+    prepare_here("--input", gcs_bucket.url("tree"), "--output", out, "--image_size", "16", "--num_shards", "1")
+    before = {name: gcs_bucket.read_bytes(name) for name in gcs_bucket.list_names("out/") if name.endswith(".gz")}
+    manifest = prepare_here("--input", gcs_bucket.url("batch"), "--output", out, "--append")
+    assert manifest["labels"] == ["ant", "bee"] and manifest["splits"]["train"]["num_examples"] == 6
+    assert {name: gcs_bucket.read_bytes(name) for name in before} == before
+    assert sorted(n for n in gcs_bucket.list_names("out/") if "/.beam-prep/" not in f"/{n}") == sorted(
+        [*(f"out/{name}" for name in manifest["splits"]["train"]["shards"]), "out/changed.jsonl",
+         "out/duplicates.jsonl", "out/errors.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl"])
+
+
+def test_a_file_that_failed_before_is_not_tried_again(tmp_path):
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 2}, size=(24, 20))
+    (tree / "ant" / "broken.jpg").write_bytes(b"not a jpeg")
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    with pytest.warns(BeamPrepWarning, match=r"\(0 records added; 2 files already in it; 1 file that failed before, "
+                                             r"not tried again \(errors.jsonl\)\): no version 2 made$"):
+        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")
