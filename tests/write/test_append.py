@@ -13,9 +13,12 @@ import hashlib
 import json
 import pathlib
 import shutil
+import signal
 
 import pytest
 from helpers import encode, make_tree, prepare_here, read_split, run_prepare
+from interrupts import ARGS as INTERRUPTED
+from interrupts import WRITTEN_ARGS, dataset_digests, interrupt, photo_tree
 from PIL import Image
 
 import beam_prep
@@ -249,5 +252,97 @@ def test_a_file_that_failed_before_is_not_tried_again(tmp_path):
     (tree / "ant" / "broken.jpg").write_bytes(b"not a jpeg")
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
     with pytest.warns(BeamPrepWarning, match=r"\(0 records added; 2 files already in it; 1 file that failed before, "
-                                             r"not tried again \(errors.jsonl\)\): no version 2 made$"):
+                                             r"not tried again\): no version 2 made$"):
         beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")
+
+
+@pytest.fixture
+def first_and_batch(tmp_path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+    """A first tree, a batch of new images (a new class that sorts first, more of an old one), and their
+    union, the tree a dataset made in one run is made from (the oracle)."""
+    tree, batch, union = tmp_path / "tree", tmp_path / "batch", tmp_path / "union"
+    make_tree(tree, {"bee": 4, "cat": 4}, size=(24, 20))
+    make_tree(batch, {"ant": 3, "cat": 3}, size=(20, 24))
+    shutil.copytree(tree, union)
+    for image in sorted(batch.rglob("*.jpg")):
+        image = image.rename(image.parent / f"new_{image.name}")  # the union's relative paths: the same splits
+        (union / image.parent.name).mkdir(exist_ok=True)
+        shutil.copyfile(image, union / image.parent.name / image.name)
+    return tree, batch, union
+
+
+def test_tfds_builder_from_directory_reads_version_1_after_an_append(first_and_batch, tmp_path):
+    import tensorflow_datasets as tfds
+
+    tree, batch, _ = first_and_batch
+    out = tmp_path / "out"
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--validation_percent", "30",
+                 "--compression", "none", "--num_shards", "1")
+    first = records(out)
+    tfds_files = {name: digest for name, digest in digests(out).items()
+                  if name in ("dataset_info.json", "features.json", "image.class.label.labels.txt")}
+    prepare_here("--input", str(batch), "--output", str(out), "--append")
+    assert {name: digests(out)[name] for name in tfds_files} == tfds_files
+    builder = tfds.builder_from_directory(str(out))
+    names = builder.info.features["image/class/label"].names
+    read = collections.Counter()
+    for split in builder.info.splits:
+        for ex in tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)):
+            read[ex["image/key/sha256"].decode(), names[ex["image/class/label"]], split] += 1
+    assert read == first
+
+
+def test_hugging_face_reads_the_appended_webdataset_as_a_dataset_made_in_one_run(first_and_batch, tmp_path):
+    from datasets import load_dataset
+
+    tree, batch, union = first_and_batch
+    common = ("--image_size", "16", "--validation_percent", "30", "--file_format", "webdataset")
+    appended, whole = tmp_path / "appended", tmp_path / "whole"
+    prepare_here("--input", str(tree), "--output", str(appended), *common)
+    prepare_here("--input", str(batch), "--output", str(appended), "--append")
+    labels = tmp_path / "labels.txt"
+    labels.write_text((appended / "labels.txt").read_text())
+    prepare_here("--input", str(union), "--output", str(whole), *common, "--labels_file", str(labels))
+
+    def rows(out: pathlib.Path) -> collections.Counter:
+        names = (out / "labels.txt").read_text().splitlines()
+        splits = json.loads((out / "manifest.json").read_text())["splits"]
+        hf = load_dataset("webdataset", data_files={split: str(out / f"{split}-*.tar") for split in splits},
+                          cache_dir=str(tmp_path / "hf-cache"))
+        return collections.Counter((row["json"]["sha256"], names[row["cls"]], split)
+                                   for split in splits for row in hf[split])
+
+    assert (appended / "labels.txt").read_text().splitlines() == ["bee", "cat", "ant"]
+    assert rows(appended) == rows(whole)
+    assert sum(rows(appended).values()) == 14
+
+
+def test_an_append_killed_midway_leaves_version_1_whole_and_resumes_to_an_uninterrupted_ones_bytes(tmp_path):
+    """kill -9 to the whole process group once two of the append's shards are written (``interrupts``):
+    the output's files are version 1's, byte for byte; the same command resumes the append and ends
+    with what an uninterrupted one writes."""
+    batch = photo_tree(tmp_path / "photos")
+    tree, out, reference = tmp_path / "tree", tmp_path / "out", tmp_path / "reference"
+    make_tree(tree, {"ant": 3, "eel": 2}, size=(64, 48))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "48")
+    shutil.copytree(out, reference)
+    version_1 = digests(out)
+    prepare_here("--input", str(batch), "--output", str(reference), "--append", *WRITTEN_ARGS)
+    killed, _, _ = interrupt(batch, out, signal.SIGKILL, "--append", whole_group=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert digests(out) == version_1
+    again = run_prepare("--input", str(batch), "--output", str(out), *INTERRUPTED, "--append")
+    assert again.returncode == 0 and "resuming run" in again.stderr, again.stderr[-3000:]
+    assert dataset_digests(out) == dataset_digests(reference)
+    assert json.loads((out / "manifest.json").read_text())["labels"] == ["ant", "eel", "bee", "cat", "dog"]
+
+
+def test_a_new_class_whose_files_are_all_copies_gets_no_id(tmp_path):
+    tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
+    make_tree(tree, {"ant": 2}, size=(24, 20))
+    (batch / "zebra").mkdir(parents=True)
+    shutil.copyfile(tree / "ant" / "img_000.jpg", batch / "zebra" / "copy.jpg")
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    with pytest.warns(BeamPrepWarning, match=r"\(0 records added; 1 copies of records already in it, not written\)"):
+        beam_prep.prepare(str(batch), str(out), append=True, direct_running_mode="in_memory")
+    assert (out / "labels.txt").read_text().splitlines() == ["ant"]

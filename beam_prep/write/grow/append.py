@@ -237,21 +237,21 @@ class Additions:
         return [json.dumps(row, ensure_ascii=False, sort_keys=True) for row in rows]
 
 
-def describe(written: int, counts: Mapping[str, Any]) -> str:
-    """What an append added and left out (``Additions.counts``), in a line, with where to look."""
+def describe(written: int, counts: Mapping[str, Any], reports: bool = True) -> str:
+    """What an append added and left out (``Additions.counts``), in a line; with ``reports``, where to look."""
     parts = [f"{wording.count(written, 'record')} added"]
     if counts.get("new_labels"):
         parts.append(f"new classes {', '.join(map(repr, counts['new_labels']))} (ids after the others)")
     if counts.get("unchanged"):
         parts.append(f"{wording.count(counts['unchanged'], 'file')} already in it")
     if counts.get("failed_before"):
-        parts.append(f"{wording.count(counts['failed_before'], 'file')} that failed before, not tried again "
-                     "(errors.jsonl)")
+        parts.append(f"{wording.count(counts['failed_before'], 'file')} that failed before, not tried again"
+                     + (" (errors.jsonl)" if reports else ""))
     for key, what in (("copies", "copies of records already in it, not written"),
                       ("changed", "files changed since their records were made, not written"),
                       ("gone", "sources gone, their records kept")):
         if counts.get(key):
-            parts.append(f"{counts[key]:,} {what} (changed.jsonl)")
+            parts.append(f"{counts[key]:,} {what}" + (" (changed.jsonl)" if reports else ""))
     return "; ".join(parts)
 
 
@@ -270,8 +270,9 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     if listing.multi_label != info.multi_label or dict(listing.extra_features) != dict(info.extra_features):
         raise OptionsError(f"--input {config.input} lists records of another kind than the dataset in "
                            f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
-    additions = Additions(new_labels=sorted(set(listing.labels) - set(info.labels)))
+    additions = Additions()
     keep = set()
+    new_labels: set[str] = set()
     listed = set()
     for entry, sha256 in _hashed(listing.entries()):
         listed.add(entry.path)
@@ -290,9 +291,11 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
             listing.add_skip(entry.relpath, COPY_REASON)
         else:
             keep.add(entry.relpath)
+            new_labels.update(label for label in entry.counted_labels if label not in info.labels)
     prefix = config.input.rstrip("/") + "/"
     additions.gone = [{"path": path, "sha256": sha256} for path, (sha256, _) in sorted(existing.by_path.items())
                       if path.startswith(prefix) and path not in listed]
+    additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
     return listing.narrowed(keep, labels, config.label_offset), additions
 

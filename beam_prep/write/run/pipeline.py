@@ -86,7 +86,7 @@ class NothingToAdd(Exception):
     """An append found nothing the dataset lacks: no new version is made."""
 
     def __init__(self, additions: append.Additions) -> None:
-        super().__init__(append.describe(0, additions.counts()))
+        super().__init__(append.describe(0, additions.counts(), False))
         self.additions = additions
 
 
@@ -427,7 +427,7 @@ def _nothing_to_add(config: PrepareConfig, nothing: NothingToAdd, seconds: float
     """An append with nothing new: said in one warning, and the dataset as it was (no new version)."""
     additions = nothing.additions
     warnings.warn(BeamPrepWarning(
-        f"nothing to add to {config.output} from {config.input} ({append.describe(0, additions.counts())}): "
+        f"nothing to add to {config.output} from {config.input} ({append.describe(0, additions.counts(), False)}): "
         f"no version {config.version} made"), stacklevel=3)
     written = None if dry_run else manifest.read(config.output)
     return RunResult(written, seconds, {}, kept=written["counts"]["listed"] if written else 0)
@@ -554,6 +554,9 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
         listing, run_plan = plan_run(config, options, run_id, labels)
         with listing:
             if write:
+                if leftovers and config.append:
+                    _LOG.warning("removing the files of unfinished run %s, stopped before it completed: this "
+                                 "append does not resume it", ", ".join(leftovers))
                 layout.remove_unfinished_runs(config.output, leftovers)
                 _write_run_folder(config, listing, run_plan, resume.RunRecord(
                     run_id, recorded, config.overwrite, dataclasses.asdict(run_plan)) if resumable else None)

@@ -137,19 +137,14 @@ def unfinished_runs(output: str, claim_name: str) -> list[str]:
 
 
 def check_output(output: str, overwrite: bool, leftovers: list[str], append: bool = False) -> None:
-    """Refuses to mix runs: a dataset, or an unfinished run's files, may only be replaced with ``overwrite``;
-    ``append`` adds to the dataset, but not beside an unfinished run's files.
+    """Refuses to mix runs: a dataset, or an unfinished run's files, may only be replaced with ``overwrite``.
+    An ``append`` adds to the dataset; the unfinished runs' files it finds (not its own to resume, whose
+    publications are finished first) hold none of the dataset's and go (``remove_unfinished_runs``).
 
     Raises:
       OptionsError: what the folder holds, and what to pass.
     """
-    if overwrite:
-        return
-    if append:
-        if leftovers:
-            raise OptionsError(f"--output {output} holds the files of unfinished run {', '.join(leftovers)} (stopped "
-                               "before it completed): run the command that started it again to finish it, or "
-                               f"remove {join(output, WORK_DIR)} before appending")
+    if overwrite or append:
         return
     existing = existing_dataset_files(output)
     names = [p.rsplit("/", 1)[-1] for p in existing]
