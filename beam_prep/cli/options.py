@@ -69,8 +69,8 @@ def _input_output_arguments(group: Any) -> None:
         "--append", action="store_true", default=False,
         help="Add the images of --input that the dataset in --output does not hold yet, as its next version, "
              "with the dataset's own options (an option given that contradicts them is refused); its records, "
-             "shards and label ids stay as they are. --stratify shares out validation images among the new "
-             f"files ({doc_page('guides/preparing.md')}).")
+             "shards and label ids stay as they are. With the dataset's --stratify, validation images are shared "
+             f"out among the files of --input, of which those new are written ({doc_page('guides/preparing.md')}).")
     group.add_argument(
         "--read_concurrency", type=int, default=None,
         help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
