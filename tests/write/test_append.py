@@ -358,3 +358,26 @@ def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_la
     added = manifest["versions"][1]["splits"]
     assert added["validation"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
     assert added["train"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
+
+
+def test_an_append_after_another_stopped_while_publishing_makes_the_version_after_it(tmp_path):
+    """Append A killed once its publication is recorded, then append B of other images: B finishes A's
+    publication first (version 2), then makes version 3, not a second version 2."""
+    import os
+
+    from beam_prep.write.finish import publication
+
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 2}, size=(24, 20))
+    make_tree(tmp_path / "a", {"bee": 2}, size=(20, 24))
+    make_tree(tmp_path / "b", {"cat": 3}, size=(28, 24))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    killed = run_prepare("--input", str(tmp_path / "a"), "--output", str(out), "--append",
+                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "7"})
+    assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
+    manifest = prepare_here("--input", str(tmp_path / "b"), "--output", str(out), "--append")
+    assert [(v["version"], pathlib.Path(v["input"]).name) for v in manifest["versions"]] == [
+        (1, "tree"), (2, "a"), (3, "b")]
+    assert manifest["labels"] == ["ant", "bee", "cat"]
+    assert sorted(p.name for p in out.glob("train-*")) == [
+        "train-00000-of-00001.tfrecord.gz", "train-v2-00000-of-00001.tfrecord.gz", "train-v3-00000-of-00001.tfrecord.gz"]

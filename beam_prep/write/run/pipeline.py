@@ -361,6 +361,8 @@ def run(config: PrepareConfig, options: PipelineOptions,
             stopping.append(started)
         if _finish_publications(config):
             return _finished(config, time.perf_counter() - start, {}, None, None)
+        if config.append:  # the version after the dataset's as it is now, another run's publication finished
+            config = dataclasses.replace(config, version=append.read_dataset(config.output)[0].version + 1)
         try:
             job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder, pool=pool)
         except NothingToAdd as e:
