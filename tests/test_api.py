@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 from helpers import REPO, child, make_tree, read_split
+from small_disk import small_disk
 
 import beam_prep
-from beam_prep.errors import BeamPrepWarning, OptionsError
+from beam_prep.errors import BeamPrepWarning, OptionsError, StorageError
 
 SMALL = {"image_size": 16, "max_pixels": 100000, "direct_running_mode": "in_memory"}
 
@@ -27,6 +29,21 @@ def test_prepare_runs_the_job_and_returns_its_manifest(tmp_path):
     written = sum(len(read_split(tmp_path / "out", split)) for split in manifest["splits"])
     assert written == 5 and set(manifest["splits"]) == {"train", "validation"}
     assert seen and (seen[-1].done, seen[-1].failed, seen[-1].total) == (6, 1, 6)  # the workers' counts
+
+
+@pytest.mark.slow  # a multi-process run, on a tmpfs
+def test_a_full_disk_raises_the_storage_error_a_worker_raised(tmp_path):
+    """Beam wraps a worker's exception in a RuntimeError holding its traceback as text (80 lines):
+    ``prepare`` raises the worker's own ``StorageError`` again, its one line, chained to Beam's."""
+    make_tree(tmp_path / "in", {"a": 30, "b": 30}, size=(64, 64), fmt="PNG", ext=".png")  # 720 KB of raw pixels
+    with small_disk(tmp_path / "disk") as disk, pytest.raises(StorageError) as raised:
+        beam_prep.prepare(str(tmp_path / "in"), str(disk / "out"), image_format="raw", image_size=64,
+                          direct_num_workers=2, direct_running_mode="multi_processing")
+    message = str(raised.value)
+    assert re.fullmatch(rf"cannot write {re.escape(str(disk))}/out/\S+/train-0000[01]-of-00002\.tfrecord\.gz: "
+                        r"\[Errno 28\] No space left on device; free space on that disk, or write elsewhere",
+                        message), message
+    assert isinstance(raised.value.__cause__, RuntimeError) and "Traceback" in str(raised.value.__cause__)
 
 
 @pytest.mark.parametrize("options,message", [

@@ -25,12 +25,8 @@ from typing import TextIO
 
 from beam_prep.errors import BeamPrepError
 from beam_prep.write.run.beam_compat import worker_log_location
+from beam_prep.write.run.worker_errors import STEP_SUFFIX, raised_in_worker
 
-# Beam appends the step to an exception raised in a DoFn; the message ends there.
-_STEP_SUFFIX = re.compile(r"\s*\[while running '.*$")
-# A traceback's "<ExceptionType>: <message>" line: starts at column 0, no space in the type.
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*\S)")
-_TRACEBACK = "Traceback (most recent call last):"
 # A module of Pillow's, by its file: a worker's relayed record names no logger, only its place.
 _PILLOW_MODULE = re.compile(r"[/\\]PIL[/\\][^/\\]+\.py:\d+$")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -58,37 +54,11 @@ def is_job_failure(error: BaseException) -> bool:
 
     beam-prep's own errors raised before the job (a bad --output, an empty tree)
     already say what to fix. Anything else escaping the runner is a job failure,
-    and so is one of ours that Beam re-raised from a step (it names the step).
+    and so is one of ours that Beam re-raised from a step (it names the step), or
+    that a worker raised (``worker_errors.typed_errors``: Beam's error its cause).
     """
-    return not isinstance(error, BeamPrepError) or _STEP_SUFFIX.search(str(error)) is not None
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    """``error`` and the exceptions it was raised from, outermost first."""
-    chain = [error]
-    while True:
-        inner = chain[-1].__cause__ or (None if chain[-1].__suppress_context__ else chain[-1].__context__)
-        if inner is None or inner in chain:
-            return chain
-        chain.append(inner)
-
-
-def _last_exception_line(text: str) -> tuple[str, str] | None:
-    """The type and message of the last exception a traceback's text ends with."""
-    found = None
-    for line in text.splitlines():
-        match = _EXCEPTION_LINE.match(line)
-        if match:
-            found = (match.group(1), match.group(2))
-    return found
-
-
-def _describe(type_name: str, message: str) -> str:
-    """Our own errors are written for users: their message alone; others keep the type."""
-    message = _STEP_SUFFIX.sub("", message).strip()
-    if type_name.startswith("beam_prep.") or not type_name:
-        return message
-    return f"{type_name.rsplit('.', 1)[-1]}: {message}" if message else type_name.rsplit(".", 1)[-1]
+    return (not isinstance(error, BeamPrepError) or STEP_SUFFIX.search(str(error)) is not None
+            or raised_in_worker(error) is not None)
 
 
 def root_cause(error: BaseException) -> str:
@@ -96,18 +66,24 @@ def root_cause(error: BaseException) -> str:
 
     Beam reports a worker's exception as a RuntimeError whose text is the remote
     traceback: the innermost exception in the chain that carries such a text
-    gives its last ``<ExceptionType>: <message>`` line. An exception raised in
-    this process (the in-memory runner re-raises the step's own) gives itself.
+    gives its last ``<ExceptionType>: <message>`` line (``worker_errors``). An
+    exception raised in this process (the in-memory runner re-raises the step's
+    own) gives itself.
     """
-    for inner in reversed(_chain(error)):
-        text = str(inner)
-        if _TRACEBACK in text:
-            found = _last_exception_line(text[text.index(_TRACEBACK):])
-            if found:
-                return _describe(*found)
+    found = raised_in_worker(error)
+    if found:
+        return _describe(*found)
     if isinstance(error, BeamPrepError):
         return _describe("", str(error))
     return _describe(type(error).__qualname__, str(error))
+
+
+def _describe(type_name: str, message: str) -> str:
+    """Our own errors are written for users: their message alone; others keep the type."""
+    message = STEP_SUFFIX.sub("", message).strip()
+    if type_name.startswith("beam_prep.") or not type_name:
+        return message
+    return f"{type_name.rsplit('.', 1)[-1]}: {message}" if message else type_name.rsplit(".", 1)[-1]
 
 
 def _from_beam_prep(record: logging.LogRecord) -> bool:

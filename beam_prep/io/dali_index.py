@@ -11,6 +11,7 @@ TFRecords only.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 __all__ = ["FRAMING", "PREFIX", "SUFFIX", "Index", "extent", "index_name", "index_text", "parse_index"]
@@ -19,6 +20,8 @@ PREFIX = "dali-"
 SUFFIX = ".idx"
 # The bytes TFRecord adds around a record's data: uint64 length, its masked CRC, the data's masked CRC.
 FRAMING = 16
+_LINE = re.compile(rb"([0-9]+) ([0-9]+)")
+_SHOWN = 40  # the bytes of a bad line a message shows
 
 
 def index_name(shard: str) -> str:
@@ -45,37 +48,45 @@ def index_text(lengths: Iterable[int]) -> bytes:
 
 
 def parse_index(text: bytes) -> list[tuple[int, int]]:
-    """``(offset, size)`` per line of an index file.
+    """``(offset, size)`` per line of an index file, each line exactly as ``index_text`` writes it:
+    two decimal integers, one space between, a line break after. DALI reads no other form as its
+    writer meant it: it stops at the first line it cannot parse and skips blank ones, reading fewer
+    (or other) records than the file seems to list, with no error.
 
     Raises:
-      ValueError: a line that is not two integers.
+      ValueError: a line of another form, or a last line without its line break.
     """
+    if text and not text.endswith(b"\n"):
+        raise ValueError("its last line has no line break (cut short?)")
     rows = []
-    for number, line in enumerate(text.decode("ascii").splitlines(), 1):
-        fields = line.split()
-        if len(fields) != 2:
-            raise ValueError(f"line {number} is {line!r}, not '<offset> <size>'")
-        rows.append((int(fields[0]), int(fields[1])))
+    for number, line in enumerate(text.split(b"\n")[:-1], 1):
+        fields = _LINE.fullmatch(line)
+        if fields is None:
+            shown = repr(line[:_SHOWN] + (b"..." if len(line) > _SHOWN else b""))[1:]  # escaped, as str's
+            raise ValueError(f"line {number} is {shown}, not '<offset> <size>'")
+        rows.append((int(fields[1]), int(fields[2])))
     return rows
 
 
 def extent(text: bytes) -> tuple[int, int]:
-    """``(records, end)`` of an index file: its line count, and its last line's offset plus size (the
-    shard's length, were the index its own; 0 for an empty index), without parsing the other lines.
+    """``(records, end)`` of an index file, checked whole: its line count, and its last line's offset
+    plus size (the shard's length, were the index its own; 0 for an empty index). Each line is
+    ``parse_index``'s form, the first record starts at 0, each next one where the one before it
+    ends, and none is smaller than a record's framing.
 
     Raises:
-      ValueError: a last line that is not two integers, or a last line without its line break.
+      ValueError: a line that is not ``parse_index``'s form, or whose offset or size could not be
+        a record's of one shard; naming the line.
     """
-    if not text:
-        return 0, 0
-    if not text.endswith(b"\n"):
-        raise ValueError("its last line has no line break (cut short?)")
-    last = text[text.rfind(b"\n", 0, len(text) - 1) + 1:]
-    fields = last.split()
-    if len(fields) != 2 or not all(field.isdigit() for field in fields):
-        raise ValueError(f"its last line is {last.rstrip()!r}, not '<offset> <size>'")
-    offset, size = (int(field) for field in fields)
-    return text.count(b"\n"), offset + size
+    end = 0
+    rows = parse_index(text)
+    for number, (offset, size) in enumerate(rows, 1):
+        if offset != end:
+            raise ValueError(f"line {number} says offset {offset}, but the record before it ends at byte {end}")
+        if size < FRAMING:
+            raise ValueError(f"line {number} says size {size}, less than a record's framing ({FRAMING} bytes)")
+        end += size
+    return len(rows), end
 
 
 class Index:

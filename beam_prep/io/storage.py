@@ -9,6 +9,7 @@ Beam's filesystems wrap the client's exceptions (``BeamIOError`` holding a dict 
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
@@ -31,13 +32,21 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
     Raises:
       StorageError: naming ``path``, if it cannot be written.
     """
+    write_bytes(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
+
+
+def write_bytes(path: str, data: bytes, mime_type: str = "text/plain") -> None:
+    """Writes ``data`` to ``path``, at once, on any filesystem.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be written.
+    """
     # Imported here, not at the top: the reader and the dataset model use this module's
     # path helpers without importing Beam.
     from apache_beam.io.filesystems import FileSystems
 
-    data = "".join(f"{line}\n" for line in lines).encode("utf-8")
     try:
-        with FileSystems.create(path, mime_type="text/plain") as f:
+        with FileSystems.create(path, mime_type=mime_type) as f:
             f.write(data)
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("write", path, e) from e
@@ -103,10 +112,19 @@ _NO_ROOM = {
 }
 
 
-def _no_room(error: BaseException) -> OSError | None:
-    """The OSError in ``error``'s causes that says a write found no room (a full disk, a quota,
-    a file size limit), or None."""
-    return next((e for e in _causes(error) if isinstance(e, OSError) and e.errno in _NO_ROOM), None)
+def _no_room(error: BaseException) -> tuple[int, str] | None:
+    """``(errno, its text)`` where ``error`` or one of its causes says a write found no room (a full
+    disk, a quota, a file size limit): an OSError, or a C++ library's RuntimeError or ValueError
+    whose text holds the system's words for it (ArrayRecord's writer: ``write() failed: No space
+    left on device; ...``); else None."""
+    for e in _causes(error):
+        if isinstance(e, OSError) and e.errno in _NO_ROOM:
+            return e.errno, e.strerror
+        if isinstance(e, (RuntimeError, ValueError)):
+            said = next((code for code in _NO_ROOM if os.strerror(code) in str(e)), None)
+            if said is not None:
+                return said, os.strerror(said)
+    return None
 
 
 def bucket_of(path: str) -> str | None:
@@ -114,11 +132,13 @@ def bucket_of(path: str) -> str | None:
     return "gs://" + path[len("gs://"):].split("/", 1)[0] if path.startswith("gs://") else None
 
 
-def storage_error(action: str, path: str, error: BaseException) -> StorageError:
-    """A StorageError that names ``path`` and says what to fix."""
+def storage_error(action: str, path: str, error: BaseException, room: str | None = None) -> StorageError:
+    """A StorageError that names ``path`` and says what to fix; ``room``: what to do where the write
+    found no room, in place of the advice for a dataset's disk (free space, or write elsewhere)."""
     full = _no_room(error)
     if full is not None:
-        return StorageError(f"cannot {action} {path}: [Errno {full.errno}] {full.strerror}; {_NO_ROOM[full.errno]}")
+        code, text = full
+        return StorageError(f"cannot {action} {path}: [Errno {code}] {text}; {room or _NO_ROOM[code]}")
     codes = {_code(e) for e in _causes(error)}
     names = {type(e).__name__ for e in _causes(error)}
     if is_local(path) and "PermissionError" in names:

@@ -10,6 +10,7 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import math
 import os
 import stat
 import sys
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 from beam_prep.errors import StorageError
+from beam_prep.model.names import NAME_MAX
 
 LOCK_TIMEOUT_ENV = "BEAM_PREP_CACHE_LOCK_TIMEOUT"
 LOCK_TIMEOUT_S = 3600.0  # a fill of a large split may hold its folder's lock this long
@@ -146,15 +148,23 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view[:_CHUNK]):]
 
 
+def fitting(name: str, suffix: str) -> str:
+    """``name`` + ``suffix``, where that is no longer than a file name may be (``NAME_MAX`` bytes); else
+    ``.<name's sha256>`` + ``suffix`` (a dataset's names never start with ``.``: never one of theirs)."""
+    if len(name.encode()) + len(suffix.encode()) <= NAME_MAX:
+        return name + suffix
+    return f".{hashlib.sha256(name.encode()).hexdigest()}{suffix}"
+
+
 def write_new(folder: Dir, name: str, data: bytes) -> os.stat_result:
     """``data`` at ``folder``'s ``name``, whole or not at all: written to a file of its own made beside it
-    (``<name>.partial-<pid>``, created exclusively: never through a link someone placed), flushed, renamed
-    over ``name``. Returns the file's status once renamed.
+    (``<name>.partial-<pid>``, ``fitting``; created exclusively: never through a link someone placed),
+    flushed, renamed over ``name``. Returns the file's status once renamed.
 
     Raises:
       StorageError: it cannot be written, naming it.
     """
-    partial = f"{name}.partial-{os.getpid()}"
+    partial = fitting(name, f".partial-{os.getpid()}")
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=folder.fd)
@@ -242,15 +252,18 @@ def lock_timeout() -> float:
     an hour.
 
     Raises:
-      StorageError: the variable is not a number.
+      StorageError: the variable is not a finite number of seconds, 0 or more.
     """
     text = os.environ.get(LOCK_TIMEOUT_ENV)
     if not text:
         return LOCK_TIMEOUT_S
     try:
-        return float(text)
-    except ValueError as e:
-        raise StorageError(f"{LOCK_TIMEOUT_ENV} must be a number of seconds, not {text!r}") from e
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise StorageError(f"{LOCK_TIMEOUT_ENV} must be a number of seconds, 0 or more, not {text!r}")
+    return seconds
 
 
 def lock(fd: int, how: int, path: str) -> None:

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Iterator
 
 from beam_prep.errors import StorageError
-from beam_prep.reader import cache_fs
+from beam_prep.reader import cache_fs, cache_path
 from beam_prep.reader.cache_fs import PRIVATE, Dir
 
 _LOG = logging.getLogger(__name__)
@@ -30,105 +30,65 @@ RESERVED = ".reserved"
 EVICT_LOCK = ".evict.lock"
 # What a writer killed mid-write leaves (``cache_fs.write_new``): removed by the next fill, under the fill lock.
 PARTIAL = re.compile(r"\.partial-[0-9]+\Z")
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,80}-[0-9a-f]{16}")
+_READABLE_MAX = 80  # characters of the origin a folder's name shows
+_HASH_DIGITS = 16  # of each sha256 in a folder's name
+# Every name ``folder_name`` (and ``_earlier_name``) gives: the readable part, then one hash or two.
+_NAME = re.compile(rf"[A-Za-z0-9._-]{{0,{_READABLE_MAX}}}(?:-[0-9a-f]{{{_HASH_DIGITS}}}){{1,2}}")
 # A folder being removed: its name and a character the cache's names never hold, so it is never taken for one.
 _EVICTING = re.compile(rf"(?P<name>{_NAME.pattern})\.evicting~[0-9]+")
 _PIN_TRIES = 10
 
 
 def _readable(origin: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", origin.split("://", 1)[-1])[-80:]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", origin.split("://", 1)[-1])[-_READABLE_MAX:]
 
 
 def folder_name(origin: str, manifest_sha256: str) -> str:
     """``<bucket>_<path>-<the origin's sha256>-<the manifest's sha256>`` (16 digits each): readable, bound
     to the origin exactly (``gs://a/b_c`` and ``gs://a_b/c`` read alike), new when the dataset is rewritten."""
-    return f"{_readable(origin)}-{hashlib.sha256(origin.encode()).hexdigest()[:16]}-{manifest_sha256[:16]}"
+    origin_sha256 = hashlib.sha256(origin.encode()).hexdigest()
+    return f"{_readable(origin)}-{origin_sha256[:_HASH_DIGITS]}-{manifest_sha256[:_HASH_DIGITS]}"
 
 
 def _earlier_name(origin: str, manifest_sha256: str) -> str:
     """The name an earlier beam-prep gave the folder (no origin hash): never read, evicted as the cache's."""
-    return f"{_readable(origin)}-{manifest_sha256[:16]}"
+    return f"{_readable(origin)}-{manifest_sha256[:_HASH_DIGITS]}"
 
 
 def open_root(path: str) -> Dir:
-    """The cache's root at ``path`` (made 0700 if absent), open: ``path`` itself where it is the user's and
-    no one else can write it; else, where it is shared with the sticky bit (``/tmp``, or a team's folder
-    made 1777), ``path/<uid>``, made 0700 and checked the same way.
+    """The cache's root at ``path`` (made 0700 if absent, as the folders missing above it), open, reached
+    from ``/`` as ``cache_path.open_path`` reaches it: ``path`` itself where it is the user's and no one
+    else can write it; else, where it is shared with the sticky bit (``/tmp``, or a team's folder made
+    1777), ``path/<uid>``, made 0700 and checked the same way.
 
     Raises:
       StorageError: ``path``, or a folder above it, can be replaced by another user (theirs, or writable by
-        others without the sticky bit); ``path/<uid>`` is not the user's own; ``path`` is on NFS or another
-        filesystem whose ``flock`` does not lock between processes.
+        others without the sticky bit), or is reached through a link another user could have placed;
+        ``path/<uid>`` is not the user's own; ``path`` is on NFS or another filesystem whose ``flock`` does
+        not lock between processes; ``path`` cannot be opened or made (a file on the way, a name too long).
     """
-    real = os.path.realpath(path)
-    _check_above(real)
+    top = cache_path.open_path(path, create=True)
     try:
-        _make_private(real)
-        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise StorageError(f"cannot open the shard cache's folder {real}: {e.strerror or e}; "
-                           "give another cache_dir (BEAM_PREP_CACHE)") from e
-    top = Dir(fd, real)
-    try:
-        st = os.fstat(fd)
+        cache_fs.check_locks_work(top)
+        st = os.fstat(top.fd)
         euid = os.geteuid()
         if st.st_uid == euid and not st.st_mode & 0o022:
-            root = top
-        elif st.st_uid in (euid, 0) and st.st_mode & stat.S_ISVTX:
-            try:
-                root = cache_fs.open_dir(top, str(euid), create=True)
-            except OSError as e:
-                raise StorageError(f"cannot make the shard cache's folder {top.join(str(euid))}: "
-                                   f"{e.strerror or e}; {PRIVATE}") from e
-            top.close()
-        else:
-            why = _replaceable(st) or f"belongs to uid {st.st_uid}"
-            raise StorageError(f"the shard cache's folder {real} {why}: another user could replace what the cache "
-                               f"keeps there; {PRIVATE}")
+            return top
     except BaseException:
-        with contextlib.suppress(OSError):
-            top.close()
+        top.close()
         raise
     try:
-        cache_fs.check_locks_work(root)
-    except StorageError:
-        root.close()
-        raise
-    return root
-
-
-def _make_private(path: str) -> None:
-    """``path`` and the folders missing above it, each made 0700 (``os.makedirs`` gives those the umask's
-    mode: under a umask of 002, group-writable folders the root would then be refused for)."""
-    if os.path.isdir(path):
-        return
-    _make_private(os.path.dirname(path))
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-
-
-def _replaceable(st: os.stat_result) -> str | None:
-    """Why another user could rename what a folder of this status holds; None where no one could."""
-    if st.st_uid not in (os.geteuid(), 0):
-        return f"belongs to uid {st.st_uid}"
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"can be written by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
-def _check_above(real: str) -> None:
-    """Refuses a root below a folder another user could rename it out of (as OpenSSH's StrictModes)."""
-    parent = os.path.dirname(real)
-    while True:
-        with contextlib.suppress(FileNotFoundError):  # made by open_root, the user's
-            why = _replaceable(os.stat(parent))
-            if why is not None:
-                raise StorageError(f"the shard cache's folder {real} is inside {parent}, which {why}: another "
-                                   f"user could replace it; {PRIVATE}")
-        if parent == os.path.dirname(parent):
-            return
-        parent = os.path.dirname(parent)
+        if st.st_uid not in (euid, 0) or not st.st_mode & stat.S_ISVTX:
+            why = cache_path.replaceable(st) or f"belongs to uid {st.st_uid}"
+            raise StorageError(f"the shard cache's folder {top.path} {why}: another user could replace what the "
+                               f"cache keeps there; {PRIVATE}")
+        try:
+            return cache_fs.open_dir(top, str(euid), create=True)
+        except OSError as e:
+            raise StorageError(f"cannot make the shard cache's folder {top.join(str(euid))}: {e.strerror or e}; "
+                               f"{PRIVATE}") from e
+    finally:
+        top.close()
 
 
 @contextlib.contextmanager
@@ -305,7 +265,9 @@ def _cache_folders(root: Dir) -> list[_Folder]:
 
 
 def _finish_evictions(root: Dir) -> None:
-    """Removes what an eviction cut short left (under ``.evict.lock``: no eviction is under way)."""
+    """Removes what an eviction cut short left (under ``.evict.lock``: no eviction is under way): a folder
+    whose marker names it, through descriptors; one left without its marker (removed last), if it is
+    empty: by ``rmdir``, which removes nothing that is not."""
     for name in cache_fs.entries(root):
         match = _EVICTING.fullmatch(name)
         if match is None:
@@ -314,11 +276,11 @@ def _finish_evictions(root: Dir) -> None:
             folder = cache_fs.open_dir(root, name)
             try:
                 marker = _marker(folder)
-                ours = marker is not None and match["name"] in (folder_name(*marker), _earlier_name(*marker))
-                empty = not cache_fs.entries(folder)
             finally:
                 folder.close()
-            if ours or empty:
+            if marker is None:
+                os.rmdir(name, dir_fd=root.fd)
+            elif match["name"] in (folder_name(*marker), _earlier_name(*marker)):
                 cache_fs.remove_tree(root, name, last=MARKER)
 
 

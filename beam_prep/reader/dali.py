@@ -118,9 +118,11 @@ def dali_plan(path: str | os.PathLike, split: str = "train", version: int | None
 
 
 def _check_index(path: str, split: SplitInfo, i: int) -> None:
-    """Refuses the DALI index of shard ``i`` of ``split`` where its record count or its end is not the
-    manifest's for the shard: DALI reads the records an index lists, and no error says one is short
-    (left from another run, or cut short). One read of the index, as DALI's own; none of the shard.
+    """Refuses the DALI index of shard ``i`` of ``split`` unless each line is a record's, starting where
+    the one before it ends (``extent``), and its record count and its end are the manifest's for the
+    shard: DALI reads the records an index lists, and no error says one is short (left from another
+    run, or cut short) or that it stopped at a line it could not parse. One read of the index, as
+    DALI's own; none of the shard.
 
     Raises:
       DatasetError: naming the index, what it holds, what the manifest lists, and what to do.

@@ -64,6 +64,11 @@ class ArrayRecordSource:
         self.transform = transform
         self.target_transform = target_transform
         self.origin = origin or info.root  # the folder asked for: gs://... for a cached copy
+        self._cache_folder = None
+        if self.origin != info.root:  # a cached copy: a worker this source is pickled into checks its folder first
+            from beam_prep.reader.shard_cache import folder_check
+
+            self._cache_folder = folder_check(info.root)
         if pairs and not info.labels:
             raise DatasetError(f"{self.origin} is a dataset without labels: read its items as dicts, without pairs")
         self._index: tuple[list[int], list[str]] | None = None

@@ -17,11 +17,11 @@ import unicodedata
 from beam_prep.errors import DatasetError, StorageError, UnsafeName
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, parse_manifest
-from beam_prep.reader import cache_fs, cache_room
+from beam_prep.reader import cache_fs, cache_path, cache_room
 from beam_prep.reader.cache_fs import Dir
 from beam_prep.reader.manifest_file import read_manifest_bytes
 
-__all__ = ["cache_root", "cached_split"]
+__all__ = ["FolderCheck", "cache_root", "cached_split", "folder_check"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,6 +32,32 @@ _STAMP_BYTES = 256  # room reserved for a shard's stamp, beside its bytes
 # The shards this process has checked (their sha256), by file: a file changed since (its time moves) is checked
 # again. (st_dev, st_ino) -> (size, mtime_ns, ctime_ns, sha256)
 _CHECKED: dict[tuple[int, int], tuple[int, int, int, str]] = {}
+# The folders ``cached_split`` filled in this process: path -> (st_dev, st_ino).
+_FILLED: dict[str, tuple[int, int]] = {}
+
+
+class FolderCheck:
+    """A cached split's folder as this process filled it, held by a reader that opens its shards by path:
+    unpickled (into a data loader's worker), it first checks that the path still leads, safely, to that
+    very folder (``cache_path.same_folder``), so that the worker never reads another's in its place.
+
+    Raises (on unpickling):
+      StorageError: the folder was replaced, or the way to it is no longer safe.
+    """
+
+    def __init__(self, path: str, identity: tuple[int, int]) -> None:
+        self.path = path
+        self.identity = identity
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        cache_path.same_folder(self.path, tuple(self.identity))
+
+
+def folder_check(root: str) -> FolderCheck | None:
+    """The check for the cache folder ``root``, where ``cached_split`` filled it in this process; else None."""
+    identity = _FILLED.get(root)
+    return None if identity is None else FolderCheck(root, identity)
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
@@ -66,12 +92,15 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
         (naming its reader), no such version or split; a shard, fetched twice, without the sha256
         the manifest records for it. UnsafeName: a shard named as one of the cache's
         own files (ignoring case), or named twice.
-      StorageError: a shard cannot be fetched; the split does not fit the size bound
-        beside the folders in use, or does not fit the disk (``cache_room.room``); the
-        cache folder, or something in it, is not the user's own (``cache_fs``); a lock
-        held by another process past ``$BEAM_PREP_CACHE_LOCK_TIMEOUT``.
+      StorageError: a shard cannot be fetched, or arrives larger than GCS listed it; the
+        split does not fit the size bound beside the folders in use, or does not fit the
+        disk (``cache_room.room``); the cache folder, the way to it (``cache_path``) or
+        something in it is not the user's own (``cache_fs``); a lock held by another
+        process past ``$BEAM_PREP_CACHE_LOCK_TIMEOUT``, or that variable is not a finite
+        number of seconds, 0 or more.
     """
     bound = _max_bytes(max_bytes)
+    cache_fs.lock_timeout()  # a bad $BEAM_PREP_CACHE_LOCK_TIMEOUT refused before anything is fetched
     text, manifest_path = read_manifest_bytes(origin)
     remote = DatasetInfo.from_json(parse_manifest(text, manifest_path), origin, manifest_path)
     remote.require_format(file_format, reader)
@@ -93,6 +122,8 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
                 cache_room.discard(root, folder)  # made by this call, and nothing fetched into it
             raise
         cache_fs.touch(folder, cache_room.LAST_USED)
+        st = os.fstat(folder.fd)
+        _FILLED[folder.path] = (st.st_dev, st.st_ino)
     finally:
         root.close()
     return DatasetInfo.from_json(parse_manifest(text, manifest_path), folder.path, manifest_path)
@@ -122,8 +153,8 @@ def _fill(origin: str, remote: DatasetInfo, text: bytes, split: str, root: Dir, 
                 _LOG.info("fetching %d shards (%d bytes) of %s into %s", len(missing), fetched, origin, folder.path)
                 with concurrent.futures.ThreadPoolExecutor(min(threads, len(missing)),
                                                            thread_name_prefix="beam-prep-fetch") as pool:
-                    list(pool.map(lambda name: _fetch(client, origin, folder, stamps, name, expected.get(name)),
-                                  missing))
+                    list(pool.map(lambda name: _fetch(client, origin, folder, stamps, name, expected.get(name),
+                                                      sizes.get(join(origin, name), 0)), missing))
                 cache_fs.write_new(folder, MANIFEST, text)
         finally:
             stamps.close()
@@ -174,10 +205,14 @@ def _stamped(folder: Dir) -> bool:
         stamps.close()
 
 
+def _stamp_name(name: str) -> str:
+    return cache_fs.fitting(name, ".json")
+
+
 def _stamp(stamps: Dir, name: str) -> dict:
     """Shard ``name``'s stamp (its size and sha256 when fetched); empty where none or damaged."""
     try:
-        stamp = json.loads(cache_fs.read_small(stamps, name + ".json") or b"{}")
+        stamp = json.loads(cache_fs.read_small(stamps, _stamp_name(name)) or b"{}")
     except ValueError:
         return {}
     return stamp if isinstance(stamp, dict) else {}  # JSON, but not a stamp (damaged): as a missing one
@@ -213,12 +248,18 @@ def _intact(folder: Dir, stamps: Dir, name: str, expected: str | None) -> bool:
     return False
 
 
-def _fetch(client, origin: str, folder: Dir, stamps: Dir, name: str, expected: str | None) -> None:
+def _fetch(client, origin: str, folder: Dir, stamps: Dir, name: str, expected: str | None, listed: int) -> None:
     """Fetches shard ``name`` into ``folder``, checked against the manifest's sha256 ``expected``
-    (if any): a mismatch is fetched once more (a transient fault), then refused."""
+    (if any): a mismatch is fetched once more (a transient fault), then refused. Bytes beyond the
+    ``listed`` size the cache made room for are refused before anything is written: the bound holds."""
     url = join(origin, name)
     for attempt in (1, 2):
         data = client.read(url)  # checked against GCS's CRC32C, retried
+        if len(data) > listed:
+            raise StorageError(
+                f"shard {url} is {len(data)} bytes, more than the {listed} GCS listed for it as the shard cache made "
+                "room for the split: it was replaced since, and nothing of it is kept; read again once the dataset "
+                "is no longer being rewritten")
         sha256 = hashlib.sha256(data).hexdigest()
         if expected is None or sha256 == expected:
             break
@@ -230,5 +271,5 @@ def _fetch(client, origin: str, folder: Dir, stamps: Dir, name: str, expected: s
             "it was changed or damaged since the dataset was written; rewrite the dataset or restore the shard")
     st = cache_fs.write_new(folder, name, data)
     _CHECKED[st.st_dev, st.st_ino] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256)
-    cache_fs.write_new(stamps, name + ".json", json.dumps({"size": st.st_size, "sha256": sha256}).encode("utf-8"))
+    cache_fs.write_new(stamps, _stamp_name(name), json.dumps({"size": st.st_size, "sha256": sha256}).encode("utf-8"))
 

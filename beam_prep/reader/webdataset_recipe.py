@@ -133,12 +133,17 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
     require(_FORMAT, _READER)
     import webdataset as wds
 
-    info, chosen, _ = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir, max_bytes=cache_max_bytes,
-                                    version=version)
+    info, chosen, origin = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir,
+                                         max_bytes=cache_max_bytes, version=version)
+    cache_folder = None
+    if origin != info.root:  # a cached copy: a worker the pipeline is pickled into checks its folder first
+        from beam_prep.reader.shard_cache import folder_check
+
+        cache_folder = folder_check(info.root)
     if shuffle is None:
         shuffle = split == "train"
     epochs = _Epochs()
-    stages = [_Shards(list(chosen.files), epochs, seed, shuffle, resampled), wds.tarfile_to_samples()]
+    stages = [_Shards(list(chosen.files), epochs, seed, shuffle, resampled, cache_folder), wds.tarfile_to_samples()]
     if shuffle:
         stages.append(_SampleShuffle(shuffle_buffer, epochs, seed))
     stages.append(wds.map(_Sample(info, pil_images, with_meta, transform, target_transform)))
@@ -220,7 +225,9 @@ class _Shards:
     replacement without end by ``(seed, epoch, rank, worker)``.
     """
 
-    def __init__(self, urls: list[str], epochs: _Epochs, seed: int, shuffle: bool, resampled: bool) -> None:
+    def __init__(self, urls: list[str], epochs: _Epochs, seed: int, shuffle: bool, resampled: bool,
+                 cache_folder: Any = None) -> None:
+        self.cache_folder = cache_folder  # the shard cache's ``FolderCheck``, for a cached gs:// dataset
         self.urls = urls
         self.epochs = epochs
         self.seed = seed

@@ -10,7 +10,7 @@ from typing import Any
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD, DatasetInfo, ImageInfo
 from beam_prep.tools.summary import Imbalance, SplitSummary, Spread, Summary
-from beam_prep.wording import count
+from beam_prep.wording import count, for_terminal
 from beam_prep.write.images.imaging import REENCODE_REASONS
 from beam_prep.write.shared.layout import DUPLICATES
 
@@ -103,7 +103,9 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
     out += ["", *_counts_section(summary)]
     if summary.duplicates is not None:
         out += ["", *_duplicates_section(summary)]
-    return "\n".join(out) + "\n"
+    # Each line with every control character of the values in it escaped (a path in errors.jsonl
+    # holding a line break would end its line, and forge the next).
+    return "".join(f"{for_terminal(line, one_line=True)}\n" for line in out)
 
 
 def versions_section(info: DatasetInfo) -> list[str]:
@@ -298,7 +300,7 @@ def _near_lines(near: Mapping[str, Any] | None, where: str) -> list[str]:
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]], right: Iterable[int] = ()) -> list[str]:
     """Columns padded to their widest cell, numbers (the ``right`` columns) right-aligned."""
-    rows = [list(header), *(list(r) for r in rows)]
+    rows = [[for_terminal(cell, one_line=True) for cell in r] for r in (header, *rows)]  # as shown: escaped
     right = set(right)
     widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(len(header))]
     lines = []

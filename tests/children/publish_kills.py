@@ -1,6 +1,6 @@
 """Kills a run at each step of its publication in turn, and runs the same command again after each.
 
-    python -m tests.children.publish_kills OUTPUT SAVED -- ARGS... [--started_with_overwrite]
+    python -m tests.children.publish_kills OUTPUT SAVED [--fail] [--keep] -- ARGS... [--started_with_overwrite]
 
 OUTPUT (local or gs://) holds what the runs start from (nothing, or an old dataset); SAVED is a
 folder (local or gs://) of this program's copies of OUTPUT. Each run is the command
@@ -15,6 +15,14 @@ OUTPUT itself, as a run's record names its output folder. Prints one JSON line p
 * per step N from 1: ``{"step": N, "killed": bool, "after_kill": TREE, "code": exit code of the run
   again, "stderr": its stderr, "stdout": its stdout, "final": TREE}``, until a run is not killed
   (N is past its last step): then ``killed`` is false and nothing is run again.
+
+With ``--fail``, then, per step N from the first whose kill left a recorded publication:
+``{"fail": N, "code": its exit code, "stderr", "after_fail": TREE, "again": exit code of the run
+again, "again_stderr", "final": TREE}``, where step N failed (``fail:N``) rather than killed the
+run, until a run exits 0; and one ``{"fail_kill": [N, N + 1], "killed": bool, "after_kill": TREE,
+"code", "stderr", "final": TREE}`` for the step N in the middle of those that put the old dataset
+back, killed while it undid the publication. With ``--keep``, OUTPUT after each kill is copied to
+SAVED/kill-N (local folders only).
 
 With ``--started_with_overwrite`` (last), the reference run and the base run are given ``--overwrite``,
 and the runs from the base are not: they resume it, as the guide says to.
@@ -73,7 +81,7 @@ def copy(source: str, target: str) -> None:
                          [f"{target.rstrip('/')}/{name}" for name in names])
 
 
-def run(output: str, args: list[str], kill_after: int | None) -> tuple[int | None, str, str]:
+def run(output: str, args: list[str], kill_after: int | str | None) -> tuple[int | None, str, str]:
     """The command in a forked process: its exit code (None: SIGKILLed), stdout and stderr."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
@@ -104,8 +112,8 @@ def say(**fields) -> None:
 
 def main() -> None:
     output, saved = sys.argv[1:3]
-    assert sys.argv[3] == "--"
-    args = sys.argv[4:]
+    flags = sys.argv[3:sys.argv.index("--")]
+    args = sys.argv[sys.argv.index("--") + 1:]
     first = args
     if args[-1] == "--started_with_overwrite":
         args = args[:-1]
@@ -121,19 +129,55 @@ def main() -> None:
     assert code is None, f"not killed as its publication began ({code}): {stderr}"
     say(base=tree(output))
     copy(output, base)
-    step = 1
+    step, recorded = 1, None
     while True:
         copy(base, output)
         code, stdout, stderr = run(output, args, step)
         if code is not None:
             assert code == 0, stderr
             say(step=step, killed=False, final=tree(output))
-            return
+            break
         after_kill = tree(output)
+        if recorded is None and any(name.endswith(f"/{publication.RECORD}") for name in after_kill):
+            recorded = step
+        keep(output, saved, "--keep" in flags, f"kill-{step}")
         code, stdout, stderr = run(output, args, None)
         say(step=step, killed=True, after_kill=after_kill, code=code, stdout=stdout, stderr=stderr,
             final=tree(output))
         step += 1
+    if "--fail" in flags:
+        fail_at_each_step(output, base, args, recorded)
+
+
+def fail_at_each_step(output: str, base: str, args: list[str], step: int) -> None:
+    """The ``--fail`` rows, from step ``step`` on."""
+    undone = []
+    while True:
+        copy(base, output)
+        code, _, stderr = run(output, args, f"fail:{step}")
+        if code == 0:
+            break
+        after_fail = tree(output)
+        again, _, again_stderr = run(output, args, None)
+        say(fail=step, code=code, stderr=stderr, after_fail=after_fail, again=again, again_stderr=again_stderr,
+            final=tree(output))
+        if "holds its old dataset again" in stderr:
+            undone.append(step)
+        step += 1
+    if not undone:
+        return
+    middle = undone[len(undone) // 2]
+    copy(base, output)
+    code, _, stderr = run(output, args, f"fail:{middle},kill:{middle + 1}")
+    after_kill = tree(output)
+    again, _, again_stderr = run(output, args, None)
+    say(fail_kill=[middle, middle + 1], killed=code is None, after_kill=after_kill, code=again, stderr=again_stderr,
+        final=tree(output))
+
+
+def keep(output: str, saved: str, kept: bool, name: str) -> None:
+    if kept:
+        copy(output, f"{saved.rstrip('/')}/{name}")
 
 
 if __name__ == "__main__":

@@ -178,6 +178,48 @@ def test_a_shard_that_finds_no_room_ends_in_one_line_naming_it(full, tmp_path, t
                         r"\(full log: \S+\)", lines[-1]), lines[-1]
 
 
+@pytest.mark.slow  # a pipeline, in a subprocess
+def test_a_manifest_that_finds_no_room_ends_in_one_line_naming_it(tmp_path, tmpdir_env):
+    """The staged manifest is the run's largest file here (eight shards of one tiny image each):
+    a file size limit that lets every shard and listing through stops it alone."""
+    make_tree(tmp_path / "in", {"a": 4, "b": 4}, size=(16, 16), fmt="PNG", ext=".png")
+    limit = 3_000
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tmp_path / "in"), "--output", str(out), "--image_size", "16",
+                         "--num_shards", "8", "--direct_running_mode", "in_memory", env=tmpdir_env,
+                         preexec_fn=limited)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert re.fullmatch(rf"error: cannot write {re.escape(str(out))}/\.beam-prep/[^/]+/staged/manifest\.json: "
+                        r"\[Errno 27\] File too large; .*\(ulimit -f\).*", result.stderr.splitlines()[-1]), \
+        result.stderr
+    shards = [p.stat().st_size for p in out.glob("**/train-*")]
+    assert shards and max(shards) < limit  # the shards fitted: the manifest alone did not
+
+
+@pytest.mark.slow  # the command, in a subprocess
+def test_a_full_temp_folder_ends_in_one_line_naming_the_spill_and_tmpdir(tmp_path):
+    """The listing spills its rows to the temp folder (TMPDIR): one there too small for them (a 64 KB
+    tmpfs, which still takes the job's log) ends the run in one line naming the spill's file, and
+    saying to free the temp folder or point TMPDIR elsewhere, not the dataset's disk."""
+    for label in ("a", "b"):
+        (tmp_path / "in" / label).mkdir(parents=True)
+        for i in range(1500):  # listed by their names: rows of ~100 bytes each
+            (tmp_path / "in" / label / f"img_{i:04d}.jpg").write_bytes(b"")
+    with small_disk(tmp_path / "tmp", size="64k") as tmp:
+        result = run_prepare("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                             "--direct_running_mode", "in_memory", env={**os.environ, "TMPDIR": str(tmp)})
+    assert result.returncode == 1, result.stderr
+    assert re.fullmatch(rf"error: cannot write {re.escape(str(tmp))}/beam-prep-listing-\w+/\S+: \[Errno 28\] No space "
+                        rf"left on device; beam-prep spills large tables to the temp folder {re.escape(str(tmp))}: "
+                        r"free space there, or point TMPDIR at a folder with room\n", result.stderr), result.stderr
+
+
 def test_verbose_shows_the_traceback_then_the_cause(tree, tmp_path, tmpdir_env):
     result = run_with_file_limit("--input", str(tree), "--output", str(tmp_path / "out"), *FAILING,
                                  "--direct_running_mode", "in_memory", "--verbose", env=tmpdir_env)

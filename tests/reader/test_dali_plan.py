@@ -19,13 +19,14 @@ from beam_prep.write.shared.shard_formats import dali_indexed
 
 def write_dataset(folder: pathlib.Path, *, file_format: str = "tfrecord", compression: str = "NONE",
                   indexed: bool = True, multi_label: bool = False, labels: tuple[str, ...] = ("a", "b"),
-                  shard_bytes: tuple[int, int] | None = None) -> str:
+                  shard_bytes: tuple[int, int] | None = None,
+                  shard_num_examples: tuple[int, int] = (0, 0)) -> str:
     """A manifest as the writer writes it, over two empty shards (and their index files)."""
     suffix = {"tfrecord": ".tfrecord" if compression == "NONE" else ".tfrecord.gz",
               "webdataset": ".tar", "array_record": ".array_record"}[file_format]
     shards = tuple(f"train-0000{i}-of-00002{suffix}" for i in range(2))
     index = tuple(index_name(s) for s in shards) if indexed else None
-    split = SplitInfo("train", shards, 0, (0, 0), dali_index=index, shard_bytes=shard_bytes)
+    split = SplitInfo("train", shards, sum(shard_num_examples), shard_num_examples, dali_index=index, shard_bytes=shard_bytes)
     info = DatasetInfo(str(folder), labels, {"train": split}, ImageInfo(8, 8), compression=compression,
                        label_offset=1, multi_label=multi_label, file_format=file_format)
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,13 +102,30 @@ def test_an_index_that_does_not_end_where_its_shard_does_is_refused(tmp_path, te
                                f"would read the records it lists and no others; {_REWRITE}")
 
 
+_WRITTEN = index_text([5, 7, 300, 1])  # the index of a shard of four records, as the writer writes it
+_LINES = _WRITTEN.splitlines(keepends=True)
+
+
 @pytest.mark.parametrize(("text", "why"), [
     (b"0 21\n21", "its last line has no line break (cut short?)"),
-    (b"0 21\n21 x\n", "its last line is b'21 x', not '<offset> <size>'"),
+    (b"0 21\n21 x\n", "line 2 is '21 x', not '<offset> <size>'"),
+    # DALI stops at the first line it cannot parse, and skips blank ones: with the count and the last
+    # line the manifest's, each of these read fewer records than the shard holds, or other ones, silently
+    (b"".join(_LINES[:2] + [b"x y\n"] + _LINES[3:]), "line 3 is 'x y', not '<offset> <size>'"),
+    (b"".join(_LINES[:2] + [b"\n"] + _LINES[3:]), "line 3 is '', not '<offset> <size>'"),
+    (b"".join([b"# made by hand\n"] + _LINES[1:]), "line 1 is '# made by hand', not '<offset> <size>'"),
+    (b"".join(_LINES[:1] * 3 + _LINES[3:]), "line 2 says offset 0, but the record before it ends at byte 21"),
+    (b"".join(_LINES[:2] + [_LINES[2].rstrip() + b" 5\n"] + _LINES[3:]), "line 3 is '44 316 5', not "
+                                                                         "'<offset> <size>'"),
+    (b"".join(_LINES[:2] + [b"44\t316\n"] + _LINES[3:]), "line 3 is '44\\t316', not '<offset> <size>'"),
+    (b"0 21\n21 7\n28 332\n360 17\n", "line 2 says size 7, less than a record's framing (16 bytes)"),
+    (b"\xff" * 100 + b"\n", "line 1 is '" + "\\xff" * 40 + "...', not '<offset> <size>'"),
 ])
 def test_an_index_that_is_no_index_is_refused(tmp_path, text, why):
-    folder = write_dataset(tmp_path / "ds")
+    folder = write_dataset(tmp_path / "ds", shard_num_examples=(4, 0), shard_bytes=(377, 0))
     index = tmp_path / "ds" / "dali-train-00000-of-00002.tfrecord.idx"
+    index.write_bytes(_WRITTEN)
+    assert dali_plan(folder).index_files is not None  # as written: the manifest's count and end
     index.write_bytes(text)
     assert refusal(folder) == f"{index}: not a DALI index ({why}); {_REWRITE}"
 

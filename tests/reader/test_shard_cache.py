@@ -378,6 +378,63 @@ def test_several_processes_filling_and_evicting_one_cache_keep_its_bound_and_its
     assert bytes_under(cache, foreign) <= bound
 
 
+def test_folders_of_origins_with_the_longest_readable_names_count_toward_the_bound_and_are_evicted(
+        gcs_server, gcs_bucket, local_dataset, expected, tmp_path):
+    """Origins whose readable part is the longest a name shows (80 characters, then both hashes): one
+    cached by a process that has ended, one left by an eviction cut short (renamed ``.evicting~<pid>``,
+    its files still there). A bounded read of another removes both, and the cache keeps its bound."""
+    origins = []
+    for tag in "xy":
+        gcs_bucket.upload_tree(local_dataset, f"{tag}{'a' * 40}/{'b' * 40}")
+        origins.append(gcs_bucket.url(f"{tag}{'a' * 40}/{'b' * 40}"))
+    assert all(len(readable(origin)) == 80 for origin in origins)
+    cache = tmp_path / "cache"
+    assert finish(start_reader(gcs_server, cache, *origins)) == [expected, expected]
+    long_names = sorted(p for p in cache.iterdir() if p.is_dir())
+    assert len(long_names) == 2
+    size = bytes_under(long_names[0])
+    cut_short = long_names[1].with_name(f"{long_names[1].name}.evicting~12345")
+    long_names[1].rename(cut_short)
+    bound = size + 1000  # room for one dataset
+    gcs_bucket.upload_tree(local_dataset, "z")
+    source = beam_prep.data_source(gcs_bucket.url("z"), "train", cache_dir=cache, cache_max_bytes=bound)
+    assert [[r["filename"], r["label"]] for r in source] == expected
+    assert [p.name for p in cache.iterdir() if p.is_dir()] == [pathlib.Path(source.info.root).name]  # the rest evicted
+    assert bytes_under(cache) <= bound
+
+
+def test_an_eviction_cut_short_never_removes_what_is_put_in_a_folder_without_its_marker(
+        gcs_server, gcs_bucket, uploaded, tmp_path, monkeypatch):
+    """A folder of the user's named as one an eviction leaves (``<name>-<16 digits>.evicting~<pid>``),
+    without the cache's marker: the next fill removes it only if it is empty (what an eviction cut
+    short after removing its marker leaves), so a file put in it the moment it is removed stays."""
+    from beam_prep.reader import cache_fs
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    lookalike = cache / "my-runs-0123456789abcdef.evicting~42"
+    lookalike.mkdir(mode=0o700)
+    late = lookalike / "written-meanwhile.txt"
+    real_rmdir, real_remove_tree = os.rmdir, cache_fs.remove_tree
+
+    put = []
+
+    def put_a_file_first(remove, name_at: int):
+        """``remove`` (its folder's name the argument ``name_at``), the first removal of the folder made
+        after the user's file is put in it."""
+        def removing(*args, **kwargs):
+            if os.path.basename(args[name_at]) == lookalike.name and not put:
+                late.write_text("the user's, written as the cache removes the folder")
+                put.append(late)
+            return remove(*args, **kwargs)
+        return removing
+
+    monkeypatch.setattr(os, "rmdir", put_a_file_first(real_rmdir, 0))
+    monkeypatch.setattr(cache_fs, "remove_tree", put_a_file_first(real_remove_tree, 1))
+    beam_prep.data_source(uploaded, "train", cache_dir=cache)
+    assert put and late.read_text() == "the user's, written as the cache removes the folder"
+
+
 @pytest.mark.parametrize("kind", ["link", "dangling link", "file"])
 def test_a_link_at_the_cache_folders_name_is_not_written_through(gcs_server, gcs_bucket, uploaded, tmp_path, kind):
     """A link at the name the cache gives a dataset's folder (names are predictable: the URL and the manifest's
@@ -544,23 +601,119 @@ def test_a_lock_held_past_the_bound_is_refused_naming_it_and_its_holder(gcs_serv
     finish(holder)
 
 
+@pytest.mark.parametrize("made", [False, True])
 def test_a_cache_on_a_filesystem_whose_flock_is_not_a_lock_is_refused(gcs_server, gcs_bucket, uploaded, tmp_path,
-                                                                     monkeypatch):
+                                                                     monkeypatch, made):
     """NFS emulates ``flock`` with POSIX locks (a process's own never conflict): no NFS here, so the
-    refusal is shown on this folder's own filesystem, read by ``stat -f``, named as NFS."""
+    refusal is shown on this folder's own filesystem, read by ``stat -f``, named as NFS. A cache folder
+    yet to be made is refused for the filesystem it would be made on, before anything is made."""
     from beam_prep.reader import cache_fs
 
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    kind = int(subprocess.run(["stat", "-f", "-c", "%t", str(cache)], capture_output=True, text=True,
+    existing = tmp_path / "cache"
+    existing.mkdir()
+    cache = existing / "new" / "deeper" / "cache" if made else existing
+    kind = int(subprocess.run(["stat", "-f", "-c", "%t", str(existing)], capture_output=True, text=True,
                               check=True).stdout, 16)
     monkeypatch.setattr(cache_fs, "UNRELIABLE_FLOCK", {kind: "NFS"})
     with pytest.raises(StorageError) as caught:
         beam_prep.data_source(uploaded, "train", cache_dir=cache)
     assert str(caught.value) == (
-        f"the shard cache's folder {cache} is on NFS, whose flock does not lock between processes (the cache's "
+        f"the shard cache's folder {existing} is on NFS, whose flock does not lock between processes (the cache's "
         "locks keep a folder in use from being evicted): point cache_dir (BEAM_PREP_CACHE) at a local disk")
-    assert list(cache.iterdir()) == [] and shard_gets(gcs_server, gcs_bucket) == []
+    assert list(existing.iterdir()) == [] and shard_gets(gcs_server, gcs_bucket) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+def test_a_lock_bound_that_is_not_a_finite_number_of_seconds_is_refused_before_any_fetch(
+        gcs_server, gcs_bucket, uploaded, tmp_path, monkeypatch, value):
+    """``nan`` would wait for ever (no time is past it), ``inf`` too, and a negative bound spins."""
+    monkeypatch.setenv("BEAM_PREP_CACHE_LOCK_TIMEOUT", value)
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(uploaded, "train", cache_dir=tmp_path / "cache")
+    assert str(caught.value) == f"BEAM_PREP_CACHE_LOCK_TIMEOUT must be a number of seconds, 0 or more, not {value!r}"
+    assert shard_gets(gcs_server, gcs_bucket) == [] and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("kind", ["a file on the way", "a name too long"])
+def test_a_cache_dir_that_cannot_be_a_folder_is_refused_in_one_line(gcs_server, gcs_bucket, uploaded, tmp_path,
+                                                                     kind):
+    (tmp_path / "file").write_text("not a folder")
+    if kind == "a file on the way":
+        cache, at, why = tmp_path / "file" / "cache", tmp_path / "file", "Not a directory"
+    else:
+        at = tmp_path / ("n" * 300)
+        cache, why = at / "cache", "File name too long"
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(uploaded, "train", cache_dir=cache)
+    assert str(caught.value) == (f"cannot open the shard cache's folder {at} (on the way to {cache}): {why}; give "
+                                 "another cache_dir (BEAM_PREP_CACHE)")
+    assert shard_gets(gcs_server, gcs_bucket) == []
+
+
+def test_a_shard_larger_than_gcs_listed_it_is_refused_and_the_bound_holds(gcs_server, gcs_bucket, local_dataset,
+                                                                          tmp_path, monkeypatch):
+    """The bucket's owner serves a 1-byte shard to the listing (what the cache makes room for) and a 3 MB
+    one to the read, its sha256 in the manifest (a hostile bucket holds both): the replacement, set here
+    right after the listing, is refused naming the shard, and nothing of it is kept."""
+    from beam_prep.io import gcs
+
+    big = os.urandom(3_000_000)
+    manifest = json.loads((local_dataset / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    for i, shard in enumerate(train["shards"]):
+        gcs_bucket.write_bytes(f"swap/{shard}", b"x" if i == 0 else (local_dataset / shard).read_bytes())
+    train["shard_sha256"][0] = hashlib.sha256(big).hexdigest()
+    gcs_bucket.write_bytes("swap/manifest.json", json.dumps(manifest).encode())
+    real_list = gcs.GcsClient.list
+
+    def list_then_replace(self, root, *args, **kwargs):
+        listed = real_list(self, root, *args, **kwargs)
+        gcs_bucket.write_bytes(f"swap/{train['shards'][0]}", big)
+        return listed
+
+    monkeypatch.setattr(gcs.GcsClient, "list", list_then_replace)
+    bound, cache = 400_000, tmp_path / "cache"
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(gcs_bucket.url("swap"), "train", cache_dir=cache, cache_max_bytes=bound)
+    assert str(caught.value) == (
+        f"shard {gcs_bucket.url('swap')}/{train['shards'][0]} is {len(big)} bytes, more than the 1 GCS listed for "
+        "it as the shard cache made room for the split: it was replaced since, and nothing of it is kept; read "
+        "again once the dataset is no longer being rewritten")
+    assert bytes_under(cache) <= bound and not list(cache.glob(f"*/{train['shards'][0]}*"))
+
+
+@pytest.mark.parametrize("length", [240, 250, 255])
+def test_a_shard_name_as_long_as_a_file_name_may_be_is_cached(gcs_server, gcs_bucket, local_dataset, tmp_path,
+                                                              length):
+    """The names rule allows 255 bytes; the cache's temporaries (``<name>.partial-<pid>``) and stamps
+    (``<name>.json``) of such a name would not fit: theirs are made from its hash instead."""
+    name = "s" * (length - len(".array_record")) + ".array_record"
+    url = serve_renamed(gcs_bucket, local_dataset, 0, name)
+    cache = tmp_path / "cache"
+    assert records(beam_prep.data_source(url, "train", cache_dir=cache)) == records(
+        beam_prep.data_source(local_dataset, "train"))
+    since = len(gcs_server.gateway.seen())
+    assert records(beam_prep.data_source(url, "train", cache_dir=cache))  # again: from the cache, stamps read
+    assert shard_gets(gcs_server, gcs_bucket, since) == []
+
+
+def test_a_shard_named_in_two_splits_with_other_bytes_is_refused(gcs_server, gcs_bucket, local_dataset,
+                                                                 other_dataset, tmp_path):
+    """Split ``extra`` names train's shards with another dataset's sha256s: read, it would replace the
+    files train's readers reopen by path. The manifest is refused (one file, one split)."""
+    manifest = json.loads((local_dataset / "manifest.json").read_text())
+    manifest["splits"]["extra"] = json.loads((other_dataset / "manifest.json").read_text())["splits"]["train"]
+    for f in local_dataset.iterdir():
+        if f.is_file() and f.name != "manifest.json":
+            gcs_bucket.write_bytes(f"xs/{f.name}", f.read_bytes())
+    gcs_bucket.write_bytes("xs/manifest.json", json.dumps(manifest).encode())
+    url = gcs_bucket.url("xs")
+    for split in ("train", "extra"):
+        with pytest.raises(UnsafeName, match=(rf"^{re.escape(url)}/manifest.json: splits\.extra\.shards\[0\] is "
+                                              r"'train-00000-of-00003\.array_record', which names the same file as "
+                                              r"splits\.train\.shards\[0\]")):
+            beam_prep.data_source(url, split, cache_dir=tmp_path / "cache")
+    assert shard_gets(gcs_server, gcs_bucket) == []
 
 
 def modes(root: pathlib.Path) -> set[tuple[str, int]]:
@@ -590,6 +743,28 @@ def test_a_cache_folder_others_can_write_gives_this_user_a_private_folder_in_it(
         "another user could replace what the cache keeps there; give a private cache_dir (BEAM_PREP_CACHE): a "
         "folder of yours that no one else can write")
     assert list(open_to_all.iterdir()) == []
+
+
+def test_a_link_at_cache_dir_is_followed_only_where_no_one_else_could_have_placed_it(gcs_server, gcs_bucket,
+                                                                                    uploaded, tmp_path):
+    """A link of the user's in a folder of theirs (``~/.cache`` linked to a larger disk) is followed; any
+    link in a folder others can write (1777, as ``/tmp``) is refused, the user's own too."""
+    disk = tmp_path / "disk"
+    disk.mkdir(mode=0o700)
+    (tmp_path / "mine").symlink_to(disk)
+    source = beam_prep.data_source(uploaded, "train", cache_dir=tmp_path / "mine" / "cache")
+    assert pathlib.Path(source.info.root).parent == disk / "cache"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    (scratch / "cache").symlink_to(disk / "cache")
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(uploaded, "train", cache_dir=scratch / "cache" / "inner")
+    assert str(caught.value) == (
+        f"the shard cache's folder {scratch / 'cache' / 'inner'} is reached through {scratch / 'cache'}, a link in "
+        f"{scratch}, which others can write: another user could have placed it, and the cache does not follow it; "
+        "give a private cache_dir (BEAM_PREP_CACHE): a folder of yours that no one else can write")
+    assert not (disk / "cache" / "inner").exists()
 
 
 # --- a cache folder shared with another user ---------------------------------------
@@ -684,9 +859,10 @@ def as_attacker(action) -> None:
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "the attacker's step failed"
 
 
-def start_victim(gcs_server, shared: pathlib.Path, origin: str, *args: str) -> subprocess.Popen:
-    """The victim reading ``origin``'s train through the cache at ``shared``: it starts once a line
-    arrives on its stdin (its pid known, the attacker readies the cache for it first)."""
+def start_victim(gcs_server, shared: pathlib.Path, origin: str, *args: str,
+                 cache: pathlib.Path | None = None) -> subprocess.Popen:
+    """The victim reading ``origin``'s train through the cache at ``cache`` (default ``shared``): it starts
+    once a line arrives on its stdin (its pid known, the attacker readies the cache for it first)."""
     home = shared / "victim-env"  # not the victim's files the test watches
     if not home.exists():
         home.mkdir(mode=0o700)
@@ -699,7 +875,7 @@ def start_victim(gcs_server, shared: pathlib.Path, origin: str, *args: str) -> s
                 shutil.copyfile(env[variable], copy)
                 os.chown(copy, VICTIM, VICTIM)
             env[variable] = str(copy)
-    return subprocess.Popen(as_user(VICTIM, child("fill_cache", origin, "train", str(shared), "--after_stdin", *args)),
+    return subprocess.Popen(as_user(VICTIM, child("fill_cache", origin, "train", str(cache or shared), "--after_stdin", *args)),
                             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -814,3 +990,104 @@ def test_a_co_user_who_makes_the_victims_own_folder_first_gets_it_refused(gcs_se
         "a folder of yours that no one else can write")
     assert victims_own(shared) == before
     assert shard_gets(gcs_server, gcs_bucket) == []
+
+
+def test_a_link_a_co_user_places_at_the_cache_dirs_name_is_not_followed(gcs_server, gcs_bucket, uploaded, shared):
+    """``cache_dir`` a name in the shared folder, where the attacker placed a link to a folder of the
+    victim's: the victim refuses it in one line, and writes nothing there."""
+    before = victims_own(shared)
+    cache = shared / "cache"
+    as_attacker(lambda: cache.symlink_to(shared / "victim" / "mine"))
+    victim = start_victim(gcs_server, shared, uploaded, cache=cache)
+    _, err = victim.communicate("go\n", timeout=CHILD_TIMEOUT_S)
+    assert victim.returncode == 1
+    assert err.strip().splitlines()[-1] == (
+        f"beam_prep.errors.StorageError: the shard cache's folder {cache} is a link of uid {ATTACKER}: another user "
+        "could have placed it, and the cache does not follow it; give a private cache_dir (BEAM_PREP_CACHE): a "
+        "folder of yours that no one else can write")
+    assert victims_own(shared) == before
+    assert shard_gets(gcs_server, gcs_bucket) == []
+
+
+def test_a_cache_dir_the_user_cannot_reach_is_refused_in_one_line(gcs_server, gcs_bucket, uploaded, shared):
+    """Below a folder the victim may not search (root's, 0700): one line naming it, no traceback."""
+    locked = shared / "roots-own"
+    locked.mkdir(mode=0o700)
+    victim = start_victim(gcs_server, shared, uploaded, cache=locked / "cache")
+    _, err = victim.communicate("go\n", timeout=CHILD_TIMEOUT_S)
+    assert victim.returncode == 1
+    assert err.strip().splitlines()[-1] == (
+        f"beam_prep.errors.StorageError: cannot open the shard cache's folder {locked} (on the way to "
+        f"{locked / 'cache'}): Permission denied; give another cache_dir (BEAM_PREP_CACHE)")
+
+
+def test_a_folder_a_co_user_makes_on_the_way_to_the_cache_as_it_is_made_is_refused(gcs_server, gcs_bucket, uploaded,
+                                                                                   shared, monkeypatch):
+    """``cache_dir`` below a folder yet to be made in the shared folder: the attacker makes that folder
+    (0777, theirs) the moment before the cache does (the race, set here by running the attacker's
+    ``mkdir`` first). The cache refuses it, and makes nothing in it: a root inside it would be theirs
+    to swap."""
+    team = shared / "team"
+    real_mkdir = os.mkdir
+
+    def attacker_first(name, *args, **kwargs):
+        if os.path.basename(name) == team.name and not team.exists():
+            as_attacker(lambda: real_mkdir(team, 0o777))
+        return real_mkdir(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", attacker_first)
+    with pytest.raises(StorageError) as caught:
+        beam_prep.data_source(uploaded, "train", cache_dir=team / "cache")
+    assert str(caught.value) == (
+        f"the shard cache's folder {team / 'cache'} is inside {team}, which belongs to uid {ATTACKER}: another user "
+        "could replace it; give a private cache_dir (BEAM_PREP_CACHE): a folder of yours that no one else can write")
+    assert list(team.iterdir()) == [] and shard_gets(gcs_server, gcs_bucket) == []
+
+
+@pytest.fixture(scope="module")
+def webdataset_dataset(tmp_path_factory):
+    tree = tmp_path_factory.mktemp("wds-tree")
+    make_tree(tree, {"ant": 4, "bee": 3}, size=(8, 8))
+    out = tmp_path_factory.mktemp("wds") / "ds"
+    prepare_here("--input", str(tree), "--output", str(out), "--file_format", "webdataset", "--image_size", "8",
+                 "--validation_percent", "0", "--num_shards", "2")
+    return out
+
+
+@pytest.mark.parametrize("reader", ["data_source", "webdataset_pipeline"])
+def test_a_worker_refuses_a_cache_folder_replaced_since_it_was_filled(gcs_server, gcs_bucket, uploaded, other_dataset,
+                                                                      webdataset_dataset, shared, reader):
+    """A source pickled into a data loader's worker reopens its shards by path. A folder above the cache
+    that became the attacker's (the end state of a race at its making), who then moved the cache away and
+    put their own shards at its path: the worker refuses the folder, as does this process's next read."""
+    import pickle
+
+    if reader == "webdataset_pipeline":
+        gcs_bucket.upload_tree(webdataset_dataset, "wds")
+        uploaded, poisoned = gcs_bucket.url("wds"), webdataset_dataset
+    else:
+        poisoned = other_dataset
+    cache = shared / "team" / "cache"
+    source = getattr(beam_prep, reader)(uploaded, "train", cache_dir=cache)
+    folder = next(p for p in cache.iterdir() if p.is_dir())
+    assert len(list(pickle.loads(pickle.dumps(source)))) == len(list(source))  # reopened as it is
+    os.chown(shared / "team", ATTACKER, ATTACKER)
+    (shared / "team").chmod(0o777)
+    poison = {f.name: f.read_bytes() for f in poisoned.iterdir() if f.is_file()}
+
+    def swap():
+        (shared / "team" / "cache").rename(shared / "team" / "moved")
+        (shared / "team" / "cache" / folder.name).mkdir(parents=True)
+        for name, data in poison.items():
+            (shared / "team" / "cache" / folder.name / name).write_bytes(data)
+
+    as_attacker(swap)
+    refusal = (f"the shard cache's folder {folder} is inside {shared / 'team'}, which belongs to uid {ATTACKER}: "
+               "another user could replace it; give a private cache_dir (BEAM_PREP_CACHE): a folder of yours that no "
+               "one else can write")
+    with pytest.raises(StorageError) as caught:
+        pickle.loads(pickle.dumps(source))
+    assert str(caught.value) == refusal
+    with pytest.raises(StorageError) as caught:
+        getattr(beam_prep, reader)(uploaded, "train", cache_dir=cache)
+    assert str(caught.value) == refusal.replace(str(folder), str(cache))

@@ -470,6 +470,22 @@ def test_the_commands_that_read_records_import_tensorflow_that_way(output, tmp_p
     assert calls == ([] if command == "inspect" else [name])
 
 
+def test_a_line_break_in_the_datasets_jsonl_files_forges_no_line(capsys, tmp_path, output):
+    """errors.jsonl and skipped.jsonl are data too: a path holding a line break, a carriage return or a
+    tab (a crafted ``"path": "...\\nfake line: all good"``) is shown escaped, on its own line."""
+    copy = shutil.copytree(output, tmp_path / "out")
+    forged = "/in/x\nfake line: all good\r\tz"
+    (copy / "errors.jsonl").write_text(json.dumps({"path": forged, "stage": "decode\n", "error_type": "X",
+                                                   "message": "bad\u2028forged"}) + "\n")
+    (copy / "skipped.jsonl").write_text(json.dumps({"path": forged, "relpath": "cat/n\nfake skip",
+                                                    "reason": "not an image file"}) + "\n")
+    _, out, _ = inspect(capsys, copy)
+    assert not [line for line in out.splitlines() if line.startswith(("fake", "\t", "forged"))], out
+    assert not any(c in out for c in "\r\t\u2028"), out
+    assert "  decode\\x0a  X           1  /in/x\\x0afake line: all good\\x0d\\x09z: bad\\u2028forged\n" in out
+    assert "e.g. cat/n\\x0afake skip\n" in out
+
+
 @pytest.mark.parametrize("command", ["inspect", "verify"])
 def test_names_from_the_manifest_reach_the_terminal_without_their_control_characters(output, tmp_path, command,
                                                                                    capsys):

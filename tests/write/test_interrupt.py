@@ -1,6 +1,7 @@
 """A signalled or failed launcher stops the processes its run started, and no other one."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,11 +11,18 @@ import time
 
 import psutil
 import pytest
-from helpers import REPO, make_tree
+from helpers import REPO, make_tree, prepare_here
+from interrupts import wait_for
 from small_disk import small_disk
 
+from beam_prep.errors import RunInterrupted
+from beam_prep.write.finish import publication
+from beam_prep.write.journal import progress
 from beam_prep.write.run import interrupt
+from beam_prep.write.run.claim import CLAIM_NAME
 from beam_prep.write.run.warm_pool import WORKER_MODULE
+from beam_prep.write.shared import layout
+from pipelines.prepare_images import command
 
 pytestmark = pytest.mark.slow  # each test starts processes
 
@@ -235,3 +243,102 @@ def test_a_failed_library_run_leaves_its_callers_own_processes_running(tmp_path)
     assert facts["survived"] and all(facts["survived"]), facts
     assert facts["left"] == [], facts  # what the run started is gone once it has failed
     assert facts["joined"] and facts["pipeline"] == "4" and facts["own"] == [None, None], facts
+
+
+def _session(leader: int) -> list[psutil.Process]:
+    """The live processes of the session ``leader`` started (``start_new_session``), wherever they were
+    re-parented."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == leader and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def test_a_launcher_killed_as_its_workers_start_leaves_none_running(tmp_path):
+    """SIGKILL gives the launcher no chance to stop anything: without warm workers
+    (``BEAM_PREP_WARM_WORKERS=0``) each relay runs Beam's worker as its child and ends it once the
+    launcher is gone. Beam's worker alone, killed as it started (before it reached the launcher's
+    control service), waited for ever, re-parented to init."""
+    make_tree(tmp_path / "in", {"a": 20, "b": 20}, size=(64, 48))
+    process = subprocess.Popen(command("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                                       "--image_size", "16", "--direct_num_workers", "2",
+                                       "--direct_running_mode", "multi_processing"), cwd=REPO,
+                               env={**os.environ, "BEAM_PREP_WARM_WORKERS": "0"}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: [p for p in _session(process.pid) if p.cmdline()[1:3] == ["-m", WORKER_MODULE]], process,
+                 "Beam's worker to start")
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 60  # bounded: a loaded machine's seconds, never a worker's for ever
+        while (left := _session(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left == [], [" ".join(p.cmdline())[:120] for p in left]
+    finally:
+        for leftover in _session(process.pid):
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
+        process.stderr.close()
+
+
+def _signalled_after(monkeypatch, module: object, name: str, calls: int = 1) -> None:
+    """``module.name`` sends this process SIGTERM as its ``calls``-th call returns: the run's handler
+    then interrupts it right there, as a person's signal landing at that moment would."""
+    original = getattr(module, name)
+    count = [0]
+
+    def signalling(*args, **kwargs):
+        value = original(*args, **kwargs)
+        count[0] += 1
+        if count[0] == calls:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return value
+
+    monkeypatch.setattr(module, name, signalling)
+
+
+def _published(out) -> tuple[dict, list[str]]:
+    """The output's manifest, and the run folders left in it."""
+    return json.loads((out / "manifest.json").read_text()), layout.unfinished_runs(str(out), CLAIM_NAME)
+
+
+@pytest.mark.parametrize("when", ["as the publication ends", "as the run tidies up after it"])
+def test_a_signal_once_the_dataset_is_published_ends_the_run_as_written(tmp_path, monkeypatch, when):
+    """SIGTERM as the last step of the publication is done (the run folder gone), or after it while
+    the run tidies up: the run's work is over, so it ends as a run that was not signalled, its
+    dataset reported written, not as one interrupted ("0 of 2 shards written", and a rerun that
+    refuses the folder for the dataset in it)."""
+    make_tree(tmp_path / "in", {"a": 3, "b": 3}, size=(20, 16))
+    if when == "as the publication ends":
+        _signalled_after(monkeypatch, publication, "carry_out")
+    else:
+        _signalled_after(monkeypatch, progress, "read_progress")
+    try:
+        manifest = prepare_here("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                                "--image_size", "16", "--num_shards", "2")
+    except KeyboardInterrupt as e:  # a failure of this test, not pytest's own Ctrl-C
+        pytest.fail(f"interrupted: {e!r}")
+    assert manifest["counts"]["written"] == 6
+    assert _published(tmp_path / "out") == (manifest, [])
+
+
+def test_a_signal_while_publishing_says_the_same_command_finishes_it(tmp_path, monkeypatch):
+    """SIGTERM after the publication's first move: the run says it stopped while publishing and that
+    the same command finishes it (not "0 of 2 shards written... to resume"), which it does."""
+    make_tree(tmp_path / "in", {"a": 3, "b": 3}, size=(20, 16))
+    args = ("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--image_size", "16",
+            "--num_shards", "2")
+    with monkeypatch.context() as patched:
+        _signalled_after(patched, publication, "_move")
+        with pytest.raises(KeyboardInterrupt) as stopped:  # any, not to end pytest's session
+            prepare_here(*args)
+    assert isinstance(stopped.value, RunInterrupted), repr(stopped.value)
+    assert str(stopped.value) == (f"stopped while publishing its dataset into {tmp_path / 'out'}: run the same "
+                                  "command again to finish publishing it")
+    assert stopped.value.signum == signal.SIGTERM and stopped.value.resumable
+    manifest = prepare_here(*args)
+    assert manifest["counts"]["written"] == 6 and _published(tmp_path / "out") == (manifest, [])

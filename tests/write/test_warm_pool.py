@@ -151,7 +151,8 @@ def test_a_worker_gone_while_waiting_is_passed_over():
 def _relay(address: str) -> subprocess.CompletedProcess:
     """The relay as Beam's worker command runs it, with ``python -m platform`` for Beam's worker
     (it prints the platform): what the relay runs where no waiting worker serves it."""
-    return subprocess.run([sys.executable, "-I", "-S", "-c", warm_pool.RELAY, address, "platform"],
+    return subprocess.run([sys.executable, "-I", "-S", "-c", warm_pool.RELAY, address, "platform",
+                           str(os.getpid())],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -1,42 +1,54 @@
-"""A run's publication, recorded before ``--output`` is touched, so that a kill anywhere in it is finished.
+"""A run's publication: recorded before ``--output`` is touched, finished after a kill, undone after an error.
 
-``publish.complete`` stages every file the dataset gains in the run's folder (its shards where
-the sinks or the drop wrote them, the other files under ``staged/``), then writes ``publish.json``
-there, whole or not at all, naming each move and each old file to remove; only then does
-``carry_out`` change ``--output``, each step checking first whether it was done. A later run into
-the folder finishes an unfinished publication before anything else (``finish_unfinished``), byte
-for byte. The order, and why the old dataset is never lost: docs/design/claim.md, "Publishing".
+``publish.complete`` stages the files the dataset gains in the run's folder, then writes ``publish.json``
+naming each move and each old file with its identity (``identity``). ``carry_out`` then moves the old
+dataset aside into the run's folder (``replaced/``, its entry files first), the new files in (the
+manifest last), and only then removes the old files; an error before the new manifest is in puts the
+old dataset back. An append (``--append``) replaces only the files it rewrites (the manifest, the
+metadata): each stays in place, a copy set aside, until its new file replaces it in one move, so a
+reader sees the previous version whole until the new manifest is in. The order and the guarantees:
+docs/design/claim.md, "Publishing".
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import shutil
 import signal
-from collections.abc import Iterable, Mapping
+import stat
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.errors import BeamPrepError, DatasetError, OptionsError
+from beam_prep.errors import BeamPrepError, DatasetError, OptionsError, StorageError
 from beam_prep.io.storage import is_local, join, read_bytes, storage_error
+from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST
 from beam_prep.model.names import check_file_name
+from beam_prep.write.finish import identity
 from beam_prep.write.journal import resume
 from beam_prep.write.shared import layout
 
-__all__ = ["KILL_VARIABLE", "RECORD", "STAGED", "Publication", "Steps", "carry_out", "finish_unfinished",
-           "is_recorded", "planned", "read_record", "staging_folder", "write_record"]
+__all__ = ["ENTRY_FILES", "KILL_VARIABLE", "RECORD", "REPLACED", "STAGED", "Publication", "Steps", "carry_out",
+           "finish_unfinished", "is_recorded", "planned", "read_record", "staging_folder", "write_record"]
 
 _LOG = logging.getLogger(__name__)
 RECORD = "publish.json"
 STAGED = "staged"  # the run folder's subfolder of the files the dataset gains besides its shards
-_FORMAT = 1
-# Test-only: the run SIGKILLs itself right after step N of a publication (0: as it begins, before
-# anything is staged), so the tests stop it at each step in turn (tests/write/test_publish_kills.py).
+REPLACED = "replaced"  # the run folder's subfolder of the old dataset's files, until the new manifest is in
+_FORMAT = 2
+# What readers open first (beam-prep's manifest, then TFDS's metadata): these leave first, in this
+# order, and come in last, in the reverse order, so no reader takes a half-replaced folder for a dataset.
+ENTRY_FILES = (MANIFEST, *tfds_metadata.FILES)
+_RANK = {name: i for i, name in enumerate(ENTRY_FILES)}
+# Test-only: "N" SIGKILLs the run right after step N of its publication (0: as it begins, before
+# anything is staged); "fail:N" makes step N fail (an OSError) instead, and "fail:N,kill:M" then
+# kills it after step M, while it undoes the publication (tests/write/test_publish_kills.py).
 KILL_VARIABLE = "BEAM_PREP_TEST_KILL_AFTER_PUBLISH_STEP"
 
 
@@ -45,39 +57,49 @@ class Steps:
 
     def __init__(self) -> None:
         self._done = 0
+        self._kill: int | None = None
+        self._fail: int | None = None
+        for part in filter(None, os.environ.get(KILL_VARIABLE, "").split(",")):
+            what, _, step = part.rpartition(":")
+            if what == "fail":
+                self._fail = int(step)
+            else:
+                self._kill = int(step)
         self._check()
 
     def done(self) -> None:
-        """A step is done: the process is killed here if the test hook names it."""
+        """A step is done: the process is killed, or the step fails, here if the test hook names it."""
         self._done += 1
         self._check()
 
     def _check(self) -> None:
-        if os.environ.get(KILL_VARIABLE) == str(self._done):
+        if self._done == self._kill:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._done == self._fail:
+            raise OSError(errno.EIO, f"{KILL_VARIABLE} fails step {self._done}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Publication:
-    """``publish.json``: what a run does to ``--output``, in order.
+    """``publish.json``: what a run does to ``--output``.
 
     Attributes:
       run_id: the run, whose folder holds the sources.
-      options: its command's options (``resume.command_options``): a rerun with the same ones is
-        the same command, and reports the dataset as its own.
-      moves: ``(source, target)``: a path relative to the run's folder, a name in ``--output``;
-        the manifest last.
-      removes: the old dataset's files no move replaces, names in ``--output``; its manifest is
-        not among them (it goes first, by the rule ``carry_out`` follows).
-      append: an append's (``--append``): the dataset stays, no file of it is removed, and its
-        manifest is replaced by the new one in one move, last (readers see the old version whole
-        until then).
+      output: the ``--output`` it publishes into.
+      options: what a rerun must repeat to be the same command (``resume.record_options``), as JSON.
+      moves: ``(source, target, identity)``: a path relative to the run's folder, a name in
+        ``--output``, and what the file is (``identity.identities``); the manifest last.
+      old: ``(name, identity)``: the old dataset's files in ``--output`` when it was recorded
+        (an append's: those its moves replace, no other).
+      append: an append's (``--append``): its old files are copied aside, not moved, and each is
+        replaced in one move (the manifest last); no file of the dataset is removed.
     """
 
     run_id: str
+    output: str
     options: dict[str, Any]
-    moves: tuple[tuple[str, str], ...]
-    removes: tuple[str, ...]
+    moves: tuple[tuple[str, str, str], ...]
+    old: tuple[tuple[str, str], ...]
     append: bool = False
 
 
@@ -92,6 +114,16 @@ def staging_folder(work: str) -> str:
     return folder
 
 
+def _leaving(name: str) -> tuple[int, str]:
+    """The order files leave ``--output`` in: the entry files first, the manifest first of all."""
+    return _RANK.get(name, len(ENTRY_FILES)), name
+
+
+def _arriving(name: str) -> int:
+    """The order files arrive in (a stable sort key): the entry files last, the manifest last of all."""
+    return -_RANK.get(name, len(ENTRY_FILES))
+
+
 def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mapping[str, str],
             staged: Iterable[str], append: bool = False) -> Publication:
     """The publication of a run whose files are all in its folder, as ``--output`` holds it now.
@@ -99,22 +131,44 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
     Args:
       output: the output folder.
       run_id: the run.
-      options: its command's options (``resume.command_options``).
+      options: what a rerun must repeat to be the same command.
       shards: each shard and index file's name -> its path relative to the run's folder.
       staged: the names of the other files, in ``staging_folder``, the manifest among them.
-      append: the run adds to the dataset (``Publication.append``): nothing of it is removed.
+      append: the run adds to the dataset (``Publication.append``): only the files it replaces are old.
+
+    Raises:
+      DatasetError: a folder or a link stands where a file of the dataset goes (nothing is touched),
+        or a file to publish is missing from the run's folder.
+      StorageError: a folder cannot be listed.
     """
-    staged = sorted(set(staged) - {MANIFEST})
-    moves = [*((source, name) for name, source in shards.items()), *((f"{STAGED}/{name}", name) for name in staged),
-             (f"{STAGED}/{MANIFEST}", MANIFEST)]
-    targets = {target for _, target in moves}
-    old = [] if append else [path.rsplit("/", 1)[-1] for path in layout.existing_dataset_files(output)]
-    return Publication(run_id, dict(options), tuple(moves), tuple(sorted(set(old) - targets)), append)
+    work = layout.run_folder(output, run_id)
+    pairs = sorted([*((source, name) for name, source in shards.items()),
+                    *((f"{STAGED}/{name}", name) for name in sorted(staged))], key=lambda pair: _arriving(pair[1]))
+    there, here = identity.identities(work, deep=True), identity.identities(output)
+    moves = []
+    for source, target in pairs:
+        found = there.get(source)
+        if found is None or found == identity.NOT_A_FILE:
+            raise DatasetError(f"cannot publish run {run_id}: {join(work, source)} is missing or not a file")
+        moves.append((source, target, found))
+    targets = {target for _, target, _ in moves}
+    old = []
+    for name in sorted(here, key=_leaving):
+        if name in targets or (not append and layout.is_dataset_name(name)):
+            if here[name] == identity.NOT_A_FILE:
+                raise DatasetError(f"cannot publish run {run_id} into {output}: {join(output, name)} is a folder "
+                                   f"or a link, where a file of the dataset goes; move it out of {output} and run "
+                                   "the same command again")
+            old.append((name, here[name]))
+    return Publication(run_id, output, json.loads(json.dumps(dict(options))), tuple(moves), tuple(old), append)
 
 
 def write_record(output: str, publication: Publication) -> None:
     """Writes ``publish.json`` in the run's folder, whole or not at all: the publication is committed."""
-    body = {"publish_format": _FORMAT, **dataclasses.asdict(publication)}
+    body = {"publish_format": _FORMAT, "run_id": publication.run_id, "output": publication.output,
+            "options": publication.options,
+            "moves": [{"from": s, "to": t, "file": f} for s, t, f in publication.moves],
+            "old": [{"name": n, "file": f} for n, f in publication.old], "append": publication.append}
     resume.write_record(join(layout.run_folder(output, publication.run_id), RECORD), body)
 
 
@@ -132,43 +186,95 @@ def is_recorded(output: str, run_id: str) -> bool:
 
 
 def read_record(output: str, run_id: str) -> Publication | None:
-    """The publication run ``run_id`` recorded, or None where it recorded none.
+    """The publication run ``run_id`` recorded into ``output``, or None where it recorded none.
 
     Raises:
-      OptionsError: the record cannot be read or is not one beam-prep writes (a move out of the
-        folders, another run's), naming it and ``--overwrite``.
+      OptionsError: the run's folder is a link, or the record cannot be read or is not one
+        beam-prep writes for this ``output`` (naming its field and why, and ``--overwrite``).
     """
+    layout.check_run_folder(output, run_id)
     if not is_recorded(output, run_id):
         return None
     path = join(layout.run_folder(output, run_id), RECORD)
     try:
-        body = json.loads(read_bytes(path).decode("utf-8"))
-        return _checked(body, run_id)
-    except Exception as e:  # unreadable or damaged: each filesystem raises its own types.
+        return _checked(json.loads(read_bytes(path).decode("utf-8")), run_id, output)
+    except Exception as e:  # unreadable (each filesystem raises its own types), damaged, or not beam-prep's
         raise OptionsError(f"--output {output} holds run {run_id}, stopped while publishing, whose record "
                            f"{path} cannot be used ({e}); pass --overwrite to start over") from e
 
 
-def _checked(body: Mapping[str, Any], run_id: str) -> Publication:
-    """The record's publication, once its names are checked: it is data in the output folder, and a
-    move to ``../x`` or a removal of a file no dataset holds would reach outside the dataset."""
-    if body.get("publish_format") != _FORMAT or body.get("run_id") != run_id:
-        raise ValueError(f"not run {run_id}'s, or from another beam-prep version")
-    moves = tuple((str(source), str(target)) for source, target in body["moves"])
-    removes = tuple(str(name) for name in body["removes"])
-    for i, (source, target) in enumerate(moves):
-        folder, _, name = source.rpartition("/")
-        if folder not in ("", STAGED):
-            raise ValueError(f"moves[{i}] is from {source!r}, outside the run's folder")
-        check_file_name(name, f"moves[{i}]'s source")
-        _check_dataset_name(target, f"moves[{i}]'s target")
-    for i, name in enumerate(removes):
-        _check_dataset_name(name, f"removes[{i}]")
+def _checked(body: Any, run_id: str, output: str) -> Publication:
+    """The record's publication, once every field is checked: it is data in the output folder, and
+    a move to ``../x``, or of a file no dataset holds, would reach outside the dataset.
+
+    Raises:
+      ValueError, TypeError, UnsafeName: naming the field and what is wrong with it.
+    """
+    _typed(body, dict, "the record")
+    if body.get("publish_format") != _FORMAT:
+        raise ValueError(f"publish_format is {body.get('publish_format')!r}, not {_FORMAT} (another beam-prep version)")
+    if body.get("run_id") != run_id:
+        raise ValueError(f"run_id is {body.get('run_id')!r}: another run's")
+    if body.get("output") != output:
+        raise ValueError(f"output is {body.get('output')!r}: it publishes into another folder")
+    options = _field(body, "options", dict, "options")
+    moves = tuple(_move(entry, f"moves[{i}]") for i, entry in enumerate(_field(body, "moves", list, "moves")))
+    old = tuple(_old(entry, f"old[{i}]") for i, entry in enumerate(_field(body, "old", list, "old")))
+    for field, names in (("from", [m[0] for m in moves]), ("to", [m[1] for m in moves]), ("name", [o[0] for o in old])):
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                where = "old" if field == "name" else "moves"
+                raise ValueError(f"{where}[{i}].{field} names {name!r} a second time")
     if not moves or moves[-1][1] != MANIFEST:
-        raise ValueError(f"its last move is not the {MANIFEST}")
-    if body.get("append", False) and removes:
-        raise ValueError("an append's publication removes nothing")
-    return Publication(run_id, dict(body["options"]), moves, removes, bool(body.get("append", False)))
+        raise ValueError(f"the last of moves is not the {MANIFEST}")
+    append = _typed(body.get("append", False), bool, "append")
+    kept = [name for name, _ in old if name not in {target for _, target, _ in moves}]
+    if append and kept:
+        raise ValueError(f"append is true, but old names {kept[0]!r}, which no move replaces (an append removes nothing)")
+    return Publication(run_id, output, options, moves, old, append)
+
+
+_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}
+
+
+def _typed(value: Any, kind: type, field: str) -> Any:
+    if not isinstance(value, kind):
+        found = next((name for k, name in _KINDS.items() if isinstance(value, k)), json.dumps(value)[:40])
+        raise TypeError(f"{field} is {found}, not {_KINDS[kind]}")
+    return value
+
+
+def _field(body: Mapping[str, Any], key: str, kind: type, field: str) -> Any:
+    if key not in body:
+        raise ValueError(f"{field} is missing")
+    return _typed(body[key], kind, field)
+
+
+def _move(entry: Any, field: str) -> tuple[str, str, str]:
+    _typed(entry, dict, field)
+    source, target, found = (_field(entry, key, str, f"{field}.{key}") for key in ("from", "to", "file"))
+    folder, _, name = source.rpartition("/")
+    if folder not in ("", STAGED):
+        raise ValueError(f"{field}.from is {source!r}, outside the run's folder")
+    check_file_name(name, f"{field}.from")
+    if name in (RECORD, resume.RUN_RECORD):
+        raise ValueError(f"{field}.from is {source!r}, the run's own record")
+    _check_dataset_name(target, f"{field}.to")
+    return source, target, _checked_identity(found, f"{field}.file")
+
+
+def _old(entry: Any, field: str) -> tuple[str, str]:
+    _typed(entry, dict, field)
+    name, found = _field(entry, "name", str, f"{field}.name"), _field(entry, "file", str, f"{field}.file")
+    _check_dataset_name(name, f"{field}.name")
+    return name, _checked_identity(found, f"{field}.file")
+
+
+def _checked_identity(found: str, field: str) -> str:
+    """A file's identity: never what stands for a folder or a link, which a publication never moves."""
+    if found == identity.NOT_A_FILE:
+        raise ValueError(f"{field} is {found!r}, not a file's identity")
+    return found
 
 
 def _check_dataset_name(name: str, field: str) -> None:
@@ -177,70 +283,197 @@ def _check_dataset_name(name: str, field: str) -> None:
         raise ValueError(f"{field} is {name!r}, not a dataset's file")
 
 
+@dataclasses.dataclass
+class _State:
+    """What is left of a publication: the old files still in ``--output`` and the moves not made."""
+
+    aside: list[str]
+    incoming: list[tuple[str, str]]
+
+
+def _state(output: str, work: str, publication: Publication) -> _State:
+    """Where the publication stands, from the identity of each file it names.
+
+    A move is made when its target is the very file it moved; it is to make when its source is; a
+    target held by anything else (a file put there by hand, a folder, a link) stops it, as does an
+    old file's name held by another file.
+
+    Raises:
+      DatasetError: naming the first such file, or the files lost (neither moved nor to move).
+    """
+    here, there = identity.identities(output), identity.identities(work, deep=True)
+    old = dict(publication.old)
+    incoming, done, lost = [], set(), []
+    for source, target, found in publication.moves:
+        now = here.get(target)
+        if there.get(source) == found:  # to move (on gs://, maybe copied already: a copy again is harmless)
+            if now not in (None, found, old.get(target)):
+                raise _in_the_way(output, publication.run_id, target, now)
+            incoming.append((source, target))
+        elif now == found:
+            done.add(target)
+        elif now is None or now == old.get(target):
+            lost.append(target)
+        else:
+            raise _in_the_way(output, publication.run_id, target, now)
+    targets = {target for _, target, _ in publication.moves}
+    for name, found in publication.old:
+        now = here.get(name)
+        if now is not None and now != found and name not in targets:
+            raise _in_the_way(output, publication.run_id, name, now)
+    if lost:
+        raise DatasetError(f"cannot finish publishing run {publication.run_id} into {output}: {len(lost)} of its "
+                           f"files are neither in its folder nor in {output} (e.g. {lost[0]}, removed by hand?); "
+                           "pass --overwrite to start over")
+    # On gs:// an old file may have the new one's bytes (labels.txt, run again): the name's move decides.
+    # An append's old file stays in place: it is aside once its copy is.
+    aside = [name for name, found in sorted(publication.old, key=lambda o: _leaving(o[0]))
+             if here.get(name) == found and name not in done
+             and not (publication.append and there.get(f"{REPLACED}/{name}") == found)]
+    return _State(aside, sorted(incoming, key=lambda move: _arriving(move[1])))
+
+
+def _in_the_way(output: str, run_id: str, name: str, found: str) -> DatasetError:
+    what = ("a folder or a link" if found == identity.NOT_A_FILE
+            else "neither the old dataset's file nor the one the run moved there (put there by hand?)")
+    return DatasetError(f"cannot finish publishing run {run_id} into {output}: {join(output, name)} is {what}; "
+                        f"move it out of {output} and run the same command again, or pass --overwrite to start over")
+
+
 def carry_out(output: str, publication: Publication, steps: Steps | None = None) -> None:
     """Does what ``publication`` records that is not done yet, then removes the run's folder.
 
-    The old manifest first, while the new one is still staged (so no reader takes a half-replaced
-    folder for a dataset, and a rerun never removes the new one), unless an append's (its new
-    shards replace no file, and its manifest replaces the old in one move, last); each move whose source is still
-    in the run's folder (a source gone with its target present was moved); the new manifest; the
-    old dataset's other files; the run's folder, its record last.
+    The old dataset's files still in ``--output`` are moved aside into the run's folder (its
+    manifest, then TFDS's metadata, first; an append's are copied there, and stay in place until
+    their new files replace them); the new files still in the run's folder are moved in
+    (TFDS's metadata, then the manifest, last); then the run's folder goes, the old files with it,
+    its record last. An error before the new manifest is in moves every file back where it was.
 
     Raises:
-      StorageError: a file could not be moved or removed (the same command finishes it later).
-      DatasetError: a move's source and target are both gone (removed by hand): it cannot be finished.
+      DatasetError: a file it names is not where the publication left it (``_state``): nothing is touched.
+      StorageError: a file could not be moved (the old dataset is put back, and the same command
+        finishes the publication later) or removed.
     """
     steps = steps or Steps()
     work = layout.run_folder(output, publication.run_id)
-    present = _files_under(work)
-    *files, manifest = publication.moves
-    gone = [target for source, target in publication.moves if source not in present]
-    missing = sorted(set(gone) - _files_in(output)) if gone else []
-    if missing:
-        raise _lost(output, publication.run_id, missing)
-    if manifest[0] in present and not publication.append and FileSystems.exists(join(output, MANIFEST)):
-        layout.delete([join(output, MANIFEST)], f"the old dataset's {MANIFEST} in {output}")
-        steps.done()
-    _move(work, output, [move for move in files if move[0] in present], steps)
-    _move(work, output, [manifest] if manifest[0] in present else [], steps)
-    old = sorted(set(publication.removes) & _files_in(output))
-    for group in ([name] for name in old) if is_local(output) else [old] if old else []:
-        layout.delete([join(output, name) for name in group], f"the old dataset's files in {output}")
-        steps.done()
+    state = _state(output, work, publication)
+    try:
+        if state.aside:
+            _make_folder(join(work, REPLACED))
+        aside = [(join(output, name), join(work, REPLACED, name)) for name in state.aside]
+        (_copy_all if publication.append else _move_all)(aside, steps)
+        _move_all([(join(work, source), join(output, target)) for source, target in state.incoming], steps)
+    except BaseException as e:
+        _undo(output, work, publication, steps, e)
+        raise
     _remove_run_folder(work, steps)
 
 
-def _lost(output: str, run_id: str, missing: list[str]) -> DatasetError:
-    return DatasetError(f"cannot finish publishing run {run_id} into {output}: {len(missing)} of its files are "
-                        f"neither in its folder nor in {output} (e.g. {missing[0]}, removed by hand?); "
-                        "pass --overwrite to start over")
-
-
-def _move(work: str, output: str, moves: list[tuple[str, str]], steps: Steps) -> None:
-    """Moves each ``(source in work, name in output)``, replacing a file of that name: on local
-    disk a rename each (atomic); elsewhere one ``rename`` (gs://: a copy, then a delete, 100 at a time)."""
-    if not moves:
+def _undo(output: str, work: str, publication: Publication, steps: Steps, error: BaseException) -> None:
+    """After ``error`` in ``carry_out``: the new files moved back into the run's folder, then the old
+    ones back into ``--output``, its manifest last; unless the new manifest is in (then the
+    publication is done but for removing the run's folder). Raises ``StorageError`` saying which."""
+    try:
+        here, there = identity.identities(output), identity.identities(work, deep=True)
+        if here.get(MANIFEST) == publication.moves[-1][2]:
+            return
+        old = dict(publication.old)
+        back, copies = [], []  # the moves made; on gs://, the copies made of moves not made
+        for source, target, found in publication.moves:
+            if here.get(target) == found and there.get(source) != found:
+                back.append((target, source))
+            elif here.get(target) == found and (target not in old or there.get(f"{REPLACED}/{target}") == old[target]):
+                copies.append(join(output, target))
+        if copies:
+            layout.delete(copies, f"the copies of run {publication.run_id}'s files in {output}")
+        freed = {target for target, _ in back} | {path.rsplit("/", 1)[-1] for path in copies}
+        _move_all([(join(output, target), join(work, source))
+                   for target, source in sorted(back, key=lambda move: _leaving(move[0]))], steps)
+        _move_all([(join(work, REPLACED, name), join(output, name))
+                   for name, found in sorted(publication.old, key=lambda o: _arriving(o[0]))
+                   if there.get(f"{REPLACED}/{name}") == found and (name not in here or name in freed)], steps)
+    except Exception as undoing:  # noqa: BLE001 - said with the error that started it
+        if isinstance(error, Exception):
+            raise StorageError(f"{error}; putting the old dataset back failed too ({undoing}): run the same command "
+                               f"again to finish publishing run {publication.run_id}") from error
+        _LOG.error("could not put the old dataset back into %s: %s", output, undoing)
         return
-    sources = [join(work, source) for source, _ in moves]
-    targets = [join(output, target) for _, target in moves]
-    if is_local(output):
-        for source, target in zip(sources, targets):
+    if isinstance(error, Exception):
+        raise StorageError(f"{error}; {output} holds its old dataset again, and run {publication.run_id}'s "
+                           "publication is kept in its folder: run the same command again to finish it") from error
+
+
+def _make_folder(folder: str) -> None:
+    """Makes a subfolder of the run's folder on local disk (a folder there: not a link)."""
+    if not is_local(folder):
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", folder)
+    except OSError as e:
+        raise storage_error("create", folder, e) from e
+
+
+def _move_all(pairs: list[tuple[str, str]], steps: Steps) -> None:
+    """Moves each ``(source, target)`` in order, replacing a file at the target: on local disk a rename
+    each (atomic), a step each; elsewhere an entry file alone and the others together, a ``rename``
+    each (gs://: copies, then deletes, 100 at a time), a step each."""
+    for group in _groups(pairs):
+        if is_local(group[0][0]):
+            (source, target), = group
             try:
                 os.replace(source, target)
             except OSError as e:
                 raise storage_error("move to", target, e) from e
+        else:
+            try:
+                FileSystems.rename([source for source, _ in group], [target for _, target in group])
+            except Exception as e:  # each filesystem raises its own types.
+                raise storage_error("move files to", group[0][1].rsplit("/", 1)[0], e) from e
+        steps.done()
+
+
+def _copy_all(pairs: list[tuple[str, str]], steps: Steps) -> None:
+    """Copies each ``(source, target)``, keeping what the file is (``identity``): on local disk a hard
+    link each, a step each; elsewhere one ``copy`` (gs://: server-side copies, 100 at a time), a step."""
+    if not pairs:
+        return
+    if is_local(pairs[0][0]):
+        for source, target in pairs:
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(target)  # a copy that is not the file's: of another try
+                os.link(source, target, follow_symlinks=False)
+            except OSError as e:
+                raise storage_error("copy to", target, e) from e
             steps.done()
         return
     try:
-        FileSystems.rename(sources, targets)
+        FileSystems.copy([source for source, _ in pairs], [target for _, target in pairs])
     except Exception as e:  # each filesystem raises its own types.
-        raise storage_error("move files to", output, e) from e
+        raise storage_error("copy files to", pairs[0][1].rsplit("/", 1)[0], e) from e
     steps.done()
+
+
+def _groups(pairs: list[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    together: list[tuple[str, str]] = []
+    for pair in pairs:
+        if is_local(pair[0]) or pair[0].rsplit("/", 1)[-1] in _RANK:
+            if together:
+                yield together
+                together = []
+            yield [pair]
+        else:
+            together.append(pair)
+    if together:
+        yield together
 
 
 def _remove_run_folder(work: str, steps: Steps) -> None:
     """Removes the run's folder, its record last: a folder killed half-removed is still finished by a rerun,
-    never taken for a run to resume. Its record gone, the run is over: no step is counted after it."""
+    never taken for a run to resume. Its record gone, the run is over: no step is counted after it (an
+    empty run's folder left by a kill is removed by the next run: ``finish_unfinished``)."""
     record = join(work, RECORD)
     try:
         if is_local(work):
@@ -252,7 +485,7 @@ def _remove_run_folder(work: str, steps: Steps) -> None:
                 os.remove(record)
             os.rmdir(work)
         else:
-            others = [join(work, name) for name in sorted(_files_under(work)) if name != RECORD]
+            others = [join(work, name) for name in sorted(identity.identities(work, deep=True)) if name != RECORD]
             if others:
                 FileSystems.delete(others)
             steps.done()
@@ -262,34 +495,20 @@ def _remove_run_folder(work: str, steps: Steps) -> None:
         raise storage_error("remove", work, e) from e
 
 
-def _files_under(folder: str) -> set[str]:
-    """The files under ``folder``, at any depth, by their paths relative to it."""
-    try:
-        if is_local(folder):
-            return {os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
-                    for parent, _, names in os.walk(folder) for name in names}
-        prefix = folder.rstrip("/") + "/"
-        return {m.path[len(prefix):] for m in FileSystems.match([join(folder, "**")])[0].metadata_list}
-    except Exception as e:  # each filesystem raises its own types.
-        raise storage_error("list", folder, e) from e
-
-
-def _files_in(output: str) -> set[str]:
-    """The names of the files directly in ``output``."""
-    try:
-        if is_local(output):
-            return {entry.name for entry in os.scandir(output) if entry.is_file(follow_symlinks=False)}
-        prefix = output.rstrip("/") + "/"
-        return {m.path[len(prefix):] for m in FileSystems.match([join(output, "*")])[0].metadata_list}
-    except Exception as e:  # each filesystem raises its own types.
-        raise storage_error("list", output, e) from e
+def _holds_no_file(output: str, run_id: str) -> bool:
+    """Whether run ``run_id``'s folder holds no file at any depth (a link is refused: ``check_run_folder``)."""
+    layout.check_run_folder(output, run_id)
+    work = layout.run_folder(output, run_id)
+    return (not is_local(work) or os.path.isdir(work)) and not identity.identities(work, deep=True)
 
 
 def finish_unfinished(output: str, run_ids: list[str], overwrite: bool) -> list[Publication]:
     """Finishes the publications that runs ``run_ids`` (``layout.unfinished_runs``) were stopped in.
 
-    Call it holding the output's claim, before anything else: then none of them is running. With
-    ``overwrite``, a publication that cannot be finished is left for ``--overwrite`` to remove.
+    Call it holding the output's claim, before anything else: then none of them is running. A run's
+    folder that holds no file (what a run killed as it removed its finished folder leaves) is
+    removed. With ``overwrite``, a publication that cannot be finished is left for ``--overwrite``
+    to remove.
 
     Returns:
       The publications finished, oldest first.
@@ -301,6 +520,9 @@ def finish_unfinished(output: str, run_ids: list[str], overwrite: bool) -> list[
     finished = []
     for run_id in run_ids:
         try:
+            if _holds_no_file(output, run_id):
+                layout.remove_run_folder(output, run_id)
+                continue
             publication = read_record(output, run_id)
             if publication is None:
                 continue

@@ -19,7 +19,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.io.dali_index import index_name
-from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error, write_lines
+from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error, write_bytes, write_lines
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import appended, drop, duplicates, manifest, publication
@@ -32,7 +32,7 @@ from beam_prep.write.plan.config import DROP, PrepareConfig
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.shared import layout
 
-__all__ = ["ShardReports", "complete", "error_lines", "side_inputs", "write_tfds_metadata"]
+__all__ = ["ShardReports", "begun", "complete", "error_lines", "side_inputs", "write_tfds_metadata"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -92,21 +92,24 @@ def side_inputs(written: Any, failures: beam.PCollection, config: PrepareConfig,
             "resized": beam.pvalue.AsList(written.resized)}
 
 
-def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dict[str, Any]:
+def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
+             options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Completes the dataset from its shards' reports, and returns its manifest.
 
     Finds the duplicates among the records; with ``--cross_split_duplicates drop``, writes again
     the shards that hold a record to leave out (``drop``); checks the counts; stages errors.jsonl,
     skipped.jsonl (from the run's folder), duplicates.jsonl, labels.txt, TFDS's metadata where
     TFDS can read the shards, and the manifest in the run's folder; records the publication and
-    carries it out (``publication``): the shards and those files moved into the output, the
-    manifest last, the old dataset's other files removed, then the run's folder. Called again
-    for a run whose publication is recorded (a retried step), it finishes that one.
+    carries it out (``publication``): the old dataset's files moved aside, the shards and those
+    files moved in, the manifest last, then the run's folder removed. Called again for a run
+    whose publication is recorded or done (a retried step: ``begun``), it finishes that one.
 
     Args:
       config: the run's configuration.
       plan: the run's plan.
       reports: what the shards report.
+      options: what a rerun must repeat to be the same command (``resume.record_options``, or the
+        transform's), recorded with the publication; None: ``resume.command_options(config)``.
 
     Returns:
       The manifest written.
@@ -118,6 +121,9 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
     recorded = publication.read_record(config.output, plan.run_id)
     if recorded is not None:
         publication.carry_out(config.output, recorded)
+        return manifest.read(config.output)
+    if _published(config.output, plan.run_id, reports.shards, config.append):
+        _LOG.info("run %s's dataset is published already (a step run again)", plan.run_id)
         return manifest.read(config.output)
     work = layout.run_folder(config.output, plan.run_id)
     distance = config.near_duplicate_distance
@@ -143,7 +149,8 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
             moved = rewritten.published_from() if rewritten is not None else {}
             ours = {name for _, name, *_ in shards}
             ours |= {index_name(name) for name in ours}
-            record = publication.planned(config.output, plan.run_id, resume.command_options(config),
+            record = publication.planned(config.output, plan.run_id,
+                                         resume.command_options(config) if options is None else options,
                                          {name: moved.get(name, name) for split in built["splits"].values()
                                           for name in (*split["shards"], *split.get("dali_index", ()))
                                           if name in ours}, staged, append=config.append)
@@ -163,6 +170,26 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports) -> dic
         _LOG.info("records of one flat colour: %s, e.g. %s", built["flat_images"]["count"],
                   ", ".join(built["flat_images"]["examples"]))
     return built
+
+
+def begun(output: str, run_id: str, shards: Iterable[tuple]) -> bool:
+    """Whether run ``run_id`` recorded its publication, or finished it (``shards``: its ``ShardReports.shards``):
+    a step run again for it (a retried ``Finalize``) then finishes it, and is not refused."""
+    return publication.is_recorded(output, run_id) or _published(output, run_id, shards)
+
+
+def _published(output: str, run_id: str, shards: Iterable[tuple], append: bool = False) -> bool:
+    """Whether the run's publication was carried out to the end: its folder holds no file any more,
+    and the output's manifest lists exactly the shards it reports (an ``append``'s: among the dataset's;
+    never for a run that reports none)."""
+    names = {row[1] for row in shards}
+    if not names or publication.is_recorded(output, run_id) or not FileSystems.exists(join(output, MANIFEST)):
+        return False
+    if any(FileSystems.match([join(layout.run_folder(output, run_id), "**")])[0].metadata_list):
+        return False
+    published = manifest.read(output)
+    listed = {name for split in published["splits"].values() for name in split["shards"]}
+    return names <= listed if append else listed == names
 
 
 def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports: ShardReports,
@@ -189,8 +216,8 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
     for filename in write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST), folder):
         names.append(filename)
         steps.done()
-    with FileSystems.create(join(folder, MANIFEST), mime_type="application/json") as f:
-        f.write(json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"))
+    write_bytes(join(folder, MANIFEST), json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"),
+                "application/json")
     steps.done()
     return [*names, MANIFEST]
 

@@ -20,6 +20,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from beam_prep.errors import StorageError
+from beam_prep.io.storage import storage_error
+
 __all__ = ["RowFile", "SortedRows", "SortedSpill", "SpillFolder"]
 
 _CHUNK_ROWS = 8192  # rows a RowFile holds before appending them to its file
@@ -31,11 +34,26 @@ _RUN_ROWS = 1 << 16  # rows a SortedRows sorts in memory before writing them as 
 _RUN_CHUNK_ROWS = 1 << 10
 
 
+def _spill_error(action: str, path: str, error: OSError) -> StorageError:
+    """A spill's write that failed, said as a storage error: where it was, and where a full disk
+    leaves room (the temp folder is the spill's, not the dataset's)."""
+    temp = tempfile.gettempdir()
+    return storage_error(action, path, error, room=f"beam-prep spills large tables to the temp folder {temp}: "
+                                                   "free space there, or point TMPDIR at a folder with room")
+
+
 class SpillFolder:
-    """A temporary folder, removed by ``close`` or, at the latest, when the object is collected."""
+    """A temporary folder, removed by ``close`` or, at the latest, when the object is collected.
+
+    Raises:
+      StorageError: the folder cannot be made, naming the temp folder.
+    """
 
     def __init__(self, prefix: str = "beam-prep-listing-") -> None:
-        self.path = tempfile.mkdtemp(prefix=prefix)
+        try:
+            self.path = tempfile.mkdtemp(prefix=prefix)
+        except OSError as e:
+            raise _spill_error("make a folder in", tempfile.gettempdir(), e) from e
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
 
     def file(self, name: str) -> str:
@@ -61,9 +79,17 @@ class RowFile:
             self.flush()
 
     def flush(self) -> None:
+        """Appends the rows held to the file.
+
+        Raises:
+          StorageError: naming the file, where it cannot be written (a full temp folder).
+        """
         if self._rows:
-            with open(self.path, "ab") as f:
-                pickle.dump(self._rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                with open(self.path, "ab") as f:
+                    pickle.dump(self._rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+            except OSError as e:
+                raise _spill_error("write", self.path, e) from e
             self._rows = []
 
     def __iter__(self) -> Iterator[Any]:

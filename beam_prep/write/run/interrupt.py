@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import psutil
 
-__all__ = ["WORKER_NAME", "Started", "name_worker", "signal_of", "signals_as_interrupts"]
+__all__ = ["WORKER_NAME", "Started", "Stopping", "name_worker", "signal_of", "signals_as_interrupts"]
 
 _LOG = logging.getLogger(__name__)
 # The process name (Linux's ``comm``: ``ps -e``) a worker forked from its launcher (``warm_pool``)
@@ -108,11 +108,19 @@ class _Signalled(KeyboardInterrupt):
         self.signum = signum
 
 
+class Stopping(list):
+    """The records (``Started``) a signal stops (``signals_as_interrupts``). Once ``over`` is set (the
+    run's dataset is published, and only its tidying up is left), a signal stops them and raises
+    nothing: there is no work left to stop, and an interrupt would report a finished run as stopped."""
+
+    over = False
+
+
 @contextlib.contextmanager
-def signals_as_interrupts() -> Iterator[list[Started]]:
+def signals_as_interrupts() -> Iterator[Stopping]:
     """While inside, SIGINT and SIGTERM stop the processes of each record (``Started``) the caller
     adds to the list it is given, then raise ``KeyboardInterrupt`` (a subclass that names the
-    signal) in the main thread.
+    signal) in the main thread, unless the list says the run is ``over``.
 
     The workers first: a launcher signalled alone (``kill``, a container stopped;
     a terminal's Ctrl-C reaches the workers too) would otherwise unwind through
@@ -120,7 +128,7 @@ def signals_as_interrupts() -> Iterator[list[Started]]:
     so the run would stop well after it was told to, and where nobody can say.
     Does nothing off the main thread, where Python cannot handle signals.
     """
-    stopping: list[Started] = []
+    stopping = Stopping()
     if threading.current_thread() is not threading.main_thread():
         yield stopping
         return
@@ -128,7 +136,9 @@ def signals_as_interrupts() -> Iterator[list[Started]]:
     def handler(signum: int, frame: object) -> None:
         for started in stopping:
             started.stop()
-        raise _Signalled(signum)
+        if not stopping.over:
+            raise _Signalled(signum)
+        _LOG.info("%s once the dataset was published: the run ends as it was", signal.Signals(signum).name)
 
     previous = {signum: signal.signal(signum, handler) for signum in _STOPPING_SIGNALS}
     try:

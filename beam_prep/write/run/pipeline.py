@@ -45,7 +45,7 @@ from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
-from beam_prep.write.run import interrupt, warm_pool
+from beam_prep.write.run import interrupt, warm_pool, worker_errors
 from beam_prep.write.run.beam_compat import batch_fn_api_runner, views_once
 from beam_prep.write.run.claim import CLAIM_NAME, claim_output, new_run_id
 from beam_prep.write.run.worker_requirements import add_format_requirement
@@ -98,6 +98,7 @@ class _Prepared(NamedTuple):
     plan: RunPlan
     resumable: bool  # the run's folder records what it finishes (streaming sink, local runner)
     kept: tuple[resume.ShardRecord, ...] = ()  # shards a resumed run keeps from the run it continues
+    options: dict[str, Any] | None = None  # what a rerun repeats to be the same command (resume.record_options)
 
     @property
     def all_kept(self) -> bool:
@@ -258,8 +259,9 @@ def _warn_small_percent(percent: float, split_counts: dict[str, int]) -> None:
 
 
 def build(p: beam.Pipeline, config: PrepareConfig, run_plan: RunPlan,
-          progress_folder: str | None = None, finalize: bool = True) -> None:
+          progress_folder: str | None = None, finalize: bool = True, options: dict[str, Any] | None = None) -> None:
     """The job's transforms; with ``progress_folder`` (local runners), workers report there.
+    ``options``: the run's ``resume.record_options``, recorded with its publication.
 
     Without ``finalize`` the job only writes the shards, and the launcher completes the
     dataset from the shards' records once it is done (``finalize_from_records``): what a
@@ -280,16 +282,18 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: RunPlan,
     failures = (written.failures, label_failures) | "AllFailures" >> beam.Flatten()
     _ = (p
          | "Once" >> beam.Create([None])
-         | "Finalize" >> beam.Map(_complete, config, run_plan,
+         | "Finalize" >> beam.Map(_complete, config, run_plan, options,
                                   **publish.side_inputs(written, failures, config, run_plan.listed)))
 
 
-def _complete(_: None, config: PrepareConfig, run_plan: RunPlan, **reported: Any) -> dict[str, Any]:
+def _complete(_: None, config: PrepareConfig, run_plan: RunPlan, options: dict[str, Any] | None,
+              **reported: Any) -> dict[str, Any]:
     """The job's ``Finalize`` step: ``publish.complete`` with the sink's reports."""
-    return publish.complete(config, run_plan, publish.ShardReports(**reported))
+    return publish.complete(config, run_plan, publish.ShardReports(**reported), options)
 
 
-def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str, Any]:
+def finalize_from_records(config: PrepareConfig, run_plan: RunPlan,
+                          options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Completes a streaming-sink dataset from its shards' records (``resume.ShardRecord``),
     their hash files and the listed files of unknown labels: the same rows the job's own
     ``Finalize`` gathers.
@@ -318,7 +322,7 @@ def finalize_from_records(config: PrepareConfig, run_plan: RunPlan) -> dict[str,
     return publish.complete(config, run_plan, publish.ShardReports(
         shards=shards, class_counts=list(counts.items()), failures=failures, hash_files=hash_files,
         originals=list(originals.items()), flat=[FlatImages.from_json(r.flat) for r in records],
-        resized=list(resized.items())))
+        resized=list(resized.items())), options)
 
 
 def run(config: PrepareConfig, options: PipelineOptions,
@@ -370,17 +374,17 @@ def run(config: PrepareConfig, options: PipelineOptions,
         result = None
         try:
             if not job.all_kept:  # a resumed run whose shards are all written has only its dataset to finish
-                with _watching(folder, job, on_progress, progress_interval):
+                with _watching(folder, job, on_progress, progress_interval), worker_errors.typed_errors():
                     result = job.pipeline.run()
                     result.wait_until_finish()
             if job.resumable:
-                finalize_from_records(config, job.plan)
+                finalize_from_records(config, job.plan, job.options)
         except BaseException as e:
             # A local job ends with this process; a remote one (Dataflow) may still be
             # running after its launcher stops waiting, so its files are left to it.
-            if local:
-                _end_local_run(config, job, e, started)
-            raise
+            if not (local and _end_local_run(config, job, e, started)):
+                raise
+        stopping.over = True  # published: a signal now stops nothing
         if claim.lost:
             raise DatasetError(f"another run took {config.output} over while run {job.run_id} ran, so the "
                                "folder may hold both runs' files: run again with --overwrite")
@@ -396,11 +400,14 @@ def run(config: PrepareConfig, options: PipelineOptions,
 def _finish_publications(config: PrepareConfig) -> bool:
     """Finishes the publications of runs stopped while publishing into the output (under its claim,
     before anything else: ``publication.finish_unfinished``); whether one was this command's, which
-    then has nothing left to do (with --overwrite, a run starts over all the same)."""
+    then has nothing left to do (with --overwrite, a run starts over all the same). The same command
+    is the same ``resume.record_options``: --labels_file's lines and the tables' content included."""
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
     finished = publication.finish_unfinished(config.output, leftovers, config.overwrite)
-    options = resume.command_options(config)
-    return not config.overwrite and any(p.options == options for p in finished)
+    if config.overwrite or not finished:
+        return False
+    options = resume.record_options(config, _labels(config))
+    return any(p.options == options for p in finished)
 
 
 def _finished(config: PrepareConfig, seconds: float, counters: dict[str, int],
@@ -474,19 +481,28 @@ def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start
 
 
 def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
-                   started: interrupt.Started | None) -> None:
+                   started: interrupt.Started | None) -> bool:
     """After a local job stopped early: the worker processes it started (``started``) stopped, and
     no other; its folder kept where it can be resumed, else removed. An interrupt becomes
-    ``RunInterrupted``, saying what was kept."""
+    ``RunInterrupted``, saying what was kept, or what is left of its publication; returns True
+    where it came once the dataset was published whole (the run is done: its folder is gone)."""
     if started is not None:
         started.stop()
+    if isinstance(error, KeyboardInterrupt):
+        with contextlib.suppress(StorageError):  # unlisted: said as an interrupt before publishing
+            if job.run_id not in layout.unfinished_runs(config.output, CLAIM_NAME):
+                return True
+            if publication.is_recorded(config.output, job.run_id):
+                raise RunInterrupted(f"stopped while publishing its dataset into {config.output}: run the same "
+                                     "command again to finish publishing it", interrupt.signal_of(error),
+                                     resumable=True) from None
     work = layout.run_folder(config.output, job.run_id)
     if not job.resumable:
         _remove_quietly(config.output, job.run_id)
         if isinstance(error, KeyboardInterrupt):
             raise RunInterrupted("nothing was kept (only the streaming sink resumes); run the same command "
                                  "again to start over", interrupt.signal_of(error), resumable=False) from None
-        return
+        return False
     names = _shard_names(config, job.plan)
     done = resume.finished_count(work, names)
     again = ("run the same command without --overwrite to resume, or with it to start over" if config.overwrite
@@ -495,6 +511,7 @@ def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
         raise RunInterrupted(f"{done} of {len(names)} shards written; {again}", interrupt.signal_of(error),
                              resumable=True) from None
     _LOG.warning("run %s kept %d of %d shards, finished before it failed: %s", job.run_id, done, len(names), again)
+    return False
 
 
 def _shard_names(config: PrepareConfig, run_plan: RunPlan) -> list[str]:
@@ -571,8 +588,8 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     if pool is not None:
         pool.fit(local_workers(options))
     p = beam.Pipeline(runner=local_runner(options, pool), options=options)
-    build(p, config, run_plan, progress_folder, finalize=not resumable)
-    return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept))
+    build(p, config, run_plan, progress_folder, finalize=not resumable, options=recorded)
+    return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept), recorded)
 
 
 def _write_run_folder(config: PrepareConfig, listing: Listing, run_plan: RunPlan,

@@ -36,11 +36,50 @@ WORKER_MODULE = "apache_beam.runners.worker.sdk_worker_main"
 
 # The relay's line in a job's log where the worker it was handed to could not take over.
 NOT_TAKEN = "a waiting worker could not take over"
-# The relay, run by Beam's worker command line as `python -I -S -c RELAY <address> <worker module>`:
-# the standard library only (-I -S: no site, no user paths), as it starts for every worker.
+# The relay, run by Beam's worker command line as `python -I -S -c RELAY <address> <worker module> <launcher pid>`:
+# the standard library only (-I -S: no site, no user paths), as it starts for every worker. Where no
+# waiting worker takes it, it starts Beam's worker as its child (``cold``) and kills it once the launcher
+# is gone (a pidfd of it): a launcher killed with SIGKILL stops nothing, and Beam's worker, its control
+# channel gone, waits on its threads for ever. The child dies with it too (PR_SET_PDEATHSIG: set by this
+# single-threaded process for its own child, so never fired by a thread's exit). Beam's worker takes this
+# process's place where the system has no pidfds.
 RELAY = """\
-import json, os, socket, struct, sys
-address, module = sys.argv[1], sys.argv[2]
+import json, os, select, signal, socket, struct, sys
+address, module, launcher = sys.argv[1], sys.argv[2], int(sys.argv[3])
+command = [sys.executable, "-m", module]
+def cold():
+    try:
+        watched = os.pidfd_open(launcher)
+    except ProcessLookupError:
+        sys.exit(1)
+    except (AttributeError, OSError):
+        os.execv(sys.executable, command)
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    me = os.getpid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    pid = os.fork()
+    if pid == 0:
+        try:
+            prctl(1, int(signal.SIGKILL))
+            if os.getppid() == me:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                os.execv(sys.executable, command)
+        finally:
+            os._exit(127)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    child = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(watched, select.POLLIN)
+    poller.register(child, select.POLLIN)
+    if child not in [fd for fd, _ in poller.poll()]:
+        os.kill(pid, signal.SIGKILL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    sys.exit(128 - code if code < 0 else code)
 answer = b""
 try:
     relay = socket.socket(socket.AF_UNIX)
@@ -49,7 +88,7 @@ try:
 except OSError:
     pass
 if answer != b"W":
-    os.execv(sys.executable, [sys.executable, "-m", module])
+    cold()
 environment = json.dumps(dict(os.environ)).encode()
 try:
     socket.send_fds(relay, [struct.pack("!I", len(environment))], [1, 2])
@@ -60,7 +99,7 @@ except OSError:
 if status == b"cold":
     sys.stderr.write("beam-prep: a waiting worker could not take over; Beam's worker starts instead\\n")
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", module])
+    cold()
 sys.exit(int(status) if status.lstrip(b"-").isdigit() else 1)
 """
 # How long a worker may take to exit once it has given its relay its status, or been told to stop.
@@ -168,7 +207,8 @@ class WarmPool:
         """Beam's worker command line for this pool (``SubprocessSDKEnvironment``'s, run by a shell):
         the shell becomes the relay (``exec``), so that the process Beam started is the one the
         pool records when it connects."""
-        return "exec " + shlex.join([sys.executable, "-I", "-S", "-c", RELAY, self.address, WORKER_MODULE])
+        return "exec " + shlex.join([sys.executable, "-I", "-S", "-c", RELAY, self.address, WORKER_MODULE,
+                                     str(os.getpid())])
 
     def start(self, count: int, fork: bool = False) -> None:
         """Starts ``count`` more waiting workers: one process that imports for all of them and

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import numbers
 import os
 from collections.abc import Mapping, Sequence
@@ -29,13 +30,14 @@ from beam_prep.io.storage import is_local
 from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.model.features import SCHEMA
 from beam_prep.model.names import NAME_MAX, name_problem
-from beam_prep.write.finish import duplicates, publication, publish
+from beam_prep.write.finish import duplicates, manifest, publication, publish
 from beam_prep.write.grow import label_ids
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
 from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.readahead import ReadAheadConfig
+from beam_prep.write.journal import resume
 from beam_prep.write.plan.config import (
     DEFAULT_READ_AHEAD_MB,
     DEFAULT_REMOTE_READ_CONCURRENCY,
@@ -226,16 +228,29 @@ def _fits(value: Any, kind: str) -> bool:
     return isinstance(value, numbers.Integral) and -(2**63) <= value < 2**63 if kind == "int64" else True
 
 
-def _finalize(listed: int, config: PrepareConfig, plan: RunPlan, **reported: Any) -> dict[str, Any]:
+def _finalize(listed: int, config: PrepareConfig, plan: RunPlan, options: dict[str, Any] | None = None,
+              **reported: Any) -> dict[str, Any]:
     """The manifest step, under the output's claim.
 
-    Refuses a dataset that appeared since the transform was applied (unless ``overwrite``),
-    then ``publish.complete`` with the sink's reports; then, with ``cross_split_duplicates="fail"``,
-    fails the job if copies lie in two splits.
+    Refuses a dataset that appeared since the transform was applied (unless ``overwrite``; not
+    where this run's publication began: a retried step finishes it), then ``publish.complete``
+    with the sink's reports; then ``_checked_leakage``.
     """
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
-        layout.check_output(config.output, config.overwrite, [])
-        built = publish.complete(config, dataclasses.replace(plan, listed=listed), publish.ShardReports(**reported))
+        if not publish.begun(config.output, plan.run_id, reported["shards"]):
+            layout.check_output(config.output, config.overwrite, [])
+        built = publish.complete(config, dataclasses.replace(plan, listed=listed), publish.ShardReports(**reported),
+                                 options)
+    return _checked_leakage(config, built)
+
+
+def _published(_: Any, config: PrepareConfig) -> dict[str, Any]:
+    """The manifest step of a transform whose publication a kill cut short, finished when it was applied."""
+    return _checked_leakage(config, manifest.read(config.output))
+
+
+def _checked_leakage(config: PrepareConfig, built: dict[str, Any]) -> dict[str, Any]:
+    """The manifest; with ``cross_split_duplicates="fail"``, fails the job if copies lie in two splits."""
     leaking = duplicates.leakage_error(config.cross_split_duplicates, built, config.output)
     if leaking is not None:
         raise CrossSplitLeakage(leaking, built)
@@ -365,9 +380,13 @@ class WriteImageDataset(beam.PTransform):
         """Beam's PTransform entry point: the elements written as the dataset (see the class)."""
         config, naming = self._config, self._naming
         run_id = new_run_id()
+        options = _options(config, naming)
+        if _clear_output(config.output, config.overwrite, run_id, options):
+            return (elements
+                    | "CountElements" >> beam.combiners.Count.Globally()
+                    | "Finalize" >> beam.Map(_published, config))
         if config.overwrite:
             label_ids.warn_if_ids_move(config.output, naming.labels, config.label_offset)
-        _clear_output(config.output, config.overwrite, run_id)
         plan = RunPlan(labels=list(naming.labels), num_shards={s: config.num_shards for s in naming.splits},
                              listed=0, skipped=0, sink=config.sink, run_id=run_id, multi_label=naming.multi_label,
                              extra_features=dict(naming.extra_features))
@@ -379,21 +398,33 @@ class WriteImageDataset(beam.PTransform):
         failures = (written.failures, entries[_FAILED]) | "AllFailures" >> beam.Flatten()
         return (elements
                 | "CountElements" >> beam.combiners.Count.Globally()
-                | "Finalize" >> beam.Map(_finalize, config, plan,
+                | "Finalize" >> beam.Map(_finalize, config, plan, options,
                                          **publish.side_inputs(written, failures, config, _NEAR_SEARCH_COUNT)))
 
 
-def _clear_output(output: str, overwrite: bool, run_id: str) -> None:
+def _options(config: PrepareConfig, naming: _Naming) -> dict[str, Any]:
+    """What the same transform repeats (as ``resume.record_options`` is the same command), as JSON values."""
+    return json.loads(json.dumps({**resume.command_options(config), "labels": list(naming.labels),
+                                  "splits": list(naming.splits), "multi_label": naming.multi_label,
+                                  "extra_features": dict(naming.extra_features)}))
+
+
+def _clear_output(output: str, overwrite: bool, run_id: str, options: dict[str, Any]) -> bool:
     """Refuses an occupied ``output`` without ``overwrite``; with it, removes unfinished runs' files.
 
-    A publication a run was stopped in is finished first (``publication.finish_unfinished``). Done under the output's claim, so a command running into the folder is
-    refused (``OutputBusy``) rather than having its files removed.
+    A publication a run was stopped in is finished first (``publication.finish_unfinished``); where
+    it was the same transform's (``options``, without ``overwrite``), its dataset is this one's, and
+    True says so. Done under the output's claim, so a command running into the folder is refused
+    (``OutputBusy``) rather than having its files removed.
     """
     with claim_output(output, run_id, heartbeat_s=None):
-        publication.finish_unfinished(output, layout.unfinished_runs(output, CLAIM_NAME), overwrite)
+        finished = publication.finish_unfinished(output, layout.unfinished_runs(output, CLAIM_NAME), overwrite)
+        if not overwrite and any(p.options == options for p in finished):
+            return True
         leftovers = layout.unfinished_runs(output, CLAIM_NAME)
         layout.check_output(output, overwrite, leftovers)
         layout.remove_unfinished_runs(output, leftovers)
+    return False
 
 
 def _checked_labels(labels: Sequence[str]) -> tuple[str, ...]:

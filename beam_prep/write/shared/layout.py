@@ -1,16 +1,9 @@
 """Names of the files in an output directory, and how a run's files get there.
 
 The one place that knows a shard's file name, so both sinks, the manifest and
-``--overwrite`` agree on what belongs to a dataset.
-
-A run writes everything into its own folder, ``OUTPUT/.beam-prep/<run id>/``:
-the listings the workers read and the shards, under their final names. Once every
-shard is complete and the counts add up, the dataset is published
-(``finish.publication``): its other files staged there, then ``publish.json``
-naming every move and removal, and only then ``OUTPUT`` changed: the old manifest
-removed, the new files moved in, the new manifest last, the old dataset's other
-files removed. A kill before the record leaves ``OUTPUT`` as it was; after, the
-next run finishes it. See docs/design/claim.md, "Publishing".
+``--overwrite`` agree on what belongs to a dataset. A run writes everything into
+its own folder, ``OUTPUT/.beam-prep/<run id>/``, and publishes it from there
+(``finish.publication``; docs/design/claim.md, "Publishing").
 """
 from __future__ import annotations
 
@@ -19,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable
 
 from beam_prep.errors import OptionsError
@@ -123,17 +117,53 @@ def unfinished_runs(output: str, claim_name: str) -> list[str]:
     """Run folders left in ``output`` by runs that ended without publishing (killed, or failed uncleanly).
 
     Call it only while holding the output's claim: then none of them is running.
+
+    Raises:
+      OptionsError: ``.beam-prep`` or a run's folder in it is a link (``check_run_folder``).
+      StorageError: the folder cannot be listed.
     """
     work = join(output, WORK_DIR)
     try:
         if is_local(output):
+            _check_not_a_link(output, work)
             names = sorted(os.listdir(work)) if os.path.isdir(work) else []
         else:
             paths = [m.path for m in _filesystems().match([join(work, "**")])[0].metadata_list]
             names = sorted({p[len(work) + 1:].split("/", 1)[0] for p in paths})
-    except Exception as e:
+    except OSError as e:
         raise storage_error("list", work, e) from e
-    return [name for name in names if name != claim_name]
+    except OptionsError:
+        raise
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("list", work, e) from e
+    names = [name for name in names if name != claim_name]
+    for name in names:
+        check_run_folder(output, name)
+    return names
+
+
+def check_run_folder(output: str, run_id: str) -> None:
+    """Refuses a run's folder (or ``.beam-prep``) that is a link, on local disk: beam-prep never makes
+    one, and following it would finish, or remove, another folder's files.
+
+    Raises:
+      OptionsError: naming the link and what to do.
+    """
+    if is_local(output):
+        _check_not_a_link(output, join(output, WORK_DIR))
+        _check_not_a_link(output, run_folder(output, run_id))
+
+
+def _check_not_a_link(output: str, path: str) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise storage_error("read", path, e) from e
+    if stat.S_ISLNK(mode):
+        raise OptionsError(f"--output {output} holds {path}, a link, which beam-prep never makes there: remove the "
+                           "link (not what it points to) and run again")
 
 
 def check_output(output: str, overwrite: bool, leftovers: list[str], append: bool = False) -> None:
@@ -181,7 +211,9 @@ def remove_run_folder(output: str, run_id: str) -> None:
     folder = run_folder(output, run_id)
     try:
         if is_local(output):
-            if os.path.isdir(folder):
+            if os.path.islink(folder):
+                os.remove(folder)  # the link, never what it points to
+            elif os.path.isdir(folder):
                 shutil.rmtree(folder)
         else:
             paths = [m.path for m in _filesystems().match([join(folder, "**")])[0].metadata_list]
