@@ -2,9 +2,11 @@
 ids as they were.
 
 The oracle: a dataset made in one run, with the same options, from the first tree and the files the
-append wrote holds the same records (sha256, class name, split) as the appended one. Each test makes
-its own small tree and dataset in this process (``prepare_here``); one runs the command, for its exit
-codes and summary.
+append wrote holds the same records (sha256, class name, split) as the appended one. Each test that
+appends makes its own small tree and dataset in this process (``prepare_here``); those that append
+nothing (refused, or nothing new) share one (``ants``). The command's exit codes and lines are taken
+in this process too (``prepare_images.main``); it runs as a user's process only where it is killed
+and resumed.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from PIL import Image
 
 import beam_prep
 from beam_prep.errors import BeamPrepWarning, OptionsError
+from pipelines import prepare_images
 
 pytestmark = pytest.mark.slow  # every test runs a pipeline
 
@@ -69,6 +72,9 @@ def grown(tmp_path) -> dict[str, pathlib.Path]:
 
 def test_an_append_writes_what_the_dataset_lacks_as_version_2_and_keeps_the_rest(grown):
     out = grown["out"]
+    # An --overwrite of the grown tree would give the old classes other ids: said, naming --append.
+    with pytest.warns(BeamPrepWarning, match=r"other ids \('circles' 0 -> 1, 'squares' 1 -> 2\).*append=True"):
+        beam_prep.prepare(str(grown["tree"]), str(out), overwrite=True, dry_run=True)
     before, version_1 = digests(out), records(out)
     manifest = prepare_here("--input", str(grown["tree"]), "--output", str(out), "--append")
     after = digests(out)
@@ -112,27 +118,6 @@ def test_an_append_writes_what_the_dataset_lacks_as_version_2_and_keeps_the_rest
     assert verify(str(out)).ok
 
 
-def test_an_append_of_nothing_new_makes_no_version_and_changes_nothing(grown):
-    out = grown["out"]
-    before = digests(out)
-    with pytest.warns(BeamPrepWarning, match=r"^nothing to add to .* \(0 records added; 12 files already in it\): "
-                                             r"no version 2 made$"):
-        beam_prep.prepare(str(_first_tree(grown)), str(out), append=True, direct_running_mode="in_memory")
-    assert digests(out) == before
-
-
-def _first_tree(grown: dict[str, pathlib.Path]) -> pathlib.Path:
-    """The dataset's own input, as it was: an append from it finds nothing new."""
-    manifest = json.loads((grown["out"] / "manifest.json").read_text())
-    first = pathlib.Path(manifest["options"]["input"])
-    shutil.rmtree(first)
-    shutil.copytree(grown["oracle"], first)
-    for name in ("new_0.jpg", "new_1.jpg", "new_2.jpg"):
-        (first / "circles" / name).unlink()
-    shutil.rmtree(first / "aardvark")
-    return first
-
-
 def test_a_new_batch_folder_in_each_format_is_read_by_every_reader_at_each_version(tmp_path):
     tree, batch = tmp_path / "tree", tmp_path / "batch"
     make_tree(tree, {"ant": 4, "bee": 4}, size=(24, 20))
@@ -169,6 +154,18 @@ def test_an_append_to_a_dataset_made_before_versions(tmp_path):
             for v in grown["versions"]] == [(1, str(tree), 3), (2, str(batch), 2)]
 
 
+@pytest.fixture(scope="module")
+def ants(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """A dataset of two ants and a file that fails, shared by the tests that add nothing to it (each
+    checks that it is left as it was)."""
+    root = tmp_path_factory.mktemp("ants")
+    tree, out = root / "tree", root / "out"
+    make_tree(tree, {"ant": 2}, size=(24, 20))
+    (tree / "ant" / "broken.jpg").write_bytes(b"not a jpeg")
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    return {"tree": tree, "out": out}
+
+
 @pytest.mark.parametrize("extra,message", [
     (("--overwrite",), r"adds to the dataset in .* replaces it: pass one of them$"),
     (("--image_size", "32"), r"image_size 32x32 contradicts the dataset in .*, made with 16x16: drop it"),
@@ -176,20 +173,17 @@ def test_an_append_to_a_dataset_made_before_versions(tmp_path):
     (("--labels_file", "x.txt"), r"does not take .*labels_file: an append keeps the dataset's label ids"),
     (("--sink", "shuffle"), r"writes with the streaming sink of the local runners for now"),
 ])
-def test_an_option_that_contradicts_the_dataset_is_refused_before_any_work(tmp_path, extra, message):
-    tree, out = tmp_path / "tree", tmp_path / "out"
-    make_tree(tree, {"ant": 2}, size=(24, 20))
-    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+def test_an_option_that_contradicts_the_dataset_is_refused_before_any_work(ants, extra, message):
+    tree, out = ants["tree"], ants["out"]
     before = digests(out)
     with pytest.raises(OptionsError, match=message):
         prepare_here("--input", str(tree), "--output", str(out), "--append", *extra)
     assert digests(out) == before
 
 
-def test_the_command_refuses_bad_appends_with_one_line_and_exit_2(tmp_path):
-    tree, out = tmp_path / "tree", tmp_path / "out"
-    make_tree(tree, {"ant": 2}, size=(24, 20))
-    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+def test_the_command_refuses_bad_appends_with_one_line_and_exit_2(ants, tmp_path, capfd):
+    tree, out = ants["tree"], tmp_path / "out"
+    shutil.copytree(ants["out"], out)
     manifest = (out / "manifest.json").read_text()
     cases = {
         "--output {} holds no beam-prep dataset to append to": (str(tmp_path / "none"), None),
@@ -202,31 +196,26 @@ def test_the_command_refuses_bad_appends_with_one_line_and_exit_2(tmp_path):
             (out / "manifest.json").write_text(manifest.replace('"format_version": 1', '"format_version": 99'))
         elif extra == "damaged":
             (out / "manifest.json").write_text(manifest[:40])
-        done = run_prepare("--input", str(tree), "--output", output, "--append",
-                           *(extra if isinstance(extra, tuple) else ()))
-        assert done.returncode == 2, (expected, done.stderr[-2000:])
-        line = done.stderr.strip().splitlines()[-1]
-        assert line.startswith("error: ") and expected.format(tmp_path / "none") in line, (expected, line)
+        code = prepare_images.main(["--input", str(tree), "--output", output, "--append",
+                                    *(extra if isinstance(extra, tuple) else ())])
+        err = capfd.readouterr().err
+        assert code == 2, (expected, err[-2000:])
+        (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+        assert expected.format(tmp_path / "none") in line, (expected, line)
     assert not (tmp_path / "none").exists()
 
 
-def test_two_appends_at_once_the_second_is_refused_naming_the_holder(tmp_path):
+def test_two_appends_at_once_the_second_is_refused_naming_the_holder(ants, tmp_path):
     """The output's claim: an append holds it as any run does."""
     from beam_prep.write.run.claim import OutputBusy, claim_output
 
-    tree, out = tmp_path / "tree", tmp_path / "out"
-    make_tree(tree, {"ant": 2}, size=(24, 20))
-    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    out = ants["out"]
+    before = digests(out)
     make_tree(tmp_path / "batch", {"bee": 1}, size=(24, 20))
     with claim_output(str(out), "20260101-000000-holder", heartbeat_s=None), \
             pytest.raises(OutputBusy, match=r"20260101-000000-holder"):
         prepare_here("--input", str(tmp_path / "batch"), "--output", str(out), "--append")
-
-
-def test_an_overwrite_names_append_to_keep_the_ids(grown):
-    with pytest.warns(BeamPrepWarning, match=r"other ids \('circles' 0 -> 1, 'squares' 1 -> 2\).*append=True"):
-        beam_prep.prepare(str(grown["tree"]), str(grown["out"]), overwrite=True, dry_run=True)
-
+    assert digests(out) == before
 
 
 def test_a_gs_batch_appended_to_a_gs_dataset(gcs_bucket, tmp_path):
@@ -246,14 +235,13 @@ def test_a_gs_batch_appended_to_a_gs_dataset(gcs_bucket, tmp_path):
          "out/duplicates.jsonl", "out/errors.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl"])
 
 
-def test_a_file_that_failed_before_is_not_tried_again(tmp_path):
-    tree, out = tmp_path / "tree", tmp_path / "out"
-    make_tree(tree, {"ant": 2}, size=(24, 20))
-    (tree / "ant" / "broken.jpg").write_bytes(b"not a jpeg")
-    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
-    with pytest.warns(BeamPrepWarning, match=r"\(0 records added; 2 files already in it; 1 file that failed before, "
-                                             r"not tried again\): no version 2 made$"):
-        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")
+def test_an_append_of_nothing_new_makes_no_version_changes_nothing_and_tries_no_failed_file_again(ants):
+    """The dataset's own input again: every file is in it, or failed before (not tried again)."""
+    before = digests(ants["out"])
+    with pytest.warns(BeamPrepWarning, match=r"^nothing to add to .* \(0 records added; 2 files already in it; "
+                                             r"1 file that failed before, not tried again\): no version 2 made$"):
+        beam_prep.prepare(str(ants["tree"]), str(ants["out"]), append=True, direct_running_mode="in_memory")
+    assert digests(ants["out"]) == before
 
 
 @pytest.fixture
@@ -337,15 +325,15 @@ def test_an_append_killed_midway_leaves_version_1_whole_and_resumes_to_an_uninte
     assert json.loads((out / "manifest.json").read_text())["labels"] == ["ant", "eel", "bee", "cat", "dog"]
 
 
-def test_a_new_class_whose_files_are_all_copies_gets_no_id(tmp_path):
-    tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
-    make_tree(tree, {"ant": 2}, size=(24, 20))
+def test_a_new_class_whose_files_are_all_copies_gets_no_id(ants, tmp_path):
+    out, batch = ants["out"], tmp_path / "batch"
+    before = digests(out)
     (batch / "zebra").mkdir(parents=True)
-    shutil.copyfile(tree / "ant" / "img_000.jpg", batch / "zebra" / "copy.jpg")
-    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    shutil.copyfile(ants["tree"] / "ant" / "img_000.jpg", batch / "zebra" / "copy.jpg")
     with pytest.warns(BeamPrepWarning, match=r"\(0 records added; 1 copies of records already in it, not written\)"):
         beam_prep.prepare(str(batch), str(out), append=True, direct_running_mode="in_memory")
     assert (out / "labels.txt").read_text().splitlines() == ["ant"]
+    assert digests(out) == before
 
 
 def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_label(tmp_path):
