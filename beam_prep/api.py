@@ -25,6 +25,7 @@ from beam_prep.cli.flags import bare_flags, check_flags, check_positionals, spel
 from beam_prep.cli.options import config_from_options
 from beam_prep.cli.spelling import as_keywords, flag_value
 from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
+from beam_prep.write.grow.append import appending_config
 from beam_prep.write.journal.progress import Progress
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY, WorkerNoise
@@ -65,7 +66,10 @@ def parse_command_line(argv: Sequence[str]) -> tuple[PipelineOptions, PrepareCon
     check_flags(argv)
     check_positionals(argv)
     options = PipelineOptions(with_local_defaults(argv))
-    return options, config_from_options(options)
+    config = config_from_options(options)
+    if config.append:
+        config = appending_config(config, {token[2:].split("=", 1)[0] for token in argv if token.startswith("--")})
+    return options, config
 
 
 _FALSE = ("false", "0", "no")

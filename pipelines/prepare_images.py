@@ -38,6 +38,7 @@ from beam_prep.errors import BeamPrepError, OptionsError, RunInterrupted, Writte
 from beam_prep.tools.inspection import flat_lines, originals_lines
 from beam_prep.wording import count
 from beam_prep.write.finish import duplicates
+from beam_prep.write.grow.append import describe
 from beam_prep.write.plan.config import PrepareConfig, progress_interval
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY
 from beam_prep.write.run.interrupt import signal_of
@@ -85,6 +86,10 @@ def summary(result: RunResult) -> str:
     dropped = f", {counts['dropped']:,} dropped" if "dropped" in counts else ""
     lines = [f"beam-prep: {counts['written']:,} of {count(counts['listed'], 'image')} written in {timing(result)}; "
              f"{counts['failed']:,} failed{dropped}, {counts['skipped']:,} skipped"]
+    latest = (m.get("versions") or [{}])[-1]
+    if latest.get("appended") is not None:
+        added = sum(s["num_examples"] for s in latest["splits"].values())
+        lines.append(f"  version {latest['version']}: {describe(added, latest['appended'])}")
     for split, s in m["splits"].items():
         lines.append(f"  {split}: {count(s['num_examples'], 'example')} in {count(len(s['shards']), 'shard')}")
     for stage, n in m["failed_by_stage"].items():
@@ -227,7 +232,7 @@ def _main(argv: list[str]) -> int:
     elif result.job is not None:
         print(plan_summary(result, config.input))
         print("dry run: the job was built and not submitted")
-    else:
+    elif result.plan is not None:  # none: a dry run of an append with nothing to add, which said so
         print(plan_summary(result, config.input))
     return 0
 

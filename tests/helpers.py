@@ -109,6 +109,21 @@ def assert_shard_checksums(output: str | pathlib.Path) -> None:
         assert info["shard_bytes"] == [len(data) for data in files], split
 
 
+def as_two_versions(out: pathlib.Path) -> dict:
+    """The manifest of ``out`` rewritten to say its first shard of each split was version 1 and the
+    rest version 2; returns it."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    (first,) = manifest["versions"]
+    second = {**first, "version": 2, "input": "/new", "splits": {}}
+    for name, split in manifest["splits"].items():
+        counts = split["shard_num_examples"]
+        first["splits"][name] = {"num_examples": counts[0], "shards": split["shards"][:1]}
+        second["splits"][name] = {"num_examples": sum(counts[1:]), "shards": split["shards"][1:]}
+    manifest["versions"] = [first, second]
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
 # --- image trees ----------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from helpers import REPO
 
 RANK = {"errors": 0, "wording": 0, "doc_pages": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
 PACKAGE = REPO / "beam_prep"
-WRITE_RANK = {"shared": 0, "images": 1, "plan": 2, "journal": 3, "finish": 4, "sinks": 5, "run": 6}
+WRITE_RANK = {"shared": 0, "images": 1, "plan": 2, "grow": 3, "journal": 4, "finish": 5, "sinks": 6, "run": 7}
 MAX_MODULES = 12  # in one of the writer's sub-rooms
 
 

@@ -66,6 +66,12 @@ def _input_output_arguments(group: Any) -> None:
     group.add_argument("--overwrite", action="store_true", default=False,
                        help="Replace a dataset already in --output.")
     group.add_argument(
+        "--append", action="store_true", default=False,
+        help="Add the images of --input that the dataset in --output does not hold yet, as its next version, "
+             "with the dataset's own options (an option given that contradicts them is refused); its records, "
+             "shards and label ids stay as they are. With the dataset's --stratify, validation images are shared "
+             f"out among the files of --input, of which those new are written ({doc_page('guides/preparing.md')}).")
+    group.add_argument(
         "--read_concurrency", type=int, default=None,
         help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
              "for gs:// input, which hides round trips; 0 for local disk: each file read when its turn comes).")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from beam_prep.errors import DatasetError, OptionsError
@@ -34,6 +34,7 @@ __all__ = [
     "FileFormat",
     "ImageInfo",
     "SplitInfo",
+    "VersionInfo",
     "labels_lines",
     "parse_manifest",
     "shard_suffix",
@@ -154,6 +155,15 @@ class SplitInfo:
     def files(self) -> tuple[str, ...]:
         return tuple(join(self.root, shard) for shard in self.shards)
 
+    def first(self, shards: int, num_examples: int, class_counts: Mapping[str, int] | None) -> SplitInfo:
+        """The split as its first ``shards`` shards, holding ``num_examples`` records (``class_counts``)."""
+        def cut(values):
+            return values[:shards] if values is not None else None
+        return dataclasses.replace(
+            self, shards=self.shards[:shards], num_examples=num_examples, class_counts=class_counts,
+            shard_num_examples=cut(self.shard_num_examples), shard_bytes=cut(self.shard_bytes),
+            shard_sha256=cut(self.shard_sha256), dali_index=cut(self.dali_index))
+
     @property
     def index_files(self) -> tuple[str, ...] | None:
         return tuple(join(self.root, name) for name in self.dali_index) if self.dali_index is not None else None
@@ -206,6 +216,85 @@ class SplitInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class VersionInfo:
+    """One version of a dataset: what its run added (the first run: version 1; each append: the next).
+
+    ``added``: split -> (shard names, records, records per label) the version added, its shards at
+    the end of the split's ``shards``. ``num_labels``: the labels the dataset had then (labels only
+    grow, new ones at the end, so a version's labels are the first ``num_labels``). ``created``
+    and ``input``: when and from what it was made (None where a manifest did not say).
+    """
+
+    version: int
+    added: Mapping[str, tuple[tuple[str, ...], int, Mapping[str, int] | None]]
+    num_labels: int
+    created: str | None = None
+    input: str | None = None
+    appended: Mapping[str, Any] | None = None
+    """An append's word on the files it did not write (``append.Additions.counts``); None for version 1."""
+
+    @property
+    def num_examples(self) -> int:
+        return sum(n for _, n, _ in self.added.values())
+
+    def to_json(self) -> dict[str, Any]:
+        splits = {}
+        for split, (shards, n, class_counts) in self.added.items():
+            splits[split] = {"num_examples": n, "shards": list(shards)}
+            if class_counts is not None:
+                splits[split]["class_counts"] = dict(class_counts)
+        out = {"version": self.version, "created": self.created, "input": self.input,
+               "num_labels": self.num_labels, "splits": splits}
+        if self.appended is not None:
+            out["appended"] = dict(self.appended)
+        return out
+
+    @classmethod
+    def from_json(cls, version: Mapping[str, Any]) -> VersionInfo:
+        added = {str(split): (tuple(str(name) for name in v["shards"]), int(v["num_examples"]),
+                              {str(k): int(n) for k, n in v["class_counts"].items()}
+                              if v.get("class_counts") is not None else None)
+                 for split, v in version["splits"].items()}
+        created, source = version.get("created"), version.get("input")
+        appended = version.get("appended")
+        return cls(version=int(version["version"]), added=added, num_labels=int(version["num_labels"]),
+                   created=str(created) if created is not None else None,
+                   input=str(source) if source is not None else None,
+                   appended=dict(appended) if appended is not None else None)
+
+    @classmethod
+    def whole(cls, labels: Sequence[str], splits: Mapping[str, SplitInfo], created: str | None = None,
+              source: str | None = None) -> VersionInfo:
+        """Version 1 holding every record of ``splits``: a first run's, or a manifest's without versions."""
+        return cls(version=1, num_labels=len(labels), created=created, input=source,
+                   added={name: (s.shards, s.num_examples, s.class_counts) for name, s in splits.items()})
+
+
+def _check_versions(versions: Sequence[VersionInfo], splits: Mapping[str, SplitInfo], num_labels: int) -> None:
+    """Each version numbered from 1, and the versions' shards, in order, each split's whole list (their
+    record counts are ``verify``'s to check, against the records).
+
+    Raises:
+      DatasetError: (without the manifest's path: the caller adds it) what does not add up.
+    """
+    if not versions:
+        raise DatasetError("versions is empty: a dataset has version 1 at least")
+    for i, version in enumerate(versions):
+        if version.version != i + 1:
+            raise DatasetError(f"versions[{i}] is version {version.version}, not {i + 1}")
+        unknown = [split for split in version.added if split not in splits]
+        if unknown:
+            raise DatasetError(f"version {version.version} adds to split {unknown[0]!r}, which splits lacks")
+        if not 0 <= version.num_labels <= num_labels or (i and version.num_labels < versions[i - 1].num_labels):
+            raise DatasetError(f"version {version.version} has {version.num_labels} labels, of {num_labels}")
+    for name, split in splits.items():
+        shards = tuple(s for v in versions for s in v.added.get(name, ((), 0, None))[0])
+        if shards != split.shards:
+            raise DatasetError(f"the versions' shards of split {name!r} are not its shards, in order "
+                               f"({len(shards)} and {len(split.shards)})")
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """A dataset's description, checked: what the writer records and the reader reads.
 
@@ -228,10 +317,45 @@ class DatasetInfo:
     multi_label: bool = False
     extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)
     file_format: str = TFRECORD
+    versions: tuple[VersionInfo, ...] = ()
 
     @property
     def num_classes(self) -> int:
         return len(self.labels)
+
+    @property
+    def history(self) -> tuple[VersionInfo, ...]:
+        """The dataset's versions, oldest first: ``versions``, or version 1 holding everything."""
+        return self.versions or (VersionInfo.whole(self.labels, self.splits),)
+
+    @property
+    def version(self) -> int:
+        """The latest version: the one this description holds."""
+        return len(self.history)
+
+    def at_version(self, version: int | None) -> DatasetInfo:
+        """The dataset as it was at ``version``: its splits hold that version's shards and records only,
+        and its labels those it had then. None: the latest (this description).
+
+        Raises:
+          DatasetError: no such version (one line naming the dataset and its versions).
+        """
+        history = self.history
+        if version is None:
+            return self
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= len(history):
+            have = "version 1" if len(history) == 1 else f"versions 1-{len(history)}"
+            raise DatasetError(f"{self.root or 'this dataset'} has no version {version!r}: it has {have}")
+        if version == len(history):
+            return self
+        kept = history[:version]
+        splits = {}
+        for name, split in self.splits.items():
+            added = [v.added[name] for v in kept if name in v.added]
+            if added:
+                splits[name] = split.first(sum(len(shards) for shards, _, _ in added),
+                                           sum(n for _, n, _ in added), _summed(c for _, _, c in added))
+        return dataclasses.replace(self, labels=self.labels[:kept[-1].num_labels], splits=splits, versions=kept)
 
     def require_format(self, file_format: str, reader: str) -> None:
         """Refuses a dataset of another format than ``reader`` reads, naming the reader that does.
@@ -260,6 +384,8 @@ class DatasetInfo:
             out["multi_label"] = True
         if self.extra_features:
             out["extra_features"] = dict(self.extra_features)
+        if self.versions:  # a description made without them (not from a manifest) holds one version: said by omission
+            out["versions"] = [v.to_json() for v in self.versions]
         return out
 
     @classmethod
@@ -288,12 +414,14 @@ class DatasetInfo:
             if file_format not in FILE_FORMATS:
                 raise DatasetError(f"{where}: unknown file_format {file_format!r} (this beam-prep reads "
                                    f"{', '.join(FILE_FORMATS)}): upgrade beam-prep")
-            return cls(root=root, labels=tuple(manifest["labels"]), splits=splits,
+            labels = tuple(manifest["labels"])
+            versions = _versions(manifest, labels, splits, where)
+            return cls(root=root, labels=labels, splits=splits,
                        image=ImageInfo.from_json(manifest["image"]), compression=compression,
                        label_offset=int(manifest.get("label_offset", 0)),
                        multi_label=bool(manifest.get("multi_label", False)),
                        extra_features=_extra_features(manifest.get("extra_features", {})),
-                       file_format=file_format)
+                       file_format=file_format, versions=versions)
         except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as e:  # a count "many", 1e400, NaN
             raise DatasetError(f"{where} is incomplete or malformed: missing or bad {e}") from e
         except OptionsError as e:
@@ -301,6 +429,37 @@ class DatasetInfo:
 
 
 _EXTRA_KINDS = ("bytes", "int64", "float")
+
+
+def _versions(manifest: Mapping[str, Any], labels: tuple[str, ...], splits: Mapping[str, SplitInfo],
+              where: str) -> tuple[VersionInfo, ...]:
+    """The manifest's versions, checked; a manifest without them (written before versions) holds
+    version 1 alone, made when it says, from its input."""
+    if manifest.get("versions") is None:
+        options = manifest.get("options")
+        source = options.get("input") if isinstance(options, Mapping) else None
+        created = manifest.get("created")
+        return (VersionInfo.whole(labels, splits, str(created) if created is not None else None,
+                                  str(source) if source is not None else None),)
+    if not isinstance(manifest["versions"], list):
+        raise DatasetError(f"{where}: versions is {manifest['versions']!r}, not a list")
+    versions = tuple(VersionInfo.from_json(v) for v in manifest["versions"])
+    try:
+        _check_versions(versions, splits, len(labels))
+    except DatasetError as e:
+        raise DatasetError(f"{where} is damaged: {e}") from e
+    return versions
+
+
+def _summed(counts: Iterable[Mapping[str, int] | None]) -> dict[str, int] | None:
+    """Records per label over several versions' additions; None where one of them did not count."""
+    total: dict[str, int] = {}
+    for c in counts:
+        if c is None:
+            return None
+        for label, n in c.items():
+            total[label] = total.get(label, 0) + n
+    return total
 
 
 def _extra_features(features: Mapping[str, Any]) -> dict[str, str]:

@@ -211,6 +211,14 @@ def sha256_and_labels(serialized: bytes) -> tuple[str, tuple[str, ...]]:
     return feature[SHA256].bytes_list.value[0].decode(), labels
 
 
+def sha256_and_filename(serialized: bytes) -> tuple[str, str]:
+    """A record's source sha256 (hex) and file name (its path under the run's input), without TensorFlow
+    and without decoding its image: what an append reads the records already in a dataset by."""
+    feature = Example.FromString(serialized).features.feature
+    return (feature[SHA256].bytes_list.value[0].decode(),
+            feature[FILENAME].bytes_list.value[0].decode("utf-8", "surrogateescape"))
+
+
 def decode_all(serialized: bytes) -> dict[str, list[Any]]:
     """Every feature of one record, each as its list of values, without TensorFlow: multi-label
     records and extra features too (for tools and tests)."""

@@ -60,6 +60,9 @@ _INT64 = {"pythonClassName": _TFDS + "scalar.Scalar",
 
 def unsupported(info: DatasetInfo) -> str | None:
     """Why TFDS could not read this dataset, or None when it can."""
+    if info.version > 1:
+        return ("an appended dataset's shards follow two name templates, which TFDS's description (one a "
+                "split) cannot hold: TFDS reads version 1, with the metadata its run wrote")
     if info.file_format not in TFDS_FILE_FORMATS:
         return f"TFDS does not read {info.file_format} shards: write tfrecord or array_record"
     if info.compression != "NONE":

@@ -62,18 +62,20 @@ class DaliPlan(NamedTuple):
     image_extension: str
 
 
-def dali_plan(path: str | os.PathLike, split: str = "train") -> DaliPlan:
+def dali_plan(path: str | os.PathLike, split: str = "train", version: int | None = None) -> DaliPlan:
     """What ``dali_reader`` reads for ``split`` of the dataset at ``path``, checked without DALI.
 
     Args:
       path: the dataset folder, on local disk (DALI reads local files).
       split: a split in the manifest.
+      version: the dataset's version to read (``load_info(path).history``): exactly the records it held,
+        whatever was appended since; None: the latest.
 
     Returns:
       The shards, their index files and the labels, as a ``DaliPlan``.
 
     Raises:
-      DatasetError: no dataset there, no such split, or a dataset DALI cannot read: GZIP
+      DatasetError: no dataset there, no such version or split, or a dataset DALI cannot read: GZIP
         TFRecords, TFRecords without their index files or with one whose record count or end is
         not the manifest's for its shard, ArrayRecord, or a multi-label WebDataset; each message
         says what to do.
@@ -84,7 +86,7 @@ def dali_plan(path: str | os.PathLike, split: str = "train") -> DaliPlan:
     if not is_local(origin):
         raise OptionsError(f"{_READER} reads local folders (DALI's readers open local files), not {origin}: "
                            "copy the dataset to local disk first (gcloud storage cp -r)")
-    info = read_manifest_info(origin)[0]
+    info = read_manifest_info(origin)[0].at_version(version)
     if split not in info.splits:
         raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(info.splits)}")
     chosen = info.splits[split]
@@ -142,7 +144,7 @@ def _check_index(path: str, split: SplitInfo, i: int) -> None:
 
 
 def dali_reader(path: str | os.PathLike, split: str = "train", *, shard_id: int = 0, num_shards: int = 1,
-                random_shuffle: bool = False, seed: int = -1, name: str = "Reader",
+                random_shuffle: bool = False, seed: int = -1, name: str = "Reader", version: int | None = None,
                 **reader_args: Any) -> tuple[Any, Any]:
     """DALI's reader for ``split`` of the dataset at ``path``: call it inside a ``pipeline_def``.
 
@@ -159,6 +161,8 @@ def dali_reader(path: str | os.PathLike, split: str = "train", *, shard_id: int 
       seed: the shuffle's seed (-1: DALI picks one).
       name: the reader's name, for ``pipeline.epoch_size(name)`` and DALI's iterators'
         ``reader_name``.
+      version: the dataset's version to read (``load_info(path).history``): exactly the records it held,
+        whatever was appended since; None: the latest.
       **reader_args: other arguments of the DALI reader (``initial_fill``,
         ``pad_last_batch``, ``stick_to_shard``, ``prefetch_queue_depth``...).
 
@@ -172,7 +176,7 @@ def dali_reader(path: str | os.PathLike, split: str = "train", *, shard_id: int 
       DatasetError, OptionsError: as ``dali_plan``; OptionsError also when DALI is not installed
         (with its install command).
     """
-    plan = dali_plan(path, split)
+    plan = dali_plan(path, split, version)
     require("dali", _READER)
     shared = {"shard_id": shard_id, "num_shards": num_shards, "random_shuffle": random_shuffle, "seed": seed,
               "name": name, **reader_args}

@@ -169,8 +169,8 @@ class ArrayRecordSource:
 def data_source(path: str | os.PathLike, split: str = "train", *, pairs: bool = False, pil_images: bool = False,
                 transform: Callable[[Any], Any] | None = None,
                 target_transform: Callable[[int], Any] | None = None,
-                cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None
-                ) -> ArrayRecordSource:
+                cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None,
+                version: int | None = None) -> ArrayRecordSource:
     """A random-access source over split ``split`` of the array_record dataset at ``path``.
 
     Use it as Grain's source (``grain.MapDataset.source(data_source(path))``)
@@ -194,6 +194,8 @@ def data_source(path: str | os.PathLike, split: str = "train", *, pairs: bool = 
         least recently used datasets no process reads are evicted to make room.
         Default ``$BEAM_PREP_CACHE_MAX_BYTES``, else no bound: nothing is evicted,
         and a split that does not fit the disk's free space is refused.
+      version: the dataset's version to read (``load_info(path).history``): exactly the records it held,
+        whatever was appended since; None: the latest.
 
     Returns:
       An ``ArrayRecordSource``: ``len``, an item per index, ``classes``,
@@ -207,6 +209,7 @@ def data_source(path: str | os.PathLike, split: str = "train", *, pairs: bool = 
       OptionsError: the array_record library is not installed (the message gives its
         install command; beam-prep's ``array_record`` extra installs it too).
     """
-    info, chosen, origin = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir, max_bytes=cache_max_bytes)
+    info, chosen, origin = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir, max_bytes=cache_max_bytes,
+                                         version=version)
     return ArrayRecordSource(info, chosen, pairs=pairs, pil_images=pil_images, transform=transform,
                              target_transform=target_transform, origin=origin)

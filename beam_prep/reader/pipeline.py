@@ -77,6 +77,7 @@ def make_dataset(
     drop_remainder: bool = False,
     extra_keys: Sequence[str] = (),
     config: ReaderConfig = ReaderConfig(),
+    version: int | None = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(images, labels)`` batches of a dataset (docs/guides/reading-back.md).
 
@@ -101,6 +102,8 @@ def make_dataset(
       extra_keys: other record features (e.g. ``features.FILENAME``, or a ``--metadata`` column listed in
         ``load_info(path).extra_features``, with its type) yielded as a third element, a dict.
       config: shuffling, order, distribution, JPEG decoding and ``tf.data`` options: a :class:`ReaderConfig`.
+      version: the dataset's version to read (``load_info(path).history``): exactly the records it held,
+        whatever was appended since; None: the latest.
 
     Returns:
       A ``tf.data.Dataset`` of ``(images, labels)``, or ``(images, labels, extras)`` with
@@ -114,7 +117,7 @@ def make_dataset(
       DatasetError, OptionsError, StorageError: no manifest or split, bad arguments, an unreadable dataset.
       tf.errors.InvalidArgumentError: while iterating, a damaged shard, by name (docs/design/reader.md).
     """
-    source = resolve_source(path, split)
+    source = resolve_source(path, split, version)
     if training is None:
         training = isinstance(path, str) and split == "train"
     deterministic = not training if config.deterministic is None else config.deterministic

@@ -28,7 +28,8 @@ class Resolved(NamedTuple):
 
 
 def resolve_split(path: str | os.PathLike, split: str, file_format: str, reader: str, *, cache: bool = True,
-                  cache_dir: str | os.PathLike | None = None, max_bytes: int | None = None) -> Resolved:
+                  cache_dir: str | os.PathLike | None = None, max_bytes: int | None = None,
+                  version: int | None = None) -> Resolved:
     """The dataset at ``path`` and its split ``split``, checked to be of ``file_format``: what every
     reader (``make_dataset``, ``data_source``, ``shard_urls``, ``webdataset_pipeline``) starts from.
 
@@ -41,10 +42,11 @@ def resolve_split(path: str | os.PathLike, split: str, file_format: str, reader:
         False: read its manifest alone, the shards staying ``gs://`` URLs.
       cache_dir: the cache's folder (``shard_cache.cache_root``).
       max_bytes: the cache's bound.
+      version: the dataset's version to read (``DatasetInfo.at_version``); None: the latest.
 
     Raises:
       OptionsError: an unknown ``file_format``, or a cache for a URL other than ``gs://``.
-      DatasetError: no dataset there, one of another format (naming its reader), no such split;
+      DatasetError: no dataset there, one of another format (naming its reader), no such version or split;
         UnsafeName for a manifest naming a shard outside its folder, before anything is fetched.
       StorageError: the manifest or a shard cannot be read or fetched.
     """
@@ -56,10 +58,13 @@ def resolve_split(path: str | os.PathLike, split: str, file_format: str, reader:
     elif origin.startswith("gs://"):
         from beam_prep.reader import shard_cache
 
-        info = shard_cache.cached_split(origin, split, file_format, reader, cache_dir=cache_dir, max_bytes=max_bytes)
+        info = shard_cache.cached_split(origin, split, file_format, reader, cache_dir=cache_dir, max_bytes=max_bytes,
+                                        version=version)
     else:
         raise OptionsError(f"{reader} reads local folders and gs://, not {origin}")
     info.require_format(file_format, reader)
+    info = info.at_version(version)
     if split not in info.splits:
-        raise DatasetError(f"{origin} has no split {split!r}; its splits: {', '.join(info.splits) or 'none'}")
+        when = f" at version {version}" if version is not None else ""
+        raise DatasetError(f"{origin} has no split {split!r}{when}; its splits: {', '.join(info.splits) or 'none'}")
     return Resolved(info, info.splits[split], origin)

@@ -80,15 +80,16 @@ def _max_bytes(max_bytes: int | None) -> int | None:
 
 def cached_split(origin: str, split: str, file_format: str, reader: str, *,
                  cache_dir: str | os.PathLike | None = None, max_bytes: int | None = None,
-                 threads: int = FETCH_THREADS) -> DatasetInfo:
-    """The dataset at ``origin`` (gs://) with split ``split``'s shards in the local cache.
+                 threads: int = FETCH_THREADS, version: int | None = None) -> DatasetInfo:
+    """The dataset at ``origin`` (gs://) with split ``split``'s shards in the local cache: those of
+    ``version`` (``DatasetInfo.at_version``; None: the latest), an earlier version's alone.
 
     Returns the manifest's ``DatasetInfo`` rooted at the local copy, with a ``use``
     lock held (``pinned``) so that no other process evicts it while this one reads.
 
     Raises:
       DatasetError: no dataset at ``origin``, another format than ``file_format``
-        (naming its reader), no such split; a shard, fetched twice, without the sha256
+        (naming its reader), no such version or split; a shard, fetched twice, without the sha256
         the manifest records for it. UnsafeName: a shard named as one of the cache's
         own files (ignoring case), or named twice.
       StorageError: a shard cannot be fetched, or arrives larger than GCS listed it; the
@@ -103,6 +104,7 @@ def cached_split(origin: str, split: str, file_format: str, reader: str, *,
     text, manifest_path = read_manifest_bytes(origin)
     remote = DatasetInfo.from_json(parse_manifest(text, manifest_path), origin, manifest_path)
     remote.require_format(file_format, reader)
+    remote = remote.at_version(version)
     if split not in remote.splits:
         raise DatasetError(f"{origin} has no split {split!r}; it has {', '.join(remote.splits)}")
     check_names(remote.splits[split].shards, split, manifest_path)

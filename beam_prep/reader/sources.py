@@ -122,13 +122,15 @@ def read_manifest(path: str | os.PathLike) -> tuple[DatasetInfo, dict[str, Any]]
     return read_manifest_info(text.rstrip("/") or text)
 
 
-def resolve_source(path: str | RecordFiles, split: str) -> Source:
+def resolve_source(path: str | RecordFiles, split: str, version: int | None = None) -> Source:
     """The files to read and their description, from a dataset folder's manifest or from ``RecordFiles``."""
     if isinstance(path, RecordFiles):
+        if version is not None:
+            raise OptionsError("version= reads a dataset folder's versions (its manifest's); RecordFiles have none")
         return _match(path)
     if not isinstance(path, str):
         raise OptionsError(f"path must be a dataset folder or a RecordFiles, not {path!r}")
-    info, s, _ = resolve_split(path, split, TFRECORD, "beam_prep.make_dataset", cache=False)
+    info, s, _ = resolve_split(path, split, TFRECORD, "beam_prep.make_dataset", cache=False, version=version)
     if not s.files:
         raise DatasetError(f"split {split!r} of {info.root} has no shard files")
     _check_files_exist(info.root, s)

@@ -38,7 +38,7 @@ _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
 
 def shard_urls(path: str | os.PathLike, split: str = "train", file_format: str = _FORMAT, *,
                cache_dir: str | os.PathLike | bool | None = None, cache_max_bytes: int | None = None,
-               pipe: str | None = None) -> list[str]:
+               pipe: str | None = None, version: int | None = None) -> list[str]:
     """The shard files of split ``split``, in order, once the dataset is checked to be of ``file_format``.
 
     For any reader that takes a list of files (``webdataset.WebDataset``, Grain's
@@ -56,6 +56,8 @@ def shard_urls(path: str | os.PathLike, split: str = "train", file_format: str =
         command, ``pipe:gcloud storage cat 'gs://bucket/ds/train-00000-of-00004.tar'``, the path
         quoted for the shell (``shlex.quote``) so that nothing in a folder's name is run. The
         command itself is yours, as written. None: the paths themselves.
+      version: the dataset's version to read (``load_info(path).history``): exactly the records it held,
+        whatever was appended since; None: the latest.
 
     Returns:
       The shards' paths: local files, or ``gs://`` URLs with ``cache_dir=False``; as ``pipe:``
@@ -71,7 +73,7 @@ def shard_urls(path: str | os.PathLike, split: str = "train", file_format: str =
     if pipe is not None and (not isinstance(pipe, str) or not pipe.strip()):
         raise OptionsError(f"pipe is a command that writes a file to its output (gcloud storage cat), not {pipe!r}")
     chosen = resolve_split(path, split, file_format, f"a {file_format} reader", cache=cache_dir is not False,
-                           cache_dir=cache_dir or None, max_bytes=cache_max_bytes).split
+                           cache_dir=cache_dir or None, max_bytes=cache_max_bytes, version=version).split
     if pipe is None:
         return list(chosen.files)
     return [f"pipe:{pipe} {shlex.quote(file)}" for file in chosen.files]
@@ -82,7 +84,8 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
                         pil_images: bool = False, with_meta: bool = False,
                         transform: Callable[[Any], Any] | None = None,
                         target_transform: Callable[[int], Any] | None = None,
-                        cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None) -> Any:
+                        cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None,
+                        version: int | None = None) -> Any:
     """A ``webdataset`` pipeline of split ``split``'s ``(image, label)`` samples, for a ``DataLoader``.
 
     Each epoch yields every sample exactly once over all ``DataLoader`` workers and
@@ -114,6 +117,8 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
       target_transform: called on each label.
       cache_dir: for ``gs://``, as ``data_source``'s.
       cache_max_bytes: for ``gs://``, as ``data_source``'s.
+      version: the dataset's version to read (``load_info(path).history``): exactly the records it held,
+        whatever was appended since; None: the latest.
 
     Returns:
       A ``webdataset.DataPipeline`` (an ``IterableDataset``) with ``set_epoch(epoch)``, and
@@ -129,7 +134,7 @@ def webdataset_pipeline(path: str | os.PathLike, split: str = "train", *, shuffl
     import webdataset as wds
 
     info, chosen, origin = resolve_split(path, split, _FORMAT, _READER, cache_dir=cache_dir,
-                                         max_bytes=cache_max_bytes)
+                                         max_bytes=cache_max_bytes, version=version)
     cache_folder = None
     if origin != info.root:  # a cached copy: a worker the pipeline is pickled into checks its folder first
         from beam_prep.reader.shard_cache import folder_check

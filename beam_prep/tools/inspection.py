@@ -8,14 +8,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from beam_prep.io.storage import join
-from beam_prep.model.dataset import FILE_FORMATS, TFRECORD, ImageInfo
+from beam_prep.model.dataset import FILE_FORMATS, TFRECORD, DatasetInfo, ImageInfo
 from beam_prep.tools.summary import Imbalance, SplitSummary, Spread, Summary
 from beam_prep.wording import count, for_terminal
 from beam_prep.write.images.imaging import REENCODE_REASONS
 from beam_prep.write.shared.layout import DUPLICATES
 
 __all__ = ["describe_image", "flat_lines", "format_bytes", "format_number", "originals_lines", "render_text",
-           "to_json"]
+           "to_json", "versions_section"]
 
 # The class table's row standing for the classes it leaves out.
 ELIDED = "..."
@@ -67,6 +67,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "duplicates": dict(summary.duplicates) if summary.duplicates is not None else None,
         "originals": dict(summary.originals) if summary.originals is not None else None,
         "flat_images": dict(summary.flat_images) if summary.flat_images is not None else None,
+        "versions": [v.to_json() for v in info.history],
     }
 
 
@@ -98,12 +99,29 @@ def render_text(summary: Summary, max_classes: int | None = None) -> str:
             out.append(f"  MISSING in {s.name}: {s.shards.missing[0]}{more} "
                        f"({len(s.shards.missing)} of {s.shards.count} shards)")
     out += ["", *_class_section(summary, max_classes)]
+    out += ["", *versions_section(summary.info)]
     out += ["", *_counts_section(summary)]
     if summary.duplicates is not None:
         out += ["", *_duplicates_section(summary)]
     # Each line with every control character of the values in it escaped (a path in errors.jsonl
     # holding a line break would end its line, and forge the next).
     return "".join(f"{for_terminal(line, one_line=True)}\n" for line in out)
+
+
+def versions_section(info: DatasetInfo) -> list[str]:
+    """The dataset's versions, oldest first: when, from what, what each added (its records per split,
+    the classes it brought); a reader pins one with ``version=``."""
+    history = info.history
+    rows = []
+    for v in history:
+        new = info.labels[history[v.version - 2].num_labels if v.version > 1 else 0:v.num_labels]
+        added = ", ".join(f"{split} {n:,}" for split, (_, n, _) in v.added.items()) or "nothing"
+        classes = (f"{len(new)} new: {', '.join(new[:5])}{' ...' if len(new) > 5 else ''}" if v.version > 1
+                   else str(len(new)))
+        rows.append([str(v.version), v.created or "unknown", v.input or "unknown", added, classes])
+    head = (f"versions: {len(history)}, the latest read unless a reader is given version= "
+            f"(1-{len(history)})" if len(history) > 1 else "versions: 1")
+    return [head, *_table(["version", "created", "input", "records added", "classes"], rows, right=[0])]
 
 
 def describe_image(image: ImageInfo) -> str:

@@ -137,6 +137,9 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
             tallies[futures[future]] = future.result()
     for split in info.splits.values():
         _check_split_counts(info, split, tallies, problems)
+    for version in info.history[:-1]:  # each earlier version's records: the first shards of its splits
+        for split in info.at_version(version.version).splits.values():
+            _check_split_counts(info, split, tallies, problems, f"version {version.version}, ")
     kept, more = problems.result()
     expected = sum(s.num_examples for s in info.splits.values())
     return VerifyReport(root, kept, more, sum(t.records for t in tallies.values()), expected,
@@ -476,12 +479,14 @@ def _label_name(info: DatasetInfo, label_id: int) -> str:
 
 
 def _check_split_counts(info: DatasetInfo, split: SplitInfo, tallies: Mapping[tuple[str, int], _ShardTally],
-                        problems: Problems) -> None:
-    """A split's total and per-class counts, when every shard was read whole (else the shard is the problem)."""
+                        problems: Problems, version: str = "") -> None:
+    """A split's total and per-class counts, when every shard was read whole (else the shard is the problem).
+    ``split``: the latest's, or an earlier version's (``DatasetInfo.at_version``: its first shards), then
+    named by ``version`` (``"version 1, "``)."""
     shard_tallies = [tallies.get((split.name, i)) for i in range(len(split.shards))]
     if any(t is None or not t.whole for t in shard_tallies):
         return
-    where = f"split {split.name!r}"
+    where = f"{version}split {split.name!r}"
     records = sum(t.records for t in shard_tallies)
     if records != split.num_examples:
         problems.add(SPLIT_COUNT, where, f"holds {records} records; the manifest's num_examples "

@@ -28,7 +28,8 @@ With ``--started_with_overwrite`` (last), the reference run and the base run are
 and the runs from the base are not: they resume it, as the guide says to.
 
 TREE maps each file under OUTPUT (``.beam-prep`` included) to its sha256; the manifest's
-``created`` line, the one line two runs of a command differ in, is left out of its hash.
+``created`` lines (its own and its versions'), the lines two runs of a command differ in, are left
+out of its hash.
 """
 import hashlib
 import json
@@ -44,7 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.write.finish import publication
 from pipelines import prepare_images
 
-_CREATED = re.compile(rb'\n  "created": "[^"]*",')
+_CREATED = re.compile(rb'\n *"created": "[^"]*",')  # the manifest's, and each version's
 
 
 def files(folder: str) -> list[str]:

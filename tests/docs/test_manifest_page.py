@@ -38,6 +38,8 @@ NAMED_BY_DATA = {
     "duplicates.dropped_by_reason": "<reason>",
     "duplicates.split_pairs": "<pair>",
     "duplicates.near.split_pairs": "<pair>",
+    "versions[].splits": "<split>",
+    "versions[].splits.<split>.class_counts": "<label>",
 }
 _SHARD = re.compile(r"^[\w.-]+-\d{5}-of-\d{5}\.(tfrecord(\.gz)?|array_record|tar)$")
 _DALI_INDEX = re.compile(r"^dali-[\w.-]+-\d{5}-of-\d{5}\.tfrecord\.idx$")  # listed as dali-<shard>.idx
@@ -112,7 +114,18 @@ def outputs(tmp_path_factory) -> list[Path]:
         out = work / name
         prepare_here("--input", str(tree), "--output", str(out), "--num_shards", "1", *flags)
         done.append(out)
-    return done
+    # An append to the first: its tree grown by a class, a file changed, one removed and a copy.
+    appended = Path(shutil.copytree(done[0], work / "appended"))
+    circles = sorted((tree / "circles").glob("circles_*.jpg"))
+    shutil.copyfile(circles[3], tree / "circles" / "again.jpg")
+    circles[4].write_bytes(circles[5].read_bytes()[:-2] + b"\xff\xd9")
+    circles[6].unlink()
+    (tree / "zebra").mkdir()
+    shutil.copyfile(max((tree / "stripes").glob("*.jpg")), tree / "zebra" / "striped.jpg")
+    with Image.open(circles[7]) as image:
+        image.rotate(90).save(tree / "zebra" / "new.jpg")
+    prepare_here("--input", str(tree), "--output", str(appended), "--append")
+    return [*done, appended]
 
 
 def jsonl_rows(path: Path) -> list[dict[str, Any]]:
@@ -121,7 +134,8 @@ def jsonl_rows(path: Path) -> list[dict[str, Any]]:
 
 def test_the_runs_write_what_the_page_has_to_cover(outputs):
     """The runs are what the other tests rely on: a page check on empty files proves nothing."""
-    original, metadata = (json.loads((out / "manifest.json").read_text()) for out in outputs)
+    original, metadata, appended = (json.loads((out / "manifest.json").read_text()) for out in outputs)
+    assert appended["versions"][1]["appended"]["changed"] == appended["versions"][1]["appended"]["gone"] == 1
     assert "originals" in original and "multi_label" in metadata and "extra_features" in metadata
     assert original["counts"]["dropped"] == 2 and original["duplicates"]["dropped_by_reason"] == {
         "copy of an image in train": 1, "near copy of an image in train": 1}
@@ -140,10 +154,10 @@ def test_every_manifest_key_is_documented_and_every_documented_key_is_written(ou
     assert not documented - written, f"manifest.md documents keys no run wrote: {sorted(documented - written)}"
 
 
-@pytest.mark.parametrize("name", ["errors.jsonl", "skipped.jsonl", "duplicates.jsonl"])
+@pytest.mark.parametrize("name", ["errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "changed.jsonl"])
 def test_every_field_of_each_side_file_is_documented_and_written(outputs, name):
     documented = set(page_sections()[name])
-    written = {key for out in outputs for row in jsonl_rows(out / name) for key in row}
+    written = {key for out in outputs if (out / name).exists() for row in jsonl_rows(out / name) for key in row}
     assert written == documented, (f"{name}: written, not documented {sorted(written - documented)}; "
                                    f"documented, not written {sorted(documented - written)}")
 

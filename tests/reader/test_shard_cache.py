@@ -24,7 +24,7 @@ import time
 import urllib.parse
 
 import pytest
-from helpers import REPO, child, make_tree, prepare_here
+from helpers import REPO, as_two_versions, child, make_tree, prepare_here
 
 import beam_prep
 from beam_prep.errors import DatasetError, StorageError, UnsafeName
@@ -94,6 +94,19 @@ def test_a_gs_dataset_is_read_through_the_cache_fetched_once_and_reused(gcs_serv
     since = len(gcs_server.gateway.seen())
     again = beam_prep.data_source(uploaded, "train", cache_dir=cache)
     assert records(again) == records(source) and shard_gets(gcs_server, gcs_bucket, since) == []
+
+
+def test_an_earlier_version_fetches_its_own_shards_alone(gcs_server, gcs_bucket, local_dataset, tmp_path):
+    """A training run pinned to version 1 of a dataset that grew fetches version 1's shards, not the latest's."""
+    two = pathlib.Path(shutil.copytree(local_dataset, tmp_path / "two"))
+    manifest = as_two_versions(two)
+    gcs_bucket.upload_tree(two, "two")
+    first = manifest["versions"][0]["splits"]["train"]
+    source = beam_prep.data_source(gcs_bucket.url("two"), "train", cache_dir=tmp_path / "cache", version=1)
+    assert len(source) == first["num_examples"] and shard_gets(gcs_server, gcs_bucket) == first["shards"]
+    assert records(source) == records(beam_prep.data_source(two, "train", version=1))
+    with pytest.raises(DatasetError, match=r"has no version 3: it has versions 1-2$"):
+        beam_prep.data_source(gcs_bucket.url("two"), "train", cache_dir=tmp_path / "cache", version=3)
 
 
 def test_a_damaged_cached_shard_is_detected_and_fetched_again(gcs_server, gcs_bucket, uploaded, local_dataset,
@@ -475,6 +488,7 @@ def serve_renamed(gcs_bucket, local_dataset, index: int, name: str) -> str:
     for i, shard in enumerate(train["shards"]):
         gcs_bucket.write_bytes(f"renamed/{name if i == index else shard}", (local_dataset / shard).read_bytes())
     train["shards"][index] = name
+    manifest["versions"][0]["splits"]["train"]["shards"][index] = name  # the version's too: a manifest whole
     gcs_bucket.write_bytes("renamed/manifest.json", json.dumps(manifest).encode())
     return gcs_bucket.url("renamed")
 

@@ -202,6 +202,30 @@ def test_a_drop_run_killed_at_each_step_is_finished_without_converting_again(tmp
         assert resumed is None or resumed[1] == resumed[2], (row["step"], resumed[0])
 
 
+def test_an_append_killed_at_each_step_keeps_the_old_version_whole_and_is_finished(tree, tmp_path):
+    """An --append (a new class, uncompressed TFRecords with DALI indexes): before, while and after its shards
+    are published, the old version's shards are there byte for byte beside its manifest, or the new
+    version is there whole; the same command then ends where an uninterrupted append ends. A step that
+    fails puts back each file it replaced (``check_each_failure_undone``)."""
+    out, batch = tmp_path / "out", tmp_path / "batch"
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS, "--compression", "none")
+    make_tree(batch, {"cat": 2, "eel": 2}, size=(20, 24))
+    rows = kill_at_each_step(str(out), str(tmp_path / "saved"), "--input", str(batch), "--append",
+                             "--direct_running_mode", "in_memory", flags=("--fail",))
+    kills = check_each_kill_finished(rows, 17, "beam-prep: 15 of 16 images written in")
+    initial, final = top(rows[0]["initial"]), top([row for row in rows if "step" in row][-1]["final"])
+    old = {name: digest for name, digest in initial.items() if "-000" in name}  # shards, indexes
+    assert len(old) == 4
+    for row in kills:  # the old version whole, or the new one: its manifest never beside a part of it
+        now = top(row["after_kill"])
+        assert {name: now.get(name) for name in old} == old, row["step"]
+        assert now["manifest.json"] in (initial["manifest.json"], final["manifest.json"]), row["step"]
+        assert now["manifest.json"] == initial["manifest.json"] or now == final, row["step"]
+    new = set(final) - set(initial)
+    assert {name for name in new if "-v2-" in name} == {name for name in new if name != "changed.jsonl"}
+    check_each_failure_undone(rows)
+
+
 def test_an_overwrite_into_gs_killed_or_failing_at_each_step_is_finished(tree, gcs_server, gcs_bucket):
     """On gs:// a move is a copy and a delete (the same rename, 100 files at a time; an entry file
     alone), each a step here; the old dataset is moved aside and back the same way."""
@@ -313,6 +337,9 @@ ESCAPE_TO = {"from": "staged/labels.txt", "to": "../escaped.txt", "file": "x"}
     (lambda body: body["old"].append({"name": "labels.txt"}), "old[0].file is missing"),
     (lambda body: body["old"].append({"name": "labels.txt", "file": "not a file"}),
      "old[0].file is 'not a file', not a file's identity"),
+    (lambda body: body.update(append="yes"), "append is a string, not true or false"),
+    (lambda body: body.update(append=True, old=[{"name": "test-00000-of-00001.tfrecord.gz", "file": "x"}]),
+     "old names 'test-00000-of-00001.tfrecord.gz', which no move replaces (an append removes nothing)"),
 ])
 def test_a_publication_record_beam_prep_does_not_write_is_refused(tree, killed_mid_publish, capfd, edit, said):
     """The record is data in the output folder: a move from or to outside the folders, a file no

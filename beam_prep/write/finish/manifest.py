@@ -14,7 +14,15 @@ import beam_prep
 from beam_prep.errors import DatasetError
 from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, read_bytes
-from beam_prep.model.dataset import COMPRESSIONS, FORMAT_VERSION, MANIFEST, DatasetInfo, SplitInfo, parse_manifest
+from beam_prep.model.dataset import (
+    COMPRESSIONS,
+    FORMAT_VERSION,
+    MANIFEST,
+    DatasetInfo,
+    SplitInfo,
+    VersionInfo,
+    parse_manifest,
+)
 from beam_prep.model.features import LABEL_KEYS, SCHEMA
 from beam_prep.write.finish import duplicates
 from beam_prep.write.images import imaging, resample
@@ -71,7 +79,7 @@ def build(
     splits = {}
     for split, count in plan.num_shards.items():
         # A count of 0: the runner chose how many (WriteImageDataset without num_shards).
-        names = (tuple(layout.shard_name(split, i, count, config.shard_suffix) for i in range(count))
+        names = (tuple(layout.shard_name(split, i, count, config.shard_suffix, config.version) for i in range(count))
                  if count else tuple(sorted(shard_rows[split])))
         if plan.multi_label:  # a record counts under each of its labels: its shards' counts are the records
             num_examples = sum(n or 0 for n in shard_rows[split].values())
@@ -100,10 +108,12 @@ def build(
             f"{plan.listed} files listed but {written} written{left_out} and {len(failures)} failed: "
             "records were lost; no manifest written")
     kept_or_not = _originals(config, originals, written + (dropped or 0))
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
                        image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,
                        label_offset=config.label_offset, multi_label=plan.multi_label,
-                       extra_features=dict(plan.extra_features), file_format=config.file_format)
+                       extra_features=dict(plan.extra_features), file_format=config.file_format,
+                       versions=(VersionInfo.whole(plan.labels, splits, created, config.input or None),))
     dataset = info.to_json()
     by_stage = collections.Counter(f["stage"] for f in failures)
     return {
@@ -111,7 +121,7 @@ def build(
         "beam_prep_version": beam_prep.__version__,
         "imaging_library": imaging.library(),
         **resample.summary(resized),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": created,
         **dataset,
         "features": {**{key: kind.value for key, kind in SCHEMA.items() if plan.labels or key not in LABEL_KEYS},
                      **plan.extra_features},

@@ -4,7 +4,10 @@
 naming each move and each old file with its identity (``identity``). ``carry_out`` then moves the old
 dataset aside into the run's folder (``replaced/``, its entry files first), the new files in (the
 manifest last), and only then removes the old files; an error before the new manifest is in puts the
-old dataset back. The order and the guarantees: docs/design/claim.md, "Publishing".
+old dataset back. An append (``--append``) replaces only the files it rewrites (the manifest, the
+metadata): each stays in place, a copy set aside, until its new file replaces it in one move, so a
+reader sees the previous version whole until the new manifest is in. The order and the guarantees:
+docs/design/claim.md, "Publishing".
 """
 from __future__ import annotations
 
@@ -86,7 +89,10 @@ class Publication:
       options: what a rerun must repeat to be the same command (``resume.record_options``), as JSON.
       moves: ``(source, target, identity)``: a path relative to the run's folder, a name in
         ``--output``, and what the file is (``identity.identities``); the manifest last.
-      old: ``(name, identity)``: the old dataset's files in ``--output`` when it was recorded.
+      old: ``(name, identity)``: the old dataset's files in ``--output`` when it was recorded
+        (an append's: those its moves replace, no other).
+      append: an append's (``--append``): its old files are copied aside, not moved, and each is
+        replaced in one move (the manifest last); no file of the dataset is removed.
     """
 
     run_id: str
@@ -94,6 +100,7 @@ class Publication:
     options: dict[str, Any]
     moves: tuple[tuple[str, str, str], ...]
     old: tuple[tuple[str, str], ...]
+    append: bool = False
 
 
 def staging_folder(work: str) -> str:
@@ -118,7 +125,7 @@ def _arriving(name: str) -> int:
 
 
 def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mapping[str, str],
-            staged: Iterable[str]) -> Publication:
+            staged: Iterable[str], append: bool = False) -> Publication:
     """The publication of a run whose files are all in its folder, as ``--output`` holds it now.
 
     Args:
@@ -127,6 +134,7 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
       options: what a rerun must repeat to be the same command.
       shards: each shard and index file's name -> its path relative to the run's folder.
       staged: the names of the other files, in ``staging_folder``, the manifest among them.
+      append: the run adds to the dataset (``Publication.append``): only the files it replaces are old.
 
     Raises:
       DatasetError: a folder or a link stands where a file of the dataset goes (nothing is touched),
@@ -146,13 +154,13 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
     targets = {target for _, target, _ in moves}
     old = []
     for name in sorted(here, key=_leaving):
-        if name in targets or layout.is_dataset_name(name):
+        if name in targets or (not append and layout.is_dataset_name(name)):
             if here[name] == identity.NOT_A_FILE:
                 raise DatasetError(f"cannot publish run {run_id} into {output}: {join(output, name)} is a folder "
                                    f"or a link, where a file of the dataset goes; move it out of {output} and run "
                                    "the same command again")
             old.append((name, here[name]))
-    return Publication(run_id, output, json.loads(json.dumps(dict(options))), tuple(moves), tuple(old))
+    return Publication(run_id, output, json.loads(json.dumps(dict(options))), tuple(moves), tuple(old), append)
 
 
 def write_record(output: str, publication: Publication) -> None:
@@ -160,7 +168,7 @@ def write_record(output: str, publication: Publication) -> None:
     body = {"publish_format": _FORMAT, "run_id": publication.run_id, "output": publication.output,
             "options": publication.options,
             "moves": [{"from": s, "to": t, "file": f} for s, t, f in publication.moves],
-            "old": [{"name": n, "file": f} for n, f in publication.old]}
+            "old": [{"name": n, "file": f} for n, f in publication.old], "append": publication.append}
     resume.write_record(join(layout.run_folder(output, publication.run_id), RECORD), body)
 
 
@@ -219,10 +227,14 @@ def _checked(body: Any, run_id: str, output: str) -> Publication:
                 raise ValueError(f"{where}[{i}].{field} names {name!r} a second time")
     if not moves or moves[-1][1] != MANIFEST:
         raise ValueError(f"the last of moves is not the {MANIFEST}")
-    return Publication(run_id, output, options, moves, old)
+    append = _typed(body.get("append", False), bool, "append")
+    kept = [name for name, _ in old if name not in {target for _, target, _ in moves}]
+    if append and kept:
+        raise ValueError(f"append is true, but old names {kept[0]!r}, which no move replaces (an append removes nothing)")
+    return Publication(run_id, output, options, moves, old, append)
 
 
-_KINDS = {dict: "an object", list: "a list", str: "a string"}
+_KINDS = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}
 
 
 def _typed(value: Any, kind: type, field: str) -> Any:
@@ -314,8 +326,10 @@ def _state(output: str, work: str, publication: Publication) -> _State:
                            f"files are neither in its folder nor in {output} (e.g. {lost[0]}, removed by hand?); "
                            "pass --overwrite to start over")
     # On gs:// an old file may have the new one's bytes (labels.txt, run again): the name's move decides.
+    # An append's old file stays in place: it is aside once its copy is.
     aside = [name for name, found in sorted(publication.old, key=lambda o: _leaving(o[0]))
-             if here.get(name) == found and name not in done]
+             if here.get(name) == found and name not in done
+             and not (publication.append and there.get(f"{REPLACED}/{name}") == found)]
     return _State(aside, sorted(incoming, key=lambda move: _arriving(move[1])))
 
 
@@ -330,7 +344,8 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     """Does what ``publication`` records that is not done yet, then removes the run's folder.
 
     The old dataset's files still in ``--output`` are moved aside into the run's folder (its
-    manifest, then TFDS's metadata, first); the new files still in the run's folder are moved in
+    manifest, then TFDS's metadata, first; an append's are copied there, and stay in place until
+    their new files replace them); the new files still in the run's folder are moved in
     (TFDS's metadata, then the manifest, last); then the run's folder goes, the old files with it,
     its record last. An error before the new manifest is in moves every file back where it was.
 
@@ -345,7 +360,8 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     try:
         if state.aside:
             _make_folder(join(work, REPLACED))
-        _move_all([(join(output, name), join(work, REPLACED, name)) for name in state.aside], steps)
+        aside = [(join(output, name), join(work, REPLACED, name)) for name in state.aside]
+        (_copy_all if publication.append else _move_all)(aside, steps)
         _move_all([(join(work, source), join(output, target)) for source, target in state.incoming], steps)
     except BaseException as e:
         _undo(output, work, publication, steps, e)
@@ -416,6 +432,28 @@ def _move_all(pairs: list[tuple[str, str]], steps: Steps) -> None:
             except Exception as e:  # each filesystem raises its own types.
                 raise storage_error("move files to", group[0][1].rsplit("/", 1)[0], e) from e
         steps.done()
+
+
+def _copy_all(pairs: list[tuple[str, str]], steps: Steps) -> None:
+    """Copies each ``(source, target)``, keeping what the file is (``identity``): on local disk a hard
+    link each, a step each; elsewhere one ``copy`` (gs://: server-side copies, 100 at a time), a step."""
+    if not pairs:
+        return
+    if is_local(pairs[0][0]):
+        for source, target in pairs:
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(target)  # a copy that is not the file's: of another try
+                os.link(source, target, follow_symlinks=False)
+            except OSError as e:
+                raise storage_error("copy to", target, e) from e
+            steps.done()
+        return
+    try:
+        FileSystems.copy([source for source, _ in pairs], [target for _, target in pairs])
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("copy files to", pairs[0][1].rsplit("/", 1)[0], e) from e
+    steps.done()
 
 
 def _groups(pairs: list[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_prep.io.storage import join, write_bytes, write_lines
+from beam_prep.io.dali_index import index_name
+from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error, write_bytes, write_lines
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
-from beam_prep.write.finish import drop, duplicates, manifest, publication
+from beam_prep.write.finish import appended, drop, duplicates, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
+from beam_prep.write.grow.append import Additions
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
 from beam_prep.write.plan import skipped
@@ -118,7 +122,7 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
     if recorded is not None:
         publication.carry_out(config.output, recorded)
         return manifest.read(config.output)
-    if _published(config.output, plan.run_id, reports.shards):
+    if _published(config.output, plan.run_id, reports.shards, config.append):
         _LOG.info("run %s's dataset is published already (a step run again)", plan.run_id)
         return manifest.read(config.output)
     work = layout.run_folder(config.output, plan.run_id)
@@ -136,14 +140,20 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
         try:
             built = manifest.build(config, plan, shards, class_counts, reports.failures, reports.originals, copies,
                                    reports.flat, reports.resized, dropping.count if dropping is not None else None)
+            if config.append:  # the dataset's manifest, this run's version added
+                built = appended.merge(manifest.read(config.output), built, config.version, config.input,
+                                       Additions.from_json(plan.appended or {}).counts())
             skipped.check(work, plan.skipped)
             steps = publication.Steps()
             staged = _stage(config, plan, built, reports, found, dropping, steps)
             moved = rewritten.published_from() if rewritten is not None else {}
+            ours = {name for _, name, *_ in shards}
+            ours |= {index_name(name) for name in ours}
             record = publication.planned(config.output, plan.run_id,
                                          resume.command_options(config) if options is None else options,
                                          {name: moved.get(name, name) for split in built["splits"].values()
-                                          for name in (*split["shards"], *split.get("dali_index", ()))}, staged)
+                                          for name in (*split["shards"], *split.get("dali_index", ()))
+                                          if name in ours}, staged, append=config.append)
             publication.write_record(config.output, record)
             steps.done()
         except BaseException:
@@ -168,16 +178,18 @@ def begun(output: str, run_id: str, shards: Iterable[tuple]) -> bool:
     return publication.is_recorded(output, run_id) or _published(output, run_id, shards)
 
 
-def _published(output: str, run_id: str, shards: Iterable[tuple]) -> bool:
+def _published(output: str, run_id: str, shards: Iterable[tuple], append: bool = False) -> bool:
     """Whether the run's publication was carried out to the end: its folder holds no file any more,
-    and the output's manifest lists exactly the shards it reports (never for a run that reports none)."""
+    and the output's manifest lists exactly the shards it reports (an ``append``'s: among the dataset's;
+    never for a run that reports none)."""
     names = {row[1] for row in shards}
     if not names or publication.is_recorded(output, run_id) or not FileSystems.exists(join(output, MANIFEST)):
         return False
     if any(FileSystems.match([join(layout.run_folder(output, run_id), "**")])[0].metadata_list):
         return False
     published = manifest.read(output)
-    return {name for split in published["splits"].values() for name in split["shards"]} == names
+    listed = {name for split in published["splits"].values() for name in split["shards"]}
+    return names <= listed if append else listed == names
 
 
 def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports: ShardReports,
@@ -195,6 +207,12 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
     write_lines(join(folder, layout.LABELS), labels_lines(plan.labels, config.labels_txt, config.label_offset))
     steps.done()
     names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS]
+    if config.append:
+        for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES):
+            _after_the_datasets(config.output, folder, name)
+        write_lines(join(folder, layout.CHANGED), Additions.from_json(plan.appended or {}).changed_lines())
+        names.append(layout.CHANGED)
+        steps.done()
     for filename in write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST), folder):
         names.append(filename)
         steps.done()
@@ -202,6 +220,25 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
                 "application/json")
     steps.done()
     return [*names, MANIFEST]
+
+
+def _after_the_datasets(output: str, folder: str, name: str) -> None:
+    """An append's report file ``name``, staged in ``folder``: the dataset's lines, then the run's.
+
+    Raises:
+      StorageError: a file cannot be read or written.
+    """
+    old, staged = join(output, name), join(folder, name)
+    try:
+        if not FileSystems.exists(old):
+            return
+        ours = read_bytes(staged)
+        with FileSystems.create(staged, mime_type="text/plain", compression_type=CompressionTypes.UNCOMPRESSED) as out, \
+                open_to_read(old) as theirs:
+            shutil.copyfileobj(theirs, out, 1 << 20)
+            out.write(ours)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", staged, e) from e
 
 
 def write_tfds_metadata(info: DatasetInfo, folder: str | None = None) -> list[str]:

@@ -51,7 +51,8 @@ _FREE_OPTIONS = frozenset({"overwrite", "reads", "max_failures"})
 _FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata",
             "split_tables_sha256": "metadata"}
 # Options added since RUN_FORMAT 3 was first written, as runs recorded before them had them.
-_RECORDED_BEFORE = {"file_format": "tfrecord", "recursive": False, "stratify": False, "max_per_class": None}
+_RECORDED_BEFORE = {"file_format": "tfrecord", "recursive": False, "stratify": False, "max_per_class": None,
+                    "append": False, "version": 1}
 
 
 def command_options(config: PrepareConfig) -> dict[str, Any]:

@@ -109,6 +109,10 @@ class PrepareConfig:
         its reports are written, or ``drop`` each file that copies, or is within the threshold
         of, a file kept in an earlier split (``finish.split_order``: train first, test last)
         (``CROSS_SPLIT_ACTIONS``).
+      append: add the new images of ``input`` to the dataset in ``output`` (``--append``), with
+        the dataset's own options (``write.grow.append``).
+      version: the dataset version the run makes: 1, or the next with ``append``; it names the
+        shards of versions after the first (``layout.shard_name``).
     """
 
     input: str
@@ -132,6 +136,8 @@ class PrepareConfig:
     max_failures: str | None = None
     near_duplicate_distance: int = DEFAULT_DISTANCE
     cross_split_duplicates: str = "report"
+    append: bool = False
+    version: int = 1
 
     @property
     def shard_suffix(self) -> str:
@@ -341,6 +347,8 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
     if o.target_shard_mb < 1:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
     _check_selection(o.stratify, o.validation_percent, o.max_per_class)
+    if o.append and o.overwrite:
+        raise OptionsError("--append adds to the dataset in --output and --overwrite replaces it: pass one of them")
     max_failures = parse_max_failures(o.max_failures) if o.max_failures is not None else None
     progress_interval(o.progress_interval)
     resample.check_choice()  # BEAM_PREP_RESIZE_KERNEL: a value it takes, and one this environment can honour
@@ -357,6 +365,9 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         _check_dataflow(options, source, target)
     if not is_local_runner(runner):
         _check_remote_paths(runner, source, target)
+    if o.append and (not is_local_runner(runner) or o.sink == "shuffle"):
+        raise OptionsError("--append writes with the streaming sink of the local runners for now: drop --runner "
+                           "and --sink shuffle (the output may still be gs://)")
     table = _metadata_path(o.metadata, o.recursive)
     concurrency = o.read_concurrency
     if concurrency is None:
@@ -372,7 +383,7 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                          recursive=o.recursive, file_format=o.file_format, stratify=o.stratify,
                          max_per_class=o.max_per_class, max_failures=max_failures,
                          near_duplicate_distance=o.near_duplicate_distance,
-                         cross_split_duplicates=o.cross_split_duplicates)
+                         cross_split_duplicates=o.cross_split_duplicates, append=o.append)
 
 
 def _check_selection(stratify: bool, validation_percent: float, max_per_class: int | None) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 __all__ = ["RunPlan"]
 
@@ -21,3 +22,4 @@ class RunPlan:
     unknown_labels: int = 0  # images listed under a folder missing from --labels_file
     multi_label: bool = False  # records hold a list of label ids (--metadata's labels column)
     extra_features: dict[str, str] = dataclasses.field(default_factory=dict)  # --metadata's columns: key -> kind
+    appended: dict[str, Any] | None = None  # an append's word on what it left out (append.Additions.to_json())

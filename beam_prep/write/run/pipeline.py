@@ -25,12 +25,16 @@ from beam_prep.errors import (
     BeamPrepWarning,
     CrossSplitLeakage,
     DatasetError,
+    OptionsError,
     RunInterrupted,
     StorageError,
     TooManyFailures,
 )
+from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, read_lines
+from beam_prep.model.dataset import DatasetInfo
 from beam_prep.write.finish import duplicates, manifest, publication, publish
+from beam_prep.write.grow import append, label_ids
 from beam_prep.write.images import resample
 from beam_prep.write.images.examples import unknown_label_report
 from beam_prep.write.images.flat import FlatImages, is_many
@@ -76,6 +80,14 @@ class RunResult:
     def images_per_second(self) -> float:
         """The images this run processed (a resumed run's kept ones left out) over its whole time."""
         return (self.manifest["counts"]["listed"] - self.kept) / max(self.seconds, 1e-9)
+
+
+class NothingToAdd(Exception):
+    """An append found nothing the dataset lacks: no new version is made."""
+
+    def __init__(self, additions: append.Additions) -> None:
+        super().__init__(append.describe(0, additions.counts(), False))
+        self.additions = additions
 
 
 class _Prepared(NamedTuple):
@@ -174,11 +186,28 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
              labels: list[str] | None = None) -> tuple[Listing, RunPlan]:
     """Lists the tree and decides shard counts; raises before any work if something is wrong.
 
-    ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it.
+    ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it. An
+    append (``config.append``) plans the files the dataset does not hold (``append.narrow``).
+
+    Raises:
+      NothingToAdd: an append whose listing holds nothing the dataset lacks.
     """
     listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels,
                         label_offset=config.label_offset, recursive=config.recursive, metadata=config.metadata,
                         stratify=config.stratify, max_per_class=config.max_per_class)
+    appended = None
+    if config.append:
+        try:
+            existing = append.read_existing(config.output)
+            whole = listing
+            listing, additions = append.narrow(config, whole, existing)
+        except BaseException:
+            listing.close()
+            raise
+        appended = additions.to_json()
+        if not listing.listed:
+            whole.close()
+            raise NothingToAdd(additions)
     sink = resolve_sink(config, options)
     multiple = local_workers(options) if sink == "streaming" else 1
     record_bytes = sharding.estimated_record_bytes(config.spec, listing.total_bytes / listing.listed)
@@ -190,6 +219,10 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
             split_counts[split], record_bytes, config.target_shard_mb, multiple, max_images)
         for split in listing.splits
     }
+    if config.overwrite:
+        label_ids.warn_if_ids_move(config.output, listing.labels, config.label_offset)
+    if config.append:
+        _check_new_names(config, existing.info, num_shards)
     if 0 < config.validation_percent < 1:
         _warn_small_percent(config.validation_percent, split_counts)
     return listing, RunPlan(labels=listing.labels, num_shards=num_shards, listed=listing.listed,
@@ -197,7 +230,22 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
                                   skipped_by_reason=listing.skipped_by_reason(), run_id=run_id,
                                   split_counts={split: split_counts[split] for split in listing.splits},
                                   unknown_labels=listing.unknown_labels, multi_label=listing.multi_label,
-                                  extra_features=listing.extra_features)
+                                  extra_features=listing.extra_features, appended=appended)
+
+
+def _check_new_names(config: PrepareConfig, info: DatasetInfo, num_shards: dict[str, int]) -> None:
+    """An append's shards are named as no file of the dataset is (``layout.shard_name``'s ``-v<version>``),
+    unless a split of the dataset is named as another's version (``train-v2``): refused, not written over.
+
+    Raises:
+      OptionsError: naming the shard.
+    """
+    taken = {name.lower() for split in info.splits.values() for name in (*split.shards, *(split.dali_index or ()))}
+    for split, count in num_shards.items():
+        name = layout.shard_name(split, 0, count, config.shard_suffix, config.version)
+        if name.lower() in taken or index_name(name).lower() in taken:
+            raise OptionsError(f"{config.output} holds a file named as this append's shard {name}: a split named "
+                               f"as another's version {config.version}; prepare the new images into another folder")
 
 
 def _warn_small_percent(percent: float, split_counts: dict[str, int]) -> None:
@@ -223,7 +271,7 @@ def build(p: beam.Pipeline, config: PrepareConfig, run_plan: RunPlan,
     sink = WriteShardsStreaming if run_plan.sink == "streaming" else WriteShardsShuffle
     work = layout.run_folder(config.output, run_plan.run_id)
     written = p | "WriteShards" >> sink(config.spec, config.reads, work, config.compression, run_plan.num_shards,
-                                        progress_folder, config.file_format)
+                                        progress_folder, config.file_format, config.version)
     if not finalize:
         return
     label_failures = (
@@ -317,7 +365,12 @@ def run(config: PrepareConfig, options: PipelineOptions,
             stopping.append(started)
         if _finish_publications(config):
             return _finished(config, time.perf_counter() - start, {}, None, None)
-        job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder, pool=pool)
+        if config.append:  # the version after the dataset's as it is now, another run's publication finished
+            config = dataclasses.replace(config, version=append.read_dataset(config.output)[0].version + 1)
+        try:
+            job = _prepare(config, options, claim.run_id, write=True, progress_folder=folder, pool=pool)
+        except NothingToAdd as e:
+            return _nothing_to_add(config, e, time.perf_counter() - start)
         result = None
         try:
             if not job.all_kept:  # a resumed run whose shards are all written has only its dataset to finish
@@ -379,6 +432,16 @@ def _finished(config: PrepareConfig, seconds: float, counters: dict[str, int],
     return result
 
 
+def _nothing_to_add(config: PrepareConfig, nothing: NothingToAdd, seconds: float, dry_run: bool = False) -> RunResult:
+    """An append with nothing new: said in one warning, and the dataset as it was (no new version)."""
+    additions = nothing.additions
+    warnings.warn(BeamPrepWarning(
+        f"nothing to add to {config.output} from {config.input} ({append.describe(0, additions.counts(), False)}): "
+        f"no version {config.version} made"), stacklevel=3)
+    written = None if dry_run else manifest.read(config.output)
+    return RunResult(written, seconds, {}, kept=written["counts"]["listed"] if written else 0)
+
+
 def _warn_if_many_flat(written: dict[str, Any]) -> None:
     """Many records of one flat colour are more likely a problem than blank sources: said, with names."""
     flat = FlatImages.from_json(written.get("flat_images"))
@@ -406,7 +469,10 @@ def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start
     """Lists and plans, claiming and writing nothing; a remote runner also builds the job and stops
     before submitting it."""
     if local:
-        listing, run_plan = plan_run(config, options, labels=_labels(config))
+        try:
+            listing, run_plan = plan_run(config, options, labels=_labels(config))
+        except NothingToAdd as e:
+            return _nothing_to_add(config, e, time.perf_counter() - start, dry_run=True)
         listing.close()
         return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
     job = _prepare(config, options, new_run_id(), write=False)
@@ -449,7 +515,7 @@ def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
 
 
 def _shard_names(config: PrepareConfig, run_plan: RunPlan) -> list[str]:
-    return [layout.shard_name(split, i, count, config.shard_suffix)
+    return [layout.shard_name(split, i, count, config.shard_suffix, config.version)
             for split, count in run_plan.num_shards.items() for i in range(count)]
 
 
@@ -491,7 +557,7 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     if write and resumable and not config.overwrite:
         resumed = resume.find_resumable(config.output, leftovers, recorded)
     if resumed is not None:
-        layout.check_output(config.output, config.overwrite or resumed.overwrite, [])
+        layout.check_output(config.output, config.overwrite or resumed.overwrite, [], config.append)
         run_plan = RunPlan(**resumed.plan)
         names = _shard_names(config, run_plan)
         work = layout.run_folder(config.output, run_plan.run_id)
@@ -503,10 +569,13 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                      "that run made (--overwrite lists afresh)", run_plan.run_id, len(kept), len(names),
                      f"{resume.images_in(kept):,}", f"{sum(run_plan.split_counts.values()):,}")
     else:
-        layout.check_output(config.output, config.overwrite, leftovers)
+        layout.check_output(config.output, config.overwrite, leftovers, config.append)
         listing, run_plan = plan_run(config, options, run_id, labels)
         with listing:
             if write:
+                if leftovers and config.append:
+                    _LOG.warning("removing the files of unfinished run %s, stopped before it completed: this "
+                                 "append does not resume it", ", ".join(leftovers))
                 layout.remove_unfinished_runs(config.output, leftovers)
                 _write_run_folder(config, listing, run_plan, resume.RunRecord(
                     run_id, recorded, config.overwrite, dataclasses.asdict(run_plan)) if resumable else None)

@@ -31,6 +31,7 @@ from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.model.features import SCHEMA
 from beam_prep.model.names import NAME_MAX, name_problem
 from beam_prep.write.finish import duplicates, manifest, publication, publish
+from beam_prep.write.grow import label_ids
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
@@ -384,6 +385,8 @@ class WriteImageDataset(beam.PTransform):
             return (elements
                     | "CountElements" >> beam.combiners.Count.Globally()
                     | "Finalize" >> beam.Map(_published, config))
+        if config.overwrite:
+            label_ids.warn_if_ids_move(config.output, naming.labels, config.label_offset)
         plan = RunPlan(labels=list(naming.labels), num_shards={s: config.num_shards for s in naming.splits},
                              listed=0, skipped=0, sink=config.sink, run_id=run_id, multi_label=naming.multi_label,
                              extra_features=dict(naming.extra_features))

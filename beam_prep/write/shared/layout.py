@@ -28,6 +28,8 @@ ERRORS = "errors.jsonl"
 # The files the listing passed over, with why: in the run's folder from the launcher, then the dataset's.
 SKIPPED = "skipped.jsonl"
 DUPLICATES = "duplicates.jsonl"
+# An append's files not written: changed since their record was made, or gone (grow.append.Additions).
+CHANGED = "changed.jsonl"
 # In a run's folder: each written record's source hash (duplicates.hash_line), a file per
 # shard (streaming sink) or Beam's WriteToText shards of this prefix (shuffle sink).
 HASHES = "sha256"
@@ -50,7 +52,7 @@ _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
 _SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix in dict.fromkeys(
     [c.suffix for c in COMPRESSIONS.values()] + [f.suffix for f in FILE_FORMATS.values()]))
 # A shard's DALI index (io.dali_index) is the dataset's too: an --overwrite run replaces it with its shard.
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, *TFDS_FILES, *_SHARD_PATTERNS,
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, CHANGED, *TFDS_FILES, *_SHARD_PATTERNS,
                    *(index_name(p) for p in _SHARD_PATTERNS))
 
 
@@ -82,11 +84,14 @@ def hashes_name(shard: str) -> str:
     return f"{shard}.{HASHES}.txt"
 
 
-def shard_name(split: str, index: int, count: int, suffix: str) -> str:
+def shard_name(split: str, index: int, count: int, suffix: str, version: int = 1) -> str:
     """The file name of shard ``index`` (from 0) of ``count``: what Beam's sink names it with
     ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<split>`` and ``suffix``
-    (``PrepareConfig.shard_suffix``)."""
-    return f"{split}{_SHARD_FORMAT.format(index=index, count=count)}{suffix}"
+    (``PrepareConfig.shard_suffix``). A later version's (an append's) has ``-v<version>`` after the
+    split (``train-v2-00000-of-00003.tfrecord.gz``): a name no earlier shard has, that training
+    code's ``train-*`` still finds."""
+    tag = f"-v{version}" if version > 1 else ""
+    return f"{split}{tag}{_SHARD_FORMAT.format(index=index, count=count)}{suffix}"
 
 
 def is_dataset_name(name: str) -> bool:
@@ -161,13 +166,15 @@ def _check_not_a_link(output: str, path: str) -> None:
                            "link (not what it points to) and run again")
 
 
-def check_output(output: str, overwrite: bool, leftovers: list[str]) -> None:
+def check_output(output: str, overwrite: bool, leftovers: list[str], append: bool = False) -> None:
     """Refuses to mix runs: a dataset, or an unfinished run's files, may only be replaced with ``overwrite``.
+    An ``append`` adds to the dataset; the unfinished runs' files it finds (not its own to resume, whose
+    publications are finished first) hold none of the dataset's and go (``remove_unfinished_runs``).
 
     Raises:
       OptionsError: what the folder holds, and what to pass.
     """
-    if overwrite:
+    if overwrite or append:
         return
     existing = existing_dataset_files(output)
     names = [p.rsplit("/", 1)[-1] for p in existing]

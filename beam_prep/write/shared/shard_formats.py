@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -30,7 +31,7 @@ from beam_prep.io.libraries import LIBRARIES, Library, require
 from beam_prep.io.storage import storage_error
 from beam_prep.io.tfrecord import Checksum, count_records, read_records, shard_writer, write_record
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
-from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example, sha256_and_labels
+from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example, sha256_and_filename, sha256_and_labels
 
 __all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "dali_indexed", "shard_format", "writer_library"]
 
@@ -71,6 +72,10 @@ class ShardFormat(abc.ABC):
     def identity(self, payload: bytes, multi_label: bool) -> tuple[str, tuple[str, ...]]:
         """A payload's source sha256 (hex) and the label names it counts under in class_counts
         (``("",)`` for a record without labels); ``multi_label``: the dataset's records have several."""
+
+    def source(self, payload: bytes) -> tuple[str, str]:
+        """A payload's source sha256 (hex) and file name (its path under the run's input)."""
+        return sha256_and_filename(payload)
 
     @abc.abstractmethod
     def count(self, path: str, compression: str) -> int:
@@ -179,13 +184,22 @@ class _WebDataset(ShardFormat):
 
     def identity(self, payload: bytes, multi_label: bool) -> tuple[str, tuple[str, ...]]:
         """From the sample's json: a multi-label record's ``label_text`` is its names joined by ";"."""
-        about = json.loads(next(data for name, data in tar.read_members(io.BytesIO(payload + tar.END))
-                                if name.endswith(".json")))
+        about = _about(payload)
         text = about.get("label_text", "")  # none: a dataset without labels
         return about["sha256"], tuple(text.split(";")) if multi_label else (text,)
 
+    def source(self, payload: bytes) -> tuple[str, str]:
+        about = _about(payload)
+        return about["sha256"], about["filename"]
+
     def count(self, path: str, compression: str) -> int:
         return tar.count_samples(path)
+
+
+def _about(payload: bytes) -> dict[str, Any]:
+    """A WebDataset sample's json member: its source's file name, sha256 and size, its label text."""
+    return json.loads(next(data for name, data in tar.read_members(io.BytesIO(payload + tar.END))
+                           if name.endswith(".json")))
 
 
 def dali_indexed(file_format: str, compression: str) -> bool:

@@ -88,7 +88,7 @@ class _ShardSink(beam.PTransform):
 
     def __init__(self, spec: ImageSpec, reads: ReadAheadConfig, work: str, compression: str,
                  num_shards: Mapping[str, int], progress_folder: str | None = None,
-                 file_format: str = TFRECORD) -> None:
+                 file_format: str = TFRECORD, version: int = 1) -> None:
         """Initializes a sink.
 
         Args:
@@ -103,9 +103,12 @@ class _ShardSink(beam.PTransform):
             have finished (``progress.Reporter``), for the launcher to show; None
             where the launcher cannot see the workers' files (remote runners).
           file_format: a key of ``formats.FILE_FORMATS``: the shards' format.
+          version: the dataset version the shards make (``layout.shard_name``); the streaming sink
+            names them by it, the shuffle sink writes version 1 only.
         """
         super().__init__()
-        self._config = SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder, file_format)
+        self._config = SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder, file_format,
+                                  version)
 
 
 class WriteShardsStreaming(_ShardSink):

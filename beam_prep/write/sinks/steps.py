@@ -50,6 +50,7 @@ class SinkConfig:
     num_shards: dict[str, int]
     progress_folder: str | None = None
     file_format: str = TFRECORD
+    version: int = 1
 
     @property
     def shard_suffix(self) -> str:
@@ -286,7 +287,7 @@ class WriteShardFn(beam.DoFn):
 
     def process(self, index: int, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
         config, split = self._config, self._split
-        name = layout.shard_name(split, index, config.num_shards[split], config.shard_suffix)
+        name = layout.shard_name(split, index, config.num_shards[split], config.shard_suffix, config.version)
         record = resume.finished_shard(config.work, name)
         if record is not None:  # its images are in the launcher's count already (progress.Carried), and no work of this run
             self._kept.inc()

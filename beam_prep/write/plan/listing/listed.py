@@ -88,6 +88,23 @@ class Listing:
             yield FileEntry(f"{root}/{relpath}", relpath, split, label, label_id, size, labels, label_ids,
                             table.features(extra))
 
+    def add_skip(self, relpath: str, reason: str) -> None:
+        """Passes over a listed file after all (an append's copy of a record already in the dataset):
+        named in the skipped files with ``reason``. Call it before ``narrowed`` leaves the file out."""
+        self._skips.add(relpath, reason)
+
+    def narrowed(self, keep: set[str], labels: list[str], label_offset: int) -> Listing:
+        """The listing of the files whose relative paths are in ``keep`` alone, with ``labels`` for its
+        label order (every label of this listing among them), its skipped files those of this one.
+        Held in memory (an append's new files); this listing's folder stays this one's to close."""
+        rows = [row for row in self._files if row[1] in keep]
+        ids = {name: i for i, name in enumerate(labels)}
+        known = collections.Counter(row[2] for row in rows if self.unlabelled or _known(row, ids))
+        sizes = sum(row[4] for row in rows)
+        return Listing(self.root, labels, [s for s in self.splits if known[s]], dict(known),
+                       len(rows) - sum(known.values()), sizes, self._skips, self._folder, rows, label_offset,
+                       self._table, self.unlabelled)
+
     def skipped_rows(self) -> Iterator[tuple[str, str]]:
         """Every skipped file as (printable relative path, why), sorted by path, read back from disk."""
         return iter(self._skips.rows)
@@ -112,6 +129,12 @@ class Listing:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _known(row: ListedRow, ids: dict[str, int]) -> bool:
+    """Whether every label of a listed row is one of ``ids`` (a row of a table without one is not)."""
+    _, _, _, label, _, labels, _ = row
+    return all(name in ids for name in labels) if labels is not None else label in ids
 
 
 class Skips:

@@ -1,0 +1,321 @@
+"""An append (``--append``): the dataset's own options, and what a new listing adds to the dataset.
+
+Before any work: the options come from the dataset's manifest, and one given that contradicts
+them is refused (``appending_config``). Once listed, each file is compared with the records
+already there (``narrow``): a file at a path the dataset holds is not written (its bytes changed:
+``changed.jsonl``), nor one whose bytes it holds (``skipped.jsonl``), and the sources of the
+run's input the dataset holds but the listing lacks are counted as gone. What the run writes is
+the rest, as the dataset's next version (docs/guides/preparing.md, "Adding images").
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import itertools
+import json
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any
+
+from beam_prep import wording
+from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
+from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
+from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.plan.config import PrepareConfig, check_values
+from beam_prep.write.plan.listing import Listing
+from beam_prep.write.shared.entry import FileEntry
+from beam_prep.write.shared.layout import ERRORS
+from beam_prep.write.shared.shard_formats import shard_format
+
+__all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "describe", "narrow", "read_dataset",
+           "read_existing"]
+
+COPY_REASON = "copy of a record already in the dataset"  # skipped.jsonl's (changed.jsonl names the record)
+_THREADS = 16  # files hashed, or shards read, at once
+_READ = 1 << 20
+_CHUNK = 4096  # listed files hashed before the next are read from the listing
+
+# Each flag an append takes from the dataset, and the manifest's options that record it.
+_TAKEN: Mapping[str, tuple[str, ...]] = {
+    "image_size": ("height", "width"), "resize_mode": ("resize_mode",), "channels": ("channels",),
+    "image_format": ("image_format",), "jpeg_quality": ("jpeg_quality",), "no_upscale": ("no_upscale",),
+    "background": ("background",), "max_pixels": ("max_pixels",), "compression": ("compression",),
+    "file_format": ("file_format",), "label_offset": ("label_offset",), "labels_txt": ("labels_txt",),
+    "validation_percent": ("validation_percent",), "stratify": ("stratify",), "recursive": ("recursive",),
+    "near_duplicate_distance": ("near_duplicate_distance",),
+}
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ImageSpec))
+# Flags an append does not take, and why.
+_REFUSED = {
+    "labels_file": "an append keeps the dataset's label ids and gives new labels the next ones, by name",
+    "max_per_class": "an append does not yet count the records already in the dataset against it",
+    "overwrite": "--overwrite replaces the dataset",
+}
+
+
+def read_dataset(output: str) -> tuple[DatasetInfo, dict[str, Any]]:
+    """The dataset in ``output`` an append adds to, and its whole manifest.
+
+    Raises:
+      OptionsError: ``output`` holds no dataset, or one whose manifest is damaged or from a newer
+        beam-prep (the reader's word on it): a bad ``--output``, before any work.
+    """
+    path = join(output, MANIFEST)
+    try:
+        text = read_bytes(path)
+    except Exception as e:
+        raise OptionsError(f"--output {output} holds no beam-prep dataset to append to (no {MANIFEST} readable: "
+                           f"{e.__class__.__name__}): prepare it without --append first") from e
+    try:
+        manifest = parse_manifest(text, path)
+        return DatasetInfo.from_json(manifest, output, path), manifest
+    except DatasetError as e:
+        raise OptionsError(str(e)) from e
+
+
+def appending_config(config: PrepareConfig, given: Collection[str]) -> PrepareConfig:
+    """The configuration of an append: the dataset's own options in place of the defaults, and the
+    dataset version it makes (the next one).
+
+    Args:
+      config: the command's configuration, ``append`` set.
+      given: the flags the command was given, by name without dashes (``image_size``).
+
+    Raises:
+      OptionsError: no dataset in ``config.output`` (or a damaged one, or one from a newer beam-prep), or
+        a flag given that contradicts the dataset's options or that an append does not take (one line,
+        naming both values).
+    """
+    info, manifest = read_dataset(config.output)
+    options = manifest.get("options")
+    if not isinstance(options, Mapping):
+        raise OptionsError(f"{join(config.output, MANIFEST)} records no options, which an append takes")
+    for flag, why in _REFUSED.items():
+        if flag in given:
+            raise OptionsError(f"--append does not take --{flag}: {why}")
+    if options.get("max_per_class") is not None:
+        raise OptionsError(f"{config.output} was made with --max_per_class {options['max_per_class']}, and "
+                           f"--append {_REFUSED['max_per_class']}")
+    # What the manifest's dataset keys say, checked as every reader checks them; the rest from its options.
+    recorded = {**options, "file_format": info.file_format, "compression": info.compression.lower(),
+                "label_offset": info.label_offset}
+    taken: dict[str, Any] = {}
+    for flag, fields in _TAKEN.items():
+        theirs = tuple(recorded.get(name, getattr(config.spec, name, None)) if name in _SPEC_FIELDS
+                       else recorded.get(name, getattr(config, name)) for name in fields)
+        if flag in given:
+            mine = tuple(getattr(config.spec if name in _SPEC_FIELDS else config, name) for name in fields)
+            if mine != theirs:
+                raise OptionsError(f"--{flag} {_shown(mine)} contradicts the dataset in {config.output}, made "
+                                   f"with {_shown(theirs)}: drop it (an append takes the dataset's options)")
+        taken.update(zip(fields, theirs))
+    try:
+        if taken["compression"] not in COMPRESSIONS:
+            raise OptionsError(f"compression {taken['compression']!r} is not one beam-prep writes")
+        check_values({key: taken[key] for key in ("labels_txt", "validation_percent", "near_duplicate_distance")})
+        spec = dataclasses.replace(config.spec, **{k: v for k, v in taken.items() if k in _SPEC_FIELDS},
+                                   perceptual_hash=taken["near_duplicate_distance"] >= 0)
+        spec.info  # noqa: B018 - its checks
+    except (OptionsError, TypeError, ValueError) as e:
+        raise OptionsError(f"{join(config.output, MANIFEST)} records options an append cannot take ({e}): "
+                           "the manifest was edited, or is damaged") from e
+    return dataclasses.replace(config, spec=spec, version=info.version + 1,
+                               **{k: v for k, v in taken.items() if k not in _SPEC_FIELDS})
+
+
+def _shown(values: tuple[Any, ...]) -> str:
+    if len(values) == 2 and all(isinstance(v, int) for v in values):
+        return f"{values[0]}x{values[1]}"
+    return " ".join("none" if v is None else str(v) for v in values)
+
+
+# --- what the dataset holds --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Existing:
+    """The records a dataset holds, by source: ``by_path`` full source path -> (sha256, split),
+    ``by_sha256`` sha256 -> (split, full source path) of its first record with those bytes; ``failed``:
+    the files that became no record (errors.jsonl), which an append does not try again."""
+
+    info: DatasetInfo
+    manifest: dict[str, Any]
+    by_path: dict[str, tuple[str, str]]
+    by_sha256: dict[str, tuple[str, str]]
+    failed: frozenset[str] = frozenset()
+
+
+def read_existing(output: str) -> Existing:
+    """Reads the source path and sha256 of every record of the dataset in ``output`` from its shards
+    (not its images), each version's paths under that version's input.
+
+    Raises:
+      OptionsError, DatasetError: as ``read_dataset``; DatasetError, StorageError: a shard cannot be read.
+    """
+    info, manifest = read_dataset(output)
+    fmt = shard_format(info.file_format)
+    compression = info.compression.lower()
+    jobs = [(v.input or "", split, shard) for v in info.history for split, (shards, _, _) in v.added.items()
+            for shard in shards]
+
+    def sources(job: tuple[str, str, str]) -> list[tuple[str, str, str]]:
+        root, split, shard = job
+        return [(f"{root}/{name}" if root else name, sha256, split)
+                for sha256, name in map(fmt.source, fmt.read(join(output, shard), compression))]
+
+    by_path: dict[str, tuple[str, str]] = {}
+    by_sha256: dict[str, tuple[str, str]] = {}
+    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="existing") as pool:
+        for rows in pool.map(sources, jobs):
+            for path, sha256, split in rows:
+                by_path[path] = (sha256, split)
+                by_sha256.setdefault(sha256, (split, path))
+    return Existing(info, manifest, by_path, by_sha256, _failed(output))
+
+
+def _failed(output: str) -> frozenset[str]:
+    """The paths errors.jsonl names (none where the dataset has no errors.jsonl, or an unreadable one)."""
+    path = join(output, ERRORS)
+    try:
+        lines = read_bytes(path).decode("utf-8").splitlines()
+    except Exception:  # noqa: BLE001 - each filesystem raises its own types: no report, no failures to skip
+        return frozenset()
+    failed = set()
+    for line in lines:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            failed.add(str(json.loads(line)["path"]))
+    return frozenset(failed)
+
+
+# --- what a listing adds -----------------------------------------------------
+
+
+@dataclasses.dataclass
+class Additions:
+    """What an append's listing adds to the dataset and what it leaves out (``REPORT``'s content).
+
+    Attributes:
+      new_labels: the labels the dataset gains, in the order of their names (their ids: the next ones).
+      unchanged: files at a path the dataset holds, with the same bytes: its own records.
+      failed_before: files that became no record in an earlier version (errors.jsonl): not tried again.
+      copies: ``{"path", "sha256", "split", "of", "of_split"}`` for each file at a new path whose bytes
+        the dataset holds (``of``: the record's source, in ``of_split``; ``split``: the one the file
+        would have gone to): not written; skipped.jsonl and changed.jsonl.
+      changed: ``{"path", "sha256", "now"}`` for each file at a path the dataset holds whose bytes
+        changed: not written (an append never rewrites a record); changed.jsonl.
+      gone: ``{"path", "sha256"}`` for each source of a record made from the run's input that the
+        listing lacks: its record stays; changed.jsonl.
+    """
+
+    new_labels: list[str] = dataclasses.field(default_factory=list)
+    unchanged: int = 0
+    failed_before: int = 0
+    copies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    changed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    gone: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Additions:
+        return cls(**body)
+
+    def counts(self) -> dict[str, Any]:
+        """The manifest's word on it (``versions[].appended``)."""
+        return {"new_labels": list(self.new_labels), "unchanged": self.unchanged,
+                "failed_before": self.failed_before, "copies": len(self.copies),
+                "changed": len(self.changed), "gone": len(self.gone)}
+
+    def changed_lines(self) -> list[str]:
+        """changed.jsonl: a line a changed file, then one a copy, then one a source gone, each sorted by path."""
+        rows = [{**row, "change": change} for change, group in (("changed", self.changed), ("copy", self.copies),
+                                                                ("gone", self.gone))
+                for row in sorted(group, key=lambda r: r["path"])]
+        return [json.dumps(row, ensure_ascii=False, sort_keys=True) for row in rows]
+
+
+def describe(written: int, counts: Mapping[str, Any], reports: bool = True) -> str:
+    """What an append added and left out (``Additions.counts``), in a line; with ``reports``, where to look."""
+    parts = [f"{wording.count(written, 'record')} added"]
+    if counts.get("new_labels"):
+        parts.append(f"new classes {', '.join(map(repr, counts['new_labels']))} (ids after the others)")
+    if counts.get("unchanged"):
+        parts.append(f"{wording.count(counts['unchanged'], 'file')} already in it")
+    if counts.get("failed_before"):
+        parts.append(f"{wording.count(counts['failed_before'], 'file')} that failed before, not tried again"
+                     + (" (errors.jsonl)" if reports else ""))
+    for key, what in (("copies", "copies of records already in it, not written"),
+                      ("changed", "files changed since their records were made, not written"),
+                      ("gone", "sources gone, their records kept")):
+        if counts.get(key):
+            parts.append(f"{counts[key]:,} {what}" + (" (changed.jsonl)" if reports else ""))
+    return "; ".join(parts)
+
+
+def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple[Listing, Additions]:
+    """The part of ``listing`` an append writes, labelled with the dataset's ids (new labels after
+    them), and what it left out.
+
+    Every listed file is hashed (read, not decoded): a path the dataset holds is a record of it, or
+    changed; bytes it holds are a copy. A copy is added to the listing's skipped files.
+
+    Raises:
+      OptionsError: the listing's records are not of the dataset's kind (multi-label, extra features).
+      StorageError: a file cannot be read.
+    """
+    info = existing.info
+    if listing.multi_label != info.multi_label or dict(listing.extra_features) != dict(info.extra_features):
+        raise OptionsError(f"--input {config.input} lists records of another kind than the dataset in "
+                           f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
+    additions = Additions()
+    keep = set()
+    new_labels: set[str] = set()
+    listed = set()
+    for entry, sha256 in _hashed(listing.entries()):
+        listed.add(entry.path)
+        if entry.path in existing.failed:
+            additions.failed_before += 1
+        elif entry.path in existing.by_path:
+            before = existing.by_path[entry.path][0]
+            if before == sha256:
+                additions.unchanged += 1
+            else:
+                additions.changed.append({"path": entry.path, "sha256": before, "now": sha256})
+        elif sha256 in existing.by_sha256:
+            split, path = existing.by_sha256[sha256]
+            additions.copies.append({"path": entry.path, "sha256": sha256, "split": entry.split, "of": path,
+                                     "of_split": split})
+            listing.add_skip(entry.relpath, COPY_REASON)
+        else:
+            keep.add(entry.relpath)
+            new_labels.update(label for label in entry.counted_labels if label not in info.labels)
+    prefix = config.input.rstrip("/") + "/"
+    additions.gone = [{"path": path, "sha256": sha256} for path, (sha256, _) in sorted(existing.by_path.items())
+                      if path.startswith(prefix) and path not in listed]
+    additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
+    labels = [*info.labels, *additions.new_labels]
+    return listing.narrowed(keep, labels, config.label_offset), additions
+
+
+def _hashed(entries: Iterator[FileEntry]) -> Iterator[tuple[FileEntry, str]]:
+    """Each entry with its file's sha256 (hex), read ``_THREADS`` at once, ``_CHUNK`` entries held at a time.
+
+    Raises:
+      StorageError: a file cannot be read, naming it.
+    """
+    def digest(path: str) -> str:
+        h = hashlib.sha256()
+        try:
+            with open_to_read(path) as f:
+                for block in iter(lambda: f.read(_READ), b""):
+                    h.update(block)
+        except Exception as e:  # each filesystem raises its own types.
+            raise storage_error("read", path, e) from e
+        return h.hexdigest()
+
+    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
+        while chunk := list(itertools.islice(entries, _CHUNK)):
+            yield from zip(chunk, pool.map(digest, [entry.path for entry in chunk]))
