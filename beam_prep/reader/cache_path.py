@@ -38,7 +38,7 @@ def replaceable(st: os.stat_result) -> str | None:
 def writable_by_others(st: os.stat_result) -> bool:
     """Whether a user other than this one may write what has this status: others' write bit, or the group's
     where the group is not the user's own private group (``is_private_group``: umask 002's ``~`` on RHEL)."""
-    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and not _own_private_group(st.st_gid)))
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and not _private_group_of(os.geteuid(), st.st_gid)))
 
 
 def is_private_group(gid: int, user: str, user_gid: int, members: list[str], primary_gids: list[int]) -> bool:
@@ -59,10 +59,9 @@ def is_private_group(gid: int, user: str, user_gid: int, members: list[str], pri
 
 
 @functools.lru_cache(maxsize=8)
-def _own_private_group(gid: int) -> bool:
-    """``is_private_group`` for this process's effective user, read from the password and group databases
-    (False where either has no entry)."""
-    euid = os.geteuid()
+def _private_group_of(euid: int, gid: int) -> bool:
+    """``is_private_group`` for the user ``euid``, read from the password and group databases (False where
+    either has no entry)."""
     try:
         user = pwd.getpwuid(euid)
         members = grp.getgrgid(gid).gr_mem

@@ -94,7 +94,6 @@ def _as_nobody(action) -> str:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            cache_path._own_private_group.cache_clear()
             try:
                 action()
                 os.write(write, b"accepted")

@@ -360,12 +360,29 @@ def _in_the_way(output: str, run_id: str, name: str, found: str | None) -> Datas
 
 def _where_old(output: str, run_id: str) -> str:
     """Where the old dataset's files the publication moved aside are, said in a refusal ("" where none are)."""
-    folder = join(layout.run_folder(output, run_id), REPLACED)
     try:
-        aside = len(identity.identities(folder))
-    except StorageError:
+        aside = len(_replaced_files(output, run_id))
+    except BeamPrepError:
         aside = 0
+    folder = join(layout.run_folder(output, run_id), REPLACED)
     return f" (the old dataset's {aside} files moved aside are in {folder}/)" if aside else ""
+
+
+def _replaced_files(output: str, run_id: str) -> dict[str, str]:
+    """The old dataset's files a run moved aside (``replaced/``), by name -> identity; none where its folder
+    (or ``replaced/``) is a link, never followed.
+
+    Raises:
+      StorageError: the folder cannot be listed.
+    """
+    try:
+        layout.check_run_folder(output, run_id)
+    except OptionsError:
+        return {}
+    folder = join(layout.run_folder(output, run_id), REPLACED)
+    if is_local(folder) and os.path.islink(folder):
+        return {}
+    return {name: found for name, found in identity.identities(folder).items() if found != identity.NOT_A_FILE}
 
 
 def carry_out(output: str, publication: Publication, steps: Steps | None = None) -> None:
@@ -524,9 +541,8 @@ def _put_back_replaced(output: str, run_id: str) -> None:
       StorageError: a file could not be moved (nothing is removed then).
     """
     aside_folder = join(layout.run_folder(output, run_id), REPLACED)
-    aside = identity.identities(aside_folder)
     here = identity.identities(output)
-    names = sorted((name for name, found in aside.items() if found != identity.NOT_A_FILE), key=_arriving)
+    names = sorted(_replaced_files(output, run_id), key=_arriving)
     back = [name for name in names if name not in here and layout.is_dataset_name(name)]
     _move_all([(join(aside_folder, name), join(output, name)) for name in back], None)
     kept = [name for name in names if name not in back]
