@@ -461,8 +461,9 @@ def old_dataset(tree: pathlib.Path, out: pathlib.Path) -> dict[str, bytes]:
 
 def test_a_backup_put_back_after_a_kill_is_not_taken_for_the_runs_files(tree, tmp_path, capfd):
     """Killed once the old dataset was moved aside and a new file moved in, then the old dataset
-    copied back from a backup by hand: a file of the same name is not the run's, so the same command
-    is refused, naming it, with nothing moved or removed (it made a mix of both that readers took)."""
+    copied back from a backup by hand: the run's file written over is not the run's any more, so the
+    same command is refused, naming it and where the old files are, with nothing moved or removed (it
+    made a mix of both that readers took)."""
     out = tmp_path / "out"
     old = old_dataset(tree, out)
     shutil.copytree(out, tmp_path / "backup")
@@ -477,8 +478,10 @@ def test_a_backup_put_back_after_a_kill_is_not_taken_for_the_runs_files(tree, tm
     before = sorted((p.relative_to(out), p.stat().st_ino) for p in out.rglob("*"))
     assert prepare_images.main(argv) == 1
     (line,) = error_lines(capfd.readouterr().err)
-    assert "cannot finish publishing run" in line and "is neither the old dataset's file nor the one the run moved there" in line
-    assert re.search(rf"{re.escape(str(out))}/\S+ is neither", line) and "move it out of" in line
+    # The name the run moved its shard to now holds the old shard's bytes: the run's shard is lost.
+    assert "cannot finish publishing run" in line and "(e.g. train-00000-of-00001.tfrecord.gz, removed or " \
+        "overwritten by hand?)" in line
+    assert f"moved aside are in {out / layout.WORK_DIR}" in line
     assert sorted((p.relative_to(out), p.stat().st_ino) for p in out.rglob("*")) == before
     assert top_bytes(out) == old
 
@@ -506,6 +509,23 @@ def test_another_outputs_run_folder_is_refused(tree, tmp_path, killed_mid_publis
     assert (f"holds {placed}, a link" if how == "link" else "it publishes into another folder") in line
     assert {folder: sorted((p.relative_to(folder), p.stat().st_ino) for p in folder.rglob("*"))
             for folder in (out, other)} == before
+
+
+def test_overwrite_never_takes_old_files_through_a_linked_run_folder(tree, tmp_path, killed_mid_publish, capfd):
+    """--overwrite puts an unfinishable publication's ``replaced/`` files back, but never through a link:
+    a run folder linked to another folder holding a ``replaced/`` is refused, that folder's files left."""
+    other = killed_mid_publish()
+    (record,) = (other / layout.WORK_DIR).glob(f"*/{publication.RECORD}")
+    (record.parent / publication.REPLACED).mkdir()
+    (record.parent / publication.REPLACED / "manifest.json").write_text("{}")
+    out = tmp_path / "out"
+    (out / layout.WORK_DIR).mkdir(parents=True)
+    (out / layout.WORK_DIR / record.parent.name).symlink_to(record.parent, target_is_directory=True)
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS, "--overwrite"]) == 2
+    (line,) = error_lines(capfd.readouterr().err)
+    assert f"holds {out / layout.WORK_DIR / record.parent.name}, a link" in line
+    assert (record.parent / publication.REPLACED / "manifest.json").read_text() == "{}"
+    assert not (out / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("left", [(), ("staged",)])

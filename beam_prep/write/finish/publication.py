@@ -341,7 +341,7 @@ def _state(output: str, work: str, publication: Publication) -> _State:
             raise _in_the_way(output, publication.run_id, name, here.get(name))
     if lost:
         raise DatasetError(f"cannot finish publishing run {publication.run_id} into {output}: {len(lost)} of its "
-                           f"files are neither in its folder nor in {output} (e.g. {lost[0]}, removed by hand?)"
+                           f"files are neither in its folder nor in {output} (e.g. {lost[0]}, removed or overwritten by hand?)"
                            f"{_where_old(output, publication.run_id)}; pass --overwrite to start over (it puts "
                            "those back where their names are free)")
     # On gs:// an old file may have the new one's bytes (labels.txt, run again): the name's move decides.
