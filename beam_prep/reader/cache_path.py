@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import grp
 import os
+import pwd
 import stat
 from collections.abc import Callable
 from typing import TypeVar
@@ -23,12 +26,49 @@ _T = TypeVar("_T")
 
 def replaceable(st: os.stat_result) -> str | None:
     """Why another user could rename what a folder of this status holds; None where no one could:
-    it is the user's or root's, and others cannot write it, or only with the sticky bit (as ``/tmp``)."""
+    it is the user's or root's, and others cannot write it (``writable_by_others``), or only with the
+    sticky bit (as ``/tmp``)."""
     if st.st_uid not in (os.geteuid(), 0):
         return f"belongs to uid {st.st_uid}"
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+    if writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
         return f"can be written by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def writable_by_others(st: os.stat_result) -> bool:
+    """Whether a user other than this one may write what has this status: others' write bit, or the group's
+    where the group is not the user's own private group (``is_private_group``: umask 002's ``~`` on RHEL)."""
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and not _private_group_of(os.geteuid(), st.st_gid)))
+
+
+def is_private_group(gid: int, user: str, user_gid: int, members: list[str], primary_gids: list[int]) -> bool:
+    """Whether the group ``gid`` is ``user``'s private group, which only they are in.
+
+    Args:
+      gid: the group in question (a folder's ``st_gid``).
+      user: the user's name.
+      user_gid: the user's primary gid (from the password database).
+      members: the group's listed members (``grp.getgrgid(gid).gr_mem``).
+      primary_gids: the primary gid of every other user in the password database.
+
+    Returns:
+      True where ``gid`` is the user's primary group, has no member but them, and is no other user's primary
+      group.
+    """
+    return gid == user_gid and all(member == user for member in members) and gid not in primary_gids
+
+
+@functools.lru_cache(maxsize=8)
+def _private_group_of(euid: int, gid: int) -> bool:
+    """``is_private_group`` for the user ``euid``, read from the password and group databases (False where
+    either has no entry)."""
+    try:
+        user = pwd.getpwuid(euid)
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    others = [entry.pw_gid for entry in pwd.getpwall() if entry.pw_uid != euid]
+    return is_private_group(gid, user.pw_name, user.pw_gid, list(members), others)
 
 
 def open_path(path: str, *, create: bool = False) -> Dir:
@@ -129,7 +169,7 @@ def _link_target(folder: Dir, name: str, path: str, create: bool) -> str | None:
     link = folder.join(name)
     if st.st_uid not in (os.geteuid(), 0):
         raise _not_followed(path, link, f"of uid {st.st_uid}")
-    if os.fstat(folder.fd).st_mode & 0o022:
+    if writable_by_others(os.fstat(folder.fd)):
         raise _not_followed(path, link, f"in {folder.path}, which others can write")
     return _os_call(lambda: os.readlink(name, dir_fd=folder.fd), folder.join(name), path)
 

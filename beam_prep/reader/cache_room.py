@@ -64,15 +64,18 @@ def open_root(path: str) -> Dir:
     Raises:
       StorageError: ``path``, or a folder above it, can be replaced by another user (theirs, or writable by
         others without the sticky bit), or is reached through a link another user could have placed;
-        ``path/<uid>`` is not the user's own; ``path`` is on NFS or another filesystem whose ``flock`` does
+        ``path/<uid>`` is not the user's own; ``path`` is ``/``; ``path`` is on NFS or another filesystem whose ``flock`` does
         not lock between processes; ``path`` cannot be opened or made (a file on the way, a name too long).
     """
     top = cache_path.open_path(path, create=True)
     try:
+        if top.path == "/":
+            raise StorageError(f"the shard cache's folder {path} is the file system's root /, where the cache's "
+                               f"own files would lie among the system's; {PRIVATE}")
         cache_fs.check_locks_work(top)
         st = os.fstat(top.fd)
         euid = os.geteuid()
-        if st.st_uid == euid and not st.st_mode & 0o022:
+        if st.st_uid == euid and not cache_path.writable_by_others(st):
             return top
     except BaseException:
         top.close()

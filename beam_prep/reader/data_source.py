@@ -77,6 +77,23 @@ class ArrayRecordSource:
             raise DatasetError(f"split {split.name!r} of {self.origin} holds {len(self)} records but its "
                                f"manifest says {split.num_examples}: the dataset is damaged")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (into a data loader's worker) without its open shards: ``__setstate__`` reopens them."""
+        return {**self.__dict__, "_records": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled: a cached copy's folder checked first, then the shards reopened.
+
+        The check is made here (as well as by the ``FolderCheck`` unpickled): the state's order is not what
+        keeps a worker from reading another folder's shards.
+        """
+        from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+        self.__dict__.update(state)
+        if self._cache_folder is not None:
+            self._cache_folder.check()
+        self._records = ArrayRecordDataSource(list(self.split.files)) if self.split.shards else None
+
     def __len__(self) -> int:
         return len(self._records) if self._records is not None else 0
 

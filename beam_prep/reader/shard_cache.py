@@ -51,6 +51,14 @@ class FolderCheck:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.check()
+
+    def check(self) -> None:
+        """Refuses the folder unless its path still leads, safely, to the very folder this process filled.
+
+        Raises:
+          StorageError: the folder was replaced, or the way to it is no longer safe.
+        """
         cache_path.same_folder(self.path, tuple(self.identity))
 
 

@@ -109,6 +109,47 @@ def test_an_earlier_version_fetches_its_own_shards_alone(gcs_server, gcs_bucket,
         beam_prep.data_source(gcs_bucket.url("two"), "train", cache_dir=tmp_path / "cache", version=3)
 
 
+def _unpickled(pickled: bytes, said) -> None:
+    """A spawn-started worker's start: the source unpickled; what that says (or "read N records") put on ``said``."""
+    import pickle
+    try:
+        source = pickle.loads(pickled)
+        said.put(f"read {len(records(source))} records")
+    except Exception as e:  # noqa: BLE001 - the test compares the message
+        said.put(f"{type(e).__name__}: {e}")
+
+
+def _in_a_spawned_worker(source) -> str:
+    import multiprocessing
+    import pickle
+
+    context = multiprocessing.get_context("spawn")
+    said = context.Queue()
+    worker = context.Process(target=_unpickled, args=(pickle.dumps(source), said))
+    worker.start()
+    try:
+        return said.get(timeout=CHILD_TIMEOUT_S)
+    finally:
+        worker.join(CHILD_TIMEOUT_S)
+
+
+def test_a_cached_source_pickled_into_a_worker_refuses_a_folder_swapped_since(gcs_server, gcs_bucket, uploaded,
+                                                                            tmp_path):
+    """A data loader's worker reopens the cached shards by path: the folder renamed away and another made
+    at its name, with the same shards planted in it, is refused before a shard is read."""
+    source = beam_prep.data_source(uploaded, "train", cache_dir=tmp_path / "cache")
+    assert _in_a_spawned_worker(source) == f"read {len(source)} records"
+    root = pathlib.Path(source.info.root)
+    root.rename(root.with_name("filled"))
+    root.mkdir(mode=0o700)
+    for shard in source.split.files:
+        shutil.copyfile(root.with_name("filled") / pathlib.Path(shard).name, shard)
+    assert _in_a_spawned_worker(source) == (
+        f"StorageError: the shard cache's folder {root} is no longer the folder the cache filled (it was replaced "
+        "since): nothing is read from it; read the dataset again, and give a private cache_dir (BEAM_PREP_CACHE): "
+        "a folder of yours that no one else can write")
+
+
 def test_a_damaged_cached_shard_is_detected_and_fetched_again(gcs_server, gcs_bucket, uploaded, local_dataset,
                                                               tmp_path):
     cache = tmp_path / "cache"

@@ -375,6 +375,111 @@ def test_a_file_removed_by_hand_mid_publish_is_named(tree, killed_mid_publish, c
     assert "pass --overwrite to start over" in err
 
 
+def _killed_files(out: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The shard the killed run moved into ``out``, and the one still in its folder."""
+    (work,) = (out / layout.WORK_DIR).glob(f"*/{publication.RECORD}")
+    return out / "train-00000-of-00001.tfrecord.gz", work.parent / "validation-00000-of-00001.tfrecord.gz"
+
+
+def _new_inode(path: pathlib.Path) -> None:
+    """``path`` replaced by a copy of its bytes: another inode (what a copy back from a backup, or
+    another filesystem's mount, gives)."""
+    shutil.copyfile(path, path.with_name(path.name + ".copy"))
+    os.replace(path.with_name(path.name + ".copy"), path)
+
+
+def test_a_kill_mid_publish_is_finished_after_its_files_are_touched(tree, killed_mid_publish, capfd):
+    """A sync tool or ``touch`` changes the files' times (and a remount their device): a publication
+    knows its files by inode and size, so the same command still finishes it."""
+    out = killed_mid_publish()
+    files = _killed_files(out)
+    times = [path.stat().st_mtime_ns for path in files]
+    try:
+        for path in files:
+            os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+        assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS]) == 0
+        assert "finishing run" in capfd.readouterr().err
+        assert (out / "manifest.json").exists() and not (out / layout.WORK_DIR).exists()
+    finally:  # the fixture's files share these inodes
+        for path, mtime in zip(files, times):
+            os.utime(path if path.exists() else out / path.name, ns=(mtime, mtime))
+
+
+def test_a_kill_mid_publish_is_finished_after_its_files_are_copied_with_the_same_bytes(
+        tree, killed_mid_publish, capfd):
+    """Files copied to new inodes with their bytes (the moved shard, the one still to move, a staged file) are
+    the run's: compared by sha256 where the inode differs; a file of other bytes, of the same size, is not."""
+    out = killed_mid_publish()
+    moved, waiting = _killed_files(out)
+    staged_labels = waiting.parent / publication.STAGED / "labels.txt"
+    before = {path.name: path.read_bytes() for path in (moved, waiting, staged_labels)}
+    for path in (moved, waiting, staged_labels):
+        _new_inode(path)
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS]) == 0
+    assert "finishing run" in capfd.readouterr().err
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert not (out / layout.WORK_DIR).exists()
+
+    out = killed_mid_publish()
+    moved, _ = _killed_files(out)
+    other = bytearray(moved.read_bytes())
+    other[-1] ^= 0xFF
+    moved.unlink()  # not written in place: the fixture's copy shares its inode
+    moved.write_bytes(bytes(other))
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS]) == 1
+    (line,) = error_lines(capfd.readouterr().err)
+    assert f"{moved} is neither the old dataset's file nor the one the run moved there" in line
+    assert moved.read_bytes() == bytes(other)
+
+
+def killed_replacing(tree: pathlib.Path, out: pathlib.Path) -> tuple[dict[str, bytes], list[str], pathlib.Path]:
+    """An old dataset in ``out``, and an --overwrite run killed once it moved the old files aside and its
+    first shard in; returns the old files, the command, and where its old files are (``replaced/``)."""
+    old = old_dataset(tree, out)
+    argv = ["--input", str(tree), "--output", str(out), *ARGS]
+    killed = run_prepare(*argv, "--overwrite", env={**os.environ, KILL: str(STAGED_FILES + 1 + len(old) + 1)})
+    assert killed.returncode == -9, killed.stderr
+    (record,) = (out / layout.WORK_DIR).glob(f"*/{publication.RECORD}")
+    (out / layout.WORK_DIR / "claim.json").unlink()  # the killed run's, released by any run after
+    replaced = record.parent / publication.REPLACED
+    assert top_bytes(replaced) == old
+    return old, argv, replaced
+
+
+def test_overwrite_after_an_unfinishable_publication_keeps_the_old_dataset(tree, tmp_path, capfd):
+    """A publication that cannot be finished (its moved shard removed by hand) is refused naming where
+    the old dataset's files are; --overwrite, as it advises, puts them back into the output first: a
+    run killed before it moves anything then leaves the old dataset there, whole."""
+    out = tmp_path / "out"
+    old, argv, replaced = killed_replacing(tree, out)
+    (out / "train-00000-of-00001.tfrecord.gz").unlink()
+    assert prepare_images.main(argv) == 1
+    (line,) = error_lines(capfd.readouterr().err)
+    assert f"(the old dataset's {len(old)} files moved aside are in {replaced}/)" in line
+    assert "pass --overwrite to start over" in line
+    killed = run_prepare(*argv, "--overwrite", env={**os.environ, KILL: "1"})  # once its first file is staged
+    assert killed.returncode == -9, killed.stderr
+    assert f"put {len(old)} files of the old dataset back" in killed.stderr
+    assert top_bytes(out) == old
+
+
+def test_a_failure_undone_says_which_old_files_it_could_not_put_back(tree, tmp_path, capfd):
+    """An old file removed from ``replaced/`` by hand, then the finishing run's first move fails: the
+    old files left are put back, and the error names the one missing instead of saying all are back."""
+    out = tmp_path / "out"
+    old, argv, replaced = killed_replacing(tree, out)
+    (replaced / "validation-00000-of-00001.tfrecord.gz").unlink()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(KILL, "fail:1")
+        assert prepare_images.main(argv) == 1
+    (line,) = error_lines(capfd.readouterr().err)
+    assert "holds its old dataset again" not in line
+    assert (f"1 of {out}'s old dataset's files could not be put back, being in neither {out} nor {replaced}/ "
+            "(e.g. validation-00000-of-00001.tfrecord.gz)") in line
+    assert top_bytes(out) == {name: data for name, data in old.items()
+                              if name != "validation-00000-of-00001.tfrecord.gz"}
+
+
 def old_dataset(tree: pathlib.Path, out: pathlib.Path) -> dict[str, bytes]:
     """A dataset of other images (8 pixels, a validation split) in ``out``; returns its files."""
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "8", *ARGS[2:])
@@ -383,8 +488,9 @@ def old_dataset(tree: pathlib.Path, out: pathlib.Path) -> dict[str, bytes]:
 
 def test_a_backup_put_back_after_a_kill_is_not_taken_for_the_runs_files(tree, tmp_path, capfd):
     """Killed once the old dataset was moved aside and a new file moved in, then the old dataset
-    copied back from a backup by hand: a file of the same name is not the run's, so the same command
-    is refused, naming it, with nothing moved or removed (it made a mix of both that readers took)."""
+    copied back from a backup by hand: the run's file written over is not the run's any more, so the
+    same command is refused, naming it and where the old files are, with nothing moved or removed (it
+    made a mix of both that readers took)."""
     out = tmp_path / "out"
     old = old_dataset(tree, out)
     shutil.copytree(out, tmp_path / "backup")
@@ -399,8 +505,10 @@ def test_a_backup_put_back_after_a_kill_is_not_taken_for_the_runs_files(tree, tm
     before = sorted((p.relative_to(out), p.stat().st_ino) for p in out.rglob("*"))
     assert prepare_images.main(argv) == 1
     (line,) = error_lines(capfd.readouterr().err)
-    assert "cannot finish publishing run" in line and "is neither the old dataset's file nor the one the run moved there" in line
-    assert re.search(rf"{re.escape(str(out))}/\S+ is neither", line) and "move it out of" in line
+    # The name the run moved its shard to now holds the old shard's bytes: the run's shard is lost.
+    assert "cannot finish publishing run" in line and "(e.g. train-00000-of-00001.tfrecord.gz, removed or " \
+        "overwritten by hand?)" in line
+    assert f"moved aside are in {out / layout.WORK_DIR}" in line
     assert sorted((p.relative_to(out), p.stat().st_ino) for p in out.rglob("*")) == before
     assert top_bytes(out) == old
 
@@ -428,6 +536,23 @@ def test_another_outputs_run_folder_is_refused(tree, tmp_path, killed_mid_publis
     assert (f"holds {placed}, a link" if how == "link" else "it publishes into another folder") in line
     assert {folder: sorted((p.relative_to(folder), p.stat().st_ino) for p in folder.rglob("*"))
             for folder in (out, other)} == before
+
+
+def test_overwrite_never_takes_old_files_through_a_linked_run_folder(tree, tmp_path, killed_mid_publish, capfd):
+    """--overwrite puts an unfinishable publication's ``replaced/`` files back, but never through a link:
+    a run folder linked to another folder holding a ``replaced/`` is refused, that folder's files left."""
+    other = killed_mid_publish()
+    (record,) = (other / layout.WORK_DIR).glob(f"*/{publication.RECORD}")
+    (record.parent / publication.REPLACED).mkdir()
+    (record.parent / publication.REPLACED / "manifest.json").write_text("{}")
+    out = tmp_path / "out"
+    (out / layout.WORK_DIR).mkdir(parents=True)
+    (out / layout.WORK_DIR / record.parent.name).symlink_to(record.parent, target_is_directory=True)
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), *ARGS, "--overwrite"]) == 2
+    (line,) = error_lines(capfd.readouterr().err)
+    assert f"holds {out / layout.WORK_DIR / record.parent.name}, a link" in line
+    assert (record.parent / publication.REPLACED / "manifest.json").read_text() == "{}"
+    assert not (out / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("left", [(), ("staged",)])

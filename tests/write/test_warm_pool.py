@@ -148,11 +148,12 @@ def test_a_worker_gone_while_waiting_is_passed_over():
         assert pool.waiting == 0
 
 
-def _relay(address: str) -> subprocess.CompletedProcess:
+def _relay(address: str, launcher: int | None = None) -> subprocess.CompletedProcess:
     """The relay as Beam's worker command runs it, with ``python -m platform`` for Beam's worker
-    (it prints the platform): what the relay runs where no waiting worker serves it."""
+    (it prints the platform): what the relay runs where no waiting worker serves it. Its launcher
+    this process (its parent), unless ``launcher`` names another."""
     return subprocess.run([sys.executable, "-I", "-S", "-c", warm_pool.RELAY, address, "platform",
-                           str(os.getpid())],
+                           str(os.getpid() if launcher is None else launcher)],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -160,6 +161,14 @@ def test_a_relay_that_reaches_no_launcher_starts_beams_worker():
     ran = _relay(f"@beam-prep-workers-none-{uuid.uuid4().hex}")
     assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
     assert warm_pool.NOT_TAKEN not in ran.stderr
+
+
+def test_a_relay_whose_launcher_is_not_its_parent_starts_nothing():
+    """The launcher pid on the relay's command line is the process it watches (and outlives no longer
+    than): one that is not its parent (here ``init``, alive for ever) is refused, and no worker starts."""
+    ran = _relay(f"@beam-prep-workers-none-{uuid.uuid4().hex}", launcher=1)
+    assert ran.returncode == 1 and ran.stdout == ""
+    assert ran.stderr == "beam-prep: the relay's parent is not the launcher 1 it was given: it stops\n"
 
 
 class _NotAProcess:

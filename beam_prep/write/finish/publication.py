@@ -17,6 +17,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -34,14 +35,17 @@ from beam_prep.write.finish import identity
 from beam_prep.write.journal import resume
 from beam_prep.write.shared import layout
 
-__all__ = ["ENTRY_FILES", "KILL_VARIABLE", "RECORD", "REPLACED", "STAGED", "Publication", "Steps", "carry_out",
+__all__ = ["ENTRY_FILES", "KEPT_PREFIX", "KILL_VARIABLE", "RECORD", "REPLACED", "STAGED", "Publication", "Steps", "carry_out",
            "finish_unfinished", "is_recorded", "planned", "read_record", "staging_folder", "write_record"]
 
 _LOG = logging.getLogger(__name__)
 RECORD = "publish.json"
 STAGED = "staged"  # the run folder's subfolder of the files the dataset gains besides its shards
 REPLACED = "replaced"  # the run folder's subfolder of the old dataset's files, until the new manifest is in
-_FORMAT = 2
+_FORMAT = 3
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# Where ``--overwrite`` keeps an unfinishable publication's old files whose names in ``--output`` are taken.
+KEPT_PREFIX = "old-dataset-of-run-"
 # What readers open first (beam-prep's manifest, then TFDS's metadata): these leave first, in this
 # order, and come in last, in the reverse order, so no reader takes a half-replaced folder for a dataset.
 ENTRY_FILES = (MANIFEST, *tfds_metadata.FILES)
@@ -87,9 +91,9 @@ class Publication:
       run_id: the run, whose folder holds the sources.
       output: the ``--output`` it publishes into.
       options: what a rerun must repeat to be the same command (``resume.record_options``), as JSON.
-      moves: ``(source, target, identity)``: a path relative to the run's folder, a name in
-        ``--output``, and what the file is (``identity.identities``); the manifest last.
-      old: ``(name, identity)``: the old dataset's files in ``--output`` when it was recorded
+      moves: ``(source, target, file)``: a path relative to the run's folder, a name in
+        ``--output``, and what the file is (``identity.File``); the manifest last.
+      old: ``(name, file)``: the old dataset's files in ``--output`` when it was recorded
         (an append's: those its moves replace, no other).
       append: an append's (``--append``): its old files are copied aside, not moved, and each is
         replaced in one move (the manifest last); no file of the dataset is removed.
@@ -98,8 +102,8 @@ class Publication:
     run_id: str
     output: str
     options: dict[str, Any]
-    moves: tuple[tuple[str, str, str], ...]
-    old: tuple[tuple[str, str], ...]
+    moves: tuple[tuple[str, str, identity.File], ...]
+    old: tuple[tuple[str, identity.File], ...]
     append: bool = False
 
 
@@ -125,8 +129,11 @@ def _arriving(name: str) -> int:
 
 
 def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mapping[str, str],
-            staged: Iterable[str], append: bool = False) -> Publication:
+            staged: Iterable[str], known: Mapping[str, str] | None = None, append: bool = False) -> Publication:
     """The publication of a run whose files are all in its folder, as ``--output`` holds it now.
+
+    On local disk each file's sha256 is recorded with it (``identity.File``): taken from ``known`` and the
+    old manifest's ``shard_sha256`` where they have it, else hashed (the small files, mostly).
 
     Args:
       output: the output folder.
@@ -134,6 +141,7 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
       options: what a rerun must repeat to be the same command.
       shards: each shard and index file's name -> its path relative to the run's folder.
       staged: the names of the other files, in ``staging_folder``, the manifest among them.
+      known: the sha256 of files to publish, by name (the shards', from the run's reports).
       append: the run adds to the dataset (``Publication.append``): only the files it replaces are old.
 
     Raises:
@@ -160,15 +168,35 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
                                    f"or a link, where a file of the dataset goes; move it out of {output} and run "
                                    "the same command again")
             old.append((name, here[name]))
+    if is_local(output):
+        known, old_sums = known or {}, _shard_sha256(output) if here.get(MANIFEST) not in (None, identity.NOT_A_FILE) else {}
+        moves = [(s, t, identity.File(f, known.get(t) or identity.sha256_of(join(work, s)))) for s, t, f in moves]
+        old = [(n, identity.File(f, old_sums.get(n) or identity.sha256_of(join(output, n)))) for n, f in old]
+    else:  # the CRC32C (or the filesystem's checksum) is of the bytes already
+        moves = [(s, t, identity.File(f)) for s, t, f in moves]
+        old = [(n, identity.File(f)) for n, f in old]
     return Publication(run_id, output, json.loads(json.dumps(dict(options))), tuple(moves), tuple(old), append)
+
+
+def _shard_sha256(output: str) -> dict[str, str]:
+    """The old manifest's ``shard_sha256`` by shard name: what need not be hashed again (nothing where it has
+    none or cannot be read: its files are hashed then)."""
+    try:
+        body = json.loads(read_bytes(join(output, MANIFEST)).decode("utf-8"))
+        return {name: sha for split in body["splits"].values()
+                for name, sha in zip(split["shards"], split.get("shard_sha256") or ())
+                if isinstance(name, str) and isinstance(sha, str) and _SHA256.fullmatch(sha)}
+    except Exception:  # noqa: BLE001 - any manifest beam-prep cannot use: its files are hashed instead
+        return {}
 
 
 def write_record(output: str, publication: Publication) -> None:
     """Writes ``publish.json`` in the run's folder, whole or not at all: the publication is committed."""
     body = {"publish_format": _FORMAT, "run_id": publication.run_id, "output": publication.output,
             "options": publication.options,
-            "moves": [{"from": s, "to": t, "file": f} for s, t, f in publication.moves],
-            "old": [{"name": n, "file": f} for n, f in publication.old], "append": publication.append}
+            "moves": [{"from": s, "to": t, "file": f.identity, "sha256": f.sha256} for s, t, f in publication.moves],
+            "old": [{"name": n, "file": f.identity, "sha256": f.sha256} for n, f in publication.old],
+            "append": publication.append}
     resume.write_record(join(layout.run_folder(output, publication.run_id), RECORD), body)
 
 
@@ -250,7 +278,7 @@ def _field(body: Mapping[str, Any], key: str, kind: type, field: str) -> Any:
     return _typed(body[key], kind, field)
 
 
-def _move(entry: Any, field: str) -> tuple[str, str, str]:
+def _move(entry: Any, field: str) -> tuple[str, str, identity.File]:
     _typed(entry, dict, field)
     source, target, found = (_field(entry, key, str, f"{field}.{key}") for key in ("from", "to", "file"))
     folder, _, name = source.rpartition("/")
@@ -260,21 +288,25 @@ def _move(entry: Any, field: str) -> tuple[str, str, str]:
     if name in (RECORD, resume.RUN_RECORD):
         raise ValueError(f"{field}.from is {source!r}, the run's own record")
     _check_dataset_name(target, f"{field}.to")
-    return source, target, _checked_identity(found, f"{field}.file")
+    return source, target, _checked_file(entry, found, field)
 
 
-def _old(entry: Any, field: str) -> tuple[str, str]:
+def _old(entry: Any, field: str) -> tuple[str, identity.File]:
     _typed(entry, dict, field)
     name, found = _field(entry, "name", str, f"{field}.name"), _field(entry, "file", str, f"{field}.file")
     _check_dataset_name(name, f"{field}.name")
-    return name, _checked_identity(found, f"{field}.file")
+    return name, _checked_file(entry, found, field)
 
 
-def _checked_identity(found: str, field: str) -> str:
-    """A file's identity: never what stands for a folder or a link, which a publication never moves."""
+def _checked_file(entry: Mapping[str, Any], found: str, field: str) -> identity.File:
+    """A file's identity (never what stands for a folder or a link, which a publication never moves) and its
+    sha256, if any (64 lowercase hex digits)."""
     if found == identity.NOT_A_FILE:
-        raise ValueError(f"{field} is {found!r}, not a file's identity")
-    return found
+        raise ValueError(f"{field}.file is {found!r}, not a file's identity")
+    sha256 = entry.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        raise ValueError(f"{field}.sha256 is {json.dumps(sha256)[:80]}, not a sha256 (64 lowercase hex digits)")
+    return identity.File(found, sha256)
 
 
 def _check_dataset_name(name: str, field: str) -> None:
@@ -301,43 +333,71 @@ def _state(output: str, work: str, publication: Publication) -> _State:
     Raises:
       DatasetError: naming the first such file, or the files lost (neither moved nor to move).
     """
-    here, there = identity.identities(output), identity.identities(work, deep=True)
+    here, there = identity.Listing(output), identity.Listing(work, deep=True)
     old = dict(publication.old)
     incoming, done, lost = [], set(), []
-    for source, target, found in publication.moves:
+    for source, target, file in publication.moves:
         now = here.get(target)
-        if there.get(source) == found:  # to move (on gs://, maybe copied already: a copy again is harmless)
-            if now not in (None, found, old.get(target)):
+        if there.holds(source, file):  # to move (on gs://, maybe copied already: a copy again is harmless)
+            if now is not None and not here.holds(target, file) and not here.holds(target, old.get(target)):
                 raise _in_the_way(output, publication.run_id, target, now)
             incoming.append((source, target))
-        elif now == found:
+        elif here.holds(target, file):
             done.add(target)
-        elif now is None or now == old.get(target):
+        elif now is None or here.holds(target, old.get(target)):
             lost.append(target)
         else:
             raise _in_the_way(output, publication.run_id, target, now)
     targets = {target for _, target, _ in publication.moves}
-    for name, found in publication.old:
-        now = here.get(name)
-        if now is not None and now != found and name not in targets:
-            raise _in_the_way(output, publication.run_id, name, now)
+    for name, file in publication.old:
+        if name in here and not here.holds(name, file) and name not in targets:
+            raise _in_the_way(output, publication.run_id, name, here.get(name))
     if lost:
         raise DatasetError(f"cannot finish publishing run {publication.run_id} into {output}: {len(lost)} of its "
-                           f"files are neither in its folder nor in {output} (e.g. {lost[0]}, removed by hand?); "
-                           "pass --overwrite to start over")
+                           f"files are neither in its folder nor in {output} (e.g. {lost[0]}, removed or overwritten by hand?)"
+                           f"{_where_old(output, publication.run_id)}; pass --overwrite to start over (it puts "
+                           "those back where their names are free)")
     # On gs:// an old file may have the new one's bytes (labels.txt, run again): the name's move decides.
     # An append's old file stays in place: it is aside once its copy is.
-    aside = [name for name, found in sorted(publication.old, key=lambda o: _leaving(o[0]))
-             if here.get(name) == found and name not in done
-             and not (publication.append and there.get(f"{REPLACED}/{name}") == found)]
+    aside = [name for name, file in sorted(publication.old, key=lambda o: _leaving(o[0]))
+             if here.holds(name, file) and name not in done
+             and not (publication.append and there.holds(f"{REPLACED}/{name}", file))]
     return _State(aside, sorted(incoming, key=lambda move: _arriving(move[1])))
 
 
-def _in_the_way(output: str, run_id: str, name: str, found: str) -> DatasetError:
+def _in_the_way(output: str, run_id: str, name: str, found: str | None) -> DatasetError:
     what = ("a folder or a link" if found == identity.NOT_A_FILE
             else "neither the old dataset's file nor the one the run moved there (put there by hand?)")
-    return DatasetError(f"cannot finish publishing run {run_id} into {output}: {join(output, name)} is {what}; "
-                        f"move it out of {output} and run the same command again, or pass --overwrite to start over")
+    return DatasetError(f"cannot finish publishing run {run_id} into {output}: {join(output, name)} is {what}"
+                        f"{_where_old(output, run_id)}; move it out of {output} and run the same command again, or "
+                        "pass --overwrite to start over (it puts those back where their names are free)")
+
+
+def _where_old(output: str, run_id: str) -> str:
+    """Where the old dataset's files the publication moved aside are, said in a refusal ("" where none are)."""
+    try:
+        aside = len(_replaced_files(output, run_id))
+    except BeamPrepError:
+        aside = 0
+    folder = join(layout.run_folder(output, run_id), REPLACED)
+    return f" (the old dataset's {aside} files moved aside are in {folder}/)" if aside else ""
+
+
+def _replaced_files(output: str, run_id: str) -> dict[str, str]:
+    """The old dataset's files a run moved aside (``replaced/``), by name -> identity; none where its folder
+    (or ``replaced/``) is a link, never followed.
+
+    Raises:
+      StorageError: the folder cannot be listed.
+    """
+    try:
+        layout.check_run_folder(output, run_id)
+    except OptionsError:
+        return {}
+    folder = join(layout.run_folder(output, run_id), REPLACED)
+    if is_local(folder) and os.path.islink(folder):
+        return {}
+    return {name: found for name, found in identity.identities(folder).items() if found != identity.NOT_A_FILE}
 
 
 def carry_out(output: str, publication: Publication, steps: Steps | None = None) -> None:
@@ -374,33 +434,41 @@ def _undo(output: str, work: str, publication: Publication, steps: Steps, error:
     ones back into ``--output``, its manifest last; unless the new manifest is in (then the
     publication is done but for removing the run's folder). Raises ``StorageError`` saying which."""
     try:
-        here, there = identity.identities(output), identity.identities(work, deep=True)
-        if here.get(MANIFEST) == publication.moves[-1][2]:
+        here, there = identity.Listing(output), identity.Listing(work, deep=True)
+        if here.holds(MANIFEST, publication.moves[-1][2]):
             return
         old = dict(publication.old)
         back, copies = [], []  # the moves made; on gs://, the copies made of moves not made
-        for source, target, found in publication.moves:
-            if here.get(target) == found and there.get(source) != found:
+        for source, target, file in publication.moves:
+            if here.holds(target, file) and not there.holds(source, file):
                 back.append((target, source))
-            elif here.get(target) == found and (target not in old or there.get(f"{REPLACED}/{target}") == old[target]):
+            elif here.holds(target, file) and (target not in old or there.holds(f"{REPLACED}/{target}", old[target])):
                 copies.append(join(output, target))
         if copies:
             layout.delete(copies, f"the copies of run {publication.run_id}'s files in {output}")
         freed = {target for target, _ in back} | {path.rsplit("/", 1)[-1] for path in copies}
         _move_all([(join(output, target), join(work, source))
                    for target, source in sorted(back, key=lambda move: _leaving(move[0]))], steps)
-        _move_all([(join(work, REPLACED, name), join(output, name))
-                   for name, found in sorted(publication.old, key=lambda o: _arriving(o[0]))
-                   if there.get(f"{REPLACED}/{name}") == found and (name not in here or name in freed)], steps)
+        restored = [name for name, file in sorted(publication.old, key=lambda o: _arriving(o[0]))
+                    if there.holds(f"{REPLACED}/{name}", file) and (name not in here or name in freed)]
+        _move_all([(join(work, REPLACED, name), join(output, name)) for name in restored], steps)
+        missing = [name for name, file in publication.old
+                   if name not in restored and (name in freed or not here.holds(name, file))]
     except Exception as undoing:  # noqa: BLE001 - said with the error that started it
         if isinstance(error, Exception):
             raise StorageError(f"{error}; putting the old dataset back failed too ({undoing}): run the same command "
                                f"again to finish publishing run {publication.run_id}") from error
         _LOG.error("could not put the old dataset back into %s: %s", output, undoing)
         return
-    if isinstance(error, Exception):
-        raise StorageError(f"{error}; {output} holds its old dataset again, and run {publication.run_id}'s "
-                           "publication is kept in its folder: run the same command again to finish it") from error
+    if not isinstance(error, Exception):
+        return
+    if missing:
+        raise StorageError(f"{error}; {len(missing)} of {output}'s old dataset's files could not be put back, being "
+                           f"in neither {output} nor {join(work, REPLACED)}/ (e.g. {missing[0]}); run "
+                           f"{publication.run_id}'s publication is kept in its folder: run the same command again to "
+                           "finish it") from error
+    raise StorageError(f"{error}; {output} holds its old dataset again, and run {publication.run_id}'s "
+                       "publication is kept in its folder: run the same command again to finish it") from error
 
 
 def _make_folder(folder: str) -> None:
@@ -415,10 +483,10 @@ def _make_folder(folder: str) -> None:
         raise storage_error("create", folder, e) from e
 
 
-def _move_all(pairs: list[tuple[str, str]], steps: Steps) -> None:
+def _move_all(pairs: list[tuple[str, str]], steps: Steps | None) -> None:
     """Moves each ``(source, target)`` in order, replacing a file at the target: on local disk a rename
     each (atomic), a step each; elsewhere an entry file alone and the others together, a ``rename``
-    each (gs://: copies, then deletes, 100 at a time), a step each."""
+    each (gs://: copies, then deletes, 100 at a time), a step each (none counted without ``steps``)."""
     for group in _groups(pairs):
         if is_local(group[0][0]):
             (source, target), = group
@@ -431,7 +499,8 @@ def _move_all(pairs: list[tuple[str, str]], steps: Steps) -> None:
                 FileSystems.rename([source for source, _ in group], [target for _, target in group])
             except Exception as e:  # each filesystem raises its own types.
                 raise storage_error("move files to", group[0][1].rsplit("/", 1)[0], e) from e
-        steps.done()
+        if steps is not None:
+            steps.done()
 
 
 def _copy_all(pairs: list[tuple[str, str]], steps: Steps) -> None:
@@ -502,6 +571,30 @@ def _holds_no_file(output: str, run_id: str) -> bool:
     return (not is_local(work) or os.path.isdir(work)) and not identity.identities(work, deep=True)
 
 
+def _put_back_replaced(output: str, run_id: str) -> None:
+    """Before ``--overwrite`` removes the folder of a run whose publication cannot be finished: the old
+    dataset's files it moved aside (``replaced/``) go back into ``output`` where their names are free (its
+    manifest last); the others into ``output/<KEPT_PREFIX><run_id>``: none is removed.
+
+    Raises:
+      StorageError: a file could not be moved (nothing is removed then).
+    """
+    aside_folder = join(layout.run_folder(output, run_id), REPLACED)
+    here = identity.identities(output)
+    names = sorted(_replaced_files(output, run_id), key=_arriving)
+    back = [name for name in names if name not in here and layout.is_dataset_name(name)]
+    _move_all([(join(aside_folder, name), join(output, name)) for name in back], None)
+    kept = [name for name in names if name not in back]
+    if back:
+        _LOG.warning("put %d files of the old dataset back into %s (e.g. %s)", len(back), output, back[-1])
+    if kept:
+        folder = join(output, KEPT_PREFIX + run_id)
+        _make_folder(folder)
+        _move_all([(join(aside_folder, name), join(folder, name)) for name in kept], None)
+        _LOG.warning("kept %d files of the old dataset, whose names in %s are taken, in %s", len(kept), output,
+                     folder)
+
+
 def finish_unfinished(output: str, run_ids: list[str], overwrite: bool) -> list[Publication]:
     """Finishes the publications that runs ``run_ids`` (``layout.unfinished_runs``) were stopped in.
 
@@ -532,6 +625,7 @@ def finish_unfinished(output: str, run_ids: list[str], overwrite: bool) -> list[
             if not overwrite or not isinstance(e, (OptionsError, DatasetError)):
                 raise
             _LOG.warning("%s; --overwrite starts over", e)
+            _put_back_replaced(output, run_id)
             continue
         finished.append(publication)
     return finished

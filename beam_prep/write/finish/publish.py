@@ -153,7 +153,10 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
                                          resume.command_options(config) if options is None else options,
                                          {name: moved.get(name, name) for split in built["splits"].values()
                                           for name in (*split["shards"], *split.get("dali_index", ()))
-                                          if name in ours}, staged, append=config.append)
+                                          if name in ours}, staged,
+                                         {name: sha256 for split in built["splits"].values()
+                                          for name, sha256 in zip(split["shards"], split.get("shard_sha256") or ())
+                                          if sha256}, append=config.append)
             publication.write_record(config.output, record)
             steps.done()
         except BaseException:

@@ -39,7 +39,7 @@ NOT_TAKEN = "a waiting worker could not take over"
 # The relay, run by Beam's worker command line as `python -I -S -c RELAY <address> <worker module> <launcher pid>`:
 # the standard library only (-I -S: no site, no user paths), as it starts for every worker. Where no
 # waiting worker takes it, it starts Beam's worker as its child (``cold``) and kills it once the launcher
-# is gone (a pidfd of it): a launcher killed with SIGKILL stops nothing, and Beam's worker, its control
+# is gone (a pidfd of it, refused unless the launcher is its parent): a launcher killed with SIGKILL stops nothing, and Beam's worker, its control
 # channel gone, waits on its threads for ever. The child dies with it too (PR_SET_PDEATHSIG: set by this
 # single-threaded process for its own child, so never fired by a thread's exit). Beam's worker takes this
 # process's place where the system has no pidfds.
@@ -54,6 +54,9 @@ def cold():
         sys.exit(1)
     except (AttributeError, OSError):
         os.execv(sys.executable, command)
+    if os.getppid() != launcher:
+        sys.stderr.write(f"beam-prep: the relay's parent is not the launcher {launcher} it was given: it stops\\n")
+        sys.exit(1)
     import ctypes
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     me = os.getpid()
