@@ -1,0 +1,92 @@
+"""A dataset written by an earlier beam-prep (``tests/data/previous-main``) still reads, verifies and appends.
+
+The folder was written by the beam-prep before shard names became an allow-list, manifests gained
+versions and publications a record (commit 04f8dea): ``make_tree(TREE, COUNTS, size=SIZE)``, then
+``prepare --input /previous-main/tree --output /previous-main/dataset --image_size 16
+--validation_percent 30``. Its tree is made again here, byte for byte (``make_tree``'s images
+depend only on their position), so an append can run from it.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import pathlib
+import shutil
+
+import pytest
+from helpers import REPO, make_tree, prepare_here, read_split
+
+import beam_prep
+from beam_prep.errors import DatasetError
+from beam_prep.tools.verification import verify
+
+pytestmark = pytest.mark.slow  # TensorFlow reads it, and the append runs a pipeline
+
+PREVIOUS = REPO / "tests" / "data" / "previous-main"
+COUNTS, SIZE = {"circles": 5, "squares": 4, "stars": 3}, (24, 20)
+
+
+@pytest.fixture
+def previous(tmp_path) -> pathlib.Path:
+    """A copy of the earlier beam-prep's dataset, writable."""
+    return pathlib.Path(shutil.copytree(PREVIOUS, tmp_path / "dataset"))
+
+
+def sha256s(folder: pathlib.Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
+
+
+def by_split(out: pathlib.Path) -> dict[str, collections.Counter]:
+    """Each split's records as (source sha256, class name), the ids read through labels.txt."""
+    labels = (out / "labels.txt").read_text().splitlines()
+    return {split: collections.Counter((r["image/key/sha256"].decode(), labels[r["image/class/label"]])
+                                       for r in read_split(out, split))
+            for split in json.loads((out / "manifest.json").read_text())["splits"]}
+
+
+def test_it_reads_and_verifies_as_version_1(previous):
+    manifest = json.loads((previous / "manifest.json").read_text())
+    assert "versions" not in manifest  # made before them
+    info = beam_prep.load_info(str(previous))
+    assert info.labels == ("circles", "squares", "stars")
+    assert {name: s.num_examples for name, s in info.splits.items()} == {"train": 9, "validation": 3}
+    for version in (None, 1):
+        ds = beam_prep.make_dataset(str(previous), "train", batch_size=None, training=False, version=version,
+                                    extra_keys=["image/key/sha256"])
+        assert collections.Counter((e["image/key/sha256"].numpy().decode(), info.labels[int(label)])
+                                   for _, label, e in ds) == by_split(previous)["train"]
+    with pytest.raises(DatasetError, match="no version 2"):
+        beam_prep.make_dataset(str(previous), "train", batch_size=None, version=2)
+    report = verify(str(previous))
+    assert report.ok, report.problems
+
+
+def test_it_appends_a_new_class_and_new_images_keeping_its_ids_and_shards(previous, tmp_path):
+    tree = tmp_path / "tree"
+    make_tree(tree, COUNTS, size=SIZE)  # the tree it was made from, byte for byte
+    before_records, before_files = by_split(previous), sha256s(previous)
+    make_tree(tmp_path / "more", {"aardvark": 2, "circles": 2}, size=(20, 24))
+    for label in ("aardvark", "circles"):
+        (tree / label).mkdir(exist_ok=True)
+        for i, image in enumerate(sorted((tmp_path / "more" / label).iterdir())):
+            shutil.copyfile(image, tree / label / f"new_{i}.jpg")
+    manifest = prepare_here("--input", str(tree), "--output", str(previous), "--append")
+    after = sha256s(previous)
+    assert {name: after[name] for name in before_files if name.endswith(".tfrecord.gz")} == \
+        {name: digest for name, digest in before_files.items() if name.endswith(".tfrecord.gz")}
+    assert (previous / "labels.txt").read_text().splitlines() == ["circles", "squares", "stars", "aardvark"]
+    assert [v["version"] for v in manifest["versions"]] == [1, 2]
+    appended = manifest["versions"][-1]["appended"]
+    # From another folder than the first run's: every old file is a copy of a record, none written again.
+    assert (appended["copies"], appended["unchanged"], appended["new_labels"]) == (12, 0, ["aardvark"])
+    assert sum(s["num_examples"] for s in manifest["versions"][-1]["splits"].values()) == 4
+    now = by_split(previous)
+    for split, records in before_records.items():  # the old records as they were, ids and all
+        assert not records - now[split]
+    version_1 = beam_prep.make_dataset(str(previous), "validation", batch_size=None, training=False, version=1,
+                                       extra_keys=["image/key/sha256"])
+    assert collections.Counter((e["image/key/sha256"].numpy().decode(), ("circles", "squares", "stars")[int(label)])
+                               for _, label, e in version_1) == before_records["validation"]
+    report = verify(str(previous))
+    assert report.ok, report.problems
