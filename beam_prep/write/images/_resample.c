@@ -27,6 +27,7 @@
  * or CPU), the scalar loops alone. Integer arithmetic: the same bytes on every path. */
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define X86_VECTORS 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -406,6 +407,7 @@ avx512_fold(__m512i v) {
 enum { ISA_SCALAR, ISA_SSE4, ISA_AVX2, ISA_AVX512, ISA_COUNT };
 static const char *const ISA_NAMES[ISA_COUNT] = {"scalar", "sse4", "avx2", "avx512"};
 static int isa = ISA_SCALAR;
+static int preferred = ISA_SCALAR; /* the one chosen at load */
 
 /* Whether this build has the loops for `which` and this CPU (and its OS) runs them. */
 static int
@@ -424,6 +426,26 @@ isa_runs(int which) {
     default:
         return 0;
     }
+}
+
+/* Whether this CPU runs AVX-512 as two 256-bit halves: AMD family 19h (Zen 4), where the RGB loops'
+ * 512-bit multiplies cost more than AVX2's (measured: docs/design/resizing.md). */
+static int
+split_avx512(void) {
+#ifdef X86_VECTORS
+    unsigned int eax, ebx, ecx, edx;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
+        return 0;
+    }
+    const int amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163; /* "AuthenticAMD" */
+    if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+        return 0;
+    }
+    const unsigned int family = ((eax >> 8) & 0xf) + ((eax >> 8 & 0xf) == 0xf ? (eax >> 20) & 0xff : 0);
+    return family == 0x19;
+#else
+    return 0;
+#endif
 }
 
 /* Each of out's out_rows rows (width bytes) the weighted sum of the rows of src its bounds name,
@@ -671,11 +693,21 @@ isas(PyObject *self, PyObject *unused) {
     return names;
 }
 
-PyDoc_STRVAR(get_isa_doc, "get_isa()\n\nThe instruction set whose loops run: the fastest of isas(), or set_isa's.");
+PyDoc_STRVAR(get_isa_doc, "get_isa()\n\nThe instruction set whose loops run: preferred_isa(), or set_isa's.");
 
 static PyObject *
 get_isa(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(ISA_NAMES[isa]);
+}
+
+PyDoc_STRVAR(preferred_isa_doc,
+"preferred_isa()\n\n"
+"The instruction set chosen when the module loaded: the widest of isas(), but avx2 on a CPU that\n"
+"runs AVX-512 as two 256-bit halves (AMD's Zen 4), where it is slower.");
+
+static PyObject *
+preferred_isa(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(ISA_NAMES[preferred]);
 }
 
 PyDoc_STRVAR(set_isa_doc,
@@ -1223,6 +1255,7 @@ static PyMethodDef methods[] = {
     {"isas", isas, METH_NOARGS, isas_doc},
     {"get_isa", get_isa, METH_NOARGS, get_isa_doc},
     {"set_isa", set_isa, METH_O, set_isa_doc},
+    {"preferred_isa", preferred_isa, METH_NOARGS, preferred_isa_doc},
     {"phash", phash, METH_VARARGS, phash_doc},
     {"resample_image", resample_image, METH_VARARGS, resample_image_doc},
     {NULL, NULL, 0, NULL},
@@ -1245,12 +1278,11 @@ PyInit__resample(void) {
 #ifdef X86_VECTORS
     __builtin_cpu_init();
 #endif
-    /* The widest this CPU runs, up to AVX2: the AVX-512 loops have not yet run on a CPU that has
-     * them against Pillow's bytes (docs/design/resizing.md), so they are taken only when asked
-     * for (BEAM_PREP_RESAMPLE_ISA=avx512), never by default. */
-    for (int i = ISA_AVX2; i >= 0; i--) {
-        if (isa_runs(i)) {
-            isa = i;
+    /* The widest this CPU runs, but AVX2 where AVX-512 runs as two 256-bit halves (AMD's Zen 4),
+     * which makes the RGB loops slower there (docs/design/resizing.md). */
+    for (int i = ISA_COUNT - 1; i >= 0; i--) {
+        if (isa_runs(i) && !(i == ISA_AVX512 && split_avx512())) {
+            isa = preferred = i;
             break;
         }
     }

@@ -30,7 +30,7 @@ PILLOW = "pillow"
 KERNEL = "kernel"
 CHOICES = (PILLOW, KERNEL)
 # Which of the kernel's loops run, to compare them (tests/write/test_resample_isa.py, benchmarks):
-# unset (or empty), the widest this CPU runs up to avx2 (default_isa); else scalar, sse4, avx2 or avx512, and a refused run
+# unset (or empty), the fastest this CPU runs (default_isa); else scalar, sse4, avx2 or avx512, and a refused run
 # where this build or CPU does not run that one. The pixels are the same whichever runs.
 ISA_VARIABLE = "BEAM_PREP_RESAMPLE_ISA"
 ISAS = ("scalar", "sse4", "avx2", "avx512")
@@ -124,14 +124,10 @@ def load() -> Loaded:
     return Loaded(kernel, rules=CHECKED_PILLOW[version])
 
 
-# Loops built and runnable, but not yet checked against Pillow's bytes on a CPU that has them: taken
-# only when ISA_VARIABLE names them (docs/design/resizing.md).
-UNPROVEN_ISAS = ("avx512",)
-
-
 def default_isa(kernel: ModuleType) -> str:
-    """The widest instruction set this build and CPU run, of those proven (not ``UNPROVEN_ISAS``)."""
-    return [name for name in kernel.isas() if name not in UNPROVEN_ISAS][-1]
+    """The instruction set the kernel chose when it loaded: the widest this build and CPU run, but
+    avx2 where AVX-512 runs as two 256-bit halves and is slower (docs/design/resizing.md)."""
+    return kernel.preferred_isa()
 
 
 def use_isa(kernel: ModuleType, name: str | None) -> None:
@@ -145,8 +141,8 @@ def use_isa(kernel: ModuleType, name: str | None) -> None:
         kernel.set_isa(default_isa(kernel))  # the module's own choice, again after any set_isa
         return
     if name not in ISAS:
-        raise OptionsError(f"{ISA_VARIABLE} must be one of {', '.join(ISAS)} (or unset: the widest this CPU "
-                           f"runs up to avx2), not {name!r}")
+        raise OptionsError(f"{ISA_VARIABLE} must be one of {', '.join(ISAS)} (or unset: the fastest this CPU "
+                           f"runs), not {name!r}")
     if name not in kernel.isas():
         raise OptionsError(f"{ISA_VARIABLE}={name}, but this build or CPU runs only {', '.join(kernel.isas())}: "
                            "unset it for the widest of those")
