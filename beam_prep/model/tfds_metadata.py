@@ -20,7 +20,7 @@ TFDS describes a split's shards with one name template and one shard count, and 
 shards (``train-v2-00000-of-00003.tfrecord``) cannot share the first run's: each version's
 additions to a split are a TFDS split of their own, named as its shards are (``train-v2``), so
 the one template fits every shard, and ``train+train-v2`` reads the whole split as version 2
-holds it (:func:`split_spec`; docs/reference/output-format.md).
+holds it (:func:`split_spec`; docs/guides/output-format.md, "TFDS's metadata").
 """
 from __future__ import annotations
 
