@@ -289,7 +289,7 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     listed = set()
     for entry, sha256 in _hashed(listing.entries()):
         listed.add(entry.path)
-        if entry.path in existing.failed:
+        if printable(entry.path) in existing.failed:  # errors.jsonl names files as messages show them
             additions.failed_before += 1
         elif entry.path in existing.by_path:
             before = existing.by_path[entry.path][0]
