@@ -1,9 +1,10 @@
 """Append benchmark: adding 1% to a prepared dataset against preparing that 1% alone.
 
 The corpus (``benchmarks/corpus.py``) of ``--images`` plus ``--percent`` more, split by hard
-links into the first tree (``--images``), the new batch (every ``1 / percent``-th image) and the
-grown tree (both). The first tree is prepared once with the writer benchmark's flags, timed
-((w): what a rewrite costs); then, in turns for ``--rounds`` rounds, each run in a fresh process:
+links into the tree (``--images``) and the new batch (every ``1 / percent``-th image). The tree
+is prepared once with the writer benchmark's flags, timed ((w): what a rewrite costs), then the
+batch is linked into it too (the grown tree: the first run's input, grown); then, in turns for
+``--rounds`` rounds, each run in a fresh process:
 
   (a) the batch prepared alone into a fresh folder: the baseline;
   (l1) the listing of the batch alone, and (l2) of the grown tree (``list_tree``, after imports);
@@ -79,19 +80,27 @@ RUNS = {
 
 
 def make_trees(images: int, new: int, cache: pathlib.Path, workdir: pathlib.Path) -> dict[str, pathlib.Path]:
-    """The first tree, the batch and the grown tree under ``workdir``, hard links to a corpus of
-    ``images + new`` images; the batch is every ``(images + new) // new``-th image, by path."""
+    """The tree and the batch under ``workdir``, hard links to a corpus of ``images + new`` images; the
+    batch is every ``(images + new) // new``-th image, by path."""
     corpus = ensure_corpus(images + new, cache)
     files = corpus.files()
     stride = len(files) // new
     batch = {path for i, path in enumerate(files) if i % stride == stride - 1 and i // stride < new}
-    trees = {name: workdir / name for name in ("first", "batch", "grown")}
+    trees = {name: workdir / name for name in ("tree", "batch")}
     for path in files:
-        relpath = path.relative_to(corpus.root)
-        for name in ("batch" if path in batch else "first", "grown"):
-            (trees[name] / relpath).parent.mkdir(parents=True, exist_ok=True)
-            os.link(path, trees[name] / relpath)
+        _link(path, trees["batch" if path in batch else "tree"] / path.relative_to(corpus.root))
     return trees
+
+
+def grow(tree: pathlib.Path, batch: pathlib.Path) -> None:
+    """Links the batch's files into the tree, at the same relative paths."""
+    for path in sorted(batch.rglob("*.jpg")):
+        _link(path, tree / path.relative_to(batch))
+
+
+def _link(source: pathlib.Path, target: pathlib.Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.link(source, target)
 
 
 def _prepare(*args: str) -> Measured:
@@ -99,8 +108,9 @@ def _prepare(*args: str) -> Measured:
     return run_measured(prepare_images.command(*args), cwd=REPO_ROOT)
 
 
-def _timed(measured: Measured, out: pathlib.Path, records: int, version: int) -> dict[str, object]:
-    """A prepare run's figures; ``error`` where it failed or its version does not hold ``records``."""
+def _timed(measured: Measured, out: pathlib.Path, records: int, version: int, unchanged: int = 0) -> dict[str, object]:
+    """A prepare run's figures; ``error`` where it failed, its version does not hold ``records``, or an
+    append's did not find ``unchanged`` files already in the dataset (and nothing else left out)."""
     row: dict[str, object] = {"seconds": measured.seconds, "cpu_seconds": measured.cpu_seconds,
                               "peak_rss_bytes": measured.peak_rss_bytes, "exit_seconds": measured.seconds,
                               "error": None}
@@ -112,6 +122,9 @@ def _timed(measured: Measured, out: pathlib.Path, records: int, version: int) ->
     added = sum(split["num_examples"] for split in latest.get("splits", {}).values())
     if (latest.get("version"), added) != (version, records):
         row["error"] = f"version {latest.get('version')} holds {added} records, not version {version} of {records}"
+    left_out = {key: n for key, n in (latest.get("appended") or {}).items() if n and key != "new_labels"}
+    if left_out != ({"unchanged": unchanged} if unchanged else {}):
+        row["error"] = f"the append left out {left_out}, not {unchanged} files already in the dataset"
     row["seconds"] = measured.seconds_until_written(out / "manifest.json")
     return row
 
@@ -135,15 +148,16 @@ def one_round(trees: dict[str, pathlib.Path], dataset: pathlib.Path, images: int
     shutil.rmtree(alone, ignore_errors=True)
     row["a"] = _timed(_prepare("--input", str(trees["batch"]), "--output", str(alone), *DEFAULT_FLAGS), alone, new, 1)
     row["l1"] = _child(_LISTING, trees["batch"], new)
-    row["l2"] = _child(_LISTING, trees["grown"], images + new)
-    for key, source in (("c", trees["batch"]), ("d", trees["grown"])):
+    row["l2"] = _child(_LISTING, trees["tree"], images + new)
+    for key, source, unchanged in (("c", trees["batch"], 0), ("d", trees["tree"], images)):
         copy = workdir / f"append-{key}"
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(dataset, copy)
-        row[key] = _timed(_prepare("--input", str(source), "--output", str(copy), "--append"), copy, new, 2)
+        row[key] = _timed(_prepare("--input", str(source), "--output", str(copy), "--append"), copy, new, 2,
+                          unchanged)
         shutil.rmtree(copy, ignore_errors=True)
     row["e"] = _child(_EXISTING, dataset, images)
-    row["f"] = _child(_HASHING, trees["grown"], images + new)
+    row["f"] = _child(_HASHING, trees["tree"], images + new)
     for key, result in row.items():
         log.info("%s: %s", RUNS[key], {k: v for k, v in result.items() if k != "error"} | (
             {"error": result["error"]} if result["error"] else {}))
@@ -166,10 +180,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         workdir = pathlib.Path(tmp)
         trees = make_trees(args.images, new, args.cache, workdir)
         dataset = workdir / "dataset"
-        first = _timed(_prepare("--input", str(trees["first"]), "--output", str(dataset), *DEFAULT_FLAGS),
+        first = _timed(_prepare("--input", str(trees["tree"]), "--output", str(dataset), *DEFAULT_FLAGS),
                        dataset, args.images, 1)
         if first["error"]:
             raise SystemExit(f"the dataset was not prepared: {first['error']}")
+        grow(trees["tree"], trees["batch"])
         rounds = [one_round(trees, dataset, args.images, new, workdir) for _ in range(args.rounds)]
     failed = [(key, run["error"]) for row in rounds for key, run in row.items() if run["error"]]
     record = {"settings": {"images": args.images, "new": new, "percent": args.percent, "rounds": args.rounds,
