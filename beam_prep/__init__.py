@@ -42,6 +42,7 @@ _HOMES = {
     "webdataset_pipeline": "beam_prep.reader.webdataset_recipe",
     "shard_urls": "beam_prep.reader.webdataset_recipe",
     "dali_reader": "beam_prep.reader.dali",
+    "tfds_split": "beam_prep.reader.tfds_split",
 }
 __all__ = ["__version__", *_HOMES]  # noqa: PLE0604  the lazy names, listed once in _HOMES
 

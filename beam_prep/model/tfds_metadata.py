@@ -15,6 +15,12 @@ the label because they are top-level features.
 TFDS reads only uncompressed TFRecords and needs each shard's record count, so
 :func:`unsupported` says why a dataset gets no metadata (GZIP shards, a
 manifest without per-shard record counts, raw pixels of varying size).
+
+TFDS describes a split's shards with one name template and one shard count, and an append's
+shards (``train-v2-00000-of-00003.tfrecord``) cannot share the first run's: each version's
+additions to a split are a TFDS split of their own, named as its shards are (``train-v2``), so
+the one template fits every shard, and ``train+train-v2`` reads the whole split as version 2
+holds it (:func:`split_spec`; docs/guides/output-format.md, "TFDS's metadata").
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from typing import Any
 import beam_prep
 from beam_prep.errors import DatasetError
 from beam_prep.model import features
-from beam_prep.model.dataset import DatasetInfo, ImageInfo
+from beam_prep.model.dataset import DatasetInfo, ImageInfo, shard_suffix
 
 __all__ = [
     "CLASS_LABEL_NAMES",
@@ -37,6 +43,8 @@ __all__ = [
     "class_names",
     "dataset_name",
     "metadata_files",
+    "split_spec",
+    "tfds_splits",
     "unsupported",
 ]
 
@@ -60,9 +68,6 @@ _INT64 = {"pythonClassName": _TFDS + "scalar.Scalar",
 
 def unsupported(info: DatasetInfo) -> str | None:
     """Why TFDS could not read this dataset, or None when it can."""
-    if info.version > 1:
-        return ("an appended dataset's shards follow two name templates, which TFDS's description (one a "
-                "split) cannot hold: TFDS reads version 1, with the metadata its run wrote")
     if info.file_format not in TFDS_FILE_FORMATS:
         return f"TFDS does not read {info.file_format} shards: write tfrecord or array_record"
     if info.compression != "NONE":
@@ -78,7 +83,52 @@ def unsupported(info: DatasetInfo) -> str | None:
     if info.multi_label or info.extra_features:
         return ("the records hold a list of labels or --metadata's extra features, which this TFDS "
                 "description (one ClassLabel) does not cover: read them with beam_prep.reader")
+    suffix = shard_suffix(info.file_format, info.compression.lower())
+    for name, shards, _ in tfds_splits(info):
+        expected = [_shard_file(name, i, len(shards), suffix) for i in range(len(shards))]
+        if list(shards) != expected:
+            wrong = next(s for s, e in zip(shards, expected) if s != e)
+            return (f"shard {wrong} of TFDS split {name!r} is not named as its template {FILEPATH_TEMPLATE} "
+                    "names it: the manifest was edited")
     return None
+
+
+def _shard_file(split: str, index: int, count: int, suffix: str) -> str:
+    """``FILEPATH_TEMPLATE`` filled in, as TFDS fills it (its five-digit ``SHARD_X_OF_Y``)."""
+    return f"{split}-{index:05d}-of-{count:05d}{suffix}"
+
+
+def _version_split(split: str, version: int) -> str:
+    """The TFDS split of what ``version`` added to ``split``: its own name for version 1, else the
+    name its shards start with (``layout.shard_name``: ``train-v2``)."""
+    return split if version == 1 else f"{split}-v{version}"
+
+
+def tfds_splits(info: DatasetInfo) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
+    """The dataset's TFDS splits, oldest version first: ``(name, shard files, records per shard)``
+    for each split each version added shards to (``train``, ``validation``, ``train-v2``...).
+    Records per shard are empty where the manifest does not know them."""
+    counts = {name: n for split in info.splits.values()
+              for name, n in zip(split.shards, split.shard_num_examples or ())}
+    return [(_version_split(split, version.version), tuple(shards), tuple(counts[s] for s in shards if s in counts))
+            for version in info.history for split in info.splits
+            for shards in [version.added.get(split, ((), 0, None))[0]] if shards]
+
+
+def split_spec(info: DatasetInfo, split: str, version: int | None = None) -> str:
+    """The TFDS split string that reads ``split`` as ``version`` holds it (None: the latest): its
+    version-1 records, then each later version's (``train+train-v2+train-v3``), for
+    ``builder.as_dataset(split=...)``.
+
+    Raises:
+      DatasetError: no such version, or the split holds no record at that version.
+    """
+    held = info.at_version(version)
+    names = [_version_split(split, v.version) for v in held.history if v.added.get(split, ((), 0, None))[0]]
+    if not names:
+        raise DatasetError(f"{info.root or 'this dataset'} has no split {split!r} at version {held.version}: "
+                           f"it has {', '.join(map(repr, held.splits)) or 'none'}")
+    return "+".join(names)
 
 
 def class_names(labels: Sequence[str], label_offset: int) -> list[str]:
@@ -129,9 +179,9 @@ def _dataset_info_json(info: DatasetInfo, name: str, description: str) -> dict[s
         "description": description,
         "version": VERSION,
         "fileFormat": TFDS_FILE_FORMATS[info.file_format],
-        "splits": [{"name": split.name, "filepathTemplate": FILEPATH_TEMPLATE,
-                    "shardLengths": [str(n) for n in split.shard_num_examples or ()]}
-                   for split in info.splits.values()],
+        "splits": [{"name": name, "filepathTemplate": FILEPATH_TEMPLATE,
+                    "shardLengths": [str(n) for n in lengths]}
+                   for name, _, lengths in tfds_splits(info)],
         "supervisedKeys": {"tuple": {"items": [{"featureKey": features.ENCODED},
                                                {"featureKey": features.LABEL}]}},
     }
@@ -162,6 +212,10 @@ def metadata_files(info: DatasetInfo, name: str | None = None,
     if description is None:
         description = (f"{info.num_classes} labels, {info.image.format} images, written by beam-prep "
                        f"{beam_prep.__version__}; label ids start at {info.label_offset}.")
+        if info.version > 1:
+            whole = ", ".join(split_spec(info, split) for split in info.splits)
+            description += (f" Version {info.version}: each version's additions are a split of their own "
+                            f"(train-v2: what version 2 added); read a whole split as {whole}.")
     return {
         DATASET_INFO: [json.dumps(_dataset_info_json(info, name, description), indent=2, ensure_ascii=False)],
         FEATURES: [json.dumps(_features_json(info), indent=2)],

@@ -602,11 +602,55 @@ def writer_profile(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def _append_median(rounds: Sequence[Mapping], key: str, field: str) -> float | None:
+    values = [row[key][field] for row in rounds if not row[key].get("error")]
+    return statistics.median(values) if values else None
+
+
+def _append_bound(rounds: Sequence[Mapping], append: str, listing: str, bound: float, field: str) -> float | None:
+    """The median over rounds of ``append ÷ (listing + bound × (a))``, each round's runs minutes apart."""
+    ratios = [row[append][field] / (row[listing][field] + bound * row["a"][field]) for row in rounds
+              if not any(row[k].get("error") for k in (append, listing, "a"))]
+    return statistics.median(ratios) if ratios else None
+
+
+def append(results: Mapping) -> str:
+    """Each run's median seconds and CPU seconds against the batch prepared alone (a); then each append
+    against the issue's bound (its input's listing plus ``bound`` × (a)), and against the whole dataset's."""
+    rounds, labels, s = results["rounds"], results["labels"], results["settings"]
+    bound = s["bound"]
+    base = {field: _append_median(rounds, "a", field) for field in ("seconds", "cpu_seconds")}
+    lines = ["| run | seconds | CPU s | ÷ (a) | ÷ (a), CPU |", "|---|---:|---:|---:|---:|"]
+    for key, label in labels.items():
+        wall, cpu = (_append_median(rounds, key, field) for field in ("seconds", "cpu_seconds"))
+        if wall is None:
+            lines.append(f"| {label} | failed | | | |")
+            continue
+        ratios = ("—", "—") if key == "a" or not base["seconds"] else (
+            times(wall / base["seconds"]), times(cpu / base["cpu_seconds"]))
+        lines.append(f"| {label} | {wall:.2f} | {cpu:.2f} | {ratios[0]} | {ratios[1]} |")
+    first = results["dataset"]
+    lines += ["", f"The bound: an append costs at most its input's listing plus {bound:g} × (a) "
+                  "(medians over rounds of each round's ratio; at most 1.00 meets it):", "",
+              "| append | its bound | ÷ the bound | ÷ the bound, CPU | ÷ (w), the whole dataset prepared |",
+              "|---|---|---:|---:|---:|"]
+    for key, listing in (("c", "l1"), ("d", "l2")):
+        wall = _append_median(rounds, key, "seconds")
+        lines.append(f"| {labels[key]} | {labels[listing].split(' ', 1)[0]} + {bound:g} × (a) "
+                     f"| {times(_append_bound(rounds, key, listing, bound, 'seconds'))} "
+                     f"| {times(_append_bound(rounds, key, listing, bound, 'cpu_seconds'))} "
+                     f"| {times(wall / first['seconds'] if wall is not None else None)} |")
+    head = (f"A dataset of {s['images']:,} images (`{' '.join(s['flags'])}`), prepared once in "
+            f"{first['seconds']:.1f} s, {first['cpu_seconds']:.1f} CPU s ((w)); a batch of {s['new']:,} "
+            f"({s['percent']:g}%) appended; medians of {s['rounds']} rounds.\n\n")
+    return head + "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
     "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates,
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
-    "writer-kernel": writer_kernel, "writer-profile": writer_profile, "gzip": gzip_levels,
+    "writer-kernel": writer_kernel, "writer-profile": writer_profile, "gzip": gzip_levels, "append": append,
 }

@@ -24,7 +24,7 @@ from PIL import Image
 
 from beam_prep.errors import DatasetError
 from beam_prep.model import features, tfds_metadata
-from beam_prep.model.dataset import DatasetInfo, SplitInfo
+from beam_prep.model.dataset import DatasetInfo, SplitInfo, VersionInfo
 from beam_prep.reader import ImageInfo, RecordFiles, load_info, make_dataset
 from beam_prep.tools.sample import picture
 from beam_prep.write.shared import layout
@@ -468,9 +468,29 @@ def test_tfds_metadata_is_refused_where_tfds_could_not_read_the_shards():
     uncounted = {"train": SplitInfo("train", ("train-00000-of-00001.tfrecord",), 3, None)}
     readable = DatasetInfo("out", ("a",), counted, image, "NONE")
     assert tfds_metadata.unsupported(readable) is None
+    misnamed = {"train": SplitInfo("train", ("train-00000-of-00002.tfrecord",), 3, (3,))}
     for info, reason in ((dataclasses.replace(readable, compression="GZIP"), "--compression none"),
                          (dataclasses.replace(readable, splits=uncounted), "record count"),
+                         (dataclasses.replace(readable, splits=misnamed), "not named as its template"),
                          (dataclasses.replace(readable, image=ImageInfo(None, None, 3, "raw")), "--image_size")):
         assert reason in tfds_metadata.unsupported(info)
         with pytest.raises(DatasetError, match="no TFDS metadata"):
             tfds_metadata.metadata_files(info, "out")
+
+
+def test_the_tfds_split_of_a_version_names_each_versions_additions():
+    image = ImageInfo(SIZE, SIZE, 3, "jpeg")
+    v1 = VersionInfo(1, {"train": (("train-00000-of-00001.tfrecord",), 3, None)}, 1)
+    v2 = VersionInfo(2, {"train": (("train-v2-00000-of-00001.tfrecord",), 1, None),
+                         "test": (("test-v2-00000-of-00001.tfrecord",), 1, None)}, 2)
+    splits = {"train": SplitInfo("train", (*v1.added["train"][0], *v2.added["train"][0]), 4, (3, 1)),
+              "test": SplitInfo("test", v2.added["test"][0], 1, (1,))}
+    info = DatasetInfo("out", ("a", "b"), splits, image, "NONE", versions=(v1, v2))
+    assert [name for name, _, _ in tfds_metadata.tfds_splits(info)] == ["train", "train-v2", "test-v2"]
+    assert tfds_metadata.unsupported(info) is None
+    assert (tfds_metadata.split_spec(info, "train"), tfds_metadata.split_spec(info, "train", 1),
+            tfds_metadata.split_spec(info, "test")) == ("train+train-v2", "train", "test-v2")
+    for split, version, message in (("test", 1, "no split 'test' at version 1: it has 'train'"),
+                                    ("train", 3, "has no version 3: it has versions 1-2")):
+        with pytest.raises(DatasetError, match=message):
+            tfds_metadata.split_spec(info, split, version)

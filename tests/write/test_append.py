@@ -11,8 +11,10 @@ and resumed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -24,7 +26,8 @@ from interrupts import WRITTEN_ARGS, dataset_digests, interrupt, photo_tree
 from PIL import Image
 
 import beam_prep
-from beam_prep.errors import BeamPrepWarning, OptionsError
+from beam_prep.errors import BeamPrepWarning, DatasetError, OptionsError
+from beam_prep.write.shared.entry import printable
 from pipelines import prepare_images
 
 pytestmark = pytest.mark.slow  # every test runs a pipeline
@@ -103,7 +106,8 @@ def test_an_append_writes_what_the_dataset_lacks_as_version_2_and_keeps_the_rest
     # What it left out, said.
     latest = manifest["versions"][-1]
     assert (latest["version"], latest["input"], latest["num_labels"]) == (2, str(grown["tree"]), 3)
-    assert latest["appended"] == {"new_labels": ["aardvark"], "unchanged": 10, "failed_before": 0, "copies": 1, "changed": 1,
+    assert latest["appended"] == {"new_labels": ["aardvark"], "unchanged": 10, "failed_before": 0, "skipped_before": 0,
+                                  "copies": 1, "changed": 1,
                                   "gone": 1}
     changed = [json.loads(line) for line in (out / "changed.jsonl").read_text().splitlines()]
     assert [(row["change"], pathlib.Path(row["path"]).name) for row in changed] == [
@@ -259,25 +263,46 @@ def first_and_batch(tmp_path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]
     return tree, batch, union
 
 
-def test_tfds_builder_from_directory_reads_version_1_after_an_append(first_and_batch, tmp_path):
+def test_tfds_builder_from_directory_reads_each_version_and_the_new_class_after_an_append(first_and_batch, tmp_path):
+    """TFDS's metadata is written again: the new class at its id, and each version's additions a TFDS split
+    named as its shards (``train-v2``) whose template and shard count find every one of them; the whole latest
+    split (``beam_prep.tfds_split``) reads as the dataset made in one run, version 1 as it read before."""
     import tensorflow_datasets as tfds
 
-    tree, batch, _ = first_and_batch
-    out = tmp_path / "out"
-    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--validation_percent", "30",
-                 "--compression", "none", "--num_shards", "1")
-    first = records(out)
-    tfds_files = {name: digest for name, digest in digests(out).items()
-                  if name in ("dataset_info.json", "features.json", "image.class.label.labels.txt")}
-    prepare_here("--input", str(batch), "--output", str(out), "--append")
-    assert {name: digests(out)[name] for name in tfds_files} == tfds_files
+    tree, batch, union = first_and_batch
+    out, whole = tmp_path / "out", tmp_path / "whole"
+    common = ("--image_size", "16", "--validation_percent", "30", "--compression", "none", "--num_shards", "1")
+    prepare_here("--input", str(tree), "--output", str(out), *common)
+
+    def read(folder: pathlib.Path, version: int | None = None) -> collections.Counter:
+        builder = tfds.builder_from_directory(str(folder))
+        names = builder.info.features["image/class/label"].names
+        found = collections.Counter()
+        for split in json.loads((folder / "manifest.json").read_text())["splits"]:
+            with contextlib.suppress(DatasetError):  # a split the version lacks
+                spec = beam_prep.tfds_split(folder, split, version)
+                for ex in tfds.as_numpy(builder.as_dataset(split=spec, shuffle_files=False)):
+                    found[ex["image/key/sha256"].decode(), names[ex["image/class/label"]], split] += 1
+        return found
+
+    first = read(out)
+    manifest = prepare_here("--input", str(batch), "--output", str(out), "--append", "--num_shards", "2")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("bee\ncat\nant\n")
+    prepare_here("--input", str(union), "--output", str(whole), *common, "--labels_file", str(labels))
     builder = tfds.builder_from_directory(str(out))
-    names = builder.info.features["image/class/label"].names
-    read = collections.Counter()
-    for split in builder.info.splits:
-        for ex in tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)):
-            read[ex["image/key/sha256"].decode(), names[ex["image/class/label"]], split] += 1
-    assert read == first
+    label = builder.info.features["image/class/label"]
+    assert (label.num_classes, label.names) == (3, ["bee", "cat", "ant"])
+    # One TFDS split a version's additions to a split, its template and shard count naming exactly its shards.
+    expected = {(split if v["version"] == 1 else f"{split}-v{v['version']}"): added["shards"]
+                for v in manifest["versions"] for split, added in v["splits"].items() if added["shards"]}
+    assert {name: [pathlib.Path(f).name for f in info.filenames] for name, info in builder.info.splits.items()} \
+        == expected
+    assert max(len(shards) for shards in expected.values()) == 2
+    assert beam_prep.tfds_split(out, "train") == "train+train-v2"
+    assert read(out) == records(whole) == records(out)
+    assert read(out, version=1) == first
+    assert sum(read(out).values()) == 14
 
 
 def test_hugging_face_reads_the_appended_webdataset_as_a_dataset_made_in_one_run(first_and_batch, tmp_path):
@@ -369,3 +394,57 @@ def test_an_append_after_another_stopped_while_publishing_makes_the_version_afte
     assert manifest["labels"] == ["ant", "bee", "cat"]
     assert sorted(p.name for p in out.glob("train-*")) == [
         "train-00000-of-00001.tfrecord.gz", "train-v2-00000-of-00001.tfrecord.gz", "train-v3-00000-of-00001.tfrecord.gz"]
+
+
+def test_each_report_names_a_file_once_across_versions_and_the_counts_add_up(tmp_path):
+    """The same tree appended twice as it grows: a file skipped or failed in version 1, or found a copy in
+    version 2, is named once in skipped.jsonl or errors.jsonl, counted in each later version as done before;
+    the manifest's counts are the reports' lines, and every file found each time is counted once."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 3, "bee": 2}, size=(24, 20))
+    (tree / "ant" / "notes.txt").write_text("not an image")
+    (tree / "bee" / os.fsdecode(b"broken\xff.jpg")).write_bytes(b"not a jpeg")  # named as no UTF-8 is
+    found = [7]  # the files each run finds in the tree
+
+    def grow(size: tuple[int, int], *extra: pathlib.Path) -> None:
+        batch = tmp_path / f"batch{size[0]}"
+        for image in make_tree(batch, {"ant": 1, "cat": 1}, size=size):
+            shutil.copyfile(image, tree / image.parent.name / f"new{size[0]}_{image.name}")
+        found.append(found[-1] + 2 + len(extra))
+
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--validation_percent", "30")
+    (tree / "cat").mkdir()
+    shutil.copyfile(tree / "ant" / "img_000.jpg", tree / "cat" / "copy.jpg")  # a copy, found in version 2
+    (tree / "bee" / "more.txt").write_text("not an image either")
+    grow((20, 24), tree / "cat" / "copy.jpg", tree / "bee" / "more.txt")
+    prepare_here("--input", str(tree), "--output", str(out), "--append")
+    (tree / "ant" / "img_001.jpg").write_bytes(encode(Image.new("RGB", (24, 20), "blue")))  # changed
+    grow((28, 20))
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
+
+    def paths(report: str) -> collections.Counter:
+        lines = (out / report).read_text().splitlines()
+        return collections.Counter(pathlib.Path(json.loads(line)["path"]).relative_to(tree).as_posix()
+                                   for line in lines)
+
+    skipped, failed = paths("skipped.jsonl"), paths("errors.jsonl")
+    assert skipped == collections.Counter(["ant/notes.txt", "bee/more.txt", "cat/copy.jpg"])
+    assert failed == collections.Counter(["bee/broken\\xff.jpg"])
+    counts = manifest["counts"]
+    assert (counts["skipped"], counts["failed"]) == (3, 1)
+    assert sum(manifest["skipped_by_reason"].values()) == 3
+    assert counts["written"] == sum(s["num_examples"] for s in manifest["splits"].values()) == \
+        sum(s["num_examples"] for v in manifest["versions"] for s in v["splits"].values()) == 9
+    assert counts["listed"] == counts["written"] + counts["failed"]
+    appended = [v["appended"] for v in manifest["versions"][1:]]
+    assert [(a["unchanged"], a["failed_before"], a["skipped_before"], a["copies"], a["changed"]) for a in appended] \
+        == [(5, 1, 1, 1, 0), (6, 1, 3, 0, 1)]
+    before = sum(a[key] for a in appended for key in ("unchanged", "failed_before", "skipped_before", "changed"))
+    assert counts["listed"] + counts["skipped"] + before == sum(found)
+    # Every file in the tree is a record's source, or in a report.
+    sources = {r["image/filename"].decode() for split in manifest["splits"] for r in read_split(out, split)}
+    changed = {pathlib.Path(json.loads(line)["path"]).relative_to(tree).as_posix()
+               for line in (out / "changed.jsonl").read_text().splitlines()}
+    in_tree = {printable(p.relative_to(tree).as_posix()) for p in tree.rglob("*") if p.is_file()}
+    assert in_tree == sources | set(skipped) | set(failed) | changed
+    assert changed == {"ant/img_001.jpg"}

@@ -4,7 +4,9 @@ Before any work: the options come from the dataset's manifest, and one given tha
 them is refused (``appending_config``). Once listed, each file is compared with the records
 already there (``narrow``): a file at a path the dataset holds is not written (its bytes changed:
 ``changed.jsonl``), nor one whose bytes it holds (``skipped.jsonl``), and the sources of the
-run's input the dataset holds but the listing lacks are counted as gone. What the run writes is
+run's input the dataset holds but the listing lacks are counted as gone. A file that failed or was
+skipped in an earlier version is counted, not tried or reported again: each report names a file once
+across the versions. What the run writes is
 the rest, as the dataset's next version (docs/guides/preparing.md, "Adding images").
 """
 from __future__ import annotations
@@ -25,8 +27,8 @@ from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_m
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
-from beam_prep.write.shared.entry import FileEntry
-from beam_prep.write.shared.layout import ERRORS
+from beam_prep.write.shared.entry import FileEntry, printable
+from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import shard_format
 
 __all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "describe", "narrow", "read_dataset",
@@ -138,13 +140,15 @@ def _shown(values: tuple[Any, ...]) -> str:
 class Existing:
     """The records a dataset holds, by source: ``by_path`` full source path -> (sha256, split),
     ``by_sha256`` sha256 -> (split, full source path) of its first record with those bytes; ``failed``:
-    the files that became no record (errors.jsonl), which an append does not try again."""
+    the files that became no record (errors.jsonl), which an append does not try again; ``skipped``: the
+    files passed over (skipped.jsonl), which it does not report again."""
 
     info: DatasetInfo
     manifest: dict[str, Any]
     by_path: dict[str, tuple[str, str]]
     by_sha256: dict[str, tuple[str, str]]
     failed: frozenset[str] = frozenset()
+    skipped: frozenset[str] = frozenset()
 
 
 def read_existing(output: str) -> Existing:
@@ -172,12 +176,13 @@ def read_existing(output: str) -> Existing:
             for path, sha256, split in rows:
                 by_path[path] = (sha256, split)
                 by_sha256.setdefault(sha256, (split, path))
-    return Existing(info, manifest, by_path, by_sha256, _failed(output))
+    return Existing(info, manifest, by_path, by_sha256, _named(output, ERRORS), _named(output, SKIPPED))
 
 
-def _failed(output: str) -> frozenset[str]:
-    """The paths errors.jsonl names (none where the dataset has no errors.jsonl, or an unreadable one)."""
-    path = join(output, ERRORS)
+def _named(output: str, report: str) -> frozenset[str]:
+    """The paths a report of the dataset names (errors.jsonl, skipped.jsonl; none where the dataset has
+    no such report, or an unreadable one)."""
+    path = join(output, report)
     try:
         lines = read_bytes(path).decode("utf-8").splitlines()
     except Exception:  # noqa: BLE001 - each filesystem raises its own types: no report, no failures to skip
@@ -200,6 +205,8 @@ class Additions:
       new_labels: the labels the dataset gains, in the order of their names (their ids: the next ones).
       unchanged: files at a path the dataset holds, with the same bytes: its own records.
       failed_before: files that became no record in an earlier version (errors.jsonl): not tried again.
+      skipped_before: files passed over in an earlier version (skipped.jsonl: not an image, a copy...): not
+        named there again.
       copies: ``{"path", "sha256", "split", "of", "of_split"}`` for each file at a new path whose bytes
         the dataset holds (``of``: the record's source, in ``of_split``; ``split``: the one the file
         would have gone to): not written; skipped.jsonl and changed.jsonl.
@@ -212,6 +219,7 @@ class Additions:
     new_labels: list[str] = dataclasses.field(default_factory=list)
     unchanged: int = 0
     failed_before: int = 0
+    skipped_before: int = 0
     copies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     changed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     gone: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -226,7 +234,8 @@ class Additions:
     def counts(self) -> dict[str, Any]:
         """The manifest's word on it (``versions[].appended``)."""
         return {"new_labels": list(self.new_labels), "unchanged": self.unchanged,
-                "failed_before": self.failed_before, "copies": len(self.copies),
+                "failed_before": self.failed_before, "skipped_before": self.skipped_before,
+                "copies": len(self.copies),
                 "changed": len(self.changed), "gone": len(self.gone)}
 
     def changed_lines(self) -> list[str]:
@@ -247,6 +256,9 @@ def describe(written: int, counts: Mapping[str, Any], reports: bool = True) -> s
     if counts.get("failed_before"):
         parts.append(f"{wording.count(counts['failed_before'], 'file')} that failed before, not tried again"
                      + (" (errors.jsonl)" if reports else ""))
+    if counts.get("skipped_before"):
+        parts.append(f"{wording.count(counts['skipped_before'], 'file')} skipped before, not named again"
+                     + (" (skipped.jsonl)" if reports else ""))
     for key, what in (("copies", "copies of records already in it, not written"),
                       ("changed", "files changed since their records were made, not written"),
                       ("gone", "sources gone, their records kept")):
@@ -260,7 +272,8 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     them), and what it left out.
 
     Every listed file is hashed (read, not decoded): a path the dataset holds is a record of it, or
-    changed; bytes it holds are a copy. A copy is added to the listing's skipped files.
+    changed; bytes it holds are a copy. A copy is added to the listing's skipped files; a file the
+    dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them.
 
     Raises:
       OptionsError: the listing's records are not of the dataset's kind (multi-label, extra features).
@@ -270,13 +283,13 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     if listing.multi_label != info.multi_label or dict(listing.extra_features) != dict(info.extra_features):
         raise OptionsError(f"--input {config.input} lists records of another kind than the dataset in "
                            f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
-    additions = Additions()
+    additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
     keep = set()
     new_labels: set[str] = set()
     listed = set()
     for entry, sha256 in _hashed(listing.entries()):
         listed.add(entry.path)
-        if entry.path in existing.failed:
+        if printable(entry.path) in existing.failed:  # errors.jsonl names files as messages show them
             additions.failed_before += 1
         elif entry.path in existing.by_path:
             before = existing.by_path[entry.path][0]
@@ -284,6 +297,8 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                 additions.unchanged += 1
             else:
                 additions.changed.append({"path": entry.path, "sha256": before, "now": sha256})
+        elif printable(entry.path) in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
+            additions.skipped_before += 1
         elif sha256 in existing.by_sha256:
             split, path = existing.by_sha256[sha256]
             additions.copies.append({"path": entry.path, "sha256": sha256, "split": entry.split, "of": path,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from beam_prep import wording
+from beam_prep.io.storage import join
 from beam_prep.model.features import NO_LABEL
 from beam_prep.write.plan.listing.names import split_rank
 from beam_prep.write.plan.metadata import Table
@@ -92,6 +93,21 @@ class Listing:
         """Passes over a listed file after all (an append's copy of a record already in the dataset):
         named in the skipped files with ``reason``. Call it before ``narrowed`` leaves the file out."""
         self._skips.add(relpath, reason)
+
+    def leave_out_skips(self, paths: Collection[str]) -> int:
+        """Passes over the skipped files whose full path, as skipped.jsonl names it, is in ``paths`` (an
+        append's files skipped in an earlier version, which the dataset's report names already): they are
+        no longer this listing's skipped files. Returns how many were left out."""
+        if not paths:
+            return 0
+        kept, left_out = Skips(SortedRows(self._folder, "skipped-anew")), 0
+        for relpath, reason in self._skips.rows:
+            if printable(join(self.root, relpath)) in paths:
+                left_out += 1
+            else:
+                kept.add(relpath, reason)
+        self._skips = kept
+        return left_out
 
     def narrowed(self, keep: set[str], labels: list[str], label_offset: int) -> Listing:
         """The listing of the files whose relative paths are in ``keep`` alone, with ``labels`` for its
