@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -171,7 +172,6 @@ def ants(tmp_path_factory) -> dict[str, pathlib.Path]:
     (("--image_size", "32"), r"image_size 32x32 contradicts the dataset in .*, made with 16x16: drop it"),
     (("--file_format", "webdataset"), r"file_format webdataset contradicts the dataset in .*, made with tfrecord"),
     (("--labels_file", "x.txt"), r"does not take .*labels_file: an append keeps the dataset's label ids"),
-    (("--sink", "shuffle"), r"writes with the streaming sink of the local runners for now"),
 ])
 def test_an_option_that_contradicts_the_dataset_is_refused_before_any_work(ants, extra, message):
     tree, out = ants["tree"], ants["out"]
@@ -257,6 +257,60 @@ def first_and_batch(tmp_path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]
         (union / image.parent.name).mkdir(exist_ok=True)
         shutil.copyfile(image, union / image.parent.name / image.name)
     return tree, batch, union
+
+
+UNION_ARGS = ("--image_size", "16", "--validation_percent", "30", "--num_shards", "1")
+
+
+def one_run_over_the_union(union: pathlib.Path, appended: pathlib.Path, root: pathlib.Path) -> collections.Counter:
+    """The oracle's records: one run over ``union``, its labels in the appended dataset's order."""
+    labels = root / "union-labels.txt"
+    labels.write_text((appended / "labels.txt").read_text())
+    prepare_here("--input", str(union), "--output", str(root / "whole"), *UNION_ARGS, "--labels_file", str(labels))
+    return records(root / "whole")
+
+
+def test_an_append_with_the_shuffle_sink_holds_the_records_of_one_run_over_the_union(first_and_batch, tmp_path):
+    tree, batch, union = first_and_batch
+    out = tmp_path / "out"
+    prepare_here("--input", str(tree), "--output", str(out), *UNION_ARGS)
+    before = {name: d for name, d in digests(out).items() if name.endswith(".tfrecord.gz")}
+    manifest = prepare_here("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle")
+    assert {name: digests(out)[name] for name in before} == before
+    assert sorted(n for s in manifest["versions"][1]["splits"].values() for n in s["shards"]) == [
+        "train-v2-00000-of-00001.tfrecord.gz", "validation-v2-00000-of-00001.tfrecord.gz"]
+    assert records(out) == one_run_over_the_union(union, out, tmp_path)
+    assert sum(records(out).values()) == 14
+
+
+@pytest.mark.parametrize("sink", ["shuffle", "streaming"])
+def test_an_append_on_a_runner_whose_workers_never_see_the_launchers_disk(first_and_batch, gcs_bucket, tmp_path,
+                                                                          sink):
+    """gs:// in and out, the job run where an empty tmpfs hides the launcher's temporary folder
+    (``separate_disk``, as Dataflow's workers see none of it): the old objects stay byte for byte and the
+    dataset holds the records of one run over the union."""
+    if os.geteuid() != 0:
+        pytest.skip("the separate workers' mount namespace and tmpfs need root")
+    from children.separate_disk import RUNNER
+
+    tree, batch, union = first_and_batch
+    gcs_bucket.upload_tree(tree, "tree")
+    gcs_bucket.upload_tree(batch, "batch")
+    out = gcs_bucket.url("out")
+    prepare_here("--input", gcs_bucket.url("tree"), "--output", out, *UNION_ARGS)
+    before = {name: gcs_bucket.read_bytes(name) for name in gcs_bucket.list_names("out/") if name.endswith(".gz")}
+    manifest = prepare_here("--input", gcs_bucket.url("batch"), "--output", out, "--append", "--runner", RUNNER,
+                            "--sink", sink)
+    assert {name: gcs_bucket.read_bytes(name) for name in before} == before
+    assert manifest["versions"][1]["input"] == gcs_bucket.url("batch")
+    here = tmp_path / "here"
+    for name in gcs_bucket.list_names("out/"):
+        if "/.beam-prep/" not in f"/{name}":
+            (here / name).parent.mkdir(parents=True, exist_ok=True)
+            (here / name).write_bytes(gcs_bucket.read_bytes(name))
+    assert records(here / "out") == one_run_over_the_union(union, here / "out", tmp_path)
+    assert sum(records(here / "out").values()) == 14
+    assert not [name for name in gcs_bucket.list_names("out/.beam-prep/") if not name.endswith("/claim")]
 
 
 def test_tfds_builder_from_directory_reads_version_1_after_an_append(first_and_batch, tmp_path):
@@ -346,6 +400,83 @@ def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_la
     added = manifest["versions"][1]["splits"]
     assert added["validation"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
     assert added["train"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
+
+
+def test_a_stratified_append_shares_out_validation_among_each_labels_new_files_alone(tmp_path):
+    """The first run's tree grown and given again: each label's validation share is of its new files
+    (the ones of lowest split hash among them), whatever the old files' hashes; --help says so."""
+    from beam_prep.write.plan.selection import validation_count
+    from beam_prep.write.shared.hashing import split_and_cap_hashes
+
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 4, "bee": 4}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--validation_percent", "50",
+                 "--stratify")
+    make_tree(tmp_path / "new", {"ant": 5, "bee": 3}, size=(20, 24))
+    new = {}
+    for image in sorted((tmp_path / "new").rglob("*.jpg")):
+        relpath = f"{image.parent.name}/new_{image.name}"
+        shutil.copyfile(image, tree / relpath)
+        new.setdefault(image.parent.name, []).append(relpath)
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
+    added = manifest["versions"][1]["splits"]
+    assert added["validation"]["class_counts"] == {label: validation_count(len(files), 50)
+                                                   for label, files in new.items()} == {"ant": 3, "bee": 2}
+    validation = sorted(r["image/filename"].decode() for r in read_split(out, "validation")
+                        if r["shard"] in added["validation"]["shards"])
+    assert validation == sorted(path for files in new.values()
+                                for path in sorted(files, key=lambda p: split_and_cap_hashes(p)[0])
+                                [:validation_count(len(files), 50)])
+    assert "With --append, among each label's new files alone." in " ".join(
+        prepare_images.parser().format_help().split())
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """A dataset made with --max_per_class 10 from 8 ants and 12 bees (2 bees skipped over the cap)."""
+    root = tmp_path_factory.mktemp("capped")
+    tree, out = root / "tree", root / "out"
+    make_tree(tree, {"ant": 8, "bee": 12}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--max_per_class", "10")
+    return {"root": root, "tree": tree, "out": out}
+
+
+def test_max_per_class_counts_the_records_the_dataset_holds(capped, tmp_path):
+    """8 ants and a cap of 10: 2 of 5 new ants (those of lowest cap hash); 10 bees: none of 3 new ones (nor
+    the 2 skipped in version 1, listed again); a new class: 10 of 12. The cap holds over the whole dataset."""
+    from beam_prep.write.shared.hashing import split_and_cap_hashes
+
+    out = pathlib.Path(shutil.copytree(capped["out"], tmp_path / "out"))
+    tree = pathlib.Path(shutil.copytree(capped["tree"], tmp_path / "tree"))
+    make_tree(tmp_path / "new", {"ant": 5, "bee": 3, "cat": 12}, size=(20, 24))
+    for image in sorted((tmp_path / "new").rglob("*.jpg")):
+        (tree / image.parent.name).mkdir(exist_ok=True)
+        shutil.copyfile(image, tree / image.parent.name / f"new_{image.name}")
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
+    latest = manifest["versions"][1]
+    assert latest["splits"]["train"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 10}
+    assert manifest["splits"]["train"]["class_counts"] == {"ant": 10, "bee": 10, "cat": 10}
+    new_ants = sorted(r["image/filename"].decode() for r in read_split(out, "train")
+                      if r["shard"] in latest["splits"]["train"]["shards"] and r["image/filename"].startswith(b"ant/"))
+    assert new_ants == sorted(sorted((f"ant/new_img_{i:03d}.jpg" for i in range(5)),
+                                     key=lambda p: (split_and_cap_hashes(p)[1], p))[:2])
+    skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    over = collections.Counter(pathlib.Path(row["path"]).parent.name for row in skipped
+                               if row["reason"] == "over --max_per_class")
+    assert over == {"ant": 3, "bee": 2 + 2 + 3, "cat": 2}  # version 1's two bees, then this version's lines
+
+
+@pytest.mark.parametrize("made_with,given,message", [
+    (("--max_per_class", "10"), ("--max_per_class", "20"), r"max_per_class 20 contradicts the dataset in .*, "
+                                                           r"made with 10: drop it"),
+    ((), ("--max_per_class", "5"), r"max_per_class 5 contradicts the dataset in .*, made with none: drop it"),
+])
+def test_another_max_per_class_is_refused_before_any_work(capped, ants, made_with, given, message):
+    dataset = capped if made_with else ants
+    before = digests(dataset["out"])
+    with pytest.raises(OptionsError, match=message):
+        prepare_here("--input", str(dataset["tree"]), "--output", str(dataset["out"]), "--append", *given)
+    assert digests(dataset["out"]) == before
 
 
 def test_an_append_after_another_stopped_while_publishing_makes_the_version_after_it(tmp_path):

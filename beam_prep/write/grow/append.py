@@ -9,6 +9,7 @@ the rest, as the dataset's next version (docs/guides/preparing.md, "Adding image
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -25,6 +26,7 @@ from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_m
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
+from beam_prep.write.plan.listing.listed import Choice
 from beam_prep.write.shared.entry import FileEntry
 from beam_prep.write.shared.layout import ERRORS
 from beam_prep.write.shared.shard_formats import shard_format
@@ -44,13 +46,12 @@ _TAKEN: Mapping[str, tuple[str, ...]] = {
     "background": ("background",), "max_pixels": ("max_pixels",), "compression": ("compression",),
     "file_format": ("file_format",), "label_offset": ("label_offset",), "labels_txt": ("labels_txt",),
     "validation_percent": ("validation_percent",), "stratify": ("stratify",), "recursive": ("recursive",),
-    "near_duplicate_distance": ("near_duplicate_distance",),
+    "near_duplicate_distance": ("near_duplicate_distance",), "max_per_class": ("max_per_class",),
 }
 _SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ImageSpec))
 # Flags an append does not take, and why.
 _REFUSED = {
     "labels_file": "an append keeps the dataset's label ids and gives new labels the next ones, by name",
-    "max_per_class": "an append does not yet count the records already in the dataset against it",
     "overwrite": "--overwrite replaces the dataset",
 }
 
@@ -95,9 +96,6 @@ def appending_config(config: PrepareConfig, given: Collection[str]) -> PrepareCo
     for flag, why in _REFUSED.items():
         if flag in given:
             raise OptionsError(f"--append does not take --{flag}: {why}")
-    if options.get("max_per_class") is not None:
-        raise OptionsError(f"{config.output} was made with --max_per_class {options['max_per_class']}, and "
-                           f"--append {_REFUSED['max_per_class']}")
     # What the manifest's dataset keys say, checked as every reader checks them; the rest from its options.
     recorded = {**options, "file_format": info.file_format, "compression": info.compression.lower(),
                 "label_offset": info.label_offset}
@@ -115,6 +113,9 @@ def appending_config(config: PrepareConfig, given: Collection[str]) -> PrepareCo
         if taken["compression"] not in COMPRESSIONS:
             raise OptionsError(f"compression {taken['compression']!r} is not one beam-prep writes")
         check_values({key: taken[key] for key in ("labels_txt", "validation_percent", "near_duplicate_distance")})
+        cap = taken["max_per_class"]
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"max_per_class {cap!r}")
         spec = dataclasses.replace(config.spec, **{k: v for k, v in taken.items() if k in _SPEC_FIELDS},
                                    perceptual_hash=taken["near_duplicate_distance"] >= 0)
         spec.info  # noqa: B018 - its checks
@@ -260,7 +261,10 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     them), and what it left out.
 
     Every listed file is hashed (read, not decoded): a path the dataset holds is a record of it, or
-    changed; bytes it holds are a copy. A copy is added to the listing's skipped files.
+    changed; bytes it holds are a copy. A copy is added to the listing's skipped files. The dataset's
+    ``--stratify`` and ``--max_per_class`` then choose among the new files alone: each label's
+    validation share is of its new files, and its cap counts the records it holds already (a label
+    of 8 records capped at 10 takes 2 new files at most; the others are skipped as over the cap).
 
     Raises:
       OptionsError: the listing's records are not of the dataset's kind (multi-label, extra features).
@@ -297,7 +301,24 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                       if path.startswith(prefix) and path not in listed]
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
-    return listing.narrowed(keep, labels, config.label_offset), additions
+    choice = Choice(config.validation_percent, config.stratify, config.max_per_class,
+                    held(info) if config.max_per_class is not None else {})
+    return listing.narrowed(keep, labels, config.label_offset, choice), additions
+
+
+def held(info: DatasetInfo) -> dict[str, int]:
+    """The records each label of the dataset holds, over its splits (a multi-label record under each label).
+
+    Raises:
+      OptionsError: the manifest does not count a split's records per label (nothing to cap by).
+    """
+    counts: collections.Counter[str] = collections.Counter()
+    for split in info.splits.values():
+        if split.class_counts is None:
+            raise OptionsError(f"{join(info.root, MANIFEST)} does not count split {split.name!r}'s records per "
+                               "label, which --max_per_class counts: the manifest was edited, or is damaged")
+        counts.update(split.class_counts)
+    return dict(counts)
 
 
 def _hashed(entries: Iterator[FileEntry]) -> Iterator[tuple[FileEntry, str]]:

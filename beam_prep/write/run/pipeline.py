@@ -187,14 +187,15 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     """Lists the tree and decides shard counts; raises before any work if something is wrong.
 
     ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it. An
-    append (``config.append``) plans the files the dataset does not hold (``append.narrow``).
+    append (``config.append``) plans the files the dataset does not hold (``append.narrow``), its cap
+    applied to them (``--max_per_class`` counts the records the dataset holds).
 
     Raises:
       NothingToAdd: an append whose listing holds nothing the dataset lacks.
     """
     listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels,
                         label_offset=config.label_offset, recursive=config.recursive, metadata=config.metadata,
-                        stratify=config.stratify, max_per_class=config.max_per_class)
+                        stratify=config.stratify, max_per_class=None if config.append else config.max_per_class)
     appended = None
     if config.append:
         try:
@@ -468,14 +469,14 @@ def _warn_if_resized_by_pillow(written: dict[str, Any]) -> None:
 def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start: float) -> RunResult:
     """Lists and plans, claiming and writing nothing; a remote runner also builds the job and stops
     before submitting it."""
-    if local:
-        try:
+    try:
+        if local:
             listing, run_plan = plan_run(config, options, labels=_labels(config))
-        except NothingToAdd as e:
-            return _nothing_to_add(config, e, time.perf_counter() - start, dry_run=True)
-        listing.close()
-        return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
-    job = _prepare(config, options, new_run_id(), write=False)
+            listing.close()
+            return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
+        job = _prepare(config, options, new_run_id(), write=False)
+    except NothingToAdd as e:
+        return _nothing_to_add(config, e, time.perf_counter() - start, dry_run=True)
     result = job.pipeline.run()
     return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None), plan=job.plan)
 
