@@ -313,6 +313,66 @@ def test_an_append_on_a_runner_whose_workers_never_see_the_launchers_disk(first_
     assert not [name for name in gcs_bucket.list_names("out/.beam-prep/") if not name.endswith("/claim")]
 
 
+def test_write_image_dataset_appends_as_the_command_does(first_and_batch, tmp_path):
+    """A user's pipeline adds the batch with ``WriteImageDataset(..., append=True)``: the dataset's options,
+    its ids kept (an int label indexes the labels given, not the ids), new shards ``-v2``, version 2 in the
+    manifest, and the records of one run over the union."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_prep.write.run.pipeline import local_runner
+
+    tree, batch, union = first_and_batch
+    out = tmp_path / "out"
+    prepare_here("--input", str(tree), "--output", str(out), *UNION_ARGS)
+    before = {name: d for name, d in digests(out).items() if name.endswith(".tfrecord.gz")}
+    labels = ["cat", "ant"]  # the batch's, in the user's order: "ant" is new, "cat" keeps its id
+    elements = [(str(p), p.parent.name if i % 2 else labels.index(p.parent.name))
+                for i, p in enumerate(sorted(batch.rglob("*.jpg")))]
+    options = PipelineOptions([], direct_running_mode="in_memory")
+    with beam.Pipeline(runner=local_runner(options), options=options) as p:
+        _ = (p | beam.Create(elements)
+             | beam_prep.WriteImageDataset(str(out), labels, root=str(batch), append=True))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {name: digests(out)[name] for name in before} == before
+    latest = manifest["versions"][-1]
+    assert (latest["version"], latest["input"], latest["appended"]["new_labels"]) == (2, str(batch), ["ant"])
+    assert {s for split in latest["splits"].values() for s in split["shards"]} == {
+        "train-v2-00000-of-00001.tfrecord.gz", "validation-v2-00000-of-00001.tfrecord.gz"}
+    assert (out / "labels.txt").read_text().splitlines() == ["bee", "cat", "ant"]
+    assert records(out) == one_run_over_the_union(union, out, tmp_path)
+    assert sum(records(out).values()) == 14
+    assert (manifest["options"]["height"], manifest["compression"]) == (16, "GZIP")
+
+
+@pytest.mark.parametrize("arguments,message", [
+    ({"image_size": 32}, r"^image_size 32x32 contradicts the dataset in .*, made with 16x16: drop it"),
+    ({"file_format": "webdataset"}, r"^file_format webdataset contradicts the dataset in .*, made with tfrecord"),
+    ({"overwrite": True}, r"^append adds to the dataset in output and overwrite replaces it: pass one of them$"),
+    ({"multi_label": True}, r"^the dataset in .* holds other records \(multi_label=False"),
+])
+def test_write_image_dataset_refuses_an_append_that_contradicts_the_dataset_before_any_work(ants, arguments,
+                                                                                           message):
+    import apache_beam as beam
+
+    before = digests(ants["out"])
+    with pytest.raises(OptionsError, match=message):
+        _ = beam.Pipeline() | beam.Create([]) | beam_prep.WriteImageDataset(str(ants["out"]), ["ant"], append=True,
+                                                                             **arguments)
+    assert digests(ants["out"]) == before
+
+
+def test_write_image_dataset_refuses_an_append_to_no_dataset_or_a_capped_one(capped, tmp_path):
+    import apache_beam as beam
+
+    for output, message in ((tmp_path / "none", r"^output .* holds no beam-prep dataset to append to"),
+                            (capped["out"], r"made with max_per_class 10, which chooses among all the files at "
+                                            r"once .*: append with beam_prep.prepare\(..., append=True\)$")):
+        with pytest.raises(OptionsError, match=message):
+            _ = beam.Pipeline() | beam.Create([]) | beam_prep.WriteImageDataset(str(output), ["ant"], append=True)
+    assert not (tmp_path / "none").exists()
+
+
 def test_tfds_builder_from_directory_reads_version_1_after_an_append(first_and_batch, tmp_path):
     import tensorflow_datasets as tfds
 

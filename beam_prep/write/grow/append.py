@@ -16,23 +16,27 @@ import dataclasses
 import hashlib
 import itertools
 import json
-from collections.abc import Collection, Iterator, Mapping
+import re
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from beam_prep import wording
 from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.io.dali_index import SUFFIX as DALI_SUFFIX
+from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
 from beam_prep.write.plan.listing.listed import Choice
+from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry
 from beam_prep.write.shared.layout import ERRORS
 from beam_prep.write.shared.shard_formats import shard_format
 
-__all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "describe", "narrow", "read_dataset",
-           "read_existing"]
+__all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_new_names", "check_version",
+           "describe", "held", "narrow", "read_dataset", "read_existing"]
 
 COPY_REASON = "copy of a record already in the dataset"  # skipped.jsonl's (changed.jsonl names the record)
 _THREADS = 16  # files hashed, or shards read, at once
@@ -124,6 +128,37 @@ def appending_config(config: PrepareConfig, given: Collection[str]) -> PrepareCo
                            "the manifest was edited, or is damaged") from e
     return dataclasses.replace(config, spec=spec, version=info.version + 1,
                                **{k: v for k, v in taken.items() if k not in _SPEC_FIELDS})
+
+
+def check_new_names(output: str, info: DatasetInfo, splits: Iterable[str], version: int) -> None:
+    """An append's shards are named as no file of the dataset is (``layout.shard_prefix``'s ``-v<version>``),
+    unless a split of the dataset is named as another's version (``train-v2``): refused, not written over.
+
+    Raises:
+      OptionsError: naming the file.
+    """
+    taken = [name for split in info.splits.values() for name in (*split.shards, *(split.dali_index or ()))]
+    for split in splits:
+        prefix = layout.shard_prefix(split, version)
+        ours = re.compile(rf"({re.escape(index_name(prefix)[:-len(DALI_SUFFIX)])}|{re.escape(prefix)})"
+                          r"-\d+-of-\d+", re.IGNORECASE)
+        clash = next((name for name in taken if ours.match(name)), None)
+        if clash is not None:
+            raise OptionsError(f"{output} holds {clash}, named as this append's shards of split {split!r} are: "
+                               f"a split named as another's version {version}; prepare the new images into "
+                               "another folder")
+
+
+def check_version(output: str, version: int) -> None:
+    """That the dataset in ``output`` is still the one an append planned to add version ``version`` to.
+
+    Raises:
+      DatasetError: another run added a version since (its records would be named twice): run again.
+    """
+    info, _ = read_dataset(output)
+    if info.version != version - 1:
+        raise DatasetError(f"{output} became version {info.version} while this append made version {version} "
+                           "(another run appended to it): no manifest written; run it again")
 
 
 def _shown(values: tuple[Any, ...]) -> str:
