@@ -313,6 +313,20 @@ def test_an_append_on_a_runner_whose_workers_never_see_the_launchers_disk(first_
     assert not [name for name in gcs_bucket.list_names("out/.beam-prep/") if not name.endswith("/claim")]
 
 
+def test_a_remote_dry_run_of_an_append_with_nothing_new_says_so_and_builds_no_job(gcs_bucket, tmp_path):
+    from children.separate_disk import RUNNER
+
+    make_tree(tmp_path / "tree", {"ant": 2}, size=(24, 20))
+    gcs_bucket.upload_tree(tmp_path / "tree", "tree")
+    out = gcs_bucket.url("out")
+    prepare_here("--input", gcs_bucket.url("tree"), "--output", out, "--image_size", "16")
+    before = {name: gcs_bucket.read_bytes(name) for name in gcs_bucket.list_names("out/")}
+    with pytest.warns(BeamPrepWarning, match=r"^nothing to add to .* \(0 records added; 2 files already in it\)"):
+        assert prepare_here("--input", gcs_bucket.url("tree"), "--output", out, "--append", "--runner", RUNNER,
+                            "--dry_run=True") is None
+    assert {name: gcs_bucket.read_bytes(name) for name in gcs_bucket.list_names("out/")} == before
+
+
 def test_write_image_dataset_appends_as_the_command_does(first_and_batch, tmp_path):
     """A user's pipeline adds the batch with ``WriteImageDataset(..., append=True)``: the dataset's options,
     its ids kept (an int label indexes the labels given, not the ids), new shards ``-v2``, version 2 in the
@@ -537,6 +551,30 @@ def test_another_max_per_class_is_refused_before_any_work(capped, ants, made_wit
     with pytest.raises(OptionsError, match=message):
         prepare_here("--input", str(dataset["tree"]), "--output", str(dataset["out"]), "--append", *given)
     assert digests(dataset["out"]) == before
+
+
+def test_a_shuffle_sink_append_killed_while_publishing_is_finished_by_the_same_command(tmp_path):
+    """kill -9 once the publication is recorded: version 1 reads whole (its manifest as it was), and the
+    same command finishes the publication: version 2 once, not a version 3."""
+    from beam_prep.write.finish import publication
+
+    tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
+    make_tree(tree, {"ant": 3}, size=(24, 20))
+    make_tree(batch, {"bee": 3}, size=(20, 24))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    version_1 = digests(out)
+    args = ("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle",
+            "--direct_running_mode", "in_memory")
+    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "7"})
+    assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
+    assert digests(out)["manifest.json"] == version_1["manifest.json"]
+    again = run_prepare(*args)
+    assert again.returncode == 0 and "stopped while it published" in again.stderr, again.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(v["version"], sum(s["num_examples"] for s in v["splits"].values())) for v in manifest["versions"]] == [
+        (1, 3), (2, 3)]
+    assert {name: digests(out)[name] for name in version_1 if name.endswith(".tfrecord.gz")} == \
+        {name: d for name, d in version_1.items() if name.endswith(".tfrecord.gz")}
 
 
 def test_an_append_after_another_stopped_while_publishing_makes_the_version_after_it(tmp_path):
