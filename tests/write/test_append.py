@@ -359,6 +359,33 @@ def test_write_image_dataset_appends_as_the_command_does(first_and_batch, tmp_pa
     assert (manifest["options"]["height"], manifest["compression"]) == (16, "GZIP")
 
 
+def test_write_image_dataset_publishes_nothing_if_another_append_made_its_version_meanwhile(first_and_batch,
+                                                                                             tmp_path):
+    """The transform's claim is not held while the pipeline runs: an append published meanwhile (version 2)
+    fails the transform's manifest step, which would name a second version 2, and nothing of it is published."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_prep.errors import DatasetError
+    from beam_prep.write.run.pipeline import local_runner
+
+    tree, batch, _ = first_and_batch
+    out = tmp_path / "out"
+    prepare_here("--input", str(tree), "--output", str(out), *UNION_ARGS)
+    elements = [(str(p), p.parent.name) for p in sorted(batch.rglob("*.jpg"))]
+    options = PipelineOptions([], direct_running_mode="in_memory")
+    p = beam.Pipeline(runner=local_runner(options), options=options)
+    _ = p | beam.Create(elements) | beam_prep.WriteImageDataset(str(out), ["ant", "cat"], root=str(batch),
+                                                                 append=True)
+    make_tree(tmp_path / "other", {"bee": 1}, size=(28, 24))
+    prepare_here("--input", str(tmp_path / "other"), "--output", str(out), "--append")
+    published = digests(out)
+    with pytest.raises(DatasetError, match=r"became version 2 while this append made version 2"):
+        p.run().wait_until_finish()
+    assert digests(out) == published
+    assert [v["version"] for v in json.loads((out / "manifest.json").read_text())["versions"]] == [1, 2]
+
+
 @pytest.mark.parametrize("arguments,message", [
     ({"image_size": 32}, r"^image_size 32x32 contradicts the dataset in .*, made with 16x16: drop it"),
     ({"file_format": "webdataset"}, r"^file_format webdataset contradicts the dataset in .*, made with tfrecord"),
