@@ -5,7 +5,7 @@ By ``--validation_percent`` alone a file's split is a pure function of its path
 chance. Stratified, each label gets ``validation_count(n, percent)``: its files of
 lowest split hash (the hash ``split_for`` compares with the percent, so turning
 ``--stratify`` on moves few files). Capped, each label keeps the ``max_per_class``
-files of lowest cap hash (the next 64 bits of the split hash's SHA-256, independent
+files of lowest cap hash (less the records it holds already, in an append) (the next 64 bits of the split hash's SHA-256, independent
 of them: the kept files' splits stay a fair draw).
 
 With both, the cap comes first and each label's share is of the files it keeps.

@@ -119,9 +119,9 @@ class Listing:
         try:
             selection = Selection(folder, len(rows), choice.validation_percent, choice.stratify,
                                   choice.max_per_class, choice.held)
-            for order_key, relpath, split, label, size, labels, extra in rows:
-                selection.add((order_key, relpath, None if choice.stratify else split, label, size, labels, extra),
-                              self.unlabelled or _known((order_key, relpath, split, label, size, labels, extra), ids))
+            for row in rows:
+                split = None if choice.stratify else row[2]
+                selection.add((*row[:2], split, *row[3:]), self.unlabelled or _known(row, ids))
             return list(selection.finish(self._skips.add).files)
         finally:
             folder.close()
