@@ -69,8 +69,9 @@ def _input_output_arguments(group: Any) -> None:
         "--append", action="store_true", default=False,
         help="Add the images of --input that the dataset in --output does not hold yet, as its next version, "
              "with the dataset's own options (an option given that contradicts them is refused); its records, "
-             "shards and label ids stay as they are. With the dataset's --stratify, validation images are shared "
-             f"out among the files of --input, of which those new are written ({doc_page('guides/preparing.md')}).")
+             "shards and label ids stay as they are. With the dataset's --stratify, each label's validation share "
+             "is of its new files alone; its --max_per_class counts the records each label holds already "
+             f"({doc_page('guides/preparing.md')}).")
     group.add_argument(
         "--read_concurrency", type=int, default=None,
         help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
@@ -117,12 +118,13 @@ def _labels_split_arguments(group: Any) -> None:
         "--stratify", action="store_true", default=False,
         help="Give each label round(--validation_percent of its files) validation images, the files "
              "with the lowest stable hash, instead of letting each file's hash decide alone; a label "
-             "keeps at least one training image.")
+             "keeps at least one training image. With --append, among each label's new files alone.")
     group.add_argument(
         "--max_per_class", type=int, default=None,
         help="Keep at most this many files of each label, chosen by a stable hash of their path; the "
              "rest are skipped and named in skipped.jsonl (default: all): for quick experiments on a "
-             "big tree.")
+             "big tree. With --append, the records a label holds already count: the dataset's cap holds "
+             "over all its versions (another cap is refused).")
     group.add_argument(
         "--labels_file", default=None,
         help="Label order, one name a line (default: the label folders' names, sorted).")

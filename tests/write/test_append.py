@@ -175,7 +175,6 @@ def ants(tmp_path_factory) -> dict[str, pathlib.Path]:
     (("--image_size", "32"), r"image_size 32x32 contradicts the dataset in .*, made with 16x16: drop it"),
     (("--file_format", "webdataset"), r"file_format webdataset contradicts the dataset in .*, made with tfrecord"),
     (("--labels_file", "x.txt"), r"does not take .*labels_file: an append keeps the dataset's label ids"),
-    (("--sink", "shuffle"), r"writes with the streaming sink of the local runners for now"),
 ])
 def test_an_option_that_contradicts_the_dataset_is_refused_before_any_work(ants, extra, message):
     tree, out = ants["tree"], ants["out"]
@@ -261,6 +260,161 @@ def first_and_batch(tmp_path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]
         (union / image.parent.name).mkdir(exist_ok=True)
         shutil.copyfile(image, union / image.parent.name / image.name)
     return tree, batch, union
+
+
+UNION_ARGS = ("--image_size", "16", "--validation_percent", "30", "--num_shards", "1")
+
+
+def one_run_over_the_union(union: pathlib.Path, appended: pathlib.Path, root: pathlib.Path) -> collections.Counter:
+    """The oracle's records: one run over ``union``, its labels in the appended dataset's order."""
+    labels = root / "union-labels.txt"
+    labels.write_text((appended / "labels.txt").read_text())
+    prepare_here("--input", str(union), "--output", str(root / "whole"), *UNION_ARGS, "--labels_file", str(labels))
+    return records(root / "whole")
+
+
+def test_an_append_with_the_shuffle_sink_holds_the_records_of_one_run_over_the_union(first_and_batch, tmp_path):
+    tree, batch, union = first_and_batch
+    out = tmp_path / "out"
+    prepare_here("--input", str(tree), "--output", str(out), *UNION_ARGS)
+    before = {name: d for name, d in digests(out).items() if name.endswith(".tfrecord.gz")}
+    manifest = prepare_here("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle")
+    assert {name: digests(out)[name] for name in before} == before
+    assert sorted(n for s in manifest["versions"][1]["splits"].values() for n in s["shards"]) == [
+        "train-v2-00000-of-00001.tfrecord.gz", "validation-v2-00000-of-00001.tfrecord.gz"]
+    assert records(out) == one_run_over_the_union(union, out, tmp_path)
+    assert sum(records(out).values()) == 14
+
+
+@pytest.mark.parametrize("sink", ["shuffle", "streaming"])
+def test_an_append_on_a_runner_whose_workers_never_see_the_launchers_disk(first_and_batch, gcs_bucket, tmp_path,
+                                                                          sink):
+    """gs:// in and out, the job run where an empty tmpfs hides the launcher's temporary folder
+    (``separate_disk``, as Dataflow's workers see none of it): the old objects stay byte for byte and the
+    dataset holds the records of one run over the union."""
+    if os.geteuid() != 0:
+        pytest.skip("the separate workers' mount namespace and tmpfs need root")
+    from children.separate_disk import RUNNER
+
+    tree, batch, union = first_and_batch
+    gcs_bucket.upload_tree(tree, "tree")
+    gcs_bucket.upload_tree(batch, "batch")
+    out = gcs_bucket.url("out")
+    prepare_here("--input", gcs_bucket.url("tree"), "--output", out, *UNION_ARGS)
+    before = {name: gcs_bucket.read_bytes(name) for name in gcs_bucket.list_names("out/") if name.endswith(".gz")}
+    manifest = prepare_here("--input", gcs_bucket.url("batch"), "--output", out, "--append", "--runner", RUNNER,
+                            "--sink", sink)
+    assert {name: gcs_bucket.read_bytes(name) for name in before} == before
+    assert manifest["versions"][1]["input"] == gcs_bucket.url("batch")
+    here = tmp_path / "here"
+    for name in gcs_bucket.list_names("out/"):
+        if "/.beam-prep/" not in f"/{name}":
+            (here / name).parent.mkdir(parents=True, exist_ok=True)
+            (here / name).write_bytes(gcs_bucket.read_bytes(name))
+    assert records(here / "out") == one_run_over_the_union(union, here / "out", tmp_path)
+    assert sum(records(here / "out").values()) == 14
+    assert not [name for name in gcs_bucket.list_names("out/.beam-prep/") if not name.endswith("/claim")]
+
+
+def test_a_remote_dry_run_of_an_append_with_nothing_new_says_so_and_builds_no_job(gcs_bucket, tmp_path):
+    from children.separate_disk import RUNNER
+
+    make_tree(tmp_path / "tree", {"ant": 2}, size=(24, 20))
+    gcs_bucket.upload_tree(tmp_path / "tree", "tree")
+    out = gcs_bucket.url("out")
+    prepare_here("--input", gcs_bucket.url("tree"), "--output", out, "--image_size", "16")
+    before = {name: gcs_bucket.read_bytes(name) for name in gcs_bucket.list_names("out/")}
+    with pytest.warns(BeamPrepWarning, match=r"^nothing to add to .* \(0 records added; 2 files already in it\)"):
+        assert prepare_here("--input", gcs_bucket.url("tree"), "--output", out, "--append", "--runner", RUNNER,
+                            "--dry_run=True") is None
+    assert {name: gcs_bucket.read_bytes(name) for name in gcs_bucket.list_names("out/")} == before
+
+
+def test_write_image_dataset_appends_as_the_command_does(first_and_batch, tmp_path):
+    """A user's pipeline adds the batch with ``WriteImageDataset(..., append=True)``: the dataset's options,
+    its ids kept (an int label indexes the labels given, not the ids), new shards ``-v2``, version 2 in the
+    manifest, and the records of one run over the union."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_prep.write.run.pipeline import local_runner
+
+    tree, batch, union = first_and_batch
+    out = tmp_path / "out"
+    prepare_here("--input", str(tree), "--output", str(out), *UNION_ARGS)
+    before = {name: d for name, d in digests(out).items() if name.endswith(".tfrecord.gz")}
+    labels = ["cat", "ant"]  # the batch's, in the user's order: "ant" is new, "cat" keeps its id
+    elements = [(str(p), p.parent.name if i % 2 else labels.index(p.parent.name))
+                for i, p in enumerate(sorted(batch.rglob("*.jpg")))]
+    options = PipelineOptions([], direct_running_mode="in_memory")
+    with beam.Pipeline(runner=local_runner(options), options=options) as p:
+        _ = (p | beam.Create(elements)
+             | beam_prep.WriteImageDataset(str(out), labels, root=str(batch), append=True))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {name: digests(out)[name] for name in before} == before
+    latest = manifest["versions"][-1]
+    assert (latest["version"], latest["input"], latest["appended"]["new_labels"]) == (2, str(batch), ["ant"])
+    assert {s for split in latest["splits"].values() for s in split["shards"]} == {
+        "train-v2-00000-of-00001.tfrecord.gz", "validation-v2-00000-of-00001.tfrecord.gz"}
+    assert (out / "labels.txt").read_text().splitlines() == ["bee", "cat", "ant"]
+    assert records(out) == one_run_over_the_union(union, out, tmp_path)
+    assert sum(records(out).values()) == 14
+    assert (manifest["options"]["height"], manifest["compression"]) == (16, "GZIP")
+
+
+def test_write_image_dataset_publishes_nothing_if_another_append_made_its_version_meanwhile(first_and_batch,
+                                                                                             tmp_path):
+    """The transform's claim is not held while the pipeline runs: an append published meanwhile (version 2)
+    fails the transform's manifest step, which would name a second version 2, and nothing of it is published."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_prep.errors import DatasetError
+    from beam_prep.write.run.pipeline import local_runner
+
+    tree, batch, _ = first_and_batch
+    out = tmp_path / "out"
+    prepare_here("--input", str(tree), "--output", str(out), *UNION_ARGS)
+    elements = [(str(p), p.parent.name) for p in sorted(batch.rglob("*.jpg"))]
+    options = PipelineOptions([], direct_running_mode="in_memory")
+    p = beam.Pipeline(runner=local_runner(options), options=options)
+    _ = p | beam.Create(elements) | beam_prep.WriteImageDataset(str(out), ["ant", "cat"], root=str(batch),
+                                                                 append=True)
+    make_tree(tmp_path / "other", {"bee": 1}, size=(28, 24))
+    prepare_here("--input", str(tmp_path / "other"), "--output", str(out), "--append")
+    published = digests(out)
+    with pytest.raises(DatasetError, match=r"became version 2 while this append made version 2"):
+        p.run().wait_until_finish()
+    assert digests(out) == published
+    assert [v["version"] for v in json.loads((out / "manifest.json").read_text())["versions"]] == [1, 2]
+
+
+@pytest.mark.parametrize("arguments,message", [
+    ({"image_size": 32}, r"^image_size 32x32 contradicts the dataset in .*, made with 16x16: drop it"),
+    ({"file_format": "webdataset"}, r"^file_format webdataset contradicts the dataset in .*, made with tfrecord"),
+    ({"overwrite": True}, r"^append adds to the dataset in output and overwrite replaces it: pass one of them$"),
+    ({"multi_label": True}, r"^the dataset in .* holds other records \(multi_label=False"),
+])
+def test_write_image_dataset_refuses_an_append_that_contradicts_the_dataset_before_any_work(ants, arguments,
+                                                                                           message):
+    import apache_beam as beam
+
+    before = digests(ants["out"])
+    with pytest.raises(OptionsError, match=message):
+        _ = beam.Pipeline() | beam.Create([]) | beam_prep.WriteImageDataset(str(ants["out"]), ["ant"], append=True,
+                                                                             **arguments)
+    assert digests(ants["out"]) == before
+
+
+def test_write_image_dataset_refuses_an_append_to_no_dataset_or_a_capped_one(capped, tmp_path):
+    import apache_beam as beam
+
+    for output, message in ((tmp_path / "none", r"^output .* holds no beam-prep dataset to append to"),
+                            (capped["out"], r"made with max_per_class 10, which chooses among all the files at "
+                                            r"once .*: append with beam_prep.prepare\(..., append=True\)$")):
+        with pytest.raises(OptionsError, match=message):
+            _ = beam.Pipeline() | beam.Create([]) | beam_prep.WriteImageDataset(str(output), ["ant"], append=True)
+    assert not (tmp_path / "none").exists()
 
 
 def test_tfds_builder_from_directory_reads_each_version_and_the_new_class_after_an_append(first_and_batch, tmp_path):
@@ -371,6 +525,107 @@ def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_la
     added = manifest["versions"][1]["splits"]
     assert added["validation"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
     assert added["train"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
+
+
+def test_a_stratified_append_shares_out_validation_among_each_labels_new_files_alone(tmp_path):
+    """The first run's tree grown and given again: each label's validation share is of its new files
+    (the ones of lowest split hash among them), whatever the old files' hashes; --help says so."""
+    from beam_prep.write.plan.selection import validation_count
+    from beam_prep.write.shared.hashing import split_and_cap_hashes
+
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 4, "bee": 4}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--validation_percent", "50",
+                 "--stratify")
+    make_tree(tmp_path / "new", {"ant": 5, "bee": 3}, size=(20, 24))
+    new = {}
+    for image in sorted((tmp_path / "new").rglob("*.jpg")):
+        relpath = f"{image.parent.name}/new_{image.name}"
+        shutil.copyfile(image, tree / relpath)
+        new.setdefault(image.parent.name, []).append(relpath)
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
+    added = manifest["versions"][1]["splits"]
+    assert added["validation"]["class_counts"] == {label: validation_count(len(files), 50)
+                                                   for label, files in new.items()} == {"ant": 3, "bee": 2}
+    validation = sorted(r["image/filename"].decode() for r in read_split(out, "validation")
+                        if r["shard"] in added["validation"]["shards"])
+    assert validation == sorted(path for files in new.values()
+                                for path in sorted(files, key=lambda p: split_and_cap_hashes(p)[0])
+                                [:validation_count(len(files), 50)])
+    assert "With --append, among each label's new files alone." in " ".join(
+        prepare_images.parser().format_help().split())
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """A dataset made with --max_per_class 10 from 8 ants and 12 bees (2 bees skipped over the cap)."""
+    root = tmp_path_factory.mktemp("capped")
+    tree, out = root / "tree", root / "out"
+    make_tree(tree, {"ant": 8, "bee": 12}, size=(24, 20))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--max_per_class", "10")
+    return {"root": root, "tree": tree, "out": out}
+
+
+def test_max_per_class_counts_the_records_the_dataset_holds(capped, tmp_path):
+    """8 ants and a cap of 10: 2 of 5 new ants (those of lowest cap hash); 10 bees: none of 3 new ones (nor
+    the 2 skipped in version 1, listed again); a new class: 10 of 12. The cap holds over the whole dataset."""
+    from beam_prep.write.shared.hashing import split_and_cap_hashes
+
+    out = pathlib.Path(shutil.copytree(capped["out"], tmp_path / "out"))
+    tree = pathlib.Path(shutil.copytree(capped["tree"], tmp_path / "tree"))
+    make_tree(tmp_path / "new", {"ant": 5, "bee": 3, "cat": 12}, size=(20, 24))
+    for image in sorted((tmp_path / "new").rglob("*.jpg")):
+        (tree / image.parent.name).mkdir(exist_ok=True)
+        shutil.copyfile(image, tree / image.parent.name / f"new_{image.name}")
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
+    latest = manifest["versions"][1]
+    assert latest["splits"]["train"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 10}
+    assert manifest["splits"]["train"]["class_counts"] == {"ant": 10, "bee": 10, "cat": 10}
+    new_ants = sorted(r["image/filename"].decode() for r in read_split(out, "train")
+                      if r["shard"] in latest["splits"]["train"]["shards"] and r["image/filename"].startswith(b"ant/"))
+    assert new_ants == sorted(sorted((f"ant/new_img_{i:03d}.jpg" for i in range(5)),
+                                     key=lambda p: (split_and_cap_hashes(p)[1], p))[:2])
+    skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    over = collections.Counter(pathlib.Path(row["path"]).parent.name for row in skipped
+                               if row["reason"] == "over --max_per_class")
+    assert over == {"ant": 3, "bee": 2 + 2 + 3, "cat": 2}  # version 1's two bees, then this version's lines
+
+
+@pytest.mark.parametrize("made_with,given,message", [
+    (("--max_per_class", "10"), ("--max_per_class", "20"), r"max_per_class 20 contradicts the dataset in .*, "
+                                                           r"made with 10: drop it"),
+    ((), ("--max_per_class", "5"), r"max_per_class 5 contradicts the dataset in .*, made with none: drop it"),
+])
+def test_another_max_per_class_is_refused_before_any_work(capped, ants, made_with, given, message):
+    dataset = capped if made_with else ants
+    before = digests(dataset["out"])
+    with pytest.raises(OptionsError, match=message):
+        prepare_here("--input", str(dataset["tree"]), "--output", str(dataset["out"]), "--append", *given)
+    assert digests(dataset["out"]) == before
+
+
+def test_a_shuffle_sink_append_killed_while_publishing_is_finished_by_the_same_command(tmp_path):
+    """kill -9 once the publication is recorded: version 1 reads whole (its manifest as it was), and the
+    same command finishes the publication: version 2 once, not a version 3."""
+    from beam_prep.write.finish import publication
+
+    tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
+    make_tree(tree, {"ant": 3}, size=(24, 20))
+    make_tree(batch, {"bee": 3}, size=(20, 24))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    version_1 = digests(out)
+    args = ("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle",
+            "--direct_running_mode", "in_memory")
+    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "7"})
+    assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
+    assert digests(out)["manifest.json"] == version_1["manifest.json"]
+    again = run_prepare(*args)
+    assert again.returncode == 0 and "stopped while it published" in again.stderr, again.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(v["version"], sum(s["num_examples"] for s in v["splits"].values())) for v in manifest["versions"]] == [
+        (1, 3), (2, 3)]
+    assert {name: digests(out)[name] for name in version_1 if name.endswith(".tfrecord.gz")} == \
+        {name: d for name, d in version_1.items() if name.endswith(".tfrecord.gz")}
 
 
 def test_an_append_after_another_stopped_while_publishing_makes_the_version_after_it(tmp_path):

@@ -11,28 +11,34 @@ the rest, as the dataset's next version (docs/guides/preparing.md, "Adding image
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
-from collections.abc import Collection, Iterator, Mapping
+import re
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from beam_prep import wording
 from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.io.dali_index import SUFFIX as DALI_SUFFIX
+from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
+from beam_prep.write.plan.listing.listed import Choice
+from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry, printable
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import shard_format
 
-__all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "describe", "narrow", "read_dataset",
-           "read_existing"]
+__all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_new_names", "check_version",
+           "describe", "held", "narrow", "read_dataset", "read_existing"]
 
 COPY_REASON = "copy of a record already in the dataset"  # skipped.jsonl's (changed.jsonl names the record)
 _THREADS = 16  # files hashed, or shards read, at once
@@ -46,13 +52,12 @@ _TAKEN: Mapping[str, tuple[str, ...]] = {
     "background": ("background",), "max_pixels": ("max_pixels",), "compression": ("compression",),
     "file_format": ("file_format",), "label_offset": ("label_offset",), "labels_txt": ("labels_txt",),
     "validation_percent": ("validation_percent",), "stratify": ("stratify",), "recursive": ("recursive",),
-    "near_duplicate_distance": ("near_duplicate_distance",),
+    "near_duplicate_distance": ("near_duplicate_distance",), "max_per_class": ("max_per_class",),
 }
 _SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(ImageSpec))
 # Flags an append does not take, and why.
 _REFUSED = {
     "labels_file": "an append keeps the dataset's label ids and gives new labels the next ones, by name",
-    "max_per_class": "an append does not yet count the records already in the dataset against it",
     "overwrite": "--overwrite replaces the dataset",
 }
 
@@ -97,9 +102,6 @@ def appending_config(config: PrepareConfig, given: Collection[str]) -> PrepareCo
     for flag, why in _REFUSED.items():
         if flag in given:
             raise OptionsError(f"--append does not take --{flag}: {why}")
-    if options.get("max_per_class") is not None:
-        raise OptionsError(f"{config.output} was made with --max_per_class {options['max_per_class']}, and "
-                           f"--append {_REFUSED['max_per_class']}")
     # What the manifest's dataset keys say, checked as every reader checks them; the rest from its options.
     recorded = {**options, "file_format": info.file_format, "compression": info.compression.lower(),
                 "label_offset": info.label_offset}
@@ -117,6 +119,9 @@ def appending_config(config: PrepareConfig, given: Collection[str]) -> PrepareCo
         if taken["compression"] not in COMPRESSIONS:
             raise OptionsError(f"compression {taken['compression']!r} is not one beam-prep writes")
         check_values({key: taken[key] for key in ("labels_txt", "validation_percent", "near_duplicate_distance")})
+        cap = taken["max_per_class"]
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"max_per_class {cap!r}")
         spec = dataclasses.replace(config.spec, **{k: v for k, v in taken.items() if k in _SPEC_FIELDS},
                                    perceptual_hash=taken["near_duplicate_distance"] >= 0)
         spec.info  # noqa: B018 - its checks
@@ -125,6 +130,37 @@ def appending_config(config: PrepareConfig, given: Collection[str]) -> PrepareCo
                            "the manifest was edited, or is damaged") from e
     return dataclasses.replace(config, spec=spec, version=info.version + 1,
                                **{k: v for k, v in taken.items() if k not in _SPEC_FIELDS})
+
+
+def check_new_names(output: str, info: DatasetInfo, splits: Iterable[str], version: int) -> None:
+    """An append's shards are named as no file of the dataset is (``layout.shard_prefix``'s ``-v<version>``),
+    unless a split of the dataset is named as another's version (``train-v2``): refused, not written over.
+
+    Raises:
+      OptionsError: naming the file.
+    """
+    taken = [name for split in info.splits.values() for name in (*split.shards, *(split.dali_index or ()))]
+    for split in splits:
+        prefix = layout.shard_prefix(split, version)
+        ours = re.compile(rf"({re.escape(index_name(prefix)[:-len(DALI_SUFFIX)])}|{re.escape(prefix)})"
+                          r"-\d+-of-\d+", re.IGNORECASE)
+        clash = next((name for name in taken if ours.match(name)), None)
+        if clash is not None:
+            raise OptionsError(f"{output} holds {clash}, named as this append's shards of split {split!r} are: "
+                               f"a split named as another's version {version}; prepare the new images into "
+                               "another folder")
+
+
+def check_version(output: str, version: int) -> None:
+    """That the dataset in ``output`` is still the one an append planned to add version ``version`` to.
+
+    Raises:
+      DatasetError: another run added a version since (its records would be named twice): run again.
+    """
+    info, _ = read_dataset(output)
+    if info.version != version - 1:
+        raise DatasetError(f"{output} became version {info.version} while this append made version {version} "
+                           "(another run appended to it): no manifest written; run it again")
 
 
 def _shown(values: tuple[Any, ...]) -> str:
@@ -273,7 +309,10 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
 
     Every listed file is hashed (read, not decoded): a path the dataset holds is a record of it, or
     changed; bytes it holds are a copy. A copy is added to the listing's skipped files; a file the
-    dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them.
+    dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them. The dataset's
+    ``--stratify`` and ``--max_per_class`` then choose among the new files alone: each label's
+    validation share is of its new files, and its cap counts the records it holds already (a label
+    of 8 records capped at 10 takes 2 new files at most; the others are skipped as over the cap).
 
     Raises:
       OptionsError: the listing's records are not of the dataset's kind (multi-label, extra features).
@@ -312,7 +351,24 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                       if path.startswith(prefix) and path not in listed]
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
-    return listing.narrowed(keep, labels, config.label_offset), additions
+    choice = Choice(config.validation_percent, config.stratify, config.max_per_class,
+                    held(info) if config.max_per_class is not None else {})
+    return listing.narrowed(keep, labels, config.label_offset, choice), additions
+
+
+def held(info: DatasetInfo) -> dict[str, int]:
+    """The records each label of the dataset holds, over its splits (a multi-label record under each label).
+
+    Raises:
+      OptionsError: the manifest does not count a split's records per label (nothing to cap by).
+    """
+    counts: collections.Counter[str] = collections.Counter()
+    for split in info.splits.values():
+        if split.class_counts is None:
+            raise OptionsError(f"{join(info.root, MANIFEST)} does not count split {split.name!r}'s records per "
+                               "label, which --max_per_class counts: the manifest was edited, or is damaged")
+        counts.update(split.class_counts)
+    return dict(counts)
 
 
 def _hashed(entries: Iterator[FileEntry]) -> Iterator[tuple[FileEntry, str]]:

@@ -365,9 +365,6 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         _check_dataflow(options, source, target)
     if not is_local_runner(runner):
         _check_remote_paths(runner, source, target)
-    if o.append and (not is_local_runner(runner) or o.sink == "shuffle"):
-        raise OptionsError("--append writes with the streaming sink of the local runners for now: drop --runner "
-                           "and --sink shuffle (the output may still be gs://)")
     table = _metadata_path(o.metadata, o.recursive)
     concurrency = o.read_concurrency
     if concurrency is None:

@@ -5,7 +5,7 @@ By ``--validation_percent`` alone a file's split is a pure function of its path
 chance. Stratified, each label gets ``validation_count(n, percent)``: its files of
 lowest split hash (the hash ``split_for`` compares with the percent, so turning
 ``--stratify`` on moves few files). Capped, each label keeps the ``max_per_class``
-files of lowest cap hash (the next 64 bits of the split hash's SHA-256, independent
+files of lowest cap hash (less the records it holds already, in an append) (the next 64 bits of the split hash's SHA-256, independent
 of them: the kept files' splits stay a fair draw).
 
 With both, the cap comes first and each label's share is of the files it keeps.
@@ -39,6 +39,7 @@ __all__ = ["SKIP_OVER_CAP", "Chosen", "ListedRow", "Placed", "RankedRow", "Selec
 SKIP_OVER_CAP = "over --max_per_class"  # skipped.jsonl's reason for a file past its label's cap
 
 Threshold = tuple[int, str]  # a label's last kept (cap hash, relpath): its rows up to it are kept
+_NONE_KEPT: Threshold = (-1, "")  # below every cap hash (64 bits, unsigned): a label that keeps none
 
 
 # The listing's rows are plain tuples, unpacked by the names below wherever they are read: a
@@ -137,14 +138,17 @@ class Selection:
       validation_percent: ``--validation_percent``.
       stratify: ``--stratify``: each label's validation share is dealt in ``finish``.
       max_per_class: ``--max_per_class``, or None.
+      held: records each label holds already (an append's dataset), counted against ``max_per_class``.
     """
 
     def __init__(self, folder: SpillFolder, expected_rows: int, validation_percent: float = 0.0,
-                 stratify: bool = False, max_per_class: int | None = None) -> None:
+                 stratify: bool = False, max_per_class: int | None = None,
+                 held: Mapping[str, int] | None = None) -> None:
         self._folder = folder
         self._percent = validation_percent
         self._stratify = stratify
         self._cap = max_per_class
+        self._held = dict(held or {})
         self.active = stratify or max_per_class is not None
         self.added = 0
         self._files = SortedSpill(folder, "files", expected_rows)
@@ -215,24 +219,26 @@ class Selection:
         return Chosen(Placed(self._files, kept, validation), self._split_counts, self._unknown, self._bytes)
 
     def _capped(self, skip: Callable[[str, str], None]) -> tuple[dict[str, Threshold], Iterable[tuple], list[int]]:
-        """Each label's first ``max_per_class`` files by cap hash kept and counted, the rest skipped.
+        """Each label's first files by cap hash kept and counted, up to ``max_per_class`` less the
+        records it holds already; the rest skipped.
 
         Returns each capped label's threshold, and, stratified, the kept files ranked by split
         hash with their count per label.
         """
         assert self._ranked is not None and self._cap is not None
-        cap = self._cap
-        ranked = SortedSpill(self._folder, "stratified", sum(min(n, cap) for n in self._files_per_label),
+        caps = [max(0, self._cap - self._held.get(name, 0)) for name in self._labels]
+        ranked = SortedSpill(self._folder, "stratified", sum(map(min, self._files_per_label, caps)),
                              None) if self._stratify else None
         taken = [0] * len(self._labels)
-        kept: dict[str, Threshold] = {}
+        # A label full already keeps none: a threshold below every (cap hash, path).
+        kept: dict[str, Threshold] = {name: _NONE_KEPT for name, cap in zip(self._labels, caps) if not cap}
         for h, relpath, label, size, split in self._ranked:
             place = taken[label]
-            if place == cap:
+            if place == caps[label]:
                 skip(relpath, SKIP_OVER_CAP)
                 continue
             taken[label] = place + 1
-            if place + 1 == cap:
+            if place + 1 == caps[label]:
                 kept[self._labels[label]] = (h, relpath)
             self._bytes += size
             if ranked is not None:

@@ -25,14 +25,11 @@ from beam_prep.errors import (
     BeamPrepWarning,
     CrossSplitLeakage,
     DatasetError,
-    OptionsError,
     RunInterrupted,
     StorageError,
     TooManyFailures,
 )
-from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, read_lines
-from beam_prep.model.dataset import DatasetInfo
 from beam_prep.write.finish import duplicates, manifest, publication, publish
 from beam_prep.write.grow import append, label_ids
 from beam_prep.write.images import resample
@@ -187,14 +184,15 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     """Lists the tree and decides shard counts; raises before any work if something is wrong.
 
     ``labels``: --labels_file's lines, read by the caller. Close the listing when done with it. An
-    append (``config.append``) plans the files the dataset does not hold (``append.narrow``).
+    append (``config.append``) plans the files the dataset does not hold (``append.narrow``), its cap
+    applied to them (``--max_per_class`` counts the records the dataset holds).
 
     Raises:
       NothingToAdd: an append whose listing holds nothing the dataset lacks.
     """
     listing = list_tree(config.input, validation_percent=config.validation_percent, labels=labels,
                         label_offset=config.label_offset, recursive=config.recursive, metadata=config.metadata,
-                        stratify=config.stratify, max_per_class=config.max_per_class)
+                        stratify=config.stratify, max_per_class=None if config.append else config.max_per_class)
     appended = None
     if config.append:
         try:
@@ -222,7 +220,7 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     if config.overwrite:
         label_ids.warn_if_ids_move(config.output, listing.labels, config.label_offset)
     if config.append:
-        _check_new_names(config, existing.info, num_shards)
+        append.check_new_names(config.output, existing.info, num_shards, config.version)
     if 0 < config.validation_percent < 1:
         _warn_small_percent(config.validation_percent, split_counts)
     return listing, RunPlan(labels=listing.labels, num_shards=num_shards, listed=listing.listed,
@@ -231,21 +229,6 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
                                   split_counts={split: split_counts[split] for split in listing.splits},
                                   unknown_labels=listing.unknown_labels, multi_label=listing.multi_label,
                                   extra_features=listing.extra_features, appended=appended)
-
-
-def _check_new_names(config: PrepareConfig, info: DatasetInfo, num_shards: dict[str, int]) -> None:
-    """An append's shards are named as no file of the dataset is (``layout.shard_name``'s ``-v<version>``),
-    unless a split of the dataset is named as another's version (``train-v2``): refused, not written over.
-
-    Raises:
-      OptionsError: naming the shard.
-    """
-    taken = {name.lower() for split in info.splits.values() for name in (*split.shards, *(split.dali_index or ()))}
-    for split, count in num_shards.items():
-        name = layout.shard_name(split, 0, count, config.shard_suffix, config.version)
-        if name.lower() in taken or index_name(name).lower() in taken:
-            raise OptionsError(f"{config.output} holds a file named as this append's shard {name}: a split named "
-                               f"as another's version {config.version}; prepare the new images into another folder")
 
 
 def _warn_small_percent(percent: float, split_counts: dict[str, int]) -> None:
@@ -468,14 +451,14 @@ def _warn_if_resized_by_pillow(written: dict[str, Any]) -> None:
 def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start: float) -> RunResult:
     """Lists and plans, claiming and writing nothing; a remote runner also builds the job and stops
     before submitting it."""
-    if local:
-        try:
+    try:
+        if local:
             listing, run_plan = plan_run(config, options, labels=_labels(config))
-        except NothingToAdd as e:
-            return _nothing_to_add(config, e, time.perf_counter() - start, dry_run=True)
-        listing.close()
-        return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
-    job = _prepare(config, options, new_run_id(), write=False)
+            listing.close()
+            return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
+        job = _prepare(config, options, new_run_id(), write=False)
+    except NothingToAdd as e:
+        return _nothing_to_add(config, e, time.perf_counter() - start, dry_run=True)
     result = job.pipeline.run()
     return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None), plan=job.plan)
 

@@ -13,11 +13,13 @@ runner runs the pipeline. See docs/guides/beam-pipeline.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -31,7 +33,7 @@ from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.model.features import SCHEMA
 from beam_prep.model.names import NAME_MAX, name_problem
 from beam_prep.write.finish import duplicates, manifest, publication, publish
-from beam_prep.write.grow import label_ids
+from beam_prep.write.grow import append, label_ids
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
@@ -61,6 +63,10 @@ __all__ = ["ImageElement", "WriteImageDataset"]
 _FAILED = "failed"
 # The element count the near-duplicate search plans its bands for: the transform cannot know it ahead.
 _NEAR_SEARCH_COUNT = 1_000_000
+# The arguments an append takes from the dataset when not given (``append.appending_config``'s flags).
+_TAKEN = ("image_size", "resize_mode", "channels", "image_format", "jpeg_quality", "no_upscale", "background",
+          "max_pixels", "compression", "file_format", "label_offset", "labels_txt", "validation_percent",
+          "near_duplicate_distance")
 
 
 class ImageElement(NamedTuple):
@@ -92,13 +98,19 @@ class ImageElement(NamedTuple):
 class _Naming:
     """How an element becomes a listed file: its label id, split and name."""
 
-    labels: tuple[str, ...]
+    labels: tuple[str, ...]  # the labels given: an element's int label is an index here
     splits: tuple[str, ...]
     validation_percent: float
     root: str | None
     label_offset: int = 0
     multi_label: bool = False
     extra_features: Mapping[str, str] = dataclasses.field(default_factory=dict)  # key -> bytes, int64 or float
+    ids: tuple[str, ...] = ()  # the labels in id order (an append's: the dataset's, then new ones); () is ``labels``
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The labels in id order: labels.txt's."""
+        return self.ids or self.labels
 
 
 def _image_element(element: Any) -> ImageElement:
@@ -134,7 +146,7 @@ class _ElementToEntryFn(beam.DoFn):
         self._ids: dict[str, int] = {}
 
     def setup(self) -> None:
-        self._ids = {label: i + self._naming.label_offset for i, label in enumerate(self._naming.labels)}
+        self._ids = {label: i + self._naming.label_offset for i, label in enumerate(self._naming.order)}
 
     def process(self, element: Any):
         self._listed.inc()
@@ -206,7 +218,7 @@ class _ElementToEntryFn(beam.DoFn):
         if isinstance(label, str):
             return label, self._ids.get(label, UNKNOWN_LABEL)
         if isinstance(label, numbers.Integral) and not isinstance(label, bool) and 0 <= label < len(labels):
-            return labels[int(label)], int(label) + self._naming.label_offset
+            return labels[int(label)], self._ids[labels[int(label)]]
         return str(label), UNKNOWN_LABEL
 
     def _default_name(self, path: str, data: bytes | None) -> str:
@@ -233,12 +245,15 @@ def _finalize(listed: int, config: PrepareConfig, plan: RunPlan, options: dict[s
     """The manifest step, under the output's claim.
 
     Refuses a dataset that appeared since the transform was applied (unless ``overwrite``; not
-    where this run's publication began: a retried step finishes it), then ``publish.complete``
-    with the sink's reports; then ``_checked_leakage``.
+    where this run's publication began: a retried step finishes it), or, for an append, one that
+    gained a version since (``append.check_version``), then ``publish.complete`` with the sink's
+    reports; then ``_checked_leakage``.
     """
     with claim_output(config.output, plan.run_id, heartbeat_s=None):
         if not publish.begun(config.output, plan.run_id, reported["shards"]):
-            layout.check_output(config.output, config.overwrite, [])
+            layout.check_output(config.output, config.overwrite, [], config.append)
+            if config.append:
+                append.check_version(config.output, config.version)
         built = publish.complete(config, dataclasses.replace(plan, listed=listed), publish.ShardReports(**reported),
                                  options)
     return _checked_leakage(config, built)
@@ -255,6 +270,19 @@ def _checked_leakage(config: PrepareConfig, built: dict[str, Any]) -> dict[str, 
     if leaking is not None:
         raise CrossSplitLeakage(leaking, built)
     return built
+
+
+def _given_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """``init``, recording the keywords its caller gave (``self._given``).
+
+    An append takes the dataset's value for each option not given, and refuses one given that contradicts it.
+    """
+
+    @functools.wraps(init)
+    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self._given = frozenset(kwargs)
+    return recording
 
 
 class WriteImageDataset(beam.PTransform):
@@ -297,6 +325,12 @@ class WriteImageDataset(beam.PTransform):
         (``none`` for ``original`` images and for the other file formats, else ``gzip``).
       file_format: ``tfrecord``, ``array_record`` or ``webdataset`` (``--file_format``).
       overwrite: replace a dataset, or an unfinished run's files, already in ``output``.
+      append: add the elements to the dataset in ``output`` as its next version, as ``prepare --append``
+        does: the options not given are the dataset's, one given that contradicts them is refused; its
+        label ids stay, and ``labels`` it lacks get the next ids in the order of their names; its splits
+        unless ``splits`` is given; new shards ``<split>-v<version>-...``. Every element is written
+        (the transform holds no listing to compare with the records already there: ``prepare``'s
+        append skips copies). A dataset made with ``--stratify`` or ``--max_per_class`` is refused.
       read_concurrency: files each worker reads ahead of its work at once; the default
         reads ahead since paths may be anywhere (0: each file in the worker's thread).
       read_ahead_mb: cap on the bytes a worker's read-ahead holds (``--read_ahead_mb``).
@@ -313,10 +347,12 @@ class WriteImageDataset(beam.PTransform):
     Raises:
       OptionsError: when constructed or applied, before the pipeline runs: a bad
         argument; ``output`` holds a dataset or an unfinished run's files and
-        ``overwrite`` is False; another run is writing into it.
+        ``overwrite`` is False; another run is writing into it; with ``append``, no
+        dataset in ``output``, or an argument that contradicts it.
       StorageError: when applied: ``output`` cannot be listed.
     """
 
+    @_given_keywords
     def __init__(
         self,
         output: str,
@@ -339,6 +375,7 @@ class WriteImageDataset(beam.PTransform):
         compression: str | None = None,
         file_format: str = "tfrecord",
         overwrite: bool = False,
+        append: bool = False,
         read_concurrency: int = DEFAULT_REMOTE_READ_CONCURRENCY,
         read_ahead_mb: int = DEFAULT_READ_AHEAD_MB,
         multi_label: bool = False,
@@ -348,6 +385,8 @@ class WriteImageDataset(beam.PTransform):
     ) -> None:
         """Checks every argument (see the class's Args), before any pipeline is built."""
         super().__init__()
+        if append and overwrite:
+            raise OptionsError("append adds to the dataset in output and overwrite replaces it: pass one of them")
         if compression is None:
             compression = default_compression(image_format, file_format)
         check_file_format(file_format, compression, prefix="")
@@ -374,27 +413,33 @@ class WriteImageDataset(beam.PTransform):
             sink="shuffle", compression=compression,
             reads=ReadAheadConfig(concurrency=read_concurrency, max_bytes=read_ahead_mb * 2**20),
             label_offset=label_offset, labels_txt=labels_txt, file_format=file_format,
-            near_duplicate_distance=near_duplicate_distance, cross_split_duplicates=cross_split_duplicates)
+            near_duplicate_distance=near_duplicate_distance, cross_split_duplicates=cross_split_duplicates,
+            append=bool(append))
 
     def expand(self, elements: PCollection) -> PCollection:
         """Beam's PTransform entry point: the elements written as the dataset (see the class)."""
         config, naming = self._config, self._naming
         run_id = new_run_id()
         options = _options(config, naming)
-        if _clear_output(config.output, config.overwrite, run_id, options):
+        if config.append:
+            _appending(config, naming, self._given)  # refused before any work
+        if _clear_output(config.output, config.overwrite, run_id, options, config.append):
             return (elements
                     | "CountElements" >> beam.combiners.Count.Globally()
                     | "Finalize" >> beam.Map(_published, config))
-        if config.overwrite:
+        appended = None
+        if config.append:  # the dataset as it is now, a publication left unfinished finished: the version after it
+            config, naming, appended = _appending(config, naming, self._given)
+        elif config.overwrite:
             label_ids.warn_if_ids_move(config.output, naming.labels, config.label_offset)
-        plan = RunPlan(labels=list(naming.labels), num_shards={s: config.num_shards for s in naming.splits},
-                             listed=0, skipped=0, sink=config.sink, run_id=run_id, multi_label=naming.multi_label,
-                             extra_features=dict(naming.extra_features))
+        plan = RunPlan(labels=list(naming.order), num_shards={s: config.num_shards for s in naming.splits},
+                       listed=0, skipped=0, sink=config.sink, run_id=run_id, multi_label=naming.multi_label,
+                       extra_features=dict(naming.extra_features), appended=appended)
         entries = elements | "ToEntries" >> beam.ParDo(_ElementToEntryFn(naming)).with_outputs(
             _FAILED, main="entries")
         written = entries.entries | "WriteShards" >> WriteEntriesShuffle(
             config.spec, config.reads, layout.run_folder(config.output, run_id), config.compression,
-            plan.num_shards, file_format=config.file_format)
+            plan.num_shards, file_format=config.file_format, version=config.version)
         failures = (written.failures, entries[_FAILED]) | "AllFailures" >> beam.Flatten()
         return (elements
                 | "CountElements" >> beam.combiners.Count.Globally()
@@ -409,8 +454,8 @@ def _options(config: PrepareConfig, naming: _Naming) -> dict[str, Any]:
                                   "extra_features": dict(naming.extra_features)}))
 
 
-def _clear_output(output: str, overwrite: bool, run_id: str, options: dict[str, Any]) -> bool:
-    """Refuses an occupied ``output`` without ``overwrite``; with it, removes unfinished runs' files.
+def _clear_output(output: str, overwrite: bool, run_id: str, options: dict[str, Any], adding: bool = False) -> bool:
+    """Refuses an occupied ``output`` without ``overwrite`` or ``adding``; with either, removes unfinished runs' files.
 
     A publication a run was stopped in is finished first (``publication.finish_unfinished``); where
     it was the same transform's (``options``, without ``overwrite``), its dataset is this one's, and
@@ -422,9 +467,44 @@ def _clear_output(output: str, overwrite: bool, run_id: str, options: dict[str, 
         if not overwrite and any(p.options == options for p in finished):
             return True
         leftovers = layout.unfinished_runs(output, CLAIM_NAME)
-        layout.check_output(output, overwrite, leftovers)
+        layout.check_output(output, overwrite, leftovers, adding)
         layout.remove_unfinished_runs(output, leftovers)
     return False
+
+
+def _appending(config: PrepareConfig, naming: _Naming, given: Collection[str]) -> tuple[PrepareConfig, _Naming,
+                                                                                         dict[str, Any]]:
+    """An append's configuration and naming, and what it adds (``append.Additions``, for the manifest's version).
+
+    The dataset's options (``append.appending_config``); its labels' ids kept, and the labels given that
+    it lacks after them, in the order of their names; its splits, unless ``splits`` is given.
+
+    Raises:
+      OptionsError: no dataset in ``output`` (or a damaged one, or one from a newer beam-prep), an argument
+        given that contradicts the dataset's, a dataset made with ``--stratify`` or ``--max_per_class``
+        (which need every file listed first), or one of another kind of records.
+    """
+    try:
+        config = append.appending_config(config, [name for name in _TAKEN if name in given])
+        info, _ = append.read_dataset(config.output)
+    except OptionsError as e:  # the command's words: flags named as this transform's arguments
+        raise OptionsError(re.sub(r"--(?=[a-z])", "", str(e))) from e
+    if config.stratify or config.max_per_class is not None:
+        option = "stratify" if config.stratify else f"max_per_class {config.max_per_class}"
+        raise OptionsError(f"the dataset in {config.output} was made with {option}, which chooses among all the "
+                           "files at once and WriteImageDataset sees one element at a time: append with "
+                           "beam_prep.prepare(..., append=True)")
+    if naming.multi_label != info.multi_label or dict(naming.extra_features) != dict(info.extra_features):
+        raise OptionsError(f"the dataset in {config.output} holds other records (multi_label={info.multi_label}, "
+                           f"extra_features={dict(info.extra_features)}): an append adds records alike")
+    new = sorted(set(naming.labels) - set(info.labels))
+    splits = naming.splits if "splits" in given else tuple(dict.fromkeys(
+        [*info.splits, *_checked_splits(None, config.validation_percent)]))
+    append.check_new_names(config.output, info, splits, config.version)
+    naming = dataclasses.replace(naming, ids=(*info.labels, *new), splits=splits,
+                                 validation_percent=config.validation_percent, label_offset=config.label_offset)
+    return config, naming, append.Additions(new_labels=new).to_json()
+
 
 
 def _checked_labels(labels: Sequence[str]) -> tuple[str, ...]:

@@ -84,14 +84,19 @@ def hashes_name(shard: str) -> str:
     return f"{shard}.{HASHES}.txt"
 
 
+def shard_prefix(split: str, version: int = 1) -> str:
+    """What a split's shards of a dataset version are named with before ``SHARD_TEMPLATE``: the split,
+    and for a later version's (an append's) ``-v<version>`` (``train-v2``)."""
+    return f"{split}-v{version}" if version > 1 else split
+
+
 def shard_name(split: str, index: int, count: int, suffix: str, version: int = 1) -> str:
     """The file name of shard ``index`` (from 0) of ``count``: what Beam's sink names it with
-    ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<split>`` and ``suffix``
+    ``SHARD_TEMPLATE``, the file path prefix ``<folder>/<shard_prefix>`` and ``suffix``
     (``PrepareConfig.shard_suffix``). A later version's (an append's) has ``-v<version>`` after the
     split (``train-v2-00000-of-00003.tfrecord.gz``): a name no earlier shard has, that training
     code's ``train-*`` still finds."""
-    tag = f"-v{version}" if version > 1 else ""
-    return f"{split}{tag}{_SHARD_FORMAT.format(index=index, count=count)}{suffix}"
+    return f"{shard_prefix(split, version)}{_SHARD_FORMAT.format(index=index, count=count)}{suffix}"
 
 
 def is_dataset_name(name: str) -> bool:

@@ -103,8 +103,7 @@ class _ShardSink(beam.PTransform):
             have finished (``progress.Reporter``), for the launcher to show; None
             where the launcher cannot see the workers' files (remote runners).
           file_format: a key of ``formats.FILE_FORMATS``: the shards' format.
-          version: the dataset version the shards make (``layout.shard_name``); the streaming sink
-            names them by it, the shuffle sink writes version 1 only.
+          version: the dataset version the shards make, which names them (``layout.shard_name``).
         """
         super().__init__()
         self._config = SinkConfig(spec, reads, work, compression, dict(num_shards), progress_folder, file_format,
@@ -184,7 +183,7 @@ class WriteEntriesShuffle(_ShardSink):
                 part
                 | f"Examples[{split}]" >> beam.Map(lambda r: r.example)
                 | f"WriteFiles[{split}]" >> write_shards(
-                    join(config.work, split), config.file_format, config.compression, config.num_shards[split],
+                    join(config.work, layout.shard_prefix(split, config.version)), config.file_format, config.compression, config.num_shards[split],
                     layout.SHARD_TEMPLATE))
             # Beam's file sink does not say how many records each shard got: count them,
             # one shard a worker (the Reshuffle spreads the names out), for the manifest.
@@ -224,4 +223,4 @@ class WriteShardsShuffle(_ShardSink):
                 | "ReadListing" >> ReadFromText(join(c.work, layout.LISTING), validate=False)
                 | "ParseEntries" >> beam.ParDo(ParseEntryFn())
                 | "Write" >> WriteEntriesShuffle(c.spec, c.reads, c.work, c.compression, c.num_shards,
-                                                 c.progress_folder, c.file_format))
+                                                 c.progress_folder, c.file_format, c.version))

@@ -4,19 +4,20 @@ skipped files on disk (``spill``), read back in order.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from beam_prep import wording
 from beam_prep.io.storage import join
 from beam_prep.model.features import NO_LABEL
 from beam_prep.write.plan.listing.names import split_rank
 from beam_prep.write.plan.metadata import Table
-from beam_prep.write.plan.selection import ListedRow
+from beam_prep.write.plan.selection import ListedRow, Selection
 from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
 
-__all__ = ["Listing", "Skips", "make_listing"]
+__all__ = ["Choice", "Listing", "Skips", "make_listing"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -109,17 +110,37 @@ class Listing:
         self._skips = kept
         return left_out
 
-    def narrowed(self, keep: set[str], labels: list[str], label_offset: int) -> Listing:
+    def narrowed(self, keep: set[str], labels: list[str], label_offset: int, choice: Choice | None = None) -> Listing:
         """The listing of the files whose relative paths are in ``keep`` alone, with ``labels`` for its
         label order (every label of this listing among them), its skipped files those of this one.
-        Held in memory (an append's new files); this listing's folder stays this one's to close."""
+        Held in memory (an append's new files); this listing's folder stays this one's to close.
+
+        With ``choice``, ``--stratify`` and ``--max_per_class`` choose among those files alone
+        (``selection``): each label's validation share is of its files here, and its cap counts the
+        records it holds already (``Choice.held``); the files past it are skipped.
+        """
         rows = [row for row in self._files if row[1] in keep]
         ids = {name: i for i, name in enumerate(labels)}
+        if choice is not None and (choice.stratify or choice.max_per_class is not None):
+            rows = self._chosen(rows, ids, choice)
         known = collections.Counter(row[2] for row in rows if self.unlabelled or _known(row, ids))
         sizes = sum(row[4] for row in rows)
         return Listing(self.root, labels, [s for s in self.splits if known[s]], dict(known),
                        len(rows) - sum(known.values()), sizes, self._skips, self._folder, rows, label_offset,
                        self._table, self.unlabelled)
+
+    def _chosen(self, rows: list[ListedRow], ids: dict[str, int], choice: Choice) -> list[ListedRow]:
+        """``rows`` as ``Selection`` keeps and places them (a stratified row's split hashed again)."""
+        folder = SpillFolder()
+        try:
+            selection = Selection(folder, len(rows), choice.validation_percent, choice.stratify,
+                                  choice.max_per_class, choice.held)
+            for row in rows:
+                split = None if choice.stratify else row[2]
+                selection.add((*row[:2], split, *row[3:]), self.unlabelled or _known(row, ids))
+            return list(selection.finish(self._skips.add).files)
+        finally:
+            folder.close()
 
     def skipped_rows(self) -> Iterator[tuple[str, str]]:
         """Every skipped file as (printable relative path, why), sorted by path, read back from disk."""
@@ -151,6 +172,17 @@ def _known(row: ListedRow, ids: dict[str, int]) -> bool:
     """Whether every label of a listed row is one of ``ids`` (a row of a table without one is not)."""
     _, _, _, label, _, labels, _ = row
     return all(name in ids for name in labels) if labels is not None else label in ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """How ``Listing.narrowed`` chooses among its files: ``--stratify``, ``--max_per_class`` and the
+    records each label holds already (``held``, counted against the cap)."""
+
+    validation_percent: float = 0.0
+    stratify: bool = False
+    max_per_class: int | None = None
+    held: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 class Skips:
