@@ -6,7 +6,13 @@ block can read what an earlier one wrote, as a reader following the page would; 
 ``python`` blocks share one interpreter, as in a notebook, except a script (a block with an
 ``if __name__ == "__main__":`` guard), which runs as a user saves and runs it: as its own
 file, whose worker processes (Grain's, a DataLoader's) import it again. Other
-fences (``text``, ``console``, ``json``...) show output and are not run.
+fences (``console``, ``json``...) are not run.
+
+A ``text`` block shows what the runnable block above it printed (stdout and stderr, as a
+terminal shows them), and is compared with it: ``output_matches`` masks what varies by machine
+(timings, rates, dates, temporary paths, process ids), and ``...`` in the page stands for any text
+in a line, or, alone on its line, for any lines. A ``text`` block that is no output says why on
+the line before its fence, with one of ``NOT_OUTPUT``'s reasons: ``<!-- not-output: layout -->``.
 
 A block that cannot run here says why on the line before its fence, with one of
 ``NOT_RUN``'s reasons: ``<!-- not-run: cloud -->``. A block that shows a refused run
@@ -14,6 +20,7 @@ says the exit code it must end with: ``<!-- exit: 2 -->``.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import pathlib
@@ -33,13 +40,25 @@ NOT_RUN = {
     "install": "sets up a machine (a virtual environment, pip install, .ci/run): CI does that itself",
     "benchmark": "times this machine for minutes; the benchmarks' own tests run them small",
 }
+# Why a text block may be no command's output: nothing else excuses one.
+NOT_OUTPUT = {
+    "layout": "a folder's layout or a file's form, annotated by hand",
+    "form": "the form of a command or a line, with a placeholder where each use differs",
+    "command": "a command shown, not run: it needs data the docs test does not have (ImageNet, a download)",
+    "not-run": "what a command prints where this machine cannot make it so (a cloud job, a library missing)",
+    "scenario": "what a run the page does not make prints (another tree, a full disk, a signal, a second run "
+                "at once): the tests of that behaviour check its words",
+    "generated": "a generated reference page's usage text: tests/docs/test_reference.py checks it",
+    "formula": "arithmetic, no command's output",
+}
 RUN = {"bash", "sh", "python"}
+OUTPUT = "text"
 BLOCK_TIMEOUT_S = 600
 # The system's temporary folder, read at collection, before any test points TMPDIR at its own folder.
 SYSTEM_TMP = tempfile.gettempdir()
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<info>[\w+-]*)[^\n]*$")
-_MARK = re.compile(r"^\s*<!--\s*(?P<key>not-run|exit):\s*(?P<value>[\w-]+)\s*-->\s*$")
+_MARK = re.compile(r"^\s*<!--\s*(?P<key>not-run|not-output|exit):\s*(?P<value>[\w-]+)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,7 @@ class Block:
     code: str
     not_run: str | None = None
     exit_code: int = 0
+    not_output: str | None = None
 
 
 def pages() -> list[pathlib.Path]:
@@ -63,7 +83,7 @@ def blocks(page: pathlib.Path) -> list[Block]:
     """The fenced blocks of ``page``, with the marks on the line before each."""
     lines = page.read_text(encoding="utf-8").splitlines()
     found, i = [], 0
-    rel = page.relative_to(REPO).as_posix()
+    rel = page.relative_to(REPO).as_posix() if page.is_relative_to(REPO) else page.as_posix()
     while i < len(lines):
         m = _FENCE.match(lines[i])
         if not m:
@@ -81,7 +101,7 @@ def blocks(page: pathlib.Path) -> list[Block]:
             body.append(lines[k][indent:] if lines[k][:indent].strip() == "" else lines[k])
             k += 1
         found.append(Block(rel, i + 1, m["info"].lower(), "\n".join(body) + "\n",
-                           marks.get("not-run"), int(marks.get("exit", 0))))
+                           marks.get("not-run"), int(marks.get("exit", 0)), marks.get("not-output")))
         i = k + 1
     return found
 
@@ -91,6 +111,76 @@ def test_every_mark_names_a_known_reason():
         for b in blocks(page):
             assert b.not_run is None or b.not_run in NOT_RUN, (
                 f"{b.page}:{b.line}: not-run reason {b.not_run!r} is not one of {sorted(NOT_RUN)}")
+
+
+def outputs(page: pathlib.Path) -> tuple[dict[int, Block], list[str]]:
+    """The ``text`` blocks to compare, by the line of the runnable block whose output each shows, and
+    what is wrong with the others: a text block not marked ``not-output`` shows the output of the
+    nearest runnable block above it, which must run, and show no other."""
+    shown: dict[int, Block] = {}
+    wrong: list[str] = []
+    above: Block | None = None
+    for b in blocks(page):
+        if b.language in RUN:
+            above = b
+        if b.language != OUTPUT:
+            continue
+        where = f"{b.page}:{b.line}"
+        if b.not_output is not None:
+            if b.not_output not in NOT_OUTPUT:
+                wrong.append(f"{where}: not-output reason {b.not_output!r} is not one of {sorted(NOT_OUTPUT)}")
+        elif above is None or above.not_run is not None:
+            wrong.append(f"{where}: a text block with no block run above it: mark it <!-- not-output: REASON -->, "
+                         f"REASON one of {sorted(NOT_OUTPUT)}")
+        elif above.line in shown:
+            wrong.append(f"{where}: a second text block for {above.page}:{above.line}, whose output "
+                         f"{shown[above.line].page}:{shown[above.line].line} shows: mark it <!-- not-output: REASON -->")
+        else:
+            shown[above.line] = b
+    return shown, wrong
+
+
+def test_every_text_block_is_an_output_checked_or_says_why_not():
+    wrong = [line for page in pages() for line in outputs(page)[1]]
+    assert not wrong, "\n".join(wrong)
+
+
+# What varies by machine and run, masked alike in a page's text and in what its command printed.
+_MASKS = (
+    (re.compile(r"\x1b\[[0-9;?]*[A-Za-z]"), ""),  # a terminal's colours and cursor moves
+    (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:?\d\d)?"), "<time>"),
+    (re.compile(r"(?<![\w/.-])(/tmp|/var/folders|/private)/[^\s'\",;:)]*"), "<path>"),
+    (re.compile(r"\b\d[\d,]*(\.\d+)?(?= ?(s|ms|min|seconds?)\b)"), "<n>"),
+    (re.compile(r"\b\d[\d,]*(\.\d+)?(?= ?\w*/s\b)"), "<n>"),  # rates: images/s, MB/s
+    (re.compile(r"\b(pid|process) \d+"), r"\1 <n>"),
+)
+
+
+def masked(text: str) -> list[str]:
+    """``text``'s lines as a page compares them: what a progress bar redrew (``\\r``) gone, each line's
+    trailing blanks and what varies by machine masked (``_MASKS``), no blank lines at either end."""
+    lines = []
+    for line in text.splitlines():
+        line = line.rsplit("\r", 1)[-1].rstrip()
+        for pattern, replacement in _MASKS:
+            line = pattern.sub(replacement, line)
+        lines.append(line)
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    return lines
+
+
+def output_matches(shown: str, printed: str) -> str | None:
+    """None where ``printed`` is what the page ``shown`` says, masked alike; else a diff of the two.
+    ``...`` in ``shown`` is any text within its line; a line of ``...`` alone, any lines (none too)."""
+    page, got = masked(shown), masked(printed)
+    pattern = "".join(r"(?:[^\n]*\n)*?" if line.strip() == "..." else
+                      ".*".join(map(re.escape, line.split("..."))) + r"\n" for line in page)
+    if re.fullmatch(pattern, "".join(line + "\n" for line in got)):
+        return None
+    return "\n".join(difflib.unified_diff(page, got, "the page", "printed", lineterm=""))
 
 
 def test_the_grain_and_pytorch_pages_loaders_run_as_scripts():
@@ -125,10 +215,13 @@ def _runnable_pages() -> list[pathlib.Path]:
 
 # Consecutive Python blocks run in one interpreter, one after the other in one namespace, as a
 # reader runs them in a notebook or a REPL: each block's own process would import TensorFlow again.
+_BEGINS = "\x1e block "  # _SESSION's line before each block's output: where the block is on its page
 _SESSION = """
 import json, sys, traceback
 ns = {"__name__": "__main__"}
 for where, code in json.load(open(sys.argv[1])):
+    sys.stdout.flush(); sys.stderr.flush()
+    print(sys.argv[2] + where, flush=True)
     try:
         exec(compile(code, where, "exec"), ns)
     except SystemExit as e:
@@ -170,6 +263,7 @@ def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Pat
     first failing step failed."""
     shutil.copytree(sample_tree, folder / "sample_data")
     env = {**_env(), "TMPDIR": tmp}
+    shown, _ = outputs(page)
     for n, step in enumerate(_steps(page)):
         first = step[0]
         if is_script(first):
@@ -179,19 +273,37 @@ def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Pat
         elif first.language == "python":
             listing = folder.parent / f"{folder.name}-blocks-{n}.json"
             listing.write_text(json.dumps([[f"{b.page}:{b.line}", b.code] for b in step]))
-            cmd = [sys.executable, "-c", _SESSION, str(listing)]
+            cmd = [sys.executable, "-c", _SESSION, str(listing), _BEGINS]
         else:
             cmd = ["bash", "-c", "set -euo pipefail\n" + first.code]
         try:
-            done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
-                                  timeout=BLOCK_TIMEOUT_S)
+            done = subprocess.run(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, errors="replace", timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return f"{first.page}:{first.line}: still running after {BLOCK_TIMEOUT_S} s"
         if done.returncode != first.exit_code:
             code = "".join(f"# {b.page}:{b.line}\n{b.code}" for b in step)
             return (f"{first.page}:{first.line}: exit {done.returncode}, expected {first.exit_code}\n"
-                    f"--- code\n{code}--- stdout\n{done.stdout[-4000:]}--- stderr\n{done.stderr[-4000:]}")
+                    f"--- code\n{code}--- output\n{done.stdout[-6000:]}")
+        printed = _each_blocks_output(step, done.stdout)
+        for b in step:
+            if b.line in shown:
+                diff = output_matches(shown[b.line].code, printed[b.line])
+                if diff is not None:
+                    return (f"{shown[b.line].page}:{shown[b.line].line}: the page's output of {b.page}:{b.line} "
+                            f"is not what it printed (masked):\n{diff}")
     return None
+
+
+def _each_blocks_output(step: list[Block], output: str) -> dict[int, str]:
+    """What each block of ``step`` printed, by its line: a Python session's output cut at ``_BEGINS``."""
+    if len(step) == 1 and _BEGINS not in output:
+        return {step[0].line: output}
+    printed: dict[int, str] = {}
+    for part in output.split(_BEGINS)[1:]:
+        where, _, text = part.partition("\n")
+        printed[int(where.rsplit(":", 1)[1])] = text
+    return printed
 
 
 @pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
