@@ -317,3 +317,67 @@ def test_page_examples_run(page: pathlib.Path, sample_tree: pathlib.Path, tmp_pa
     with tempfile.TemporaryDirectory(prefix="page-", dir=SYSTEM_TMP) as tmp:
         failure = _run_page(page, sample_tree, tmp_path / "page", tmp)
     assert failure is None, failure
+
+
+FAKE_PAGE = """# A page
+
+```bash
+echo "wrote 3 files in 2.5 s (1,234 images/s) to $TMPDIR/out"
+echo "3 files"
+```
+
+```text
+wrote 3 files in 0.4 s (99 images/s) to /tmp/x/out
+3 files
+```
+
+```python
+print("a")
+```
+
+```python
+import sys
+print("b", file=sys.stderr)
+print("c")
+```
+
+```text
+b
+...
+```
+"""
+
+
+def _fake(tmp_path: pathlib.Path, text: str) -> str | None:
+    page = tmp_path / "page.md"
+    page.write_text(text, encoding="utf-8")
+    (tmp_path / "tree").mkdir()
+    return _run_page(page, tmp_path / "tree", tmp_path / "run", str(tmp_path))
+
+
+@pytest.mark.slow  # runs the page's blocks
+def test_a_page_whose_output_is_what_its_blocks_print_passes_with_timings_and_paths_masked(tmp_path):
+    assert _fake(tmp_path, FAKE_PAGE) is None
+
+
+@pytest.mark.slow  # runs the page's blocks
+@pytest.mark.parametrize("drift, shown", [
+    ("3 files\n```\n\n```python", "3 files\nand more\n```\n\n```python"),  # a line the command no longer prints
+    ("wrote 3 files in 0.4 s", "wrote 4 files in 0.4 s"),  # a count changed: counts are never masked
+    ("b\n...\n```", "c\n...\n```"),  # the second Python block's output, not the first's
+])
+def test_a_page_that_drifted_from_its_commands_fails_naming_its_block(tmp_path, drift, shown):
+    assert drift in FAKE_PAGE
+    page = FAKE_PAGE.replace(drift, shown)
+    failure = _fake(tmp_path, page)
+    assert failure is not None and "is not what it printed" in failure, failure
+    first, second = [i + 1 for i, line in enumerate(page.splitlines()) if line == "```text"]
+    assert failure.startswith(f"{tmp_path / 'page.md'}:{first if 'files' in drift else second}: "), failure
+
+
+def test_output_matching_masks_what_varies_and_nothing_else():
+    assert output_matches("took 1.5 s at 2,000 images/s on 2026-01-02T03:04:05+00:00\n",
+                          "took 0.25 s at 12 images/s on 2027-11-12T13:14:15Z\n") is None
+    assert output_matches("a ... c\n...\nz\n", "a b c\nx\ny\nz\n") is None
+    assert output_matches("12 examples\n", "13 examples\n") is not None
+    assert output_matches("a\n", "a\nb\n") is not None
