@@ -11,7 +11,8 @@ fences (``console``, ``json``...) are not run.
 A ``text`` block shows what the runnable block above it printed (stdout and stderr, as a
 terminal shows them), and is compared with it: ``output_matches`` masks what varies by machine
 (timings, rates, dates, temporary paths, process ids), and ``...`` in the page stands for any text
-in a line, or, alone on its line, for any lines. A ``text`` block that is no output says why on
+in a line, or, alone on its line, for any lines. The folder the blocks run in shows as ``/home/me``,
+their temporary folder as ``$TMPDIR``. A ``text`` block that is no output says why on
 the line before its fence, with one of ``NOT_OUTPUT``'s reasons: ``<!-- not-output: layout -->``.
 
 A block that cannot run here says why on the line before its fence, with one of
@@ -53,6 +54,7 @@ NOT_OUTPUT = {
 }
 RUN = {"bash", "sh", "python"}
 OUTPUT = "text"
+READERS_FOLDER = "/home/me"  # what a page's output calls the folder its blocks run in
 BLOCK_TIMEOUT_S = 600
 # The system's temporary folder, read at collection, before any test points TMPDIR at its own folder.
 SYSTEM_TMP = tempfile.gettempdir()
@@ -153,15 +155,29 @@ _MASKS = (
     (re.compile(r"\b\d[\d,]*(\.\d+)?(?= ?(s|ms|min|seconds?)\b)"), "<n>"),
     (re.compile(r"\b\d[\d,]*(\.\d+)?(?= ?\w*/s\b)"), "<n>"),  # rates: images/s, MB/s
     (re.compile(r"\b(pid|process) \d+"), r"\1 <n>"),
+    (re.compile(r"\b\d+(\.\d+)? (KiB|MiB|GiB|kB|MB|GB)\b"), "<size>"),  # file sizes: the JPEG encoder's
+    (re.compile(r"(?<=\S)  +"), "  "),  # a table's padding: its columns' widths follow the masked values
 )
 
 
+# Lines other libraries log as they load (TensorFlow's C++ log, Python's warnings and the source line
+# under each), never beam-prep's: a page does not show them.
+_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\)|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ "
+                    r"[\w.]+:\d+\] |To enable the following instructions: |\S+\.py:\d+: \w*Warning: ")
+
+
 def masked(text: str) -> list[str]:
-    """``text``'s lines as a page compares them: what a progress bar redrew (``\\r``) gone, each line's
-    trailing blanks and what varies by machine masked (``_MASKS``), no blank lines at either end."""
-    lines = []
+    """``text``'s lines as a page compares them: what a progress bar redrew (``\\r``) gone, other
+    libraries' log lines (``_NOISE``) dropped, each line's trailing blanks and what varies by machine
+    masked (``_MASKS``), no blank lines at either end."""
+    lines: list[str] = []
+    noise = False
     for line in text.splitlines():
         line = line.rsplit("\r", 1)[-1].rstrip()
+        if _NOISE.match(line) or (noise and line.startswith("  ")):
+            noise = True
+            continue
+        noise = False
         for pattern, replacement in _MASKS:
             line = pattern.sub(replacement, line)
         lines.append(line)
@@ -206,6 +222,7 @@ def _env() -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(pathlib.Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["REPO"] = str(REPO)
+    env["LC_ALL"] = "C.UTF-8"  # one order for ls, one way to write numbers, on every machine
     return env
 
 
@@ -264,6 +281,7 @@ def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Pat
     shutil.copytree(sample_tree, folder / "sample_data")
     env = {**_env(), "TMPDIR": tmp}
     shown, _ = outputs(page)
+    drifted = []
     for n, step in enumerate(_steps(page)):
         first = step[0]
         if is_script(first):
@@ -288,11 +306,12 @@ def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Pat
         printed = _each_blocks_output(step, done.stdout)
         for b in step:
             if b.line in shown:
-                diff = output_matches(shown[b.line].code, printed[b.line])
+                seen = printed[b.line].replace(tmp, "$TMPDIR").replace(str(folder), READERS_FOLDER)
+                diff = output_matches(shown[b.line].code, seen)
                 if diff is not None:
-                    return (f"{shown[b.line].page}:{shown[b.line].line}: the page's output of {b.page}:{b.line} "
-                            f"is not what it printed (masked):\n{diff}")
-    return None
+                    drifted.append(f"{shown[b.line].page}:{shown[b.line].line}: the page's output of "
+                                   f"{b.page}:{b.line} is not what it printed (masked):\n{diff}")
+    return "\n".join(drifted) or None
 
 
 def _each_blocks_output(step: list[Block], output: str) -> dict[int, str]:
