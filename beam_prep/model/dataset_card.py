@@ -48,20 +48,21 @@ def is_ours(text: str) -> bool:
     return len(lines) > 1 and lines[0] == "---" and lines[1] == MARK
 
 
-def card(info: DatasetInfo, manifest: Mapping[str, Any], name: str) -> str:
+def card(info: DatasetInfo, manifest: Mapping[str, Any]) -> str:
     """The dataset card of the dataset ``manifest`` describes (``info``: the same, read).
+
+    The card holds no time and no path: a rerun of the same command writes the same bytes, as it
+    does its reports, wherever the folder is.
 
     Args:
       info: the dataset.
-      manifest: its manifest, as published (options, counts, version). The card holds no time: a rerun of
-        the same command writes the same bytes, as it does its reports.
-      name: what the card calls the dataset (its folder's name).
+      manifest: its manifest, as published (options, counts, version).
 
     Returns:
       The card's text: YAML front matter, then Markdown.
     """
     total = sum(split.num_examples for split in info.splits.values())
-    meta: dict[str, Any] = {"pretty_name": name}
+    meta: dict[str, Any] = {}
     if info.labels:
         meta["task_categories"] = ["image-classification"]
     meta["size_categories"] = [next((tag for limit, tag in _SIZES if total < limit), "n>100M")]
@@ -72,7 +73,7 @@ def card(info: DatasetInfo, manifest: Mapping[str, Any], name: str) -> str:
         meta["configs"] = [{"config_name": "default", "data_files": [
             {"split": split, "path": list(s.shards)} for split, s in info.splits.items()]}]
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1_000_000)
-    return "".join(["---\n", MARK, "\n", front, "---\n\n", _body(info, manifest, name, total)])
+    return "".join(["---\n", MARK, "\n", front, "---\n\n", _body(info, manifest, total)])
 
 
 def _features(info: DatasetInfo) -> list[dict[str, Any]]:
@@ -96,7 +97,7 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("\\", "&#92;").replace("|", "&#124;").replace("`", "&#96;")
 
 
-def _body(info: DatasetInfo, manifest: Mapping[str, Any], name: str, total: int) -> str:
+def _body(info: DatasetInfo, manifest: Mapping[str, Any], total: int) -> str:
     image = info.image
     size = f"{image.height}x{image.width}" if image.fixed_size else "their own size"
     options = manifest.get("options") or {}
@@ -104,7 +105,7 @@ def _body(info: DatasetInfo, manifest: Mapping[str, Any], name: str, total: int)
     made = (f"beam-prep {manifest.get('beam_prep_version', '?')} wrote it (when: `created` in {MANIFEST})"
             + (f", version {info.version} (each run's input and counts: `versions` in {MANIFEST})"
                if info.version > 1 else ""))
-    lines = [f"# {_cell(name)}", "",
+    lines = ["# An image dataset made by beam-prep", "",
              f"{total} images{f' in {len(info.labels)} classes' if info.labels else ', without labels'}, "
              f"as {info.file_format} shards of {image.format} images ({size}, {image.channels} channels, "
              f"resize mode {image.resize_mode or 'none'}). {made}. `{MANIFEST}` describes it field by field; "

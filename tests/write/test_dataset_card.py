@@ -151,14 +151,14 @@ def test_a_dataset_on_gs_gets_its_card(tree, gcs_bucket):
     out = gcs_bucket.url("records")
     manifest = prepare_here("--input", str(tree), "--output", out, *ARGS)
     meta = front_matter(gcs_bucket.read_bytes("records/README.md").decode("utf-8"))
-    assert meta["pretty_name"] == "records"
+    assert meta["task_categories"] == ["image-classification"]
     assert {s["name"]: s["num_examples"] for s in meta["dataset_info"]["splits"]} == {
         name: s["num_examples"] for name, s in manifest["splits"].items()}
 
 
-def test_the_card_is_the_same_bytes_on_a_rerun(tree, webdataset, tmp_path):
+def test_the_card_is_the_same_bytes_on_a_rerun_into_another_folder(tree, webdataset, tmp_path):
     out, _ = webdataset
-    again = tmp_path / "records"
+    again = tmp_path / "elsewhere"
     prepare_here("--input", str(tree), "--output", str(again), *ARGS)
     assert (again / "README.md").read_bytes() == (out / "README.md").read_bytes()
 

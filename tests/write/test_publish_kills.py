@@ -263,8 +263,8 @@ def test_a_gs_move_cut_between_its_copy_and_its_delete_is_finished(tree, gcs_ser
     assert all(gcs_bucket.read_bytes(f"out/{target}") == data for target, data in published.items())
 
 
-# A gzip run's staged files: errors.jsonl, skipped.jsonl, duplicates.jsonl, labels.txt, manifest.json.
-STAGED_FILES = 5
+# A gzip run's staged files: errors.jsonl, skipped.jsonl, duplicates.jsonl, labels.txt, README.md, manifest.json.
+STAGED_FILES = 6
 
 
 def linked_copy(source: pathlib.Path, target: pathlib.Path) -> None:

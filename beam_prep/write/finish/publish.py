@@ -222,8 +222,7 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
         names.append(filename)
         steps.done()
     if _card_is_ours(config.output):
-        title = config.output.rstrip("/").rsplit("/", 1)[-1]
-        write_bytes(join(folder, dataset_card.CARD), dataset_card.card(info, built, title).encode("utf-8"), "text/markdown")
+        write_bytes(join(folder, dataset_card.CARD), dataset_card.card(info, built).encode("utf-8"), "text/markdown")
         names.append(dataset_card.CARD)
         steps.done()
     write_bytes(join(folder, MANIFEST), json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"),
