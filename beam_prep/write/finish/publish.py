@@ -232,11 +232,12 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
 
 
 def _card_is_ours(output: str) -> bool:
-    """Whether the run writes the dataset card: ``output`` holds no README.md, or one beam-prep wrote
-    (``dataset_card.is_ours``); another (the user's, a folder, a link) stays as it is, said in a warning.
+    """Whether the run writes the dataset card: ``output`` holds no file of its name (``dataset_card.CARD``),
+    or one beam-prep wrote (``dataset_card.is_ours``); another (the user's, a folder, a link) stays as it
+    is, said in a warning.
 
     Raises:
-      StorageError: the README.md cannot be read.
+      StorageError: the file cannot be read.
     """
     path = join(output, dataset_card.CARD)
     try:

@@ -101,9 +101,9 @@ def is_dataset_name(name: str) -> bool:
 
 
 def is_published_name(name: str) -> bool:
-    """Whether a publication may move a file of this name: a dataset's (``is_dataset_name``), or its card,
-    ``README.md``, which is the dataset's only where beam-prep wrote it (``dataset_card.is_ours``): a
-    folder holding a README.md of its own is no dataset, and a run leaves that file as it is."""
+    """Whether a publication may move a file of this name: a dataset's (``is_dataset_name``), or its card
+    (``dataset_card.CARD``), which is the dataset's only where beam-prep wrote it (``dataset_card.is_ours``):
+    a folder holding a file of that name of its own is no dataset, and a run leaves that file as it is."""
     return name == CARD or is_dataset_name(name)
 
 
