@@ -100,7 +100,8 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
     Finds the duplicates among the records; with ``--cross_split_duplicates drop``, writes again
     the shards that hold a record to leave out (``drop``); checks the counts; stages errors.jsonl,
     skipped.jsonl (from the run's folder), duplicates.jsonl, labels.txt, TFDS's metadata where
-    TFDS can read the shards, and the manifest in the run's folder; records the publication and
+    TFDS can read the shards, the dataset card (``dataset_card``, unless the folder holds a file of
+    its name beam-prep did not write) and the manifest in the run's folder; records the publication and
     carries it out (``publication``): the old dataset's files moved aside, the shards and those
     files moved in, the manifest last, then the run's folder removed. Called again for a run
     whose publication is recorded or done (a retried step: ``begun``), it finishes that one.
