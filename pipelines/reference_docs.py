@@ -132,10 +132,15 @@ def _groups(parser: argparse.ArgumentParser) -> list[tuple[str, list[argparse.Ac
     return found
 
 
+# The docs test compares a text block with the output above it (tests/docs/test_examples.py): these
+# are the parser's own text, which test_reference.py checks.
+_NOT_OUTPUT = "<!-- not-output: generated -->"
+
+
 def _command_section(name: str, purpose: str, parser: argparse.ArgumentParser,
                      choices: Mapping[str, Sequence[str]]) -> list[str]:
     lines = [f"## beam-prep {name}", "", _cell(purpose[0].upper() + purpose[1:]) + ".", "",
-             "```text", _usage(parser), "```", ""]
+             _NOT_OUTPUT, "```text", _usage(parser), "```", ""]
     if parser.description:
         lines += [_cell(parser.description), ""]
     for title, actions in _groups(parser):
@@ -143,7 +148,7 @@ def _command_section(name: str, purpose: str, parser: argparse.ArgumentParser,
         lines += _table(["Option", "Default", "Description"], _option_rows(parser, actions, choices))
         lines.append("")
     if parser.epilog:
-        lines += ["```text", parser.epilog.strip("\n"), "```", ""]
+        lines += [_NOT_OUTPUT, "```text", parser.epilog.strip("\n"), "```", ""]
     return lines
 
 

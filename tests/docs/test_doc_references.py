@@ -63,7 +63,11 @@ def test_messages_that_point_at_documentation_name_a_site_page():
     assert named <= site_pages(), sorted(named - site_pages())
 
 
+# The one module that names a README.md: the dataset card a run writes into its output folder, no page.
+CARD_MODULE = REPO / "beam_prep" / "model" / "dataset_card.py"
+
+
 def test_no_code_sends_a_reader_to_the_readme():
-    lines = [f"{source.relative_to(REPO)}:{i}: {line.strip()}" for source in SOURCES
+    lines = [f"{source.relative_to(REPO)}:{i}: {line.strip()}" for source in SOURCES if source != CARD_MODULE
              for i, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1) if "README" in line]
     assert not lines, f"name a page of the site instead (beam_prep.doc_pages.doc_page): {lines}"

@@ -311,7 +311,7 @@ def _checked_file(entry: Mapping[str, Any], found: str, field: str) -> identity.
 
 def _check_dataset_name(name: str, field: str) -> None:
     check_file_name(name, field)
-    if not layout.is_dataset_name(name):
+    if not layout.is_published_name(name):
         raise ValueError(f"{field} is {name!r}, not a dataset's file")
 
 
@@ -582,7 +582,7 @@ def _put_back_replaced(output: str, run_id: str) -> None:
     aside_folder = join(layout.run_folder(output, run_id), REPLACED)
     here = identity.identities(output)
     names = sorted(_replaced_files(output, run_id), key=_arriving)
-    back = [name for name in names if name not in here and layout.is_dataset_name(name)]
+    back = [name for name in names if name not in here and layout.is_published_name(name)]
     _move_all([(join(aside_folder, name), join(output, name)) for name in back], None)
     kept = [name for name in names if name not in back]
     if back:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -19,8 +20,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.io.dali_index import index_name
-from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error, write_bytes, write_lines
-from beam_prep.model import tfds_metadata
+from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_bytes, write_lines
+from beam_prep.model import dataset_card, tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import appended, drop, duplicates, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
@@ -99,7 +100,8 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
     Finds the duplicates among the records; with ``--cross_split_duplicates drop``, writes again
     the shards that hold a record to leave out (``drop``); checks the counts; stages errors.jsonl,
     skipped.jsonl (from the run's folder), duplicates.jsonl, labels.txt, TFDS's metadata where
-    TFDS can read the shards, and the manifest in the run's folder; records the publication and
+    TFDS can read the shards, the dataset card (``dataset_card``, unless the folder holds a file of
+    its name beam-prep did not write) and the manifest in the run's folder; records the publication and
     carries it out (``publication``): the old dataset's files moved aside, the shards and those
     files moved in, the manifest last, then the run's folder removed. Called again for a run
     whose publication is recorded or done (a retried step: ``begun``), it finishes that one.
@@ -216,13 +218,47 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
         write_lines(join(folder, layout.CHANGED), Additions.from_json(plan.appended or {}).changed_lines())
         names.append(layout.CHANGED)
         steps.done()
-    for filename in write_tfds_metadata(DatasetInfo.from_json(built, config.output, MANIFEST), folder):
+    info = DatasetInfo.from_json(built, config.output, MANIFEST)
+    for filename in write_tfds_metadata(info, folder):
         names.append(filename)
+        steps.done()
+    if _card_is_ours(config.output):
+        write_bytes(join(folder, dataset_card.CARD), dataset_card.card(info, built).encode("utf-8"), "text/markdown")
+        names.append(dataset_card.CARD)
         steps.done()
     write_bytes(join(folder, MANIFEST), json.dumps(built, indent=2, ensure_ascii=False).encode("utf-8"),
                 "application/json")
     steps.done()
     return [*names, MANIFEST]
+
+
+def _card_is_ours(output: str) -> bool:
+    """Whether the run writes the dataset card: ``output`` holds no file of its name (``dataset_card.CARD``),
+    or one beam-prep wrote (``dataset_card.is_ours``); another (the user's, a folder, a link) stays as it
+    is, said in a warning.
+
+    Raises:
+      StorageError: the file cannot be read.
+    """
+    path = join(output, dataset_card.CARD)
+    try:
+        if is_local(path):
+            if not os.path.lexists(path):
+                return True
+            ours = os.path.isfile(path) and not os.path.islink(path)
+        elif not FileSystems.exists(path):
+            return True
+        else:
+            ours = True
+        if ours:
+            with open_to_read(path) as f:
+                ours = dataset_card.is_ours(f.read(1024).decode("utf-8", "replace"))
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
+    if not ours:
+        _LOG.warning("%s is not a dataset card beam-prep wrote: left as it is, and no card written "
+                     "(move it out of %s to have one)", path, output)
+    return ours
 
 
 def _after_the_datasets(output: str, folder: str, name: str) -> None:

@@ -19,6 +19,7 @@ from beam_prep.errors import OptionsError
 from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, MANIFEST
+from beam_prep.model.dataset_card import CARD
 from beam_prep.model.tfds_metadata import FILES as TFDS_FILES
 
 _LOG = logging.getLogger(__name__)
@@ -102,6 +103,13 @@ def shard_name(split: str, index: int, count: int, suffix: str, version: int = 1
 def is_dataset_name(name: str) -> bool:
     """Whether a file name is one a dataset holds (its manifest, metadata, shards and indexes)."""
     return any(fnmatch.fnmatchcase(name, p) for p in _OWNED_PATTERNS)
+
+
+def is_published_name(name: str) -> bool:
+    """Whether a publication may move a file of this name: a dataset's (``is_dataset_name``), or its card
+    (``dataset_card.CARD``), which is the dataset's only where beam-prep wrote it (``dataset_card.is_ours``):
+    a folder holding a file of that name of its own is no dataset, and a run leaves that file as it is."""
+    return name == CARD or is_dataset_name(name)
 
 
 def existing_dataset_files(output: str) -> list[str]:
