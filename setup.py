@@ -27,6 +27,8 @@ REQUIRED = [
     "tqdm>=4.66,<5",
     # Finding and stopping a local run's worker processes on Ctrl-C or SIGTERM, on any OS.
     "psutil>=5.9",
+    # The dataset card's YAML front matter (Hugging Face's format; Beam requires it too).
+    "pyyaml>=6,<7",
 ]
 
 # --file_format's libraries (beam_prep/io/libraries.py names the same requirements in its
