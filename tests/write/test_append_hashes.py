@@ -84,6 +84,12 @@ def test_every_run_keeps_its_hash_lines_listed_in_the_manifest(tmp_path):
     assert [json.loads(path) for *_, path in lines] == sorted(json.loads(path) for *_, path in lines)
     assert all(len(phash) == 16 for _, _, phash, _ in lines)
     assert verify(str(out)).ok
+    # verify checks it: a line less is named.
+    (out / "hashes-v1.tsv.gz").write_bytes(gzip.compress("".join(f"{chr(9).join(fields)}\n" for fields in lines[1:])
+                                                         .encode(), mtime=0))
+    problems = verify(str(out)).problems
+    assert [(p.kind, pathlib.Path(p.where).name) for p in problems] == [("hash_files", "hashes-v1.tsv.gz")]
+    assert "has sha256" in problems[0].message
 
 
 def test_a_near_copy_of_a_validation_image_in_a_train_folder_is_reported_as_a_leak_against_the_old_record(tmp_path):

@@ -16,9 +16,6 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, BinaryIO
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import open_to_read, storage_error
 from beam_prep.write.finish import hash_lines
@@ -105,6 +102,9 @@ def write_sorted(rows: Iterable[tuple[bytes, bytes]], target: str, version: int)
     Raises:
       StorageError: ``target`` cannot be written.
     """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
     folder = SpillFolder(prefix="beam-prep-kept-")
     try:
         ordered = SortedRows(folder, "kept")
