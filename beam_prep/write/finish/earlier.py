@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.finish import drop, duplicates, hash_lines, kept_hashes
+from beam_prep.write.finish import drop, duplicates, hash_lines, kept_hashes, near_earlier
 from beam_prep.write.finish.kept_hashes import KeptFile
 from beam_prep.write.plan.spill import SpillFolder
 
@@ -43,8 +43,9 @@ def find(output: str, work: str, manifest: Mapping[str, Any], hash_files: Iterab
          pairs: list[tuple[int, int]] | None, version: int | None) -> tuple[duplicates.Duplicates, Earlier]:
     """``duplicates.find`` over the run's ``hash_files`` (``listed``: the most lines they hold); for an
     append (``version``, ``manifest`` the dataset's), over the dataset's records too, the groups
-    holding a new one reported. ``pairs``: the pipeline's near pairs, of the run's records alone:
-    an append searches here.
+    holding a new one reported: over the new records and those of the dataset's that copy, or are
+    near, one of them (``near_earlier``), all a group holding a new record can hold. ``pairs``: the
+    pipeline's near pairs, of the run's records alone: an append searches here.
 
     Raises:
       DatasetError: an earlier version's kept file is in neither the dataset nor the run's folder,
@@ -55,10 +56,11 @@ def find(output: str, work: str, manifest: Mapping[str, Any], hash_files: Iterab
         return duplicates.find(run_files, listed, distance, pairs), Earlier([], [])
     earlier, folder = _earlier_files(output, work, manifest)
     try:
-        local = {folder.file(e["file"] + ".txt"): e["version"] for e in earlier.entries}
-        counts = [kept_hashes.full_paths(source, root, target)
-                  for target, (source, root) in zip(local, _sources(output, work, manifest, earlier))]
-        found = duplicates.find([*local, *run_files], listed + sum(counts), distance, None, local, version)
+        kept = [(source, root, e["version"]) for e, (source, root) in zip(earlier.entries,
+                                                                          _sources(output, work, manifest, earlier))]
+        chosen = near_earlier.matching(kept, duplicates.read_chunks(run_files), distance, folder)
+        found = duplicates.find([*(path for path, _, _ in chosen), *run_files], listed + sum(n for *_, n in chosen),
+                                distance, None, {path: v for path, v, _ in chosen}, version)
     finally:
         folder.close()
     return found, earlier

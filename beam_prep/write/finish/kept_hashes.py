@@ -23,7 +23,7 @@ from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import printable
 
-__all__ = ["MANIFEST_KEY", "KeptFile", "full_paths", "kept_name", "listed", "read_lines", "relative_to",
+__all__ = ["MANIFEST_KEY", "KeptFile", "full_path_line", "kept_name", "listed", "read_lines", "relative_to",
            "write_sorted"]
 
 MANIFEST_KEY = "hash_files"
@@ -145,23 +145,9 @@ def read_lines(path: str) -> Iterator[list[bytes]]:
         raise storage_error("read", path, e) from e
 
 
-def full_paths(path: str, root: str | None, target: str) -> int:
-    """Writes the kept hash file ``path`` as the workers' hash lines (``hash_lines``: full paths, under
-    ``root``, its version's input) to the local file ``target``, for the duplicate search; returns its lines.
-
-    Raises:
-      DatasetError: a line is not a hash line. StorageError: a file cannot be read or written.
-    """
-    prefix = _quoted_prefix(root) or b'"'
-    count = 0
-    try:
-        with open(target, "wb") as out:
-            for lines in read_lines(path):
-                for line in lines:
-                    hash_lines.parse(path, line)
-                    sha256, split, picture, quoted = hash_lines.fields(line)
-                    out.write(b"\t".join((sha256, split, picture, prefix + quoted[1:])) + b"\n")
-                    count += 1
-    except OSError as e:
-        raise storage_error("write", target, e) from e
-    return count
+def full_path_line(line: bytes, root: str | None) -> bytes:
+    """A kept line (a path under ``root``, its version's input) as a workers' hash line (``hash_lines``:
+    the full path), for the duplicate search."""
+    sha256, split, picture, quoted = hash_lines.fields(line)
+    prefix = _quoted_prefix(root)
+    return b"\t".join((sha256, split, picture, prefix + quoted[1:] if prefix else quoted))
