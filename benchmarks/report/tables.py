@@ -624,7 +624,7 @@ def writer_profile(results: Mapping) -> str:
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
-    "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates,
+    "launcher": launcher, "launcher-append": launcher_append, "duplicates": duplicates, "near-duplicates": near_duplicates,
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
     "writer-kernel": writer_kernel, "writer-profile": writer_profile, "gzip": gzip_levels,
