@@ -21,6 +21,7 @@ import pytest
 from helpers import REPO, child, encode, make_tree, prepare_here, read_split
 from PIL import Image
 
+import beam_prep
 from beam_prep.errors import DatasetError
 from beam_prep.tools.verification import verify
 from beam_prep.write.shared.hashing import split_for
@@ -199,3 +200,21 @@ def test_an_append_to_an_old_dataset_killed_at_each_step_of_publishing_keeps_its
         final = row["final"]
         assert {name for name in final if name.startswith("hashes-")} == {"hashes-v1.tsv.gz", "hashes-v2.tsv.gz"}
     assert len({json.dumps(row["final"], sort_keys=True) for row in rows if "final" in row}) == 1
+
+
+def test_names_with_tabs_quotes_and_newlines_are_found_again_by_the_next_append(tmp_path):
+    """The kept lines quote each path (JSON): a file whose name holds a tab, a quote, a backslash or a
+    newline is the same record to the next append, which finds nothing to add from them alone (its
+    shards moved away)."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ants": 2})
+    for i, name in enumerate(['tab\there.jpg', 'quote"d.jpg', "back\\slash.jpg", "new\nline.jpg", "é ü.jpg"]):
+        (tree / "ants" / name).write_bytes(encode(Image.effect_noise((40, 30), 30 + 10 * i).convert("RGB")))
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS)
+    (tmp_path / "aside").mkdir()
+    for shard in out.glob("*.tfrecord.gz"):
+        shard.rename(tmp_path / "aside" / shard.name)
+    before = sha256s(out)
+    with pytest.warns(Warning, match=r"nothing to add .*7 files already in it"):
+        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")
+    assert sha256s(out) == before
