@@ -26,11 +26,24 @@ Peak memory is the process's resident set size (``ru_maxrss``), the figure an
 OOM killer acts on. The table gives each size and the ratios (b)/(a) in time,
 and each run's peak at the largest size against its peak at the smallest.
 
+With ``--append``, an append's launcher instead, against (b) as its baseline:
+
+  (h) ``beam-prep prepare --append`` of ``APPENDED`` new images to a dataset of as many records as the
+      tree has files: a real dataset of a few images whose kept hash file (``hashes-v1.tsv.gz``) is
+      made to hold a line for each of the others (synthetic sha256, split, perceptual hash and
+      path; made once, cached), so the launcher indexes them all on disk, checks each new file
+      against them, and searches the new records' near duplicates among them all.
+
+Both are sampled in the launcher's process alone (its workers are other processes), every 50 ms:
+peak RSS, PSS and USS (``psutil``'s ``memory_full_info``); the table gives (h) ÷ (b) for each.
+
     python -m benchmarks.bench_launcher [--files 200000 2000000] [--repeat 3]
+    python -m benchmarks.bench_launcher --append --files 2000000 --repeat 1
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -206,18 +219,124 @@ def measure(files: int) -> list[dict[str, object]]:
     return rows
 
 
+APPENDED = 100  # new images an append (h) adds
+_APPEND = f"(h) --append of {APPENDED} images to a dataset of as many records"
+_SAMPLE_SECONDS = 0.05
+
+
+def ensure_dataset(records: int) -> pathlib.Path:
+    """A dataset of ``records`` records as an append sees it (its kept hash lines), made once and cached:
+    a real dataset of a few images, its kept hash file given a synthetic line for each of the others."""
+    import gzip
+
+    import numpy as np
+
+    root = CACHE / f"append-dataset-{records}"
+    done = CACHE / f"append-dataset-{records}.complete"
+    if done.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    tree = CACHE / "append-first-tree"
+    _images(tree, 20, seed=0)
+    _run([sys.executable, "-m", "pipelines.prepare_images", "--input", str(tree), "--output", str(root),
+          "--image_size", "32", "--direct_running_mode", "in_memory"])
+    kept = root / "hashes-v1.tsv.gz"
+    real = gzip.decompress(kept.read_bytes())
+    rng = np.random.default_rng(0)
+    with gzip.GzipFile(kept, "wb", mtime=0, compresslevel=1) as out:
+        out.write(real)
+        for start in range(0, records - real.count(b"\n"), 100_000):
+            count = min(100_000, records - real.count(b"\n") - start)
+            digests = rng.integers(0, 2**63, size=(count, 4), dtype=np.int64)
+            pictures = rng.integers(0, 2**63, size=count, dtype=np.int64)
+            out.write("".join(
+                f"{d[0]:016x}{d[1]:016x}{d[2]:016x}{d[3]:016x}\t{'validation' if (start + i) % 10 == 0 else 'train'}"
+                f"\t{p:016x}\t\"n{(start + i) % LABELS:08d}/synthetic_{start + i:09d}.JPEG\"\n"
+                for i, (d, p) in enumerate(zip(digests.tolist(), pictures.tolist()))).encode())
+    data = kept.read_bytes()
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["hash_files"] = [{"version": 1, "file": kept.name, "records": records,
+                               "sha256": hashlib.sha256(data).hexdigest()}]
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    done.touch()
+    return root
+
+
+def _images(folder: pathlib.Path, count: int, seed: int) -> pathlib.Path:
+    """``count`` small JPEGs of noise in two labels under ``folder`` (made once)."""
+    from PIL import Image
+
+    if folder.exists():
+        return folder
+    for i in range(count):
+        path = folder / f"label_{i % 2}" / f"image_{seed}_{i:05d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.effect_noise((48, 40), 60 + (seed * count + i) % 40).convert("RGB").save(path, quality=90)
+    return folder
+
+
+def _sampled(command: list[str]) -> dict[str, float]:
+    """Runs ``command``; its wall seconds and its own process's peak RSS, PSS and USS (not its children's)."""
+    import psutil
+
+    os.sync()
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+        watched = psutil.Process(process.pid)
+        peak = {"rss": 0, "pss": 0, "uss": 0}
+        while process.poll() is None:
+            try:
+                full = watched.memory_full_info()
+            except psutil.Error:
+                break
+            peak = {key: max(value, getattr(full, key)) for key, value in peak.items()}
+            time.sleep(_SAMPLE_SECONDS)
+        process.wait()
+        err.seek(0)
+        if process.returncode != 0:
+            raise RuntimeError(f"{command} failed: {err.read().decode(errors='replace')[-2000:]}")
+    return {"process_seconds": time.perf_counter() - start, **{f"peak_{key}_bytes": value for key, value in peak.items()}}
+
+
+def measure_append(files: int) -> list[dict[str, object]]:
+    """(b), the listing of ``files`` files, then (h), an append to a dataset of ``files`` records."""
+    root, dataset = str(ensure_tree(files)), ensure_dataset(files)
+    batch = _images(CACHE / "append-batch", APPENDED, seed=1)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-launcher-append-") as scratch:
+        listing = _sampled([sys.executable, "-m", "pipelines.prepare_images", "--input", root, "--output",
+                            os.path.join(scratch, "out"), "--dry_run"])
+        rows.append({"run": _DRY_RUN, "files": files, **listing})
+        target = os.path.join(scratch, "dataset")
+        shutil.copytree(dataset, target)
+        appended = _sampled([sys.executable, "-m", "pipelines.prepare_images", "--input", str(batch), "--output",
+                             target, "--append"])
+        manifest = json.loads(pathlib.Path(target, "manifest.json").read_text())
+        added = sum(s["num_examples"] for s in manifest["versions"][-1]["splits"].values())
+        if added != APPENDED or manifest["hash_files"][0]["records"] != files:
+            raise RuntimeError(f"the append added {added} of {APPENDED} records to {files}")
+        rows.append({"run": _APPEND, "files": files, **appended})
+    for row in rows:
+        log.info("%s", row)
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, nargs="+", default=[200_000, 2_000_000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--append", action="store_true",
+                        help="measure an append's launcher (h) against the listing (b) instead")
     parser.add_argument("--json", type=pathlib.Path, help="also write every run here as JSON")
     args = parser.parse_args(argv)
-    recording = Recording("launcher", argv)
+    recording = Recording("launcher-append" if args.append else "launcher", argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    rows = [row for _ in range(args.repeat) for files in args.files for row in measure(files)]
+    measured = measure_append if args.append else measure
+    rows = [row for _ in range(args.repeat) for files in args.files for row in measured(files)]
     results = {"repeat": args.repeat, "labels": LABELS, "runs": rows}
     print()
-    print(tables.launcher(results))
+    print(tables.launcher_append(results) if args.append else tables.launcher(results))
     recording.write(args.json, results)
 
 

@@ -39,6 +39,7 @@ from beam_prep.tools.verify_report import (
     DALI_INDEX,
     DAMAGED_SHARD,
     EXTRA_SHARD,
+    HASH_FILES,
     IMAGE_SHAPE,
     LABEL_RANGE,
     LABEL_TEXT,
@@ -123,6 +124,7 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
 
     _check_run_counts(info, manifest, names, problems)
     _check_labels_file(info, names, problems)
+    _check_hash_files(info, manifest, names, problems)
     present = _check_shard_files(info, names, problems)
     check = batch_checker(info)
     workers = workers or max(2, os.cpu_count() or 1)
@@ -194,6 +196,45 @@ def _check_run_counts(info: DatasetInfo, manifest: Mapping[str, Any], names: set
         return
     if reported != failed:
         problems.add(RUN_COUNTS, path, f"reports {reported} failed files; the manifest counts {failed}")
+
+
+def _check_hash_files(info: DatasetInfo, manifest: Mapping[str, Any], names: set[str], problems: Problems) -> None:
+    """Each kept hash file the manifest lists (``kept_hashes``; none in a dataset made before them) is there,
+    with its sha256 and a line for each record of its version."""
+    import zlib
+
+    import tensorflow as tf
+
+    from beam_prep.write.finish import kept_hashes
+
+    try:
+        kept = kept_hashes.listed(manifest)
+    except DatasetError as e:
+        problems.add(HASH_FILES, join(info.root, MANIFEST), str(e))
+        return
+    versions = {v.version: v.num_examples for v in info.history}
+    for version, entry in kept.items():
+        path = join(info.root, entry["file"])
+        if entry["file"] not in names:
+            problems.add(HASH_FILES, path, f"missing: the manifest lists it for version {version}")
+            continue
+        digest, lines, inflate = hashlib.sha256(), 0, zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip, streamed
+        try:
+            with tf.io.gfile.GFile(path, "rb") as f:
+                while chunk := f.read(_HASH_CHUNK):
+                    digest.update(chunk)
+                    lines += inflate.decompress(chunk).count(b"\n")
+            if not inflate.eof:
+                raise EOFError("cut short")
+        except (tf.errors.OpError, zlib.error, EOFError) as e:
+            problems.add(HASH_FILES, path, f"cannot be read: {_first_line(str(e))}")
+            continue
+        if digest.hexdigest() != entry["sha256"]:
+            problems.add(HASH_FILES, path, f"has sha256 {digest.hexdigest()}, not the manifest's {entry['sha256']}: "
+                                           "replaced or edited since it was written")
+        elif lines != entry["records"] or lines != versions.get(version, lines):
+            problems.add(HASH_FILES, path, f"holds {lines} lines; the manifest counts {entry['records']} records of "
+                                           f"version {version}, which holds {versions.get(version)}")
 
 
 def _check_labels_file(info: DatasetInfo, names: set[str], problems: Problems) -> None:

@@ -25,8 +25,10 @@ LABEL_RANGE = "label_range"
 LABEL_TEXT = "label_text"
 RUN_COUNTS = "run_counts"
 DALI_INDEX = "dali_index"  # a shard's DALI index (io.dali_index) missing, or not matching the shard
+HASH_FILES = "hash_files"  # a kept hash file (write.finish.kept_hashes) missing, or not what the manifest says
 KINDS = (MANIFEST_PROBLEM, RUN_COUNTS, LABELS_FILE, MISSING_SHARD, EXTRA_SHARD, DAMAGED_SHARD, SHARD_COUNT,
-         SHARD_SHA256, SPLIT_COUNT, CLASS_COUNT, BAD_RECORD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT, DALI_INDEX)
+         SHARD_SHA256, SPLIT_COUNT, CLASS_COUNT, BAD_RECORD, IMAGE_SHAPE, LABEL_RANGE, LABEL_TEXT, DALI_INDEX,
+         HASH_FILES)
 
 MAX_PER_KIND = 20
 

@@ -294,6 +294,25 @@ def launcher(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def launcher_append(results: Mapping) -> str:
+    """An append's launcher (h) against the listing of as many files (b): peaks in its own process, medians."""
+    runs = results["runs"]
+    keys = sorted({(r["files"], r["run"]) for r in runs})
+    medians = {key: {field: statistics.median(r[field] for r in runs if (r["files"], r["run"]) == key)
+                     for field in ("process_seconds", "peak_rss_bytes", "peak_pss_bytes", "peak_uss_bytes")}
+               for key in keys}
+    lines = ["| files or records | run | process s | peak RSS MB | peak PSS MB | peak USS MB "
+             "| PSS ÷ listing's | USS ÷ listing's |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for files, run in keys:
+        m = medians[files, run]
+        base = next(medians[key] for key in keys if key[0] == files and key[1].startswith("(b)"))
+        lines.append(f"| {files:,} | {run} | {m['process_seconds']:.1f} | {m['peak_rss_bytes'] / MIB:.0f} "
+                     f"| {m['peak_pss_bytes'] / MIB:.0f} | {m['peak_uss_bytes'] / MIB:.0f} "
+                     f"| {m['peak_pss_bytes'] / base['peak_pss_bytes']:.2f} "
+                     f"| {m['peak_uss_bytes'] / base['peak_uss_bytes']:.2f} |")
+    return "\n".join(lines)
+
+
 def duplicates(results: Mapping) -> str:
     """Each search at each size and share of copies, against the dict baseline (a)."""
     rows = results["runs"]
@@ -649,7 +668,7 @@ def append(results: Mapping) -> str:
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
     "listing": listing, "resize": resize,
-    "launcher": launcher, "duplicates": duplicates, "near-duplicates": near_duplicates,
+    "launcher": launcher, "launcher-append": launcher_append, "duplicates": duplicates, "near-duplicates": near_duplicates,
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
     "writer-kernel": writer_kernel, "writer-profile": writer_profile, "gzip": gzip_levels, "append": append,

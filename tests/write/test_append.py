@@ -85,7 +85,7 @@ def test_an_append_writes_what_the_dataset_lacks_as_version_2_and_keeps_the_rest
     assert {name: after[name] for name in before if name.endswith(".tfrecord.gz")} == \
         {name: d for name, d in before.items() if name.endswith(".tfrecord.gz")}
     new_shards = [s for split in manifest["versions"][-1]["splits"].values() for s in split["shards"]]
-    assert sorted(set(after) - set(before)) == sorted(["changed.jsonl", *new_shards])
+    assert sorted(set(after) - set(before)) == sorted(["changed.jsonl", "hashes-v2.tsv.gz", *new_shards])
     assert {s.split("-v2-")[0] for s in new_shards} == {"train", "validation"}  # train-v2-...: train-* finds it
     # Ids kept, the new class after them, in every list of classes.
     assert (out / "labels.txt").read_text().splitlines() == ["circles", "squares", "aardvark"]
@@ -235,7 +235,8 @@ def test_a_gs_batch_appended_to_a_gs_dataset(gcs_bucket, tmp_path):
     assert {name: gcs_bucket.read_bytes(name) for name in before} == before
     assert sorted(n for n in gcs_bucket.list_names("out/") if "/.beam-prep/" not in f"/{n}") == sorted(
         [*(f"out/{name}" for name in manifest["splits"]["train"]["shards"]), "out/changed.jsonl",
-         "out/duplicates.jsonl", "out/errors.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl", "out/README.md"])
+         "out/duplicates.jsonl", "out/errors.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl",
+         "out/hashes-v1.tsv.gz", "out/hashes-v2.tsv.gz", "out/README.md"])
 
 
 def test_an_append_of_nothing_new_makes_no_version_changes_nothing_and_tries_no_failed_file_again(ants):
@@ -641,7 +642,7 @@ def test_an_append_after_another_stopped_while_publishing_makes_the_version_afte
     make_tree(tmp_path / "b", {"cat": 3}, size=(28, 24))
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
     killed = run_prepare("--input", str(tmp_path / "a"), "--output", str(out), "--append",
-                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "8"})
+                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "9"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     manifest = prepare_here("--input", str(tmp_path / "b"), "--output", str(out), "--append")
     assert [(v["version"], pathlib.Path(v["input"]).name) for v in manifest["versions"]] == [

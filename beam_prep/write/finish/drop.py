@@ -145,25 +145,34 @@ def choose(lines_file: str, root: str, distance: int | None) -> Dropping:
 
 def _choose_in(members: list[dict[str, Any]], root: str, distance: int | None, rows: SortedRows) -> None:
     """One group's files to leave out, as rows ``(path, _NEAR or _EXACT, (split, sha256), reason,
-    line)``: a file in an exact and a near group sorts first for its near group's decision."""
+    line)``: a file in an exact and a near group sorts first for its near group's decision.
+
+    Split by split, in their order, each file is left out when it copies (or, in a near group, is
+    within ``distance`` of) a file kept in another split, and kept otherwise. An earlier version's
+    record (an append's group: a line's ``version`` below the run's, ``_is_earlier``) is kept from
+    the start, whatever its split, and never left out.
+    """
     splits = split_order.ordered(m["split"] for m in members)
     if len(splits) < 2:
         return
-    if members[0]["kind"] != "near":
-        kept = sorted((m for m in members if m["split"] == splits[0]), key=lambda m: m["path"])
-        for m in members:
-            if m["split"] != splits[0]:
-                _left_out(m, kept[0], None, root, rows)
-        return
-    if distance is None:
+    near_group = members[0]["kind"] == "near"
+    if near_group and distance is None:
         raise ValueError("near groups to drop from, but no threshold")
-    kept = [m for m in members if m["split"] == splits[0]]
-    for split in splits[1:]:
-        kept.sort(key=lambda m: m["path"])  # ties go to the first by path
-        pictures = np.array([int(k["phash"], 16) for k in kept], dtype=np.uint64)
-        contents = np.array([k["sha256"] for k in kept])
-        later = [m for m in members if m["split"] == split]
-        step = max(1, _CELLS // len(kept))
+    latest = max(m.get("version", 0) for m in members)
+    kept = [m for m in members if _is_earlier(m, latest)]
+    for split in splits:
+        later = [m for m in members if m["split"] == split and not _is_earlier(m, latest)]
+        others = sorted((k for k in kept if k["split"] != split), key=lambda m: m["path"])  # ties: first by path
+        if not others:
+            kept.extend(later)
+            continue
+        if not near_group:
+            for m in later:
+                _left_out(m, others[0], None, root, rows)
+            continue
+        pictures = np.array([int(k["phash"], 16) for k in others], dtype=np.uint64)
+        contents = np.array([k["sha256"] for k in others])
+        step = max(1, _CELLS // len(others))
         for start in range(0, len(later), step):
             block = later[start:start + step]
             gaps = hamming(np.array([int(m["phash"], 16) for m in block], dtype=np.uint64)[:, None],
@@ -173,11 +182,17 @@ def _choose_in(members: list[dict[str, Any]], root: str, distance: int | None, r
             closest = score.argmin(axis=1)
             for m, at, within in zip(block, closest.tolist(), (gaps[np.arange(len(block)), closest] <= distance)):
                 if within:
-                    copy = kept[at]
+                    copy = others[at]
                     _left_out(m, copy, None if copy["sha256"] == m["sha256"] else hamming(
                         int(m["phash"], 16), int(copy["phash"], 16)), root, rows)
                 else:
                     kept.append(m)  # kept: the next splits are compared with it too
+
+
+def _is_earlier(member: dict[str, Any], latest: int) -> bool:
+    """Whether a group's line is an earlier version's record (an append's report names each line's
+    version; the run's are the latest): never left out by an append."""
+    return "version" in member and member["version"] < latest
 
 
 def _left_out(member: dict[str, Any], copy: dict[str, Any], gap: int | None, root: str, rows: SortedRows) -> None:

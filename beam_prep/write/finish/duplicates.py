@@ -31,7 +31,8 @@ from beam_prep.write.finish.hash_lines import hash_line
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared import layout
 
-__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error", "split_pairs"]
+__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error", "read_chunks",
+           "split_pairs"]
 
 EXAMPLES = 5  # groups of copies the manifest shows, and files shown of each
 _PREFIX_HEX = 16  # a sha256's first 8 bytes, as hex: the key held per record
@@ -58,13 +59,17 @@ class Duplicates:
     split_pairs: dict[str, int] = dataclasses.field(default_factory=dict)
     examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     near: dict[str, Any] | None = None  # near.NearFound.to_json(); None: no near search
+    with_earlier: int | None = None  # an append's: groups holding a record of an earlier version
     lines_file: str | None = None
     _folder: SpillFolder | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"images": self.images, "extra_copies": self.extra_copies, "within_split": self.within_split,
-                "across_splits": self.across_splits, "split_pairs": self.split_pairs, "examples": self.examples,
-                "near": self.near}
+        found = {"images": self.images, "extra_copies": self.extra_copies, "within_split": self.within_split,
+                 "across_splits": self.across_splits, "split_pairs": self.split_pairs, "examples": self.examples,
+                 "near": self.near}
+        if self.with_earlier is not None:
+            found["with_earlier"] = self.with_earlier
+        return found
 
     def close(self) -> None:
         if self._folder is not None:
@@ -72,9 +77,16 @@ class Duplicates:
 
 
 def find(hash_files: Iterable[str], capacity: int, distance: int | None = near.DEFAULT_DISTANCE,
-         pairs: Iterable[tuple[int, int]] | None = None) -> Duplicates:
+         pairs: Iterable[tuple[int, int]] | None = None, earlier: Mapping[str, int] | None = None,
+         version: int | None = None) -> Duplicates:
     """Reads the hash files (in the order given: pass them sorted, and reruns agree) twice,
     and returns the duplicates among their lines: exact copies, then near duplicates.
+
+    An append (``version``, the one it makes) passes the dataset's records too, as hash files
+    (``earlier``: each such file -> its version, among ``hash_files``): then only the groups that hold
+    a record of the run's own files are reported, each line naming its record's ``version``, and
+    ``with_earlier`` counts the groups that hold an earlier version's record (exact ones, then
+    ``near``'s).
 
     ``capacity``: at most this many lines in all (the records written cannot exceed
     the files listed). ``distance``: the near-duplicate threshold in bits of the
@@ -89,42 +101,66 @@ def find(hash_files: Iterable[str], capacity: int, distance: int | None = near.D
       StorageError: a file cannot be read.
     """
     files = list(hash_files)
-    candidates, sizes = _candidates(files, capacity)
+    origin = _Origin(earlier or {}, version)
+    candidates, sizes = _candidates(files, capacity, origin)
     folder = SpillFolder(prefix="beam-prep-duplicates-")
-    found = Duplicates(lines_file=folder.file("duplicates.jsonl"), _folder=folder)
+    found = Duplicates(lines_file=folder.file("duplicates.jsonl"), _folder=folder,
+                       with_earlier=None if version is None else 0)
     try:
         with open(found.lines_file, "wb") as out:
             if len(candidates):
-                _report(files, candidates, sizes, folder, found, out)
+                _report(files, candidates, sizes, folder, found, out, origin)
             if distance is not None:
-                found.near = near.report(lambda: _chunks(files), distance, out, folder, pairs).to_json()
+                found.near = near.report(lambda: read_chunks(files), distance, out, folder, pairs,
+                                         origin.of if version is not None else None, version).to_json()
     except BaseException:
         found.close()
         raise
     return found
 
 
-def _candidates(files: list[str], capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pass 1: the sha256 prefixes held by two lines or more, sorted, and how many lines hold each."""
+class _Origin:
+    """Which version a hash file's lines are of: an earlier one's (``earlier``), or the run's (``version``)."""
+
+    def __init__(self, earlier: Mapping[str, int], version: int | None) -> None:
+        self.earlier, self.version = earlier, version
+
+    def of(self, file: str) -> int:
+        return self.earlier.get(file, self.version or 1)
+
+    def is_earlier(self, file: str) -> bool:
+        return file in self.earlier
+
+
+def _candidates(files: list[str], capacity: int, origin: _Origin) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 1: the sha256 prefixes held by two lines or more, sorted, and how many lines hold each;
+    with earlier versions' files, only those the run's own files hold."""
     prefixes = np.empty(capacity, dtype=np.uint64)
+    ours = np.empty(capacity, dtype=bool)
     n = 0
-    for path, lines in _chunks(files):
+    for path, lines in read_chunks(files):
         keys = _prefixes(path, lines)
         if n + len(keys) > capacity:
             raise DatasetError(f"the hash files hold more than {capacity:,} records, the most this run "
                                f"can have written (at {path}): no manifest written")
         prefixes[n:n + len(keys)] = keys
+        ours[n:n + len(keys)] = not origin.is_earlier(path)
         n += len(keys)
+    fresh = np.unique(prefixes[:n][ours[:n]]) if origin.earlier else None
+    del ours
     prefixes = prefixes[:n]
     prefixes.sort()
     repeated = prefixes[1:][prefixes[1:] == prefixes[:-1]]  # each line equal to the one before it
     del prefixes
     candidates, repeats = np.unique(repeated, return_counts=True)
+    if fresh is not None:
+        mine = np.isin(candidates, fresh)
+        candidates, repeats = candidates[mine], repeats[mine]
     return candidates, (repeats + 1).astype(np.uint32)
 
 
 def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder: SpillFolder,
-            found: Duplicates, out: IO[bytes]) -> None:
+            found: Duplicates, out: IO[bytes], origin: _Origin) -> None:
     """Pass 2: each candidate line checked against its group's full hash and put in its group's
     place; then the groups read back in order and written, counted and sampled.
 
@@ -141,8 +177,9 @@ def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder:
     places = SortedSpill(folder, "groups", total)
     apart: dict[bytes, list[tuple[bytes, bytes]]] = collections.defaultdict(list)  # same prefix, other hash
     mismatched: collections.Counter[int] = collections.Counter()
-    for path, lines in _chunks(files):
+    for path, lines in read_chunks(files):
         keys = _prefixes(path, lines)
+        version = origin.of(path)
         at = np.minimum(np.searchsorted(candidates, keys), count - 1)
         for i in np.flatnonzero(candidates[at] == keys).tolist():
             group = int(at[i])
@@ -152,26 +189,26 @@ def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder:
             if seen[group] == 0:
                 first[group * _REST_BYTES:(group + 1) * _REST_BYTES] = rest
             elif first[group * _REST_BYTES:(group + 1) * _REST_BYTES] != rest:
-                apart[digest].append((split, quoted))
+                apart[digest].append((split, quoted, version))
                 mismatched[group] += 1
                 continue
-            places.add((((starts[group] + seen[group]) << 64) // total, group, split, quoted))
+            places.add((((starts[group] + seen[group]) << 64) // total, group, split, quoted, version))
             seen[group] += 1
     del seen, starts
-    tally = _Tally(found, out)
+    tally = _Tally(found, out, origin.version)
     current = -1
-    for _, group, split, quoted in places:
+    for _, group, split, quoted, version in places:
         if group != current:
             tally.group_done()
             current = group
             rest = bytes(first[group * _REST_BYTES:(group + 1) * _REST_BYTES])
             tally.start(int(candidates[group]).to_bytes(8, "big") + rest, int(sizes[group]) - mismatched[group])
-        tally.add(split, quoted)
+        tally.add(split, quoted, version)
     tally.group_done()
     for digest, files_apart in sorted(apart.items()):
         tally.start(digest, len(files_apart))
-        for split, quoted in files_apart:
-            tally.add(split, quoted)
+        for split, quoted, version in files_apart:
+            tally.add(split, quoted, version)
         tally.group_done()
     tally.done()
 
@@ -181,8 +218,9 @@ class _Tally:
     (bytes, as the hash files hold them), counted, and the first few groups kept as the
     manifest's examples (across splits first)."""
 
-    def __init__(self, found: Duplicates, out: IO[bytes]) -> None:
-        self._found, self._out = found, out
+    def __init__(self, found: Duplicates, out: IO[bytes], version: int | None) -> None:
+        self._found, self._out, self._version = found, out, version
+        self._earlier = False
         self._head, self._sha256, self._copies = b"", "", 0
         self._per_split: collections.Counter[bytes] = collections.Counter()
         self._shown: list[tuple[bytes, bytes]] = []
@@ -194,11 +232,14 @@ class _Tally:
         self._head = b'{"kind": "exact", "sha256": "%s", "copies": %d, "split": "' % (self._sha256.encode(), copies)
         self._per_split.clear()
         self._shown = []
+        self._earlier = False
 
-    def add(self, split: bytes, quoted: bytes) -> None:
+    def add(self, split: bytes, quoted: bytes, version: int) -> None:
         if self._copies < 2:  # a prefix shared by different contents: no copy at all
             return
-        self._out.write(self._head + split + b'", "path": ' + quoted + b"}\n")
+        tail = b"}\n" if self._version is None else b', "version": %d}\n' % version
+        self._earlier |= self._version is not None and version != self._version
+        self._out.write(self._head + split + b'", "path": ' + quoted + tail)
         self._per_split[split] += 1
         if len(self._shown) < EXAMPLES:
             self._shown.append((split, quoted))
@@ -207,6 +248,8 @@ class _Tally:
         if not self._per_split:
             return
         f = self._found
+        if self._earlier and f.with_earlier is not None:
+            f.with_earlier += 1
         f.images += 1
         f.extra_copies += self._copies - 1
         f.within_split += sum(n - 1 for n in self._per_split.values())
@@ -227,7 +270,7 @@ class _Tally:
         self._found.split_pairs = split_order.sorted_pairs(self._found.split_pairs)
 
 
-def _chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
+def read_chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
     """Each file's lines, a few MB at a time, as (file, lines)."""
     for path in files:
         try:

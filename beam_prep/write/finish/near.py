@@ -198,15 +198,20 @@ class NearFound(NamedTuple):
     split_pairs: dict[str, int]
     distance: int
     examples: list[dict[str, Any]]
+    with_earlier: int | None = None  # an append's: groups holding a record of an earlier version
 
     def to_json(self) -> dict[str, Any]:
-        return {"distance": self.distance, "groups": self.groups, "files": self.files,
-                "within_split": self.within_split, "across_splits": self.across_splits,
-                "files_across": self.files_across, "split_pairs": self.split_pairs, "examples": self.examples}
+        found = {"distance": self.distance, "groups": self.groups, "files": self.files,
+                 "within_split": self.within_split, "across_splits": self.across_splits,
+                 "files_across": self.files_across, "split_pairs": self.split_pairs, "examples": self.examples}
+        if self.with_earlier is not None:
+            found["with_earlier"] = self.with_earlier
+        return found
 
 
 def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int, out: IO[bytes],
-           folder: SpillFolder, pairs: Iterable[tuple[int, int]] | None = None) -> NearFound:
+           folder: SpillFolder, pairs: Iterable[tuple[int, int]] | None = None,
+           version_of: Callable[[str], int] | None = None, version: int | None = None) -> NearFound:
     """Finds the near-duplicate groups among the hash lines and writes them to ``out``.
 
     A group is a connected component of records whose hashes are within ``distance``
@@ -225,24 +230,34 @@ def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int
       folder: a temporary folder, for the external sort of the groups' files.
       pairs: the pairs of hashes within ``distance``, found already (by the pipeline:
         ``near_beam.NearPairs``); None: found here (``near_pairs``).
+      version_of: an append's: the version of each file's records (the dataset's, and the run's
+        ``version``); only the groups holding a record of ``version`` are reported, each line naming
+        its record's version. None: every group, no version.
+      version: the version the append makes.
     """
-    pictures, hashed, contents, splits, names = _read(lines())
+    pictures, hashed, contents, splits, names, versions = _read(lines(), version_of)
     valid = np.flatnonzero(hashed)
     unique, inverse = np.unique(pictures[valid], return_inverse=True)
     labels = components(len(unique), near_pairs(unique, distance) if pairs is None else _positions(unique, pairs))
     group = np.full(len(pictures), -1, dtype=np.int64)
     group[valid] = labels[inverse]
     del unique, inverse, labels
+    with_earlier = None if versions is None else 0
     # Components of two contents or more, and each one's splits.
     members = np.flatnonzero(group >= 0)
     if not len(members):
-        return NearFound(0, 0, 0, 0, 0, {}, distance, [])
+        return NearFound(0, 0, 0, 0, 0, {}, distance, [], with_earlier)
     by_content = np.unique(np.stack([group[members], contents[members].view(np.int64)]), axis=1)[0]
     ids, counts = np.unique(by_content, return_counts=True)
     near_ids = ids[counts >= 2]
     del by_content, ids, counts
     if not len(near_ids):
-        return NearFound(0, 0, 0, 0, 0, {}, distance, [])
+        return NearFound(0, 0, 0, 0, 0, {}, distance, [], with_earlier)
+    if versions is not None:  # an append's: the groups holding a new record, and of those, an old one too
+        near_ids = near_ids[np.isin(near_ids, group[(versions == version) & (group >= 0)])]
+        with_earlier = int(np.count_nonzero(np.isin(near_ids, group[(versions != version) & (group >= 0)])))
+        if not len(near_ids):
+            return NearFound(0, 0, 0, 0, 0, {}, distance, [], with_earlier)
     in_near = np.isin(group, near_ids)
     rows = np.flatnonzero(in_near)
     order = rows[np.lexsort((rows, np.searchsorted(near_ids, group[rows])))]
@@ -261,29 +276,32 @@ def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int
     index = 0
     for _, chunk in lines():
         chosen = np.flatnonzero(in_near[index:index + len(chunk)])
-        for i, at in zip(chosen.tolist(), place[index + chosen].tolist()):
-            spill.add(((at << 64) // len(order), at, chunk[i]))
+        of = versions[index + chosen].tolist() if versions is not None else [None] * len(chosen)
+        for i, at, v in zip(chosen.tolist(), place[index + chosen].tolist(), of):
+            spill.add(((at << 64) // len(order), at, chunk[i], v))
         index += len(chunk)
     examples_across: list[dict[str, Any]] = []
     examples_within: list[dict[str, Any]] = []
     for at, members in itertools.groupby(spill, key=operator.itemgetter(1)):
         g = int(number[at])
-        files = sorted(_by_path(line) for _, _, line in members)
-        gaps = [hamming(phash, files[0][3]) for *_, phash in files]
+        files = sorted((*_by_path(line), v) for _, _, line, v in members)
+        gaps = [hamming(phash, files[0][3]) for _, _, _, phash, _ in files]
         widest = max(gaps)
-        for (path, sha256, split, phash), gap in zip(files, gaps):
+        for (path, sha256, split, phash, v), gap in zip(files, gaps):
             out.write(b'{"kind": "near", "group": %d, "distance": %d, "group_distance": %d, "sha256": "%s", '
-                      b'"phash": "%016x", "split": "%s", "path": %s}\n'
-                      % (g + 1, gap, widest, sha256, phash, split, path))
+                      b'"phash": "%016x", "split": "%s", "path": %s%s}\n'
+                      % (g + 1, gap, widest, sha256, phash, split, path,
+                         b"" if v is None else b', "version": %d' % v))
         kept = examples_across if across[g] else examples_within
         if len(kept) < _EXAMPLES:
             kept.append({"group": g + 1, "distance": widest, "files": [
-                {"split": split.decode(), "path": json.loads(path), "distance": gap}
-                for (path, _, split, _), gap in zip(files[:_EXAMPLES], gaps)]})
+                {"split": split.decode(), "path": json.loads(path), "distance": gap,
+                 **({} if v is None else {"version": v})}
+                for (path, _, split, _, v), gap in zip(files[:_EXAMPLES], gaps)]})
     return NearFound(groups=len(near_ids), files=len(order), within_split=int(np.count_nonzero(~across)),
                      across_splits=int(np.count_nonzero(across)), files_across=files_across,
                      split_pairs=_split_pairs(holds, names), distance=distance,
-                     examples=(examples_across + examples_within)[:_EXAMPLES])
+                     examples=(examples_across + examples_within)[:_EXAMPLES], with_earlier=with_earlier)
 
 
 def _by_path(line: bytes) -> tuple[bytes, bytes, bytes, int]:
@@ -308,13 +326,17 @@ def _split_pairs(holds: np.ndarray, names: dict[bytes, int]) -> dict[str, int]:
 _EXAMPLES = 5
 
 
-def _read(chunks: Iterator[tuple[str, list[bytes]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[bytes, int]]:
+def _read(chunks: Iterator[tuple[str, list[bytes]]], version_of: Callable[[str], int] | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[bytes, int], np.ndarray | None]:
     """Per line: its perceptual hash, whether it has one (``-``: none), its sha256's first 8
-    bytes and its split's code; and the codes by split name."""
+    bytes and its split's code; the codes by split name; with ``version_of``, each line's version."""
     pictures, contents, splits = array.array("Q"), array.array("Q"), array.array("B")
+    versions = array.array("I")
     hashed = bytearray()
     names: dict[bytes, int] = {}
     for file, chunk in chunks:
+        if version_of is not None:
+            versions.extend([version_of(file)] * len(chunk))
         for line in chunk:
             parsed = hash_lines.parse(file, line)
             hashed.append(parsed.phash is not None)
@@ -322,4 +344,5 @@ def _read(chunks: Iterator[tuple[str, list[bytes]]]) -> tuple[np.ndarray, np.nda
             contents.append(int(parsed.sha256[:16], 16))
             splits.append(names.setdefault(parsed.split, len(names)))
     return (np.frombuffer(pictures, dtype=np.uint64), np.frombuffer(hashed, dtype=bool),
-            np.frombuffer(contents, dtype=np.uint64), np.frombuffer(splits, dtype=np.uint8), names)
+            np.frombuffer(contents, dtype=np.uint64), np.frombuffer(splits, dtype=np.uint8), names,
+            np.frombuffer(versions, dtype=np.uint32) if version_of is not None else None)

@@ -19,11 +19,13 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_prep import wording
+from beam_prep.errors import DatasetError
 from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_bytes, write_lines
 from beam_prep.model import dataset_card, tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
-from beam_prep.write.finish import appended, drop, duplicates, manifest, publication
+from beam_prep.write.finish import appended, drop, duplicates, earlier, kept_hashes, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.grow.append import Additions
 from beam_prep.write.images.flat import FlatImages
@@ -129,11 +131,15 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
         return manifest.read(config.output)
     work = layout.run_folder(config.output, plan.run_id)
     distance = config.near_duplicate_distance
-    found = duplicates.find(sorted(reports.hash_files), plan.listed, distance if distance >= 0 else None,
-                            reports.near_pairs)
+    dataset = manifest.read(config.output) if config.append else {}
+    found, before = earlier.find(config.output, work, dataset, reports.hash_files, plan.listed,
+                                 distance if distance >= 0 else None, reports.near_pairs,
+                                 config.version if config.append else None)
     dropping = rewritten = None
     try:
         shards, class_counts, copies = reports.shards, reports.class_counts, found.to_json()
+        if config.append:
+            _refuse_leaks(config, found, work)
         if config.cross_split_duplicates == DROP:
             dropping = drop.choose(found.lines_file, config.input, distance if distance >= 0 else None)
             rewritten = drop.rewrite(work, config.file_format, config.compression, plan.multi_label, shards,
@@ -143,22 +149,23 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
             built = manifest.build(config, plan, shards, class_counts, reports.failures, reports.originals, copies,
                                    reports.flat, reports.resized, dropping.count if dropping is not None else None)
             if config.append:  # the dataset's manifest, this run's version added
-                built = appended.merge(manifest.read(config.output), built, config.version, config.input,
+                built = appended.merge(dataset, built, config.version, config.input,
                                        Additions.from_json(plan.appended or {}).counts())
             skipped.check(work, plan.skipped)
             steps = publication.Steps()
-            staged = _stage(config, plan, built, reports, found, dropping, steps)
+            staged = _stage(config, plan, built, reports, found, dropping, steps, before)
             moved = rewritten.published_from() if rewritten is not None else {}
             ours = {name for _, name, *_ in shards}
             ours |= {index_name(name) for name in ours}
+            made = {e["file"]: e["sha256"] for e in before.entries if e["file"] in before.from_run}
             record = publication.planned(config.output, plan.run_id,
                                          resume.command_options(config) if options is None else options,
-                                         {name: moved.get(name, name) for split in built["splits"].values()
-                                          for name in (*split["shards"], *split.get("dali_index", ()))
-                                          if name in ours}, staged,
-                                         {name: sha256 for split in built["splits"].values()
-                                          for name, sha256 in zip(split["shards"], split.get("shard_sha256") or ())
-                                          if sha256}, append=config.append)
+                                         {**{name: moved.get(name, name) for split in built["splits"].values()
+                                             for name in (*split["shards"], *split.get("dali_index", ()))
+                                             if name in ours}, **{name: name for name in made}}, staged,
+                                         {**{name: sha256 for split in built["splits"].values()
+                                             for name, sha256 in zip(split["shards"], split.get("shard_sha256") or ())
+                                             if sha256}, **made}, append=config.append)
             publication.write_record(config.output, record)
             steps.done()
         except BaseException:
@@ -197,10 +204,29 @@ def _published(output: str, run_id: str, shards: Iterable[tuple], append: bool =
     return names <= listed if append else listed == names
 
 
+def _refuse_leaks(config: PrepareConfig, found: duplicates.Duplicates, work: str) -> None:
+    """An append's ``--cross_split_duplicates fail``: new images that copy, or nearly, a record of another
+    split refuse the append before anything is published (an old record is never the one to go).
+
+    Raises:
+      DatasetError: naming the groups, and where their report is (in the run's folder).
+    """
+    leaks = duplicates.leakage({"duplicates": found.to_json()})
+    if config.cross_split_duplicates != "fail" or not leaks:
+        return
+    report = join(work, layout.DUPLICATES)
+    duplicates.copy_lines(found, report)
+    raise DatasetError(f"--cross_split_duplicates fail: {wording.count(leaks, 'group')} of copies or near copies "
+                       f"across splits hold a new image (see {report}): nothing published; leave those images out, "
+                       "or pass --cross_split_duplicates drop to leave them out of the append")
+
+
 def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports: ShardReports,
-           found: duplicates.Duplicates, dropping: drop.Dropping | None, steps: publication.Steps) -> list[str]:
+           found: duplicates.Duplicates, dropping: drop.Dropping | None, steps: publication.Steps,
+           before: earlier.Earlier) -> list[str]:
     """Writes the files the dataset gains besides its shards into the run's staging folder, the
-    manifest last, a step each; returns their names."""
+    manifest last, a step each; returns their names. The manifest lists the kept hash files
+    (``before``'s, then this version's)."""
     work = layout.run_folder(config.output, plan.run_id)
     folder = publication.staging_folder(work)
     write_lines(join(folder, layout.ERRORS), error_lines(reports.failures))
@@ -211,7 +237,11 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
     steps.done()
     write_lines(join(folder, layout.LABELS), labels_lines(plan.labels, config.labels_txt, config.label_offset))
     steps.done()
-    names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS]
+    kept = kept_hashes.kept_name(config.version)
+    built[kept_hashes.MANIFEST_KEY] = [*before.entries, earlier.kept_file(
+        reports.hash_files, config.input, join(folder, kept), config.version, dropping)]
+    steps.done()
+    names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS, kept]
     if config.append:
         for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES):
             _after_the_datasets(config.output, folder, name)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -28,14 +27,15 @@ from beam_prep.io.dali_index import SUFFIX as DALI_SUFFIX
 from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
+from beam_prep.write.grow.existing import Existing
+from beam_prep.write.grow.existing import read_existing as _index
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
 from beam_prep.write.plan.listing.listed import Choice
+from beam_prep.write.plan.spill import SpillFolder
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry, printable
-from beam_prep.write.shared.layout import ERRORS, SKIPPED
-from beam_prep.write.shared.shard_formats import shard_format
 
 __all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_new_names", "check_version",
            "describe", "held", "narrow", "read_dataset", "read_existing"]
@@ -169,65 +169,16 @@ def _shown(values: tuple[Any, ...]) -> str:
     return " ".join("none" if v is None else str(v) for v in values)
 
 
-# --- what the dataset holds --------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Existing:
-    """The records a dataset holds, by source: ``by_path`` full source path -> (sha256, split),
-    ``by_sha256`` sha256 -> (split, full source path) of its first record with those bytes; ``failed``:
-    the files that became no record (errors.jsonl), which an append does not try again; ``skipped``: the
-    files passed over (skipped.jsonl), which it does not report again."""
-
-    info: DatasetInfo
-    manifest: dict[str, Any]
-    by_path: dict[str, tuple[str, str]]
-    by_sha256: dict[str, tuple[str, str]]
-    failed: frozenset[str] = frozenset()
-    skipped: frozenset[str] = frozenset()
-
-
-def read_existing(output: str) -> Existing:
-    """Reads the source path and sha256 of every record of the dataset in ``output`` from its shards
-    (not its images), each version's paths under that version's input.
+def read_existing(output: str, folder: SpillFolder) -> Existing:
+    """The records of the dataset in ``output``, indexed on disk in ``folder`` (``existing``): read from
+    its kept hash files, or once from its shards where it keeps none. Close it when done.
 
     Raises:
-      OptionsError, DatasetError: as ``read_dataset``; DatasetError, StorageError: a shard cannot be read.
+      OptionsError, DatasetError: as ``read_dataset``; DatasetError, StorageError: a kept file or a
+        shard cannot be read.
     """
     info, manifest = read_dataset(output)
-    fmt = shard_format(info.file_format)
-    compression = info.compression.lower()
-    jobs = [(v.input or "", split, shard) for v in info.history for split, (shards, _, _) in v.added.items()
-            for shard in shards]
-
-    def sources(job: tuple[str, str, str]) -> list[tuple[str, str, str]]:
-        root, split, shard = job
-        return [(f"{root}/{name}" if root else name, sha256, split)
-                for sha256, name in map(fmt.source, fmt.read(join(output, shard), compression))]
-
-    by_path: dict[str, tuple[str, str]] = {}
-    by_sha256: dict[str, tuple[str, str]] = {}
-    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="existing") as pool:
-        for rows in pool.map(sources, jobs):
-            for path, sha256, split in rows:
-                by_path[path] = (sha256, split)
-                by_sha256.setdefault(sha256, (split, path))
-    return Existing(info, manifest, by_path, by_sha256, _named(output, ERRORS), _named(output, SKIPPED))
-
-
-def _named(output: str, report: str) -> frozenset[str]:
-    """The paths a report of the dataset names (errors.jsonl, skipped.jsonl; none where the dataset has
-    no such report, or an unreadable one)."""
-    path = join(output, report)
-    try:
-        lines = read_bytes(path).decode("utf-8").splitlines()
-    except Exception:  # noqa: BLE001 - each filesystem raises its own types: no report, no failures to skip
-        return frozenset()
-    failed = set()
-    for line in lines:
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            failed.add(str(json.loads(line)["path"]))
-    return frozenset(failed)
+    return _index(output, folder, info, manifest)
 
 
 # --- what a listing adds -----------------------------------------------------
@@ -312,7 +263,8 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them. The dataset's
     ``--stratify`` and ``--max_per_class`` then choose among the new files alone: each label's
     validation share is of its new files, and its cap counts the records it holds already (a label
-    of 8 records capped at 10 takes 2 new files at most; the others are skipped as over the cap).
+    of 8 records capped at 10 takes 2 new files at most; the others are skipped as over the cap). The
+    narrowed listing carries the kept hash files ``existing`` made (``Listing.carried``) to the run's folder.
 
     Raises:
       OptionsError: the listing's records are not of the dataset's kind (multi-label, extra features).
@@ -325,35 +277,33 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
     keep = set()
     new_labels: set[str] = set()
-    listed = set()
-    for entry, sha256 in _hashed(listing.entries()):
-        listed.add(entry.path)
-        if printable(entry.path) in existing.failed:  # errors.jsonl names files as messages show them
-            additions.failed_before += 1
-        elif entry.path in existing.by_path:
-            before = existing.by_path[entry.path][0]
-            if before == sha256:
-                additions.unchanged += 1
+    for chunk in _hashed(listing.entries()):
+        existing.note_listed(entry.path for entry, _ in chunk)
+        for entry, sha256 in chunk:
+            if printable(entry.path) in existing.failed:  # errors.jsonl names files as messages show them
+                additions.failed_before += 1
+            elif (before := existing.by_path(entry.path)) is not None:
+                if before[0] == sha256:
+                    additions.unchanged += 1
+                else:
+                    additions.changed.append({"path": entry.path, "sha256": before[0], "now": sha256})
+            elif printable(entry.path) in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
+                additions.skipped_before += 1
+            elif (copy := existing.by_sha256(sha256)) is not None:
+                additions.copies.append({"path": entry.path, "sha256": sha256, "split": entry.split, "of": copy[1],
+                                         "of_split": copy[0]})
+                listing.add_skip(entry.relpath, COPY_REASON)
             else:
-                additions.changed.append({"path": entry.path, "sha256": before, "now": sha256})
-        elif printable(entry.path) in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
-            additions.skipped_before += 1
-        elif sha256 in existing.by_sha256:
-            split, path = existing.by_sha256[sha256]
-            additions.copies.append({"path": entry.path, "sha256": sha256, "split": entry.split, "of": path,
-                                     "of_split": split})
-            listing.add_skip(entry.relpath, COPY_REASON)
-        else:
-            keep.add(entry.relpath)
-            new_labels.update(label for label in entry.counted_labels if label not in info.labels)
-    prefix = config.input.rstrip("/") + "/"
-    additions.gone = [{"path": path, "sha256": sha256} for path, (sha256, _) in sorted(existing.by_path.items())
-                      if path.startswith(prefix) and path not in listed]
+                keep.add(entry.relpath)
+                new_labels.update(label for label in entry.counted_labels if label not in info.labels)
+    additions.gone = [{"path": path, "sha256": sha256} for path, sha256 in existing.gone(config.input.rstrip("/") + "/")]
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
     choice = Choice(config.validation_percent, config.stratify, config.max_per_class,
                     held(info) if config.max_per_class is not None else {})
-    return listing.narrowed(keep, labels, config.label_offset, choice), additions
+    narrowed = listing.narrowed(keep, labels, config.label_offset, choice)
+    narrowed.carried.update(existing.generated)
+    return narrowed, additions
 
 
 def held(info: DatasetInfo) -> dict[str, int]:
@@ -371,8 +321,8 @@ def held(info: DatasetInfo) -> dict[str, int]:
     return dict(counts)
 
 
-def _hashed(entries: Iterator[FileEntry]) -> Iterator[tuple[FileEntry, str]]:
-    """Each entry with its file's sha256 (hex), read ``_THREADS`` at once, ``_CHUNK`` entries held at a time.
+def _hashed(entries: Iterator[FileEntry]) -> Iterator[list[tuple[FileEntry, str]]]:
+    """Each entry with its file's sha256 (hex), read ``_THREADS`` at once, ``_CHUNK`` entries at a time.
 
     Raises:
       StorageError: a file cannot be read, naming it.
@@ -389,4 +339,4 @@ def _hashed(entries: Iterator[FileEntry]) -> Iterator[tuple[FileEntry, str]]:
 
     with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
         while chunk := list(itertools.islice(entries, _CHUNK)):
-            yield from zip(chunk, pool.map(digest, [entry.path for entry in chunk]))
+            yield list(zip(chunk, pool.map(digest, [entry.path for entry in chunk])))

@@ -222,7 +222,7 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
     img = _resize(img, region, spec)
     picture = phash(img, just_resized=True) if spec.perceptual_hash else None  # the picture as written: small, so cheap to hash
-    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img), picture)
+    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, is_flat(img), picture)
 
 
 def _reencode_reason(img: Image.Image, orientation: int, spec: ImageSpec) -> str | None:
@@ -270,7 +270,7 @@ def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
         img.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
-    return EncodedImage(data, height, width, spec.channels, KEPT, _is_flat(img),
+    return EncodedImage(data, height, width, spec.channels, KEPT, is_flat(img),
                         phash(img) if spec.perceptual_hash else None)
 
 
@@ -395,7 +395,7 @@ def _alpha(img: Image.Image) -> Image.Image | None:
     return Image.fromarray(opaque.astype(np.uint8) * 255)
 
 
-def _is_flat(img: Image.Image) -> bool:
+def is_flat(img: Image.Image) -> bool:
     """Whether every channel of ``img`` spans at most ``FLAT_SPREAD`` levels. A 4x4 grid of pixels
     first: they differ in nearly every image, and a scan of all of them costs far more."""
     pixels = img.load()

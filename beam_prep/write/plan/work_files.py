@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.io.storage import is_local, join, storage_error
@@ -107,3 +108,15 @@ def write_work_files(listing: Listing, run_plan: RunPlan, work: str) -> None:
     for line in skipped.lines(listing):
         files.add(layout.SKIPPED, line)
     files.close()
+    for name, path in sorted(listing.carried.items()):
+        _copy_in(path, join(work, name))
+
+
+def _copy_in(path: str, target: str) -> None:
+    """A local file copied, bytes as they are, to ``target`` (local or gs://)."""
+    try:
+        with open(path, "rb") as src, FileSystems.create(target, mime_type="application/octet-stream",
+                                                         compression_type=CompressionTypes.UNCOMPRESSED) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", target, e) from e

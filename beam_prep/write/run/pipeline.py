@@ -196,9 +196,12 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     appended = None
     if config.append:
         try:
-            existing = append.read_existing(config.output)
-            whole = listing
-            listing, additions = append.narrow(config, whole, existing)
+            existing = append.read_existing(config.output, listing.folder)
+            try:
+                whole = listing
+                listing, additions = append.narrow(config, whole, existing)
+            finally:
+                existing.close()
         except BaseException:
             listing.close()
             raise

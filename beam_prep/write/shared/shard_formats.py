@@ -21,7 +21,7 @@ import contextlib
 import io
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -31,12 +31,34 @@ from beam_prep.io.libraries import LIBRARIES, Library, require
 from beam_prep.io.storage import storage_error
 from beam_prep.io.tfrecord import Checksum, count_records, read_records, shard_writer, write_record
 from beam_prep.model.dataset import FILE_FORMATS, TFRECORD
-from beam_prep.model.features import NO_LABEL, ImageRecord, encode_example, sha256_and_filename, sha256_and_labels
+from beam_prep.model.features import (
+    CHANNELS,
+    ENCODED,
+    FORMAT,
+    HEIGHT,
+    NO_LABEL,
+    WIDTH,
+    ImageRecord,
+    decode_example,
+    encode_example,
+    sha256_and_filename,
+    sha256_and_labels,
+)
 
-__all__ = ["FILE_FORMATS", "ShardFormat", "check_installed", "dali_indexed", "shard_format", "writer_library"]
+__all__ = ["FILE_FORMATS", "ShardFormat", "StoredImage", "check_installed", "dali_indexed", "shard_format", "writer_library"]
 
 # The image member's extension per stored format: what webdataset's decoders key on.
 _EXTENSIONS = {"jpeg": "jpg", "png": "png", "raw": "raw"}
+
+
+class StoredImage(NamedTuple):
+    """A record's image as its shard stores it: the bytes, their format (``jpeg``, ``png``, ``raw``) and size."""
+
+    data: bytes
+    image_format: str
+    height: int
+    width: int
+    channels: int
 
 
 class ShardFormat(abc.ABC):
@@ -76,6 +98,13 @@ class ShardFormat(abc.ABC):
     def source(self, payload: bytes) -> tuple[str, str]:
         """A payload's source sha256 (hex) and file name (its path under the run's input)."""
         return sha256_and_filename(payload)
+
+    def stored_image(self, payload: bytes) -> StoredImage:
+        """A payload's image as stored (what an append hashes a dataset's records by, where the dataset
+        keeps no hash lines)."""
+        example = decode_example(payload)
+        return StoredImage(example[ENCODED], example[FORMAT].decode(), example[HEIGHT], example[WIDTH],
+                           example[CHANNELS])
 
     @abc.abstractmethod
     def count(self, path: str, compression: str) -> int:
@@ -191,6 +220,12 @@ class _WebDataset(ShardFormat):
     def source(self, payload: bytes) -> tuple[str, str]:
         about = _about(payload)
         return about["sha256"], about["filename"]
+
+    def stored_image(self, payload: bytes) -> StoredImage:
+        members = dict(tar.read_members(io.BytesIO(payload + tar.END)))
+        about = json.loads(next(data for name, data in members.items() if name.endswith(".json")))
+        data = next(data for name, data in members.items() if name.rsplit(".", 1)[-1] in _EXTENSIONS.values())
+        return StoredImage(data, about["format"], about["height"], about["width"], about["channels"])
 
     def count(self, path: str, compression: str) -> int:
         return tar.count_samples(path)

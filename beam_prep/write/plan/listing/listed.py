@@ -51,6 +51,14 @@ class Listing:
         self._files = files
         self._table = table
         self._ids = {name: i + label_offset for i, name in enumerate(labels)}
+        self.carried: dict[str, str] = {}
+        """Files the run's folder gets beside its listings, by name -> local path in ``folder`` (an
+        append's kept hash files of the versions read from their shards: ``grow.existing``)."""
+
+    @property
+    def folder(self) -> SpillFolder:
+        """The listing's temporary folder, removed with it."""
+        return self._folder
 
     @property
     def multi_label(self) -> bool:

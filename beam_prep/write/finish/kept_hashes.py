@@ -1,0 +1,153 @@
+"""The hash lines a dataset keeps: one gzip'd file a version beside its manifest (``hashes-v<N>.tsv.gz``).
+
+The workers' hash lines (``hash_lines``: sha256, split, perceptual hash, path) are what the duplicate
+steps read; a dataset keeps them so that an append checks its new images against every record
+already there without reading a shard or decoding an image. Each file holds a version's records, a
+line each, the path relative to that version's input (as the shards' source field is), sorted by
+path, gzip'd with no time or name in its header: the same records give the same bytes. The manifest
+lists them (``hash_files``: version, file, records, sha256). See docs/design/duplicates.md.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, BinaryIO
+
+from beam_prep.errors import DatasetError
+from beam_prep.io.storage import open_to_read, storage_error
+from beam_prep.write.finish import hash_lines
+from beam_prep.write.plan.spill import SortedRows, SpillFolder
+from beam_prep.write.shared import layout
+from beam_prep.write.shared.entry import printable
+
+__all__ = ["MANIFEST_KEY", "KeptFile", "full_path_line", "kept_name", "listed", "read_lines", "relative_to",
+           "write_sorted"]
+
+MANIFEST_KEY = "hash_files"
+_READ = 1 << 22
+
+
+def kept_name(version: int) -> str:
+    """The kept hash file of ``version`` (a name ``layout.KEPT_HASHES`` matches)."""
+    return layout.KEPT_HASHES.replace("*", str(version))
+
+
+class KeptFile(dict):
+    """A manifest's ``hash_files`` entry: ``{"version", "file", "records", "sha256"}``."""
+
+    @classmethod
+    def of(cls, version: int, records: int, sha256: str) -> KeptFile:
+        return cls(version=version, file=kept_name(version), records=records, sha256=sha256)
+
+
+def listed(manifest: Mapping[str, Any]) -> dict[int, KeptFile]:
+    """The kept hash files a manifest lists, by version (none in a dataset made before they were kept).
+
+    Raises:
+      DatasetError: the manifest's ``hash_files`` is not a list of entries ``KeptFile`` writes.
+    """
+    found: dict[int, KeptFile] = {}
+    for entry in manifest.get(MANIFEST_KEY) or []:
+        try:
+            version, records, sha256 = int(entry["version"]), int(entry["records"]), str(entry["sha256"])
+            if entry["file"] != kept_name(version) or version < 1 or records < 0 or version in found:
+                raise ValueError(entry["file"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"the manifest's {MANIFEST_KEY} holds an entry beam-prep does not write: "
+                               f"{str(entry)[:200]}") from e
+        found[version] = KeptFile.of(version, records, sha256)
+    return found
+
+
+def relative_to(root: str | None, line: bytes) -> tuple[bytes, bytes]:
+    """A workers' hash line (a full path) as a kept one (the path under ``root``, the run's input; no
+    root: as given), with the JSON path it sorts by: ``(path, line)``."""
+    sha256, split, picture, quoted = hash_lines.fields(line)
+    prefix = _quoted_prefix(root)
+    if prefix and quoted.startswith(prefix):
+        quoted = b'"' + quoted[len(prefix):]
+    return quoted, b"\t".join((sha256, split, picture, quoted))
+
+
+def _quoted_prefix(root: str | None) -> bytes:
+    """``root``'s paths' start as a hash line quotes them (``'"<root>/'``); no root: none."""
+    base = (root or "").rstrip("/")
+    return json.dumps(printable(base + "/")).encode()[:-1] if base else b""
+
+
+class _Hashing(io.RawIOBase):
+    """A writable that hashes and counts what goes through it to ``out``."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        super().__init__()
+        self._out, self.sha256 = out, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        data = bytes(data)
+        self.sha256.update(data)
+        self._out.write(data)
+        return len(data)
+
+
+def write_sorted(rows: Iterable[tuple[bytes, bytes]], target: str, version: int) -> KeptFile:
+    """Writes a version's kept hash file at ``target`` (local or gs://) from ``(path, line)`` rows in any
+    order: sorted by path on disk (``SortedRows``), gzip'd without a time or a name.
+
+    Raises:
+      StorageError: ``target`` cannot be written.
+    """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    folder = SpillFolder(prefix="beam-prep-kept-")
+    try:
+        ordered = SortedRows(folder, "kept")
+        for row in rows:
+            ordered.append(row)
+        count = 0
+        try:
+            with FileSystems.create(target, mime_type="application/gzip",
+                                    compression_type=CompressionTypes.UNCOMPRESSED) as out:
+                hashing = _Hashing(out)
+                with gzip.GzipFile(filename="", mode="wb", fileobj=hashing, mtime=0) as packed:
+                    for _, line in ordered:
+                        packed.write(line + b"\n")
+                        count += 1
+        except Exception as e:  # each filesystem raises its own types.
+            raise storage_error("write", target, e) from e
+    finally:
+        folder.close()
+    return KeptFile.of(version, count, hashing.sha256.hexdigest())
+
+
+def read_lines(path: str) -> Iterator[list[bytes]]:
+    """A kept hash file's lines (paths relative to its version's input), a few MB at a time.
+
+    Raises:
+      StorageError: it cannot be read, or is not gzip.
+    """
+    try:
+        with open_to_read(path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+            rest = b""
+            while block := f.read(_READ):
+                lines = (rest + block).split(b"\n")
+                rest = lines.pop()
+                yield lines
+            if rest:
+                yield [rest]
+    except Exception as e:  # each filesystem raises its own types; a damaged file OSError or EOFError.
+        raise storage_error("read", path, e) from e
+
+
+def full_path_line(line: bytes, root: str | None) -> bytes:
+    """A kept line (a path under ``root``, its version's input) as a workers' hash line (``hash_lines``:
+    the full path), for the duplicate search."""
+    sha256, split, picture, quoted = hash_lines.fields(line)
+    prefix = _quoted_prefix(root)
+    return b"\t".join((sha256, split, picture, prefix + quoted[1:] if prefix else quoted))

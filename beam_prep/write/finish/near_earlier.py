@@ -1,0 +1,163 @@
+"""The dataset's records an append's new ones copy, or are near: all its duplicate search needs of them.
+
+The groups an append reports each hold a new record (``earlier``), so they are made of the new
+records and of the dataset's records that share a new one's bytes or whose perceptual hash is
+within the threshold of a new one's. Those are found here without holding the dataset's records:
+their hashes go to a file on disk as they are read, then, for each band key of the pigeonhole
+search (``near``: two hashes within ``t`` bits of ``m`` bands agree on ``k = m - t`` of them), are
+read back a chunk at a time and their keys looked up among the new records' (sorted), each
+candidate checked on all 64 bits. Memory: a chunk's arrays and a few of the new records'.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from beam_prep.write.finish import hash_lines, kept_hashes, near
+from beam_prep.write.images.phash import distance as hamming
+from beam_prep.write.plan.spill import SpillFolder
+
+__all__ = ["matching"]
+
+_CHUNK = 1 << 18  # the dataset's hashes read back at a time
+_BITS = 64
+_KEY_NS, _PAIR_NS = 15.0, 3.0  # a hash keyed and looked up; a candidate pair checked
+
+
+def matching(kept: Iterable[tuple[str, str | None, int]], new_lines: Iterator[tuple[str, list[bytes]]],
+             distance: int | None, folder: SpillFolder) -> list[tuple[str, int, int]]:
+    """Writes the lines of the dataset's records that copy, or are within ``distance`` of, a new record
+    as hash lines (full paths), a local file a version in ``folder``.
+
+    Args:
+      kept: each earlier version's kept hash file, its version's input, and the version.
+      new_lines: the run's hash lines, as ``(file, lines)`` chunks.
+      distance: the near-duplicate threshold; None: exact copies only.
+      folder: where the files go.
+
+    Returns:
+      ``(file, version, lines)`` of each version's file.
+
+    Raises:
+      DatasetError: a line is not a hash line. StorageError: a file cannot be read.
+    """
+    kept = list(kept)
+    pictures, prefixes = _new(new_lines)
+    found, count = _by_bytes(kept, prefixes, folder)
+    if distance is not None and len(pictures) and count:
+        found.append(_by_picture(folder.file("pictures"), folder.file("valid"), count, pictures, distance))
+    chosen = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+    return _write(kept, chosen, folder)
+
+
+def _new(chunks: Iterator[tuple[str, list[bytes]]]) -> tuple[np.ndarray, np.ndarray]:
+    """The new records' distinct perceptual hashes and sha256 prefixes (8 bytes), sorted."""
+    pictures, prefixes = [], []
+    for file, lines in chunks:
+        for line in lines:
+            parsed = hash_lines.parse(file, line)
+            prefixes.append(int(parsed.sha256[:16], 16))
+            if parsed.phash is not None:
+                pictures.append(parsed.phash)
+    return np.unique(np.array(pictures, dtype=np.uint64)), np.unique(np.array(prefixes, dtype=np.uint64))
+
+
+def _lines(kept: list[tuple[str, str | None, int]]) -> Iterator[tuple[int, str, list[bytes]]]:
+    """Each kept file's lines, a chunk at a time, as ``(index in kept, file, lines)``."""
+    for i, (path, _, _) in enumerate(kept):
+        for lines in kept_hashes.read_lines(path):
+            yield i, path, lines
+
+
+def _by_bytes(kept: list[tuple[str, str | None, int]], prefixes: np.ndarray,
+              folder: SpillFolder) -> tuple[list[np.ndarray], int]:
+    """One pass over the dataset's lines: those whose sha256 prefix a new record's has (their
+    positions, in the order read), and each line's perceptual hash and whether it has one, to files."""
+    found, count = [], 0
+    with open(folder.file("pictures"), "wb") as pictures, open(folder.file("valid"), "wb") as valid:
+        for _, path, lines in _lines(kept):
+            parsed = [hash_lines.parse(path, line) for line in lines]
+            mine = np.array([int(p.sha256[:16], 16) for p in parsed], dtype=np.uint64)
+            found.append(count + np.flatnonzero(np.isin(mine, prefixes)))
+            np.array([p.phash or 0 for p in parsed], dtype=np.uint64).tofile(pictures)
+            np.array([p.phash is not None for p in parsed], dtype=np.bool_).tofile(valid)
+            count += len(parsed)
+    return found, count
+
+
+def _plan(old: int, new: int, distance: int) -> list[tuple[tuple[int, int], ...]]:
+    """The band keys: the cheapest choice by a cost model of every old hash keyed and looked up per key,
+    and the candidate pairs equal keys give among uniform hashes."""
+    best: tuple[float, int, int] | None = None
+    for m in range(distance + 1, _BITS + 1):
+        k = m - distance
+        keys = math.comb(m, k)
+        if keys > 20_000:
+            break
+        cost = keys * (old + new) * _KEY_NS + keys * old * new / 2 ** (_BITS * k / m) * _PAIR_NS
+        if best is None or cost < best[0]:
+            best = (cost, m, k)
+    assert best is not None
+    return near.band_keys(best[1], best[2])
+
+
+def _keyed(hashes: np.ndarray, bands: tuple[tuple[int, int], ...]) -> np.ndarray:
+    key = np.zeros(len(hashes), dtype=np.uint64)
+    shift = 0
+    for first, width in bands:
+        key |= ((hashes >> np.uint64(first)) & np.uint64((1 << width) - 1)) << np.uint64(shift)
+        shift += width
+    return key
+
+
+def _by_picture(pictures: str, valid: str, count: int, new: np.ndarray, distance: int) -> np.ndarray:
+    """The positions of the dataset's hashes within ``distance`` of a new one (``new``: distinct)."""
+    found = []
+    for bands in _plan(count, len(new), distance):
+        new_keys = _keyed(new, bands)
+        order = np.argsort(new_keys, kind="stable")
+        new_keys, by_key = new_keys[order], new[order]
+        for start in range(0, count, _CHUNK):
+            old = np.fromfile(pictures, dtype=np.uint64, count=min(_CHUNK, count - start), offset=8 * start)
+            has = np.fromfile(valid, dtype=np.bool_, count=len(old), offset=start)
+            keys = _keyed(old, bands)
+            low, high = np.searchsorted(new_keys, keys, "left"), np.searchsorted(new_keys, keys, "right")
+            candidates = np.flatnonzero((high > low) & has)
+            if not len(candidates):
+                continue
+            spans = (high - low)[candidates]
+            at = np.repeat(candidates, spans)  # each candidate once for each new hash with its key
+            first = np.repeat(low[candidates] - np.cumsum(spans) + spans, spans) + np.arange(len(at))
+            close = hamming(old[at], by_key[first]) <= distance
+            found.append(start + np.unique(at[close]))
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _write(kept: list[tuple[str, str | None, int]], chosen: np.ndarray, folder: SpillFolder
+           ) -> list[tuple[str, int, int]]:
+    """A second pass: the chosen lines, as hash lines with full paths, a file a version."""
+    written: list[tuple[str, int, int]] = []
+    targets = [folder.file(f"earlier-v{version}.txt") for _, _, version in kept]
+    counts = [0] * len(kept)
+    files = [open(target, "wb") for target in targets]  # closed below: one a version
+    try:
+        position = 0
+        for i, _, lines in _lines(kept):
+            picked = chosen[(chosen >= position) & (chosen < position + len(lines))] - position
+            root = kept[i][1]
+            for at in picked.tolist():
+                files[i].write(kept_hashes.full_path_line(lines[at], root) + b"\n")
+            counts[i] += len(picked)
+            position += len(lines)
+    finally:
+        for f in files:
+            f.close()
+    for target, (_, _, version), lines in zip(targets, kept, counts):
+        if lines:
+            written.append((target, version, lines))
+        else:
+            os.remove(target)
+    return written

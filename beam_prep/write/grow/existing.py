@@ -1,0 +1,190 @@
+"""The records a dataset holds, as an append looks them up: an index on disk, not dicts in memory.
+
+An append compares each listed file with every record of the dataset (by path and by sha256), and
+a dataset may hold millions: the records go into an SQLite table in the listing's temporary folder,
+so the launcher holds a page cache, not a Python object a record. They are read from the dataset's
+kept hash files (``kept_hashes``): no shard is read, no image decoded. A dataset made before it kept
+them is read from its shards once, each record's stored image decoded for its perceptual hash, and
+the files that reading makes (``generated``) go to the run's folder, to be published with the
+append: the next append reads them.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import io
+import itertools
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from PIL import Image
+
+from beam_prep.errors import DatasetError
+from beam_prep.io.storage import join, read_bytes
+from beam_prep.model.dataset import DatasetInfo
+from beam_prep.write.finish import hash_lines, kept_hashes
+from beam_prep.write.images.imaging import is_flat
+from beam_prep.write.images.phash import phash
+from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.shared.layout import ERRORS, SKIPPED
+from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
+
+__all__ = ["Existing", "read_existing", "stored_phash"]
+
+_THREADS = 16  # shards read at once, where the dataset keeps no hash lines
+_BATCH = 4096  # rows inserted, or looked up, at a time
+_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+@dataclasses.dataclass
+class Existing:
+    """The records a dataset holds (``read_existing``), by full source path (under its version's input).
+
+    Attributes:
+      info: the dataset.
+      manifest: its whole manifest.
+      failed: the files that became no record (errors.jsonl), which an append does not try again.
+      skipped: the files passed over (skipped.jsonl), which it does not report again.
+      generated: kept hash file name -> local file, for each version whose records were read from its
+        shards (a dataset made before it kept them): the run's folder gets them, and the append publishes them.
+      records: how many records the dataset holds.
+    """
+
+    info: DatasetInfo
+    manifest: dict[str, Any]
+    failed: frozenset[str]
+    skipped: frozenset[str]
+    generated: dict[str, str]
+    records: int
+    _db: sqlite3.Connection
+
+    def by_path(self, path: str) -> tuple[str, str] | None:
+        """``(sha256, split)`` of the latest record made from ``path``, or None."""
+        row = self._db.execute("SELECT sha256, split FROM records WHERE path = ? ORDER BY rowid DESC LIMIT 1",
+                               (path,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def by_sha256(self, sha256: str) -> tuple[str, str] | None:
+        """``(split, path)`` of the first record with the bytes ``sha256``, or None."""
+        row = self._db.execute("SELECT split, path FROM records WHERE sha256 = ? ORDER BY rowid LIMIT 1",
+                               (sha256,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def note_listed(self, paths: Iterable[str]) -> None:
+        """Records paths as listed by the append (``gone``: the others)."""
+        self._db.executemany("INSERT OR IGNORE INTO listed VALUES (?)", ((p,) for p in paths))
+
+    def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
+        """``(path, sha256)`` of each record's source under ``prefix`` that no ``note_listed`` named, by path."""
+        # A bare column beside max(): SQLite takes it from the row with the largest rowid (the latest record).
+        for path, sha256, _ in self._db.execute(
+                "SELECT path, sha256, max(rowid) FROM records WHERE substr(path, 1, ?) = ? "
+                "AND path NOT IN (SELECT path FROM listed) GROUP BY path ORDER BY path", (len(prefix), prefix)):
+            yield path, sha256
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest: dict[str, Any]) -> Existing:
+    """Indexes the records of the dataset in ``output`` (``info``, ``manifest``) in ``folder``: from its
+    kept hash files, or, for the versions that have none, from their shards (``generated``).
+
+    Raises:
+      DatasetError: a kept file or a shard is damaged; StorageError: one cannot be read.
+    """
+    kept = kept_hashes.listed(manifest)
+    db = sqlite3.connect(folder.file("existing.sqlite"), isolation_level=None, check_same_thread=False)
+    for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -8192", "temp_store = FILE"):
+        db.execute(f"PRAGMA {pragma}")
+    db.execute("CREATE TABLE records (path TEXT, sha256 TEXT, split TEXT)")
+    db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY)")
+    generated: dict[str, str] = {}
+    count = 0
+    try:
+        db.execute("BEGIN")
+        for version in info.history:
+            root = version.input or ""
+            name = kept_hashes.kept_name(version.version)
+            if version.version in kept:
+                path = join(output, name)
+            else:
+                path = generated[name] = folder.file(name)
+                kept_hashes.write_sorted(_from_shards(output, info, version.added, root), path, version.version)
+            lines = (line for chunk in kept_hashes.read_lines(path) for line in chunk)
+            while batch := list(itertools.islice(lines, _BATCH)):
+                db.executemany("INSERT INTO records VALUES (?, ?, ?)", [_row(path, line, root) for line in batch])
+                count += len(batch)
+        db.execute("COMMIT")
+        db.execute("CREATE INDEX records_paths ON records (path)")
+        db.execute("CREATE INDEX records_sha256 ON records (sha256)")
+    except BaseException:
+        db.close()
+        raise
+    return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, count, db)
+
+
+def _row(file: str, line: bytes, root: str) -> tuple[str, str, str]:
+    """A kept line as ``(full path, sha256, split)``."""
+    parsed = hash_lines.parse(file, line)
+    name = json.loads(parsed.path)
+    return (f"{root}/{name}" if root else name), parsed.sha256.decode(), parsed.split.decode()
+
+
+def _from_shards(output: str, info: DatasetInfo, added: Any, root: str) -> Iterator[tuple[bytes, bytes]]:
+    """A version's kept rows (``kept_hashes.write_sorted``) read from its shards: each record's sha256
+    and file name from its source field, its perceptual hash from its stored image (none for one of a
+    flat colour, as the workers write it), ``_THREADS`` shards at once."""
+    fmt = shard_format(info.file_format)
+    compression = info.compression.lower()
+    jobs = [(split, shard) for split, (shards, _, _) in added.items() for shard in shards]
+
+    def rows(job: tuple[str, str]) -> list[tuple[bytes, bytes]]:
+        split, shard = job
+        found = []
+        for payload in fmt.read(join(output, shard), compression):
+            sha256, name = fmt.source(payload)
+            picture = stored_phash(fmt, payload, join(output, shard))
+            found.append(kept_hashes.relative_to(None, hash_lines.hash_line(sha256, split, name, picture).encode()))
+        return found
+
+    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="existing") as pool:
+        for start in range(0, len(jobs), _THREADS):
+            for found in pool.map(rows, jobs[start:start + _THREADS]):
+                yield from found
+
+
+def stored_phash(fmt: ShardFormat, payload: bytes, shard: str) -> int | None:
+    """The perceptual hash of a record's stored image (None: one flat colour, as the workers leave it out).
+
+    Raises:
+      DatasetError: the image cannot be decoded, naming the shard.
+    """
+    stored: StoredImage = fmt.stored_image(payload)
+    try:
+        if stored.image_format == "raw":
+            image = Image.frombytes(_MODES[stored.channels], (stored.width, stored.height), stored.data)
+        else:
+            image = Image.open(io.BytesIO(stored.data))
+            image.load()
+    except (OSError, ValueError, KeyError) as e:
+        raise DatasetError(f"{shard} holds a record whose image cannot be decoded ({e}): run verify on the dataset") from e
+    return None if is_flat(image) else phash(image)
+
+
+def _named(output: str, report: str) -> frozenset[str]:
+    """The paths a report of the dataset names (errors.jsonl, skipped.jsonl; none where the dataset has
+    no such report, or an unreadable one), as messages show them (``entry.printable``)."""
+    path = join(output, report)
+    try:
+        lines = read_bytes(path).decode("utf-8").splitlines()
+    except Exception:  # noqa: BLE001 - each filesystem raises its own types: no report, no failures to skip
+        return frozenset()
+    failed = set()
+    for line in lines:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            failed.add(str(json.loads(line)["path"]))
+    return frozenset(failed)
