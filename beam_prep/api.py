@@ -28,6 +28,7 @@ from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
 from beam_prep.write.grow.append import appending_config
 from beam_prep.write.journal.progress import Progress
 from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.planned import PlannedRun
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY, WorkerNoise
 from beam_prep.write.run.pipeline import run
 
@@ -126,7 +127,7 @@ def options_to_argv(input: str, output: str, options: Mapping[str, Any]) -> list
 
 
 def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] | None = None,
-            **options: Any) -> dict[str, Any] | None:
+            **options: Any) -> dict[str, Any] | PlannedRun | None:
     """Prepares ``input`` (``ROOT/<label>/<image>``) into ``output``, as ``beam-prep prepare`` does.
 
     The same checks, defaults and job as the command, for a notebook or a
@@ -149,8 +150,10 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
         docs/reference/cli.md lists them all.
 
     Returns:
-      The manifest that was written (a dict, as in manifest.json), or None with
-      ``dry_run=True``.
+      The manifest that was written (a dict, as in manifest.json); with ``dry_run=True``,
+      the plan (``PlannedRun``: ``labels``, ``splits`` with each one's images and
+      shards, ``listed``, ``skipped_by_reason``; ``print`` shows what the command
+      prints), or None for an append that would add nothing (it warns).
 
     Raises:
       OptionsError: bad options or input (an unknown keyword, with the nearest
@@ -165,7 +168,8 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
     """
     with _as_a_library():
         pipeline_options, config = parse_command_line(options_to_argv(input, output, options))
-        return run(config, pipeline_options, on_progress).manifest
+        result = run(config, pipeline_options, on_progress)
+        return result.manifest if result.manifest is not None else result.planned
 
 
 @contextlib.contextmanager

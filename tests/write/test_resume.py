@@ -4,6 +4,7 @@ tables and a stop at halfway: test_resume_variants.py; the two modules spread ov
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import re
 import shutil
@@ -29,8 +30,10 @@ from interrupts import (
 )
 from interrupts import uninterrupted as uninterrupted_run
 
+import beam_prep
 from beam_prep.errors import OptionsError
 from beam_prep.write.journal import resume
+from beam_prep.write.plan.planned import PlannedRun, SplitPlan
 from beam_prep.write.shared import layout
 
 
@@ -222,6 +225,27 @@ def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert train + validation == 12 and validation > 0
     assert "  not written, label not in --labels_file: 3 images (each would be reported in errors.jsonl)" in lines
     assert lines[-2:] == ["  skipped, image outside the label folders: 1", "  skipped, not an image file: 2"]
+    assert not out.exists()
+
+
+def test_a_dry_run_from_python_returns_the_plan_and_logs_it(tmp_path, caplog):
+    """A notebook keeps the plan: an object with the counts, splits, shards and labels, printed as the
+    command prints it; nothing is written."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 6, "bee": 4}, size=(24, 20))
+    (tree / "notes.txt").write_text("x")
+    with caplog.at_level(logging.INFO, logger="beam_prep"):
+        planned = beam_prep.prepare(str(tree), str(out), dry_run=True, num_shards=3)
+    assert isinstance(planned, PlannedRun)
+    assert (planned.input, planned.output, planned.labels, planned.listed) == (str(tree), str(out), ("ant", "bee"), 10)
+    assert planned.splits == {"train": SplitPlan(images=10, shards=3)}
+    assert planned.skipped_by_reason == {"not an image file": 1}
+    lines = str(planned).splitlines()
+    assert re.fullmatch(rf"dry run: {re.escape(str(tree))} lists 10 images in 2 labels \(ant, bee\); "
+                        r"planned in [\d.]+ s, nothing written", lines[0]), lines
+    assert lines[1:] == ["  train: 10 images in 3 shards", "  skipped, not an image file: 1"]
+    assert str(planned) in caplog.text
+    assert planned.to_json()["splits"] == {"train": {"images": 10, "shards": 3}}
     assert not out.exists()
 
 

@@ -42,6 +42,7 @@ from beam_prep.write.journal import progress, resume
 from beam_prep.write.plan import failure_budget, sharding
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
+from beam_prep.write.plan.planned import PlannedRun
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
@@ -75,6 +76,8 @@ class RunResult:
     plan: RunPlan | None = None
     kept: int = 0
     """Images in the shards a resumed run kept from the run it continues: none of its work."""
+    planned: PlannedRun | None = None
+    """A dry run's plan, as the caller reads and prints it."""
 
     @property
     def images_per_second(self) -> float:
@@ -474,10 +477,18 @@ def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start
         except NothingToAdd as e:
             return _nothing_to_add(config, e, time.perf_counter() - start, dry_run=True)
         listing.close()
-        return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
+        return _planned(config, run_plan, start, RunResult(None, 0.0, {}, plan=run_plan))
     job = _prepare(config, options, new_run_id(), write=False)
     result = job.pipeline.run()
-    return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None), plan=job.plan)
+    return _planned(config, job.plan, start, RunResult(None, 0.0, {}, getattr(result, "job", None), plan=job.plan))
+
+
+def _planned(config: PrepareConfig, run_plan: RunPlan, start: float, result: RunResult) -> RunResult:
+    """``result`` with its time, and the plan as the caller reads it, logged."""
+    seconds = time.perf_counter() - start
+    planned = PlannedRun.of(run_plan, config.input, config.output, seconds, job_built=result.job is not None)
+    _LOG.info("%s", planned)
+    return dataclasses.replace(result, seconds=seconds, planned=planned)
 
 
 def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
