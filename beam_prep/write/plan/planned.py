@@ -17,7 +17,12 @@ _LABELS_SHOWN = 8
 
 @dataclasses.dataclass(frozen=True)
 class SplitPlan:
-    """One split as planned: its images and the shards they would go to (0: the runner's choice)."""
+    """One split as planned.
+
+    Args:
+      images: the images listed for it.
+      shards: the shards they would go to (0: the runner's choice).
+    """
 
     images: int
     shards: int
@@ -28,18 +33,30 @@ class PlannedRun:
     """What a run of ``input`` into ``output`` would do; nothing was written.
 
     ``str()`` gives the lines ``beam-prep prepare --dry_run`` prints.
+
+    Args:
+      input: the image tree's root, as the run names it.
+      output: the dataset folder the run would write.
+      labels: the label names, in id order.
+      splits: each split's images and shards (0 shards: the runner's choice), in split order.
+      listed: images listed, every split.
+      skipped: files passed over; ``skipped_by_reason`` says why.
+      skipped_by_reason: reason -> files.
+      unknown_labels: images under a folder missing from ``labels_file``: each would be an error.
+      seconds: the time listing and planning took.
+      job_built: a remote runner's dry run: the whole job was built, and not submitted.
     """
 
     input: str
     output: str
     labels: tuple[str, ...]
-    splits: dict[str, SplitPlan]  # in split order
-    listed: int  # images listed, every split
-    skipped: int  # files passed over (skipped_by_reason says why)
+    splits: dict[str, SplitPlan]
+    listed: int
+    skipped: int
     skipped_by_reason: dict[str, int]
-    unknown_labels: int  # images under a folder missing from --labels_file: each would be an error
-    seconds: float  # listing and planning
-    job_built: bool = False  # a remote runner's: the whole job was built, and not submitted
+    unknown_labels: int
+    seconds: float
+    job_built: bool = False
 
     @classmethod
     def of(cls, plan: RunPlan, input: str, output: str, seconds: float, job_built: bool = False) -> PlannedRun:
