@@ -1,10 +1,12 @@
 """The per-image kernel: bytes in, training-ready bytes out."""
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import io
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -309,6 +311,38 @@ def test_images_over_max_pixels_are_refused():
         process_image(encode(picture(1, 200, 100)), ImageSpec(max_pixels=10_000))
     assert e.value.stage == "too_large"
     assert "200x100" in str(e.value) and "--max_pixels" in str(e.value)
+
+
+def test_the_refusal_says_how_to_raise_max_pixels():
+    with pytest.raises(ImageError) as e:
+        process_image(encode(picture(1, 200, 100)), ImageSpec(max_pixels=10_000))
+    assert str(e.value) == ("200x100 is 20000 pixels, over --max_pixels 10000: if the image is "
+                            "genuine, pass --max_pixels 20000 or more")
+
+
+def test_max_pixels_is_the_only_limit_and_the_callers_pillow_limit_is_kept(monkeypatch):
+    """Pillow's own limit (here a caller's 1,000 pixels, Pillow's error at twice that) never fires in our
+    decode, warns nothing, and is the caller's again after it."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)
+    data = encode(picture(1, 200, 100))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = process_image(data, ImageSpec(height=10, width=20, max_pixels=20_000))
+    assert (out.height, out.width) == (10, 20)
+    assert Image.MAX_IMAGE_PIXELS == 1_000
+    with pytest.raises(ImageError, match="over --max_pixels 19999:"):
+        process_image(data, ImageSpec(max_pixels=19_999))
+    assert Image.MAX_IMAGE_PIXELS == 1_000
+
+
+def test_pillows_limit_stays_off_until_the_last_of_several_threads_is_done(monkeypatch):
+    """Decodes in several threads at once: none meets Pillow's limit, and the caller's is back after."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)
+    data = encode(picture(3, 120, 90))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: process_image(data, ImageSpec(height=9, width=12)), range(64)))
+    assert {(r.height, r.width) for r in results} == {(9, 12)}
+    assert Image.MAX_IMAGE_PIXELS == 1_000
 
 
 @pytest.mark.parametrize("data,message", [

@@ -22,6 +22,7 @@ from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
 from beam_prep.write.images import resample
 from beam_prep.write.images.phash import THUMBNAIL, phash
+from beam_prep.write.images.pixel_limit import our_limit_only
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
 
 RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")
@@ -189,6 +190,11 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     Raises:
       ImageError: with the stage that failed; never anything else for bad input.
     """
+    with our_limit_only():
+        return _process(data, spec)
+
+
+def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
     img = _open(data, spec.max_pixels)
     jpeg = img.format == "JPEG"
     # A JPEG's EXIF is in its header, read before the (drafted) decode. Any other format is
@@ -294,11 +300,14 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         raise ImageError("decode", f"not a readable image: {e}") from e
     width, height = img.size
     if width * height > max_pixels:
-        raise ImageError(
-            "too_large",
-            f"{width}x{height} is {width * height} pixels, over --max_pixels {max_pixels}",
-        )
+        raise ImageError("too_large", over_max_pixels(width, height, max_pixels))
     return img
+
+
+def over_max_pixels(width: int, height: int, max_pixels: int) -> str:
+    """Why an image is refused as too large: the one limit, and how to raise it."""
+    return (f"{width}x{height} is {width * height} pixels, over --max_pixels {max_pixels}: if the image is "
+            f"genuine, pass --max_pixels {width * height} or more")
 
 
 def _orientation(img: Image.Image) -> int:
