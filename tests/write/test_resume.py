@@ -7,6 +7,7 @@ import json
 import logging
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -109,6 +110,30 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
     assert manifest["counts"] == {"listed": listed, "written": listed - 1, "failed": 1, "skipped": 2}
     assert (manifest["duplicates"]["images"], manifest["duplicates"]["extra_copies"]) == (2, 3)
     assert not (out / ".beam-prep").exists()
+
+
+def test_inspect_names_an_interrupted_run_and_the_command_that_resumes_it(tree, uninterrupted, stopped_run,
+                                                                           capsys):
+    """Not "no manifest.json: not a beam-prep dataset": the run, how far it got, and the command, which
+    resumes it as given (exit 2 as for any folder that is no dataset yet)."""
+    from pipelines import inspect_output
+
+    out, _, _, _ = stopped_run(signal.SIGINT)
+    finished, name = len(finished_records(out)), run_folder(out).name
+    capsys.readouterr()
+    assert inspect_output.main([str(out)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    command = ["beam-prep", "prepare", "--input", str(tree), "--output", str(out), "--direct_num_workers", "2",
+               "--image_size", "48", "--num_shards", str(SHARDS)]
+    assert line == (f"error: {out} holds an interrupted run ({name}), not a dataset yet: "
+                    f"{finished} of {SHARDS} shards done ({4 * PHOTOS_PER_LABEL + 5:,} images planned), no "
+                    f"manifest.json; to resume it, run the same command again: {shlex.join(command)}")
+    assert captured.out == ""
+    resumed = run_prepare(*shlex.split(line.rsplit(": ", 1)[1])[2:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming run {name}: {finished} of {SHARDS} shards already written" in resumed.stderr
+    assert dataset_digests(out) == uninterrupted
 
 
 def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninterrupted, tmp_path):

@@ -589,7 +589,8 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                                  "append does not resume it", ", ".join(leftovers))
                 layout.remove_unfinished_runs(config.output, leftovers)
                 _write_run_folder(config, listing, run_plan, resume.RunRecord(
-                    run_id, recorded, config.overwrite, dataclasses.asdict(run_plan)) if resumable else None)
+                    run_id, recorded, config.overwrite, dataclasses.asdict(run_plan),
+                    resume.resume_command(config, options)) if resumable else None)
         _LOG.info("run %s: listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
                   run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
                   run_plan.skipped, run_plan.sink, run_plan.num_shards)
