@@ -18,6 +18,7 @@ from beam_prep.errors import ImageError
 from beam_prep.tools.sample import picture
 from beam_prep.write.images import imaging, resample
 from beam_prep.write.images.imaging import KEPT, ImageSpec, is_image_name, process_image
+from beam_prep.write.images.jpeg_damage import UNUSED_TAIL, libjpeg_warning
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -561,3 +562,37 @@ def test_no_upscale_keeps_images_smaller_than_the_target_at_their_size():
 def test_no_upscale_is_refused_with_fixed_size_modes(mode):
     with pytest.raises(ValueError, match=r"applies to the size-keeping resize modes \(shorter_side, and none"):
         ImageSpec(height=64, width=64, resize_mode=mode, no_upscale=True)
+
+
+# JPEG data libjpeg calls corrupt, though Pillow decodes it (jpeg_damage).
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("options", [{"quality": 85}, {"quality": 100, "subsampling": 0},
+                                     {"quality": 70, "progressive": True}, {"quality": 95, "optimize": True}])
+def test_a_whole_jpeg_is_not_taken_for_corrupt(seed, options):
+    """The end of a clean scan is data, whatever its bits: none is taken for padding."""
+    img = picture(seed, 40 + 7 * seed, 30 + 5 * seed)
+    assert libjpeg_warning(encode(img if seed % 3 else img.convert("L"), "JPEG", **options)) is None
+
+
+def test_bytes_between_segments_are_named_as_libjpeg_names_them():
+    jpeg = encode(picture(1, 60, 45), "JPEG", quality=90)
+    end = 4 + int.from_bytes(jpeg[4:6], "big")  # after the first segment, APP0
+    gap = jpeg[:end] + b"\x00\x11\x22" + jpeg[end:]
+    assert libjpeg_warning(gap) == "Corrupt JPEG data: 3 extraneous bytes before marker 0xdb"
+
+
+@pytest.mark.parametrize("tail", [bytes(8), bytes(20), bytes(range(1, 9)), b"\xff\x00" + bytes(range(1, 12))])
+@pytest.mark.parametrize("progressive", [False, True])
+def test_bytes_no_decode_uses_before_the_end_are_found_and_such_an_original_is_reencoded(tail, progressive):
+    """From UNUSED_TAIL (8) of them, the number libjpeg warns of whatever it read ahead; fewer pass."""
+    jpeg = encode(picture(2, 64, 48), "JPEG", quality=90, progressive=progressive)
+    assert libjpeg_warning(jpeg[:-2] + bytes(UNUSED_TAIL - 1) + jpeg[-2:]) is None
+    padded = jpeg[:-2] + tail + jpeg[-2:]
+    assert libjpeg_warning(padded) == "Corrupt JPEG data: extraneous bytes before marker 0xd9"
+    spec = ImageSpec(height=None, width=None, resize_mode="none", image_format="original")
+    assert process_image(jpeg, spec).original == KEPT
+    out = process_image(padded, spec)
+    assert out.original == "corrupt" and out.data != padded
+    assert libjpeg_warning(out.data) is None
+    assert np.abs(pixels(out.data).astype(int) - pixels(jpeg).astype(int)).mean() < 3

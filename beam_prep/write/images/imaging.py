@@ -5,8 +5,9 @@ Plain functions, no Beam and no TensorFlow, so they test alone and every runner
 
 With ``image_format="original"`` a source JPEG that training code can read as
 it is keeps its own bytes (``_reencode_reason`` decides, before the decode and
-resize path), and every other image goes down that path to a JPEG; the result
-says which happened and why, for the manifest's counts.
+resize path, and ``_kept`` after a check of its data), and every other image
+goes down that path to a JPEG; the result says which happened and why, for the
+manifest's counts.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
 from beam_prep.write.images import resample
+from beam_prep.write.images.jpeg_damage import libjpeg_warning
 from beam_prep.write.images.phash import THUMBNAIL, phash
 from beam_prep.write.images.pixel_limit import our_limit_only
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
@@ -40,6 +42,7 @@ REENCODE_REASONS = {
     "channels": "a JPEG of another channel count than --channels",
     "rotated": "a JPEG with an EXIF rotation",
     "resized": "a JPEG that --resize_mode resizes",
+    "corrupt": "a JPEG whose data libjpeg calls corrupt (a reader would warn on every read)",
 }
 
 # Extensions Pillow decodes that users keep image datasets in.
@@ -205,7 +208,10 @@ def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
     if spec.image_format == ORIGINAL:
         reason = _reencode_reason(img, orientation, spec)
         if reason is None:
-            return _kept(data, img, spec)
+            kept = _kept(data, img, spec)
+            if kept is not None:
+                return kept
+            reason, img = "corrupt", _open(data, spec.max_pixels)  # decoded at a draft scale: opened anew
     region: Box | None = None  # where the source lies on the decoded grid, if not all of it
     if jpeg:  # sized by the source, not by the smaller grid a draft decodes to
         spec = _sized_for(img.size, spec)
@@ -262,8 +268,9 @@ def _keeps_size(width: int, height: int, spec: ImageSpec) -> bool:
     return (width, height) == (spec.width, spec.height)
 
 
-def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
-    """The source's own bytes, once a decode shows they are whole.
+def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage | None:
+    """The source's own bytes, once a decode shows they are whole; None where libjpeg, which
+    the readers decode with, would call them corrupt (``jpeg_damage``): to be re-encoded.
 
     The decode is scaled down in the DCT domain (by up to 8, to no less than the
     perceptual hash's thumbnail): it still reads every coded byte, so a
@@ -276,6 +283,8 @@ def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
         img.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
+    if libjpeg_warning(data) is not None:  # every read would print libjpeg's warning: re-encoded instead
+        return None
     return EncodedImage(data, height, width, spec.channels, KEPT, _is_flat(img),
                         phash(img) if spec.perceptual_hash else None)
 
