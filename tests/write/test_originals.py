@@ -215,9 +215,9 @@ def test_original_with_a_fixed_size_mode_is_allowed_and_the_help_says_so(tree, t
     assert json.loads((out / "manifest.json").read_text())["originals"]["kept"] == 1
 
 
-def _with_unused_tail(jpeg: bytes, tail: bytes = bytes(range(1, 21))) -> bytes:
-    """Bytes no decode uses, before the end marker: a camera's padding, or an older file's tail (libjpeg
-    reads a few bytes ahead as it decodes, and warns of those it skips beyond them)."""
+def _with_unused_tail(jpeg: bytes, tail: bytes = b"\x5a" * 20) -> bytes:
+    """Padding no decode uses, before the end marker (libjpeg reads a few bytes ahead as it decodes, and
+    warns of those it skips beyond them)."""
     return jpeg[:-2] + tail + jpeg[-2:]
 
 

@@ -9,16 +9,18 @@ warnings and exposes none, so the damage is found here without them:
   warning "extraneous bytes before marker"), and a stream without its end
   marker ("Premature end of JPEG file"): read from the markers alone, as
   libjpeg's ``next_marker`` reads them;
-- bytes at the end of the last scan that its decode never uses (the commonest:
-  padding or the tail of an older file before the end marker), from the 8 that
-  libjpeg always warns of (``UNUSED_TAIL``): found by decoding the image at full
-  size (and whole MCUs: blocks beyond its edges too) with the 8th byte from the
-  end set to different values; where the pixels do not change, the byte is not
-  data.
+- padding at the end of the last scan, before the end marker (the commonest:
+  one byte value repeated), from the 8 bytes that libjpeg always warns of
+  (``UNUSED_TAIL``): where the last 8 bytes repeat one value, the image is
+  decoded at full size (and whole MCUs: blocks beyond its edges too) with the
+  first of them set to different values; where the pixels do not change, the
+  bytes are not data. Two full decodes, so only for a tail that looks like
+  padding: the check costs nothing on other files.
 
-An image found so is re-encoded rather than kept (``imaging``). Extra bytes
-after earlier scans of a progressive JPEG, or before a restart marker, are not
-looked for.
+An image found so is re-encoded rather than kept (``imaging``). Unused bytes
+that are not one value repeated (the tail of an older file), fewer than 8, after
+earlier scans of a progressive JPEG, or before a restart marker, are not looked
+for.
 """
 from __future__ import annotations
 
@@ -99,23 +101,20 @@ def _next_marker(data: bytes, at: int) -> tuple[int, int, int] | None:
 
 
 def _scan_end(data: bytes, at: int) -> int:
-    """Where a scan's entropy-coded data ends: the 0xFF of the first marker other than a stuffed
-    zero or a restart marker."""
+    """Where a scan's entropy-coded data ends: the first 0xFF of the first marker other than a
+    stuffed zero or a restart marker (0xFF fill before it included)."""
     while True:
         at = data.find(b"\xff", at)
-        if at < 0 or at + 1 >= len(data):
+        if at < 0:
             return len(data)
-        following = data[at + 1]
-        if following == 0 or 0xD0 <= following <= 0xD7 or following == 0xFF and _fill_then_rst(data, at):
-            at += 2
-            continue
-        return at
-
-
-def _fill_then_rst(data: bytes, at: int) -> bool:
-    while at < len(data) and data[at] == 0xFF:
-        at += 1
-    return at < len(data) and 0xD0 <= data[at] <= 0xD7
+        code = at + 1
+        while code < len(data) and data[code] == 0xFF:
+            code += 1
+        if code >= len(data):
+            return len(data)
+        if data[code] != 0 and not 0xD0 <= data[code] <= 0xD7:
+            return at
+        at = code + 1
 
 
 def _whole_mcus(data: bytes, frame: int) -> bytes:
@@ -139,7 +138,8 @@ def _whole_mcus(data: bytes, frame: int) -> bytes:
 
 
 def _unused_tail(data: bytes, start: int, end: int) -> bool:
-    """Whether the scan data ``[start, end)`` ends in ``UNUSED_TAIL`` bytes or more that its decode never uses.
+    """Whether the scan data ``[start, end)`` ends in ``UNUSED_TAIL`` bytes or more of padding (one value
+    repeated) that its decode never uses.
 
     The image is decoded at full size (a scaled decode reads every byte but shows only
     some of the coefficients) with the byte that many before the end set to each value
@@ -151,7 +151,7 @@ def _unused_tail(data: bytes, start: int, end: int) -> bool:
     while last > start and data[last] == 0xFF:  # fill before the marker
         last -= 1
     at = last - (UNUSED_TAIL - 1)
-    if at <= start:
+    if at <= start or len(set(data[at:last + 1])) != 1:  # only padding is looked for: one value repeated
         return False
     width = 1
     if data[at] == 0 and data[at - 1] == 0xFF:
