@@ -18,7 +18,6 @@ from beam_prep.errors import ImageError
 from beam_prep.tools.sample import picture
 from beam_prep.write.images import imaging, resample
 from beam_prep.write.images.imaging import KEPT, ImageSpec, is_image_name, process_image
-from beam_prep.write.images.jpeg_damage import UNUSED_TAIL, libjpeg_warning
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -564,7 +563,14 @@ def test_no_upscale_is_refused_with_fixed_size_modes(mode):
         ImageSpec(height=64, width=64, resize_mode=mode, no_upscale=True)
 
 
-# JPEG data libjpeg calls corrupt, though Pillow decodes it (jpeg_damage).
+# JPEG data libjpeg calls corrupt, though Pillow decodes it (jpeg_damage, imported in each test: the
+# rest of this module runs without it).
+
+def libjpeg_warning(data: bytes) -> str | None:
+    from beam_prep.write.images.jpeg_damage import libjpeg_warning as found
+
+    return found(data)
+
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("options", [{"quality": 85}, {"quality": 100, "subsampling": 0},
@@ -586,6 +592,8 @@ def test_bytes_between_segments_are_named_as_libjpeg_names_them():
 @pytest.mark.parametrize("progressive", [False, True])
 def test_bytes_no_decode_uses_before_the_end_are_found_and_such_an_original_is_reencoded(tail, progressive):
     """Padding, from UNUSED_TAIL (8) bytes, the number libjpeg warns of whatever it read ahead; fewer pass."""
+    from beam_prep.write.images.jpeg_damage import UNUSED_TAIL
+
     jpeg = encode(picture(2, 64, 48), "JPEG", quality=90, progressive=progressive)
     assert libjpeg_warning(jpeg[:-2] + bytes(UNUSED_TAIL - 1) + jpeg[-2:]) is None
     padded = jpeg[:-2] + tail + jpeg[-2:]

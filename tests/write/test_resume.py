@@ -34,7 +34,6 @@ from interrupts import uninterrupted as uninterrupted_run
 import beam_prep
 from beam_prep.errors import OptionsError
 from beam_prep.write.journal import resume
-from beam_prep.write.plan.planned import PlannedRun, SplitPlan
 from beam_prep.write.shared import layout
 
 
@@ -256,6 +255,8 @@ def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
 def test_a_dry_run_from_python_returns_the_plan_and_logs_it(tmp_path, caplog):
     """A notebook keeps the plan: an object with the counts, splits, shards and labels, printed as the
     command prints it; nothing is written."""
+    from beam_prep.write.plan.planned import PlannedRun, SplitPlan
+
     tree, out = tmp_path / "tree", tmp_path / "out"
     make_tree(tree, {"ant": 6, "bee": 4}, size=(24, 20))
     (tree / "notes.txt").write_text("x")
