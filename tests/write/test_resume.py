@@ -135,6 +135,25 @@ def test_inspect_names_an_interrupted_run_and_the_command_that_resumes_it(tree, 
     assert dataset_digests(out) == uninterrupted
 
 
+@pytest.mark.parametrize("command", [["rm", "-rf", "/"], ["beam-prep", "prepare", "--output", "/elsewhere"],
+                                     ["beam-prep", "prepare", "--output", "OUT", "--overwrite"],
+                                     ["beam-prep", "prepare", "--input", "a\nb", "--output", "OUT"], "beam-prep"])
+def test_a_run_record_shows_only_a_command_that_resumes_into_its_own_folder(tmp_path, command):
+    """The record is data in the folder: another command, folder, --overwrite (which starts over) or a
+    word that is not printable is not put before the user."""
+    from beam_prep.write.journal.interrupted import find_interrupted
+
+    out = tmp_path / "out"
+    work = out / ".beam-prep" / "r1"
+    work.mkdir(parents=True)
+    command = [str(out) if part == "OUT" else part for part in command] if isinstance(command, list) else command
+    (work / "run.json").write_text(json.dumps({"run_format": resume.RUN_FORMAT, "run_id": "r1", "command": command,
+                                               "plan": {"num_shards": {"train": 2}, "split_counts": {"train": 5}}}))
+    run = find_interrupted(str(out))
+    assert (run.finished, run.shards, run.images, run.command) == (0, 2, 5, None)
+    assert run.describe(str(out)).endswith("to resume it, run the command that started it again, with the same options")
+
+
 def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninterrupted, tmp_path):
     """SIGKILL to the whole process group, as a power loss: nothing runs after it."""
     out = tmp_path / "out"

@@ -8,6 +8,7 @@ alone, so that ``inspect`` pays for no Beam import; ``resume`` is what resumes i
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -31,7 +32,7 @@ class InterruptedRun:
     finished: int  # shards finished (their records written)
     shards: int  # shards planned
     images: int  # images planned
-    command: tuple[str, ...] | None  # the command that resumes it; None for a run recorded before it was kept
+    command: list[str] | None  # the command that resumes it; None where the record holds none to show
 
     def describe(self, output: str) -> str:
         """One line: what the folder holds and what to do."""
@@ -64,6 +65,15 @@ def find_interrupted(output: str) -> InterruptedRun | None:
         command = record.get("command")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # stopped while listing, or damaged
         return None
+    return InterruptedRun(runs[0], finished, shards, images, command if _resumes(command, output) else None)
+
+
+def _resumes(command: object, output: str) -> bool:
+    """Whether ``command``, read from the folder, is one to show: ``beam-prep prepare`` into ``output``
+    itself, without --overwrite (which would start over), in printable words. A run record is data:
+    one written by someone else must not put another command, or another folder, before the user."""
     if not (isinstance(command, list) and all(isinstance(part, str) for part in command)):
-        command = None
-    return InterruptedRun(runs[0], finished, shards, images, tuple(command) if command else None)
+        return False
+    return (command[:2] == ["beam-prep", "prepare"] and "--overwrite" not in command
+            and any(flag == "--output" and value == output for flag, value in itertools.pairwise(command))
+            and all(part.isprintable() for part in command))
