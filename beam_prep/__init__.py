@@ -32,6 +32,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _HOMES = {
     "prepare": "beam_prep.api",
+    "PlannedRun": "beam_prep.write.plan.planned",
     "WriteImageDataset": "beam_prep.write.run.write_image_dataset",
     "ImageElement": "beam_prep.write.run.write_image_dataset",
     "make_dataset": "beam_prep.reader",

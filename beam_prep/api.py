@@ -7,31 +7,38 @@ defaults (every core busy) as ``python -m pipelines.prepare_images``.
 
 ``prepare`` behaves as a library: with logging left unconfigured it prints
 nothing (Beam's ``PipelineOptions`` would configure the root logger, and its
-local workers relay two warnings on every run); what the caller should see
-comes as a ``BeamPrepWarning``; messages name keywords (``image_size``,
-``overwrite=True``), not flags.
+local workers relay two warnings on every run; Pillow warns about odd images,
+libtiff and the workers write to fd 2, which ``native_stderr`` points at a file
+for the call); what the caller should see comes as a ``BeamPrepWarning``;
+messages name keywords (``image_size``, ``overwrite=True``), not flags.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.cli.flags import bare_flags, check_flags, check_positionals, spelled_as_known
 from beam_prep.cli.options import config_from_options
 from beam_prep.cli.spelling import as_keywords, flag_value
 from beam_prep.errors import BeamPrepError, BeamPrepWarning, RunInterrupted
+from beam_prep.native_stderr import native_stderr_to_file
 from beam_prep.write.grow.append import appending_config
 from beam_prep.write.journal.progress import Progress
 from beam_prep.write.plan.config import PrepareConfig
+from beam_prep.write.plan.planned import PlannedRun
 from beam_prep.write.run.beam_compat import WORKER_LOG_RELAY, WorkerNoise
 from beam_prep.write.run.pipeline import run
 
 __all__ = ["parse_command_line", "prepare", "with_local_defaults"]
+
+_PILLOW_FOLDER = os.path.dirname(os.path.abspath(PIL.__file__))
 
 
 def with_local_defaults(argv: Sequence[str]) -> list[str]:
@@ -126,7 +133,7 @@ def options_to_argv(input: str, output: str, options: Mapping[str, Any]) -> list
 
 
 def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] | None = None,
-            **options: Any) -> dict[str, Any] | None:
+            **options: Any) -> dict[str, Any] | PlannedRun | None:
     """Prepares ``input`` (``ROOT/<label>/<image>``) into ``output``, as ``beam-prep prepare`` does.
 
     The same checks, defaults and job as the command, for a notebook or a
@@ -149,8 +156,10 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
         docs/reference/cli.md lists them all.
 
     Returns:
-      The manifest that was written (a dict, as in manifest.json), or None with
-      ``dry_run=True``.
+      The manifest that was written (a dict, as in manifest.json); with ``dry_run=True``,
+      the plan (``PlannedRun``: ``labels``, ``splits`` with each one's images and
+      shards, ``listed``, ``skipped_by_reason``; ``print`` shows what the command
+      prints), or None for an append that would add nothing (it warns).
 
     Raises:
       OptionsError: bad options or input (an unknown keyword, with the nearest
@@ -163,9 +172,10 @@ def prepare(input: str, output: str, *, on_progress: Callable[[Progress], None] 
         the dataset was written all the same (its manifest is the error's ``result.manifest``).
       RunInterrupted: a local run stopped by Ctrl-C or SIGTERM (its finished shards kept).
     """
-    with _as_a_library():
+    with _as_a_library(), native_stderr_to_file():
         pipeline_options, config = parse_command_line(options_to_argv(input, output, options))
-        return run(config, pipeline_options, on_progress).manifest
+        result = run(config, pipeline_options, on_progress)
+        return result.manifest if result.manifest is not None else result.planned
 
 
 @contextlib.contextmanager
@@ -198,5 +208,14 @@ def _as_a_library() -> Iterator[None]:
         for w in caught:
             if issubclass(w.category, BeamPrepWarning):
                 warnings.warn(as_keywords(str(w.message), bare_flags()), w.category, stacklevel=4)
-            else:
+            elif not _from_pillow(w):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
+def _from_pillow(caught: warnings.WarningMessage) -> bool:
+    """Whether ``caught`` is Pillow's, about one image ("Corrupt EXIF data", "Invalid APNG").
+
+    As in the command's log, such a warning counts for nothing: an image Pillow cannot
+    read whole is in errors.jsonl.
+    """
+    return os.path.dirname(os.path.abspath(caught.filename)) == _PILLOW_FOLDER

@@ -7,13 +7,15 @@ image spec and failures; ``--json`` prints the same as one JSON object.
 ``--grid`` also draws a contact sheet PNG of images decoded from the shards,
 a row per class. Exit codes: 0 done, 2 bad options or an output folder that
 is missing or not a finished dataset (a manifest or duplicates.jsonl naming a
-file outside its folder included), 1 a shard the manifest lists is missing
+file outside its folder included; a run interrupted there is named, with the
+command that resumes it), 1 a shard the manifest lists is missing
 or the contact sheet could not be made or written.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -68,6 +70,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupted(output: str) -> str | None:
+    """What a folder holding an interrupted run (no manifest yet) is, and the command that resumes it."""
+    from beam_prep.reader.manifest_file import normalise_root
+    from beam_prep.write.journal.interrupted import find_interrupted
+
+    if not is_local(output) or os.path.exists(os.path.join(output, "manifest.json")):
+        return None
+    run = find_interrupted(normalise_root(output))
+    return run.describe(normalise_root(output)) if run is not None else None
+
+
 def _names(text: str) -> list[str]:
     names = [name for name in text.split(",") if name]
     if not names:
@@ -98,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = summarize(args.output)
     except BeamPrepError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_interrupted(args.output) or e}", file=sys.stderr)
         return 2
     splits = summary.info.splits
     split = args.split or ("train" if "train" in splits or not splits else next(iter(splits)))

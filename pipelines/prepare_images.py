@@ -121,22 +121,6 @@ def summary(result: RunResult) -> str:
     return "\n".join(lines)
 
 
-def plan_summary(result: RunResult, input_root: str) -> str:
-    """What a dry run found and would do: images per split and shards, labels, what is left out."""
-    plan = result.plan
-    shown = ", ".join(plan.labels[:8]) + (f" and {len(plan.labels) - 8:,} more" if len(plan.labels) > 8 else "")
-    lines = [f"dry run: {input_root} lists {count(plan.listed, 'image')} in {count(len(plan.labels), 'label')} "
-             f"({shown}); planned in {result.seconds:.1f} s, nothing written"]
-    for split, shards in plan.num_shards.items():
-        lines.append(f"  {split}: {count(plan.split_counts.get(split, 0), 'image')} in {count(shards, 'shard')}")
-    if plan.unknown_labels:
-        lines.append(f"  not written, label not in --labels_file: {count(plan.unknown_labels, 'image')} "
-                     "(each would be reported in errors.jsonl)")
-    for reason, n in plan.skipped_by_reason.items():
-        lines.append(f"  skipped, {reason}: {n:,}")
-    return "\n".join(lines)
-
-
 def run_with_progress(config: PrepareConfig, options: PipelineOptions, console: TextIO) -> RunResult:
     """The job, its progress drawn on ``console`` while it runs."""
     interval = progress_interval(options.view_as(PrepareImagesOptions).progress_interval)
@@ -229,11 +213,8 @@ def _main(argv: list[str]) -> int:
         return 128 + signal_of(e)
     if result.manifest is not None:
         print(summary(result))
-    elif result.job is not None:
-        print(plan_summary(result, config.input))
-        print("dry run: the job was built and not submitted")
-    elif result.plan is not None:  # none: a dry run of an append with nothing to add, which said so
-        print(plan_summary(result, config.input))
+    elif result.planned is not None:  # none: a dry run of an append with nothing to add, which said so
+        print(result.planned)
     return 0
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import real_images
 from helpers import REPO, child, make_tree, read_split
 from small_disk import small_disk
 
@@ -78,6 +79,25 @@ def test_prepare_prints_nothing_where_logging_is_left_unconfigured(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == ("", "")
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+# Real images that make third-party code speak: Pillow's UserWarnings (a corrupt EXIF, a malformed MPO,
+# an invalid APNG that fails), libtiff on fd 2 ("WEBP compression support is not configured"), with two
+# plain ones. None decodes to one flat colour, which would be a warning of ours.
+NOISY = ("hopper_bad_exif.jpg", "sugarshack_bad_mpo_header.jpg", "apng/syntax_num_frames_zero.png",
+         "hopper_webp.tif", "hopper.jpg", "hopper.png")
+
+
+@pytest.mark.slow  # runs a pipeline and TensorFlow in a subprocess
+@pytest.mark.parametrize("mode", ["multi_processing", "in_memory"])
+def test_the_library_is_as_quiet_as_the_command_on_damaged_images(pillow_images, tmp_path, mode):
+    """prepare() then verify(): the damaged images are in errors.jsonl; nothing reaches stdout or stderr,
+    neither Pillow's warnings, nor libtiff's or TensorFlow's native log ("Type inference failed")."""
+    real_images.make_tree(pillow_images, tmp_path / "in", NOISY)
+    done = subprocess.run(child("quiet_library", str(tmp_path / "in"), str(tmp_path / "out"), mode), cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("", "")
 
 
 @pytest.mark.slow  # runs a pipeline in this process

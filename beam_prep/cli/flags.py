@@ -16,8 +16,16 @@ from typing import NoReturn
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_prep.cli.spelling import PATH_FLAGS, known_spelling, nearest_flag, positionals_message, unknown_flags_message
+from beam_prep.cli.spelling import (
+    PATH_FLAGS,
+    flag_value,
+    known_spelling,
+    nearest_flag,
+    positionals_message,
+    unknown_flags_message,
+)
 from beam_prep.errors import OptionsError
+from beam_prep.write.plan.runners import LOCAL_WORKERS_FLAG, REMOTE_WORKER_FLAGS, check_runner, is_local_runner
 from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 
 __all__ = ["PATH_FLAGS", "all_options_parser", "bare_flags", "check_flags", "check_positionals", "known_flags",
@@ -110,7 +118,22 @@ def check_flags(argv: Sequence[str]) -> None:
     unknown = unknown_flags(argv)
     if not unknown:
         return
-    raise OptionsError(unknown_flags_message(unknown, known_flags()))
+    known = known_flags()
+    guesses = None
+    if _runs_locally(argv):
+        # A local run ignores Dataflow's worker counts: the flag that works is the direct runner's.
+        guesses = {flag: LOCAL_WORKERS_FLAG for flag in unknown
+                   if nearest_flag(flag, known) in REMOTE_WORKER_FLAGS
+                   or (nearest_flag(flag, known) is None and "worker" in flag.lower())}
+    raise OptionsError(unknown_flags_message(unknown, known, guesses))
+
+
+def _runs_locally(argv: Sequence[str]) -> bool:
+    """Whether ``argv``'s ``--runner`` (any spelling Beam takes) runs on this machine; a bad one does not."""
+    try:
+        return is_local_runner(check_runner(flag_value(argv, "--runner")))
+    except OptionsError:
+        return False
 
 
 def positional_arguments(argv: Sequence[str]) -> list[str]:

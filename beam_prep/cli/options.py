@@ -26,7 +26,7 @@ from beam_prep.write.plan.config import (
     config_from_flags,
 )
 
-__all__ = ["SECTIONS", "PrepareImagesOptions", "config_from_options"]
+__all__ = ["DRY_RUN", "DRY_RUN_HELP", "SECTIONS", "PrepareImagesOptions", "add_dry_run_argument", "config_from_options"]
 
 
 # The sections of --help, in order. Every option is declared in one of them, and the
@@ -209,6 +209,19 @@ def _run_arguments(group: Any) -> None:
         help="The most files that may fail (errors.jsonl) for the run to succeed: a count (10) or a "
              "percent of the files listed (2.5%%). The run writes everything all the same, then exits "
              "1 with one line when more failed (default: any number).")
+
+
+DRY_RUN = "--dry_run"
+# Beam's TestOptions declares --dry_run (its help: for testing runners), so the flag is parsed as Beam's
+# and cannot be declared again here; the help shows it among the run's options with what it does here.
+DRY_RUN_HELP = ("List the tree and plan the run (images and shards per split, labels, skipped files), print "
+                "the plan and write nothing; a remote runner also builds the whole job and does not submit it. "
+                "--dry_run=false runs.")
+
+
+def add_dry_run_argument(parser: Any) -> None:
+    """``--dry_run`` as the help shows it: beam-prep's meaning of Beam's flag."""
+    parser.add_argument(DRY_RUN, action="store_true", default=False, help=DRY_RUN_HELP)
 
 
 def config_from_options(options: PipelineOptions) -> PrepareConfig:

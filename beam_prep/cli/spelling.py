@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = ["PATH_FLAGS", "as_keywords", "as_positional_message", "flag_value", "known_spelling", "nearest_flag", "positionals_message",
            "unknown_flags_message"]
@@ -61,9 +61,15 @@ def nearest_flag(flag: str, known: Sequence[str]) -> str | None:
     return by_key[match[0]] if match else None
 
 
-def unknown_flags_message(unknown: Sequence[str], known: Sequence[str]) -> str:
-    """``unknown option --image_sise; did you mean --image_size?``, or every one of several."""
-    described = [(flag, nearest_flag(flag, known)) for flag in unknown]
+def unknown_flags_message(unknown: Sequence[str], known: Sequence[str],
+                          guesses: Mapping[str, str] | None = None) -> str:
+    """``unknown option --image_sise; did you mean --image_size?``, or every one of several.
+
+    ``guesses`` gives the flag to suggest for some unknown ones, instead of the nearest
+    by spelling (``--workers`` on a local run: ``--direct_num_workers``).
+    """
+    guesses = guesses or {}
+    described = [(flag, guesses.get(flag) or nearest_flag(flag, known)) for flag in unknown]
     if len(described) == 1:
         flag, guess = described[0]
         return f"unknown option {flag}" + (f"; did you mean {guess}?" if guess else "")

@@ -12,7 +12,7 @@ import argparse
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_prep.cli.flags import option_classes
-from beam_prep.cli.options import PrepareImagesOptions
+from beam_prep.cli.options import DRY_RUN, DRY_RUN_HELP, RUN, PrepareImagesOptions, add_dry_run_argument
 from beam_prep.write.run.beam_compat import BeamArgumentParser, add_options_arguments
 
 __all__ = ["HELP_BEAM", "beam_option_parsers", "beam_options_help", "prepare_help", "prepare_parser"]
@@ -90,6 +90,7 @@ def prepare_parser() -> argparse.ArgumentParser:
     """
     parser = _parser(prog="beam-prep prepare", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
     add_options_arguments(PrepareImagesOptions, parser)
+    add_dry_run_argument(next(group for group in parser._action_groups if group.title == RUN))
     parser.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,
                         help="Show this help and exit.")
     parser.add_argument(HELP_BEAM, action="store_true", default=argparse.SUPPRESS,
@@ -115,6 +116,9 @@ def beam_option_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
             continue
         parser = _parser(usage=argparse.SUPPRESS)
         add_options_arguments(cls, parser)
+        for action in parser._actions:
+            if DRY_RUN in action.option_strings:  # Beam's own words are for testing runners
+                action.help = DRY_RUN_HELP
         if parser._actions:  # argparse has no public count of its options.
             found.append((cls.__name__, parser))
     return found

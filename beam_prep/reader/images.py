@@ -23,14 +23,18 @@ def stored_image(encoded: bytes, image_format: str, height: int, width: int, cha
     """
     from PIL import Image
 
+    from beam_prep.write.images.pixel_limit import our_limit_only
+
     mode = "L" if channels == 1 else "RGB"
     if image_format == "raw":
         pixels = np.frombuffer(encoded, dtype=np.uint8).reshape(height, width, channels)
         return Image.fromarray(pixels[..., 0] if channels == 1 else pixels, mode) if pil else pixels.copy()
-    img = Image.open(io.BytesIO(encoded))
-    img = img.convert(mode) if img.mode != mode else img
-    if pil:
-        img.load()
-        return img
-    with img:
-        return np.array(img).reshape(height, width, channels)
+    # A record's image passed the run's --max_pixels: Pillow's own limit must not refuse it here.
+    with our_limit_only():
+        img = Image.open(io.BytesIO(encoded))
+        img = img.convert(mode) if img.mode != mode else img
+        if pil:
+            img.load()
+            return img
+        with img:
+            return np.array(img).reshape(height, width, channels)

@@ -32,6 +32,7 @@ from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, join, read_lines, storage_error
 from beam_prep.model.names import path_under
 from beam_prep.tools.contact_sheet import BACKGROUND, MUTED, PAD, TEXT, _fit, _font, _text_size
+from beam_prep.write.images.pixel_limit import our_limit_only
 from beam_prep.write.shared.layout import DUPLICATES
 
 __all__ = ["LeakageSheet", "cross_split_groups", "make_leakage_sheet", "save"]
@@ -117,7 +118,7 @@ def make_leakage_sheet(output: str, groups: int = 8, cell: int = 160) -> Leakage
                 if not _the_runs_file(f["path"], f.get("sha256")):
                     pen.text((left, y + (cell - text_h) // 2), "not the run's file", fill=MUTED, font=font)
                 else:
-                    with Image.open(f["path"]) as source:
+                    with our_limit_only(), Image.open(f["path"]) as source:  # the run took it: under --max_pixels
                         picture = _fit(source.convert("RGB"), cell)
                     sheet.paste(picture, (left + (cell - picture.width) // 2, y + (cell - picture.height) // 2))
             except (OSError, ValueError):

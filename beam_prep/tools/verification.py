@@ -33,6 +33,7 @@ from beam_prep.errors import DatasetError, StorageError, UnsafeName
 from beam_prep.io.dali_index import FRAMING, parse_index
 from beam_prep.io.storage import join
 from beam_prep.model.dataset import MANIFEST, TFRECORD, DatasetInfo, SplitInfo, labels_lines
+from beam_prep.native_stderr import native_stderr_to_file
 from beam_prep.tools.verify_report import (
     BAD_RECORD,
     CLASS_COUNT,
@@ -103,6 +104,12 @@ def verify(path: str, *, workers: int | None = None, max_per_kind: int = MAX_PER
         refused, not reported, since nothing it names may be opened.
       StorageError: the folder cannot be read at all.
     """
+    with native_stderr_to_file():  # TensorFlow's C++ log ("Type inference failed") stays off the caller's console
+        return _verify(path, workers=workers, max_per_kind=max_per_kind, progress=progress)
+
+
+def _verify(path: str, *, workers: int | None, max_per_kind: int,
+            progress: Callable[[int], None] | None) -> VerifyReport:
     from beam_prep.reader.checks import batch_checker
     from beam_prep.reader.sources import load_info, read_manifest
 

@@ -64,6 +64,30 @@ def test_every_unknown_flag_is_named():
                                  "--image-size (did you mean --image_size?), --frobnicate")
 
 
+@pytest.mark.parametrize("runner", [(), ("--runner", "direct"), ("--runner=DirectRunner",)])
+def test_a_worker_count_misspelled_on_a_local_run_suggests_the_direct_runners_flag(runner):
+    """Not --num_workers, Dataflow's, which a local run accepts and ignores."""
+    with pytest.raises(OptionsError, match=r"^unknown option --workers; did you mean --direct_num_workers\?$"):
+        check_flags(["--input", "x", "--workers", "4", *runner])
+
+
+def test_a_worker_count_misspelled_for_dataflow_suggests_dataflows_flag():
+    with pytest.raises(OptionsError, match=r"^unknown option --workers; did you mean --num_workers\?$"):
+        check_flags(["--input", "x", "--workers", "4", "--runner", "DataflowRunner"])
+
+
+def test_dataflows_worker_count_on_a_local_run_warns_before_any_work(tree, tmp_path, capsys):
+    """Refused for an occupied output all the same: the warning comes first, before any work."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    assert prepare_images.main(["--input", str(tree), "--output", str(out), "--num_workers", "4"]) == 2
+    assert capsys.readouterr().err == (
+        "warning: --num_workers sets Dataflow's workers, and a local run ignores it: pass --direct_num_workers "
+        "to choose how many processes this machine runs\n"
+        f"error: --output {out} already holds a dataset (1 files); pass --overwrite to replace it\n")
+
+
 def test_values_after_an_unknown_flag_are_not_flags():
     assert unknown_flags(["--image-size", "64", "--foo=1", "--bar", "-5", "--", "--after-the-end"]) \
         == ["--image-size", "--foo", "--bar"]

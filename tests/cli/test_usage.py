@@ -100,3 +100,15 @@ def test_help_beam_lists_beams_options_by_class(capsys):
 
 def sections_of_classes(text: str) -> dict[str, str]:
     return dict(re.findall(r"^(\w+Options):\n(.*?)(?=^\w+Options:|\Z)", text, re.MULTILINE | re.DOTALL))
+
+
+def test_dry_run_is_among_the_run_options_with_what_it_does_here(help_text, capsys):
+    """A headline flag, declared by Beam's TestOptions ("Used in unit testing runners ..."): the help
+    lists it with beam-prep's meaning, and --help_beam too."""
+    text = entry(sections(help_text)["run"], "--dry_run")
+    assert text.startswith("--dry_run List the tree and plan the run (images and shards per split, labels, "
+                           "skipped files), print the plan and write nothing;"), text
+    assert text.endswith("(default: off)"), text
+    assert prepare_images.main(["--help_beam"]) == 0
+    beams = entry(sections_of_classes(capsys.readouterr().out)["TestOptions"], "--dry_run")
+    assert "unit testing" not in beams and "print the plan and write nothing" in beams, beams

@@ -1,10 +1,12 @@
 """The per-image kernel: bytes in, training-ready bytes out."""
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import io
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -311,6 +313,38 @@ def test_images_over_max_pixels_are_refused():
     assert "200x100" in str(e.value) and "--max_pixels" in str(e.value)
 
 
+def test_the_refusal_says_how_to_raise_max_pixels():
+    with pytest.raises(ImageError) as e:
+        process_image(encode(picture(1, 200, 100)), ImageSpec(max_pixels=10_000))
+    assert str(e.value) == ("200x100 is 20000 pixels, over --max_pixels 10000: if the image is "
+                            "genuine, pass --max_pixels 20000 or more")
+
+
+def test_max_pixels_is_the_only_limit_and_the_callers_pillow_limit_is_kept(monkeypatch):
+    """Pillow's own limit (here a caller's 1,000 pixels, Pillow's error at twice that) never fires in our
+    decode, warns nothing, and is the caller's again after it."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)
+    data = encode(picture(1, 200, 100))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = process_image(data, ImageSpec(height=10, width=20, max_pixels=20_000))
+    assert (out.height, out.width) == (10, 20)
+    assert Image.MAX_IMAGE_PIXELS == 1_000
+    with pytest.raises(ImageError, match="over --max_pixels 19999:"):
+        process_image(data, ImageSpec(max_pixels=19_999))
+    assert Image.MAX_IMAGE_PIXELS == 1_000
+
+
+def test_pillows_limit_stays_off_until_the_last_of_several_threads_is_done(monkeypatch):
+    """Decodes in several threads at once: none meets Pillow's limit, and the caller's is back after."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)
+    data = encode(picture(3, 120, 90))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: process_image(data, ImageSpec(height=9, width=12)), range(64)))
+    assert {(r.height, r.width) for r in results} == {(9, 12)}
+    assert Image.MAX_IMAGE_PIXELS == 1_000
+
+
 @pytest.mark.parametrize("data,message", [
     (b"", "empty file (0 bytes)"),  # a failed download or copy, said as such
     (b"not an image at all", "not an image in a format Pillow reads"),
@@ -527,3 +561,46 @@ def test_no_upscale_keeps_images_smaller_than_the_target_at_their_size():
 def test_no_upscale_is_refused_with_fixed_size_modes(mode):
     with pytest.raises(ValueError, match=r"applies to the size-keeping resize modes \(shorter_side, and none"):
         ImageSpec(height=64, width=64, resize_mode=mode, no_upscale=True)
+
+
+# JPEG data libjpeg calls corrupt, though Pillow decodes it (jpeg_damage, imported in each test: the
+# rest of this module runs without it).
+
+def libjpeg_warning(data: bytes) -> str | None:
+    from beam_prep.write.images.jpeg_damage import libjpeg_warning as found
+
+    return found(data)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("options", [{"quality": 85}, {"quality": 100, "subsampling": 0},
+                                     {"quality": 70, "progressive": True}, {"quality": 95, "optimize": True}])
+def test_a_whole_jpeg_is_not_taken_for_corrupt(seed, options):
+    """The end of a clean scan is data, whatever its bits: none is taken for padding."""
+    img = picture(seed, 40 + 7 * seed, 30 + 5 * seed)
+    assert libjpeg_warning(encode(img if seed % 3 else img.convert("L"), "JPEG", **options)) is None
+
+
+def test_bytes_between_segments_are_named_as_libjpeg_names_them():
+    jpeg = encode(picture(1, 60, 45), "JPEG", quality=90)
+    end = 4 + int.from_bytes(jpeg[4:6], "big")  # after the first segment, APP0
+    gap = jpeg[:end] + b"\x00\x11\x22" + jpeg[end:]
+    assert libjpeg_warning(gap) == "Corrupt JPEG data: 3 extraneous bytes before marker 0xdb"
+
+
+@pytest.mark.parametrize("tail", [bytes(8), bytes(20), b"\x5a" * 9, b"\x12\x34" + b"\x01" * 12])
+@pytest.mark.parametrize("progressive", [False, True])
+def test_bytes_no_decode_uses_before_the_end_are_found_and_such_an_original_is_reencoded(tail, progressive):
+    """Padding, from UNUSED_TAIL (8) bytes, the number libjpeg warns of whatever it read ahead; fewer pass."""
+    from beam_prep.write.images.jpeg_damage import UNUSED_TAIL
+
+    jpeg = encode(picture(2, 64, 48), "JPEG", quality=90, progressive=progressive)
+    assert libjpeg_warning(jpeg[:-2] + bytes(UNUSED_TAIL - 1) + jpeg[-2:]) is None
+    padded = jpeg[:-2] + tail + jpeg[-2:]
+    assert libjpeg_warning(padded) == "Corrupt JPEG data: extraneous bytes before marker 0xd9"
+    spec = ImageSpec(height=None, width=None, resize_mode="none", image_format="original")
+    assert process_image(jpeg, spec).original == KEPT
+    out = process_image(padded, spec)
+    assert out.original == "corrupt" and out.data != padded
+    assert libjpeg_warning(out.data) is None
+    assert np.abs(pixels(out.data).astype(int) - pixels(jpeg).astype(int)).mean() < 3

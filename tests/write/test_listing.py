@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from helpers import REPO, child, make_tree
 
-from beam_prep.errors import OptionsError
+from beam_prep.errors import BeamPrepWarning, OptionsError
 from beam_prep.write.plan.listing import (
     SKIP_DEPTH,
     SKIP_HIDDEN,
@@ -162,6 +162,38 @@ def test_empty_tree_is_refused_with_the_expected_layout(tmp_path):
     (tmp_path / "a" / "readme.txt").write_text("x")
     with pytest.raises(OptionsError, match="no images under .*<label>/<image>"):
         list_tree(str(tmp_path))
+
+
+def test_a_nested_tree_without_recursive_is_refused_naming_recursive(tmp_path):
+    """Keras reads ROOT/<label>/<folder>/<image>: every image here is one level deeper than listed."""
+    make_tree(tmp_path / "cat" / "indoor", {"": 2})
+    make_tree(tmp_path / "dog" / "park", {"": 1})
+    (tmp_path / "dog" / "notes.txt").write_text("x")
+    with pytest.raises(OptionsError) as raised:
+        list_tree(str(tmp_path))
+    assert str(raised.value) == (
+        f"no images under {tmp_path}: expected ROOT/<label>/<image> or ROOT/<split>/<label>/<image>, and 3 images "
+        "lie in subfolders of label folders (cat/indoor/img_000.jpg, ...): pass --recursive to label each by "
+        "its top folder (1 other files skipped)")
+    assert sorted(list_tree(str(tmp_path), recursive=True).labels) == ["cat", "dog"]
+
+
+def test_images_in_subfolders_beside_listed_ones_are_warned_about(tmp_path):
+    make_tree(tmp_path, {"cat": 2, "dog": 1})
+    make_tree(tmp_path / "dog" / "more", {"": 1})
+    with pytest.warns(BeamPrepWarning) as caught:
+        listing = list_tree(str(tmp_path))
+    assert [str(w.message) for w in caught] == [
+        f"{tmp_path}: 1 image lies in subfolders of label folders (dog/more/img_000.jpg): pass --recursive to "
+        "label each by its top folder; they are skipped"]
+    assert listing.listed == 3
+
+
+def test_a_flat_tree_of_images_is_not_told_to_recurse(tmp_path):
+    make_tree(tmp_path, {"": 2})
+    with pytest.raises(OptionsError) as raised:
+        list_tree(str(tmp_path))
+    assert "recursive" not in str(raised.value)
 
 
 def test_sizes_come_from_the_files(tmp_path):

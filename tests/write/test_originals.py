@@ -213,3 +213,49 @@ def test_original_with_a_fixed_size_mode_is_allowed_and_the_help_says_so(tree, t
     assert records["plain/exact.jpg"]["image/encoded"] == (tree / "plain/exact.jpg").read_bytes()
     assert {(int(r["image/height"]), int(r["image/width"])) for r in records.values()} == {(64, 96)}
     assert json.loads((out / "manifest.json").read_text())["originals"]["kept"] == 1
+
+
+def _with_unused_tail(jpeg: bytes, tail: bytes = b"\x5a" * 20) -> bytes:
+    """Padding no decode uses, before the end marker (libjpeg reads a few bytes ahead as it decodes, and
+    warns of those it skips beyond them)."""
+    return jpeg[:-2] + tail + jpeg[-2:]
+
+
+def _with_a_gap(jpeg: bytes) -> bytes:
+    """Three stray bytes between the first marker segment and the next marker."""
+    end = 4 + int.from_bytes(jpeg[4:6], "big")
+    return jpeg[:end] + b"\x00\x11\x22" + jpeg[end:]
+
+
+@pytest.mark.slow  # a pipeline in a subprocess, and TensorFlow
+def test_jpegs_libjpeg_calls_corrupt_are_reencoded_not_kept(tmp_path, capfd):
+    """TensorFlow's decode_jpeg (libjpeg) prints "Corrupt JPEG data" for these on every read, naming no
+    file: the run re-encodes them, so the records read in silence, and counts them by that reason."""
+    sources = {"damaged/padded.jpg": _with_unused_tail(encode(picture(11, 60, 45), "JPEG", quality=90)),
+               "damaged/gap.jpg": _with_a_gap(encode(picture(12, 60, 45), "JPEG", quality=90)),
+               "damaged/progressive.jpg": _with_unused_tail(encode(picture(13, 45, 60), "JPEG", quality=90,
+                                                                   progressive=True), bytes(20)),
+               "plain/clean.jpg": encode(picture(14, 60, 45), "JPEG", quality=90)}
+    for name, data in sources.items():
+        (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / name).write_bytes(data)
+    capfd.readouterr()
+    for name, data in sources.items():  # the independent judge: libjpeg's own words, from TensorFlow
+        tf.io.decode_jpeg(data).numpy()
+        warned = capfd.readouterr().err
+        assert ("Corrupt JPEG data" in warned) == name.startswith("damaged/"), (name, warned)
+    out = tmp_path / "out"
+    result = run_prepare("--input", str(tmp_path / "in"), "--output", str(out), "--direct_running_mode=in_memory",
+                         *FLAGS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["originals"] == {"kept": 1, "reencoded": 3, "reencoded_by_reason": {"corrupt": 3}}
+    assert ("  re-encoded, a JPEG whose data libjpeg calls corrupt (a reader would warn on every read): 3"
+            in result.stdout.splitlines()), result.stdout
+    records = _records(out)
+    assert records["plain/clean.jpg"]["image/encoded"] == sources["plain/clean.jpg"]
+    capfd.readouterr()
+    for name, data in sources.items():
+        got = tf.io.decode_jpeg(records[name]["image/encoded"]).numpy().astype(int)
+        assert "Corrupt JPEG data" not in capfd.readouterr().err, name
+        assert np.abs(got - np.asarray(Image.open(io.BytesIO(data))).astype(int)).mean() < 3, name

@@ -4,8 +4,10 @@ tables and a stop at halfway: test_resume_variants.py; the two modules spread ov
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -29,6 +31,7 @@ from interrupts import (
 )
 from interrupts import uninterrupted as uninterrupted_run
 
+import beam_prep
 from beam_prep.errors import OptionsError
 from beam_prep.write.journal import resume
 from beam_prep.write.shared import layout
@@ -106,6 +109,49 @@ def test_a_stopped_run_ends_in_seconds_and_the_same_command_resumes_it(tree, uni
     assert manifest["counts"] == {"listed": listed, "written": listed - 1, "failed": 1, "skipped": 2}
     assert (manifest["duplicates"]["images"], manifest["duplicates"]["extra_copies"]) == (2, 3)
     assert not (out / ".beam-prep").exists()
+
+
+def test_inspect_names_an_interrupted_run_and_the_command_that_resumes_it(tree, uninterrupted, stopped_run,
+                                                                           capsys):
+    """Not "no manifest.json: not a beam-prep dataset": the run, how far it got, and the command, which
+    resumes it as given (exit 2 as for any folder that is no dataset yet)."""
+    from pipelines import inspect_output
+
+    out, _, _, _ = stopped_run(signal.SIGINT)
+    finished, name = len(finished_records(out)), run_folder(out).name
+    capsys.readouterr()
+    assert inspect_output.main([str(out)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    command = ["beam-prep", "prepare", "--input", str(tree), "--output", str(out), "--direct_num_workers", "2",
+               "--image_size", "48", "--num_shards", str(SHARDS)]
+    assert line == (f"error: {out} holds an interrupted run ({name}), not a dataset yet: "
+                    f"{finished} of {SHARDS} shards done ({4 * PHOTOS_PER_LABEL + 5:,} images planned), no "
+                    f"manifest.json; to resume it, run the same command again: {shlex.join(command)}")
+    assert captured.out == ""
+    resumed = run_prepare(*shlex.split(line.rsplit(": ", 1)[1])[2:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming run {name}: {finished} of {SHARDS} shards already written" in resumed.stderr
+    assert dataset_digests(out) == uninterrupted
+
+
+@pytest.mark.parametrize("command", [["rm", "-rf", "/"], ["beam-prep", "prepare", "--output", "/elsewhere"],
+                                     ["beam-prep", "prepare", "--output", "OUT", "--overwrite"],
+                                     ["beam-prep", "prepare", "--input", "a\nb", "--output", "OUT"], "beam-prep"])
+def test_a_run_record_shows_only_a_command_that_resumes_into_its_own_folder(tmp_path, command):
+    """The record is data in the folder: another command, folder, --overwrite (which starts over) or a
+    word that is not printable is not put before the user."""
+    from beam_prep.write.journal.interrupted import find_interrupted
+
+    out = tmp_path / "out"
+    work = out / ".beam-prep" / "r1"
+    work.mkdir(parents=True)
+    command = [str(out) if part == "OUT" else part for part in command] if isinstance(command, list) else command
+    (work / "run.json").write_text(json.dumps({"run_format": resume.RUN_FORMAT, "run_id": "r1", "command": command,
+                                               "plan": {"num_shards": {"train": 2}, "split_counts": {"train": 5}}}))
+    run = find_interrupted(str(out))
+    assert (run.finished, run.shards, run.images, run.command) == (0, 2, 5, None)
+    assert run.describe(str(out)).endswith("to resume it, run the command that started it again, with the same options")
 
 
 def test_a_killed_run_resumes_and_a_tampered_shard_is_written_again(tree, uninterrupted, tmp_path):
@@ -222,6 +268,29 @@ def test_a_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert train + validation == 12 and validation > 0
     assert "  not written, label not in --labels_file: 3 images (each would be reported in errors.jsonl)" in lines
     assert lines[-2:] == ["  skipped, image outside the label folders: 1", "  skipped, not an image file: 2"]
+    assert not out.exists()
+
+
+def test_a_dry_run_from_python_returns_the_plan_and_logs_it(tmp_path, caplog):
+    """A notebook keeps the plan: an object with the counts, splits, shards and labels, printed as the
+    command prints it; nothing is written."""
+    from beam_prep.write.plan.planned import PlannedRun, SplitPlan
+
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 6, "bee": 4}, size=(24, 20))
+    (tree / "notes.txt").write_text("x")
+    with caplog.at_level(logging.INFO, logger="beam_prep"):
+        planned = beam_prep.prepare(str(tree), str(out), dry_run=True, num_shards=3)
+    assert isinstance(planned, PlannedRun)
+    assert (planned.input, planned.output, planned.labels, planned.listed) == (str(tree), str(out), ("ant", "bee"), 10)
+    assert planned.splits == {"train": SplitPlan(images=10, shards=3)}
+    assert planned.skipped_by_reason == {"not an image file": 1}
+    lines = str(planned).splitlines()
+    assert re.fullmatch(rf"dry run: {re.escape(str(tree))} lists 10 images in 2 labels \(ant, bee\); "
+                        r"planned in [\d.]+ s, nothing written", lines[0]), lines
+    assert lines[1:] == ["  train: 10 images in 3 shards", "  skipped, not an image file: 1"]
+    assert str(planned) in caplog.text
+    assert planned.to_json()["splits"] == {"train": {"images": 10, "shards": 3}}
     assert not out.exists()
 
 

@@ -5,8 +5,9 @@ Plain functions, no Beam and no TensorFlow, so they test alone and every runner
 
 With ``image_format="original"`` a source JPEG that training code can read as
 it is keeps its own bytes (``_reencode_reason`` decides, before the decode and
-resize path), and every other image goes down that path to a JPEG; the result
-says which happened and why, for the manifest's counts.
+resize path, and ``_kept`` after a check of its data), and every other image
+goes down that path to a JPEG; the result says which happened and why, for the
+manifest's counts.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
 from beam_prep.write.images import resample
+from beam_prep.write.images.jpeg_damage import libjpeg_warning
 from beam_prep.write.images.phash import THUMBNAIL, phash
+from beam_prep.write.images.pixel_limit import our_limit_only
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
 
 RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")
@@ -39,6 +42,7 @@ REENCODE_REASONS = {
     "channels": "a JPEG of another channel count than --channels",
     "rotated": "a JPEG with an EXIF rotation",
     "resized": "a JPEG that --resize_mode resizes",
+    "corrupt": "a JPEG whose data libjpeg calls corrupt (a reader would warn on every read)",
 }
 
 # Extensions Pillow decodes that users keep image datasets in.
@@ -189,6 +193,11 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     Raises:
       ImageError: with the stage that failed; never anything else for bad input.
     """
+    with our_limit_only():
+        return _process(data, spec)
+
+
+def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
     img = _open(data, spec.max_pixels)
     jpeg = img.format == "JPEG"
     # A JPEG's EXIF is in its header, read before the (drafted) decode. Any other format is
@@ -199,7 +208,10 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     if spec.image_format == ORIGINAL:
         reason = _reencode_reason(img, orientation, spec)
         if reason is None:
-            return _kept(data, img, spec)
+            kept = _kept(data, img, spec)
+            if kept is not None:
+                return kept
+            reason, img = "corrupt", _open(data, spec.max_pixels)  # decoded at a draft scale: opened anew
     region: Box | None = None  # where the source lies on the decoded grid, if not all of it
     if jpeg:  # sized by the source, not by the smaller grid a draft decodes to
         spec = _sized_for(img.size, spec)
@@ -256,8 +268,9 @@ def _keeps_size(width: int, height: int, spec: ImageSpec) -> bool:
     return (width, height) == (spec.width, spec.height)
 
 
-def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
-    """The source's own bytes, once a decode shows they are whole.
+def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage | None:
+    """The source's own bytes, once a decode shows they are whole; None where libjpeg, which
+    the readers decode with, would call them corrupt (``jpeg_damage``): to be re-encoded.
 
     The decode is scaled down in the DCT domain (by up to 8, to no less than the
     perceptual hash's thumbnail): it still reads every coded byte, so a
@@ -270,6 +283,8 @@ def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage:
         img.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
+    if libjpeg_warning(data) is not None:  # every read would print libjpeg's warning: re-encoded instead
+        return None
     return EncodedImage(data, height, width, spec.channels, KEPT, is_flat(img),
                         phash(img) if spec.perceptual_hash else None)
 
@@ -294,11 +309,14 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         raise ImageError("decode", f"not a readable image: {e}") from e
     width, height = img.size
     if width * height > max_pixels:
-        raise ImageError(
-            "too_large",
-            f"{width}x{height} is {width * height} pixels, over --max_pixels {max_pixels}",
-        )
+        raise ImageError("too_large", over_max_pixels(width, height, max_pixels))
     return img
+
+
+def over_max_pixels(width: int, height: int, max_pixels: int) -> str:
+    """Why an image is refused as too large: the one limit, and how to raise it."""
+    return (f"{width}x{height} is {width * height} pixels, over --max_pixels {max_pixels}: if the image is "
+            f"genuine, pass --max_pixels {width * height} or more")
 
 
 def _orientation(img: Image.Image) -> int:

@@ -31,6 +31,7 @@ from beam_prep.errors import DatasetError, OptionsError, UnsafeName
 from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, read_lines, storage_error, write_lines
 from beam_prep.io.tfrecord import Checksum
 from beam_prep.model.names import path_under
+from beam_prep.write.journal.interrupted import DONE_SUFFIX, RUN_FORMAT, RUN_RECORD
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.listing import SPLIT_NAMES, find_split_tables
 from beam_prep.write.plan.metadata import file_sha256
@@ -41,11 +42,6 @@ __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "check_listings", "command_
            "write_run_record", "write_shard_record"]
 
 _LOG = logging.getLogger(__name__)
-RUN_RECORD = "run.json"
-# Bumped whenever a run folder's files change meaning (2: a shard's originals counts and hash file;
-# 3: its records of one flat colour, skipped.jsonl, and --background).
-RUN_FORMAT = 3
-_DONE_SUFFIX = ".done.json"
 # Options that do not change what a run writes: a resumed run may differ in these.
 _FREE_OPTIONS = frozenset({"overwrite", "reads", "max_failures"})
 _FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata",
@@ -84,6 +80,30 @@ class RunRecord:
     options: dict[str, Any]
     overwrite: bool  # the run may replace a dataset in OUTPUT (it was started with --overwrite)
     plan: dict[str, Any]  # RunPlan's fields
+    command: list[str] | None = None  # the command that resumes it (``resume_command``), for ``inspect``
+
+
+# Flags with_local_defaults adds, and those a resuming command leaves out: the paths come first, and
+# --overwrite would start over (the run's record says whether it may replace a dataset).
+_LOCAL_DEFAULTS = {"runner": "DirectRunner", "direct_running_mode": "multi_processing", "direct_num_workers": 0}
+_NOT_REPEATED = frozenset({"input", "output", "overwrite", "dry_run"})
+
+
+def resume_command(config: PrepareConfig, options: Any) -> list[str]:
+    """``beam-prep prepare`` with the flags that resume this run: the paths absolute, its other
+    flags as given (``options``: the run's ``PipelineOptions``), --overwrite left out."""
+    argv = ["beam-prep", "prepare", "--input", config.input, "--output", config.output]
+    for key, value in options.get_all_options(drop_default=True).items():
+        if key in _NOT_REPEATED or _LOCAL_DEFAULTS.get(key, object()) == value:
+            continue
+        if value is True:
+            argv.append(f"--{key}")
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                argv += [f"--{key}", str(item)]
+        elif value is not False and value is not None:
+            argv += [f"--{key}", str(value)]
+    return argv
 
 
 def write_run_record(work: str, record: RunRecord) -> None:
@@ -226,7 +246,7 @@ class ShardRecord:
 
 
 def done_name(shard: str) -> str:
-    return shard + _DONE_SUFFIX
+    return shard + DONE_SUFFIX
 
 
 def write_shard_record(work: str, record: ShardRecord) -> None:
@@ -300,7 +320,7 @@ def _keep(work: str, name: str) -> ShardRecord | None:
 def finished_count(work: str, shard_names: list[str]) -> int:
     """How many of ``shard_names`` have a finished record in ``work`` (not checked against their files)."""
     try:
-        found = {m.path.rsplit("/", 1)[-1] for m in FileSystems.match([join(work, "*" + _DONE_SUFFIX)])[0].metadata_list}
+        found = {m.path.rsplit("/", 1)[-1] for m in FileSystems.match([join(work, "*" + DONE_SUFFIX)])[0].metadata_list}
     except Exception:  # noqa: BLE001 - a folder that cannot be listed holds nothing we can keep
         return 0
     return sum(done_name(name) in found for name in shard_names)

@@ -37,7 +37,7 @@ from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadAheadConfig
 from beam_prep.write.plan.failure_budget import parse_max_failures
 from beam_prep.write.plan.metadata import check_path
-from beam_prep.write.plan.runners import check_runner, is_local_runner
+from beam_prep.write.plan.runners import LOCAL_WORKERS_FLAG, REMOTE_WORKER_FLAGS, check_runner, is_local_runner
 from beam_prep.write.shared.shard_formats import check_installed
 
 SINKS = ("auto", "streaming", "shuffle")
@@ -217,6 +217,17 @@ def _warn_originals_resized(spec: ImageSpec, prefix: str) -> None:
         f"{p}resize_mode none, or {p}resize_mode shorter_side {no_upscale}, keeps the rest"), stacklevel=3)
 
 
+def _warn_remote_worker_counts(options: PipelineOptions) -> None:
+    """Dataflow's worker counts on a local run: accepted by Beam and ignored, so said before any work."""
+    worker = options.view_as(WorkerOptions)
+    given = [flag for flag in sorted(REMOTE_WORKER_FLAGS) if getattr(worker, flag[2:], None)]
+    if given:
+        warnings.warn(BeamPrepWarning(
+            f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} Dataflow's workers, and a local run "
+            f"ignores {'them' if len(given) > 1 else 'it'}: pass {LOCAL_WORKERS_FLAG} to choose how many "
+            f"processes this machine runs"), stacklevel=3)
+
+
 def progress_interval(flag: float | None) -> float:
     """Seconds between progress lines: ``--progress_interval``, else ``$BEAM_PREP_PROGRESS_INTERVAL``,
     else ``DEFAULT_PROGRESS_INTERVAL``.
@@ -365,6 +376,8 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         _check_dataflow(options, source, target)
     if not is_local_runner(runner):
         _check_remote_paths(runner, source, target)
+    else:
+        _warn_remote_worker_counts(options)
     table = _metadata_path(o.metadata, o.recursive)
     concurrency = o.read_concurrency
     if concurrency is None:

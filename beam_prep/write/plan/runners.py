@@ -20,6 +20,10 @@ _BY_LOWER = {name.lower(): name for name in KNOWN_RUNNERS}
 LOCAL_RUNNERS = frozenset({None, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                            "PrismRunner", "FnApiRunner"})
 
+# Dataflow's worker counts, which a local run accepts and ignores, and the flag that sets a local run's.
+REMOTE_WORKER_FLAGS = frozenset({"--num_workers", "--max_num_workers"})
+LOCAL_WORKERS_FLAG = "--direct_num_workers"
+
 
 def is_local_runner(runner: str | None) -> bool:
     """Whether ``runner`` (as ``check_runner`` names it) runs its workers on this machine.

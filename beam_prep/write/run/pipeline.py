@@ -39,6 +39,7 @@ from beam_prep.write.journal import progress, resume
 from beam_prep.write.plan import failure_budget, sharding
 from beam_prep.write.plan.config import PrepareConfig
 from beam_prep.write.plan.listing import Listing, list_tree, read_labels_file
+from beam_prep.write.plan.planned import PlannedRun
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.plan.runners import LOCAL_RUNNERS
 from beam_prep.write.plan.work_files import write_work_files
@@ -72,6 +73,8 @@ class RunResult:
     plan: RunPlan | None = None
     kept: int = 0
     """Images in the shards a resumed run kept from the run it continues: none of its work."""
+    planned: PlannedRun | None = None
+    """A dry run's plan, as the caller reads and prints it."""
 
     @property
     def images_per_second(self) -> float:
@@ -458,12 +461,20 @@ def _dry_run(config: PrepareConfig, options: PipelineOptions, local: bool, start
         if local:
             listing, run_plan = plan_run(config, options, labels=_labels(config))
             listing.close()
-            return RunResult(None, time.perf_counter() - start, {}, plan=run_plan)
+            return _planned(config, run_plan, start, RunResult(None, 0.0, {}, plan=run_plan))
         job = _prepare(config, options, new_run_id(), write=False)
     except NothingToAdd as e:
         return _nothing_to_add(config, e, time.perf_counter() - start, dry_run=True)
     result = job.pipeline.run()
-    return RunResult(None, time.perf_counter() - start, {}, getattr(result, "job", None), plan=job.plan)
+    return _planned(config, job.plan, start, RunResult(None, 0.0, {}, getattr(result, "job", None), plan=job.plan))
+
+
+def _planned(config: PrepareConfig, run_plan: RunPlan, start: float, result: RunResult) -> RunResult:
+    """``result`` with its time, and the plan as the caller reads it, logged."""
+    seconds = time.perf_counter() - start
+    planned = PlannedRun.of(run_plan, config.input, config.output, seconds, job_built=result.job is not None)
+    _LOG.info("%s", planned)
+    return dataclasses.replace(result, seconds=seconds, planned=planned)
 
 
 def _end_local_run(config: PrepareConfig, job: _Prepared, error: BaseException,
@@ -564,7 +575,8 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
                                  "append does not resume it", ", ".join(leftovers))
                 layout.remove_unfinished_runs(config.output, leftovers)
                 _write_run_folder(config, listing, run_plan, resume.RunRecord(
-                    run_id, recorded, config.overwrite, dataclasses.asdict(run_plan)) if resumable else None)
+                    run_id, recorded, config.overwrite, dataclasses.asdict(run_plan),
+                    resume.resume_command(config, options)) if resumable else None)
         _LOG.info("run %s: listed %d images (%d labels, splits %s), skipped %d; sink %s, shards %s",
                   run_id, run_plan.listed, len(run_plan.labels), ", ".join(run_plan.num_shards),
                   run_plan.skipped, run_plan.sink, run_plan.num_shards)

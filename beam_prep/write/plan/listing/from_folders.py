@@ -6,9 +6,10 @@ folders or not) is known only once every file is seen; the second pass labels ea
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
-from beam_prep.errors import OptionsError
+from beam_prep.errors import BeamPrepWarning, OptionsError
 from beam_prep.io.storage import join
 from beam_prep.write.images.imaging import is_image_name
 from beam_prep.write.plan.listing.listed import Listing, Skips, make_listing
@@ -23,6 +24,7 @@ from beam_prep.write.plan.listing.names import (
 from beam_prep.write.plan.selection import Selection
 from beam_prep.write.plan.spill import RowFile, SortedRows, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
+from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.hashing import order_key
 
 __all__ = ["list_folders"]
@@ -39,11 +41,14 @@ def list_folders(root: str, folder: SpillFolder, validation_percent: float, labe
     choice = Selection(folder, images.count, validation_percent, stratify, max_per_class)
     known = set(labels) if labels is not None else None
     label_folders: dict[str, str] = {}
+    nested = _Nested()  # images in subfolders of label folders, which --recursive would take
     for relpath, size in images:
         parts = relpath.split("/")
         if (len(parts) < depth if recursive else len(parts) != depth) or (
                 split_layout and parts[0] not in SPLIT_NAMES):
             skips.add(relpath, SKIP_DEPTH)
+            if not recursive and len(parts) > depth and (not split_layout or parts[0] in SPLIT_NAMES):
+                nested.add(relpath)
             continue
         split = parts[0] if split_layout else choice.split(relpath)
         label = parts[depth - 2]  # the top label folder, however deep the image (--recursive)
@@ -54,14 +59,38 @@ def list_folders(root: str, folder: SpillFolder, validation_percent: float, labe
 
     if not choice.added:
         layout = "ROOT/<label>/<image> or ROOT/<split>/<label>/<image>"
-        raise OptionsError(
-            f"no images under {root}: expected {layout} with image files "
-            f"({sum(skips.by_reason.values())} other files skipped)")
+        others = sum(skips.by_reason.values()) - nested.count
+        if nested.count:
+            raise OptionsError(
+                f"no images under {root}: expected {layout}, and {nested.described()}"
+                + (f" ({others} other files skipped)" if others else ""))
+        raise OptionsError(f"no images under {root}: expected {layout} with image files ({others} other files skipped)")
+    if nested.count:
+        warnings.warn(BeamPrepWarning(f"{root}: {nested.described()}; they are skipped"), stacklevel=2)
 
     names = list(labels) if labels is not None else sorted(label_folders)
     chosen = choice.finish(skips.add)
     return make_listing(root, names, chosen.split_counts, chosen.unknown, chosen.total_bytes, skips, folder,
                     chosen.files, label_offset)
+
+
+class _Nested:
+    """The images a run without --recursive skips in subfolders of label folders: counted, the first named."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: str | None = None
+
+    def add(self, relpath: str) -> None:
+        self.count += 1
+        self.first = min(self.first or relpath, relpath)
+
+    def described(self) -> str:
+        """``3 images lie in subfolders of label folders (a/x/1.jpg...): pass --recursive ...``."""
+        many = self.count > 1
+        return (f"{self.count} image{'s' if many else ''} lie{'' if many else 's'} in subfolders of label folders "
+                f"({printable(self.first)}{', ...' if many else ''}): pass --recursive to label each by its "
+                "top folder")
 
 
 def _first_pass(root: str, folder: SpillFolder, validation_percent: float,
