@@ -12,7 +12,7 @@ from beam_prep.model.dataset import FILE_FORMATS, TFRECORD, DatasetInfo, ImageIn
 from beam_prep.tools.summary import Imbalance, SplitSummary, Spread, Summary
 from beam_prep.wording import count, for_terminal
 from beam_prep.write.images.imaging import REENCODE_REASONS
-from beam_prep.write.shared.layout import DUPLICATES
+from beam_prep.write.shared.layout import DUPLICATES, FLAT
 
 __all__ = ["describe_image", "flat_lines", "format_bytes", "format_number", "originals_lines", "render_text",
            "to_json", "versions_section"]
@@ -224,7 +224,8 @@ def flat_lines(flat: Mapping[str, Any] | None) -> list[str]:
     """A manifest's ``flat_images``: records of one flat colour, with the first names; none, no line."""
     if not flat or not flat.get("count"):
         return []
-    return [f"  one flat colour: {flat['count']:,} (written all the same; e.g. {', '.join(flat['examples'])})"]
+    every = "" if flat.get("transparent") is None else f"; every one in {FLAT}"  # older manifests: no flat.jsonl
+    return [f"  one flat colour: {flat['count']:,} (written all the same; e.g. {', '.join(flat['examples'])}{every})"]
 
 
 def _skipped_lines(summary: Summary) -> list[str]:

@@ -35,9 +35,9 @@ from beam_prep.io.storage import join, read_lines
 from beam_prep.model.dataset import DatasetInfo
 from beam_prep.write.finish import duplicates, manifest, publication, publish
 from beam_prep.write.grow import append, label_ids
-from beam_prep.write.images import resample
+from beam_prep.write.images import flat, resample
 from beam_prep.write.images.examples import unknown_label_report
-from beam_prep.write.images.flat import FlatImages, is_many
+from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import progress, resume
 from beam_prep.write.plan import failure_budget, sharding
 from beam_prep.write.plan.config import PrepareConfig
@@ -443,13 +443,15 @@ def _nothing_to_add(config: PrepareConfig, nothing: NothingToAdd, seconds: float
 
 
 def _warn_if_many_flat(written: dict[str, Any]) -> None:
-    """Many records of one flat colour are more likely a problem than blank sources: said, with names."""
-    flat = FlatImages.from_json(written.get("flat_images"))
-    if is_many(flat, written["counts"]["written"]):
+    """Many records of one flat colour are more likely a problem than blank sources: said, with what to do
+    (flat.jsonl and the summary name them)."""
+    found = written.get("flat_images") or {}
+    count = int(found.get("count") or 0)
+    if flat.is_many(count, written["counts"]["written"]):
         warnings.warn(BeamPrepWarning(
-            f"{flat.count:,} of {wording.count(written['counts']['written'], 'record')} show one flat colour "
-            f"(e.g. {', '.join(flat.examples)}): look at a few; if their transparency should show, "
-            "pass another --background"), stacklevel=2)
+            f"{count:,} of {wording.count(written['counts']['written'], 'record')} show one flat colour "
+            f"(each named in {layout.FLAT}): {flat.advice(found, (written.get('options') or {}).get('background'))}"),
+            stacklevel=2)
 
 
 def _warn_if_resized_by_pillow(written: dict[str, Any]) -> None:

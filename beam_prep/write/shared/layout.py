@@ -28,6 +28,8 @@ ERRORS = "errors.jsonl"
 # The files the listing passed over, with why: in the run's folder from the launcher, then the dataset's.
 SKIPPED = "skipped.jsonl"
 DUPLICATES = "duplicates.jsonl"
+# Every record of one flat colour (images.flat), with its colour.
+FLAT = "flat.jsonl"
 # An append's files not written: changed since their record was made, or gone (grow.append.Additions).
 CHANGED = "changed.jsonl"
 # In a run's folder: each written record's source hash (duplicates.hash_line), a file per
@@ -52,7 +54,7 @@ _SHARD_GLOB = _fill_template(lambda n: "?" * n, lambda n: "?" * n)
 _SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix in dict.fromkeys(
     [c.suffix for c in COMPRESSIONS.values()] + [f.suffix for f in FILE_FORMATS.values()]))
 # A shard's DALI index (io.dali_index) is the dataset's too: an --overwrite run replaces it with its shard.
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, CHANGED, *TFDS_FILES, *_SHARD_PATTERNS,
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, FLAT, CHANGED, *TFDS_FILES, *_SHARD_PATTERNS,
                    *(index_name(p) for p in _SHARD_PATTERNS))
 
 
