@@ -105,6 +105,12 @@ def summary(result: RunResult) -> str:
         lines.append(f"  duplicates: {count(copies['extra_copies'], 'extra copy', 'extra copies')} of "
                      f"{count(copies['images'], 'image')}, {copies['across_splits']:,} across splits "
                      f"({kept}; see duplicates.jsonl)")
+    exact, near_conflicts = duplicates.label_conflicts(m)
+    if exact or near_conflicts:
+        files = (copies.get("label_conflicts") or {}).get("files", 0)
+        near_part = f", {count(near_conflicts, 'group')} of near copies" if near_conflicts else ""
+        lines.append(f"  same image under different labels: {count(exact, 'image')} ({count(files, 'file')})"
+                     f"{near_part} (see the warning; \"labels_differ\": true in duplicates.jsonl)")
     near = copies.get("near") or {}
     if near.get("groups"):
         lines.append(f"  near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} "

@@ -21,6 +21,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import wording
+from beam_prep.doc_pages import doc_page
 from beam_prep.errors import (
     BeamPrepWarning,
     CrossSplitLeakage,
@@ -420,6 +421,7 @@ def _finished(config: PrepareConfig, seconds: float, counters: dict[str, int],
     """
     written = manifest.read(config.output)
     _warn_if_many_flat(written)
+    _warn_if_labels_conflict(written)
     _warn_if_resized_by_pillow(written)
     result = RunResult(written, seconds, counters, phases=phases,
                        kept=written["counts"]["listed"] if kept is None else kept)
@@ -452,6 +454,21 @@ def _warn_if_many_flat(written: dict[str, Any]) -> None:
             f"{count:,} of {wording.count(written['counts']['written'], 'record')} show one flat colour "
             f"(each named in {layout.FLAT}): {flat.advice(found, (written.get('options') or {}).get('background'))}"),
             stacklevel=2)
+
+
+def _warn_if_labels_conflict(written: dict[str, Any]) -> None:
+    """The same image under two labels contradicts itself, whatever split it is in: said, with a few."""
+    exact, near = duplicates.label_conflicts(written)
+    if not exact and not near:
+        return
+    what = [f"{wording.count(exact, 'image')} with the same bytes"] if exact else []
+    what += [f"{wording.count(near, 'group')} of near copies"] if near else []
+    shown = duplicates.describe_conflicts(written)
+    warnings.warn(BeamPrepWarning(
+        f"same image under different labels: {' and '.join(what)} filed under two labels or more"
+        f"{f' (e.g. {shown})' if shown else ''}: a contradiction the model learns both ways; each is in "
+        f"{layout.DUPLICATES} with \"labels_differ\": true: give it one label, or leave it out "
+        f"({doc_page('guides/messy-trees.md', 'The same image under two labels')})"), stacklevel=2)
 
 
 def _warn_if_resized_by_pillow(written: dict[str, Any]) -> None:

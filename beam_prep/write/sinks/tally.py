@@ -98,5 +98,6 @@ def count_image(entry: FileEntry, data: bytes | ImageError | None, spec: ImageSp
         return Counted(None, outcome.failure)
     return Counted(ExampleRow(entry.split, entry.counted_labels, outcome.example, outcome.original,
                               duplicates.hash_line(outcome.sha256, entry.split, entry.path,
-                                                                  None if outcome.flat else outcome.phash),
+                                                                  None if outcome.flat else outcome.phash,
+                                                                  entry.label if entry.labels is None else entry.labels),
                               outcome.flat), None)
