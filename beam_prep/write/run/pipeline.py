@@ -34,7 +34,7 @@ from beam_prep.errors import (
 from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, read_lines
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.finish import duplicates, manifest, publication, publish
+from beam_prep.write.finish import duplicates, manifest, publication, publish, shrunk_splits
 from beam_prep.write.grow import append, label_ids
 from beam_prep.write.images import flat, resample
 from beam_prep.write.images.examples import unknown_label_report
@@ -422,6 +422,8 @@ def _finished(config: PrepareConfig, seconds: float, counters: dict[str, int],
     written = manifest.read(config.output)
     _warn_if_many_flat(written)
     _warn_if_labels_conflict(written)
+    for warning in shrunk_splits.messages(written, config.validation_percent):
+        warnings.warn(BeamPrepWarning(warning), stacklevel=2)
     _warn_if_resized_by_pillow(written)
     result = RunResult(written, seconds, counters, phases=phases,
                        kept=written["counts"]["listed"] if kept is None else kept)
