@@ -28,7 +28,8 @@ GREY = "#808080"
 def file_row(entry: FileEntry, flat: Flat) -> dict[str, Any]:
     """flat.jsonl's line for one record: its file, label, colour, and whether that is its
     transparency on ``--background``."""
-    return {"path": printable(entry.path), "relpath": printable(entry.relpath), "label": entry.label,
+    label = entry.label if entry.labels is None else list(entry.labels)
+    return {"path": printable(entry.path), "relpath": printable(entry.relpath), "label": label,
             "colour": flat.colour, "transparent": flat.transparent}
 
 

@@ -459,16 +459,16 @@ def _warn_if_many_flat(written: dict[str, Any]) -> None:
 
 
 def _warn_if_labels_conflict(written: dict[str, Any]) -> None:
-    """The same image under two labels contradicts itself, whatever split it is in: said, with a few."""
-    exact, near = duplicates.label_conflicts(written)
-    if not exact and not near:
+    """The same bytes under two labels contradict themselves, whatever split they are in: said, with a
+    few. (Near copies under two labels are counted, not warned about: two similar photos of two
+    classes are no contradiction.)"""
+    exact, _ = duplicates.label_conflicts(written)
+    if not exact:
         return
-    what = [f"{wording.count(exact, 'image')} with the same bytes"] if exact else []
-    what += [f"{wording.count(near, 'group')} of near copies"] if near else []
     shown = duplicates.describe_conflicts(written)
     warnings.warn(BeamPrepWarning(
-        f"same image under different labels: {' and '.join(what)} filed under two labels or more"
-        f"{f' (e.g. {shown})' if shown else ''}: a contradiction the model learns both ways; each is in "
+        f"same image under different labels: {wording.count(exact, 'image')} with the same bytes filed under two "
+        f"labels or more{f' (e.g. {shown})' if shown else ''}: a contradiction the model learns both ways; each is in "
         f"{layout.DUPLICATES} with \"labels_differ\": true: give it one label, or leave it out "
         f"({doc_page('guides/messy-trees.md', 'The same image under two labels')})"), stacklevel=2)
 
