@@ -55,7 +55,8 @@ def test_a_group_keeps_train_else_validation_and_names_each_file_left_out_once(t
         assert dropping.to_json() == {"dropped": 5, "dropped_by_reason": {
             "copy of an image in train": 2, "copy of an image in validation": 1,
             "near copy of an image in train": 1, "near copy of an image in validation": 1},
-            "dropped_by_split": {"validation": {"b": 2}, "test": {"c": 1, "t": 2}}}  # per split, per label
+            "dropped_by_split": {"validation": 2, "test": 3},
+            "dropped_by_class": {"validation": {"b": 2}, "test": {"c": 1, "t": 2}}}  # per split, per label
         held = {(split, sha256) for split in ("train", "validation", "test") for sha256 in (X, Y, W, P, Q, M, N)
                 if dropping.holds(split, sha256)}
         assert held == {("validation", Q), ("validation", X), ("test", X), ("test", N), ("test", Y)}
@@ -153,7 +154,8 @@ def test_a_split_the_drop_left_far_below_its_plan_is_said_with_the_classes_that_
     """116 validation files planned at 10%, 54 left out as copies of training images: 62 written, 5.8%."""
     manifest = {"splits": {"train": {"num_examples": 1000, "class_counts": {"cats": 500, "dogs": 500}},
                            "validation": {"num_examples": 62, "class_counts": {"cats": 57, "dogs": 5}}},
-                "duplicates": {"dropped_by_split": {"validation": {"cats": 4, "dogs": 50}}}}
+                "duplicates": {"dropped_by_split": {"validation": 54},
+                               "dropped_by_class": {"validation": {"cats": 4, "dogs": 50}}}}
     said = shrunk_splits.messages(manifest, 10)
     assert said == [
         "validation came out at 62 records of the 116 planned (5.8% of the records, not the 10% asked): 54 copied "
@@ -162,9 +164,11 @@ def test_a_split_the_drop_left_far_below_its_plan_is_said_with_the_classes_that_
         "(duplicates.jsonl names both), or raise --validation_percent, and run again"]
     # A few left out of a large split, no class losing most of its own: nothing to say.
     manifest["splits"]["validation"] = {"num_examples": 112, "class_counts": {"cats": 56, "dogs": 56}}
-    manifest["duplicates"]["dropped_by_split"] = {"validation": {"cats": 2, "dogs": 2}}
+    manifest["duplicates"] = {"dropped_by_split": {"validation": 4},
+                              "dropped_by_class": {"validation": {"cats": 2, "dogs": 2}}}
     assert shrunk_splits.messages(manifest, 10) == []
     # One class losing all of its validation images is named even when the split barely shrank.
-    manifest["duplicates"]["dropped_by_split"] = {"validation": {"cats": 2, "dogs": 2, "emus": 3}}
+    manifest["duplicates"] = {"dropped_by_split": {"validation": 7},
+                              "dropped_by_class": {"validation": {"cats": 2, "dogs": 2, "emus": 3}}}
     assert "emus 3 of 3" in shrunk_splits.messages(manifest, 10)[0]
     assert shrunk_splits.messages({**manifest, "duplicates": {}}, 10) == []

@@ -131,7 +131,8 @@ def test_a_stratified_validation_shrunk_by_the_drop_is_said_with_its_counts(tmp_
     manifest = json.loads((out / "manifest.json").read_text())
     validation = manifest["splits"]["validation"]
     assert (validation["num_examples"], validation["class_counts"]) == (2, {"copies": 0, "photos": 2})
-    assert manifest["duplicates"]["dropped_by_split"] == {"validation": {"copies": 2}}
+    assert manifest["duplicates"]["dropped_by_split"] == {"validation": 2}
+    assert manifest["duplicates"]["dropped_by_class"] == {"validation": {"copies": 2}}
     assert ("warning: validation came out at 2 records of the 4 planned (14.3% of the records, not the 25% asked): "
             "2 copied an image of an earlier split and were left out") in result.stderr
     assert "classes that lost most of theirs: copies 2 of 2." in result.stderr

@@ -4,7 +4,8 @@ The drop keeps a copy in the earlier split (train) and leaves out the later one 
 test), so a tree with many copies loses them from its evaluation splits: a stratified 10% can
 come out at 5%, some classes with almost none. The split order stays (it is what the option
 says, and a kept training copy is never the one evaluated); the run says how far each split
-and class fell, why, and what to do, from the manifest alone (``duplicates.dropped_by_split``).
+and class fell, why, and what to do, from the manifest alone (``duplicates.dropped_by_split`` and
+``dropped_by_class``).
 """
 from __future__ import annotations
 
@@ -36,20 +37,20 @@ def messages(manifest: Mapping[str, Any], validation_percent: float = 0.0) -> li
     Returns:
       The messages, in the splits' order.
     """
-    dropped = (manifest.get("duplicates") or {}).get("dropped_by_split") or {}
+    found = manifest.get("duplicates") or {}
+    dropped, by_class = found.get("dropped_by_split") or {}, found.get("dropped_by_class") or {}
     splits = manifest.get("splits") or {}
     total = sum(s.get("num_examples", 0) for s in splits.values())
     out = []
     for split in split_order.ordered(dropped):
         if split not in splits:
             continue
-        lost = dropped[split]
+        left_out = int(dropped[split])
         written = splits[split].get("num_examples", 0)
-        left_out = sum(lost.values())
         planned = written + left_out
         counts = splits[split].get("class_counts") or {}
-        classes = sorted(((n, label) for label, n in lost.items()
-                          if label != "null" and n > _CLASS_LOSS * (n + counts.get(label, 0))), reverse=True)
+        classes = sorted(((n, label) for label, n in (by_class.get(split) or {}).items()
+                          if n > _CLASS_LOSS * (n + counts.get(label, 0))), reverse=True)
         if not left_out or (left_out <= _SPLIT_LOSS * planned and not classes):
             continue
         share = f"{100 * written / total:.1f}% of the records" if total else "no records"
