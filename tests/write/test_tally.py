@@ -37,7 +37,7 @@ def test_a_good_image_becomes_a_row_with_its_split_labels_and_hash_line(tmp_path
         picture = phash(stored_image)
     stored = row.hash_line.split("\t")[2]
     assert row.hash_line == hash_line(hashlib.sha256(path.read_bytes()).hexdigest(), "train", entry.path,
-                                      int(stored, 16))
+                                      int(stored, 16), "cat")  # its label: a copy under another one contradicts it
     assert int(stored, 16) == picture
 
 
