@@ -65,7 +65,7 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 # Composited on --background by default: white, as image viewers show transparency.
 DEFAULT_BACKGROUND = "#ffffff"
 # An output whose every channel spans at most this many levels shows nothing: one flat colour
-# (a blank scan, or a source that decoded to black). Counted, and a few named, not refused.
+# (a blank scan, or a source that decoded to black). Counted and named (flat.jsonl), not refused.
 FLAT_SPREAD = 2
 _SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 # How exif_transpose() turns each orientation upright: flip x, flip y, then swap the axes if 5-8.
