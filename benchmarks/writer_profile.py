@@ -45,7 +45,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("image: resize (the kernel)", "resize", "resample.py"),
     ("image: perceptual hash", "phash", "phash.py"),
     ("image: encode JPEG", "_encode", "imaging.py"),
-    ("image: flat-colour check", "is_flat", "imaging.py"),
+    ("image: flat-colour check", "_flat", "imaging.py"),
     ("image: open, header, EXIF, convert", "process_image", "imaging.py"),
     ("record: the Example", "payload", "shard_formats.py"),
     ("record: framing and GZIP", "write_record", "tfrecord.py"),

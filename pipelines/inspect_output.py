@@ -51,8 +51,9 @@ def parser() -> argparse.ArgumentParser:
                    help="show only the N largest and N smallest classes in the table (default: all)")
     leaks = p.add_argument_group("leakage")
     leaks.add_argument("--leakage", metavar="SHEET.png",
-                       help="write a PNG of the closest groups of copies or near copies across splits "
-                            "(duplicates.jsonl): a row per group, its source files side by side with their splits")
+                       help="write a PNG of the groups of copies or near copies under different labels, then the "
+                            "closest across splits (duplicates.jsonl): a row per group, its source files side by "
+                            "side with their splits and labels")
     leaks.add_argument("--leakage-groups", dest="leakage_groups", type=_positive, default=8, metavar="N",
                        help="groups on the leakage sheet (default 8)")
     grid = p.add_argument_group("contact sheet")
@@ -147,8 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except BeamPrepError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        print(f"leakage sheet: {args.leakage} ({count(len(leaks.rows), 'group')} across splits)" if leaks is not None
-              else "leakage sheet: no group of copies across splits, none written",
+        print(f"leakage sheet: {args.leakage} ({count(len(leaks.rows), 'group')} across splits or labels)"
+              if leaks is not None else "leakage sheet: no group of copies across splits or labels, none written",
               file=sys.stderr if args.json else sys.stdout)
     if args.grid:
         try:

@@ -105,10 +105,17 @@ def summary(result: RunResult) -> str:
         lines.append(f"  duplicates: {count(copies['extra_copies'], 'extra copy', 'extra copies')} of "
                      f"{count(copies['images'], 'image')}, {copies['across_splits']:,} across splits "
                      f"({kept}; see duplicates.jsonl)")
+    exact, near_conflicts = duplicates.label_conflicts(m)
+    if exact:
+        files = (copies.get("label_conflicts") or {}).get("files", 0)
+        lines.append(f"  same image under different labels: {count(exact, 'image')} ({count(files, 'file')}) "
+                     "(see the warning; \"labels_differ\": true in duplicates.jsonl)")
     near = copies.get("near") or {}
     if near.get("groups"):
+        differ = f", {near_conflicts:,} under different labels" if near_conflicts else ""
         lines.append(f"  near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} "
-                     f"within {near['distance']} bits, {near['across_splits']:,} across splits (see duplicates.jsonl)")
+                     f"within {near['distance']} bits, {near['across_splits']:,} across splits{differ} "
+                     "(see duplicates.jsonl)")
     leaks = duplicates.leakage(m)
     if leaks and dropping:
         lines.append(f"  cross-split leakage dropped: {count(copies['dropped'], 'file')}, copies or near copies "

@@ -51,6 +51,7 @@ def pillow_images():
 # each their own unit (any worker runs any page; the longest page first); the other modules
 # stay whole (loadfile), so that a module's fixtures are built once.
 LONGEST_FIRST = (
+    "tests/docs/test_examples.py::test_the_guides_run_in_reading_order_in_one_folder",
     "tests/write/test_resume.py",
     "tests/write/test_resume_variants.py",
     "tests/docs/test_examples.py::test_page_examples_run[docs/guides/inspect-verify-bench.md]",
@@ -65,6 +66,8 @@ LONGEST_FIRST = (
     "tests/write/test_hostile.py",
 )
 PAGE_TEST = "tests/docs/test_examples.py::test_page_examples_run["
+# Every guide in turn in one folder: the longest unit of all, of its own.
+READING_ORDER_TEST = "tests/docs/test_examples.py::test_the_guides_run_in_reading_order_in_one_folder"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -78,7 +81,7 @@ def pytest_xdist_make_scheduler(config, log):
         ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid if nodeid.startswith(PAGE_TEST) else super()._split_scope(nodeid)
+            return nodeid if nodeid.startswith((PAGE_TEST, READING_ORDER_TEST)) else super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
             if not self.ordered:  # the first assignment: the queue is whole

@@ -30,7 +30,7 @@ ARGS = (*WRITTEN_ARGS, "--direct_num_workers", "2", "--direct_running_mode", "mu
 # Enough photos that the run is still going when the test has seen two shards finish and
 # pauses its workers (see photo_tree and interrupt).
 PHOTOS_PER_LABEL = 40
-DATASET_FILES = ("errors.jsonl", "skipped.jsonl", "labels.txt", "duplicates.jsonl", "README.md")
+DATASET_FILES = ("errors.jsonl", "skipped.jsonl", "labels.txt", "duplicates.jsonl", "README.md", "flat.jsonl")
 
 
 def photo_tree(root: pathlib.Path) -> pathlib.Path:

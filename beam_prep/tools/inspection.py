@@ -12,7 +12,7 @@ from beam_prep.model.dataset import FILE_FORMATS, TFRECORD, DatasetInfo, ImageIn
 from beam_prep.tools.summary import Imbalance, SplitSummary, Spread, Summary
 from beam_prep.wording import count, for_terminal
 from beam_prep.write.images.imaging import REENCODE_REASONS
-from beam_prep.write.shared.layout import DUPLICATES
+from beam_prep.write.shared.layout import DUPLICATES, FLAT
 
 __all__ = ["describe_image", "flat_lines", "format_bytes", "format_number", "originals_lines", "render_text",
            "to_json", "versions_section"]
@@ -224,7 +224,8 @@ def flat_lines(flat: Mapping[str, Any] | None) -> list[str]:
     """A manifest's ``flat_images``: records of one flat colour, with the first names; none, no line."""
     if not flat or not flat.get("count"):
         return []
-    return [f"  one flat colour: {flat['count']:,} (written all the same; e.g. {', '.join(flat['examples'])})"]
+    every = "" if flat.get("transparent") is None else f"; every one in {FLAT}"  # older manifests: no flat.jsonl
+    return [f"  one flat colour: {flat['count']:,} (written all the same; e.g. {', '.join(flat['examples'])}{every})"]
 
 
 def _skipped_lines(summary: Summary) -> list[str]:
@@ -265,7 +266,24 @@ def _duplicates_section(summary: Summary) -> list[str]:
         files = ", ".join(f"{f['split']} {f['path']}" for f in group["files"])
         more = f" and {group['copies'] - len(group['files']):,} more" if group["copies"] > len(group["files"]) else ""
         out.append(f"  {group['sha256'][:12]} ({group['copies']:,} files): {files}{more}")
-    return out + near + _dropped_lines(d)
+    return out + _conflict_lines(d) + near + _dropped_lines(d)
+
+
+def _conflict_lines(d: Mapping[str, Any]) -> list[str]:
+    """The same bytes under two labels or more: counted apart from harmless copies, with the examples."""
+    conflicts = d.get("label_conflicts") or {}
+    if not conflicts.get("images"):
+        return []
+    out = [f"same image under different labels: {count(conflicts['images'], 'image')} "
+           f"({count(conflicts['files'], 'file')}; \"labels_differ\": true in {DUPLICATES}): contradictory labels"]
+    for group in conflicts.get("examples", []):
+        files = ", ".join(f"{f['path']} ({_label(f.get('label'))})" for f in group["files"])
+        out.append(f"  {group['sha256'][:12]} ({group['copies']:,} files): {files}")
+    return out
+
+
+def _label(label: Any) -> str:
+    return ", ".join(label) if isinstance(label, list) else str(label)
 
 
 def _dropped_lines(d: Mapping[str, Any]) -> list[str]:
@@ -289,9 +307,10 @@ def _near_lines(near: Mapping[str, Any] | None, where: str) -> list[str]:
         return []
     if not near["groups"]:
         return [f"near duplicates: none within {near['distance']} bits"]
+    differ = f", {near['label_conflicts']:,} under different labels" if near.get("label_conflicts") else ""
     out = [f"near duplicates: {count(near['groups'], 'group')} of {count(near['files'], 'file')} within "
            f"{near['distance']} bits ({near['within_split']:,} within a split, {near['across_splits']:,} across "
-           f"splits{_pairs(near)}; every one in {where})"]
+           f"splits{_pairs(near)}{differ}; every one in {where})"]
     for group in near.get("examples", []):
         files = ", ".join(f"{f['split']} {f['path']} ({f['distance']} bits)" for f in group["files"])
         out.append(f"  group {group['group']} (up to {group['distance']} bits): {files}")

@@ -1,9 +1,11 @@
-"""A contact sheet of the worst cross-split duplicate groups: a row per group, its files side by side
-with their splits, for a person to judge whether the validation image is a copy of a training one.
+"""A contact sheet of the worst duplicate groups: a row per group, its files side by side with their
+splits and labels, for a person to judge whether the validation image is a copy of a training one,
+and which label an image filed under two is.
 
 The groups come from duplicates.jsonl (exact and near groups lying in two splits
-or more), the closest first: a group whose files differ in fewest bits of the
-perceptual hash (exact copies: 0) is the surest leak. The images are the source
+or more, or whose files are under different labels), those under different labels first
+(a contradiction, wherever it lies), then the closest: a group whose files differ in fewest
+bits of the perceptual hash (exact copies: 0) is the surest leak. The images are the source
 files the hashes were made from (a file that cannot be read shows as a note), as
 a user would open them to decide what to remove.
 
@@ -50,7 +52,8 @@ class LeakageSheet:
 
 def cross_split_groups(lines: Iterable[str], input_root: str | None = None,
                        where: str = DUPLICATES) -> list[tuple[str, int, list[dict[str, Any]]]]:
-    """duplicates.jsonl's groups in two splits or more, closest first: ``(caption, distance, files)``.
+    """duplicates.jsonl's groups in two splits or more or under two labels, those under two labels first,
+    then the closest: ``(caption, distance, files)``.
 
     Args:
       lines: duplicates.jsonl's lines.
@@ -73,15 +76,16 @@ def cross_split_groups(lines: Iterable[str], input_root: str | None = None,
     found = []
     for (kind, key), numbered in groups.items():
         files = [row for _, row in numbered]
-        if len({f["split"] for f in files}) < 2:
+        differ = bool(files[0].get("labels_differ"))
+        if len({f["split"] for f in files}) < 2 and not differ:
             continue
         if input_root is not None:
             for number, row in numbered:
                 row["path"] = path_under(input_root, row.get("path"), where, f"line {number}'s path")
         distance = files[0].get("group_distance", 0)
         caption = f"near group {key}, ≤ {distance} bits" if kind == "near" else f"exact copies {key[:12]}"
-        found.append((caption, distance, files))
-    found.sort(key=lambda g: (g[1], g[0]))
+        found.append((f"{caption}, labels differ" if differ else caption, distance, files))
+    found.sort(key=lambda g: (not g[2][0].get("labels_differ"), g[1], g[0]))
     return found
 
 
@@ -123,9 +127,17 @@ def make_leakage_sheet(output: str, groups: int = 8, cell: int = 160) -> Leakage
                     sheet.paste(picture, (left + (cell - picture.width) // 2, y + (cell - picture.height) // 2))
             except (OSError, ValueError):
                 pen.text((left, y + (cell - text_h) // 2), "cannot read", fill=MUTED, font=font)
-            pen.text((left, y + cell + PAD // 2), f["split"], fill=TEXT, font=font)
+            pen.text((left, y + cell + PAD // 2), _under(f), fill=TEXT, font=font)
         rows.append((caption, tuple((f["split"], f["path"]) for f in shown)))
     return LeakageSheet(sheet, tuple(rows))
+
+
+def _under(file: dict[str, Any]) -> str:
+    """The words under an image: its split, and its label where its line has one."""
+    label = file.get("label")
+    if label is None:
+        return file["split"]
+    return f"{file['split']} · {', '.join(label) if isinstance(label, list) else label}"
 
 
 def _the_runs_file(path: str, sha256: Any) -> bool:

@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import dataclass
 
 import pytest
+import yaml
 from helpers import REPO
 
 # Why a block may be left out: nothing else excuses one.
@@ -226,8 +227,18 @@ def _env() -> dict[str, str]:
     return env
 
 
+def reading_order() -> list[pathlib.Path]:
+    """The README, then the guides in the order the site's navigation lists them (mkdocs.yml)."""
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    guides = next(section["Guides"] for section in nav if "Guides" in section)
+    return [REPO / "README.md", *(REPO / "docs" / path for entry in guides for path in entry.values())]
+
+
 def _runnable_pages() -> list[pathlib.Path]:
-    return [p for p in pages() if any(b.language in RUN and b.not_run is None for b in blocks(p))]
+    """The pages with blocks to run, but the README and the guides: those run in reading order in one
+    folder (``test_the_guides_run_in_reading_order_in_one_folder``), each output block checked as here."""
+    chained = set(reading_order())
+    return [p for p in pages() if p not in chained and any(b.language in RUN and b.not_run is None for b in blocks(p))]
 
 
 # Consecutive Python blocks run in one interpreter, one after the other in one namespace, as a
@@ -275,10 +286,9 @@ def _steps(page: pathlib.Path) -> list[list[Block]]:
     return steps
 
 
-def _run_page(page: pathlib.Path, sample_tree: pathlib.Path, folder: pathlib.Path, tmp: str) -> str | None:
-    """Runs ``page``'s examples in ``folder``, their temporary files in ``tmp``; None, or why the
-    first failing step failed."""
-    shutil.copytree(sample_tree, folder / "sample_data")
+def _run_page(page: pathlib.Path, folder: pathlib.Path, tmp: str) -> str | None:
+    """Runs ``page``'s examples in ``folder`` (which holds the sample tree), their temporary files
+    in ``tmp``; None, or why the first failing step failed."""
     env = {**_env(), "TMPDIR": tmp}
     shown, _ = outputs(page)
     drifted = []
@@ -333,8 +343,9 @@ def test_page_examples_run(page: pathlib.Path, sample_tree: pathlib.Path, tmp_pa
     Their temporary files go to a folder of the system's temporary folder, as a reader's do, not
     under the test's: Ray (the DALI page) puts sockets there, whose paths must fit in 107 bytes.
     """
+    shutil.copytree(sample_tree, tmp_path / "page" / "sample_data")
     with tempfile.TemporaryDirectory(prefix="page-", dir=SYSTEM_TMP) as tmp:
-        failure = _run_page(page, sample_tree, tmp_path / "page", tmp)
+        failure = _run_page(page, tmp_path / "page", tmp)
     assert failure is None, failure
 
 
@@ -370,8 +381,8 @@ b
 def _fake(tmp_path: pathlib.Path, text: str) -> str | None:
     page = tmp_path / "page.md"
     page.write_text(text, encoding="utf-8")
-    (tmp_path / "tree").mkdir()
-    return _run_page(page, tmp_path / "tree", tmp_path / "run", str(tmp_path))
+    (tmp_path / "run").mkdir()
+    return _run_page(page, tmp_path / "run", str(tmp_path))
 
 
 @pytest.mark.slow  # runs the page's blocks
@@ -400,3 +411,30 @@ def test_output_matching_masks_what_varies_and_nothing_else():
     assert output_matches("a ... c\n...\nz\n", "a b c\nx\ny\nz\n") is None
     assert output_matches("12 examples\n", "13 examples\n") is not None
     assert output_matches("a\n", "a\nb\n") is not None
+
+
+def quick_start_commands() -> str:
+    """The README's Quick start's own ``beam-prep`` commands: its block sets up a machine
+    (``not-run: install``), yet what it prepares is in the reader's folder when the guides start."""
+    install = next(b for b in blocks(REPO / "README.md") if b.not_run == "install")
+    commands = [part.strip() for line in install.code.splitlines() if not line.lstrip().startswith("#")
+                for part in line.split("&&") if part.strip().startswith("beam-prep ")]
+    assert commands, install.code
+    return "\n".join(commands) + "\n"
+
+
+def test_the_guides_run_in_reading_order_in_one_folder(sample_tree: pathlib.Path, tmp_path: pathlib.Path):
+    """A reader follows the README, then every guide in turn, in one folder: no page's command may
+    find a folder an earlier page wrote (each writes its own, or reuses one as it says)."""
+    pages = reading_order()
+    assert len(pages) > 10 and all(p.exists() for p in pages), pages
+    folder = tmp_path / "reader"
+    shutil.copytree(sample_tree, folder / "sample_data")
+    with tempfile.TemporaryDirectory(prefix="pages-", dir=SYSTEM_TMP) as tmp:
+        quick_start = subprocess.run(["bash", "-c", "set -euo pipefail\n" + quick_start_commands()], cwd=folder,
+                                     env={**_env(), "TMPDIR": tmp}, capture_output=True, text=True,
+                                     timeout=BLOCK_TIMEOUT_S)
+        assert quick_start.returncode == 0, quick_start.stderr
+        for page in pages:
+            failure = _run_page(page, folder, tmp)
+            assert failure is None, f"after the pages before it in reading order: {failure}"

@@ -36,6 +36,9 @@ NAMED_BY_DATA = {
     "skipped_by_reason": "<reason>",
     "originals.reencoded_by_reason": "<reason>",
     "duplicates.dropped_by_reason": "<reason>",
+    "duplicates.dropped_by_split": "<split>",
+    "duplicates.dropped_by_class": "<split>",
+    "duplicates.dropped_by_class.<split>": "<label>",
     "duplicates.split_pairs": "<pair>",
     "duplicates.near.split_pairs": "<pair>",
     "versions[].splits": "<split>",
@@ -94,6 +97,7 @@ def outputs(tmp_path_factory) -> list[Path]:
                  == "validation")
     with Image.open(sorted((tree / "circles").glob("*.jpg"))[2]) as image:
         image.save(tree / other, quality=50)
+    Image.new("RGB", (40, 30), "black").save(tree / "stripes" / "zz_blank.png")  # one flat colour: flat.jsonl
     table = work / "table.csv"
     with open(table, "w", newline="", encoding="utf-8") as f:
         rows = csv.writer(f)
@@ -143,6 +147,7 @@ def test_the_runs_write_what_the_page_has_to_cover(outputs):
     for out in outputs:
         for name in ("errors.jsonl", "skipped.jsonl", "duplicates.jsonl"):
             assert jsonl_rows(out / name), f"{out.name}/{name} is empty"
+    assert jsonl_rows(outputs[0] / "flat.jsonl")  # the blank image (the metadata run's table names it not)
     assert (outputs[0] / "dataset_info.json").exists()
 
 
@@ -155,7 +160,7 @@ def test_every_manifest_key_is_documented_and_every_documented_key_is_written(ou
     assert not documented - written, f"manifest.md documents keys no run wrote: {sorted(documented - written)}"
 
 
-@pytest.mark.parametrize("name", ["errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "changed.jsonl"])
+@pytest.mark.parametrize("name", ["errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "flat.jsonl", "changed.jsonl"])
 def test_every_field_of_each_side_file_is_documented_and_written(outputs, name):
     documented = set(page_sections()[name])
     written = {key for out in outputs if (out / name).exists() for row in jsonl_rows(out / name) for key in row}

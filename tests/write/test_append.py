@@ -235,7 +235,7 @@ def test_a_gs_batch_appended_to_a_gs_dataset(gcs_bucket, tmp_path):
     assert {name: gcs_bucket.read_bytes(name) for name in before} == before
     assert sorted(n for n in gcs_bucket.list_names("out/") if "/.beam-prep/" not in f"/{n}") == sorted(
         [*(f"out/{name}" for name in manifest["splits"]["train"]["shards"]), "out/changed.jsonl",
-         "out/duplicates.jsonl", "out/errors.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl",
+         "out/duplicates.jsonl", "out/errors.jsonl", "out/flat.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl",
          "out/hashes-v1.tsv.gz", "out/hashes-v2.tsv.gz", "out/README.md"])
 
 
@@ -642,7 +642,7 @@ def test_an_append_after_another_stopped_while_publishing_makes_the_version_afte
     make_tree(tmp_path / "b", {"cat": 3}, size=(28, 24))
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
     killed = run_prepare("--input", str(tmp_path / "a"), "--output", str(out), "--append",
-                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "9"})
+                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "10"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     manifest = prepare_here("--input", str(tmp_path / "b"), "--output", str(out), "--append")
     assert [(v["version"], pathlib.Path(v["input"]).name) for v in manifest["versions"]] == [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from beam_prep.write.finish import drop, split_order
+from beam_prep.write.finish import drop, shrunk_splits, split_order
 from beam_prep.write.plan import skipped
 from beam_prep.write.shared import layout
 
@@ -15,12 +15,13 @@ THRESHOLD = 4
 
 
 def _exact(sha256: str, split: str, path: str, copies: int) -> dict:
-    return {"kind": "exact", "sha256": sha256, "copies": copies, "split": split, "path": path}
+    return {"kind": "exact", "sha256": sha256, "copies": copies, "split": split, "label": path.split("/")[-2:][0],
+            "path": path}
 
 
 def _near(group: int, sha256: str, phash: int, split: str, path: str) -> dict:
     return {"kind": "near", "group": group, "distance": 0, "group_distance": 0, "sha256": sha256,
-            "phash": f"{phash:016x}", "split": split, "path": path}
+            "phash": f"{phash:016x}", "split": split, "label": path.split("/")[-2:][0], "path": path}
 
 
 LINES = [
@@ -53,7 +54,9 @@ def test_a_group_keeps_train_else_validation_and_names_each_file_left_out_once(t
              "duplicate_of": "/r/v/y.jpg"}]
         assert dropping.to_json() == {"dropped": 5, "dropped_by_reason": {
             "copy of an image in train": 2, "copy of an image in validation": 1,
-            "near copy of an image in train": 1, "near copy of an image in validation": 1}}
+            "near copy of an image in train": 1, "near copy of an image in validation": 1},
+            "dropped_by_split": {"validation": 2, "test": 3},
+            "dropped_by_class": {"validation": {"b": 2}, "test": {"c": 1, "t": 2}}}  # per split, per label
         held = {(split, sha256) for split in ("train", "validation", "test") for sha256 in (X, Y, W, P, Q, M, N)
                 if dropping.holds(split, sha256)}
         assert held == {("validation", Q), ("validation", X), ("test", X), ("test", N), ("test", Y)}
@@ -145,3 +148,27 @@ def test_without_a_root_each_file_is_named_as_given(tmp_path):
             ("/data/b.jpg", "/data/b.jpg"), ("c.jpg", "c.jpg")]
     finally:
         dropping.close()
+
+
+def test_a_split_the_drop_left_far_below_its_plan_is_said_with_the_classes_that_lost_most():
+    """116 validation files planned at 10%, 54 left out as copies of training images: 62 written, 5.8%."""
+    manifest = {"splits": {"train": {"num_examples": 1000, "class_counts": {"cats": 500, "dogs": 500}},
+                           "validation": {"num_examples": 62, "class_counts": {"cats": 57, "dogs": 5}}},
+                "duplicates": {"dropped_by_split": {"validation": 54},
+                               "dropped_by_class": {"validation": {"cats": 4, "dogs": 50}}}}
+    said = shrunk_splits.messages(manifest, 10)
+    assert said == [
+        "validation came out at 62 records of the 116 planned (5.8% of the records, not the 10% asked): 54 copied "
+        "an image of an earlier split and were left out (--cross_split_duplicates drop, each in skipped.jsonl); "
+        "classes that lost most of theirs: dogs 50 of 55. To keep its share, remove the earlier split's copies "
+        "(duplicates.jsonl names both), or raise --validation_percent, and run again"]
+    # A few left out of a large split, no class losing most of its own: nothing to say.
+    manifest["splits"]["validation"] = {"num_examples": 112, "class_counts": {"cats": 56, "dogs": 56}}
+    manifest["duplicates"] = {"dropped_by_split": {"validation": 4},
+                              "dropped_by_class": {"validation": {"cats": 2, "dogs": 2}}}
+    assert shrunk_splits.messages(manifest, 10) == []
+    # One class losing all of its validation images is named even when the split barely shrank.
+    manifest["duplicates"] = {"dropped_by_split": {"validation": 7},
+                              "dropped_by_class": {"validation": {"cats": 2, "dogs": 2, "emus": 3}}}
+    assert "emus 3 of 3" in shrunk_splits.messages(manifest, 10)[0]
+    assert shrunk_splits.messages({**manifest, "duplicates": {}}, 10) == []

@@ -143,11 +143,15 @@ def test_drop_leaves_the_copies_across_splits_out_and_names_them(tree, streaming
     row = next(r for r in _lines(out, "skipped.jsonl") if r["relpath"] == "b/hopper_half.jpg")
     assert row["distance"] == (near[row["path"]] ^ near[row["duplicate_of"]]).bit_count() <= 10
     assert result.stdout.splitlines()[0].endswith("; 0 failed, 5 dropped, 1 skipped")
-    assert result.stdout.splitlines()[-7:] == [
+    assert result.stdout.splitlines()[-8:] == [
         "  skipped, image no --metadata row names: 1 (see skipped.jsonl)",
         "  duplicates: 4 extra copies of 3 images, 4 across splits (those across splits dropped; "
         "see duplicates.jsonl)",
-        "  near duplicates: 1 group of 2 files within 6 bits, 1 across splits (see duplicates.jsonl)",
+        # flower, iptc and junk each have a copy in the other label's folder; so has hopper, near.
+        "  same image under different labels: 3 images (7 files) (see the warning; \"labels_differ\": true in "
+        "duplicates.jsonl)",
+        "  near duplicates: 1 group of 2 files within 6 bits, 1 across splits, 1 under different labels "
+        "(see duplicates.jsonl)",
         "  cross-split leakage dropped: 5 files, copies or near copies of a file in another split, left out "
         "(see skipped.jsonl)",
         "  dropped, copy of an image in train: 3 (see skipped.jsonl)",

@@ -113,10 +113,11 @@ def test_a_dataset_without_copies_says_none(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["duplicates"] == {"images": 0, "extra_copies": 0, "within_split": 0, "across_splits": 0,
-                                      "split_pairs": {}, "examples": [], "near": {
+                                      "split_pairs": {}, "examples": [],
+                                      "label_conflicts": {"images": 0, "files": 0, "examples": []}, "near": {
                                           "distance": 6, "groups": 0, "files": 0, "within_split": 0,
                                           "across_splits": 0, "files_across": 0, "split_pairs": {},
-                                          "examples": []}}
+                                          "examples": [], "label_conflicts": 0}}
     assert (tmp_path / "out" / "duplicates.jsonl").read_text() == ""
     assert "duplicates" not in result.stdout
 
@@ -233,3 +234,65 @@ def test_memory_grows_by_at_most_40_bytes_a_record(tmp_path, monkeypatch):
     monkeypatch.setattr(spill, "_BUFFERED_ROWS", 256)
     small, large = _peak_bytes(tmp_path, 20_000), _peak_bytes(tmp_path, 60_000)
     assert (large - small) / 40_000 <= 40, (small, large)
+
+
+# The same image under two labels: a contradiction, told apart from harmless copies.
+
+def test_the_same_bytes_under_two_labels_are_a_conflict_and_each_row_names_its_label(tmp_path):
+    conflict, harmless, older = "a" * 64, "b" * 64, "c" * 64
+    files = [_write(tmp_path / "h1", [(conflict, "train", "/t/cat/x.jpg", None, "cat"),
+                                      (harmless, "train", "/t/cat/y.jpg", None, "cat"),
+                                      (older, "train", "/t/cat/z.jpg", None, "cat")]),
+             _write(tmp_path / "h2", [(conflict, "validation", "/t/dog/x.jpg", None, "dog"),
+                                      (harmless, "validation", "/t/cat/y2.jpg", None, "cat"),
+                                      (conflict, "train", "/t/tags/x.jpg", None, ["dog", "cat"])])]
+    # A line of an older run has no label: it contradicts nothing.
+    (tmp_path / "h3").write_text(f"{older}\tvalidation\t-\t\"/t/dog/z.jpg\"\n")
+    found = duplicates.find([*files, str(tmp_path / "h3")], 10, None)
+    try:
+        rows = [json.loads(line) for line in pathlib.Path(found.lines_file).read_text().splitlines()]
+    finally:
+        found.close()
+    assert {(r["sha256"][0], r["label"] if not isinstance(r["label"], list) else tuple(r["label"]),
+             r["labels_differ"]) for r in rows} == {
+        ("a", "cat", True), ("a", "dog", True), ("a", ("cat", "dog"), True),
+        ("b", "cat", False), ("c", "cat", False), ("c", None, False)}
+    assert (found.images, found.extra_copies, found.label_conflicts, found.conflicting_files) == (3, 4, 1, 3)
+    assert found.to_json()["label_conflicts"] == {"images": 1, "files": 3, "examples": [
+        {"sha256": conflict, "copies": 3, "files": [
+            {"split": "train", "label": "cat", "path": "/t/cat/x.jpg"},
+            {"split": "validation", "label": "dog", "path": "/t/dog/x.jpg"},
+            {"split": "train", "label": ["cat", "dog"], "path": "/t/tags/x.jpg"}]}]}
+
+
+def test_a_copy_under_another_label_is_flagged_apart_from_harmless_copies(tmp_path, capsys):
+    """Real copies: one image filed under cat and under dog, another twice under cat. The summary,
+    the warning, the manifest, inspect, duplicates.jsonl and the leakage sheet tell them apart."""
+    root, out = tmp_path / "in", tmp_path / "out"
+    make_tree(root, {"cat": 5, "dog": 5}, size=(24, 20))
+    shutil.copyfile(root / "cat" / "img_000.jpg", root / "dog" / "same_as_cat.jpg")
+    shutil.copyfile(root / "cat" / "img_001.jpg", root / "cat" / "again.jpg")
+    result = run_prepare("--input", str(root), "--output", str(out), "--image_size", "16",
+                         "--direct_running_mode", "in_memory")
+    assert result.returncode == 0, result.stderr
+    cat, dog = str(root / "cat" / "img_000.jpg"), str(root / "dog" / "same_as_cat.jpg")
+    assert "  same image under different labels: 1 image (2 files) (see the warning; " \
+           "\"labels_differ\": true in duplicates.jsonl)" in result.stdout.splitlines()
+    assert f"same image under different labels: 1 image with the same bytes filed under two labels or more " \
+           f"(e.g. {cat} (cat) = {dog} (dog))" in result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["duplicates"]["images"], manifest["duplicates"]["label_conflicts"]["images"],
+            manifest["duplicates"]["label_conflicts"]["files"]) == (2, 1, 2)
+    rows = [json.loads(line) for line in (out / "duplicates.jsonl").read_text().splitlines()]
+    assert sorted((r["path"], r["label"], r["labels_differ"]) for r in rows if r["kind"] == "exact") == sorted([
+        (cat, "cat", True), (dog, "dog", True),
+        (str(root / "cat" / "img_001.jpg"), "cat", False), (str(root / "cat" / "again.jpg"), "cat", False)])
+    assert inspect_output.main([str(out)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(shown) if line.startswith("same image under different labels: 1 image"))
+    assert shown[at + 1].endswith(f"(2 files): {cat} (cat), {dog} (dog)")
+    from beam_prep.tools import leakage_sheet
+
+    sheet = leakage_sheet.make_leakage_sheet(str(out), cell=40)  # one split: no leak, yet a contradiction
+    assert sheet is not None and len(sheet.rows) == 1 and sheet.rows[0][0].endswith("labels differ")
+    assert sorted(path for _, path in sheet.rows[0][1]) == sorted([cat, dog])

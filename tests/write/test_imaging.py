@@ -294,7 +294,9 @@ def test_oriented_tiffs_come_out_upright_at_the_asked_size(orientation, compress
 
 def test_flat_outputs_are_flagged():
     black = process_image(encode(Image.new("RGB", (50, 40))), ImageSpec(height=16, width=16))
-    assert black.flat
+    assert black.flat == ("#000000", False)
+    clear = process_image(encode(Image.new("RGBA", (50, 40), (9, 9, 9, 0)), "PNG"), ImageSpec(height=16, width=16))
+    assert clear.flat == ("#ffffff", True)  # its transparency, on the default background
     assert not process_image(encode(photo(5, 50, 40)), ImageSpec(height=16, width=16)).flat
     original = ImageSpec(height=None, width=None, resize_mode="none", image_format="original")
     assert process_image(encode(Image.new("RGB", (64, 64), "red")), original).flat  # kept, and still looked at

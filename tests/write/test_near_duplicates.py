@@ -72,8 +72,9 @@ def test_near_groups_are_listed_with_their_distance_and_counted_within_and_acros
     assert [r["path"] for r in lines if r["kind"] == "exact"] == ["/t/b.jpg", "/t/b_copy.jpg"]
     assert found.near == {"distance": 4, "groups": 2, "files": 6, "within_split": 1, "across_splits": 1,
                           "files_across": 3, "split_pairs": {"train/validation": 1},
-                          "examples": found.near["examples"]}
-    assert found.near["examples"][0]["files"][2] == {"split": "validation", "path": "/v/a_small.jpg", "distance": 2}
+                          "examples": found.near["examples"], "label_conflicts": 0}
+    assert found.near["examples"][0]["files"][2] == {"split": "validation", "label": None, "path": "/v/a_small.jpg",
+                                                     "distance": 2}
 
 
 @pytest.mark.parametrize("bad", ["zz" * 8, "0123", "-x"])

@@ -70,7 +70,7 @@ def test_both_sinks_find_the_same_near_groups_and_fail_says_so_after_writing(tre
     with contextlib.redirect_stdout(printed):
         assert inspect_output.main([str(tmp_path / "streaming"), "--leakage", str(sheet_path)]) == 0
     assert "near duplicates: 1 group of 2 files within 6 bits (0 within a split, 1 across splits" in printed.getvalue()
-    assert f"leakage sheet: {sheet_path} (1 group across splits)" in printed.getvalue()
+    assert f"leakage sheet: {sheet_path} (1 group across splits or labels)" in printed.getvalue()
     sheet = leakage_sheet.make_leakage_sheet(str(tmp_path / "streaming"))
     (caption, files), = sheet.rows
     assert caption.startswith("near group 1") and [split for split, _ in files] == ["validation", "train"]

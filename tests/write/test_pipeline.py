@@ -7,6 +7,7 @@ import hashlib
 import io
 import itertools
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -305,9 +306,54 @@ def test_transparency_takes_the_background_and_flat_records_are_counted(tmp_path
         assert np.abs(pixels - (32, 64, 96)).max() <= 2  # the background, through JPEG
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["options"]["background"] == "#204060"
-    assert manifest["flat_images"] == {"count": 3, "examples": [f"blank/clear{i}.png" for i in range(3)]}
-    assert "one flat colour: 3 (written all the same; e.g. blank/clear0.png" in result.stdout
-    assert "warning: 3 of 7 records show one flat colour" in result.stderr  # many: over 1% of them
+    assert manifest["flat_images"] == {"count": 3, "examples": [f"blank/clear{i}.png" for i in range(3)],
+                                       "transparent": 3}
+    rows = [json.loads(line) for line in (out / "flat.jsonl").read_text().splitlines()]
+    assert [(r["relpath"], r["label"], r["transparent"]) for r in rows] == [
+        (f"blank/clear{i}.png", "blank", True) for i in range(3)]
+    assert all(abs(int(r["colour"][1:3], 16) - 32) <= 2 and r["path"].endswith(r["relpath"]) for r in rows)
+    assert ("one flat colour: 3 (written all the same; e.g. blank/clear0.png, blank/clear1.png, blank/clear2.png; "
+            "every one in flat.jsonl)") in result.stdout
+    assert "warning: 3 of 7 records show one flat colour (each named in flat.jsonl)" in result.stderr  # many: over 1%
+    assert "--background '#808080'" in result.stderr
+    assert (result.stdout + result.stderr).count("blank/clear1.png") == 1  # the paths said once, not three times
+
+
+def _icon(colour: tuple[int, int, int]) -> Image.Image:
+    """A transparent image whose shape is all in one colour, its shape in its alpha alone: an icon, a logo."""
+    alpha = Image.new("L", (48, 48), 0)
+    alpha.paste(255, (8, 8, 40, 40))
+    icon = Image.new("RGBA", (48, 48), (*colour, 255))
+    icon.putalpha(alpha)
+    return icon
+
+
+def test_flat_transparent_images_are_listed_and_a_mid_grey_background_shows_them(tmp_path):
+    """Black shapes vanish on black, white ones on white: each background leaves one kind flat, and
+    flat.jsonl names each with its colour; the mid grey the advice names shows both."""
+    tree = tmp_path / "tree"
+    make_tree(tree, {"photos": 4})
+    (tree / "icons").mkdir()
+    for i in range(3):
+        _icon((0, 0, 0)).save(tree / "icons" / f"black{i}.png")
+        _icon((255, 255, 255)).save(tree / "icons" / f"white{i}.png")
+    flat_by_background = {}
+    for background in ("white", "black", "#808080"):
+        out = tmp_path / f"out-{background.lstrip('#')}"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            written = prepare_here("--input", str(tree), "--output", str(out), "--background", background)
+        rows = [json.loads(line) for line in (out / "flat.jsonl").read_text().splitlines()]
+        flat_by_background[background] = [(r["relpath"], r["colour"], r["transparent"]) for r in rows]
+        assert written["flat_images"]["count"] == written["flat_images"]["transparent"] == len(rows)
+        said = [str(w.message) for w in caught if "flat colour" in str(w.message)]
+        assert len(said) == (1 if rows else 0), said
+        assert all("3 of 10 records show one flat colour" in s and "background '#808080'" in s for s in said), said
+    assert flat_by_background == {
+        "white": [(f"icons/white{i}.png", "#ffffff", True) for i in range(3)],
+        "black": [(f"icons/black{i}.png", "#000000", True) for i in range(3)],
+        "#808080": [],
+    }
 
 
 def test_a_bad_background_is_refused_before_any_work(tmp_path):

@@ -257,7 +257,7 @@ def test_paths_and_output_on_gs(gcs_server, tmp_path):
     assert (error["path"], error["stage"]) == ("memory/broken", "decode")
     shards = manifest["splits"]["train"]["shards"]
     assert bucket.list_names("records/") == sorted(
-        f"records/{name}" for name in [*shards, "errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "hashes-v1.tsv.gz", "labels.txt",
+        f"records/{name}" for name in [*shards, "errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "flat.jsonl", "hashes-v1.tsv.gz", "labels.txt",
                                        "manifest.json", "README.md"])
     records = [features.decode_example(r) for name in shards
                for r in _framed(gzip.decompress(bucket.read_bytes(f"records/{name}")))]

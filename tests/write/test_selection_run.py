@@ -114,3 +114,28 @@ def test_every_label_gets_its_share_of_validation_and_each_record_is_in_the_list
 
 def test_a_rerun_puts_every_file_in_the_same_split(runs):
     assert records_by_split(runs["over"][0]) == records_by_split(runs["within"][0])
+
+
+def test_a_stratified_validation_shrunk_by_the_drop_is_said_with_its_counts(tmp_path):
+    """One class of 8 byte-identical files, another of 8 photos: --stratify gives each 2 of 8 for
+    validation (25%); the drop leaves out both of the first class's, as copies of its training files."""
+    root, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(root, {"photos": 8}, size=(24, 16))
+    (root / "copies").mkdir()
+    for i in range(8):
+        (root / "copies" / f"same_{i}.jpg").write_bytes((root / "photos" / "img_000.jpg").read_bytes())
+    flags = ("--input", str(root), "--image_size", "16", "--validation_percent", "25", "--stratify",
+             "--direct_running_mode", "in_memory")
+    result = run_prepare(*flags, "--output", str(out), "--cross_split_duplicates", "drop")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    validation = manifest["splits"]["validation"]
+    assert (validation["num_examples"], validation["class_counts"]) == (2, {"copies": 0, "photos": 2})
+    assert manifest["duplicates"]["dropped_by_split"] == {"validation": 2}
+    assert manifest["duplicates"]["dropped_by_class"] == {"validation": {"copies": 2}}
+    assert ("warning: validation came out at 2 records of the 4 planned (14.3% of the records, not the 25% asked): "
+            "2 copied an image of an earlier split and were left out") in result.stderr
+    assert "classes that lost most of theirs: copies 2 of 2." in result.stderr
+    # Reported, not dropped: validation keeps its plan, and nothing is said of it.
+    kept = run_prepare(*flags, "--output", str(tmp_path / "kept"))
+    assert kept.returncode == 0 and "came out at" not in kept.stderr, kept.stderr

@@ -31,13 +31,13 @@ def test_a_good_image_becomes_a_row_with_its_split_labels_and_hash_line(tmp_path
     row, failure = count_image(entry, None, ImageSpec(height=16, width=16, image_format="png"),
                                shard_format("tfrecord"), Counters(), reporter)
     assert failure is None and reporter.added == [True]
-    assert (row.split, row.labels, row.original, row.flat) == ("train", ("cat",), None, False)
+    assert (row.split, row.labels, row.original, row.flat) == ("train", ("cat",), None, None)
     assert decode_example(row.example)[FILENAME] == b"cat/img_000.jpg"
     with Image.open(io.BytesIO(decode_example(row.example)[ENCODED])) as stored_image:  # the hash of what is stored
         picture = phash(stored_image)
     stored = row.hash_line.split("\t")[2]
     assert row.hash_line == hash_line(hashlib.sha256(path.read_bytes()).hexdigest(), "train", entry.path,
-                                      int(stored, 16))
+                                      int(stored, 16), "cat")  # its label: a copy under another one contradicts it
     assert int(stored, 16) == picture
 
 

@@ -68,26 +68,35 @@ class Dropping:
     Attributes:
       keys: split -> the sorted source sha256 digests (32 bytes each) of the records left out.
       by_reason: files left out per reason (``exact_reason``, ``near_reason``).
+      by_split: split -> files left out of it.
+      by_class: split -> label -> files left out (a multi-label file under each of its labels; a
+        file of an older run's hash lines, whose label is unknown, under none).
     """
 
     keys: dict[str, np.ndarray]
     by_reason: dict[str, int]
     _rows: SortedRows
     _folder: SpillFolder
+    by_split: dict[str, int] = dataclasses.field(default_factory=dict)
+    by_class: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def count(self) -> int:
         return sum(self.by_reason.values())
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest's ``duplicates.dropped`` and ``duplicates.dropped_by_reason``."""
-        return {"dropped": self.count, "dropped_by_reason": dict(sorted(self.by_reason.items()))}
+        """The manifest's ``duplicates.dropped``, ``duplicates.dropped_by_reason``,
+        ``duplicates.dropped_by_split`` and ``duplicates.dropped_by_class`` (per split, per label)."""
+        return {"dropped": self.count, "dropped_by_reason": dict(sorted(self.by_reason.items())),
+                "dropped_by_split": {split: self.by_split[split] for split in split_order.ordered(self.by_split)},
+                "dropped_by_class": {split: dict(sorted(self.by_class[split].items()))
+                                     for split in split_order.ordered(self.by_class)}}
 
     def lines(self) -> Iterator[tuple[str, str]]:
         """``(path, skipped.jsonl line)`` of each file left out, sorted by path, each once (a file
         in an exact and a near group as its near group decided: a copy of a file kept there)."""
         last = None
-        for path, _, _, _, line in self._rows:
+        for path, _, _, _, line, _ in self._rows:
             if path != last:
                 last = path
                 yield path, line
@@ -130,17 +139,22 @@ def choose(lines_file: str, root: str, distance: int | None) -> Dropping:
                 _choose_in(list(members), root, distance, rows)
         digests: dict[str, bytearray] = collections.defaultdict(bytearray)
         by_reason: collections.Counter[str] = collections.Counter()
+        by_split: collections.Counter[str] = collections.Counter()
+        by_class: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         last = None
-        for path, _, (split, sha256), reason, _ in rows:
+        for path, _, (split, sha256), reason, _, labels in rows:
             if path != last:
                 last = path
                 digests[split] += bytes.fromhex(sha256)
                 by_reason[reason] += 1
+                by_split[split] += 1
+                by_class[split].update(labels)
         keys = {split: np.unique(np.frombuffer(found, dtype=_DIGEST)) for split, found in digests.items()}
     except BaseException:
         folder.close()
         raise
-    return Dropping(keys, dict(by_reason), rows, folder)
+    return Dropping(keys, dict(by_reason), rows, folder, dict(by_split),
+                    {split: dict(n) for split, n in by_class.items() if n})
 
 
 def _choose_in(members: list[dict[str, Any]], root: str, distance: int | None, rows: SortedRows) -> None:
@@ -206,7 +220,10 @@ def _left_out(member: dict[str, Any], copy: dict[str, Any], gap: int | None, roo
     path = member["path"]
     base = root.rstrip("/")  # no root (WriteImageDataset's elements): each path as given
     relpath = path[len(base) + 1:] if base and path.startswith(base + "/") else path
-    rows.append((path, kind, (member["split"], member["sha256"]), reason, skipped.line(root, relpath, reason, **about)))
+    label = member.get("label")  # None: a line of an older run, its label unknown
+    labels = tuple(label) if isinstance(label, list) else (label,) if label is not None else ()
+    rows.append((path, kind, (member["split"], member["sha256"]), reason, skipped.line(root, relpath, reason, **about),
+                 labels))
 
 
 class Rewritten:

@@ -31,13 +31,14 @@ from beam_prep.write.finish.hash_lines import hash_line
 from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared import layout
 
-__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "find", "hash_line", "leakage", "leakage_error", "read_chunks",
-           "split_pairs"]
+__all__ = ["EXAMPLES", "Duplicates", "copy_lines", "describe_conflicts", "find", "hash_line", "label_conflicts", "leakage",
+           "leakage_error", "read_chunks", "split_pairs"]
 
 EXAMPLES = 5  # groups of copies the manifest shows, and files shown of each
 _PREFIX_HEX = 16  # a sha256's first 8 bytes, as hex: the key held per record
 _REST_BYTES = 24  # a sha256 after its prefix
 _READ_BYTES = 1 << 22
+_UNKNOWN_LABEL = b"null"  # a hash line without a label (an older run's)
 
 
 @dataclasses.dataclass
@@ -49,7 +50,8 @@ class Duplicates:
     content, ``n - 1`` are extra; those in a split that already has the content
     are ``within_split``, and each further split it appears in adds one to
     ``across_splits`` (a validation image that is also in train: 1). ``split_pairs``: per pair of
-    splits (``split_order.pair_name``), the contents with a file in both.
+    splits (``split_order.pair_name``), the contents with a file in both. ``label_conflicts``: the
+    same bytes under two labels or more, a contradiction no copy elsewhere is (``conflicts_json``).
     """
 
     images: int = 0  # contents held by two files or more
@@ -60,12 +62,17 @@ class Duplicates:
     examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     near: dict[str, Any] | None = None  # near.NearFound.to_json(); None: no near search
     with_earlier: int | None = None  # an append's: groups holding a record of an earlier version
+    label_conflicts: int = 0  # contents whose files are under two labels or more
+    conflicting_files: int = 0  # the files of those contents
+    conflict_examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     lines_file: str | None = None
     _folder: SpillFolder | None = None
 
     def to_json(self) -> dict[str, Any]:
         found = {"images": self.images, "extra_copies": self.extra_copies, "within_split": self.within_split,
                  "across_splits": self.across_splits, "split_pairs": self.split_pairs, "examples": self.examples,
+                 "label_conflicts": {"images": self.label_conflicts, "files": self.conflicting_files,
+                                     "examples": self.conflict_examples},
                  "near": self.near}
         if self.with_earlier is not None:
             found["with_earlier"] = self.with_earlier
@@ -174,8 +181,12 @@ def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder:
     total = starts[-1] + int(sizes[-1])
     seen = array.array("I", bytes(4 * count))
     first = bytearray(_REST_BYTES * count)
+    # Its first known label's code (-1: none yet), and whether another label came: 9 bytes more.
+    label_of = np.full(count, -1, dtype=np.int64)
+    mixed = np.zeros(count, dtype=bool)
+    codes: dict[bytes, int] = {}  # a label (as JSON) -> its code: as many as the run has labels
     places = SortedSpill(folder, "groups", total)
-    apart: dict[bytes, list[tuple[bytes, bytes]]] = collections.defaultdict(list)  # same prefix, other hash
+    apart: dict[bytes, list[tuple[bytes, bytes, bytes]]] = collections.defaultdict(list)  # same prefix, other hash
     mismatched: collections.Counter[int] = collections.Counter()
     for path, lines in read_chunks(files):
         keys = _prefixes(path, lines)
@@ -184,31 +195,38 @@ def _report(files: list[str], candidates: np.ndarray, sizes: np.ndarray, folder:
         for i in np.flatnonzero(candidates[at] == keys).tolist():
             group = int(at[i])
             parsed = hash_lines.parse(path, lines[i])
-            digest, split, quoted = bytes.fromhex(parsed.sha256.decode()), parsed.split, parsed.path
+            digest, split, quoted, label = bytes.fromhex(parsed.sha256.decode()), parsed.split, parsed.path, parsed.label
             rest = digest[8:]
             if seen[group] == 0:
                 first[group * _REST_BYTES:(group + 1) * _REST_BYTES] = rest
             elif first[group * _REST_BYTES:(group + 1) * _REST_BYTES] != rest:
-                apart[digest].append((split, quoted, version))
+                apart[digest].append((split, quoted, version, label))
                 mismatched[group] += 1
                 continue
-            places.add((((starts[group] + seen[group]) << 64) // total, group, split, quoted, version))
+            if label != _UNKNOWN_LABEL:  # a line of an older run contradicts nothing
+                code = codes.setdefault(label, len(codes))
+                if label_of[group] < 0:
+                    label_of[group] = code
+                elif label_of[group] != code:
+                    mixed[group] = True
+            places.add((((starts[group] + seen[group]) << 64) // total, group, split, quoted, version, label))
             seen[group] += 1
-    del seen, starts
+    del seen, starts, label_of
     tally = _Tally(found, out, origin.version)
     current = -1
-    for _, group, split, quoted, version in places:
+    for _, group, split, quoted, version, label in places:
         if group != current:
             tally.group_done()
             current = group
             rest = bytes(first[group * _REST_BYTES:(group + 1) * _REST_BYTES])
-            tally.start(int(candidates[group]).to_bytes(8, "big") + rest, int(sizes[group]) - mismatched[group])
-        tally.add(split, quoted, version)
+            tally.start(int(candidates[group]).to_bytes(8, "big") + rest, int(sizes[group]) - mismatched[group],
+                        bool(mixed[group]))
+        tally.add(split, quoted, version, label)
     tally.group_done()
     for digest, files_apart in sorted(apart.items()):
-        tally.start(digest, len(files_apart))
-        for split, quoted, version in files_apart:
-            tally.add(split, quoted, version)
+        tally.start(digest, len(files_apart), len({label for *_, label in files_apart} - {_UNKNOWN_LABEL}) > 1)
+        for split, quoted, version, label in files_apart:
+            tally.add(split, quoted, version, label)
         tally.group_done()
     tally.done()
 
@@ -221,28 +239,34 @@ class _Tally:
     def __init__(self, found: Duplicates, out: IO[bytes], version: int | None) -> None:
         self._found, self._out, self._version = found, out, version
         self._earlier = False
-        self._head, self._sha256, self._copies = b"", "", 0
+        self._head, self._sha256, self._copies, self._mixed = b"", "", 0, False
         self._per_split: collections.Counter[bytes] = collections.Counter()
-        self._shown: list[tuple[bytes, bytes]] = []
+        self._shown: list[tuple[bytes, bytes, bytes]] = []
+        self._by_label: dict[bytes, tuple[bytes, bytes]] = {}  # a group's first file of each label (a few)
         self._across: list[dict[str, Any]] = []
         self._within: list[dict[str, Any]] = []
 
-    def start(self, digest: bytes, copies: int) -> None:
-        self._sha256, self._copies = digest.hex(), copies
-        self._head = b'{"kind": "exact", "sha256": "%s", "copies": %d, "split": "' % (self._sha256.encode(), copies)
+    def start(self, digest: bytes, copies: int, mixed: bool = False) -> None:
+        """A group begins: its content, its files' count, and whether they are under two labels or more."""
+        self._sha256, self._copies, self._mixed = digest.hex(), copies, mixed
+        self._head = b'{"kind": "exact", "sha256": "%s", "copies": %d, "labels_differ": %s, "split": "' % (
+            self._sha256.encode(), copies, b"true" if mixed else b"false")
         self._per_split.clear()
         self._shown = []
+        self._by_label = {}
         self._earlier = False
 
-    def add(self, split: bytes, quoted: bytes, version: int) -> None:
+    def add(self, split: bytes, quoted: bytes, version: int, label: bytes = _UNKNOWN_LABEL) -> None:
         if self._copies < 2:  # a prefix shared by different contents: no copy at all
             return
         tail = b"}\n" if self._version is None else b', "version": %d}\n' % version
         self._earlier |= self._version is not None and version != self._version
-        self._out.write(self._head + split + b'", "path": ' + quoted + tail)
+        self._out.write(self._head + split + b'", "label": ' + label + b', "path": ' + quoted + tail)
         self._per_split[split] += 1
         if len(self._shown) < EXAMPLES:
-            self._shown.append((split, quoted))
+            self._shown.append((split, quoted, label))
+        if self._mixed and label not in self._by_label and len(self._by_label) < EXAMPLES:
+            self._by_label[label] = (split, quoted)
 
     def group_done(self) -> None:
         if not self._per_split:
@@ -260,14 +284,24 @@ class _Tally:
         kept = self._across if len(self._per_split) > 1 else self._within
         if len(kept) < EXAMPLES:
             kept.append({"sha256": self._sha256, "copies": self._copies,
-                         "files": [{"split": split.decode(), "path": json.loads(quoted)}
-                                   for split, quoted in self._shown]})
+                         "files": [_file(split, quoted, label) for split, quoted, label in self._shown]})
+        if self._mixed:
+            f.label_conflicts += 1
+            f.conflicting_files += self._copies
+            if len(f.conflict_examples) < EXAMPLES:
+                f.conflict_examples.append({"sha256": self._sha256, "copies": self._copies, "files": [
+                    _file(split, quoted, label) for label, (split, quoted) in self._by_label.items()]})
         self._per_split.clear()
 
     def done(self) -> None:
         """The counts final: the examples chosen, the pairs of splits in the splits' order."""
         self._found.examples = (self._across + self._within)[:EXAMPLES]
         self._found.split_pairs = split_order.sorted_pairs(self._found.split_pairs)
+
+
+def _file(split: bytes, quoted: bytes, label: bytes) -> dict[str, Any]:
+    """A file of a group, as the manifest's examples show it."""
+    return {"split": split.decode(), "label": json.loads(label), "path": json.loads(quoted)}
 
 
 def read_chunks(files: list[str]) -> Iterator[tuple[str, list[bytes]]]:
@@ -323,6 +357,25 @@ def split_pairs(manifest: Mapping[str, Any]) -> dict[str, int]:
     for counts in (copies.get("split_pairs") or {}, (copies.get("near") or {}).get("split_pairs") or {}):
         total.update(counts)
     return split_order.sorted_pairs(total)
+
+
+def label_conflicts(manifest: Mapping[str, Any]) -> tuple[int, int]:
+    """From a manifest's ``duplicates``: contents under two labels or more (exact copies), and near
+    groups whose files are; (0, 0) for a manifest written before they were counted."""
+    copies = manifest.get("duplicates") or {}
+    exact = (copies.get("label_conflicts") or {}).get("images", 0)
+    return int(exact), int((copies.get("near") or {}).get("label_conflicts", 0))
+
+
+def describe_conflicts(manifest: Mapping[str, Any], shown: int = 3) -> str:
+    """A few contents under two labels, each as its files with their labels: ``a.jpg (cat) = b.jpg (dog)``."""
+    examples = ((manifest.get("duplicates") or {}).get("label_conflicts") or {}).get("examples") or []
+    return "; ".join(" = ".join(f"{f['path']} ({_label_text(f.get('label'))})" for f in group["files"])
+                     for group in examples[:shown])
+
+
+def _label_text(label: Any) -> str:
+    return ", ".join(label) if isinstance(label, list) else str(label)
 
 
 def leakage_error(action: str, manifest: Mapping[str, Any], output: str) -> str | None:

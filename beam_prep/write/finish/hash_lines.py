@@ -2,12 +2,15 @@
 back by every step that finds or drops duplicates (``parse``), so the format is spelled out in
 one place.
 
-A line is ``<sha256 hex>\\t<split>\\t<perceptual hash, 16 hex digits or ->\\t<path as JSON>``.
+A line is ``<sha256 hex>\\t<split>\\t<perceptual hash, 16 hex digits or ->\\t<path as JSON>\\t<label as
+JSON>`` (the label: a name, or the sorted list of a multi-label record's; a line of an older run has
+none, its label unknown: JSON escapes every tab, so the path ends at the fourth).
 """
 from __future__ import annotations
 
 import binascii
 import json
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from beam_prep.errors import DatasetError
@@ -18,14 +21,18 @@ __all__ = ["HashLine", "fields", "hash_line", "parse"]
 _SHA256_HEX = 64
 _PHASH_HEX = 16
 _NO_PHASH = b"-"
+_NO_LABEL = b"null"
 
 
-def hash_line(sha256_hex: str, split: str, path: str, phash: int | None = None) -> str:
+def hash_line(sha256_hex: str, split: str, path: str, phash: int | None = None,
+              label: str | Sequence[str] | None = None) -> str:
     """A hash file's line for one written record, the path as messages show it (``printable``: a
     name that is not UTF-8 escaped). ``phash`` None (``-``): the record takes no part in the
-    near-duplicate search (an image of one flat colour)."""
+    near-duplicate search (an image of one flat colour). ``label``: its label, or a multi-label
+    record's labels (kept sorted: the same set is the same label)."""
     picture = "-" if phash is None else f"{phash:016x}"
-    return f"{sha256_hex}\t{split}\t{picture}\t{json.dumps(printable(path))}"
+    named = label if label is None or isinstance(label, str) else sorted(label)
+    return f"{sha256_hex}\t{split}\t{picture}\t{json.dumps(printable(path))}\t{json.dumps(named)}"
 
 
 class HashLine(NamedTuple):
@@ -36,12 +43,15 @@ class HashLine(NamedTuple):
       split: the record's split.
       phash: its perceptual hash; None: none (``-``).
       path: its source path, JSON-quoted (bytes, as duplicates.jsonl writes it).
+      label: its label as JSON (bytes, as duplicates.jsonl writes it): a name, a list of names, or
+        ``null`` (unknown: a line of an older run).
     """
 
     sha256: bytes
     split: bytes
     phash: int | None
     path: bytes
+    label: bytes = _NO_LABEL
 
 
 def parse(file: str, line: bytes) -> HashLine:
@@ -50,25 +60,27 @@ def parse(file: str, line: bytes) -> HashLine:
     Raises:
       DatasetError: the line is not a hash line (naming ``file`` and the line).
     """
-    parts = line.split(b"\t", 3)
+    parts = line.split(b"\t", 4)
     try:
-        if len(parts) != 4:
-            raise ValueError("not four fields")
-        digest, split, picture, path = parts
-        if len(digest) != _SHA256_HEX or not split:
-            raise ValueError("no sha256 or no split")
+        if len(parts) not in (4, 5):
+            raise ValueError("not four or five fields")
+        digest, split, picture, path, *named = parts
+        label = named[0] if named else _NO_LABEL
+        if len(digest) != _SHA256_HEX or not split or not label:
+            raise ValueError("no sha256, split or label")
         binascii.unhexlify(digest)
         if picture == _NO_PHASH:
-            return HashLine(digest, split, None, path)
+            return HashLine(digest, split, None, path, label)
         if len(picture) != _PHASH_HEX:
             raise ValueError("not a perceptual hash")
-        return HashLine(digest, split, int.from_bytes(binascii.unhexlify(picture), "big"), path)
+        return HashLine(digest, split, int.from_bytes(binascii.unhexlify(picture), "big"), path, label)
     except (ValueError, binascii.Error) as e:
         raise DatasetError(f"{file} holds a line that is not a record's hash: {line[:200]!r}") from e
 
 
-def fields(line: bytes) -> tuple[bytes, bytes, bytes, bytes]:
-    """A line ``parse`` has checked already, as its four fields (sha256, split, perceptual hash as
-    hex or ``-``, path), unchecked: for a second pass over lines, at a fraction of ``parse``'s cost."""
-    sha256, split, picture, path = line.split(b"\t", 3)
-    return sha256, split, picture, path
+def fields(line: bytes) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """A line ``parse`` has checked already, as its five fields (sha256, split, perceptual hash as
+    hex or ``-``, path, label as JSON: ``null`` where the line has none), unchecked: for a second
+    pass over lines, at a fraction of ``parse``'s cost."""
+    sha256, split, picture, path, *named = line.split(b"\t", 4)
+    return sha256, split, picture, path, named[0] if named else _NO_LABEL

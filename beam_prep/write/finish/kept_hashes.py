@@ -65,11 +65,11 @@ def listed(manifest: Mapping[str, Any]) -> dict[int, KeptFile]:
 def relative_to(root: str | None, line: bytes) -> tuple[bytes, bytes]:
     """A workers' hash line (a full path) as a kept one (the path under ``root``, the run's input; no
     root: as given), with the JSON path it sorts by: ``(path, line)``."""
-    sha256, split, picture, quoted = hash_lines.fields(line)
+    sha256, split, picture, quoted, label = hash_lines.fields(line)
     prefix = _quoted_prefix(root)
     if prefix and quoted.startswith(prefix):
         quoted = b'"' + quoted[len(prefix):]
-    return quoted, b"\t".join((sha256, split, picture, quoted))
+    return quoted, b"\t".join((sha256, split, picture, quoted, label))
 
 
 def _quoted_prefix(root: str | None) -> bytes:
@@ -148,6 +148,6 @@ def read_lines(path: str) -> Iterator[list[bytes]]:
 def full_path_line(line: bytes, root: str | None) -> bytes:
     """A kept line (a path under ``root``, its version's input) as a workers' hash line (``hash_lines``:
     the full path), for the duplicate search."""
-    sha256, split, picture, quoted = hash_lines.fields(line)
+    sha256, split, picture, quoted, label = hash_lines.fields(line)
     prefix = _quoted_prefix(root)
-    return b"\t".join((sha256, split, picture, prefix + quoted[1:] if prefix else quoted))
+    return b"\t".join((sha256, split, picture, prefix + quoted[1:] if prefix else quoted, label))

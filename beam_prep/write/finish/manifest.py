@@ -130,7 +130,7 @@ def build(
         "failed_by_stage": dict(sorted(by_stage.items())),
         "skipped_by_reason": dict(plan.skipped_by_reason),
         **kept_or_not,
-        "flat_images": FlatImages().merge(*flat).to_json(),
+        "flat_images": FlatImages().merge(*flat).manifest(),
         "duplicates": dict(copies) if copies is not None else duplicates.Duplicates().to_json(),
         "sink": plan.sink,
         "options": _options(config),

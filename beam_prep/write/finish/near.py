@@ -199,11 +199,13 @@ class NearFound(NamedTuple):
     distance: int
     examples: list[dict[str, Any]]
     with_earlier: int | None = None  # an append's: groups holding a record of an earlier version
+    label_conflicts: int = 0  # groups whose files are under two labels or more
 
     def to_json(self) -> dict[str, Any]:
         found = {"distance": self.distance, "groups": self.groups, "files": self.files,
                  "within_split": self.within_split, "across_splits": self.across_splits,
-                 "files_across": self.files_across, "split_pairs": self.split_pairs, "examples": self.examples}
+                 "files_across": self.files_across, "split_pairs": self.split_pairs, "examples": self.examples,
+                 "label_conflicts": self.label_conflicts}
         if self.with_earlier is not None:
             found["with_earlier"] = self.with_earlier
         return found
@@ -282,33 +284,37 @@ def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int
         index += len(chunk)
     examples_across: list[dict[str, Any]] = []
     examples_within: list[dict[str, Any]] = []
+    conflicts = 0
     for at, members in itertools.groupby(spill, key=operator.itemgetter(1)):
         g = int(number[at])
         files = sorted((*_by_path(line), v) for _, _, line, v in members)
-        gaps = [hamming(phash, files[0][3]) for _, _, _, phash, _ in files]
+        gaps = [hamming(phash, files[0][3]) for _, _, _, phash, _, _ in files]
         widest = max(gaps)
-        for (path, sha256, split, phash, v), gap in zip(files, gaps):
+        mixed = len({label for _, _, _, _, label, _ in files} - {b"null"}) > 1  # a line of an older run: unknown
+        conflicts += mixed
+        for (path, sha256, split, phash, label, v), gap in zip(files, gaps):
             out.write(b'{"kind": "near", "group": %d, "distance": %d, "group_distance": %d, "sha256": "%s", '
-                      b'"phash": "%016x", "split": "%s", "path": %s%s}\n'
-                      % (g + 1, gap, widest, sha256, phash, split, path,
+                      b'"phash": "%016x", "labels_differ": %s, "split": "%s", "label": %s, "path": %s%s}\n'
+                      % (g + 1, gap, widest, sha256, phash, b"true" if mixed else b"false", split, label, path,
                          b"" if v is None else b', "version": %d' % v))
         kept = examples_across if across[g] else examples_within
         if len(kept) < _EXAMPLES:
             kept.append({"group": g + 1, "distance": widest, "files": [
-                {"split": split.decode(), "path": json.loads(path), "distance": gap,
+                {"split": split.decode(), "label": json.loads(label), "path": json.loads(path), "distance": gap,
                  **({} if v is None else {"version": v})}
-                for (path, _, split, _, v), gap in zip(files[:_EXAMPLES], gaps)]})
+                for (path, _, split, _, label, v), gap in zip(files[:_EXAMPLES], gaps)]})
     return NearFound(groups=len(near_ids), files=len(order), within_split=int(np.count_nonzero(~across)),
                      across_splits=int(np.count_nonzero(across)), files_across=files_across,
                      split_pairs=_split_pairs(holds, names), distance=distance,
-                     examples=(examples_across + examples_within)[:_EXAMPLES], with_earlier=with_earlier)
+                     examples=(examples_across + examples_within)[:_EXAMPLES], with_earlier=with_earlier,
+                     label_conflicts=conflicts)
 
 
-def _by_path(line: bytes) -> tuple[bytes, bytes, bytes, int]:
-    """A near group's line, checked already: ``(path, sha256, split, perceptual hash)``, the order
-    its group lists it in (by path; the other fields break a tie, as two sinks' lines may)."""
-    sha256, split, picture, path = hash_lines.fields(line)
-    return path, sha256, split, int(picture, 16)
+def _by_path(line: bytes) -> tuple[bytes, bytes, bytes, int, bytes]:
+    """A near group's line, checked already: ``(path, sha256, split, perceptual hash, label)``, the
+    order its group lists it in (by path; the other fields break a tie, as two sinks' lines may)."""
+    sha256, split, picture, path, label = hash_lines.fields(line)
+    return path, sha256, split, int(picture, 16), label
 
 
 def _split_pairs(holds: np.ndarray, names: dict[bytes, int]) -> dict[str, int]:

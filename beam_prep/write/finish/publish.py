@@ -28,6 +28,7 @@ from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import appended, drop, duplicates, earlier, kept_hashes, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.grow.append import Additions
+from beam_prep.write.images import flat
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
 from beam_prep.write.plan import skipped
@@ -179,8 +180,7 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
     publication.carry_out(config.output, record, steps)
     _LOG.info("wrote %s", join(config.output, MANIFEST))
     if built["flat_images"]["count"]:
-        _LOG.info("records of one flat colour: %s, e.g. %s", built["flat_images"]["count"],
-                  ", ".join(built["flat_images"]["examples"]))
+        _LOG.info("records of one flat colour: %s (every one in %s)", built["flat_images"]["count"], layout.FLAT)
     return built
 
 
@@ -235,15 +235,17 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
     steps.done()
     duplicates.copy_lines(found, join(folder, layout.DUPLICATES))
     steps.done()
+    write_lines(join(folder, layout.FLAT), flat.lines(FlatImages().merge(*reports.flat)))
+    steps.done()
     write_lines(join(folder, layout.LABELS), labels_lines(plan.labels, config.labels_txt, config.label_offset))
     steps.done()
     kept = kept_hashes.kept_name(config.version)
     built[kept_hashes.MANIFEST_KEY] = [*before.entries, earlier.kept_file(
         reports.hash_files, config.input, join(folder, kept), config.version, dropping)]
     steps.done()
-    names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS, kept]
+    names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.FLAT, layout.LABELS, kept]
     if config.append:
-        for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES):
+        for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.FLAT):
             _after_the_datasets(config.output, folder, name)
         write_lines(join(folder, layout.CHANGED), Additions.from_json(plan.appended or {}).changed_lines())
         names.append(layout.CHANGED)

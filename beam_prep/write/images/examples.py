@@ -14,7 +14,7 @@ from beam_prep.errors import ImageError, StorageError
 from beam_prep.io.gcs import GcsClient
 from beam_prep.io.storage import is_local, read_bytes
 from beam_prep.model.features import ImageRecord
-from beam_prep.write.images.imaging import ImageSpec, process_image
+from beam_prep.write.images.imaging import Flat, ImageSpec, process_image
 from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
 from beam_prep.write.shared.shard_formats import ShardFormat, shard_format
 
@@ -30,7 +30,7 @@ class Outcome(NamedTuple):
     bytes_in: int
     original: str | None = None
     sha256: str | None = None
-    flat: bool = False
+    flat: Flat | None = None
     phash: int | None = None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+from typing import NamedTuple
 
 import numpy as np
 from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
@@ -68,7 +69,7 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 # Composited on --background by default: white, as image viewers show transparency.
 DEFAULT_BACKGROUND = "#ffffff"
 # An output whose every channel spans at most this many levels shows nothing: one flat colour
-# (a blank scan, or a source that decoded to black). Counted, and a few named, not refused.
+# (a blank scan, or a source that decoded to black). Counted and named (flat.jsonl), not refused.
 FLAT_SPREAD = 2
 _SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 # How exif_transpose() turns each orientation upright: flip x, flip y, then swap the axes if 5-8.
@@ -144,17 +145,30 @@ class ImageSpec:
         return ImageColor.getrgb(self.background)[:3]
 
 
+class Flat(NamedTuple):
+    """An output of one flat colour (``FLAT_SPREAD``): worth a look, counted and named by the run.
+
+    Attributes:
+      colour: the colour it shows, ``#rrggbb``.
+      transparent: its source has transparency, composited on ``--background``: an image whose
+        shapes are in the background's own colour (a black icon on black) comes out flat.
+    """
+
+    colour: str
+    transparent: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class EncodedImage:
     """An image as stored; ``original`` (image_format original only): ``KEPT``, or the key of
-    ``REENCODE_REASONS`` that says why it was re-encoded; ``flat``: it shows one flat colour."""
+    ``REENCODE_REASONS`` that says why it was re-encoded; ``flat``: the one flat colour it shows, if so."""
 
     data: bytes
     height: int
     width: int
     channels: int
     original: str | None = None
-    flat: bool = False  # one flat colour (``FLAT_SPREAD``): worth a look, counted by the run
+    flat: Flat | None = None  # one flat colour: worth a look, counted and named by the run
     phash: int | None = None  # the written image's perceptual hash (``phash.phash``), before its encode
 
 
@@ -229,12 +243,13 @@ def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
     if not jpeg:
         spec = _sized_for(img.size, spec)
     try:
-        img = _convert(img, spec)
+        img, transparent = _convert(img, spec)
     except (OSError, ValueError) as e:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
     img = _resize(img, region, spec)
     picture = phash(img, just_resized=True) if spec.perceptual_hash else None  # the picture as written: small, so cheap to hash
-    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, is_flat(img), picture)
+    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason,
+                        _flat(img, transparent), picture)
 
 
 def _reencode_reason(img: Image.Image, orientation: int, spec: ImageSpec) -> str | None:
@@ -285,7 +300,7 @@ def _kept(data: bytes, img: Image.Image, spec: ImageSpec) -> EncodedImage | None
         raise ImageError("decode", f"cannot decode image: {e}") from e
     if libjpeg_warning(data) is not None:  # every read would print libjpeg's warning: re-encoded instead
         return None
-    return EncodedImage(data, height, width, spec.channels, KEPT, is_flat(img),
+    return EncodedImage(data, height, width, spec.channels, KEPT, _flat(img, transparent=False),
                         phash(img) if spec.perceptual_hash else None)
 
 
@@ -377,8 +392,9 @@ def _oriented(box: Box, size: tuple[int, int], orientation: int) -> Box:
     return left, top, right, bottom
 
 
-def _convert(img: Image.Image, spec: ImageSpec) -> Image.Image:
-    """``img`` in ``spec.mode``: 8 bits a channel, any transparency composited on ``spec.background``."""
+def _convert(img: Image.Image, spec: ImageSpec) -> tuple[Image.Image, bool]:
+    """``img`` in ``spec.mode``: 8 bits a channel, any transparency composited on ``spec.background``;
+    and whether it had transparency."""
     alpha = _alpha(img)
     if img.mode in ("P", "PA", "RGBa", "La"):
         img = img.convert("RGBA")  # palette entries, or premultiplied channels, to plain colours
@@ -394,7 +410,7 @@ def _convert(img: Image.Image, spec: ImageSpec) -> Image.Image:
         img = canvas
     if img.mode not in ("L", "RGB"):
         img = img.convert("RGB")  # Pillow turns some modes (LAB, HSV) into RGB only
-    return img if img.mode == spec.mode else img.convert(spec.mode)
+    return (img if img.mode == spec.mode else img.convert(spec.mode)), alpha is not None
 
 
 def _alpha(img: Image.Image) -> Image.Image | None:
@@ -413,19 +429,28 @@ def _alpha(img: Image.Image) -> Image.Image | None:
     return Image.fromarray(opaque.astype(np.uint8) * 255)
 
 
-def is_flat(img: Image.Image) -> bool:
-    """Whether every channel of ``img`` spans at most ``FLAT_SPREAD`` levels. A 4x4 grid of pixels
-    first: they differ in nearly every image, and a scan of all of them costs far more."""
+def _flat(img: Image.Image, transparent: bool) -> Flat | None:
+    """``img``'s one colour if every channel spans at most ``FLAT_SPREAD`` levels, else None. A 4x4
+    grid of pixels first: they differ in nearly every image, and a scan of all of them costs far more."""
     pixels = img.load()
     width, height = img.size
     grid = [pixels[x, y] for x in {0, width // 3, 2 * width // 3, width - 1}
             for y in {0, height // 3, 2 * height // 3, height - 1}]
     channels = zip(*grid) if isinstance(grid[0], tuple) else (grid,)
     if any(max(channel) - min(channel) > FLAT_SPREAD for channel in channels):
-        return False
+        return None
     extrema = img.getextrema()
     bands = extrema if isinstance(extrema[0], tuple) else (extrema,)
-    return all(high - low <= FLAT_SPREAD for low, high in bands)
+    if any(high - low > FLAT_SPREAD for low, high in bands):
+        return None
+    middle = [(low + high) // 2 for low, high in bands]
+    rgb = middle[:3] if len(middle) >= 3 else middle[:1] * 3
+    return Flat("#{:02x}{:02x}{:02x}".format(*rgb), transparent)
+
+
+def is_flat(img: Image.Image) -> bool:
+    """Whether ``img`` is of one flat colour (``_flat``'s rule): such a record gets no perceptual hash."""
+    return _flat(img, transparent=False) is not None
 
 
 def _resize(img: Image.Image, region: Box, spec: ImageSpec) -> Image.Image:

@@ -21,6 +21,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from beam_prep import wording
+from beam_prep.doc_pages import doc_page
 from beam_prep.errors import (
     BeamPrepWarning,
     CrossSplitLeakage,
@@ -30,11 +31,11 @@ from beam_prep.errors import (
     TooManyFailures,
 )
 from beam_prep.io.storage import join, read_lines
-from beam_prep.write.finish import duplicates, manifest, publication, publish
+from beam_prep.write.finish import duplicates, manifest, publication, publish, shrunk_splits
 from beam_prep.write.grow import append, label_ids
-from beam_prep.write.images import resample
+from beam_prep.write.images import flat, resample
 from beam_prep.write.images.examples import unknown_label_report
-from beam_prep.write.images.flat import FlatImages, is_many
+from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import progress, resume
 from beam_prep.write.plan import failure_budget, sharding
 from beam_prep.write.plan.config import PrepareConfig
@@ -409,6 +410,9 @@ def _finished(config: PrepareConfig, seconds: float, counters: dict[str, int],
     """
     written = manifest.read(config.output)
     _warn_if_many_flat(written)
+    _warn_if_labels_conflict(written)
+    for warning in shrunk_splits.messages(written, config.validation_percent):
+        warnings.warn(BeamPrepWarning(warning), stacklevel=2)
     _warn_if_resized_by_pillow(written)
     result = RunResult(written, seconds, counters, phases=phases,
                        kept=written["counts"]["listed"] if kept is None else kept)
@@ -432,13 +436,30 @@ def _nothing_to_add(config: PrepareConfig, nothing: NothingToAdd, seconds: float
 
 
 def _warn_if_many_flat(written: dict[str, Any]) -> None:
-    """Many records of one flat colour are more likely a problem than blank sources: said, with names."""
-    flat = FlatImages.from_json(written.get("flat_images"))
-    if is_many(flat, written["counts"]["written"]):
+    """Many records of one flat colour are more likely a problem than blank sources: said, with what to do
+    (flat.jsonl and the summary name them)."""
+    found = written.get("flat_images") or {}
+    count = int(found.get("count") or 0)
+    if flat.is_many(count, written["counts"]["written"]):
         warnings.warn(BeamPrepWarning(
-            f"{flat.count:,} of {wording.count(written['counts']['written'], 'record')} show one flat colour "
-            f"(e.g. {', '.join(flat.examples)}): look at a few; if their transparency should show, "
-            "pass another --background"), stacklevel=2)
+            f"{count:,} of {wording.count(written['counts']['written'], 'record')} show one flat colour "
+            f"(each named in {layout.FLAT}): {flat.advice(found, (written.get('options') or {}).get('background'))}"),
+            stacklevel=2)
+
+
+def _warn_if_labels_conflict(written: dict[str, Any]) -> None:
+    """The same bytes under two labels contradict themselves, whatever split they are in: said, with a
+    few. (Near copies under two labels are counted, not warned about: two similar photos of two
+    classes are no contradiction.)"""
+    exact, _ = duplicates.label_conflicts(written)
+    if not exact:
+        return
+    shown = duplicates.describe_conflicts(written)
+    warnings.warn(BeamPrepWarning(
+        f"same image under different labels: {wording.count(exact, 'image')} with the same bytes filed under two "
+        f"labels or more{f' (e.g. {shown})' if shown else ''}: a contradiction the model learns both ways; each is in "
+        f"{layout.DUPLICATES} with \"labels_differ\": true: give it one label, or leave it out "
+        f"({doc_page('guides/messy-trees.md', 'The same image under two labels')})"), stacklevel=2)
 
 
 def _warn_if_resized_by_pillow(written: dict[str, Any]) -> None:

@@ -29,6 +29,8 @@ ERRORS = "errors.jsonl"
 # The files the listing passed over, with why: in the run's folder from the launcher, then the dataset's.
 SKIPPED = "skipped.jsonl"
 DUPLICATES = "duplicates.jsonl"
+# Every record of one flat colour (images.flat), with its colour.
+FLAT = "flat.jsonl"
 # An append's files not written: changed since their record was made, or gone (grow.append.Additions).
 CHANGED = "changed.jsonl"
 # In a run's folder: each written record's source hash (duplicates.hash_line), a file per
@@ -55,7 +57,7 @@ _SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix in dict.fromkeys(
 # The hash lines a dataset keeps, a file a version (finish.kept_hashes.kept_name).
 KEPT_HASHES = "hashes-v*.tsv.gz"
 # A shard's DALI index (io.dali_index) is the dataset's too: an --overwrite run replaces it with its shard.
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, CHANGED, KEPT_HASHES, *TFDS_FILES, *_SHARD_PATTERNS,
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, FLAT, CHANGED, KEPT_HASHES, *TFDS_FILES, *_SHARD_PATTERNS,
                    *(index_name(p) for p in _SHARD_PATTERNS))
 
 

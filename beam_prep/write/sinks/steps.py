@@ -19,7 +19,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_prep.io import tfrecord
 from beam_prep.io.storage import join, read_lines, write_lines
 from beam_prep.model.dataset import TFRECORD, shard_suffix
-from beam_prep.write.images import resample
+from beam_prep.write.images import flat, resample
 from beam_prep.write.images.examples import FileReader
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import ImageSpec
@@ -90,7 +90,7 @@ class _Reading:
 
 class ImageToExampleFn(beam.DoFn):
     """One file to its ``tally.ExampleRow`` (``tally.count_image``); a bad file goes to the
-    ``failed`` output, and a record of one flat colour's relative path to ``flat`` as well;
+    ``failed`` output, and a record of one flat colour's flat.jsonl row (``flat.file_row``) to ``flat`` as well;
     what resized its image to ``resized`` (``resample.counting``'s key, 1).
 
     An element is a ``FileEntry``, whose file is read here, or ``(FileEntry,
@@ -149,7 +149,7 @@ class ImageToExampleFn(beam.DoFn):
             yield TaggedOutput(FAILED, WindowedValue(failure, timestamp, (window,)))
             return
         if row.flat:
-            yield TaggedOutput(FLAT, WindowedValue(entry.relpath, timestamp, (window,)))
+            yield TaggedOutput(FLAT, WindowedValue(flat.file_row(entry, row.flat), timestamp, (window,)))
         yield WindowedValue(row, timestamp, (window,))
 
 
@@ -181,7 +181,7 @@ class _Shard:
         self._resized: collections.Counter[str] = collections.Counter()
         self._written = 0
         self._failures: list[dict] = []
-        self._flat: list[str] = []
+        self._flat: list[dict] = []
         self._hashes: list[str] = []
 
     @property
@@ -204,7 +204,7 @@ class _Shard:
         if row.original is not None:
             self._originals[row.original] += 1
         if row.flat:
-            self._flat.append(entry.relpath)
+            self._flat.append(flat.file_row(entry, row.flat))
         self._hashes.append(row.hash_line)
 
     def finish(self) -> resume.ShardRecord:

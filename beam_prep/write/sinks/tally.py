@@ -14,7 +14,7 @@ from apache_beam.metrics import Metrics
 from beam_prep.errors import ImageError
 from beam_prep.write.finish import duplicates
 from beam_prep.write.images.examples import Outcome, make_example
-from beam_prep.write.images.imaging import ImageSpec
+from beam_prep.write.images.imaging import Flat, ImageSpec
 from beam_prep.write.journal.progress import Reporter
 from beam_prep.write.shared.entry import FileEntry
 from beam_prep.write.shared.shard_formats import ShardFormat
@@ -56,7 +56,7 @@ class ExampleRow(NamedTuple):
       example: the record's bytes, as its shard format stores them.
       original: with ``--image_format original``, ``KEPT`` or the reason it was re-encoded; else None.
       hash_line: its line in the duplicates report's hash files (``duplicates.hash_line``).
-      flat: whether the image is of one flat colour (``flat.FlatImages``).
+      flat: the one flat colour the image shows, if so (``imaging.Flat``; ``flat.FlatImages``).
     """
 
     split: str
@@ -64,7 +64,7 @@ class ExampleRow(NamedTuple):
     example: bytes
     original: str | None
     hash_line: str
-    flat: bool
+    flat: Flat | None
 
 
 class Counted(NamedTuple):
@@ -98,5 +98,6 @@ def count_image(entry: FileEntry, data: bytes | ImageError | None, spec: ImageSp
         return Counted(None, outcome.failure)
     return Counted(ExampleRow(entry.split, entry.counted_labels, outcome.example, outcome.original,
                               duplicates.hash_line(outcome.sha256, entry.split, entry.path,
-                                                                  None if outcome.flat else outcome.phash),
+                                                                  None if outcome.flat else outcome.phash,
+                                                                  entry.label if entry.labels is None else entry.labels),
                               outcome.flat), None)
