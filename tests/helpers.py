@@ -120,6 +120,10 @@ def as_two_versions(out: pathlib.Path) -> dict:
         first["splits"][name] = {"num_examples": counts[0], "shards": split["shards"][:1]}
         second["splits"][name] = {"num_examples": sum(counts[1:]), "shards": split["shards"][1:]}
     manifest["versions"] = [first, second]
+    # Kept hash files are a version's each: the split is made by hand, so the dataset keeps none, as
+    # one made before them (an append hashes it from its shards).
+    for kept in manifest.pop("hash_files", []):
+        (out / kept["file"]).unlink()
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
