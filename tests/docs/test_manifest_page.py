@@ -129,6 +129,7 @@ def outputs(tmp_path_factory) -> list[Path]:
     shutil.copyfile(max((tree / "stripes").glob("*.jpg")), tree / "zebra" / "striped.jpg")
     with Image.open(circles[7]) as image:
         image.rotate(90).save(tree / "zebra" / "new.jpg")
+        image.save(tree / "circles" / "again_near.jpg", quality=60)  # near a record: a group with version 1
     prepare_here("--input", str(tree), "--output", str(appended), "--append")
     return [*done, appended]
 

@@ -36,8 +36,9 @@ def sha256s(folder: pathlib.Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
 
 
-def kept_lines(out: pathlib.Path, version: int) -> list[list[str]]:
-    return [line.split("\t") for line in gzip.decompress((out / f"hashes-v{version}.tsv.gz").read_bytes())
+def kept_lines(out: pathlib.Path, version: int, fields: int = 4) -> list[list[str]]:
+    """The kept file's lines, each as its first ``fields`` fields (sha256, split, phash, path, label)."""
+    return [line.split("\t")[:fields] for line in gzip.decompress((out / f"hashes-v{version}.tsv.gz").read_bytes())
             .decode().splitlines()]
 
 
@@ -84,6 +85,8 @@ def test_every_run_keeps_its_hash_lines_listed_in_the_manifest(tmp_path):
     assert {(sha256, split, json.loads(path)) for sha256, split, _, path in lines} == records  # relative paths
     assert [json.loads(path) for *_, path in lines] == sorted(json.loads(path) for *_, path in lines)
     assert all(len(phash) == 16 for _, _, phash, _ in lines)
+    assert {json.loads(path): json.loads(label) for *_, path, label in kept_lines(out, 1, 5)} == {
+        json.loads(path): json.loads(path).split("/")[0] for *_, path in lines}  # each record's label
     assert verify(str(out)).ok
     # verify checks it: a line less is named.
     (out / "hashes-v1.tsv.gz").write_bytes(gzip.compress("".join(f"{chr(9).join(fields)}\n" for fields in lines[1:])
