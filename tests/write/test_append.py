@@ -516,13 +516,15 @@ def test_a_new_class_whose_files_are_all_copies_gets_no_id(ants, tmp_path):
     assert digests(out) == before
 
 
-def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_label(tmp_path):
+@pytest.mark.parametrize("repeated", [(), ("--stratify",)])
+def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_label(tmp_path, repeated):
+    """The dataset's --stratify, given again or not: its --validation_percent is the dataset's, not asked for."""
     tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
     make_tree(tree, {"ant": 4, "bee": 4}, size=(24, 20))
     make_tree(batch, {"ant": 4, "cat": 6}, size=(20, 24))
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--validation_percent", "50",
                  "--stratify")
-    manifest = prepare_here("--input", str(batch), "--output", str(out), "--append")
+    manifest = prepare_here("--input", str(batch), "--output", str(out), "--append", *repeated)
     added = manifest["versions"][1]["splits"]
     assert added["validation"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
     assert added["train"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
