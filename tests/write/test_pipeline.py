@@ -7,6 +7,7 @@ import hashlib
 import io
 import itertools
 import json
+import os
 
 import numpy as np
 import pytest
@@ -308,6 +309,21 @@ def test_transparency_takes_the_background_and_flat_records_are_counted(tmp_path
     assert manifest["flat_images"] == {"count": 3, "examples": [f"blank/clear{i}.png" for i in range(3)]}
     assert "one flat colour: 3 (written all the same; e.g. blank/clear0.png" in result.stdout
     assert "warning: 3 of 7 records show one flat colour" in result.stderr  # many: over 1% of them
+
+
+@pytest.mark.parametrize("sink", ["streaming", "shuffle"])
+def test_a_flat_record_named_with_bytes_no_utf8_spells_is_counted_as_messages_name_it(tmp_path, sink):
+    """Its name goes into the shard's record and the manifest as ``\\xff``, not a surrogate that fails the run."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"photos": 2})
+    (tree / "blank").mkdir()
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), (255, 0, 0)).save(buffer, "PNG")
+    with open(os.fsencode(str(tree / "blank")) + b"/red\xff.png", "wb") as f:
+        f.write(buffer.getvalue())
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--sink", sink)
+    assert manifest["flat_images"] == {"count": 1, "examples": ["blank/red\\xff.png"]}
+    assert manifest["counts"]["written"] == 3
 
 
 def test_a_bad_background_is_refused_before_any_work(tmp_path):

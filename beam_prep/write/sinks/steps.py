@@ -26,7 +26,7 @@ from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.images.readahead import Fetched, ReadAhead, ReadAheadConfig, thread_pool
 from beam_prep.write.journal import progress, resume
 from beam_prep.write.shared import layout
-from beam_prep.write.shared.entry import FileEntry
+from beam_prep.write.shared.entry import FileEntry, printable
 from beam_prep.write.shared.shard_formats import shard_format
 from beam_prep.write.sinks.tally import NAMESPACE, Counters, count_image
 
@@ -149,7 +149,7 @@ class ImageToExampleFn(beam.DoFn):
             yield TaggedOutput(FAILED, WindowedValue(failure, timestamp, (window,)))
             return
         if row.flat:
-            yield TaggedOutput(FLAT, WindowedValue(entry.relpath, timestamp, (window,)))
+            yield TaggedOutput(FLAT, WindowedValue(printable(entry.relpath), timestamp, (window,)))
         yield WindowedValue(row, timestamp, (window,))
 
 
@@ -204,7 +204,7 @@ class _Shard:
         if row.original is not None:
             self._originals[row.original] += 1
         if row.flat:
-            self._flat.append(entry.relpath)
+            self._flat.append(printable(entry.relpath))  # a name no UTF-8 spells, as messages show it
         self._hashes.append(row.hash_line)
 
     def finish(self) -> resume.ShardRecord:
