@@ -706,3 +706,26 @@ def test_each_report_names_a_file_once_across_versions_and_the_counts_add_up(tmp
     in_tree = {printable(p.relative_to(tree).as_posix()) for p in tree.rglob("*") if p.is_file()}
     assert in_tree == sources | set(skipped) | set(failed) | changed
     assert changed == {"ant/img_001.jpg"}
+
+
+def test_records_named_with_bytes_no_utf8_spells_are_found_again_changed_and_copied(tmp_path):
+    """A record's source named with bytes no UTF-8 spells is the dataset's (not new, nor gone) when the same
+    tree is appended, then reported as changed; a copy so named is reported: each as messages name it."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 3}, size=(24, 20))
+    odd = os.fsencode(str(tree / "ant")) + b"/caf\xe9.jpg"
+    with open(odd, "wb") as f:
+        f.write(encode(Image.effect_noise((24, 20), 60).convert("RGB")))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    with open(odd, "wb") as f:  # changed
+        f.write(encode(Image.effect_noise((24, 20), 90).convert("RGB")))
+    shutil.copyfile(tree / "ant" / "img_000.jpg", os.fsencode(str(tree / "ant")) + b"/copy\xff.jpg")
+    make_tree(tmp_path / "new", {"bee": 1}, size=(20, 24))
+    shutil.copytree(tmp_path / "new" / "bee", tree / "bee")
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
+    appended = manifest["versions"][-1]["appended"]
+    assert (appended["unchanged"], appended["changed"], appended["copies"], appended["gone"]) == (3, 1, 1, 0)
+    changed = {json.loads(line)["change"]: json.loads(line)["path"]
+               for line in (out / "changed.jsonl").read_text().splitlines()}
+    assert changed == {"changed": printable(os.fsdecode(odd)),
+                       "copy": printable(os.fsdecode(os.fsencode(str(tree / "ant")) + b"/copy\xff.jpg"))}

@@ -286,11 +286,11 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                 if before[0] == sha256:
                     additions.unchanged += 1
                 else:
-                    additions.changed.append({"path": entry.path, "sha256": before[0], "now": sha256})
+                    additions.changed.append({"path": printable(entry.path), "sha256": before[0], "now": sha256})
             elif printable(entry.path) in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
                 additions.skipped_before += 1
             elif (copy := existing.by_sha256(sha256)) is not None:
-                additions.copies.append({"path": entry.path, "sha256": sha256, "split": entry.split, "of": copy[1],
+                additions.copies.append({"path": printable(entry.path), "sha256": sha256, "split": entry.split, "of": copy[1],
                                          "of_split": copy[0]})
                 listing.add_skip(entry.relpath, COPY_REASON)
             else:

@@ -29,6 +29,7 @@ from beam_prep.write.finish import hash_lines, kept_hashes
 from beam_prep.write.images.imaging import is_flat
 from beam_prep.write.images.phash import phash
 from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
 
@@ -41,7 +42,8 @@ _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 @dataclasses.dataclass
 class Existing:
-    """The records a dataset holds (``read_existing``), by full source path (under its version's input).
+    """The records a dataset holds (``read_existing``), by full source path (under its version's input), as
+    the kept lines spell it (``entry.printable``: a name no UTF-8 spells, ``\\xff``).
 
     Attributes:
       info: the dataset.
@@ -64,7 +66,7 @@ class Existing:
     def by_path(self, path: str) -> tuple[str, str] | None:
         """``(sha256, split)`` of the latest record made from ``path``, or None."""
         row = self._db.execute("SELECT sha256, split FROM records WHERE path = ? ORDER BY rowid DESC LIMIT 1",
-                               (path,)).fetchone()
+                               (printable(path),)).fetchone()
         return None if row is None else (row[0], row[1])
 
     def by_sha256(self, sha256: str) -> tuple[str, str] | None:
@@ -75,7 +77,7 @@ class Existing:
 
     def note_listed(self, paths: Iterable[str]) -> None:
         """Records paths as listed by the append (``gone``: the others)."""
-        self._db.executemany("INSERT OR IGNORE INTO listed VALUES (?)", ((p,) for p in paths))
+        self._db.executemany("INSERT OR IGNORE INTO listed VALUES (?)", ((printable(p),) for p in paths))
 
     def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
         """``(path, sha256)`` of each record's source under ``prefix`` that no ``note_listed`` named, by path."""
