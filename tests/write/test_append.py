@@ -731,3 +731,18 @@ def test_records_named_with_bytes_no_utf8_spells_are_found_again_changed_and_cop
                for line in (out / "changed.jsonl").read_text().splitlines()}
     assert changed == {"changed": printable(os.fsdecode(odd)),
                        "copy": printable(os.fsdecode(os.fsencode(str(tree / "ant")) + b"/copy\xff.jpg"))}
+
+
+def test_an_append_after_one_killed_while_listing_starts_afresh(ants, tmp_path, caplog):
+    """An append killed while it listed (a dataset made before kept hash lines takes a while: its shards
+    are read) leaves a run folder without its record, which no run resumes: the next append removes it
+    and runs, since it cannot be given --overwrite as a first run would be told to."""
+    out = pathlib.Path(shutil.copytree(ants["out"], tmp_path / "out"))
+    folder = out / ".beam-prep" / "20260101T000000Z-0123abcd"
+    folder.mkdir(parents=True)
+    (folder / "listing.jsonl").write_text("")  # the listings written, not yet run.json
+    make_tree(tmp_path / "batch", {"cat": 2}, size=(20, 24))
+    manifest = prepare_here("--input", str(tmp_path / "batch"), "--output", str(out), "--append")
+    assert [v["version"] for v in manifest["versions"]] == [1, 2]
+    assert not folder.exists()
+    assert "removing the files of unfinished run 20260101T000000Z-0123abcd" in caplog.text
