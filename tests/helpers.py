@@ -6,6 +6,7 @@ fixtures and pytest hooks.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -111,7 +112,11 @@ def assert_shard_checksums(output: str | pathlib.Path) -> None:
 
 def as_two_versions(out: pathlib.Path) -> dict:
     """The manifest of ``out`` rewritten to say its first shard of each split was version 1 and the
-    rest version 2; returns it."""
+    rest version 2, each version's kept hash file made again from its shards; returns it."""
+    from beam_prep.model.dataset import DatasetInfo
+    from beam_prep.write.finish.kept_hashes import KeptFile
+    from beam_prep.write.grow.existing import write_unkept
+
     manifest = json.loads((out / "manifest.json").read_text())
     (first,) = manifest["versions"]
     second = {**first, "version": 2, "input": "/new", "splits": {}}
@@ -120,10 +125,15 @@ def as_two_versions(out: pathlib.Path) -> dict:
         first["splits"][name] = {"num_examples": counts[0], "shards": split["shards"][:1]}
         second["splits"][name] = {"num_examples": sum(counts[1:]), "shards": split["shards"][1:]}
     manifest["versions"] = [first, second]
-    # Kept hash files are a version's each: the split is made by hand, so the dataset keeps none, as
-    # one made before them (an append hashes it from its shards).
-    for kept in manifest.pop("hash_files", []):
-        (out / kept["file"]).unlink()
+    manifest.pop("hash_files", None)
+    for kept in out.glob("hashes-v*.tsv.gz"):
+        kept.unlink()
+    info = DatasetInfo.from_json(manifest, str(out), str(out / "manifest.json"))
+    manifest["hash_files"] = []
+    for version, name in enumerate(write_unkept(str(out), info, manifest, str(out)), 1):
+        data = (out / name).read_bytes()
+        lines = gzip.decompress(data).count(b"\n")
+        manifest["hash_files"].append(dict(KeptFile.of(version, lines, hashlib.sha256(data).hexdigest())))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 

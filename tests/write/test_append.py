@@ -516,13 +516,15 @@ def test_a_new_class_whose_files_are_all_copies_gets_no_id(ants, tmp_path):
     assert digests(out) == before
 
 
-def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_label(tmp_path):
+@pytest.mark.parametrize("repeated", [(), ("--stratify",)])
+def test_a_stratified_dataset_shares_out_the_new_batchs_validation_images_per_label(tmp_path, repeated):
+    """The dataset's --stratify, given again or not: its --validation_percent is the dataset's, not asked for."""
     tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
     make_tree(tree, {"ant": 4, "bee": 4}, size=(24, 20))
     make_tree(batch, {"ant": 4, "cat": 6}, size=(20, 24))
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16", "--validation_percent", "50",
                  "--stratify")
-    manifest = prepare_here("--input", str(batch), "--output", str(out), "--append")
+    manifest = prepare_here("--input", str(batch), "--output", str(out), "--append", *repeated)
     added = manifest["versions"][1]["splits"]
     assert added["validation"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
     assert added["train"]["class_counts"] == {"ant": 2, "bee": 0, "cat": 3}
@@ -617,6 +619,8 @@ def test_a_shuffle_sink_append_killed_while_publishing_is_finished_by_the_same_c
     version_1 = digests(out)
     args = ("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle",
             "--direct_running_mode", "in_memory")
+    # Staged: errors, skipped, duplicates, flat, labels, the kept hash file, changed, the card, the manifest
+    # (steps 1-9); then the record (10).
     killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "10"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     assert digests(out)["manifest.json"] == version_1["manifest.json"]
@@ -704,3 +708,41 @@ def test_each_report_names_a_file_once_across_versions_and_the_counts_add_up(tmp
     in_tree = {printable(p.relative_to(tree).as_posix()) for p in tree.rglob("*") if p.is_file()}
     assert in_tree == sources | set(skipped) | set(failed) | changed
     assert changed == {"ant/img_001.jpg"}
+
+
+def test_records_named_with_bytes_no_utf8_spells_are_found_again_changed_and_copied(tmp_path):
+    """A record's source named with bytes no UTF-8 spells is the dataset's (not new, nor gone) when the same
+    tree is appended, then reported as changed; a copy so named is reported: each as messages name it."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"ant": 3}, size=(24, 20))
+    odd = os.fsencode(str(tree / "ant")) + b"/caf\xe9.jpg"
+    with open(odd, "wb") as f:
+        f.write(encode(Image.effect_noise((24, 20), 60).convert("RGB")))
+    prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
+    with open(odd, "wb") as f:  # changed
+        f.write(encode(Image.effect_noise((24, 20), 90).convert("RGB")))
+    shutil.copyfile(tree / "ant" / "img_000.jpg", os.fsencode(str(tree / "ant")) + b"/copy\xff.jpg")
+    make_tree(tmp_path / "new", {"bee": 1}, size=(20, 24))
+    shutil.copytree(tmp_path / "new" / "bee", tree / "bee")
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
+    appended = manifest["versions"][-1]["appended"]
+    assert (appended["unchanged"], appended["changed"], appended["copies"], appended["gone"]) == (3, 1, 1, 0)
+    changed = {json.loads(line)["change"]: json.loads(line)["path"]
+               for line in (out / "changed.jsonl").read_text().splitlines()}
+    assert changed == {"changed": printable(os.fsdecode(odd)),
+                       "copy": printable(os.fsdecode(os.fsencode(str(tree / "ant")) + b"/copy\xff.jpg"))}
+
+
+def test_an_append_after_one_killed_while_listing_starts_afresh(ants, tmp_path, caplog):
+    """An append killed while it listed (a dataset made before kept hash lines takes a while: its shards
+    are read) leaves a run folder without its record, which no run resumes: the next append removes it
+    and runs, since it cannot be given --overwrite as a first run would be told to."""
+    out = pathlib.Path(shutil.copytree(ants["out"], tmp_path / "out"))
+    folder = out / ".beam-prep" / "20260101T000000Z-0123abcd"
+    folder.mkdir(parents=True)
+    (folder / "listing.jsonl").write_text("")  # the listings written, not yet run.json
+    make_tree(tmp_path / "batch", {"cat": 2}, size=(20, 24))
+    manifest = prepare_here("--input", str(tmp_path / "batch"), "--output", str(out), "--append")
+    assert [v["version"] for v in manifest["versions"]] == [1, 2]
+    assert not folder.exists()
+    assert "removing the files of unfinished run 20260101T000000Z-0123abcd" in caplog.text

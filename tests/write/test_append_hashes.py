@@ -133,14 +133,22 @@ def test_drop_leaves_the_new_near_copy_out_and_the_old_records_as_they_were(tmp_
     assert verify(str(out)).ok
 
 
-def test_fail_refuses_the_append_and_publishes_nothing(tmp_path):
+def test_fail_refuses_the_append_and_publishes_nothing_then_drop_as_it_says_appends(tmp_path):
+    """The refused append's unfinished run (its shards written) is not resumed by the append its message
+    asks for, with --cross_split_duplicates drop: that one starts afresh (an append takes no --overwrite)."""
     grown = grown_with_a_leak(tmp_path)
     out = grown["out"]
     before = sha256s(out)
     with pytest.raises(DatasetError, match=r"cross_split_duplicates fail: 1 group of copies or near copies across "
-                                           r"splits hold a new image .*nothing published"):
+                                           r"splits hold a new image .*nothing published; leave those images out, "
+                                           r"or pass (--)?cross_split_duplicates drop"):
         prepare_here("--input", str(grown["batch"]), "--output", str(out), "--append", "--cross_split_duplicates", "fail")
     assert sha256s(out) == before
+    manifest = prepare_here("--input", str(grown["batch"]), "--output", str(out), "--append",
+                            "--cross_split_duplicates", "drop")
+    assert [v["version"] for v in manifest["versions"]] == [1, 2]
+    assert [json.loads(path) for *_, path in kept_lines(out, 2)] == ["squares/" + pathlib.Path(grown["new"]).name]
+    assert not (out / ".beam-prep").exists() or not any((out / ".beam-prep").glob("*/run.json"))
 
 
 def test_a_dataset_made_before_it_kept_hashes_is_hashed_once_then_never_read_again(tmp_path):

@@ -7,6 +7,7 @@ import hashlib
 import io
 import itertools
 import json
+import os
 import warnings
 
 import numpy as np
@@ -354,6 +355,21 @@ def test_flat_transparent_images_are_listed_and_a_mid_grey_background_shows_them
         "black": [(f"icons/black{i}.png", "#000000", True) for i in range(3)],
         "#808080": [],
     }
+
+
+@pytest.mark.parametrize("sink", ["streaming", "shuffle"])
+def test_a_flat_record_named_with_bytes_no_utf8_spells_is_counted_as_messages_name_it(tmp_path, sink):
+    """Its name goes into the shard's record and the manifest as ``\\xff``, not a surrogate that fails the run."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"photos": 2})
+    (tree / "blank").mkdir()
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), (255, 0, 0)).save(buffer, "PNG")
+    with open(os.fsencode(str(tree / "blank")) + b"/red\xff.png", "wb") as f:
+        f.write(buffer.getvalue())
+    manifest = prepare_here("--input", str(tree), "--output", str(out), "--sink", sink)
+    assert manifest["flat_images"] == {"count": 1, "examples": ["blank/red\\xff.png"]}
+    assert manifest["counts"]["written"] == 3
 
 
 def test_a_bad_background_is_refused_before_any_work(tmp_path):

@@ -77,7 +77,7 @@ def _earlier_files(output: str, work: str, manifest: Mapping[str, Any]) -> tuple
         path = join(work, name)
         if not FileSystems.exists(path):
             raise DatasetError(f"{output} keeps no hash lines of version {v.version} ({name}), and run folder "
-                               f"{work} holds none: pass --overwrite to start the append over")
+                               f"{work} holds none: remove that folder to start the append over (an append takes no --overwrite)")
         entries.append(KeptFile.of(v.version, *_count_and_digest(path)))
         from_run.append(name)
     return Earlier(entries, from_run), SpillFolder(prefix="beam-prep-earlier-")

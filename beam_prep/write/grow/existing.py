@@ -33,7 +33,7 @@ from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
 
-__all__ = ["Existing", "read_existing", "stored_phash"]
+__all__ = ["Existing", "read_existing", "stored_phash", "write_unkept"]
 
 _THREADS = 16  # shards read at once, where the dataset keeps no hash lines
 _BATCH = 4096  # rows inserted, or looked up, at a time
@@ -116,7 +116,7 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
                 path = join(output, name)
             else:
                 path = generated[name] = folder.file(name)
-                kept_hashes.write_sorted(_from_shards(output, info, version.added, root), path, version.version)
+                _write_from_shards(output, info, version, path)
             lines = (line for chunk in kept_hashes.read_lines(path) for line in chunk)
             while batch := list(itertools.islice(lines, _BATCH)):
                 db.executemany("INSERT INTO records VALUES (?, ?, ?)", [_row(path, line, root) for line in batch])
@@ -130,6 +130,32 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
     return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, count, db)
 
 
+def write_unkept(output: str, info: DatasetInfo, manifest: dict[str, Any], folder: str) -> list[str]:
+    """Writes in ``folder`` (a run's folder, local or gs://) the kept hash file of each version of the
+    dataset in ``output`` that keeps none, read from its shards: what the append's publication reads
+    and publishes, where no listing was compared with the dataset (``WriteImageDataset``).
+
+    Returns:
+      The names written, oldest version first.
+
+    Raises:
+      DatasetError: a shard is damaged; StorageError: one cannot be read, or a file written.
+    """
+    kept = kept_hashes.listed(manifest)
+    written = []
+    for version in info.history:
+        if version.version not in kept:
+            name = kept_hashes.kept_name(version.version)
+            _write_from_shards(output, info, version, join(folder, name))
+            written.append(name)
+    return written
+
+
+def _write_from_shards(output: str, info: DatasetInfo, version: Any, target: str) -> None:
+    """``version``'s kept hash file at ``target``, read from its shards."""
+    kept_hashes.write_sorted(_from_shards(output, info, version.added), target, version.version)
+
+
 def _row(file: str, line: bytes, root: str) -> tuple[str, str, str]:
     """A kept line as ``(full path, sha256, split)``."""
     parsed = hash_lines.parse(file, line)
@@ -137,7 +163,7 @@ def _row(file: str, line: bytes, root: str) -> tuple[str, str, str]:
     return (f"{printable(root)}/{name}" if root else name), parsed.sha256.decode(), parsed.split.decode()
 
 
-def _from_shards(output: str, info: DatasetInfo, added: Any, root: str) -> Iterator[tuple[bytes, bytes]]:
+def _from_shards(output: str, info: DatasetInfo, added: Any) -> Iterator[tuple[bytes, bytes]]:
     """A version's kept rows (``kept_hashes.write_sorted``) read from its shards: each record's sha256
     and file name from its source field, its perceptual hash from its stored image (none for one of a
     flat colour, as the workers write it), ``_THREADS`` shards at once."""

@@ -357,7 +357,7 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
         raise OptionsError(f"--num_shards must be 0 (automatic) or more, not {o.num_shards}")
     if o.target_shard_mb < 1:
         raise OptionsError(f"--target_shard_mb must be at least 1, not {o.target_shard_mb}")
-    _check_selection(o.stratify, o.validation_percent, o.max_per_class)
+    _check_selection(o.stratify, o.validation_percent, o.max_per_class, o.append)
     if o.append and o.overwrite:
         raise OptionsError("--append adds to the dataset in --output and --overwrite replaces it: pass one of them")
     max_failures = parse_max_failures(o.max_failures) if o.max_failures is not None else None
@@ -396,13 +396,14 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                          cross_split_duplicates=o.cross_split_duplicates, append=o.append)
 
 
-def _check_selection(stratify: bool, validation_percent: float, max_per_class: int | None) -> None:
-    """--stratify shares out a validation percent, so it needs one; --max_per_class keeps at least one file.
+def _check_selection(stratify: bool, validation_percent: float, max_per_class: int | None, append: bool) -> None:
+    """--stratify shares out a validation percent, so it needs one (an append takes the dataset's);
+    --max_per_class keeps at least one file.
 
     Raises:
       OptionsError: naming the flag and what to give.
     """
-    if stratify and not validation_percent:
+    if stratify and not validation_percent and not append:
         raise OptionsError("--stratify gives each label its --validation_percent share of validation images: "
                            "give --validation_percent too (e.g. --validation_percent 10)")
     if max_per_class is not None and max_per_class < 1:

@@ -26,6 +26,7 @@ from beam_prep.errors import (
     BeamPrepWarning,
     CrossSplitLeakage,
     DatasetError,
+    OptionsError,
     RunInterrupted,
     StorageError,
     TooManyFailures,
@@ -564,7 +565,9 @@ def _watching(folder: str | None, job: _Prepared,
 def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
              write: bool, progress_folder: str | None = None, pool: warm_pool.WarmPool | None = None) -> _Prepared:
     """Checks the output folder, then lists and plans, or takes the plan of the unfinished run
-    this one resumes; with ``write``, clears unfinished runs and writes this run's listings.
+    this one resumes; with ``write``, clears unfinished runs and writes this run's listings. An
+    append that cannot resume the unfinished run (other options) starts afresh, as ``--overwrite``
+    would (which an append does not take): that run published nothing.
     Returns the pipeline, built (its workers ``pool``'s, fitted to the run), and its plan."""
     labels = _labels(config)
     leftovers = layout.unfinished_runs(config.output, CLAIM_NAME)
@@ -573,7 +576,12 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     resumed = None
     kept: list[resume.ShardRecord] = []
     if write and resumable and not config.overwrite:
-        resumed = resume.find_resumable(config.output, leftovers, recorded)
+        try:
+            resumed = resume.find_resumable(config.output, leftovers, recorded)
+        except OptionsError:
+            if not config.append:  # --overwrite starts over, which an append does not take
+                raise
+            resumed = None  # an append the unfinished one cannot be resumed by starts afresh: its files go
     if resumed is not None:
         layout.check_output(config.output, config.overwrite or resumed.overwrite, [], config.append)
         run_plan = RunPlan(**resumed.plan)

@@ -33,7 +33,7 @@ from beam_prep.model.dataset import TFRECORD, shard_suffix
 from beam_prep.model.features import SCHEMA
 from beam_prep.model.names import NAME_MAX, name_problem
 from beam_prep.write.finish import duplicates, manifest, publication, publish
-from beam_prep.write.grow import append, label_ids
+from beam_prep.write.grow import append, existing, label_ids
 from beam_prep.write.images import resample_loader
 from beam_prep.write.images.examples import Outcome, failure_report
 from beam_prep.write.images.imaging import DEFAULT_BACKGROUND, DEFAULT_MAX_PIXELS, ImageSpec
@@ -430,6 +430,8 @@ class WriteImageDataset(beam.PTransform):
         appended = None
         if config.append:  # the dataset as it is now, a publication left unfinished finished: the version after it
             config, naming, appended = _appending(config, naming, self._given)
+            info, dataset = append.read_dataset(config.output)  # one made before kept hash files: made here
+            existing.write_unkept(config.output, info, dataset, layout.run_folder(config.output, run_id))
         elif config.overwrite:
             label_ids.warn_if_ids_move(config.output, naming.labels, config.label_offset)
         plan = RunPlan(labels=list(naming.order), num_shards={s: config.num_shards for s in naming.splits},
