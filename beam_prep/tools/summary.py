@@ -317,15 +317,16 @@ def _failure_groups(errors_file: str) -> list[FailureGroup] | None:
             for (stage, reason), (n, example_path, message) in ordered]
 
 
-def _skipped_examples(skipped_file: str, counts: Mapping[str, int]) -> dict[str, tuple[str, ...]] | None:
-    """The first few relative paths of each reason in skipped.jsonl (sorted by path, so the
+def _skipped_examples(skipped_file: str, counts: Mapping[str, int],
+                      per_reason: int = SKIPPED_EXAMPLES) -> dict[str, tuple[str, ...]] | None:
+    """The first ``per_reason`` relative paths of each reason in skipped.jsonl (sorted by path, so the
     first by name); None if there is no such file, as in datasets from versions before it.
 
     Read only until each reason the manifest counts (``counts``) has its examples: a tree
     of annotations beside its images may skip millions of files.
     """
     examples: dict[str, list[str]] = {}
-    missing = sum(min(int(n), SKIPPED_EXAMPLES) for n in counts.values())
+    missing = sum(min(int(n), per_reason) for n in counts.values())
     with _lines(skipped_file) as lines:
         if lines is None:
             return None
@@ -340,7 +341,7 @@ def _skipped_examples(skipped_file: str, counts: Mapping[str, int]) -> dict[str,
             except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(f"{skipped_file} line {number} is not a skipped file's: {e}") from e
             shown = examples.setdefault(reason, [])
-            if len(shown) < SKIPPED_EXAMPLES:
+            if len(shown) < per_reason:
                 shown.append(relpath)
                 missing -= reason in counts
     return {reason: tuple(paths) for reason, paths in examples.items()}
