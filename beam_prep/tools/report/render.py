@@ -201,8 +201,8 @@ def _duplicates(data: ReportData) -> list[str]:
     out = ["<h2 id=duplicates>Duplicates and leaks across splits</h2>"]
     if d is not None:
         near = d.get("near")
-        line = (f"exact copies: {_m(d.get('extra_copies', 0), 'duplicates.extra_copies')} extra copies of "
-                f"{_m(d.get('images', 0), 'duplicates.images')} images, "
+        line = (f"exact copies: {_m(d.get('extra_copies', 0), 'duplicates.extra_copies')} files beyond the first of "
+                f"{_m(d.get('images', 0), 'duplicates.images')} contents, "
                 f"{_m(d.get('across_splits', 0), 'duplicates.across_splits')} across splits")
         if near:
             line += (f"; near copies (within {_e(near['distance'])} bits): "
@@ -213,8 +213,8 @@ def _duplicates(data: ReportData) -> list[str]:
         return out + ["<p class=none>no duplicates.jsonl in the folder (a dataset from before it)</p>"]
     if not leaks.group_count:
         return out + ["<p class=none data-leaks=none>none: no two records share their bytes or a near hash</p>"]
-    out.append(f"<h3>leak pairs: <span data-pairs>{leaks.pair_count:,}</span> pairs of files in two splits, "
-               f"from {leaks.groups_across:,} groups</h3>")
+    out.append(f"<h3>leak pairs across splits: <span data-pairs>{leaks.pair_count:,}</span> (pairs of files of one "
+               f"group in two splits), from {leaks.groups_across:,} of the groups</h3>")
     if not leaks.pairs:
         out.append("<p class=none data-leaks=none>none: every group lies in one split</p>")
     else:

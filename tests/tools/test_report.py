@@ -1,0 +1,118 @@
+"""``beam-prep report OUT``: the page's sections against the dataset, its bounds, and bad input (a folder
+that is no dataset, a shard that fails its checksum, names with markup). The browser's view of the page
+is tests/tools/test_report_browser.py's."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+
+import pytest
+from helpers import REPO, make_tree, prepare_here
+
+from beam_prep.tools.report import Limits, make_report
+from pipelines import cli, report_output
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory):
+    """A clean dataset: no duplicates, no failures, nothing skipped, no validation split."""
+    root = tmp_path_factory.mktemp("report")
+    make_tree(root / "tree", {f"c{i:02d}": 2 for i in range(12)}, size=(24, 20))
+    out = root / "out"
+    prepare_here("--input", str(root / "tree"), "--output", str(out), "--image_size", "16", "--num_shards", "2")
+    return out
+
+
+def page(path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_sections_with_nothing_to_show_say_none(output, tmp_path):
+    report = make_report(str(output), str(tmp_path / "r.html"))
+    text = page(tmp_path / "r.html")
+    assert report.size == len(text.encode())
+    for marker in ("data-leaks=none", "data-failures=none", "data-skipped=none"):
+        assert marker in text
+    assert "validation" not in json.loads((output / "manifest.json").read_text())["splits"]
+    assert report.data.notes == ()
+
+
+def test_the_gallery_and_the_pictures_stay_within_their_caps_and_say_so(output, tmp_path):
+    """12 classes, a gallery of 5 at most: one image each for the first 5 classes, the rest named as
+    left out, counts still exact; a byte limit too small for all pictures leaves some out, said."""
+    report = make_report(str(output), str(tmp_path / "r.html"), Limits(max_gallery=5))
+    assert [len(images) for images in report.data.gallery.images] == [1] * 5 + [0] * 7
+    assert ("gallery", "the first 5 of 12 classes shown (at most 5 images)") in report.data.notes
+    text = page(tmp_path / "r.html")
+    assert text.count('data-manifest="splits.train.class_counts.') == 12 * 2  # the table and the gallery rows
+    one = report.data.gallery.images[0][0].thumbnail.embedded_size
+    small = make_report(str(output), str(tmp_path / "s.html"), Limits(max_bytes=one * 3))
+    assert sum(len(images) for images in small.data.gallery.images) == 3
+    assert any(section == "pictures" for section, _ in small.data.notes)
+    assert small.size < report.size
+
+
+def test_a_shard_that_fails_its_checksum_leaves_the_gallery_incomplete_and_said(output, tmp_path, capsys):
+    copy = shutil.copytree(output, tmp_path / "out")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    shard = copy / manifest["splits"]["train"]["shards"][0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code = report_output.main([str(copy)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert f"warning: gallery: incomplete: shard {shard} fails its checksum" in captured.err
+    text = page(copy / "report.html")
+    assert "fails its checksum" in text and 'data-note="gallery"' in text
+    assert "<figure data-gallery" not in text  # the damaged shard was the first read: nothing shown from it
+
+
+def test_a_folder_that_is_not_a_dataset_is_one_line_and_exit_2(tmp_path, capsys):
+    assert report_output.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and str(tmp_path) in err
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert report_output.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "manifest.json" in err
+
+
+def test_names_from_the_side_files_are_escaped(output, tmp_path):
+    copy = shutil.copytree(output, tmp_path / "out")
+    hostile = '/in/<script>alert("x")</script>\u202e.jpg'
+    (copy / "errors.jsonl").write_text(json.dumps({"path": hostile, "relpath": "x", "stage": "decode",
+                                                   "error_type": "<img src=x onerror=alert(1)>",
+                                                   "message": "a & b"}) + "\n")
+    make_report(str(copy))
+    text = page(copy / "report.html")
+    assert "<script" not in text and "<img src=x" not in text
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;\u202e.jpg" in text
+    assert "not under the run&#x27;s input: not opened" in text  # nothing outside the input is read
+
+
+def test_the_page_asks_for_nothing_outside_it(output, tmp_path):
+    make_report(str(output), str(tmp_path / "r.html"))
+    text = page(tmp_path / "r.html")
+    assert "default-src 'none'; img-src data:" in text
+    assert re.findall(r"""\b(?:src|href|url)\s*[=(]\s*(?!["']?(?:data:|#))""", text) == []
+
+
+def test_beam_prep_lists_report():
+    assert "report" in cli.COMMANDS and "report" in cli.usage()
+
+
+def test_report_reads_a_gs_output_and_writes_beside_it(gcs_server, output, tmp_path):
+    bucket = gcs_server.new_bucket()
+    bucket.upload_tree(output, "records")
+    url = bucket.url("records")
+    result = gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url], cwd=REPO)
+    assert f"report: {url}/report.html" in result.stdout
+    local = tmp_path / "local.html"
+    gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url, "--to", str(local)], cwd=REPO)
+    text = page(local)
+    assert text.count("<figure data-gallery") == 12 * 2  # 2 images each, read from the bucket's shards
