@@ -141,7 +141,10 @@ def test_every_count_on_the_page_is_the_manifests(browser, manifest):
                  for label in s["class_counts"]}
     expected |= {f"counts.{k}" for k in manifest["counts"]} | {"duplicates.across_splits", "labels.length"}
     expected |= {f"skipped_by_reason.{r}" for r in manifest["skipped_by_reason"]}
+    expected |= {"sources.images", "sources.cropped", "sources.upscaled"}
+    expected |= {f"sources.{h}.{b}" for h in ("width", "height", "aspect") for b in manifest["sources"][h]}
     assert expected <= set(shown)
+    assert manifest["sources"]["images"] == manifest["counts"]["written"]
     assert manifest["counts"]["failed"] == 1 and manifest["duplicates"]["across_splits"] == 1
 
 

@@ -271,30 +271,33 @@ def _sources(data: ReportData) -> list[str]:
     src = sources(data.manifest)
     if src is None:
         return out + ["<p class=none>not recorded: the run that made this dataset did not record its sources' "
-                      "sizes</p>"]
-    done = [f"{_m(src[k], f'sources.{k}')} {k}" for k in ("upscaled", "cropped", "converted", "padded") if k in src]
-    out.append(f"<p>{_m(src.get('images', 0), 'sources.images')} images measured"
+                      "sizes (a beam-prep before it did)</p>"]
+    done = [f"{_m(src[k], f'sources.{k}')} {k}" for k in ("upscaled", "cropped", "padded", "converted") if k in src]
+    out.append(f"<p>{_m(src.get('images', 0), 'sources.images')} images measured as they were made into records"
                + (f": {', '.join(done)}" if done else "") + "</p>")
     for key, what in (("width", "width (px)"), ("height", "height (px)"), ("aspect", "aspect ratio (width / height)")):
         h = src.get(key)
-        if isinstance(h, Mapping) and h.get("counts"):
-            out.append(f"<h3>{_e(what)}</h3>" + _histogram(h["edges"], h["counts"], f"sources.{key}"))
+        if isinstance(h, Mapping) and h:
+            out.append(f"<h3>{_e(what)}</h3>" + _histogram(h, f"sources.{key}"))
     return out
 
 
-def _histogram(edges: Sequence[float], counts: Sequence[int], key: str) -> str:
-    """Vertical bars, one a bin (``edges[i]`` to ``edges[i + 1]``), each titled with its range and count."""
-    bar, height = 28, 120
-    top = max(counts) or 1
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{len(counts) * bar + 20}" height="{height + 40}" '
+def _histogram(bins: Mapping[str, int], key: str) -> str:
+    """Vertical bars, one a bin (its lower bound, up to the next; the last open), each with its count."""
+    bar, height = 64, 120
+    edges = list(bins)
+    top = max(bins.values()) or 1
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{len(edges) * bar + 20}" height="{height + 40}" '
              f'role=img aria-label="{_e(key)}">']
-    for i, n in enumerate(counts):
+    for i, edge in enumerate(edges):
+        n = bins[edge]
         h = height * n / top
         x = 10 + i * bar
-        parts.append(f'<rect x="{x}" y="{height - h + 10:.1f}" width="{bar - 3}" height="{h:.1f}" fill="#3b6fb6">'
-                     f"<title>{_e(edges[i])} to {_e(edges[i + 1])}: {n:,}</title></rect>"
-                     f'<text x="{x}" y="{height + 24}" font-size="9">{_e(edges[i])}</text>'
-                     f'<text x="{x}" y="{height - h + 8:.1f}" font-size="9" data-manifest="{_e(key)}.counts.{i}">'
+        span = f"{edge} to {edges[i + 1]}" if i + 1 < len(edges) else f"{edge} and over"
+        parts.append(f'<rect x="{x}" y="{height - h + 14:.1f}" width="{bar - 6}" height="{h:.1f}" fill="#3b6fb6">'
+                     f"<title>{_e(span)}: {n:,}</title></rect>"
+                     f'<text x="{x}" y="{height + 28}" font-size="10">{_e(edge if i + 1 < len(edges) else edge + "+")}'
+                     f'</text><text x="{x}" y="{height - h + 11:.1f}" font-size="10" data-manifest="{_e(key)}.{_e(edge)}">'
                      f"{n:,}</text>")
     return "".join(parts) + "</svg>"
 

@@ -20,7 +20,7 @@ from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
 from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
-from beam_prep.write.images import resample
+from beam_prep.write.images import resample, sources
 from beam_prep.write.images.phash import THUMBNAIL, phash
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
 
@@ -190,6 +190,7 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
       ImageError: with the stage that failed; never anything else for bad input.
     """
     img = _open(data, spec.max_pixels)
+    source_mode = img.mode
     jpeg = img.format == "JPEG"
     # A JPEG's EXIF is in its header, read before the (drafted) decode. Any other format is
     # decoded whole first: a PNG's getexif() reads on through the pixel data (a damaged stream
@@ -199,8 +200,11 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     if spec.image_format == ORIGINAL:
         reason = _reencode_reason(img, orientation, spec)
         if reason is None:
-            return _kept(data, img, spec)
+            kept = _kept(data, img, spec)
+            sources.record(*_upright(img.size, orientation), ())
+            return kept
     region: Box | None = None  # where the source lies on the decoded grid, if not all of it
+    upright = _upright(img.size, orientation)  # a JPEG's, before a draft decodes it smaller
     if jpeg:  # sized by the source, not by the smaller grid a draft decodes to
         spec = _sized_for(img.size, spec)
         region = _draft(img, spec, swapped=orientation in _SWAPPING_ORIENTATIONS)
@@ -215,6 +219,7 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
     if not jpeg:
+        upright = img.size  # turned upright as it loaded
         spec = _sized_for(img.size, spec)
     try:
         img = _convert(img, spec)
@@ -222,7 +227,29 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
     img = _resize(img, region, spec)
     picture = phash(img, just_resized=True) if spec.perceptual_hash else None  # the picture as written: small, so cheap to hash
-    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img), picture)
+    encoded = EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason, _is_flat(img), picture)
+    sources.record(*upright, _done(*upright, source_mode, spec))
+    return encoded
+
+
+def _upright(size: tuple[int, int], orientation: int) -> tuple[int, int]:
+    """A source's (width, height) once turned upright by its EXIF ``orientation``."""
+    return (size[1], size[0]) if orientation in _SWAPPING_ORIENTATIONS else size
+
+
+def _done(width: int, height: int, mode: str, spec: ImageSpec) -> list[str]:
+    """What making an upright ``width`` x ``height`` source of ``mode`` into ``spec``'s image did to it
+    (``sources.DONE``' names): enlarged, cut to the target's aspect ratio, filled out to it, its
+    colours converted."""
+    done = []
+    scaled = _scaled_size(width, height, spec)
+    if scaled is not None and (scaled[0] > width or scaled[1] > height):
+        done.append("upscaled")
+    if spec.resize_mode in ("center_crop", "pad") and width * spec.height != height * spec.width:
+        done.append("cropped" if spec.resize_mode == "center_crop" else "padded")
+    if mode != spec.mode:
+        done.append("converted")
+    return done
 
 
 def _reencode_reason(img: Image.Image, orientation: int, spec: ImageSpec) -> str | None:
