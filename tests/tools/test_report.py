@@ -116,3 +116,55 @@ def test_report_reads_a_gs_output_and_writes_beside_it(gcs_server, output, tmp_p
     gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url, "--to", str(local)], cwd=REPO)
     text = page(local)
     assert text.count("<figure data-gallery") == 12 * 2  # 2 images each, read from the bucket's shards
+
+
+def test_one_class_and_an_unlabelled_webdataset(tmp_path):
+    make_tree(tmp_path / "one", {"only": 3}, size=(24, 20))
+    prepare_here("--input", str(tmp_path / "one"), "--output", str(tmp_path / "one-out"), "--image_size", "16")
+    one = make_report(str(tmp_path / "one-out"))
+    assert [len(images) for images in one.data.gallery.images] == [3] and one.data.notes == ()
+    assert "largest / smallest class 1.00" in page(tmp_path / "one-out" / "report.html")
+
+    from beam_prep.tools.sample import picture
+    (tmp_path / "bare" / "train").mkdir(parents=True)
+    rows = []
+    for i in range(4):
+        picture(i, 24, 20).save(tmp_path / "bare" / "train" / f"p{i}.png")
+        rows.append(json.dumps({"file_name": f"p{i}.png", "text": f"caption <{i}>"}))
+    (tmp_path / "bare" / "train" / "metadata.jsonl").write_text("\n".join(rows) + "\n")
+    prepare_here("--input", str(tmp_path / "bare"), "--output", str(tmp_path / "bare-out"), "--image_size", "16",
+                 "--file_format", "webdataset")
+    bare = make_report(str(tmp_path / "bare-out"))
+    assert bare.data.gallery.rows == ("all records",) and len(bare.data.gallery.images[0]) == 4
+    text = page(tmp_path / "bare-out" / "report.html")
+    assert "none: a dataset without labels" in text and bare.data.notes == ()
+
+
+def test_a_thousand_classes_are_all_counted_and_the_gallery_capped(tmp_path):
+    make_tree(tmp_path / "tree", {f"k{i:04d}": 1 for i in range(1000)}, size=(8, 8))
+    prepare_here("--input", str(tmp_path / "tree"), "--output", str(tmp_path / "out"), "--image_size", "8",
+                 "--validation_percent", "0", "--near_duplicate_distance", "-1")
+    report = make_report(str(tmp_path / "out"))
+    assert sum(len(images) for images in report.data.gallery.images) == Limits().max_gallery
+    assert ("gallery", "the first 600 of 1,000 classes shown (at most 600 images)") in report.data.notes
+    text = page(tmp_path / "out" / "report.html")
+    assert text.count('data-manifest="splits.train.class_counts.') == 1000 + 1000  # the table and the gallery rows
+    assert "the chart shows the 200 largest of 1,000 classes" in text
+
+
+def test_a_large_errors_file_and_a_scan_limit_keep_counts_exact_and_say_what_is_left_out(output, tmp_path):
+    """The million-record case by its caps: 50,000 failures in two reasons counted exactly, 20 named
+    each; a gallery that may read 5 records says how many images it could not find."""
+    copy = shutil.copytree(output, tmp_path / "out")
+    reasons = ["OSError", "ValueError"]
+    (copy / "errors.jsonl").write_text("".join(
+        json.dumps({"path": f"{i}.jpg", "stage": "decode", "error_type": reasons[i % 3 == 0], "message": "bad"}) + "\n"
+        for i in range(50_000)))
+    report = make_report(str(copy), limits=Limits(max_scan=5))
+    assert [(f.reason, f.count, len(f.files)) for f in report.data.failures] == [
+        ("OSError", 33_333, 20), ("ValueError", 16_667, 20)]
+    assert sum(len(images) for images in report.data.gallery.images) == 5
+    assert ("gallery", "19 images fewer than the classes' counts allow: only the first 5 records were read "
+                       "(the limit)") in report.data.notes
+    text = page(copy / "report.html")
+    assert "and 33,313 more in errors.jsonl" in text and "and 16,647 more in errors.jsonl" in text

@@ -34,7 +34,8 @@ td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}t
 .note{background:#fff4d6;border:1px solid #e0b84c;padding:6px 10px;margin:8px 0}
 .none{color:#666;font-style:italic}.muted{color:#666}.warn{color:#a03000;font-weight:600}
 .row{display:flex;flex-wrap:wrap;gap:6px}figure{margin:0;width:136px}
-figure img{display:block;max-width:128px;max-height:128px;image-rendering:pixelated;background:#eee}
+figure img{display:block;width:auto;height:auto;min-width:64px;max-width:128px;max-height:128px;object-fit:contain;
+image-rendering:pixelated;background:#eee}
 figcaption{font-size:11px;overflow-wrap:anywhere}.pic{width:128px;height:64px;background:#eee;font-size:11px;
 padding:4px;box-sizing:border-box}code{font-size:12px;overflow-wrap:anywhere}
 """
