@@ -3,6 +3,7 @@ that is no dataset, a shard that fails its checksum, names with markup). The bro
 is tests/tools/test_report_browser.py's."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -168,3 +169,105 @@ def test_a_large_errors_file_and_a_scan_limit_keep_counts_exact_and_say_what_is_
                        "(the limit)") in report.data.notes
     text = page(copy / "report.html")
     assert "and 33,313 more in errors.jsonl" in text and "and 16,647 more in errors.jsonl" in text
+
+
+@pytest.mark.parametrize("key, value", [
+    ("labels", list(range(12))), ("splits.train.class_counts.c00", "2"), ("counts.failed", -1), ("options", ["x"]),
+    ("sources", {"images": 1, "width": {"0": "y"}}), ("duplicates.near", [1]), ("skipped_by_reason", {"x": "y"}),
+])
+def test_a_manifest_with_values_the_writer_never_writes_is_one_line_exit_2_and_no_page(output, tmp_path, capsys,
+                                                                                        key, value):
+    copy = shutil.copytree(output, tmp_path / "out")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    *parents, last = key.split(".")
+    at = manifest
+    for part in parents:
+        at = at[part]
+    at[last] = value
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert report_output.main([str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {copy / 'manifest.json'}: {key.split('.')[0]}")
+    assert not (copy / "report.html").exists() and not list(copy.glob(".report-*"))
+
+
+def test_a_failed_files_picture_is_shown_only_while_it_is_the_file_that_failed(tmp_path):
+    """errors.jsonl gives the sha256 of the bytes that failed; the page shows the file only while it has
+    them: a manifest naming ``/`` as its input and an errors.jsonl naming any readable image show nothing
+    of it, whatever its line says."""
+    from beam_prep.tools.report.thumbs import Thumbnail
+    from beam_prep.tools.sample import picture
+
+    make_tree(tmp_path / "tree", {"a": 2}, size=(24, 20))
+    big = tmp_path / "tree" / "a" / "big.png"
+    picture(7, 40, 40).save(big)
+    out = tmp_path / "out"
+    prepare_here("--input", str(tmp_path / "tree"), "--output", str(out), "--image_size", "16",
+                 "--max_pixels", "1000")
+    row = json.loads((out / "errors.jsonl").read_text())
+    assert row["stage"] == "too_large" and row["sha256"] == hashlib.sha256(big.read_bytes()).hexdigest()
+    report = make_report(str(out))
+    assert isinstance(report.data.pictures[str(big)], Thumbnail)  # Pillow still shows it: the run's file
+    big.write_bytes(big.read_bytes() + b"\0")
+    assert make_report(str(out)).data.pictures[str(big)] == "not the run's file (changed since)"
+
+    secret = tmp_path / "elsewhere" / "secret.png"
+    secret.parent.mkdir()
+    picture(3, 30, 30).save(secret)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["options"]["input"] = "/"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    lines = [{"path": str(secret), "relpath": "x", "stage": "decode", "error_type": "OSError", "message": "m"},
+             {"path": str(secret) + "2", "relpath": "y", "stage": "decode", "error_type": "OSError", "message": "m",
+              "sha256": "0" * 64}]
+    shutil.copy(secret, str(secret) + "2")
+    (out / "errors.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = make_report(str(out))
+    assert report.data.pictures[str(secret)] == "not shown: the run recorded no sha256 of it (its bytes were not read)"
+    assert report.data.pictures[str(secret) + "2"] == "not the run's file (changed since)"
+    assert "data:image" not in page(out / "report.html").split('id=failures', 1)[1]
+
+
+def test_a_run_that_changes_the_dataset_takes_its_report_away(tmp_path):
+    """The page shows one dataset: --overwrite and --append take away the report beam-prep wrote (it would
+    show the old one), and leave a report.html the user wrote."""
+    make_tree(tmp_path / "tree", {"a": 2, "b": 2}, size=(24, 20))
+    out = tmp_path / "out"
+    args = ("--input", str(tmp_path / "tree"), "--output", str(out), "--image_size", "16")
+    prepare_here(*args)
+    make_report(str(out))
+    prepare_here(*args, "--overwrite")
+    assert not (out / "report.html").exists()
+    make_report(str(out))
+    make_tree(tmp_path / "tree", {"c": 2}, size=(30, 22))
+    prepare_here(*args, "--append")
+    assert not (out / "report.html").exists()
+    assert json.loads((out / "manifest.json").read_text())["versions"][1]["version"] == 2
+    (out / "report.html").write_text("<p>my own notes</p>")
+    prepare_here(*args, "--overwrite")
+    assert (out / "report.html").read_text() == "<p>my own notes</p>"
+
+
+def test_report_writes_over_no_file_it_did_not_write_no_link_and_no_folder(output, tmp_path, capsys):
+    copy = shutil.copytree(output, tmp_path / "out")
+    target = copy / "report.html"
+    target.write_text("<p>my own notes</p>")
+    assert report_output.main([str(copy)]) == 2
+    assert capsys.readouterr().err == (f"error: {target} is not a report beam-prep wrote: left as it is; move it "
+                                       "away, or write the report elsewhere with --to PAGE.html\n")
+    assert target.read_text() == "<p>my own notes</p>"
+    target.unlink()
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("mine")
+    target.symlink_to(elsewhere)
+    assert report_output.main([str(copy)]) == 2
+    assert target.is_symlink() and elsewhere.read_text() == "mine"
+    target.unlink()
+    target.mkdir()
+    assert report_output.main([str(copy)]) == 2
+    assert report_output.main([str(copy), "--to", str(target)]) == 2
+    assert "it is a folder; name a file" in capsys.readouterr().err
+    target.rmdir()
+    assert report_output.main([str(copy)]) == 0  # its own page, it writes again
+    assert report_output.main([str(copy)]) == 0
+    assert not list(copy.glob(".report-*"))

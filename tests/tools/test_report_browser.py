@@ -4,7 +4,9 @@ The page loads from file:// with no console error and no request for anything ou
 number it takes from the manifest is the manifest's; each gallery picture is its record's image
 (decoded from the page and compared with the record TensorFlow reads back); the leak pairs are
 exactly duplicates.jsonl's; labels with markup, quotes, right-to-left text and emoji show as
-written. The screenshot the docs page shows is taken here, checked not blank.
+written. The screenshot the docs page shows is taken here, checked not blank, and written over
+docs/guides/images/report.png only with ``BEAM_PREP_UPDATE_SCREENSHOTS=1`` (CONTRIBUTING.md): a test
+run leaves the checkout as it was.
 
 Chromium missing skips these tests, but where ``.ci/run`` installs it (``BEAM_PREP_REQUIRE_CHROMIUM``,
 or ``CI``) it fails them.
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 HOSTILE = ["<script>alert(1)", 'say "hi" & <b>', "שלום", "cat 🐱"]
 SCREENSHOT = REPO / "docs" / "guides" / "images" / "report.png"
+UPDATE_SCREENSHOTS = "BEAM_PREP_UPDATE_SCREENSHOTS"
 
 
 def _need_chromium() -> None:
@@ -54,7 +57,7 @@ def dataset(tmp_path_factory):
     out = root / "records"
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "20", "--num_shards", "2")
     here = os.getcwd()
-    os.chdir(root)  # the page names the folder as given: "records", as in the docs
+    os.chdir(root)  # the page names the folder as given ("records", as in the docs), its input below here as "tree"
     try:
         report = make_report("records")
     finally:
@@ -205,8 +208,13 @@ def test_labels_with_markup_quotes_rtl_and_emoji_show_as_written(browser, manife
     assert browser.execute_script("return document.querySelectorAll('b, script').length") == 0
 
 
-def test_the_screenshot_of_the_docs_page_is_taken_and_not_blank(browser):
-    shot = np.asarray(Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("L"), dtype=float)
-    assert shot.shape[0] > 500 and shot.std() > 10  # text, bars and pictures, not one colour
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)  # the picture docs/guides/inspect-verify-bench.md shows
-    Image.open(io.BytesIO(browser.get_screenshot_as_png())).save(SCREENSHOT, optimize=True)
+def test_the_screenshot_of_the_docs_page_is_taken_and_not_blank(browser, dataset):
+    shot = browser.get_screenshot_as_png()
+    pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("L"), dtype=float)
+    assert pixels.shape[0] > 500 and pixels.std() > 10  # text, bars and pictures, not one colour
+    overview = browser.find_element("css selector", "#overview + table").text
+    assert "from tree" in overview and str(dataset[0].parent) not in overview  # the input below the cwd, relative
+    taken = dataset[0].parent / "report.png"
+    Image.open(io.BytesIO(shot)).save(taken, optimize=True)
+    if os.environ.get(UPDATE_SCREENSHOTS) == "1":  # the picture docs/guides/inspect-verify-bench.md shows
+        shutil.copyfile(taken, SCREENSHOT)

@@ -10,13 +10,13 @@ import dataclasses
 import os
 import tempfile
 
-from beam_prep.io.storage import is_local, join, storage_error, write_bytes
+from beam_prep.errors import DatasetError
+from beam_prep.io.storage import is_local, join, open_to_read, storage_error, write_bytes
 from beam_prep.tools.report.gather import Limits, ReportData, gather
 from beam_prep.tools.report.render import render
+from beam_prep.write.shared.layout import REPORT, REPORT_HEAD, is_report
 
 __all__ = ["REPORT", "Limits", "Report", "make_report"]
-
-REPORT = "report.html"  # its name in the output folder, by default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +41,56 @@ def make_report(output: str, to: str | None = None, limits: Limits | None = None
       incomplete, and why).
 
     Raises:
-      DatasetError: ``output`` is not a dataset, or a side file is damaged (named).
+      DatasetError: ``output`` is not a dataset, or a side file is damaged (named); or ``to`` is a folder, or
+        (without ``to``) ``output`` holds a ``report.html`` that beam-prep did not write (a file, a link or
+        a folder): that stays.
       StorageError: something cannot be read, or the page cannot be written (named).
     """
     data = gather(output, limits or Limits())
     page = render(data).encode("utf-8")
     path = to or join(data.summary.root, REPORT)
+    _check_target(path, mine=to is None)
     if is_local(path):
         _write_local(path, page)
     else:
         write_bytes(path, page, mime_type="text/html")
     return Report(path, len(page), data)
+
+
+def _check_target(path: str, mine: bool) -> None:
+    """Refuses to write over a folder, or (``mine``: the page's place in the dataset's folder) over anything
+    but a page beam-prep wrote: a file of that name the user made stays, and so does a link, which is
+    never followed.
+
+    Raises:
+      DatasetError: what stands there, and what to do.
+      StorageError: it cannot be looked at.
+    """
+    try:
+        if is_local(path):
+            if not os.path.lexists(path):
+                return
+            if os.path.isdir(path) and not os.path.islink(path):
+                raise DatasetError(f"cannot write the report to {path}: it is a folder; name a file (--to PAGE.html)")
+            if not mine:
+                return
+            ours = os.path.isfile(path) and not os.path.islink(path)
+        else:
+            from apache_beam.io.filesystems import FileSystems
+
+            if not mine or not FileSystems.exists(path):
+                return
+            ours = True
+        if ours:
+            with open_to_read(path) as f:
+                ours = is_report(f.read(REPORT_HEAD))
+    except DatasetError:
+        raise
+    except Exception as e:  # each filesystem raises its own types
+        raise storage_error("read", path, e) from e
+    if not ours:
+        raise DatasetError(f"{path} is not a report beam-prep wrote: left as it is; move it away, or write the "
+                           "report elsewhere with --to PAGE.html")
 
 
 def _write_local(path: str, page: bytes) -> None:

@@ -18,12 +18,13 @@ from typing import Any
 from beam_prep.errors import BeamPrepError, DatasetError, UnsafeName
 from beam_prep.io.storage import is_local, join, open_to_read
 from beam_prep.model import features
-from beam_prep.model.dataset import DatasetInfo
+from beam_prep.model.dataset import MANIFEST, DatasetInfo
 from beam_prep.model.names import path_under
 from beam_prep.tools import contact_sheet
+from beam_prep.tools.report.checks import check_manifest
 from beam_prep.tools.report.leaks import Leaks, read_leaks
 from beam_prep.tools.report.thumbs import Budget, Thumbnail, from_pixels, from_source
-from beam_prep.tools.summary import Summary, _lines, _skipped_examples, summarize
+from beam_prep.tools.summary import Summary, _lines, _skipped_examples, open_output, summarize
 from beam_prep.write.shared.layout import DUPLICATES, ERRORS, SKIPPED
 
 __all__ = ["FailureFiles", "Gallery", "GalleryImage", "Limits", "ReportData", "gather"]
@@ -88,12 +89,13 @@ class Gallery:
 
 @dataclasses.dataclass(frozen=True)
 class FailureFiles:
-    """The failures of one stage and reason: every one counted, the first named (path, message)."""
+    """The failures of one stage and reason: every one counted, the first named (path, message, and the
+    sha256 of the bytes that failed, where the run read them)."""
 
     stage: str
     reason: str
     count: int
-    files: tuple[tuple[str, str], ...]
+    files: tuple[tuple[str, str, str | None], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,15 +121,15 @@ def gather(output: str, limits: Limits | None = None) -> ReportData:
     """Reads what the report of the dataset at ``output`` shows, in one pass over each file it needs.
 
     Raises:
-      DatasetError: not a dataset (no usable manifest), or a side file that is not the writer's
-        (naming the file and line).
+      DatasetError: not a dataset (no usable manifest), a manifest whose counts or names are not the
+        writer's (``checks.check_manifest``), or a side file that is not the writer's (naming the file
+        and line).
       StorageError: something cannot be read.
     """
     limits = limits or Limits()
+    info, manifest = open_output(output)
+    check_manifest(manifest, join(info.root, MANIFEST))  # before anything reads its counts
     summary = summarize(output)
-    from beam_prep.reader.sources import read_manifest
-
-    manifest = read_manifest(summary.root)[1]
     notes: list[tuple[str, str]] = []
     budget = Budget(limits.max_bytes)
     gallery = _gallery(summary.info, limits, budget, notes)
@@ -147,8 +149,8 @@ def gather(output: str, limits: Limits | None = None) -> ReportData:
         for f in group.files[:contact_sheet_files()]:
             wanted.setdefault(f.path, (f.sha256, LEAKS))
     for failure in failures or ():
-        for path, _ in failure.files[:limits.max_failure_pictures]:
-            wanted.setdefault(path, (None, FAILURES))
+        for path, _, sha256 in failure.files[:limits.max_failure_pictures]:
+            wanted.setdefault(path, (sha256, FAILURES))
     pictures = _pictures(wanted, input_root, limits.cell, budget)
     if budget.refused:
         notes.append(("pictures", f"{budget.refused:,} pictures left out: the report's limit of "
@@ -270,16 +272,23 @@ def _failures(errors_file: str, max_files: int) -> list[FailureFiles] | None:
             group = groups.setdefault(key, [0, []])
             group[0] += 1
             if len(group[1]) < max_files:
-                group[1].append((str(failure.get("path", "")), str(failure.get("message", ""))))
+                sha256 = failure.get("sha256")
+                group[1].append((str(failure.get("path", "")), str(failure.get("message", "")),
+                                 sha256 if isinstance(sha256, str) else None))
     ordered = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     return [FailureFiles(stage, reason, n, tuple(files)) for (stage, reason), (n, files) in ordered]
 
 
 def _pictures(wanted: Mapping[str, tuple[str | None, str]], input_root: str, cell: int,
               budget: Budget) -> dict[str, Thumbnail | str]:
-    """A thumbnail (or why none) of each source file ``wanted`` names, opened only under the run's input."""
+    """A thumbnail (or why none) of each source file ``wanted`` names, opened only under the run's input
+    and shown only while its bytes have the sha256 the run recorded of them: a manifest or side file
+    written by someone else (its input ``/``) cannot bring any other readable file into the page."""
     out: dict[str, Thumbnail | str] = {}
     for path, (sha256, section) in wanted.items():
+        if sha256 is None:
+            out[path] = "not shown: the run recorded no sha256 of it (its bytes were not read)"
+            continue
         try:
             full = path_under(input_root, path, section, "a path")
         except UnsafeName:

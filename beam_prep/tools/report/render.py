@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import html
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from beam_prep.tools.inspection import describe_image, format_bytes
 from beam_prep.tools.report.gather import ReportData, per_class, sources
 from beam_prep.tools.report.leaks import DuplicateFile
 from beam_prep.tools.report.thumbs import Thumbnail
+from beam_prep.write.shared.layout import REPORT_MARK
 
 __all__ = ["IMBALANCE_CALLOUT", "render"]
 
@@ -53,8 +55,8 @@ def render(data: ReportData) -> str:
              for section, why in data.notes]
     body += _overview(data) + _balance(data) + _gallery(data) + _duplicates(data) + _failures(data) \
         + _sources(data)
-    return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+    return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>" + REPORT_MARK.decode("ascii")
+            + f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name=viewport content="width=device-width,initial-scale=1">'
             f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
@@ -73,7 +75,7 @@ def _overview(data: ReportData) -> list[str]:
         ("format", _e(f"{info.file_format} shards, compression {info.compression}")),
         ("made", _e(f"{s.created or 'unknown'} by beam-prep {s.beam_prep_version or 'unknown'}")
          + (f", {_e(m['imaging_library'])}" if m.get("imaging_library") else "")),
-        ("from", _code((m.get("options") or {}).get("input") or "unknown")),
+        ("from", _code(_shown_path((m.get("options") or {}).get("input")))),
     ]
     out = ["<h2 id=overview>Overview</h2>", _kv(rows)]
     out.append(_table(["split", "examples", "shards", "bytes"], [
@@ -87,7 +89,7 @@ def _overview(data: ReportData) -> list[str]:
     if len(info.history) > 1:
         out.append(f"<h3>versions ({len(info.history)})</h3>")
         out.append(_table(["version", "created", "input", "records added"], [
-            [_n(v.version), _e(v.created or "unknown"), _code(v.input or "unknown"),
+            [_n(v.version), _e(v.created or "unknown"), _code(_shown_path(v.input)),
              _e(", ".join(f"{split} {n:,}" for split, (_, n, _) in v.added.items()) or "nothing")]
             for v in info.history], right=(0,)))
     options = m.get("options") or {}
@@ -248,8 +250,8 @@ def _failures(data: ReportData) -> list[str]:
                    f"{_n(f.count)}</h3>")
         pictures = data.limits.max_failure_pictures
         out.append("<ul>" + "".join(
-            f"<li>{_pic(data.pictures.get(path)) if k < pictures else ''}<code>{_e(path)}</code>: {_e(message)}</li>"
-            for k, (path, message) in enumerate(f.files)) + "</ul>")
+            f"<li>{_pic(data.pictures.get(path), path) if k < pictures else ''}<code>{_e(path)}</code>: "
+            f"{_e(message)}</li>" for k, (path, message, _) in enumerate(f.files)) + "</ul>")
         if f.count > len(f.files):
             out.append(f"<p class=muted>and {f.count - len(f.files):,} more in errors.jsonl</p>")
     dropped = (s.duplicates or {}).get("dropped_by_reason", {})
@@ -353,6 +355,18 @@ def _label(name: str) -> str:
 
 def _code(text: Any) -> str:
     return f"<code>{_e(text)}</code>"
+
+
+def _shown_path(path: Any) -> str:
+    """An input folder as the page names it: relative to the current directory where it lies below it
+    (as the output folder is named as given), so a page made beside its data names no machine path."""
+    if not isinstance(path, str) or not path:
+        return "unknown"
+    if os.path.isabs(path):
+        relative = os.path.relpath(path)
+        if relative != os.curdir and relative.split(os.sep)[0] != os.pardir:
+            return relative
+    return path
 
 
 def _e(text: Any) -> str:

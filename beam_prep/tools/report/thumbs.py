@@ -67,12 +67,12 @@ def from_pixels(pixels: np.ndarray, cell: int) -> Thumbnail:
     return _encode(_to_pil(pixels), cell)
 
 
-def from_source(path: str, sha256: str | None, cell: int) -> Thumbnail | str:
+def from_source(path: str, sha256: str, cell: int) -> Thumbnail | str:
     """A source file's thumbnail, or why there is none (a few words).
 
     ``path`` must already be checked to lie under the run's input. A local file is read only if it
-    is a regular file (a pipe or a device could block); with ``sha256`` (the run's hash of it),
-    only if its bytes still have it.
+    is a regular file (a pipe or a device could block), and shown only if its bytes still have
+    ``sha256`` (the run's hash of them).
     """
     try:
         if is_local(path):
@@ -89,7 +89,7 @@ def from_source(path: str, sha256: str | None, cell: int) -> Thumbnail | str:
         return "cannot read"
     if len(data) > MAX_SOURCE_BYTES:
         return "too large to show"
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+    if hashlib.sha256(data).hexdigest() != sha256:
         return "not the run's file (changed since)"
     try:
         with Image.open(io.BytesIO(data)) as source:

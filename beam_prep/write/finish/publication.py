@@ -27,7 +27,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import BeamPrepError, DatasetError, OptionsError, StorageError
-from beam_prep.io.storage import is_local, join, read_bytes, storage_error
+from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST
 from beam_prep.model.names import check_file_name
@@ -162,7 +162,7 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
     targets = {target for _, target, _ in moves}
     old = []
     for name in sorted(here, key=_leaving):
-        if name in targets or (not append and layout.is_dataset_name(name)):
+        if name in targets or (not append and layout.is_dataset_name(name)) or _is_our_report(output, name, here):
             if here[name] == identity.NOT_A_FILE:
                 raise DatasetError(f"cannot publish run {run_id} into {output}: {join(output, name)} is a folder "
                                    f"or a link, where a file of the dataset goes; move it out of {output} and run "
@@ -176,6 +176,23 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
         moves = [(s, t, identity.File(f)) for s, t, f in moves]
         old = [(n, identity.File(f)) for n, f in old]
     return Publication(run_id, output, json.loads(json.dumps(dict(options))), tuple(moves), tuple(old), append)
+
+
+def _is_our_report(output: str, name: str, here: Mapping[str, str]) -> bool:
+    """Whether ``name`` is the report of the dataset in ``output`` (``layout.REPORT``, a file beam-prep wrote):
+    it shows the old dataset, so a run that changes the dataset, appending or not, takes it away.
+
+    Raises:
+      StorageError: the file cannot be read.
+    """
+    if name != layout.REPORT or here[name] == identity.NOT_A_FILE:
+        return False
+    path = join(output, name)
+    try:
+        with open_to_read(path) as f:
+            return layout.is_report(f.read(layout.REPORT_HEAD))
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
 
 
 def _shard_sha256(output: str) -> dict[str, str]:
@@ -311,7 +328,7 @@ def _checked_file(entry: Mapping[str, Any], found: str, field: str) -> identity.
 
 def _check_dataset_name(name: str, field: str) -> None:
     check_file_name(name, field)
-    if not layout.is_dataset_name(name):
+    if not layout.is_published_name(name):
         raise ValueError(f"{field} is {name!r}, not a dataset's file")
 
 
@@ -426,7 +443,21 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     except BaseException as e:
         _undo(output, work, publication, steps, e)
         raise
+    _remove_old_report(output, publication)
     _remove_run_folder(work, steps)
+
+
+def _remove_old_report(output: str, publication: Publication) -> None:
+    """An append's old report (``layout.REPORT``, among its old files: ``_is_our_report``) shows the dataset
+    without it: once the new manifest is in, it goes, unless something else stands at its name by now.
+    (An ``--overwrite``'s goes with its other old files.)
+
+    Raises:
+      StorageError: it cannot be removed.
+    """
+    file = dict(publication.old).get(layout.REPORT)
+    if publication.append and file is not None and identity.Listing(output).holds(layout.REPORT, file):
+        layout.delete([join(output, layout.REPORT)], f"the old dataset's {layout.REPORT} in {output}")
 
 
 def _undo(output: str, work: str, publication: Publication, steps: Steps, error: BaseException) -> None:
@@ -582,7 +613,7 @@ def _put_back_replaced(output: str, run_id: str) -> None:
     aside_folder = join(layout.run_folder(output, run_id), REPLACED)
     here = identity.identities(output)
     names = sorted(_replaced_files(output, run_id), key=_arriving)
-    back = [name for name in names if name not in here and layout.is_dataset_name(name)]
+    back = [name for name in names if name not in here and layout.is_published_name(name)]
     _move_all([(join(aside_folder, name), join(output, name)) for name in back], None)
     kept = [name for name in names if name not in back]
     if back:
