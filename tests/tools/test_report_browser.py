@@ -218,3 +218,31 @@ def test_the_screenshot_of_the_docs_page_is_taken_and_not_blank(browser, dataset
     Image.open(io.BytesIO(shot)).save(taken, optimize=True)
     if os.environ.get(UPDATE_SCREENSHOTS) == "1":  # the picture docs/guides/inspect-verify-bench.md shows
         shutil.copyfile(taken, SCREENSHOT)
+
+
+def test_names_that_reorder_text_or_run_long_stay_in_their_place_and_the_page_width(browser, dataset, tmp_path):
+    """A right-to-left override in a file name or a message reorders nothing after it (each such string is
+    isolated), and names of 255 characters with no space wrap inside the window."""
+    copy = shutil.copytree(dataset[0], tmp_path / "records")
+    (copy / "report.html").unlink()
+    long = "N" * 255
+    rows = [{"path": f"/in/\u202egpj.exe{i}", "relpath": "x", "stage": "decode", "error_type": "OSError" + long,
+             "message": f"\u202ebad {long}"} for i in range(2)]
+    (copy / "errors.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (copy / "skipped.jsonl").write_text(json.dumps({"path": "/in/n", "relpath": "\u202e" + long,
+                                                    "reason": "not an image file"}) + "\n")
+    make_report(str(copy))
+    try:
+        browser.get(pathlib_uri(copy / "report.html"))
+        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        placed = browser.execute_script("""
+            const found = [], walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+            for (let n; (n = walker.nextNode());) {
+              const e = n.parentElement;
+              if (/[\\u202a-\\u202e\\u2066-\\u2069]/.test(n.data) && !(e instanceof SVGElement))
+                found.push([e.tagName, getComputedStyle(e).unicodeBidi]);
+            }
+            return found;""")
+        assert len(placed) >= 5 and all(bidi == "isolate" for _, bidi in placed), placed
+    finally:
+        browser.get(pathlib_uri(dataset[0] / "report.html"))

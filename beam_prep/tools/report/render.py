@@ -39,7 +39,9 @@ td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;vertical-align:top}t
 figure img{display:block;width:auto;height:auto;min-width:64px;max-width:128px;max-height:128px;object-fit:contain;
 image-rendering:pixelated;background:#eee}
 figcaption{font-size:11px;overflow-wrap:anywhere}.pic{width:128px;height:64px;background:#eee;font-size:11px;
-padding:4px;box-sizing:border-box}code{font-size:12px;overflow-wrap:anywhere}
+padding:4px;box-sizing:border-box}code{font-size:12px}
+h1,h3,p,li,td,figcaption,code{overflow-wrap:anywhere}td.n{white-space:nowrap}
+bdi,code,figcaption{unicode-bidi:isolate}
 """
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -48,7 +50,7 @@ def render(data: ReportData) -> str:
     """The page, as text (UTF-8 when written)."""
     s = data.summary
     title = f"beam-prep report: {s.root}"
-    body = [f"<h1>{_e(title)}</h1>",
+    body = [f"<h1>beam-prep report: {_label(s.root)}</h1>",
             f"<p class=muted>made {_e(_now())} by beam-prep {_e(_version())}; every count is exact, "
             "what is shown of files and pictures is capped (the sections say by how much)</p>"]
     body += [f'<p class=note data-note="{_e(section)}"><b>{_e(section)}</b>: {_e(why)}</p>'
@@ -251,7 +253,7 @@ def _failures(data: ReportData) -> list[str]:
         pictures = data.limits.max_failure_pictures
         out.append("<ul>" + "".join(
             f"<li>{_pic(data.pictures.get(path), path) if k < pictures else ''}<code>{_e(path)}</code>: "
-            f"{_e(message)}</li>" for k, (path, message, _) in enumerate(f.files)) + "</ul>")
+            f"{_label(message)}</li>" for k, (path, message, _) in enumerate(f.files)) + "</ul>")
         if f.count > len(f.files):
             out.append(f"<p class=muted>and {f.count - len(f.files):,} more in errors.jsonl</p>")
     dropped = (s.duplicates or {}).get("dropped_by_reason", {})
