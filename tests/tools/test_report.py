@@ -243,6 +243,9 @@ def test_a_run_that_changes_the_dataset_takes_its_report_away(tmp_path):
     prepare_here(*args, "--append")
     assert not (out / "report.html").exists()
     assert json.loads((out / "manifest.json").read_text())["versions"][1]["version"] == 2
+    make_report(str(out))
+    text = page(out / "report.html")  # the options shown are the first run's: say so
+    assert "<h3>versions (2)</h3>" in text and "options of the run that made version 1 (an append keeps them)" in text
     (out / "report.html").write_text("<p>my own notes</p>")
     prepare_here(*args, "--overwrite")
     assert (out / "report.html").read_text() == "<p>my own notes</p>"
@@ -271,3 +274,33 @@ def test_report_writes_over_no_file_it_did_not_write_no_link_and_no_folder(outpu
     assert report_output.main([str(copy)]) == 0  # its own page, it writes again
     assert report_output.main([str(copy)]) == 0
     assert not list(copy.glob(".report-*"))
+
+
+def test_a_dataset_of_no_records_says_none_where_there_is_nothing(tmp_path):
+    """Every file failed: no balance to call out, no gallery row "past the limit", no sources "not recorded"."""
+    (tmp_path / "tree" / "a").mkdir(parents=True)
+    for name in ("x.jpg", "y.jpg"):
+        (tmp_path / "tree" / "a" / name).write_bytes(b"not a jpeg")
+    prepare_here("--input", str(tmp_path / "tree"), "--output", str(tmp_path / "out"), "--image_size", "16")
+    report = make_report(str(tmp_path / "out"))
+    text = page(tmp_path / "out" / "report.html")
+    assert report.data.notes == () and "inf" not in text and "past the limit" not in text
+    assert "train</bdi>: no records</p>" in text and "none: no records in this split" in text
+    assert "none: no image was made into a record" in text and "not recorded" not in text
+
+
+def test_a_multi_label_record_is_in_the_gallery_of_each_of_its_labels(tmp_path):
+    files = make_tree(tmp_path / "tree", {"cat": 3, "dog": 3}, size=(24, 20))
+    table = tmp_path / "labels.csv"
+    table.write_text("file_name,labels\n" + "".join(
+        f"{p.relative_to(tmp_path / 'tree').as_posix()},{'cat;dog' if i % 2 else p.parent.name}\n"
+        for i, p in enumerate(files)))
+    prepare_here("--input", str(tmp_path / "tree"), "--output", str(tmp_path / "out"), "--image_size", "16",
+                 "--metadata", str(table))
+    counts = json.loads((tmp_path / "out" / "manifest.json").read_text())["splits"]["train"]["class_counts"]
+    report = make_report(str(tmp_path / "out"))
+    assert [len(images) for images in report.data.gallery.images] == [counts["cat"], counts["dog"]] == [5, 4]
+    both = {im.filename for im in report.data.gallery.images[0]} & {im.filename for im in report.data.gallery.images[1]}
+    assert both == {"cat/img_001.jpg", "dog/img_000.jpg", "dog/img_002.jpg"}
+    assert report.data.notes == ()
+    assert "a record counts under each of its labels" in page(tmp_path / "out" / "report.html")

@@ -210,9 +210,11 @@ def _gallery(info: DatasetInfo, limits: Limits, budget: Budget, notes: list[tupl
             for serialized in contact_sheet._serialized(info, path, n):
                 scanned += 1
                 record = features.decode_example(serialized)
-                index = contact_sheet._label_index(info, record, path) if labelled else 0
-                if len(kept[index]) < wanted[index]:
-                    thumb = from_pixels(contact_sheet._decode(info, record), limits.cell)
+                thumb = None
+                for index in _rows_of(info, serialized, record, path):
+                    if len(kept[index]) >= wanted[index]:
+                        continue
+                    thumb = thumb or from_pixels(contact_sheet._decode(info, record), limits.cell)
                     if not budget.take(thumb):  # the page's size limit: this row ends here (said in notes)
                         missing -= wanted[index] - len(kept[index])
                         wanted[index] = len(kept[index])
@@ -234,6 +236,17 @@ def _gallery(info: DatasetInfo, limits: Limits, budget: Budget, notes: list[tupl
                    else "the shards hold fewer records than the manifest's class counts")
             notes.append((GALLERY, f"{short:,} images fewer than the classes' counts allow: {why}"))
     return Gallery(split, each, tuple(rows), tuple(tuple(k) for k in kept), tuple(wanted), scanned)
+
+
+def _rows_of(info: DatasetInfo, serialized: bytes, record: Mapping[str, Any], path: str) -> tuple[int, ...]:
+    """The gallery rows a record belongs in: its label's, each of a multi-label record's labels', or the
+    one row of a dataset without labels."""
+    if not info.labels:
+        return (0,)
+    if not info.multi_label:
+        return (contact_sheet._label_index(info, record, path),)
+    ids = features.Example.FromString(serialized).features.feature[features.LABEL].int64_list.value
+    return tuple(dict.fromkeys(contact_sheet._label_index(info, {features.LABEL: i}, path) for i in ids))
 
 
 def _check_sha256(path: str, sha256: str | None) -> None:

@@ -95,7 +95,8 @@ def _overview(data: ReportData) -> list[str]:
              _e(", ".join(f"{split} {n:,}" for split, (_, n, _) in v.added.items()) or "nothing")]
             for v in info.history], right=(0,)))
     options = m.get("options") or {}
-    out.append("<details><summary>options of the run</summary>" + _table(
+    which = "the run that made version 1 (an append keeps them)" if len(info.history) > 1 else "the run"
+    out.append(f"<details><summary>options of {which}</summary>" + _table(
         ["option", "value"], [[_code(k), _code(json.dumps(v, ensure_ascii=False))] for k, v in options.items()],
         empty="not recorded") + "</details>")
     return out
@@ -112,6 +113,9 @@ def _balance(data: ReportData) -> list[str]:
         i = x.imbalance
         if i is None:
             continue
+        if i.largest[1] == 0:  # no class has a record: there is no balance to speak of
+            out.append(f"<p class=none data-imbalance=\"{_e(x.name)}\">{_label(x.name)}: no records</p>")
+            continue
         ratio = "inf (a class has no records)" if i.ratio is None else f"{i.ratio:.2f}"
         loud = i.ratio is None or i.ratio >= IMBALANCE_CALLOUT
         out.append(f"<p{' class=warn' if loud else ''} data-imbalance=\"{_e(x.name)}\">{_label(x.name)}: "
@@ -119,6 +123,9 @@ def _balance(data: ReportData) -> list[str]:
                    f"{_label(i.smallest[0])} {_n(i.smallest[1])})"
                    + (f": over {IMBALANCE_CALLOUT:g}, consider --stratify, --max_per_class or class weights"
                       if loud else "") + "</p>")
+    if s.info.multi_label:
+        out.append("<p class=muted>multi-label: a record counts under each of its labels, so a split's shares "
+                   "add up to more than 100%</p>")
     splits = [x.name for x in s.splits]
     totals = {name: x.num_examples for name, x in zip(splits, s.splits)}
     out.append(_chart(s.classes[:CHART_CLASSES], splits))
@@ -178,12 +185,13 @@ def _gallery(data: ReportData) -> list[str]:
     for index, (row, images, wanted) in enumerate(zip(g.rows, g.images, g.wanted)):
         head = (f"{_label(row)} <span class=muted>({index + info.label_offset})</span>" if info.labels
                 else _e(row))
-        total = _class_count(data, g.split, row)
+        total, records = _class_count(data, g.split, row)
         out.append(f'<h3 data-gallery-row="{index}">{head} <span class=muted>{len(images)} shown of '
                    f'{total}</span></h3>')
         if not images:
-            out.append(f"<p class=none>{'none shown: past the limit of classes shown' if total and not wanted else 'none'}"
-                       "</p>")
+            out.append("<p class=none>" + ("none: no records in this split" if records == 0
+                                           else "none shown: past the limit of classes shown" if not wanted
+                                           else "none shown (the notes above say why)") + "</p>")
             continue
         out.append('<div class=row>' + "".join(
             f'<figure data-gallery="{index}" data-filename="{_e(im.filename)}">'
@@ -192,13 +200,16 @@ def _gallery(data: ReportData) -> list[str]:
     return out
 
 
-def _class_count(data: ReportData, split: str, row: str) -> str:
+def _class_count(data: ReportData, split: str, row: str) -> tuple[str, int | None]:
+    """A gallery row's record count in ``split``, as shown (marked with its manifest key) and as a number
+    (None: unknown)."""
     s = data.summary.info.splits[split]
     if not data.summary.info.labels:
-        return _m(s.num_examples, f"splits.{split}.num_examples")
+        return _m(s.num_examples, f"splits.{split}.num_examples"), s.num_examples
     if s.class_counts is None:
-        return "unknown"
-    return _m(int(s.class_counts.get(row, 0)), f"splits.{split}.class_counts.{row}")
+        return "unknown", None
+    n = int(s.class_counts.get(row, 0))
+    return _m(n, f"splits.{split}.class_counts.{row}"), n
 
 
 def _duplicates(data: ReportData) -> list[str]:
@@ -274,6 +285,8 @@ def _failures(data: ReportData) -> list[str]:
 def _sources(data: ReportData) -> list[str]:
     out = ["<h2 id=sources>Source images</h2>"]
     src = sources(data.manifest)
+    if src is None and not (data.manifest.get("counts") or {}).get("written", 1):
+        return out + ["<p class=none data-sources=none>none: no image was made into a record</p>"]
     if src is None:
         return out + ["<p class=none>not recorded: the run that made this dataset did not record its sources' "
                       "sizes (a beam-prep before it did)</p>"]
