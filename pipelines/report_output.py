@@ -4,8 +4,9 @@
 
 Writes ``OUT/report.html`` (or ``--to``): the overview, class balance, a gallery decoded from the
 shards, duplicates and leaks across splits, failures and skipped files, the source images' sizes.
-Exit codes: 0 written, 2 bad options or an output folder that is not a finished dataset, 1 the page
-could not be written, or was written with a section incomplete (each named on stderr).
+Exit codes: 0 written, 2 bad options, an output folder that is not a finished dataset (a damaged
+manifest included) or a report.html there that beam-prep did not write, 1 the page could not be
+written, or was written with a section incomplete (each named on stderr).
 """
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ examples:
 
 The page holds everything (pictures as data: URIs, no script, no fonts or styles from elsewhere):
 open it in a browser, mail it, attach it to a review. Counts are exact; pictures and file names are
-capped (--per-class, --max-mb), and the page says where.
+capped (--per-class, --max-mb), and the page says where. OUT/report.html is the dataset's: a later
+prepare --overwrite or --append takes it away; a report.html there that beam-prep did not write is
+left as it is (exit 2: use --to).
 """
 
 

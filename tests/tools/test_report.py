@@ -113,6 +113,12 @@ def test_report_reads_a_gs_output_and_writes_beside_it(gcs_server, output, tmp_p
     url = bucket.url("records")
     result = gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url], cwd=REPO)
     assert f"report: {url}/report.html" in result.stdout
+    assert bucket.read_bytes("records/report.html").startswith(b"<!DOCTYPE html>")
+    gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url], cwd=REPO)  # its own page: written again
+    bucket.write_bytes("records/report.html", b"<p>notes of our own</p>")
+    refused = gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url], cwd=REPO, check=False)
+    assert refused.returncode == 2 and f"error: {url}/report.html is not a report beam-prep wrote" in refused.stderr
+    assert bucket.read_bytes("records/report.html") == b"<p>notes of our own</p>"
     local = tmp_path / "local.html"
     gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url, "--to", str(local)], cwd=REPO)
     text = page(local)
