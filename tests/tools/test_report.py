@@ -271,6 +271,11 @@ def test_report_writes_over_no_file_it_did_not_write_no_link_and_no_folder(outpu
     target.symlink_to(elsewhere)
     assert report_output.main([str(copy)]) == 2
     assert target.is_symlink() and elsewhere.read_text() == "mine"
+    chosen = tmp_path / "chosen.html"
+    chosen.symlink_to(elsewhere)
+    assert report_output.main([str(copy), "--to", str(chosen)]) == 0  # the link replaced, never followed
+    assert not chosen.is_symlink() and chosen.read_text().startswith("<!DOCTYPE html>")
+    assert elsewhere.read_text() == "mine"
     target.unlink()
     target.mkdir()
     assert report_output.main([str(copy)]) == 2
@@ -310,3 +315,25 @@ def test_a_multi_label_record_is_in_the_gallery_of_each_of_its_labels(tmp_path):
     assert both == {"cat/img_001.jpg", "dog/img_000.jpg", "dog/img_002.jpg"}
     assert report.data.notes == ()
     assert "a record counts under each of its labels" in page(tmp_path / "out" / "report.html")
+
+
+@pytest.mark.parametrize("record, why", [(b"\xff\xfe not a proto", "DecodeError"), (b"", "IndexError")])
+def test_a_shard_the_manifest_vouches_for_but_not_of_beam_preps_records_leaves_the_gallery_incomplete(
+        output, tmp_path, capsys, record, why):
+    """A manifest's sha256 vouches for the bytes, not for who wrote them: a record that is no Example, or
+    one without the features beam-prep writes, is a note naming the shard, never a traceback."""
+    import tensorflow as tf
+
+    copy = shutil.copytree(output, tmp_path / "out")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    shard = copy / train["shards"][0]
+    with tf.io.TFRecordWriter(str(shard), options="GZIP") as writer:
+        writer.write(record)
+    train["shard_sha256"][0] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    train["shard_num_examples"][0] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert report_output.main([str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert f"warning: gallery: incomplete: a record of {shard} is not one beam-prep writes ({why}" in err
+    assert "Traceback" not in err and 'data-note="gallery"' in page(copy / "report.html")

@@ -209,9 +209,9 @@ def _gallery(info: DatasetInfo, limits: Limits, budget: Budget, notes: list[tupl
             _check_sha256(path, sha256)
             for serialized in contact_sheet._serialized(info, path, n):
                 scanned += 1
-                record = features.decode_example(serialized)
+                record, rows_of_record = _parsed(info, serialized, path)
                 thumb = None
-                for index in _rows_of(info, serialized, record, path):
+                for index in rows_of_record:
                     if len(kept[index]) >= wanted[index]:
                         continue
                     thumb = thumb or from_pixels(contact_sheet._decode(info, record), limits.cell)
@@ -236,6 +236,21 @@ def _gallery(info: DatasetInfo, limits: Limits, budget: Budget, notes: list[tupl
                    else "the shards hold fewer records than the manifest's class counts")
             notes.append((GALLERY, f"{short:,} images fewer than the classes' counts allow: {why}"))
     return Gallery(split, each, tuple(rows), tuple(tuple(k) for k in kept), tuple(wanted), scanned)
+
+
+def _parsed(info: DatasetInfo, serialized: bytes, path: str) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """A record's features and its gallery rows (``_rows_of``).
+
+    Raises:
+      DatasetError: it is not a record beam-prep writes (a shard whose checksum the manifest vouches
+        for may still be someone else's), naming the shard.
+    """
+    from google.protobuf.message import DecodeError
+
+    try:
+        return (record := features.decode_example(serialized)), _rows_of(info, serialized, record, path)
+    except (DecodeError, IndexError, KeyError, ValueError) as e:
+        raise DatasetError(f"a record of {path} is not one beam-prep writes ({type(e).__name__}: {e})") from e
 
 
 def _rows_of(info: DatasetInfo, serialized: bytes, record: Mapping[str, Any], path: str) -> tuple[int, ...]:
