@@ -96,7 +96,8 @@ class Publication:
       old: ``(name, file)``: the old dataset's files in ``--output`` when it was recorded
         (an append's: those its moves replace, no other).
       append: an append's (``--append``): its old files are copied aside, not moved, and each is
-        replaced in one move (the manifest last); no file of the dataset is removed.
+        replaced in one move (the manifest last); no file of the dataset is removed, but the report of
+        the old version (``layout.REPORT``), moved aside.
     """
 
     run_id: str
@@ -180,7 +181,8 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
 
 def _is_our_report(output: str, name: str, here: Mapping[str, str]) -> bool:
     """Whether ``name`` is the report of the dataset in ``output`` (``layout.REPORT``, a file beam-prep wrote):
-    it shows the old dataset, so a run that changes the dataset, appending or not, takes it away.
+    it shows the old dataset, so a run that changes the dataset, appending or not, moves it aside with the old
+    files (``carry_out``), and it goes with them.
 
     Raises:
       StorageError: the file cannot be read.
@@ -437,27 +439,17 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     try:
         if state.aside:
             _make_folder(join(work, REPLACED))
-        aside = [(join(output, name), join(work, REPLACED, name)) for name in state.aside]
-        (_copy_all if publication.append else _move_all)(aside, steps)
+        aside = {name: (join(output, name), join(work, REPLACED, name)) for name in state.aside}
+        if publication.append:  # its old files stay until replaced, but the report of the old version
+            _move_all([pair for name, pair in aside.items() if name == layout.REPORT], steps)
+            _copy_all([pair for name, pair in aside.items() if name != layout.REPORT], steps)
+        else:
+            _move_all(list(aside.values()), steps)
         _move_all([(join(work, source), join(output, target)) for source, target in state.incoming], steps)
     except BaseException as e:
         _undo(output, work, publication, steps, e)
         raise
-    _remove_old_report(output, publication)
     _remove_run_folder(work, steps)
-
-
-def _remove_old_report(output: str, publication: Publication) -> None:
-    """An append's old report (``layout.REPORT``, among its old files: ``_is_our_report``) shows the dataset
-    without it: once the new manifest is in, it goes, unless something else stands at its name by now.
-    (An ``--overwrite``'s goes with its other old files.)
-
-    Raises:
-      StorageError: it cannot be removed.
-    """
-    file = dict(publication.old).get(layout.REPORT)
-    if publication.append and file is not None and identity.Listing(output).holds(layout.REPORT, file):
-        layout.delete([join(output, layout.REPORT)], f"the old dataset's {layout.REPORT} in {output}")
 
 
 def _undo(output: str, work: str, publication: Publication, steps: Steps, error: BaseException) -> None:
