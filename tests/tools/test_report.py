@@ -337,3 +337,25 @@ def test_a_shard_the_manifest_vouches_for_but_not_of_beam_preps_records_leaves_t
     err = capsys.readouterr().err
     assert f"warning: gallery: incomplete: a record of {shard} is not one beam-prep writes ({why}" in err
     assert "Traceback" not in err and 'data-note="gallery"' in page(copy / "report.html")
+
+
+def test_a_source_on_gs_too_large_to_show_is_said_so_and_a_small_one_shown(gcs_bucket, monkeypatch):
+    """A failure at stage too_large is often of a huge file: its size is asked first (its bytes are not
+    fetched, which the test server does not let a test see), a small one's shown."""
+    import io
+
+    from beam_prep.tools.report import thumbs
+    from beam_prep.tools.sample import picture
+
+    buffer = io.BytesIO()
+    picture(1, 24, 20).save(buffer, "PNG")
+    small = buffer.getvalue()
+    monkeypatch.setattr(thumbs, "MAX_SOURCE_BYTES", len(small) + 10)
+    big = small + bytes(100)
+    gcs_bucket.write_bytes("in/big.png", big)
+    gcs_bucket.write_bytes("in/small.png", small)
+    sha = hashlib.sha256
+    assert thumbs.from_source(gcs_bucket.url("in/big.png"), sha(big).hexdigest(), 128) == "too large to show"
+    assert thumbs.from_source(gcs_bucket.url("in/gone.png"), sha(big).hexdigest(), 128) == "cannot read"
+    shown = thumbs.from_source(gcs_bucket.url("in/small.png"), sha(small).hexdigest(), 128)
+    assert isinstance(shown, thumbs.Thumbnail) and (shown.width, shown.height) == (24, 20)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from beam_prep.io.storage import is_local, read_bytes
+from beam_prep.io.storage import is_local, open_to_read
 from beam_prep.tools.contact_sheet import _fit, _to_pil
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,8 +83,16 @@ def from_source(path: str, sha256: str, cell: int) -> Thumbnail | str:
                 return "too large to show"
             with open(path, "rb") as f:
                 data = f.read(MAX_SOURCE_BYTES + 1)
-        else:
-            data = read_bytes(path)
+        else:  # its size first: a failure at stage too_large is often of a huge file
+            from apache_beam.io.filesystems import FileSystems
+
+            found = FileSystems.match([path])[0].metadata_list
+            if not found:
+                return "cannot read"
+            if found[0].size_in_bytes > MAX_SOURCE_BYTES:
+                return "too large to show"
+            with open_to_read(path) as f:
+                data = f.read(MAX_SOURCE_BYTES + 1)
     except Exception:  # noqa: BLE001 - each filesystem raises its own types: the file cannot be read
         return "cannot read"
     if len(data) > MAX_SOURCE_BYTES:
