@@ -129,7 +129,7 @@ def gather(output: str, limits: Limits | None = None) -> ReportData:
     limits = limits or Limits()
     info, manifest = open_output(output)
     check_manifest(manifest, join(info.root, MANIFEST))  # before anything reads its counts
-    summary = summarize(output)
+    summary = summarize(output, (info, manifest), side_files=False)  # errors.jsonl and skipped.jsonl: below
     notes: list[tuple[str, str]] = []
     budget = Budget(limits.max_bytes)
     gallery = _gallery(summary.info, limits, budget, notes)
@@ -314,13 +314,13 @@ def _pictures(wanted: Mapping[str, tuple[str | None, str]], input_root: str, cel
     written by someone else (its input ``/``) cannot bring any other readable file into the page."""
     out: dict[str, Thumbnail | str] = {}
     for path, (sha256, section) in wanted.items():
-        if sha256 is None:
-            out[path] = "not shown: the run recorded no sha256 of it (its bytes were not read)"
-            continue
         try:
             full = path_under(input_root, path, section, "a path")
         except UnsafeName:
             out[path] = "not under the run's input: not opened"
+            continue
+        if sha256 is None:
+            out[path] = "not shown: the run recorded no sha256 of it (its bytes were not read)"
             continue
         thumb = from_source(full, sha256, cell)
         out[path] = thumb if isinstance(thumb, str) or budget.take(thumb) else "left out: the size limit"
