@@ -343,7 +343,8 @@ ESCAPE_TO = {"from": "staged/labels.txt", "to": "../escaped.txt", "file": "x"}
      "old[0].file is 'not a file', not a file's identity"),
     (lambda body: body.update(append="yes"), "append is a string, not true or false"),
     (lambda body: body.update(append=True, old=[{"name": "test-00000-of-00001.tfrecord.gz", "file": "x"}]),
-     "old names 'test-00000-of-00001.tfrecord.gz', which no move replaces (an append removes nothing)"),
+     "old names 'test-00000-of-00001.tfrecord.gz', which no move replaces (an append removes nothing but the "
+     "old version's report.html)"),
 ])
 def test_a_publication_record_beam_prep_does_not_write_is_refused(tree, killed_mid_publish, capfd, edit, said):
     """The record is data in the output folder: a move from or to outside the folders, a file no

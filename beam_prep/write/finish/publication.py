@@ -275,9 +275,10 @@ def _checked(body: Any, run_id: str, output: str) -> Publication:
     if not moves or moves[-1][1] != MANIFEST:
         raise ValueError(f"the last of moves is not the {MANIFEST}")
     append = _typed(body.get("append", False), bool, "append")
-    kept = [name for name, _ in old if name not in {target for _, target, _ in moves}]
+    kept = [name for name, _ in old if name not in {target for _, target, _ in moves} and name != layout.REPORT]
     if append and kept:
-        raise ValueError(f"append is true, but old names {kept[0]!r}, which no move replaces (an append removes nothing)")
+        raise ValueError(f"append is true, but old names {kept[0]!r}, which no move replaces (an append removes "
+                         f"nothing but the old version's {layout.REPORT})")
     return Publication(run_id, output, options, moves, old, append)
 
 
