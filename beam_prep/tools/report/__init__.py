@@ -46,10 +46,10 @@ def make_report(output: str, to: str | None = None, limits: Limits | None = None
         a folder): that stays.
       StorageError: something cannot be read, or the page cannot be written (named).
     """
+    path = to or join(output.rstrip("/") or output, REPORT)
+    _check_target(path, mine=to is None)  # before the work, not after
     data = gather(output, limits or Limits())
     page = render(data).encode("utf-8")
-    path = to or join(data.summary.root, REPORT)
-    _check_target(path, mine=to is None)
     if is_local(path):
         _write_local(path, page)
     else:
