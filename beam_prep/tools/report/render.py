@@ -2,8 +2,8 @@
 
 Everything is in the file: pictures as ``data:`` URIs, the style inline, charts as inline SVG, no
 script; a Content-Security-Policy forbids the page any other source, so it makes no request when
-opened. Every string from the dataset (labels, file names, messages, options) is escaped, and labels
-are isolated (``<bdi>``) so a right-to-left name shows as written. A number taken from the manifest
+opened. Every string from the dataset (labels, file names, messages, options) is escaped and isolated
+(``<bdi>``, ``<code>``, captions) so a right-to-left name shows as written and reorders nothing after it. A number taken from the manifest
 carries its key (``data-manifest="splits.train.num_examples"``), for a reader or a test to check.
 """
 from __future__ import annotations
@@ -378,7 +378,10 @@ def _shown_path(path: Any) -> str:
     if not isinstance(path, str) or not path:
         return "unknown"
     if os.path.isabs(path):
-        relative = os.path.relpath(path)
+        try:
+            relative = os.path.relpath(path)
+        except (OSError, ValueError):  # no current directory (removed), or another drive's
+            return path
         if relative != os.curdir and relative.split(os.sep)[0] != os.pardir:
             return relative
     return path
