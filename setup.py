@@ -83,6 +83,9 @@ TEST = [
     # docs/guides/gpu-dali.md's other readers, each recipe run: Ray Data and the tfrecord package.
     "ray[data]>=2.60,<3",
     "tfrecord>=1.14,<2",
+    # tests/tools/test_report_browser.py drives Debian's headless Chromium (.ci/run installs it) over
+    # beam-prep report's page: console errors, requests, counts, pictures, a screenshot.
+    "selenium>=4.20,<5",
 ]
 
 BENCH = [

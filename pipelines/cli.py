@@ -4,6 +4,7 @@
     beam-prep inspect OUT                                   # python -m pipelines.inspect_output
     beam-prep verify OUT                                    # python -m pipelines.verify_output
     beam-prep bench OUT                                     # python -m pipelines.bench_reader
+    beam-prep report OUT                                    # python -m pipelines.report_output
 
 Each subcommand's module has ``main(argv) -> int`` and runs alone with
 ``python -m``. They are imported only when named, so ``beam-prep inspect``
@@ -38,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("pipelines.inspect_output", "summarise OUT (splits, shards, classes, failures); --grid draws a contact sheet"),
     "verify": ("pipelines.verify_output", "read every record of OUT and check it against its manifest"),
     "bench": ("pipelines.bench_reader", "time the tf.data reader on OUT: images/s, to size an input pipeline"),
+    "report": ("pipelines.report_output", "write OUT/report.html: one self-contained page of the dataset to look at"),
 }
 
 

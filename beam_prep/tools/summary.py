@@ -172,25 +172,33 @@ def open_output(path: str) -> tuple[DatasetInfo, dict[str, Any]]:
     return read_manifest(path)
 
 
-def summarize(path: str) -> Summary:
+def summarize(path: str, opened: tuple[DatasetInfo, dict[str, Any]] | None = None,
+              side_files: bool = True) -> Summary:
     """Reads ``path``'s manifest, stats its shards, groups its ``errors.jsonl`` and takes
     examples from its ``skipped.jsonl``.
+
+    Args:
+      path: the output folder.
+      opened: its manifest, already read (``open_output``): not read again.
+      side_files: False leaves errors.jsonl and skipped.jsonl unread (``failures`` and
+        ``skipped_examples`` empty), for a caller that reads them its own way, once.
 
     Raises:
       DatasetError: the folder or its manifest is missing or unusable; errors.jsonl
         or skipped.jsonl is not one JSON object a line.
       StorageError: something cannot be read (permissions, network).
     """
-    info, manifest = open_output(path)
+    info, manifest = opened or open_output(path)
     sizes = _shard_sizes([f for split in info.splits.values() for f in split.files])
     splits = tuple(_split_summary(info, name, sizes) for name in info.splits)
     classes = _class_rows(info)
     totals = {row.name: row.total for row in classes}
     errors_file = join(info.root, ERRORS)
-    failures = _failure_groups(errors_file)
+    failures = _failure_groups(errors_file) if side_files else None
     skipped_file = join(info.root, SKIPPED)
     dropped = (manifest.get("duplicates") or {}).get("dropped_by_reason", {})  # named in skipped.jsonl too
-    skipped_examples = _skipped_examples(skipped_file, {**manifest.get("skipped_by_reason", {}), **dropped})
+    skipped_examples = (_skipped_examples(skipped_file, {**manifest.get("skipped_by_reason", {}), **dropped})
+                        if side_files else None)
     return Summary(
         root=info.root, info=info, splits=splits, classes=classes,
         imbalance=Imbalance.of(totals),
@@ -317,15 +325,16 @@ def _failure_groups(errors_file: str) -> list[FailureGroup] | None:
             for (stage, reason), (n, example_path, message) in ordered]
 
 
-def _skipped_examples(skipped_file: str, counts: Mapping[str, int]) -> dict[str, tuple[str, ...]] | None:
-    """The first few relative paths of each reason in skipped.jsonl (sorted by path, so the
+def _skipped_examples(skipped_file: str, counts: Mapping[str, int],
+                      per_reason: int = SKIPPED_EXAMPLES) -> dict[str, tuple[str, ...]] | None:
+    """The first ``per_reason`` relative paths of each reason in skipped.jsonl (sorted by path, so the
     first by name); None if there is no such file, as in datasets from versions before it.
 
     Read only until each reason the manifest counts (``counts``) has its examples: a tree
     of annotations beside its images may skip millions of files.
     """
     examples: dict[str, list[str]] = {}
-    missing = sum(min(int(n), SKIPPED_EXAMPLES) for n in counts.values())
+    missing = sum(min(int(n), per_reason) for n in counts.values())
     with _lines(skipped_file) as lines:
         if lines is None:
             return None
@@ -340,7 +349,7 @@ def _skipped_examples(skipped_file: str, counts: Mapping[str, int]) -> dict[str,
             except (ValueError, KeyError, TypeError) as e:
                 raise DatasetError(f"{skipped_file} line {number} is not a skipped file's: {e}") from e
             shown = examples.setdefault(reason, [])
-            if len(shown) < SKIPPED_EXAMPLES:
+            if len(shown) < per_reason:
                 shown.append(relpath)
                 missing -= reason in counts
     return {reason: tuple(paths) for reason, paths in examples.items()}

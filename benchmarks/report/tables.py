@@ -542,6 +542,21 @@ def framing(results: Mapping) -> str:
             f"{results['repeat']} alternating runs.\n\n" + "\n".join(lines))
 
 
+def report_page(results: Mapping) -> str:
+    """``bench_report``: the report's median time and CPU in a process with TensorFlow imported, and the
+    command's in a fresh one, with the page's size and what it shows."""
+    rows = [("make_report (TensorFlow imported)", "report_seconds", "report_cpu_seconds"),
+            ("beam-prep report (a fresh process)", "command_seconds", "command_cpu_seconds")]
+    lines = ["| what | median s | CPU s |", "|---|---:|---:|"]
+    lines += [f"| {label} | {statistics.median(results[wall]):.2f} | {statistics.median(results[cpu]):.2f} |"
+              for label, wall, cpu in rows]
+    return (f"{results['records']:,} records of {results['image_side']}×{results['image_side']} in "
+            f"{results['classes']} classes, {results['groups']:,} groups of copies and near copies "
+            f"({results['leak_pairs']:,} pairs across splits, {results['pairs_shown']} shown); a page of "
+            f"{results['page_bytes'] / 2**20:.1f} MiB with {results['gallery_images']} gallery images; medians of "
+            f"{results['repeat']} runs each, taking turns.\n\n" + "\n".join(lines))
+
+
 def gzip_levels(results: Mapping) -> str:
     """``bench_gzip``: each compressor's median CPU per record over the rounds, its output over
     the framed records' bytes, and (results that have it) TensorFlow's CPU per record reading it
@@ -672,4 +687,5 @@ TABLES: dict[str, Callable[[Mapping], str]] = {
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,
     "framing": framing, "reader-gcs": reader_gcs, "reader-pytorch": reader_pytorch,
     "writer-kernel": writer_kernel, "writer-profile": writer_profile, "gzip": gzip_levels, "append": append,
+    "report": report_page,
 }

@@ -41,6 +41,9 @@ NAMED_BY_DATA = {
     "duplicates.dropped_by_class.<split>": "<label>",
     "duplicates.split_pairs": "<pair>",
     "duplicates.near.split_pairs": "<pair>",
+    "sources.width": "<bin>",
+    "sources.height": "<bin>",
+    "sources.aspect": "<bin>",
     "versions[].splits": "<split>",
     "versions[].splits.<split>.class_counts": "<label>",
 }

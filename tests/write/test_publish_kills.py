@@ -36,6 +36,7 @@ pytestmark = pytest.mark.slow  # every test runs the command, or kills it
 ARGS = ("--image_size", "16", "--validation_percent", "40", "--direct_running_mode", "in_memory")
 SUMMARY = "beam-prep: 11 of 12 images written in"
 KILL = publication.KILL_VARIABLE
+REPORT_PAGE = b"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>" + layout.REPORT_MARK + b"</head></html>\n"
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +153,12 @@ def test_an_overwrite_killed_or_failing_at_each_step_never_loses_the_old_dataset
     # Of the same shape (TFDS refuses shards of another shape than its metadata says), other pixels.
     prepare_here("--input", str(tree), "--output", str(out), *ARGS, "--compression", "none", "--jpeg_quality", "40")
     shutil.copyfile(out / "validation-00000-of-00001.tfrecord", out / "test-00000-of-00001.tfrecord")
+    (out / layout.REPORT).write_bytes(REPORT_PAGE)  # the old dataset's report goes with it
     rows = kill_at_each_step(str(out), str(saved), "--input", str(tree), *ARGS, "--compression", "none",
                              "--started_with_overwrite", flags=("--fail", "--keep"))
     kills = check_each_kill_finished(rows, 15, overwrite_first=True)
     old, new = top(rows[0]["initial"]), [row for row in rows if "step" in row][-1]["final"]
-    assert "test-00000-of-00001.tfrecord" in set(old) - set(new)
+    assert {"test-00000-of-00001.tfrecord", layout.REPORT} <= set(old) - set(new)
     assert {"train-00000-of-00001.tfrecord", "labels.txt", "dataset_info.json", "manifest.json"} <= set(old) & set(new)
     assert old["train-00000-of-00001.tfrecord"] != new["train-00000-of-00001.tfrecord"]
     # Past the record, the folder holds neither dataset until the run again finishes the new one.
@@ -209,11 +211,13 @@ def test_an_append_killed_at_each_step_keeps_the_old_version_whole_and_is_finish
     fails puts back each file it replaced (``check_each_failure_undone``)."""
     out, batch = tmp_path / "out", tmp_path / "batch"
     prepare_here("--input", str(tree), "--output", str(out), *ARGS, "--compression", "none")
+    (out / layout.REPORT).write_bytes(REPORT_PAGE)  # it shows the old version: the append takes it away
     make_tree(batch, {"cat": 2, "eel": 2}, size=(20, 24))
     rows = kill_at_each_step(str(out), str(tmp_path / "saved"), "--input", str(batch), "--append",
                              "--direct_running_mode", "in_memory", flags=("--fail",))
     kills = check_each_kill_finished(rows, 21, "beam-prep: 15 of 16 images written in")
     initial, final = top(rows[0]["initial"]), top([row for row in rows if "step" in row][-1]["final"])
+    assert layout.REPORT in initial and layout.REPORT not in final
     old = {name: digest for name, digest in initial.items() if "-000" in name}  # shards, indexes
     assert len(old) == 4
     for row in kills:  # the old version whole, or the new one: its manifest never beside a part of it
@@ -341,7 +345,8 @@ ESCAPE_TO = {"from": "staged/labels.txt", "to": "../escaped.txt", "file": "x"}
      "old[0].file is 'not a file', not a file's identity"),
     (lambda body: body.update(append="yes"), "append is a string, not true or false"),
     (lambda body: body.update(append=True, old=[{"name": "test-00000-of-00001.tfrecord.gz", "file": "x"}]),
-     "old names 'test-00000-of-00001.tfrecord.gz', which no move replaces (an append removes nothing)"),
+     "old names 'test-00000-of-00001.tfrecord.gz', which no move replaces (an append removes nothing but the "
+     "old version's report.html)"),
 ])
 def test_a_publication_record_beam_prep_does_not_write_is_refused(tree, killed_mid_publish, capfd, edit, said):
     """The record is data in the output folder: a move from or to outside the folders, a file no

@@ -27,7 +27,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.errors import BeamPrepError, DatasetError, OptionsError, StorageError
-from beam_prep.io.storage import is_local, join, read_bytes, storage_error
+from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error
 from beam_prep.model import tfds_metadata
 from beam_prep.model.dataset import MANIFEST
 from beam_prep.model.names import check_file_name
@@ -96,7 +96,8 @@ class Publication:
       old: ``(name, file)``: the old dataset's files in ``--output`` when it was recorded
         (an append's: those its moves replace, no other).
       append: an append's (``--append``): its old files are copied aside, not moved, and each is
-        replaced in one move (the manifest last); no file of the dataset is removed.
+        replaced in one move (the manifest last); no file of the dataset is removed, but the report of
+        the old version (``layout.REPORT``), moved aside.
     """
 
     run_id: str
@@ -162,7 +163,7 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
     targets = {target for _, target, _ in moves}
     old = []
     for name in sorted(here, key=_leaving):
-        if name in targets or (not append and layout.is_dataset_name(name)):
+        if name in targets or (not append and layout.is_dataset_name(name)) or _is_our_report(output, name, here):
             if here[name] == identity.NOT_A_FILE:
                 raise DatasetError(f"cannot publish run {run_id} into {output}: {join(output, name)} is a folder "
                                    f"or a link, where a file of the dataset goes; move it out of {output} and run "
@@ -176,6 +177,24 @@ def planned(output: str, run_id: str, options: Mapping[str, Any], shards: Mappin
         moves = [(s, t, identity.File(f)) for s, t, f in moves]
         old = [(n, identity.File(f)) for n, f in old]
     return Publication(run_id, output, json.loads(json.dumps(dict(options))), tuple(moves), tuple(old), append)
+
+
+def _is_our_report(output: str, name: str, here: Mapping[str, str]) -> bool:
+    """Whether ``name`` is the report of the dataset in ``output`` (``layout.REPORT``, a file beam-prep wrote):
+    it shows the old dataset, so a run that changes the dataset, appending or not, moves it aside with the old
+    files (``carry_out``), and it goes with them.
+
+    Raises:
+      StorageError: the file cannot be read.
+    """
+    if name != layout.REPORT or here[name] == identity.NOT_A_FILE:
+        return False
+    path = join(output, name)
+    try:
+        with open_to_read(path) as f:
+            return layout.is_report(f.read(layout.REPORT_HEAD))
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
 
 
 def _shard_sha256(output: str) -> dict[str, str]:
@@ -256,9 +275,10 @@ def _checked(body: Any, run_id: str, output: str) -> Publication:
     if not moves or moves[-1][1] != MANIFEST:
         raise ValueError(f"the last of moves is not the {MANIFEST}")
     append = _typed(body.get("append", False), bool, "append")
-    kept = [name for name, _ in old if name not in {target for _, target, _ in moves}]
+    kept = [name for name, _ in old if name not in {target for _, target, _ in moves} and name != layout.REPORT]
     if append and kept:
-        raise ValueError(f"append is true, but old names {kept[0]!r}, which no move replaces (an append removes nothing)")
+        raise ValueError(f"append is true, but old names {kept[0]!r}, which no move replaces (an append removes "
+                         f"nothing but the old version's {layout.REPORT})")
     return Publication(run_id, output, options, moves, old, append)
 
 
@@ -420,8 +440,12 @@ def carry_out(output: str, publication: Publication, steps: Steps | None = None)
     try:
         if state.aside:
             _make_folder(join(work, REPLACED))
-        aside = [(join(output, name), join(work, REPLACED, name)) for name in state.aside]
-        (_copy_all if publication.append else _move_all)(aside, steps)
+        aside = {name: (join(output, name), join(work, REPLACED, name)) for name in state.aside}
+        if publication.append:  # its old files stay until replaced, but the report of the old version
+            _move_all([pair for name, pair in aside.items() if name == layout.REPORT], steps)
+            _copy_all([pair for name, pair in aside.items() if name != layout.REPORT], steps)
+        else:
+            _move_all(list(aside.values()), steps)
         _move_all([(join(work, source), join(output, target)) for source, target in state.incoming], steps)
     except BaseException as e:
         _undo(output, work, publication, steps, e)

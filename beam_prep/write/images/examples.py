@@ -73,10 +73,12 @@ class FileReader:
             return self._gcs
 
 
-def failure_report(entry: FileEntry, error: ImageError) -> dict[str, Any]:
-    """A line of errors.jsonl: which file, at which stage, and why."""
+def failure_report(entry: FileEntry, error: ImageError, data: bytes | None = None) -> dict[str, Any]:
+    """A line of errors.jsonl: which file, at which stage, and why; with the ``sha256`` of its bytes
+    where they were read (``data``), so that ``beam-prep report`` shows the file only while it is still
+    the one that failed."""
     cause = error.__cause__
-    return {
+    report = {
         "path": printable(entry.path),
         "relpath": printable(entry.relpath),
         "label": entry.label,
@@ -84,6 +86,9 @@ def failure_report(entry: FileEntry, error: ImageError) -> dict[str, Any]:
         "error_type": type(cause).__name__ if cause is not None else type(error).__name__,
         "message": str(error),
     }
+    if data is not None:
+        report["sha256"] = hashlib.sha256(data).hexdigest()
+    return report
 
 
 def unknown_label_report(entry: FileEntry) -> dict[str, Any]:
@@ -116,7 +121,8 @@ def make_example(entry: FileEntry, spec: ImageSpec, data: bytes | ImageError | N
             raise data
         image = process_image(data, spec)
     except ImageError as e:
-        return Outcome(None, failure_report(entry, e), len(data) if isinstance(data, bytes) else 0)
+        read = data if isinstance(data, bytes) else None
+        return Outcome(None, failure_report(entry, e, read), len(read) if read is not None else 0)
     sha256 = hashlib.sha256(data).hexdigest()
     record = ImageRecord(
         encoded=image.data,

@@ -22,7 +22,7 @@ from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
 from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
-from beam_prep.write.images import resample
+from beam_prep.write.images import resample, sources
 from beam_prep.write.images.jpeg_damage import libjpeg_warning
 from beam_prep.write.images.phash import THUMBNAIL, phash
 from beam_prep.write.images.pixel_limit import our_limit_only
@@ -213,6 +213,7 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
 
 def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
     img = _open(data, spec.max_pixels)
+    source_mode = img.mode
     jpeg = img.format == "JPEG"
     # A JPEG's EXIF is in its header, read before the (drafted) decode. Any other format is
     # decoded whole first: a PNG's getexif() reads on through the pixel data (a damaged stream
@@ -224,9 +225,11 @@ def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
         if reason is None:
             kept = _kept(data, img, spec)
             if kept is not None:
+                sources.record(*_upright(img.size, orientation), ())
                 return kept
             reason, img = "corrupt", _open(data, spec.max_pixels)  # decoded at a draft scale: opened anew
     region: Box | None = None  # where the source lies on the decoded grid, if not all of it
+    upright = _upright(img.size, orientation)  # a JPEG's, before a draft decodes it smaller
     if jpeg:  # sized by the source, not by the smaller grid a draft decodes to
         spec = _sized_for(img.size, spec)
         region = _draft(img, spec, swapped=orientation in _SWAPPING_ORIENTATIONS)
@@ -241,6 +244,7 @@ def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
     if not jpeg:
+        upright = img.size  # turned upright as it loaded
         spec = _sized_for(img.size, spec)
     try:
         img, transparent = _convert(img, spec)
@@ -248,8 +252,30 @@ def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
         raise ImageError("convert", f"cannot convert {img.mode} to {spec.mode}: {e}") from e
     img = _resize(img, region, spec)
     picture = phash(img, just_resized=True) if spec.perceptual_hash else None  # the picture as written: small, so cheap to hash
-    return EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason,
-                        _flat(img, transparent), picture)
+    encoded = EncodedImage(_encode(img, spec), img.height, img.width, spec.channels, reason,
+                           _flat(img, transparent), picture)
+    sources.record(*upright, _done(*upright, source_mode, spec))
+    return encoded
+
+
+def _upright(size: tuple[int, int], orientation: int) -> tuple[int, int]:
+    """A source's (width, height) once turned upright by its EXIF ``orientation``."""
+    return (size[1], size[0]) if orientation in _SWAPPING_ORIENTATIONS else size
+
+
+def _done(width: int, height: int, mode: str, spec: ImageSpec) -> list[str]:
+    """What making an upright ``width`` x ``height`` source of ``mode`` into ``spec``'s image did to it
+    (``sources.DONE``' names): enlarged, cut to the target's aspect ratio, filled out to it, its
+    colours converted."""
+    done = []
+    scaled = _scaled_size(width, height, spec)
+    if scaled is not None and (scaled[0] > width or scaled[1] > height):
+        done.append("upscaled")
+    if spec.resize_mode in ("center_crop", "pad") and width * spec.height != height * spec.width:
+        done.append("cropped" if spec.resize_mode == "center_crop" else "padded")
+    if mode != spec.mode:
+        done.append("converted")
+    return done
 
 
 def _reencode_reason(img: Image.Image, orientation: int, spec: ImageSpec) -> str | None:

@@ -27,7 +27,7 @@ from beam_prep.write.images import resample_loader
 from beam_prep.write.images.resample_loader import KERNEL, KERNEL_VARIABLE, PILLOW, pillow_build
 
 __all__ = ["KERNEL", "KERNEL_VARIABLE", "PILLOW", "available", "check_choice", "counting", "fallback_key",
-           "pillow_build", "resize", "summary"]
+           "pillow_build", "resize", "summary", "tally"]
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +141,21 @@ def summary(rows: Iterable[tuple[str, int]]) -> dict[str, Any]:
         if key.startswith(_FALLBACK):
             reasons.add(key[len(_FALLBACK):])
             key = PILLOW
+        elif key not in (KERNEL, PILLOW):
+            continue  # another count the same counter carries (``tally``: the sources')
         by[key] += n
     resized = {name: by[name] for name in sorted(by) if by[name]}
     kernel: Any = next(iter(resized)) if len(resized) == 1 else (resized or "none")
     return {"resize_kernel": kernel, "resize_fallback": sorted(reasons)}
 
 
-def _count(key: str) -> None:
+def tally(key: str) -> None:
+    """Counts one image under ``key`` in this thread's ``counting``, if one is open: what resized it
+    (here), or another per-image count the sinks carry to the manifest the same way (``sources``)."""
     counter = _COUNTS.counter
     if counter is not None:
         counter[key] += 1
+
 
 
 def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, float, float] | None) -> Image.Image:
@@ -172,31 +177,31 @@ def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, flo
     """
     chosen = resample_loader.choice()
     if chosen == PILLOW:
-        _count(PILLOW)
+        tally(PILLOW)
         return img.resize(size, RESAMPLE, box=box)
     loaded = resample_loader.load()
     if loaded.kernel is not None and _BROKEN.reason is None:
         try:
             resized = _by_kernel(loaded, img, size, box)
         except _Declined as e:  # this image only: Pillow's loops resize it, and the run says why
-            _count(fallback_key(e.reason))
+            tally(fallback_key(e.reason))
             return img.resize(size, RESAMPLE, box=box)
         except MemoryError:  # the kernel's memory for this image: Pillow's loops try with theirs (or raise)
-            _count(PILLOW)
+            tally(PILLOW)
             return img.resize(size, RESAMPLE, box=box)
         except Exception as e:  # noqa: BLE001 - a kernel that fails means Pillow's loops from here on, said once.
             _break(f"the resize kernel failed ({type(e).__name__}: {e}): please report it; "
                    f"{KERNEL_VARIABLE}={PILLOW} avoids it")
         else:
             if resized is not None:
-                _count(KERNEL)
+                tally(KERNEL)
                 return resized
-            _count(PILLOW)  # Pillow's own shortcut or error, or an image the kernel does not take
+            tally(PILLOW)  # Pillow's own shortcut or error, or an image the kernel does not take
             return img.resize(size, RESAMPLE, box=box)
     if chosen == KERNEL:
         raise KernelUnavailable(f"{KERNEL_VARIABLE}={KERNEL}, but {_why_not()}")
     reason = _BROKEN.reason or loaded.fallback
-    _count(PILLOW if reason is None else fallback_key(reason))
+    tally(PILLOW if reason is None else fallback_key(reason))
     return img.resize(size, RESAMPLE, box=box)
 
 

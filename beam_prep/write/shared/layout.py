@@ -42,6 +42,13 @@ HASHES = "sha256"
 # shuffle sink hands it to Beam's file sink (sinks.file_sink) as it is; shard_name and the pattern
 # that recognises a dataset's shards are derived from it, so no two can disagree.
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
+# ``beam-prep report``'s page (tools.report), by default in the output folder. It shows one dataset: where
+# beam-prep wrote it (``is_report``), every run that changes the dataset takes it away with the old files.
+REPORT = "report.html"
+# How the page says beam-prep wrote it, in its first ``REPORT_HEAD`` bytes: a file of that name the user
+# wrote is not the dataset's, and stays.
+REPORT_MARK = b'<meta name="generator" content="beam-prep report">'
+REPORT_HEAD = 512
 WORK_DIR = ".beam-prep"
 LISTING = "listing.jsonl"
 UNKNOWN_LABELS = "unknown-labels.jsonl"
@@ -110,10 +117,17 @@ def is_dataset_name(name: str) -> bool:
 
 
 def is_published_name(name: str) -> bool:
-    """Whether a publication may move a file of this name: a dataset's (``is_dataset_name``), or its card
-    (``dataset_card.CARD``), which is the dataset's only where beam-prep wrote it (``dataset_card.is_ours``):
-    a folder holding a file of that name of its own is no dataset, and a run leaves that file as it is."""
-    return name == CARD or is_dataset_name(name)
+    """Whether a publication may move a file of this name: a dataset's (``is_dataset_name``), its card
+    (``dataset_card.CARD``) or its report (``REPORT``), each the dataset's only where beam-prep wrote it
+    (``dataset_card.is_ours``, ``is_report``): a folder holding a file of that name of its own is no
+    dataset, and a run leaves that file as it is."""
+    return name in (CARD, REPORT) or is_dataset_name(name)
+
+
+def is_report(head: bytes) -> bool:
+    """Whether ``head`` (a file's first ``REPORT_HEAD`` bytes, or more) is the start of a page ``beam-prep
+    report`` wrote."""
+    return REPORT_MARK in head[:REPORT_HEAD]
 
 
 def existing_dataset_files(output: str) -> list[str]:
