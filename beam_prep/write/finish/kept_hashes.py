@@ -24,7 +24,7 @@ from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import printable
 
 __all__ = ["MANIFEST_KEY", "KeptFile", "full_path_line", "kept_name", "listed", "read_lines", "relative_to",
-           "write_sorted"]
+           "write_ordered", "write_rows", "write_sorted"]
 
 MANIFEST_KEY = "hash_files"
 _READ = 1 << 22
@@ -97,7 +97,33 @@ class _Hashing(io.RawIOBase):
 
 def write_sorted(rows: Iterable[tuple[bytes, bytes]], target: str, version: int) -> KeptFile:
     """Writes a version's kept hash file at ``target`` (local or gs://) from ``(path, line)`` rows in any
-    order: sorted by path on disk (``SortedRows``), gzip'd without a time or a name.
+    order (``write_rows``).
+
+    Raises:
+      StorageError: ``target`` cannot be written.
+    """
+    return KeptFile.of(version, *write_rows(rows, target))
+
+
+def write_rows(rows: Iterable[tuple[bytes, bytes]], target: str) -> tuple[int, str]:
+    """Writes the lines of ``(key, line)`` rows in any order at ``target`` (local or gs://), sorted by key
+    on disk (``SortedRows``), gzip'd without a time or a name; returns how many and the file's sha256.
+
+    Raises:
+      StorageError: ``target`` cannot be written.
+    """
+    folder = SpillFolder(prefix="beam-prep-kept-")
+    try:
+        ordered = SortedRows(folder, "kept")
+        for row in rows:
+            ordered.append(row)
+        return write_ordered(ordered, target)
+    finally:
+        folder.close()
+
+
+def write_ordered(rows: Iterable[tuple[bytes, bytes]], target: str) -> tuple[int, str]:
+    """``write_rows`` of rows in their order already.
 
     Raises:
       StorageError: ``target`` cannot be written.
@@ -105,25 +131,18 @@ def write_sorted(rows: Iterable[tuple[bytes, bytes]], target: str, version: int)
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    folder = SpillFolder(prefix="beam-prep-kept-")
+    count = 0
     try:
-        ordered = SortedRows(folder, "kept")
-        for row in rows:
-            ordered.append(row)
-        count = 0
-        try:
-            with FileSystems.create(target, mime_type="application/gzip",
-                                    compression_type=CompressionTypes.UNCOMPRESSED) as out:
-                hashing = _Hashing(out)
-                with gzip.GzipFile(filename="", mode="wb", fileobj=hashing, mtime=0) as packed:
-                    for _, line in ordered:
-                        packed.write(line + b"\n")
-                        count += 1
-        except Exception as e:  # each filesystem raises its own types.
-            raise storage_error("write", target, e) from e
-    finally:
-        folder.close()
-    return KeptFile.of(version, count, hashing.sha256.hexdigest())
+        with FileSystems.create(target, mime_type="application/gzip",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as out:
+            hashing = _Hashing(out)
+            with gzip.GzipFile(filename="", mode="wb", fileobj=hashing, mtime=0) as packed:
+                for _, line in rows:
+                    packed.write(line + b"\n")
+                    count += 1
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", target, e) from e
+    return count, hashing.sha256.hexdigest()
 
 
 def read_lines(path: str) -> Iterator[list[bytes]]:
