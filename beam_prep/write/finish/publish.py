@@ -25,13 +25,14 @@ from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_bytes, write_lines
 from beam_prep.model import dataset_card, tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
-from beam_prep.write.finish import appended, drop, duplicates, earlier, kept_hashes, kept_stamps, manifest, publication
+from beam_prep.write.finish import appended, drop, duplicates, earlier, kept_hashes, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.grow.append import Additions
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
 from beam_prep.write.plan import skipped
 from beam_prep.write.plan.config import DROP, PrepareConfig
+from beam_prep.write.plan.listing import stamps
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.shared import layout
 
@@ -151,7 +152,7 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
             if config.append:  # the dataset's manifest, this run's version added
                 built = appended.merge(dataset, built, config.version, config.input,
                                        Additions.from_json(plan.appended or {}).counts())
-                built[kept_stamps.MANIFEST_KEY] = list(kept_stamps.listed(dataset).values())
+                built[stamps.MANIFEST_KEY] = list(stamps.listed(dataset).values())
             skipped.check(work, plan.skipped)
             steps = publication.Steps()
             staged = _stage(config, plan, built, reports, found, dropping, steps, before)
@@ -243,10 +244,10 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
         reports.hash_files, config.input, join(folder, kept), config.version, dropping)]
     steps.done()
     names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS, kept]
-    stamps = kept_stamps.stage(work, folder, config.version)
-    if stamps is not None:
-        built[kept_stamps.MANIFEST_KEY] = [*built.get(kept_stamps.MANIFEST_KEY, ()), stamps]
-        names.append(stamps["file"])
+    kept_stamps = stamps.stage(work, folder, config.version)
+    if kept_stamps is not None:
+        built[stamps.MANIFEST_KEY] = [*built.get(stamps.MANIFEST_KEY, ()), kept_stamps]
+        names.append(kept_stamps["file"])
         steps.done()
     if config.append:
         for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES):

@@ -7,7 +7,7 @@ kept hash files (``kept_hashes``): no shard is read, no image decoded. A dataset
 them is read from its shards once, each record's stored image decoded for its perceptual hash, and
 the files that reading makes (``generated``) go to the run's folder, to be published with the
 append: the next append reads them. Each record's source size and stamp, where its version kept
-them (``kept_stamps``), come with it (``Record``): what tells an append a file unchanged unread.
+them (``plan.listing.stamps``), come with it (``Record``): what tells an append a file unchanged unread.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ from PIL import Image
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join, read_bytes
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.finish import hash_lines, kept_hashes, kept_stamps
+from beam_prep.write.finish import hash_lines, kept_hashes
 from beam_prep.write.images.imaging import is_flat
 from beam_prep.write.images.phash import phash
+from beam_prep.write.plan.listing import stamps
 from beam_prep.write.plan.spill import SpillFolder
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
@@ -135,7 +136,7 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
     db.execute("CREATE TABLE stamps (version INTEGER, path TEXT, size INTEGER, stamp TEXT, PRIMARY KEY (version, path)) "
                "WITHOUT ROWID")
     db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY)")
-    stamped = kept_stamps.listed(manifest)
+    stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
     count = 0
     try:
@@ -168,7 +169,7 @@ def _add_stamps(db: sqlite3.Connection, output: str, entry: dict[str, Any], root
     """A version's kept stamp file into ``stamps``; where it cannot be read, or is not what the manifest
     lists, none of it (that version's files are hashed), with a warning."""
     version = entry["version"]
-    lines = kept_stamps.read(output, entry, root)
+    lines = stamps.read(output, entry, root)
     try:
         while batch := list(itertools.islice(lines, _BATCH)):
             db.executemany("INSERT OR REPLACE INTO stamps VALUES (?, ?, ?, ?)",

@@ -48,7 +48,7 @@ LABELS_TXT_FORMS = ("names", "slim")
 DROP = "drop"  # leave out each cross-split group's files outside its kept split (finish.drop)
 CROSS_SPLIT_ACTIONS = ("report", "fail", DROP)
 # --append_check: how an append tells a file at a path the dataset holds unchanged: by its size and stamp
-# (``write.finish.kept_stamps``), reading it only where they differ from its record's, or by its bytes.
+# (``write.plan.listing.stamps``), reading it only where they differ from its record's, or by its bytes.
 APPEND_CHECKS = ("stat", "content")
 MAX_NEAR_DUPLICATE_DISTANCE = 32  # half the hash's bits: beyond, unrelated pictures match
 # The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;

@@ -2,7 +2,7 @@
 each folder once), folder by folder and concurrently on gs://, Beam's ``match`` elsewhere.
 
 Each file comes with its stamp (``Stamp``), what an append compares with the one its record
-keeps to tell an unchanged file without reading it (``finish.kept_stamps``). What the files
+keeps to tell an unchanged file without reading it (``plan.listing.stamps``). What the files
 become (labels, splits, skipped names) is ``listing``'s to decide.
 """
 from __future__ import annotations

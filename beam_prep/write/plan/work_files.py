@@ -3,7 +3,7 @@
 The streaming sink gets one listing per shard, the shuffle sink one of every
 file; files under a label missing from --labels_file get their own listing, to
 be reported, never dropped; the skipped files theirs (``skipped``), which the
-manifest step publishes, as it does the listed files' stamps (``kept_stamps``).
+manifest step publishes, as it does the listed files' stamps (``listing.stamps``).
 The lines are buffered and appended a buffer at a time, so the launcher holds a
 bounded number of them however large the tree.
 """
@@ -18,9 +18,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.io.storage import is_local, join, storage_error
-from beam_prep.write.finish import kept_stamps
 from beam_prep.write.plan import skipped
-from beam_prep.write.plan.listing import Listing
+from beam_prep.write.plan.listing import Listing, stamps
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import UNKNOWN_LABEL
@@ -96,13 +95,13 @@ def write_work_files(listing: Listing, run_plan: RunPlan, work: str) -> None:
     else:
         names.append(layout.LISTING)
     files = _TextFiles(work, names)
-    stamps = kept_stamps.Writer()
+    kept_stamps = stamps.Writer()
     ranks: collections.Counter[str] = collections.Counter()
     for entry in listing.entries():
         if entry.label_id == UNKNOWN_LABEL:
             files.add(layout.UNKNOWN_LABELS, entry.to_json())
             continue
-        stamps.add(entry)
+        kept_stamps.add(entry)
         if streaming:
             rank = ranks[entry.split]
             ranks[entry.split] = rank + 1
@@ -113,7 +112,7 @@ def write_work_files(listing: Listing, run_plan: RunPlan, work: str) -> None:
     for line in skipped.lines(listing):
         files.add(layout.SKIPPED, line)
     files.close()
-    stamps.close(work)
+    kept_stamps.close(work)
     for name, path in sorted(listing.carried.items()):
         _copy_in(path, join(work, name))
 

@@ -48,7 +48,7 @@ class FileEntry:
     label_ids: tuple[int, ...] | None = None
     extra: dict[str, Any] | None = None  # --metadata's other columns: feature key -> str, int or float
     # The walk's stamp (``plan.walk.Stamp``: a local file's mtime, a gs:// object's generation): with ``size``,
-    # what an append compares with its record's to take it as unchanged unread (``finish.kept_stamps``).
+    # what an append compares with its record's to take it as unchanged unread (``plan.listing.stamps``).
     stamp: str | None = None
 
     @property

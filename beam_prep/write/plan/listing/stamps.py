@@ -5,7 +5,7 @@ as much as the dataset grows; as rsync and make do, a file whose size and stamp 
 a local file's modification time, a gs:// object's generation) are those the listing saw when its
 record was made is taken as unchanged unread (``--append_check stat``). A line a file the run
 listed: ``<size>\\t<stamp>\\t<path as JSON>``, the path relative to the version's input, sorted by
-path, gzip'd as the kept hash files are (``kept_hashes``). The launcher writes the run's (``Writer``)
+path, gzip'd as the kept hash files are (``finish.kept_hashes``). The launcher writes the run's (``Writer``)
 into its folder with the listings; the publication moves it beside the manifest, which lists it
 (``stamp_files``: version, file, lines, sha256); a version none of whose files had a stamp keeps
 none. The file is a shortcut: a version without one (made before it, or whose files had no stamp)
@@ -20,10 +20,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-
-from beam_prep.io.storage import join, open_to_read, storage_error
-from beam_prep.write.finish import kept_hashes
+from beam_prep.io.storage import join, open_to_read, storage_error, write_gzip_lines
 from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry, printable
@@ -62,7 +59,7 @@ class Writer:
         """Writes the file into the run's folder ``work`` (none where no file had a stamp), and removes the spill."""
         try:
             if self._rows.count:
-                kept_hashes.write_ordered(self._rows, join(work, RUN_FILE))
+                write_gzip_lines((line for _, line in self._rows), join(work, RUN_FILE))
         finally:
             self._folder.close()
 
@@ -75,10 +72,12 @@ def stage(work: str, folder: str, version: int) -> dict[str, Any] | None:
     Raises:
       StorageError: it cannot be read or written.
     """
+    from apache_beam.io.filesystems import FileSystems
+
     source, name = join(work, RUN_FILE), kept_name(version)
     if not FileSystems.exists(source):
         return None
-    lines, digest = kept_hashes.write_ordered(((b"", line) for line in _lines(source)), join(folder, name))
+    lines, digest = write_gzip_lines(_lines(source), join(folder, name))
     return {"version": version, "file": name, "lines": lines, "sha256": digest}
 
 
