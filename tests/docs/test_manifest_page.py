@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ NAMED_BY_DATA = {
 _SHARD = re.compile(r"^[\w.-]+-\d{5}-of-\d{5}\.(tfrecord(\.gz)?|array_record|tar)$")
 _DALI_INDEX = re.compile(r"^dali-[\w.-]+-\d{5}-of-\d{5}\.tfrecord\.idx$")  # listed as dali-<shard>.idx
 _KEPT_HASHES = re.compile(r"^hashes-v\d+\.tsv\.gz$")  # listed as hashes-v<N>.tsv.gz
+_KEPT_STAMPS = re.compile(r"^stamps-v\d+\.tsv\.gz$")  # listed as stamps-v<N>.tsv.gz
 
 
 def key_paths(value: Any, path: str = "") -> Iterator[str]:
@@ -83,6 +86,9 @@ def outputs(tmp_path_factory) -> list[Path]:
     tree = work / "sample_data"
     subprocess.run([sys.executable, "-m", "pipelines.make_sample", str(tree), "--per_label", "10"], cwd=REPO,
                    check=True, capture_output=True, timeout=120)
+    then = time.time() - 3600  # its files dated an hour back, as a user's are: the runs keep their stamps
+    for path in tree.rglob("*.*"):
+        os.utime(path, (then, then))
     first = sorted((tree / "circles").glob("*.jpg"))[1]
     shutil.copyfile(first, tree / "squares" / "copy.jpg")  # a duplicate, across labels
     with Image.open(first) as image:  # a near duplicate: re-encoded at JPEG quality 50
@@ -166,7 +172,8 @@ def test_every_field_of_each_side_file_is_documented_and_written(outputs, name):
 def test_every_file_of_the_output_folder_is_listed(outputs):
     documented = set(page_sections()["The output folder"])
     written = {"dali-<shard>.idx" if _DALI_INDEX.match(p.name) else "hashes-v<N>.tsv.gz"
-               if _KEPT_HASHES.match(p.name) else p.name for out in outputs for p in out.iterdir() if not _SHARD.match(p.name)}
+               if _KEPT_HASHES.match(p.name) else "stamps-v<N>.tsv.gz" if _KEPT_STAMPS.match(p.name) else p.name
+               for out in outputs for p in out.iterdir() if not _SHARD.match(p.name)}
     assert written == documented, (f"files written, not listed {sorted(written - documented)}; "
                                    f"listed, not written {sorted(documented - written)}")
 

@@ -236,7 +236,8 @@ def test_a_gs_batch_appended_to_a_gs_dataset(gcs_bucket, tmp_path):
     assert sorted(n for n in gcs_bucket.list_names("out/") if "/.beam-prep/" not in f"/{n}") == sorted(
         [*(f"out/{name}" for name in manifest["splits"]["train"]["shards"]), "out/changed.jsonl",
          "out/duplicates.jsonl", "out/errors.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl",
-         "out/hashes-v1.tsv.gz", "out/hashes-v2.tsv.gz", "out/README.md"])
+         "out/hashes-v1.tsv.gz", "out/hashes-v2.tsv.gz", "out/README.md", "out/stamps-v1.tsv.gz",
+         "out/stamps-v2.tsv.gz"])
 
 
 def test_an_append_of_nothing_new_makes_no_version_changes_nothing_and_tries_no_failed_file_again(ants):
