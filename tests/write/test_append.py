@@ -85,7 +85,8 @@ def test_an_append_writes_what_the_dataset_lacks_as_version_2_and_keeps_the_rest
     assert {name: after[name] for name in before if name.endswith(".tfrecord.gz")} == \
         {name: d for name, d in before.items() if name.endswith(".tfrecord.gz")}
     new_shards = [s for split in manifest["versions"][-1]["splits"].values() for s in split["shards"]]
-    assert sorted(set(after) - set(before)) == sorted(["changed.jsonl", "hashes-v2.tsv.gz", *new_shards])
+    assert sorted(set(after) - set(before)) == sorted(["changed.jsonl", "hashes-v2.tsv.gz", "stamps-v2.tsv.gz",
+                                                       *new_shards])
     assert {s.split("-v2-")[0] for s in new_shards} == {"train", "validation"}  # train-v2-...: train-* finds it
     # Ids kept, the new class after them, in every list of classes.
     assert (out / "labels.txt").read_text().splitlines() == ["circles", "squares", "aardvark"]
@@ -618,7 +619,7 @@ def test_a_shuffle_sink_append_killed_while_publishing_is_finished_by_the_same_c
     version_1 = digests(out)
     args = ("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle",
             "--direct_running_mode", "in_memory")
-    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "7"})
+    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "8"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     assert digests(out)["manifest.json"] == version_1["manifest.json"]
     again = run_prepare(*args)
@@ -643,7 +644,7 @@ def test_an_append_after_another_stopped_while_publishing_makes_the_version_afte
     make_tree(tmp_path / "b", {"cat": 3}, size=(28, 24))
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
     killed = run_prepare("--input", str(tmp_path / "a"), "--output", str(out), "--append",
-                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "9"})
+                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "10"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     manifest = prepare_here("--input", str(tmp_path / "b"), "--output", str(out), "--append")
     assert [(v["version"], pathlib.Path(v["input"]).name) for v in manifest["versions"]] == [

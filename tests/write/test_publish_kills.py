@@ -265,8 +265,8 @@ def test_a_gs_move_cut_between_its_copy_and_its_delete_is_finished(tree, gcs_ser
 
 
 # A gzip run's staged files: errors.jsonl, skipped.jsonl, duplicates.jsonl, labels.txt, the kept hash file
-# (hashes-v1.tsv.gz), README.md, manifest.json.
-STAGED_FILES = 7
+# (hashes-v1.tsv.gz), the kept stamp file (stamps-v1.tsv.gz), README.md, manifest.json.
+STAGED_FILES = 8
 
 
 def linked_copy(source: pathlib.Path, target: pathlib.Path) -> None:

@@ -7,9 +7,9 @@ record was made is taken as unchanged unread (``--append_check stat``). A line a
 listed: ``<size>\\t<stamp>\\t<path as JSON>``, the path relative to the version's input, sorted by
 path, gzip'd as the kept hash files are (``finish.kept_hashes``). The launcher writes the run's (``Writer``)
 into its folder with the listings; the publication moves it beside the manifest, which lists it
-(``stamp_files``: version, file, lines, sha256); a version none of whose files had a stamp keeps
-none. The file is a shortcut: a version without one (made before it, or whose files had no stamp)
-has each file hashed, and one whose bytes are not the manifest's is not used. See docs/reference/manifest.md.
+(``stamp_files``: version, file, lines, sha256). The file is a shortcut: a file without a line (no
+stamp), or of a version without a stamp file (made before them, or by ``WriteImageDataset``), is
+hashed, and so is every file of a version whose stamp file's bytes are not the manifest's. See docs/reference/manifest.md.
 """
 from __future__ import annotations
 
@@ -56,18 +56,18 @@ class Writer:
             self._rows.append((quoted, b"%d\t%s\t%s" % (entry.size, entry.stamp.encode(), quoted)))
 
     def close(self, work: str) -> None:
-        """Writes the file into the run's folder ``work`` (none where no file had a stamp), and removes the spill."""
+        """Writes the file into the run's folder ``work`` (empty where no file had a stamp: every run that
+        lists keeps one, whatever its files' times), and removes the spill."""
         try:
-            if self._rows.count:
-                write_gzip_lines((line for _, line in self._rows), join(work, RUN_FILE))
+            write_gzip_lines((line for _, line in self._rows), join(work, RUN_FILE))
         finally:
             self._folder.close()
 
 
 def stage(work: str, folder: str, version: int) -> dict[str, Any] | None:
     """Copies the run's stamp file from its folder ``work`` into the staging ``folder`` as version
-    ``version``'s; returns its manifest entry, or None where the run's folder has none (no file had a
-    stamp, or a run folder an earlier beam-prep wrote, resumed).
+    ``version``'s; returns its manifest entry, or None where the run's folder has none (``WriteImageDataset``'s
+    run, which lists no tree, or a run folder an earlier beam-prep wrote, resumed).
 
     Raises:
       StorageError: it cannot be read or written.
