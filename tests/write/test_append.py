@@ -619,7 +619,7 @@ def test_a_shuffle_sink_append_killed_while_publishing_is_finished_by_the_same_c
     version_1 = digests(out)
     args = ("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle",
             "--direct_running_mode", "in_memory")
-    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "8"})
+    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "13"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     assert digests(out)["manifest.json"] == version_1["manifest.json"]
     again = run_prepare(*args)

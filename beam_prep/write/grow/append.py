@@ -282,7 +282,7 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     new_labels: set[str] = set()
     by_content = config.append_check == "content"
     for chunk in _looked_up(listing.entries(), existing):
-        existing.note_listed(entry.path for entry, _ in chunk)
+        existing.note_listed(printable(entry.path) for entry, _ in chunk)
         sums = _sha256s([entry.path for entry, before in chunk if _must_read(entry, before, existing, by_content)])
         for entry, before in chunk:
             if printable(entry.path) in existing.failed:  # errors.jsonl names files as messages show them
@@ -328,9 +328,10 @@ def held(info: DatasetInfo) -> dict[str, int]:
 
 
 def _looked_up(entries: Iterator[FileEntry], existing: Existing) -> Iterator[list[tuple[FileEntry, Record | None]]]:
-    """Each entry with the dataset's latest record of its path (None: none), ``_CHUNK`` entries at a time."""
+    """Each entry with the dataset's latest record of its path (None: none), ``_CHUNK`` entries at a time; the
+    dataset names its records' paths as messages show them (``printable``: a name that is not UTF-8 escaped)."""
     while chunk := list(itertools.islice(entries, _CHUNK)):
-        yield [(entry, existing.record(entry.path)) for entry in chunk]
+        yield [(entry, existing.record(printable(entry.path))) for entry in chunk]
 
 
 def _must_read(entry: FileEntry, before: Record | None, existing: Existing, by_content: bool) -> bool:
