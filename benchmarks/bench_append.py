@@ -10,8 +10,9 @@ batch is linked into it too (the grown tree: the first run's input, grown); then
   (l1) the listing of the batch alone, and (l2) of the grown tree (``list_tree``, after imports);
   (c) ``prepare --append`` of the batch folder, into a fresh copy of the dataset;
   (d) ``prepare --append`` of the grown tree (the first run's input again: only the batch is new);
-  (e) the dataset's records read as an append reads them (``append.read_existing``: every shard);
-  (f) every file of the grown tree hashed as an append hashes it (``append.narrow``'s SHA-256s).
+  (e) the dataset's records read as an append reads them (``append.read_existing``: its kept files);
+  (f) every file of the grown tree hashed as ``--append_check content`` reads it (``append.narrow``'s
+      SHA-256s; by default (d) reads only the files whose size or stamp changed, the batch).
 
 The issue's bound: an append costs at most its input's listing plus 1.2x (a), in wall time; the
 same sum is shown per CPU-second, which other programs on the machine hardly move. (e) and (f)
@@ -76,7 +77,7 @@ RUNS = {
     "c": "(c) `prepare --append` of the batch folder",
     "d": "(d) `prepare --append` of the grown tree (the first run's input)",
     "e": "(e) the dataset's records read as an append reads them (every shard)",
-    "f": "(f) the grown tree's files hashed as an append hashes them",
+    "f": "(f) the grown tree's files hashed as an append hashes them (--append_check content)",
 }
 
 

@@ -262,8 +262,8 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     decoded) that the dataset holds are a copy. A file at a path the dataset holds is read only where
     its size or stamp differ from those its record kept, or where none were kept (``Record.same_source``;
     ``--append_check content``: every one is read): as rsync, a file rewritten with its size and a
-    restored modification time is taken as unchanged. A copy is added to the listing's skipped files; a file the
-    dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them. The dataset's
+    restored modification time is taken as unchanged. A copy is added to the listing's skipped files; a
+    file the dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them. The dataset's
     ``--stratify`` and ``--max_per_class`` then choose among the new files alone: each label's
     validation share is of its new files, and its cap counts the records it holds already (a label
     of 8 records capped at 10 takes 2 new files at most; the others are skipped as over the cap). The
