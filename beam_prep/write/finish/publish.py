@@ -244,9 +244,9 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
         reports.hash_files, config.input, join(folder, kept), config.version, dropping)]
     steps.done()
     names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.LABELS, kept]
-    kept_stamps = stamps.stage(work, folder, config.version)
+    kept_stamps = stamps.stage(work, folder, config.version)  # none from WriteImageDataset, which lists no tree
+    built[stamps.MANIFEST_KEY] = [*built.get(stamps.MANIFEST_KEY, ()), *([kept_stamps] if kept_stamps else [])]
     if kept_stamps is not None:
-        built[stamps.MANIFEST_KEY] = [*built.get(stamps.MANIFEST_KEY, ()), kept_stamps]
         names.append(kept_stamps["file"])
         steps.done()
     if config.append:
