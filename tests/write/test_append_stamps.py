@@ -5,7 +5,7 @@ an append of the first run's input grown reads (hashes) only the files whose pat
 size or stamp differ from their record's. To show a file was not read, its bytes are replaced by
 others of the same size, its mtime put back (``disguise``): counted unchanged unread, changed once
 read (``--append_check content``, or a stamp that moved). A tree's files are dated an hour back
-(``age``), as a user's are: a file modified as the walk begins gets no stamp (``walk.RACY_NS``).
+(``age``), as a user's are.
 """
 from __future__ import annotations
 
@@ -121,14 +121,17 @@ def test_a_stamp_file_not_the_manifests_is_not_used(dataset, caplog):
     assert "stamps-v1.tsv.gz left out (its sha256 is" in caplog.text
 
 
-def test_the_walk_stamps_a_file_with_its_mtime_unless_it_was_modified_as_the_walk_began(tmp_path):
+def test_the_walk_stamps_each_file_with_its_mtime(tmp_path):
     old, fresh = tmp_path / "old.jpg", tmp_path / "fresh.jpg"
     old.write_bytes(b"x" * 5)
     fresh.write_bytes(b"y" * 7)
     age(tmp_path, 60)
     os.utime(fresh)
+    (tmp_path / "pipe").mkdir()
+    os.mkfifo(tmp_path / "pipe" / "fifo")
     walked = {pathlib.Path(path).name: (size, stamp, reason) for path, size, stamp, reason in walk_tree(str(tmp_path))}
-    assert walked == {"old.jpg": (5, str(old.stat().st_mtime_ns), None), "fresh.jpg": (7, None, None)}
+    assert walked == {"old.jpg": (5, str(old.stat().st_mtime_ns), None), "fresh.jpg": (7, str(fresh.stat().st_mtime_ns), None),
+                      "fifo": (0, None, "not a regular file")}
 
 
 @pytest.mark.slow  # runs a pipeline

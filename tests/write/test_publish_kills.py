@@ -317,7 +317,7 @@ def test_the_same_command_with_overwrite_finishes_then_starts_over(tree, killed_
     assert not re.search(r"\b0 images/s", captured.out)  # it converted the images again, as --overwrite asks
     assert sorted(p.name for p in out.iterdir()) == [
         "README.md", "duplicates.jsonl", "errors.jsonl", "hashes-v1.tsv.gz", "labels.txt", "manifest.json", "skipped.jsonl",
-        "train-00000-of-00001.tfrecord.gz", "validation-00000-of-00001.tfrecord.gz"]
+        "stamps-v1.tsv.gz", "train-00000-of-00001.tfrecord.gz", "validation-00000-of-00001.tfrecord.gz"]
 
 
 ESCAPE_FROM = {"from": "../../escaped.txt", "to": "labels.txt", "file": "x"}

@@ -11,7 +11,6 @@ import collections
 import logging
 import os
 import stat
-import time
 from collections.abc import Iterator
 
 from apache_beam.io.filesystems import FileSystems
@@ -20,7 +19,7 @@ from beam_prep.io.gcs import GcsClient
 from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.write.shared.entry import printable
 
-__all__ = ["RACY_NS", "SKIP_SEEN_FOLDER", "SKIP_SPECIAL", "Stamp", "walk_tree"]
+__all__ = ["SKIP_SEEN_FOLDER", "SKIP_SPECIAL", "Stamp", "walk_tree"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -29,14 +28,11 @@ SKIP_SPECIAL = "not a regular file"
 SKIP_SEEN_FOLDER = "link to a folder listed already"
 
 Stamp = str | None
-"""What tells a version of a file from another without reading it, beside its size: a local
-file's modification time (``st_mtime_ns``, in decimal), a gs:// object's generation (``g`` and
-the number, new with every write); None: none (another scheme, or a file modified as the walk
-began, whose stamp could not tell a later write in the same tick of the clock from it)."""
-# A local file modified less than this before the walk began gets no stamp ("racily clean", as
-# git says): on a filesystem of coarse times (a second, two on FAT) a write after the record is
-# read could leave the same time.
-RACY_NS = 3 * 10**9
+"""What tells a version of a file from another without reading it, beside its size (as rsync and
+make tell): a local file's modification time (``st_mtime_ns``, in decimal), a gs:// object's
+generation (``g`` and the number, new with every write); None: none (another scheme). A file
+rewritten with its size and its old time put back, or within one tick of a coarse clock (a second
+on some network filesystems, two on FAT) after it was listed, keeps its stamp."""
 
 
 def walk_tree(root: str) -> Iterator[tuple[str, int, Stamp, str | None]]:
@@ -73,7 +69,6 @@ def _walk_local(root: str) -> Iterator[tuple[str, int, Stamp, str | None]]:
     folder raises, naming that folder.
     """
     seen: dict[tuple[int, int], str] = {}
-    racy = time.time_ns() - RACY_NS  # a file modified after it gets no stamp
     folders = collections.deque([root])
     while folders:
         folder = folders.popleft()
@@ -90,7 +85,7 @@ def _walk_local(root: str) -> Iterator[tuple[str, int, Stamp, str | None]]:
                 yield entry.path, 0, None, None
                 continue
             if stat.S_ISREG(info.st_mode):
-                yield entry.path, info.st_size, str(info.st_mtime_ns) if info.st_mtime_ns < racy else None, None
+                yield entry.path, info.st_size, str(info.st_mtime_ns), None
             elif stat.S_ISDIR(info.st_mode):
                 key = _folder_key(info)
                 if key in seen:

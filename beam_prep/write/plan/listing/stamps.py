@@ -8,8 +8,9 @@ listed: ``<size>\\t<stamp>\\t<path as JSON>``, the path relative to the version'
 path, gzip'd as the kept hash files are (``finish.kept_hashes``). The launcher writes the run's (``Writer``)
 into its folder with the listings; the publication moves it beside the manifest, which lists it
 (``stamp_files``: version, file, lines, sha256). The file is a shortcut: a file without a line (no
-stamp), or of a version without a stamp file (made before them, or by ``WriteImageDataset``), is
-hashed, and so is every file of a version whose stamp file's bytes are not the manifest's. See docs/reference/manifest.md.
+stamp: neither local nor gs://), or of a version without a stamp file (made before them, or by
+``WriteImageDataset``), is hashed, and so is every file of a version whose stamp file's bytes are
+not the manifest's. See docs/reference/manifest.md.
 """
 from __future__ import annotations
 
