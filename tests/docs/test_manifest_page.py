@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,9 +84,6 @@ def outputs(tmp_path_factory) -> list[Path]:
     tree = work / "sample_data"
     subprocess.run([sys.executable, "-m", "pipelines.make_sample", str(tree), "--per_label", "10"], cwd=REPO,
                    check=True, capture_output=True, timeout=120)
-    then = time.time() - 3600  # its files dated an hour back, as a user's are: the runs keep their stamps
-    for path in tree.rglob("*.*"):
-        os.utime(path, (then, then))
     first = sorted((tree / "circles").glob("*.jpg"))[1]
     shutil.copyfile(first, tree / "squares" / "copy.jpg")  # a duplicate, across labels
     with Image.open(first) as image:  # a near duplicate: re-encoded at JPEG quality 50
