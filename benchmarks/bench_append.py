@@ -10,8 +10,9 @@ batch is linked into it too (the grown tree: the first run's input, grown); then
   (l1) the listing of the batch alone, and (l2) of the grown tree (``list_tree``, after imports);
   (c) ``prepare --append`` of the batch folder, into a fresh copy of the dataset;
   (d) ``prepare --append`` of the grown tree (the first run's input again: only the batch is new);
-  (e) the dataset's records read as an append reads them (``append.read_existing``: every shard);
-  (f) every file of the grown tree hashed as an append hashes it (``append.narrow``'s SHA-256s).
+  (e) the dataset's records read as an append reads them (``append.read_existing``: its kept files);
+  (f) every file of the grown tree hashed as ``--append_check content`` reads it (``append.narrow``'s
+      SHA-256s; by default (d) reads only the files whose size or stamp changed, the batch).
 
 The issue's bound: an append costs at most its input's listing plus 1.2x (a), in wall time; the
 same sum is shown per CPU-second, which other programs on the machine hardly move. (e) and (f)
@@ -54,10 +55,11 @@ print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.pr
 _EXISTING = """
 import json, sys, time
 from beam_prep.write.grow.append import read_existing
+from beam_prep.write.plan.spill import SpillFolder
 start, cpu = time.perf_counter(), time.process_time()
-existing = read_existing(sys.argv[1])
+existing = read_existing(sys.argv[1], SpillFolder())
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
-                  "count": len(existing.by_path)}))
+                  "count": existing.records}))
 """
 _HASHING = """
 import json, sys, time
@@ -65,7 +67,7 @@ from beam_prep.write.grow.append import _hashed
 from beam_prep.write.plan.listing import list_tree
 with list_tree(sys.argv[1]) as listing:
     start, cpu = time.perf_counter(), time.process_time()
-    files = sum(1 for _ in _hashed(listing.entries()))
+    files = sum(len(chunk) for chunk in _hashed(entry.path for entry in listing.entries()))
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, "count": files}))
 """
 RUNS = {
@@ -75,7 +77,7 @@ RUNS = {
     "c": "(c) `prepare --append` of the batch folder",
     "d": "(d) `prepare --append` of the grown tree (the first run's input)",
     "e": "(e) the dataset's records read as an append reads them (every shard)",
-    "f": "(f) the grown tree's files hashed as an append hashes them",
+    "f": "(f) the grown tree's files hashed as an append hashes them (--append_check content)",
 }
 
 

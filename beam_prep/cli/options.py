@@ -73,6 +73,12 @@ def _input_output_arguments(group: Any) -> None:
              "is of its new files alone; its --max_per_class counts the records each label holds already "
              f"({doc_page('guides/preparing.md')}).")
     group.add_argument(
+        "--append_check", default="stat",
+        help="How --append tells a file at a path the dataset holds unchanged: stat (the default, as rsync) "
+             "reads it only where its size or modification time (a gs:// object's generation) differ from "
+             "those its record kept, so a file rewritten with the same size and its old time restored is taken "
+             "as unchanged; content reads every such file and compares its SHA-256.")
+    group.add_argument(
         "--read_concurrency", type=int, default=None,
         help=f"Files each worker reads ahead of its work at once (default: {DEFAULT_REMOTE_READ_CONCURRENCY} "
              "for gs:// input, which hides round trips; 0 for local disk: each file read when its turn comes).")

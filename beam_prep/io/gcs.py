@@ -5,7 +5,7 @@ round trips and the client's CPU per request, not bandwidth. So reads are one
 plain GET each (the JSON API's media download, with the Application Default
 Credentials Beam uses, over a pooled connection), checked against the CRC32C GCS
 sends and retried with back-off and jitter; the last failure raises ``GcsError``
-naming the object. ``GcsClient.list`` asks only for names and sizes, and lists a
+naming the object. ``GcsClient.list`` asks only for names, sizes and generations, and lists a
 tree's folders concurrently, where Beam's ``match`` pages through the prefix.
 
 A few small writes serve the output folder's claim (``beam_prep.write.run.claim``); every request goes through ``gcs_transport``:
@@ -30,7 +30,7 @@ __all__ = ["GcsClient", "GcsError", "GcsPreconditionFailed", "ObjectInfo", "Retr
 _LOG = logging.getLogger(__name__)
 
 LIST_THREADS = 16
-_LIST_FIELDS = "items(name,size),prefixes,nextPageToken"
+_LIST_FIELDS = "items(name,size,generation),prefixes,nextPageToken"
 PAGE_SIZE = 1000  # the most GCS returns a page
 _STAT_FIELDS = "generation,updated,size"
 
@@ -201,8 +201,12 @@ class GcsClient:
         return list(self.iter_list(root, threads))
 
     def iter_list(self, root: str, threads: int = LIST_THREADS) -> Iterator[tuple[str, int]]:
-        """Every object under the folder ``root`` (``gs://bucket/prefix``) as ``(gs:// path, size)``,
-        a folder at a time, so that a caller that streams them holds no whole listing.
+        """Every object under the folder ``root`` as ``(gs:// path, size)``; see ``iter_objects``."""
+        return ((path, size) for path, size, _ in self.iter_objects(root, threads))
+
+    def iter_objects(self, root: str, threads: int = LIST_THREADS) -> Iterator[tuple[str, int, int]]:
+        """Every object under the folder ``root`` (``gs://bucket/prefix``) as ``(gs:// path, size,
+        generation)``, a folder at a time, so that a caller that streams them holds no whole listing.
 
         One delimited listing finds the folders (one level further down where
         there are fewer than ``threads``, as in a ``train/``, ``validation/``
@@ -221,14 +225,14 @@ class GcsClient:
                     found += objects
                     deeper += subfolders
                 folders = deeper
-            yield from ((f"gs://{bucket}/{name}", size) for name, size in found)
+            yield from ((f"gs://{bucket}/{name}", size, generation) for name, size, generation in found)
             for objects, _ in pool.map(lambda f: self._list_pages(bucket, f, None), folders):
-                yield from ((f"gs://{bucket}/{name}", size) for name, size in objects)
+                yield from ((f"gs://{bucket}/{name}", size, generation) for name, size, generation in objects)
 
     def _list_pages(self, bucket: str, prefix: str,
-                    delimiter: str | None) -> tuple[list[tuple[str, int]], list[str]]:
-        """Objects and (with a delimiter) sub-folders directly under ``prefix``, every page."""
-        objects: list[tuple[str, int]] = []
+                    delimiter: str | None) -> tuple[list[tuple[str, int, int]], list[str]]:
+        """Objects (name, size, generation) and (with a delimiter) sub-folders directly under ``prefix``, every page."""
+        objects: list[tuple[str, int, int]] = []
         folders: list[str] = []
         query = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(PAGE_SIZE)}
         if delimiter:
@@ -236,7 +240,8 @@ class GcsClient:
         while True:
             url = f"/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"
             page = json.loads(self._transport.call(f"list gs://{bucket}/{prefix}", "GET", url))
-            objects += [(item["name"], int(item["size"])) for item in page.get("items", ())]
+            objects += [(item["name"], int(item["size"]), int(item.get("generation", 0)))
+                        for item in page.get("items", ())]
             folders += page.get("prefixes", ())
             if not page.get("nextPageToken"):
                 return objects, folders

@@ -9,9 +9,12 @@ Beam's filesystems wrap the client's exceptions (``BeamIOError`` holding a dict 
 from __future__ import annotations
 
 import errno
+import gzip
+import hashlib
+import io
 import os
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from beam_prep.errors import StorageError
 
@@ -50,6 +53,47 @@ def write_bytes(path: str, data: bytes, mime_type: str = "text/plain") -> None:
             f.write(data)
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("write", path, e) from e
+
+
+def write_gzip_lines(lines: Iterable[bytes], path: str) -> tuple[int, str]:
+    """Writes ``lines``, one a line, gzip'd with no time or name in the header (the same lines give the
+    same bytes), to ``path`` on any filesystem, streamed; returns how many, and the file's sha256.
+
+    Raises:
+      StorageError: naming ``path``, if it cannot be written.
+    """
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    count, digest = 0, hashlib.sha256()
+    try:
+        with FileSystems.create(path, mime_type="application/gzip",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as out:
+            hashing = _Hashing(out, digest)
+            with gzip.GzipFile(filename="", mode="wb", fileobj=hashing, mtime=0) as packed:
+                for line in lines:
+                    packed.write(line + b"\n")
+                    count += 1
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", path, e) from e
+    return count, digest.hexdigest()
+
+
+class _Hashing(io.RawIOBase):
+    """A writable that hashes what goes through it to ``out``."""
+
+    def __init__(self, out: BinaryIO, digest: Any) -> None:
+        super().__init__()
+        self._out, self._digest = out, digest
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        data = bytes(data)
+        self._digest.update(data)
+        self._out.write(data)
+        return len(data)
 
 
 def open_to_read(path: str) -> BinaryIO:

@@ -50,6 +50,7 @@ NAMED_BY_DATA = {
 _SHARD = re.compile(r"^[\w.-]+-\d{5}-of-\d{5}\.(tfrecord(\.gz)?|array_record|tar)$")
 _DALI_INDEX = re.compile(r"^dali-[\w.-]+-\d{5}-of-\d{5}\.tfrecord\.idx$")  # listed as dali-<shard>.idx
 _KEPT_HASHES = re.compile(r"^hashes-v\d+\.tsv\.gz$")  # listed as hashes-v<N>.tsv.gz
+_KEPT_STAMPS = re.compile(r"^stamps-v\d+\.tsv\.gz$")  # listed as stamps-v<N>.tsv.gz
 
 
 def key_paths(value: Any, path: str = "") -> Iterator[str]:
@@ -175,7 +176,8 @@ def test_every_field_of_each_side_file_is_documented_and_written(outputs, name):
 def test_every_file_of_the_output_folder_is_listed(outputs):
     documented = set(page_sections()["The output folder"])
     written = {"dali-<shard>.idx" if _DALI_INDEX.match(p.name) else "hashes-v<N>.tsv.gz"
-               if _KEPT_HASHES.match(p.name) else p.name for out in outputs for p in out.iterdir() if not _SHARD.match(p.name)}
+               if _KEPT_HASHES.match(p.name) else "stamps-v<N>.tsv.gz" if _KEPT_STAMPS.match(p.name) else p.name
+               for out in outputs for p in out.iterdir() if not _SHARD.match(p.name)}
     assert written == documented, (f"files written, not listed {sorted(written - documented)}; "
                                    f"listed, not written {sorted(documented - written)}")
 

@@ -85,7 +85,8 @@ def test_an_append_writes_what_the_dataset_lacks_as_version_2_and_keeps_the_rest
     assert {name: after[name] for name in before if name.endswith(".tfrecord.gz")} == \
         {name: d for name, d in before.items() if name.endswith(".tfrecord.gz")}
     new_shards = [s for split in manifest["versions"][-1]["splits"].values() for s in split["shards"]]
-    assert sorted(set(after) - set(before)) == sorted(["changed.jsonl", "hashes-v2.tsv.gz", *new_shards])
+    assert sorted(set(after) - set(before)) == sorted(["changed.jsonl", "hashes-v2.tsv.gz", "stamps-v2.tsv.gz",
+                                                       *new_shards])
     assert {s.split("-v2-")[0] for s in new_shards} == {"train", "validation"}  # train-v2-...: train-* finds it
     # Ids kept, the new class after them, in every list of classes.
     assert (out / "labels.txt").read_text().splitlines() == ["circles", "squares", "aardvark"]
@@ -236,7 +237,8 @@ def test_a_gs_batch_appended_to_a_gs_dataset(gcs_bucket, tmp_path):
     assert sorted(n for n in gcs_bucket.list_names("out/") if "/.beam-prep/" not in f"/{n}") == sorted(
         [*(f"out/{name}" for name in manifest["splits"]["train"]["shards"]), "out/changed.jsonl",
          "out/duplicates.jsonl", "out/errors.jsonl", "out/flat.jsonl", "out/labels.txt", "out/manifest.json", "out/skipped.jsonl",
-         "out/hashes-v1.tsv.gz", "out/hashes-v2.tsv.gz", "out/README.md"])
+         "out/hashes-v1.tsv.gz", "out/hashes-v2.tsv.gz", "out/README.md", "out/stamps-v1.tsv.gz",
+         "out/stamps-v2.tsv.gz"])
 
 
 def test_an_append_of_nothing_new_makes_no_version_changes_nothing_and_tries_no_failed_file_again(ants):
@@ -619,9 +621,9 @@ def test_a_shuffle_sink_append_killed_while_publishing_is_finished_by_the_same_c
     version_1 = digests(out)
     args = ("--input", str(batch), "--output", str(out), "--append", "--sink", "shuffle",
             "--direct_running_mode", "in_memory")
-    # Staged: errors, skipped, duplicates, flat, labels, the kept hash file, changed, the card, the manifest
-    # (steps 1-9); then the record (10).
-    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "10"})
+    # Staged: errors, skipped, duplicates, flat, labels, the kept hash and stamp files, changed, the card,
+    # the manifest (steps 1-10); then the record (11).
+    killed = run_prepare(*args, env={**os.environ, publication.KILL_VARIABLE: "11"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     assert digests(out)["manifest.json"] == version_1["manifest.json"]
     again = run_prepare(*args)

@@ -331,7 +331,7 @@ def test_gs_output_in_every_format(gcs_server, outputs, tree, tmp_path, file_for
     shards = [name for split in manifest["splits"].values() for name in split["shards"]]
     assert bucket.list_names("records/") == sorted(f"records/{name}" for name in [
         *shards, "errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "flat.jsonl", "hashes-v1.tsv.gz", "labels.txt", "manifest.json", "README.md",
-        *(["dataset_info.json", "features.json", "image.class.label.labels.txt"]
+        "stamps-v1.tsv.gz", *(["dataset_info.json", "features.json", "image.class.label.labels.txt"]
           if file_format == "array_record" else [])])
     local = tmp_path / "records"
     bucket.download_tree("records/", local)

@@ -63,7 +63,8 @@ def test_errors_report_names_the_gs_path(gcs_run):
 
 def test_nothing_is_left_in_temporary_locations(gcs_run):
     bucket, _ = gcs_run
-    expected = {"manifest.json", "labels.txt", "errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "hashes-v1.tsv.gz", "README.md", "flat.jsonl"}
+    expected = {"manifest.json", "labels.txt", "errors.jsonl", "skipped.jsonl", "duplicates.jsonl", "hashes-v1.tsv.gz", "README.md", "flat.jsonl",
+                "stamps-v1.tsv.gz"}
     leftovers = [n for n in bucket.list_names("records/")
                  if n.split("/", 1)[1] not in expected and not n.endswith(".tfrecord.gz")]
     assert leftovers == []
@@ -84,7 +85,7 @@ def test_shuffle_sink_finalises_on_gcs(gcs_server, gcs_run):
     assert {s: v["class_counts"] for s, v in shuffled["splits"].items()} == {
         s: v["class_counts"] for s, v in streamed["splits"].items()}
     assert all(n.split("/", 1)[1] in ("manifest.json", "labels.txt", "errors.jsonl", "skipped.jsonl",
-                                      "duplicates.jsonl", "hashes-v1.tsv.gz", "README.md", "flat.jsonl")
+                                      "duplicates.jsonl", "hashes-v1.tsv.gz", "README.md", "flat.jsonl", "stamps-v1.tsv.gz")
                or n.endswith(".tfrecord.gz")
                for n in bucket.list_names("shuffled/"))
     # Both sinks name the skipped files, each with its reason, byte for byte alike: the shuffle

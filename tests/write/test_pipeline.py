@@ -368,7 +368,9 @@ def test_a_flat_record_named_with_bytes_no_utf8_spells_is_counted_as_messages_na
     with open(os.fsencode(str(tree / "blank")) + b"/red\xff.png", "wb") as f:
         f.write(buffer.getvalue())
     manifest = prepare_here("--input", str(tree), "--output", str(out), "--sink", sink)
-    assert manifest["flat_images"] == {"count": 1, "examples": ["blank/red\\xff.png"]}
+    assert manifest["flat_images"]["count"] == 1 and manifest["flat_images"]["examples"] == ["blank/red\\xff.png"]
+    (row,) = [json.loads(line) for line in (out / "flat.jsonl").read_text().splitlines()]
+    assert row["relpath"] == "blank/red\\xff.png" and row["colour"] == "#ff0000", row
     assert manifest["counts"]["written"] == 3
 
 

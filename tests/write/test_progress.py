@@ -283,7 +283,7 @@ def test_a_run_on_a_non_terminal_prints_progress_from_its_workers_before_the_sum
     # The workers' reports went with the run; the dataset is only the dataset.
     assert not [n for n in os.listdir(os.environ["TMPDIR"]) if n.startswith("beam-prep-progress-")]
     assert sorted(os.listdir(out)) == ["README.md", "duplicates.jsonl", "errors.jsonl", "flat.jsonl", "hashes-v1.tsv.gz", "labels.txt", "manifest.json",
-                                       "skipped.jsonl", "train-00000-of-00002.tfrecord.gz",
+                                       "skipped.jsonl", "stamps-v1.tsv.gz", "train-00000-of-00002.tfrecord.gz",
                                        "train-00001-of-00002.tfrecord.gz"]
 
 

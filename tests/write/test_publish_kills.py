@@ -134,7 +134,7 @@ def test_a_run_killed_at_each_step_of_publishing_is_finished_by_the_same_command
     """Uncompressed TFRecords: shards, DALI indexes, TFDS's metadata and the rest, two splits."""
     rows = kill_at_each_step(str(tmp_path / "out"), str(tmp_path / "saved"), "--input", str(tree), *ARGS,
                              "--compression", "none")
-    kills = check_each_kill_finished(rows, 15)
+    kills = check_each_kill_finished(rows, 16)
     # No step leaves a manifest beside a part of the dataset: a reader sees the whole dataset or none.
     reference = rows[1]["reference"]
     for row in kills:
@@ -156,7 +156,7 @@ def test_an_overwrite_killed_or_failing_at_each_step_never_loses_the_old_dataset
     (out / layout.REPORT).write_bytes(REPORT_PAGE)  # the old dataset's report goes with it
     rows = kill_at_each_step(str(out), str(saved), "--input", str(tree), *ARGS, "--compression", "none",
                              "--started_with_overwrite", flags=("--fail", "--keep"))
-    kills = check_each_kill_finished(rows, 15, overwrite_first=True)
+    kills = check_each_kill_finished(rows, 16, overwrite_first=True)
     old, new = top(rows[0]["initial"]), [row for row in rows if "step" in row][-1]["final"]
     assert {"test-00000-of-00001.tfrecord", layout.REPORT} <= set(old) - set(new)
     assert {"train-00000-of-00001.tfrecord", "labels.txt", "dataset_info.json", "manifest.json"} <= set(old) & set(new)
@@ -197,7 +197,7 @@ def test_a_drop_run_killed_at_each_step_is_finished_without_converting_again(tmp
     shutil.copyfile(root / "train" / "cat" / "img_000.jpg", root / "validation" / "dog" / "copy.jpg")
     rows = kill_at_each_step(str(tmp_path / "out"), str(tmp_path / "saved"), "--input", str(root), *ARGS[:2],
                              "--direct_running_mode", "in_memory", "--cross_split_duplicates", "drop")
-    kills = check_each_kill_finished(rows, 10, "beam-prep: 12 of 13 images written in")
+    kills = check_each_kill_finished(rows, 11, "beam-prep: 12 of 13 images written in")
     for row in kills:  # a run again before the record resumes with every shard kept
         resumed = re.search(r"resuming run \S+: (\d+) of (\d+) shards already written", row["stderr"])
         assert (resumed is None) == recorded(row["after_kill"]), row["step"]
@@ -215,7 +215,7 @@ def test_an_append_killed_at_each_step_keeps_the_old_version_whole_and_is_finish
     make_tree(batch, {"cat": 2, "eel": 2}, size=(20, 24))
     rows = kill_at_each_step(str(out), str(tmp_path / "saved"), "--input", str(batch), "--append",
                              "--direct_running_mode", "in_memory", flags=("--fail",))
-    kills = check_each_kill_finished(rows, 21, "beam-prep: 15 of 16 images written in")
+    kills = check_each_kill_finished(rows, 23, "beam-prep: 15 of 16 images written in")
     initial, final = top(rows[0]["initial"]), top([row for row in rows if "step" in row][-1]["final"])
     assert layout.REPORT in initial and layout.REPORT not in final
     old = {name: digest for name, digest in initial.items() if "-000" in name}  # shards, indexes
@@ -227,7 +227,7 @@ def test_an_append_killed_at_each_step_keeps_the_old_version_whole_and_is_finish
         assert now["manifest.json"] == initial["manifest.json"] or now == final, row["step"]
     new = set(final) - set(initial)
     assert {name for name in new if "-v2-" in name} == {name for name in new
-                                                         if name not in ("changed.jsonl", "hashes-v2.tsv.gz")}
+                                                         if name not in ("changed.jsonl", "hashes-v2.tsv.gz", "stamps-v2.tsv.gz")}
     check_each_failure_undone(rows)
 
 
@@ -239,7 +239,7 @@ def test_an_overwrite_into_gs_killed_or_failing_at_each_step_is_finished(tree, g
     rows = kill_at_each_step(gcs_bucket.url("out"), gcs_bucket.url("saved"), "--input", str(tree), *ARGS[:2],
                              "--direct_running_mode", "in_memory", "--started_with_overwrite", flags=("--fail",),
                              gcs_server=gcs_server)
-    check_each_kill_finished(rows, 9, overwrite_first=True)
+    check_each_kill_finished(rows, 10, overwrite_first=True)
     check_each_failure_undone(rows)
     final = [row for row in rows if "step" in row][-1]["final"]
     assert gcs_bucket.list_names("out/") == sorted(f"out/{name}" for name in final)
@@ -269,8 +269,8 @@ def test_a_gs_move_cut_between_its_copy_and_its_delete_is_finished(tree, gcs_ser
 
 
 # A gzip run's staged files: errors.jsonl, skipped.jsonl, duplicates.jsonl, flat.jsonl, labels.txt, the kept hash
-# file (hashes-v1.tsv.gz), README.md, manifest.json.
-STAGED_FILES = 8
+# file (hashes-v1.tsv.gz), the kept stamp file (stamps-v1.tsv.gz), README.md, manifest.json.
+STAGED_FILES = 9
 
 
 def linked_copy(source: pathlib.Path, target: pathlib.Path) -> None:
@@ -321,7 +321,7 @@ def test_the_same_command_with_overwrite_finishes_then_starts_over(tree, killed_
     assert not re.search(r"\b0 images/s", captured.out)  # it converted the images again, as --overwrite asks
     assert sorted(p.name for p in out.iterdir()) == [
         "README.md", "duplicates.jsonl", "errors.jsonl", "flat.jsonl", "hashes-v1.tsv.gz", "labels.txt", "manifest.json", "skipped.jsonl",
-        "train-00000-of-00001.tfrecord.gz", "validation-00000-of-00001.tfrecord.gz"]
+        "stamps-v1.tsv.gz", "train-00000-of-00001.tfrecord.gz", "validation-00000-of-00001.tfrecord.gz"]
 
 
 ESCAPE_FROM = {"from": "../../escaped.txt", "to": "labels.txt", "file": "x"}

@@ -190,15 +190,15 @@ def test_thresholds_and_placing_as_pure_functions():
     first_c = sorted((p for p in paths if p[0] == "c"), key=hashes.get)[:2]
     found, chosen = thresholds(ranked, [2, 0])
     assert found == {0: hashes[first_c[1]]} and chosen == {0: 2}
-    # RankedRows in, ListedRows out: (order_key, relpath, cap_hash, split hash, label, size, labels, extra)
-    rows = [(i, p, None, hashes[p], p[0], 1, None, None) for i, p in enumerate(paths)]
+    # RankedRows in, ListedRows out: (order_key, relpath, cap_hash, split hash, label, size, labels, extra, stamp)
+    rows = [(i, p, None, hashes[p], p[0], 1, None, None, "7") for i, p in enumerate(paths)]
     placed = {relpath: split for _, relpath, split, *_ in Placed(rows, None, {"c": found[0]})}
     assert {p for p, split in placed.items() if split == "validation"} == set(first_c)
     assert len(placed) == len(paths)
-    kept = list(Placed([(0, p, hashes[p], "train", p[0], 1, None, None) for p in paths],
+    kept = list(Placed([(0, p, hashes[p], "train", p[0], 1, None, None, "7") for p in paths],
                        {"c": (hashes[first_c[1]], first_c[1])}, None))
     assert {row[1] for row in kept} == set(first_c) | {"d/0", "d/1"}
-    assert {row for row in kept if row[1] == "d/0"} == {(0, "d/0", "train", "d", 1, None, None)}
+    assert {row for row in kept if row[1] == "d/0"} == {(0, "d/0", "train", "d", 1, None, None, "7")}
 
 
 def test_a_tie_at_the_threshold_puts_both_in_validation_and_is_counted():

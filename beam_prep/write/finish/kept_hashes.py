@@ -10,21 +10,19 @@ lists them (``hash_files``: version, file, records, sha256). See docs/design/dup
 from __future__ import annotations
 
 import gzip
-import hashlib
-import io
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, BinaryIO
+from typing import Any
 
 from beam_prep.errors import DatasetError
-from beam_prep.io.storage import open_to_read, storage_error
+from beam_prep.io.storage import open_to_read, storage_error, write_gzip_lines
 from beam_prep.write.finish import hash_lines
 from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import printable
 
 __all__ = ["MANIFEST_KEY", "KeptFile", "full_path_line", "kept_name", "listed", "read_lines", "relative_to",
-           "write_sorted"]
+           "write_rows", "write_sorted"]
 
 MANIFEST_KEY = "hash_files"
 _READ = 1 << 22
@@ -78,52 +76,31 @@ def _quoted_prefix(root: str | None) -> bytes:
     return json.dumps(printable(base + "/")).encode()[:-1] if base else b""
 
 
-class _Hashing(io.RawIOBase):
-    """A writable that hashes and counts what goes through it to ``out``."""
-
-    def __init__(self, out: BinaryIO) -> None:
-        super().__init__()
-        self._out, self.sha256 = out, hashlib.sha256()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        data = bytes(data)
-        self.sha256.update(data)
-        self._out.write(data)
-        return len(data)
-
-
 def write_sorted(rows: Iterable[tuple[bytes, bytes]], target: str, version: int) -> KeptFile:
     """Writes a version's kept hash file at ``target`` (local or gs://) from ``(path, line)`` rows in any
-    order: sorted by path on disk (``SortedRows``), gzip'd without a time or a name.
+    order (``write_rows``).
 
     Raises:
       StorageError: ``target`` cannot be written.
     """
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+    return KeptFile.of(version, *write_rows(rows, target))
 
+
+def write_rows(rows: Iterable[tuple[bytes, bytes]], target: str) -> tuple[int, str]:
+    """Writes the lines of ``(key, line)`` rows in any order at ``target`` (local or gs://), sorted by key
+    on disk (``SortedRows``), gzip'd without a time or a name; returns how many and the file's sha256.
+
+    Raises:
+      StorageError: ``target`` cannot be written.
+    """
     folder = SpillFolder(prefix="beam-prep-kept-")
     try:
         ordered = SortedRows(folder, "kept")
         for row in rows:
             ordered.append(row)
-        count = 0
-        try:
-            with FileSystems.create(target, mime_type="application/gzip",
-                                    compression_type=CompressionTypes.UNCOMPRESSED) as out:
-                hashing = _Hashing(out)
-                with gzip.GzipFile(filename="", mode="wb", fileobj=hashing, mtime=0) as packed:
-                    for _, line in ordered:
-                        packed.write(line + b"\n")
-                        count += 1
-        except Exception as e:  # each filesystem raises its own types.
-            raise storage_error("write", target, e) from e
+        return write_gzip_lines((line for _, line in ordered), target)
     finally:
         folder.close()
-    return KeptFile.of(version, count, hashing.sha256.hexdigest())
 
 
 def read_lines(path: str) -> Iterator[list[bytes]]:

@@ -33,6 +33,7 @@ from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
 from beam_prep.write.plan import skipped
 from beam_prep.write.plan.config import DROP, PrepareConfig
+from beam_prep.write.plan.listing import stamps
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.shared import layout
 
@@ -152,6 +153,7 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
             if config.append:  # the dataset's manifest, this run's version added
                 built = appended.merge(dataset, built, config.version, config.input,
                                        Additions.from_json(plan.appended or {}).counts())
+                built[stamps.MANIFEST_KEY] = list(stamps.listed(dataset).values())
             skipped.check(work, plan.skipped)
             steps = publication.Steps()
             staged = _stage(config, plan, built, reports, found, dropping, steps, before)
@@ -244,6 +246,11 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
         reports.hash_files, config.input, join(folder, kept), config.version, dropping)]
     steps.done()
     names = [layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.FLAT, layout.LABELS, kept]
+    kept_stamps = stamps.stage(work, folder, config.version)  # none from WriteImageDataset, which lists no tree
+    built[stamps.MANIFEST_KEY] = [*built.get(stamps.MANIFEST_KEY, ()), *([kept_stamps] if kept_stamps else [])]
+    if kept_stamps is not None:
+        names.append(kept_stamps["file"])
+        steps.done()
     if config.append:
         for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.FLAT):
             _after_the_datasets(config.output, folder, name)

@@ -27,7 +27,7 @@ from beam_prep.io.dali_index import SUFFIX as DALI_SUFFIX
 from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
-from beam_prep.write.grow.existing import Existing
+from beam_prep.write.grow.existing import Existing, Record
 from beam_prep.write.grow.existing import read_existing as _index
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
@@ -258,9 +258,12 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     """The part of ``listing`` an append writes, labelled with the dataset's ids (new labels after
     them), and what it left out.
 
-    Every listed file is hashed (read, not decoded): a path the dataset holds is a record of it, or
-    changed; bytes it holds are a copy. A copy is added to the listing's skipped files; a file the
-    dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them. The dataset's
+    A path the dataset holds is a record of it, or changed; a new path's bytes (hashed: read, not
+    decoded) that the dataset holds are a copy. A file at a path the dataset holds is read only where
+    its size or stamp differ from those its record kept, or where none were kept (``Record.same_source``;
+    ``--append_check content``: every one is read): as rsync, a file rewritten with its size and a
+    restored modification time is taken as unchanged. A copy is added to the listing's skipped files; a
+    file the dataset's errors.jsonl or skipped.jsonl names already is counted, and left out of them. The dataset's
     ``--stratify`` and ``--max_per_class`` then choose among the new files alone: each label's
     validation share is of its new files, and its cap counts the records it holds already (a label
     of 8 records capped at 10 takes 2 new files at most; the others are skipped as over the cap). The
@@ -277,19 +280,22 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
     keep = set()
     new_labels: set[str] = set()
-    for chunk in _hashed(listing.entries()):
-        existing.note_listed(entry.path for entry, _ in chunk)
-        for entry, sha256 in chunk:
+    by_content = config.append_check == "content"
+    for chunk in _looked_up(listing.entries(), existing):
+        existing.note_listed(printable(entry.path) for entry, _ in chunk)
+        sums = _sha256s([entry.path for entry, before in chunk if _must_read(entry, before, existing, by_content)])
+        for entry, before in chunk:
             if printable(entry.path) in existing.failed:  # errors.jsonl names files as messages show them
                 additions.failed_before += 1
-            elif (before := existing.by_path(entry.path)) is not None:
-                if before[0] == sha256:
+            elif before is not None:
+                sha256 = sums.get(entry.path)
+                if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
                     additions.unchanged += 1
                 else:
-                    additions.changed.append({"path": printable(entry.path), "sha256": before[0], "now": sha256})
+                    additions.changed.append({"path": printable(entry.path), "sha256": before.sha256, "now": sha256})
             elif printable(entry.path) in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
                 additions.skipped_before += 1
-            elif (copy := existing.by_sha256(sha256)) is not None:
+            elif (copy := existing.by_sha256(sha256 := sums[entry.path])) is not None:
                 additions.copies.append({"path": printable(entry.path), "sha256": sha256, "split": entry.split, "of": copy[1],
                                          "of_split": copy[0]})
                 listing.add_skip(entry.relpath, COPY_REASON)
@@ -321,8 +327,30 @@ def held(info: DatasetInfo) -> dict[str, int]:
     return dict(counts)
 
 
-def _hashed(entries: Iterator[FileEntry]) -> Iterator[list[tuple[FileEntry, str]]]:
-    """Each entry with its file's sha256 (hex), read ``_THREADS`` at once, ``_CHUNK`` entries at a time.
+def _looked_up(entries: Iterator[FileEntry], existing: Existing) -> Iterator[list[tuple[FileEntry, Record | None]]]:
+    """Each entry with the dataset's latest record of its path (None: none), ``_CHUNK`` entries at a time; the
+    dataset names its records' paths as messages show them (``printable``: a name that is not UTF-8 escaped)."""
+    while chunk := list(itertools.islice(entries, _CHUNK)):
+        yield [(entry, existing.record(printable(entry.path))) for entry in chunk]
+
+
+def _must_read(entry: FileEntry, before: Record | None, existing: Existing, by_content: bool) -> bool:
+    """Whether ``narrow`` needs the file's sha256: not for a file that failed or was skipped before (its
+    bytes decide nothing), nor, but ``by_content``, for one whose size and stamp are its record's."""
+    if printable(entry.path) in existing.failed:
+        return False
+    if before is not None:
+        return by_content or not before.same_source(entry.size, entry.stamp)
+    return printable(entry.path) not in existing.skipped
+
+
+def _sha256s(paths: list[str]) -> dict[str, str]:
+    """Each file's sha256 (hex) (``_hashed``)."""
+    return {path: sha256 for chunk in _hashed(iter(paths)) for path, sha256 in chunk}
+
+
+def _hashed(paths: Iterator[str]) -> Iterator[list[tuple[str, str]]]:
+    """Each path with its file's sha256 (hex), read ``_THREADS`` at once, ``_CHUNK`` paths at a time.
 
     Raises:
       StorageError: a file cannot be read, naming it.
@@ -338,5 +366,5 @@ def _hashed(entries: Iterator[FileEntry]) -> Iterator[list[tuple[FileEntry, str]
         return h.hexdigest()
 
     with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
-        while chunk := list(itertools.islice(entries, _CHUNK)):
-            yield list(zip(chunk, pool.map(digest, [entry.path for entry in chunk])))
+        while chunk := list(itertools.islice(paths, _CHUNK)):
+            yield list(zip(chunk, pool.map(digest, chunk)))

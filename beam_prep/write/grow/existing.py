@@ -6,7 +6,8 @@ so the launcher holds a page cache, not a Python object a record. They are read 
 kept hash files (``kept_hashes``): no shard is read, no image decoded. A dataset made before it kept
 them is read from its shards once, each record's stored image decoded for its perceptual hash, and
 the files that reading makes (``generated``) go to the run's folder, to be published with the
-append: the next append reads them.
+append: the next append reads them. Each record's source size and stamp, where its version kept
+them (``plan.listing.stamps``), come with it (``Record``): what tells an append a file unchanged unread.
 """
 from __future__ import annotations
 
@@ -16,28 +17,53 @@ import dataclasses
 import io
 import itertools
 import json
+import logging
 import sqlite3
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from PIL import Image
 
-from beam_prep.errors import DatasetError
+from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join, read_bytes
 from beam_prep.model.dataset import DatasetInfo
 from beam_prep.write.finish import hash_lines, kept_hashes
 from beam_prep.write.images.imaging import is_flat
 from beam_prep.write.images.phash import phash
+from beam_prep.write.plan.listing import stamps
 from beam_prep.write.plan.spill import SpillFolder
 from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
 
-__all__ = ["Existing", "read_existing", "stored_phash", "write_unkept"]
+__all__ = ["Existing", "Record", "read_existing", "stored_phash", "write_unkept"]
+
+_LOG = logging.getLogger(__name__)
 
 _THREADS = 16  # shards read at once, where the dataset keeps no hash lines
 _BATCH = 4096  # rows inserted, or looked up, at a time
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+class Record(NamedTuple):
+    """A record of the dataset, as an append compares a listed file with it.
+
+    Attributes:
+      sha256: its source's sha256 (hex).
+      split: its split.
+      size: its source's size when it was listed; None: its version kept no stamps.
+      stamp: its source's stamp then (``plan.walk.Stamp``); None: none kept.
+    """
+
+    sha256: str
+    split: str
+    size: int | None
+    stamp: str | None
+
+    def same_source(self, size: int, stamp: str | None) -> bool:
+        """Whether a file of ``size`` and ``stamp`` is the one the record was made from, as rsync tells (its
+        size and stamp unchanged), without reading it."""
+        return stamp is not None and self.stamp == stamp and self.size == size
 
 
 @dataclasses.dataclass
@@ -65,9 +91,15 @@ class Existing:
 
     def by_path(self, path: str) -> tuple[str, str] | None:
         """``(sha256, split)`` of the latest record made from ``path``, or None."""
-        row = self._db.execute("SELECT sha256, split FROM records WHERE path = ? ORDER BY rowid DESC LIMIT 1",
-                               (printable(path),)).fetchone()
-        return None if row is None else (row[0], row[1])
+        found = self.record(path)
+        return None if found is None else (found.sha256, found.split)
+
+    def record(self, path: str) -> Record | None:
+        """The latest record made from ``path``, with its source's size and stamp where its version kept them."""
+        row = self._db.execute("SELECT r.sha256, r.split, s.size, s.stamp FROM records r LEFT JOIN stamps s "
+                               "ON s.version = r.version AND s.path = r.path WHERE r.path = ? "
+                               "ORDER BY r.rowid DESC LIMIT 1", (printable(path),)).fetchone()
+        return None if row is None else Record(*row)
 
     def by_sha256(self, sha256: str) -> tuple[str, str] | None:
         """``(split, path)`` of the first record with the bytes ``sha256``, or None."""
@@ -103,8 +135,11 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
     db = sqlite3.connect(folder.file("existing.sqlite"), isolation_level=None, check_same_thread=False)
     for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -8192", "temp_store = FILE"):
         db.execute(f"PRAGMA {pragma}")
-    db.execute("CREATE TABLE records (path TEXT, sha256 TEXT, split TEXT)")
+    db.execute("CREATE TABLE records (path TEXT, sha256 TEXT, split TEXT, version INTEGER)")
+    db.execute("CREATE TABLE stamps (version INTEGER, path TEXT, size INTEGER, stamp TEXT, PRIMARY KEY (version, path)) "
+               "WITHOUT ROWID")
     db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY)")
+    stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
     count = 0
     try:
@@ -119,8 +154,11 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
                 _write_from_shards(output, info, version, path)
             lines = (line for chunk in kept_hashes.read_lines(path) for line in chunk)
             while batch := list(itertools.islice(lines, _BATCH)):
-                db.executemany("INSERT INTO records VALUES (?, ?, ?)", [_row(path, line, root) for line in batch])
+                db.executemany("INSERT INTO records VALUES (?, ?, ?, ?)",
+                               [(*_row(path, line, root), version.version) for line in batch])
                 count += len(batch)
+            if version.version in stamped:
+                _add_stamps(db, output, stamped[version.version], version.input)
         db.execute("COMMIT")
         db.execute("CREATE INDEX records_paths ON records (path)")
         db.execute("CREATE INDEX records_sha256 ON records (sha256)")
@@ -154,6 +192,21 @@ def write_unkept(output: str, info: DatasetInfo, manifest: dict[str, Any], folde
 def _write_from_shards(output: str, info: DatasetInfo, version: Any, target: str) -> None:
     """``version``'s kept hash file at ``target``, read from its shards."""
     kept_hashes.write_sorted(_from_shards(output, info, version.added), target, version.version)
+
+
+def _add_stamps(db: sqlite3.Connection, output: str, entry: dict[str, Any], root: str | None) -> None:
+    """A version's kept stamp file into ``stamps``; where it cannot be read, or is not what the manifest
+    lists, none of it (that version's files are hashed), with a warning."""
+    version = entry["version"]
+    lines = stamps.read(output, entry, root)
+    try:
+        while batch := list(itertools.islice(lines, _BATCH)):
+            db.executemany("INSERT OR REPLACE INTO stamps VALUES (?, ?, ?, ?)",
+                           [(version, path, size, stamp) for path, size, stamp in batch])
+    except (ValueError, StorageError) as e:
+        db.execute("DELETE FROM stamps WHERE version = ?", (version,))
+        _LOG.warning("%s left out (%s): the files of version %d are read again to tell them unchanged",
+                     join(output, entry["file"]), e, version)
 
 
 def _row(file: str, line: bytes, root: str) -> tuple[str, str, str]:

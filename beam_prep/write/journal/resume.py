@@ -43,7 +43,7 @@ __all__ = ["RUN_RECORD", "RunRecord", "ShardRecord", "check_listings", "command_
 
 _LOG = logging.getLogger(__name__)
 # Options that do not change what a run writes: a resumed run may differ in these.
-_FREE_OPTIONS = frozenset({"overwrite", "reads", "max_failures"})
+_FREE_OPTIONS = frozenset({"overwrite", "reads", "max_failures", "append_check"})
 _FLAG_OF = {"height": "image_size", "width": "image_size", "metadata_sha256": "metadata",
             "split_tables_sha256": "metadata"}
 # Options added since RUN_FORMAT 3 was first written, as runs recorded before them had them.

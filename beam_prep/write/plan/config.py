@@ -47,6 +47,9 @@ LABELS_TXT_FORMS = ("names", "slim")
 # What a run does about a copy or near copy across splits (docs/design/duplicates.md).
 DROP = "drop"  # leave out each cross-split group's files outside its kept split (finish.drop)
 CROSS_SPLIT_ACTIONS = ("report", "fail", DROP)
+# --append_check: how an append tells a file at a path the dataset holds unchanged: by its size and stamp
+# (``write.plan.listing.stamps``), reading it only where they differ from its record's, or by its bytes.
+APPEND_CHECKS = ("stat", "content")
 MAX_NEAR_DUPLICATE_DISTANCE = 32  # half the hash's bits: beyond, unrelated pictures match
 # The most ids --label_offset may reserve below the first label: 1 is ImageNet's background;
 # a few more cover other conventions, and a typo like 1000 is refused.
@@ -113,6 +116,9 @@ class PrepareConfig:
         the dataset's own options (``write.grow.append``).
       version: the dataset version the run makes: 1, or the next with ``append``; it names the
         shards of versions after the first (``layout.shard_name``).
+      append_check: how an append tells a file at a path the dataset holds unchanged
+        (``APPEND_CHECKS``): ``stat``, its size and stamp are its record's (read only where they
+        differ), or ``content``, its bytes (every such file read).
     """
 
     input: str
@@ -138,6 +144,7 @@ class PrepareConfig:
     cross_split_duplicates: str = "report"
     append: bool = False
     version: int = 1
+    append_check: str = "stat"
 
     @property
     def shard_suffix(self) -> str:
@@ -303,6 +310,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "near_duplicate_distance": (lambda v: isinstance(v, int) and -1 <= v <= MAX_NEAR_DUPLICATE_DISTANCE,
                                 f"must be in [0, {MAX_NEAR_DUPLICATE_DISTANCE}] bits, or -1 for exact copies only"),
     "cross_split_duplicates": (lambda v: v in CROSS_SPLIT_ACTIONS, f"must be one of {', '.join(CROSS_SPLIT_ACTIONS)}"),
+    "append_check": (lambda v: v in APPEND_CHECKS, f"must be one of {', '.join(APPEND_CHECKS)}"),
 }
 
 
@@ -347,7 +355,7 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                   "compression": compression, "label_offset": o.label_offset, "labels_txt": o.labels_txt,
                   "validation_percent": o.validation_percent, "read_ahead_mb": o.read_ahead_mb,
                   "near_duplicate_distance": o.near_duplicate_distance,
-                  "cross_split_duplicates": o.cross_split_duplicates})
+                  "cross_split_duplicates": o.cross_split_duplicates, "append_check": o.append_check})
     if o.read_concurrency is not None:
         check_values({"read_concurrency": o.read_concurrency})
     check_file_format(o.file_format, compression)
@@ -360,6 +368,9 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
     _check_selection(o.stratify, o.validation_percent, o.max_per_class, o.append)
     if o.append and o.overwrite:
         raise OptionsError("--append adds to the dataset in --output and --overwrite replaces it: pass one of them")
+    if o.append_check != APPEND_CHECKS[0] and not o.append:
+        raise OptionsError(f"--append_check {o.append_check} says how --append tells a file unchanged: pass --append, "
+                           "or drop it")
     max_failures = parse_max_failures(o.max_failures) if o.max_failures is not None else None
     progress_interval(o.progress_interval)
     resample.check_choice()  # BEAM_PREP_RESIZE_KERNEL: a value it takes, and one this environment can honour
@@ -393,7 +404,8 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
                          recursive=o.recursive, file_format=o.file_format, stratify=o.stratify,
                          max_per_class=o.max_per_class, max_failures=max_failures,
                          near_duplicate_distance=o.near_duplicate_distance,
-                         cross_split_duplicates=o.cross_split_duplicates, append=o.append)
+                         cross_split_duplicates=o.cross_split_duplicates, append=o.append,
+                         append_check=o.append_check)
 
 
 def _check_selection(stratify: bool, validation_percent: float, max_per_class: int | None, append: bool) -> None:

@@ -46,17 +46,18 @@ _NONE_KEPT: Threshold = (-1, "")  # below every cap hash (64 bits, unsigned): a 
 # tree of millions of files makes millions of them, and a NamedTuple takes Python's slow paths
 # (made and pickled by a Python call, unpacked and sorted without CPython's tuple fast paths):
 # a listing of 30,000 files took a quarter to a third longer with one.
-ListedRow = tuple[int, str, str | None, str, int, tuple[str, ...] | None, tuple[Any, ...] | None]
-"""One listed file: ``(order_key, relpath, split, label, size, labels, extra)``.
+ListedRow = tuple[int, str, str | None, str, int, tuple[str, ...] | None, tuple[Any, ...] | None, str | None]
+"""One listed file: ``(order_key, relpath, split, label, size, labels, extra, stamp)``.
 
 ``split`` is None only on its way into ``Selection.add``, where ranking hashes it.
 ``labels`` and ``extra`` are a table's (``--metadata``, ``MetadataRow``): ``extra`` is
 None for a file listed from the tree alone, a tuple (empty perhaps) for a table's row;
-``labels`` is None but for a multi-label table's row.
+``labels`` is None but for a multi-label table's row. ``stamp``: the walk's (``walk.Stamp``).
 """
-RankedRow = tuple[int, str, int | None, str | int, str, int, tuple[str, ...] | None, tuple[Any, ...] | None]
+RankedRow = tuple[int, str, int | None, str | int, str, int, tuple[str, ...] | None, tuple[Any, ...] | None,
+                  str | None]
 """A ``ListedRow`` while ``Selection`` ranks its label, placed by ``Placed``:
-``(order_key, relpath, cap_hash, split, label, size, labels, extra)``.
+``(order_key, relpath, cap_hash, split, label, size, labels, extra, stamp)``.
 
 ``cap_hash`` is None without ``--max_per_class``; ``split`` is the row's split, or,
 stratified, its split hash (an int), compared with its label's threshold.
@@ -106,7 +107,7 @@ class Placed:
 
     def __iter__(self) -> Iterator[ListedRow]:
         kept, validation = self._kept, self._validation
-        for order_key, relpath, cap_hash, split, label, size, labels, extra in self._rows:
+        for order_key, relpath, cap_hash, split, label, size, labels, extra, stamp in self._rows:
             if kept is not None:
                 last = kept.get(label)
                 if last is not None and (cap_hash, relpath) > last:
@@ -114,7 +115,7 @@ class Placed:
             if validation is not None:
                 top = validation.get(label)
                 split = VALIDATION_SPLIT if top is not None and split <= top else DEFAULT_SPLIT
-            yield order_key, relpath, split, label, size, labels, extra
+            yield order_key, relpath, split, label, size, labels, extra, stamp
 
 
 class Chosen(NamedTuple):
@@ -179,7 +180,7 @@ class Selection:
     def add(self, row: ListedRow, known: bool) -> None:
         """One listed file; ``known``: its labels are all in the label list (else it is reported)."""
         self.added += 1
-        order_key, relpath, split, name, size, labels, extra = row
+        order_key, relpath, split, name, size, labels, extra, stamp = row
         if self._ranked is None:
             self._count(split, known, size)
             self._files.add(row)
@@ -205,7 +206,7 @@ class Selection:
             if cap_hash is None:  # a split the tree or table gives
                 cap_hash = split_and_cap_hashes(relpath)[1]
             self._ranked.add((cap_hash, relpath, label, size, split))
-        self._files.add((order_key, relpath, cap_hash, split, name, size, labels, extra))
+        self._files.add((order_key, relpath, cap_hash, split, name, size, labels, extra, stamp))
 
     def finish(self, skip: Callable[[str, str], None]) -> Chosen:
         """The rows kept, each in its split; ``skip(relpath, reason)`` is called for each one left out."""

@@ -1,7 +1,9 @@
 """Every file under a tree's root, streamed: ``os.scandir`` on local disk (links followed,
 each folder once), folder by folder and concurrently on gs://, Beam's ``match`` elsewhere.
 
-What the files become (labels, splits, skipped names) is ``listing``'s to decide.
+Each file comes with its stamp (``Stamp``), what an append compares with the one its record
+keeps to tell an unchanged file without reading it (``plan.listing.stamps``). What the files
+become (labels, splits, skipped names) is ``listing``'s to decide.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from beam_prep.io.gcs import GcsClient
 from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.write.shared.entry import printable
 
-__all__ = ["SKIP_SEEN_FOLDER", "SKIP_SPECIAL", "walk_tree"]
+__all__ = ["SKIP_SEEN_FOLDER", "SKIP_SPECIAL", "Stamp", "walk_tree"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -25,12 +27,19 @@ _LOG = logging.getLogger(__name__)
 SKIP_SPECIAL = "not a regular file"
 SKIP_SEEN_FOLDER = "link to a folder listed already"
 
+Stamp = str | None
+"""What tells a version of a file from another without reading it, beside its size (as rsync and
+make tell): a local file's modification time (``st_mtime_ns``, in decimal), a gs:// object's
+generation (``g`` and the number, new with every write); None: none (another scheme). A file
+rewritten with its size and its old time put back, or within one tick of a coarse clock (a second
+on some network filesystems, two on FAT) after it was listed, keeps its stamp."""
 
-def walk_tree(root: str) -> Iterator[tuple[str, int, str | None]]:
-    """Every file under ``root`` as (path, size in bytes, None), and each path passed over
-    as (path, 0, why), streamed.
 
-    gs:// trees are listed folder by folder, concurrently (``GcsClient.iter_list``);
+def walk_tree(root: str) -> Iterator[tuple[str, int, Stamp, str | None]]:
+    """Every file under ``root`` as (path, size in bytes, stamp, None), and each path passed
+    over as (path, 0, None, why), streamed.
+
+    gs:// trees are listed folder by folder, concurrently (``GcsClient.iter_objects``);
     other schemes through Beam's ``FileSystems.match``.
     """
     if is_local(root):
@@ -38,15 +47,16 @@ def walk_tree(root: str) -> Iterator[tuple[str, int, str | None]]:
         return
     try:
         if root.startswith("gs://"):
-            yield from ((path, size, None) for path, size in GcsClient().iter_list(root))
+            yield from ((path, size, f"g{generation}", None)
+                        for path, size, generation in GcsClient().iter_objects(root))
         else:
-            yield from ((m.path, m.size_in_bytes, None)
+            yield from ((m.path, m.size_in_bytes, None, None)
                         for m in FileSystems.match([join(root, "**")])[0].metadata_list)
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("list", root, e) from e
 
 
-def _walk_local(root: str) -> Iterator[tuple[str, int, str | None]]:
+def _walk_local(root: str) -> Iterator[tuple[str, int, Stamp, str | None]]:
     """Walks a local tree with ``os.scandir`` (a quarter of the time of Beam's ``match``).
 
     Links are followed, files and folders alike, since datasets are often
@@ -72,21 +82,21 @@ def _walk_local(root: str) -> Iterator[tuple[str, int, str | None]]:
             try:
                 info = entry.stat()  # follows links
             except OSError:  # broken, a loop of links, or a target we may not see
-                yield entry.path, 0, None
+                yield entry.path, 0, None, None
                 continue
             if stat.S_ISREG(info.st_mode):
-                yield entry.path, info.st_size, None
+                yield entry.path, info.st_size, str(info.st_mtime_ns), None
             elif stat.S_ISDIR(info.st_mode):
                 key = _folder_key(info)
                 if key in seen:
                     _LOG.warning("%s links to %s, which is listed already: listed once",
                                  printable(entry.path), printable(seen[key]))
-                    yield entry.path, 0, SKIP_SEEN_FOLDER
+                    yield entry.path, 0, None, SKIP_SEEN_FOLDER
                 else:
                     seen[key] = entry.path
                     folders.append(entry.path)
             else:
-                yield entry.path, 0, SKIP_SPECIAL
+                yield entry.path, 0, None, SKIP_SPECIAL
 
 
 def _folder_key(info: os.stat_result) -> tuple[int, int]:

@@ -2,9 +2,10 @@
 
 The streaming sink gets one listing per shard, the shuffle sink one of every
 file; files under a label missing from --labels_file get their own listing, to
-be reported, never dropped; and the skipped files theirs (``skipped``), which the
-manifest step publishes. The lines are buffered and appended a buffer at a
-time, so the launcher holds a bounded number of them however large the tree.
+be reported, never dropped; the skipped files theirs (``skipped``), which the
+manifest step publishes, as it does the listed files' stamps (``listing.stamps``).
+The lines are buffered and appended a buffer at a time, so the launcher holds a
+bounded number of them however large the tree.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_prep.io.storage import is_local, join, storage_error
 from beam_prep.write.plan import skipped
-from beam_prep.write.plan.listing import Listing
+from beam_prep.write.plan.listing import Listing, stamps
 from beam_prep.write.plan.run_plan import RunPlan
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import UNKNOWN_LABEL
@@ -94,11 +95,14 @@ def write_work_files(listing: Listing, run_plan: RunPlan, work: str) -> None:
     else:
         names.append(layout.LISTING)
     files = _TextFiles(work, names)
+    kept_stamps = stamps.Writer()
     ranks: collections.Counter[str] = collections.Counter()
     for entry in listing.entries():
         if entry.label_id == UNKNOWN_LABEL:
-            name = layout.UNKNOWN_LABELS
-        elif streaming:
+            files.add(layout.UNKNOWN_LABELS, entry.to_json())
+            continue
+        kept_stamps.add(entry)
+        if streaming:
             rank = ranks[entry.split]
             ranks[entry.split] = rank + 1
             name = layout.shard_listing_name(entry.split, rank % run_plan.num_shards[entry.split])
@@ -108,6 +112,7 @@ def write_work_files(listing: Listing, run_plan: RunPlan, work: str) -> None:
     for line in skipped.lines(listing):
         files.add(layout.SKIPPED, line)
     files.close()
+    kept_stamps.close(work)
     for name, path in sorted(listing.carried.items()):
         _copy_in(path, join(work, name))
 

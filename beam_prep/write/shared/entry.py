@@ -47,6 +47,9 @@ class FileEntry:
     labels: tuple[str, ...] | None = None
     label_ids: tuple[int, ...] | None = None
     extra: dict[str, Any] | None = None  # --metadata's other columns: feature key -> str, int or float
+    # The walk's stamp (``plan.walk.Stamp``: a local file's mtime, a gs:// object's generation): with ``size``,
+    # what an append compares with its record's to take it as unchanged unread (``plan.listing.stamps``).
+    stamp: str | None = None
 
     @property
     def counted_labels(self) -> tuple[str, ...]:
@@ -64,6 +67,8 @@ class FileEntry:
             line += f', "labels": {json.dumps(self.labels)}, "label_ids": {json.dumps(self.label_ids)}'
         if self.extra is not None:
             line += f', "extra": {json.dumps(self.extra)}'
+        if self.stamp is not None:
+            line += f', "stamp": {_quoted(self.stamp)}'
         return line + "}"
 
     @classmethod

@@ -63,9 +63,11 @@ _SHARD_PATTERNS = tuple(f"*{_SHARD_GLOB}{suffix}" for suffix in dict.fromkeys(
     [c.suffix for c in COMPRESSIONS.values()] + [f.suffix for f in FILE_FORMATS.values()]))
 # The hash lines a dataset keeps, a file a version (finish.kept_hashes.kept_name).
 KEPT_HASHES = "hashes-v*.tsv.gz"
+# Each version's sources' sizes and stamps, which tell an append the files it need not read (plan.listing.stamps).
+KEPT_STAMPS = "stamps-v*.tsv.gz"
 # A shard's DALI index (io.dali_index) is the dataset's too: an --overwrite run replaces it with its shard.
-_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, FLAT, CHANGED, KEPT_HASHES, *TFDS_FILES, *_SHARD_PATTERNS,
-                   *(index_name(p) for p in _SHARD_PATTERNS))
+_OWNED_PATTERNS = (MANIFEST, LABELS, ERRORS, SKIPPED, DUPLICATES, FLAT, CHANGED, KEPT_HASHES, KEPT_STAMPS, *TFDS_FILES,
+                   *_SHARD_PATTERNS, *(index_name(p) for p in _SHARD_PATTERNS))
 
 
 def is_shard_name(name: str) -> bool:

@@ -15,7 +15,8 @@ millions of files lists in flat memory.
 Its modules, by job: ``names`` (split folders, junk, label names, skip reasons),
 ``from_folders`` (a tree whose folders give labels), ``from_table`` (a tree a table
 describes), ``split_tables`` (which tables: ``--metadata`` or one in each split
-folder) and ``listed`` (the ``Listing`` the launcher holds).
+folder), ``listed`` (the ``Listing`` the launcher holds) and ``stamps`` (the listed
+files' sizes and stamps a dataset keeps, by which an append tells a file unchanged).
 """
 from __future__ import annotations
 

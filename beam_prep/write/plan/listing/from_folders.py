@@ -1,7 +1,7 @@
 """A tree whose folders say each image's label (and split): ``ROOT/<label>/<image>`` or
 ``ROOT/<split>/<label>/<image>``, deeper with ``--recursive``.
 
-Two passes: the walk keeps each image's (relpath, size) on disk, since the layout (split
+Two passes: the walk keeps each image's (relpath, size, stamp) on disk, since the layout (split
 folders or not) is known only once every file is seen; the second pass labels each.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def list_folders(root: str, folder: SpillFolder, validation_percent: float, labe
     known = set(labels) if labels is not None else None
     label_folders: dict[str, str] = {}
     nested = _Nested()  # images in subfolders of label folders, which --recursive would take
-    for relpath, size in images:
+    for relpath, size, stamp in images:
         parts = relpath.split("/")
         if (len(parts) < depth if recursive else len(parts) != depth) or (
                 split_layout and parts[0] not in SPLIT_NAMES):
@@ -55,7 +55,8 @@ def list_folders(root: str, folder: SpillFolder, validation_percent: float, labe
         if label not in label_folders:
             label_folders[label] = "/".join(parts[:depth - 1])
             check_label_name(label, join(root, label_folders[label]))
-        choice.add((order_key(relpath), relpath, split, label, size, None, None), known is None or label in known)
+        choice.add((order_key(relpath), relpath, split, label, size, None, None, stamp),
+                   known is None or label in known)
 
     if not choice.added:
         layout = "ROOT/<label>/<image> or ROOT/<split>/<label>/<image>"
@@ -95,12 +96,12 @@ class _Nested:
 
 def _first_pass(root: str, folder: SpillFolder, validation_percent: float,
                 skips: Skips, recursive: bool = False) -> tuple[RowFile, bool]:
-    """Every file under ``root``, skipped by name or kept as (relpath, size); and whether the tree is split."""
-    images = RowFile(folder.file("images"))  # (relpath, size) of each file that passed the name checks
+    """Every file under ``root``, skipped by name or kept as (relpath, size, stamp); and whether the tree is split."""
+    images = RowFile(folder.file("images"))  # (relpath, size, stamp) of each file that passed the name checks
     split_layout = False
     top_folders: set[str] = set()
     prefix = len(root) + 1
-    for path, size, reason in walk_tree(root):
+    for path, size, stamp, reason in walk_tree(root):
         if not path.startswith(root + "/"):
             continue
         relpath = path[prefix:]
@@ -114,7 +115,7 @@ def _first_pass(root: str, folder: SpillFolder, validation_percent: float,
             if not is_image_name(relpath):
                 skips.add(relpath, SKIP_NOT_IMAGE)
                 continue
-            images.append((relpath, size))
+            images.append((relpath, size, stamp))
             # A split-named top folder holding images at <split>/<label>/<image> makes a
             # split tree: decided by where the images are, so a stray folder or file beside
             # train/ and validation/ cannot switch the layout (it is skipped instead).

@@ -28,7 +28,7 @@ from beam_prep.write.shared.hashing import order_key
 
 __all__ = ["list_table"]
 
-_WALKED_ALL = (None, 0, None)  # the walk's (relpath, size, reason) once every file is merged with the table
+_WALKED_ALL = (None, 0, None, None)  # the walk's (relpath, size, stamp, reason) once every file is merged
 
 
 def list_table(root: str, folder: SpillFolder, validation_percent: float, labels: Sequence[str] | None,
@@ -45,11 +45,11 @@ def list_table(root: str, folder: SpillFolder, validation_percent: float, labels
     no image is in such a folder, the dataset has no labels (``Listing.unlabelled``).
     """
     table = read_tables(root, folder, validation_percent, path, split_tables)
-    walked = SortedRows(folder, "walked")  # (relpath, size, reason) of each file, by path
+    walked = SortedRows(folder, "walked")  # (relpath, size, stamp, reason) of each file, by path
     prefix = len(root) + 1
-    for file_path, size, reason in walk_tree(root):
+    for file_path, size, stamp, reason in walk_tree(root):
         if file_path.startswith(root + "/"):
-            walked.append((file_path[prefix:], size, reason))
+            walked.append((file_path[prefix:], size, stamp, reason))
 
     skips = Skips(SortedRows(folder, "skipped"))
     choice = Selection(folder, table.count, validation_percent, stratify, max_per_class)
@@ -61,7 +61,7 @@ def list_table(root: str, folder: SpillFolder, validation_percent: float, labels
     seen: set[str] = set()
     listed: collections.Counter[str] = collections.Counter()  # every row, by split: a dataset without labels
     found = iter(walked)
-    walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
+    walked_path, walked_size, walked_stamp, walked_reason = next(found, _WALKED_ALL)
 
     def skip(relpath: str, reason: str | None) -> None:
         why = _unnamed_reason(relpath, reason)
@@ -73,11 +73,11 @@ def list_table(root: str, folder: SpillFolder, validation_percent: float, labels
     for file_name, line, label, row_labels, split, extra in table.rows():  # a MetadataRow's fields
         while walked_path is not None and walked_path < file_name:
             skip(walked_path, walked_reason)
-            walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
-        size = 0  # a file the walk did not find: listed, and its read fails
+            walked_path, walked_size, walked_stamp, walked_reason = next(found, _WALKED_ALL)
+        size, stamp = 0, None  # a file the walk did not find: listed, and its read fails
         if walked_path == file_name:
-            size, reason = walked_size, walked_reason
-            walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
+            size, stamp, reason = walked_size, walked_stamp, walked_reason
+            walked_path, walked_size, walked_stamp, walked_reason = next(found, _WALKED_ALL)
             if reason is not None:  # a pipe or device (reading it could block forever): skipped all the same
                 skips.add(file_name, reason)
                 continue
@@ -90,11 +90,11 @@ def list_table(root: str, folder: SpillFolder, validation_percent: float, labels
         split = split or choice.split(file_name)
         if split is not None:
             listed[split] += 1
-        choice.add((order_key(file_name), file_name, split, label, size, row_labels, extra),
+        choice.add((order_key(file_name), file_name, split, label, size, row_labels, extra, stamp),
                    bool(names) and (known is None or known.issuperset(names)))
     while walked_path is not None:
         skip(walked_path, walked_reason)
-        walked_path, walked_size, walked_reason = next(found, _WALKED_ALL)
+        walked_path, walked_size, walked_stamp, walked_reason = next(found, _WALKED_ALL)
     if untabled:
         split, example = min(untabled.items())
         raise OptionsError(f"{join(root, split)} holds images ({example}, ...) but no {' or '.join(SPLIT_TABLE_NAMES)}, "

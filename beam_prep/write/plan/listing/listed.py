@@ -82,9 +82,10 @@ class Listing:
     def entries(self) -> Iterator[FileEntry]:
         """Every listed image, in order-key order, read back from disk."""
         root, ids, table = self.root, self._ids, self._table
-        for _, relpath, split, label, size, labels, extra in self._files:
+        for _, relpath, split, label, size, labels, extra, stamp in self._files:
             if extra is None:  # a file listed from the tree alone
-                yield FileEntry(f"{root}/{relpath}", relpath, split, label, ids.get(label, UNKNOWN_LABEL), size)
+                yield FileEntry(f"{root}/{relpath}", relpath, split, label, ids.get(label, UNKNOWN_LABEL), size,
+                                stamp=stamp)
                 continue
             label_ids = None
             if self.unlabelled:
@@ -96,7 +97,7 @@ class Listing:
                 label_id = label_ids[0] if label_ids and UNKNOWN_LABEL not in label_ids else UNKNOWN_LABEL
             # A table's row always carries its features, none perhaps: reports then say "label", not "label folder".
             yield FileEntry(f"{root}/{relpath}", relpath, split, label, label_id, size, labels, label_ids,
-                            table.features(extra))
+                            table.features(extra), stamp)
 
     def add_skip(self, relpath: str, reason: str) -> None:
         """Passes over a listed file after all (an append's copy of a record already in the dataset):
@@ -178,7 +179,7 @@ class Listing:
 
 def _known(row: ListedRow, ids: dict[str, int]) -> bool:
     """Whether every label of a listed row is one of ``ids`` (a row of a table without one is not)."""
-    _, _, _, label, _, labels, _ = row
+    _, _, _, label, _, labels, _, _ = row
     return all(name in ids for name in labels) if labels is not None else label in ids
 
 
