@@ -55,7 +55,7 @@ print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.pr
 _EXISTING = """
 import json, sys, time
 from beam_prep.write.grow.append import read_existing
-from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.shared.spill import SpillFolder
 start, cpu = time.perf_counter(), time.process_time()
 existing = read_existing(sys.argv[1], SpillFolder())
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,

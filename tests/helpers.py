@@ -114,8 +114,8 @@ def as_two_versions(out: pathlib.Path) -> dict:
     """The manifest of ``out`` rewritten to say its first shard of each split was version 1 and the
     rest version 2, each version's kept hash file made again from its shards; returns it."""
     from beam_prep.model.dataset import DatasetInfo
-    from beam_prep.write.finish.kept_hashes import KeptFile
     from beam_prep.write.grow.existing import write_unkept
+    from beam_prep.write.shared.kept_hashes import KeptFile
 
     manifest = json.loads((out / "manifest.json").read_text())
     (first,) = manifest["versions"]

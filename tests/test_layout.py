@@ -13,7 +13,7 @@ import pathlib
 import pytest
 from helpers import REPO
 
-RANK = {"errors": 0, "wording": 0, "doc_pages": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
+RANK = {"errors": 0, "wording": 0, "doc_pages": 0, "native_stderr": 0, "pixel_limit": 0, "io": 1, "model": 2, "write": 3, "reader": 3, "tools": 4, "cli": 5, "api": 6}
 PACKAGE = REPO / "beam_prep"
 WRITE_RANK = {"shared": 0, "images": 1, "plan": 2, "grow": 3, "journal": 4, "finish": 5, "sinks": 6, "run": 7}
 MAX_MODULES = 12  # in one of the writer's sub-rooms

@@ -23,7 +23,7 @@ def stored_image(encoded: bytes, image_format: str, height: int, width: int, cha
     """
     from PIL import Image
 
-    from beam_prep.write.images.pixel_limit import our_limit_only
+    from beam_prep.pixel_limit import our_limit_only
 
     mode = "L" if channels == 1 else "RGB"
     if image_format == "raw":

@@ -33,8 +33,8 @@ from PIL import Image, ImageDraw
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, join, read_lines, storage_error
 from beam_prep.model.names import path_under
+from beam_prep.pixel_limit import our_limit_only
 from beam_prep.tools.contact_sheet import BACKGROUND, MUTED, PAD, TEXT, _fit, _font, _text_size
-from beam_prep.write.images.pixel_limit import our_limit_only
 from beam_prep.write.shared.layout import DUPLICATES
 
 __all__ = ["LeakageSheet", "cross_split_groups", "make_leakage_sheet", "save"]

@@ -212,7 +212,7 @@ def _check_hash_files(info: DatasetInfo, manifest: Mapping[str, Any], names: set
 
     import tensorflow as tf
 
-    from beam_prep.write.finish import kept_hashes
+    from beam_prep.write.shared import kept_hashes
 
     try:
         kept = kept_hashes.listed(manifest)

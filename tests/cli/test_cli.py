@@ -282,7 +282,8 @@ def test_a_refused_run_says_one_line_and_changes_nothing(tree, tmp_path, tmpdir_
     before = snapshot(out)
     refused = run_prepare(*args, env=tmpdir_env)
     assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr == (f"error: --output {out} already holds a dataset ({len(before)} files); "
+    # The dataset card (README.md) is the dataset's only where beam-prep wrote it: not among the files counted.
+    assert refused.stderr == (f"error: --output {out} already holds a dataset ({len(before) - 1} files); "
                               "pass --overwrite to replace it\n")
     assert snapshot(out) == before  # no claim, no run folder left behind
     assert [n for n in os.listdir(tmpdir_env["TMPDIR"]) if n.startswith("beam-prep-")] == []

@@ -648,7 +648,7 @@ def test_an_append_after_another_stopped_while_publishing_makes_the_version_afte
     make_tree(tmp_path / "b", {"cat": 3}, size=(28, 24))
     prepare_here("--input", str(tree), "--output", str(out), "--image_size", "16")
     killed = run_prepare("--input", str(tmp_path / "a"), "--output", str(out), "--append",
-                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "10"})
+                         "--direct_running_mode", "in_memory", env={**os.environ, publication.KILL_VARIABLE: "11"})
     assert killed.returncode == -signal.SIGKILL and list(out.glob(f".beam-prep/*/{publication.RECORD}"))
     manifest = prepare_here("--input", str(tmp_path / "b"), "--output", str(out), "--append")
     assert [(v["version"], pathlib.Path(v["input"]).name) for v in manifest["versions"]] == [

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from beam_prep.write.finish import drop, shrunk_splits, split_order
+from beam_prep.write.finish import drop, shrunk_splits
 from beam_prep.write.plan import skipped
-from beam_prep.write.shared import layout
+from beam_prep.write.shared import layout, split_order
 
 X, Y, W, P, Q, M, N = (f"{i:x}" * 64 for i in range(1, 8))
 THRESHOLD = 4

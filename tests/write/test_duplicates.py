@@ -18,10 +18,10 @@ from helpers import encode, make_tree, prepare_here, read_split, run_prepare
 from beam_prep.errors import CrossSplitLeakage, OptionsError
 from beam_prep.tools.sample import picture
 from beam_prep.write.finish import duplicates
-from beam_prep.write.plan import spill
 from beam_prep.write.plan.listing import split_for
 from beam_prep.write.run.pipeline import local_runner
 from beam_prep.write.run.write_image_dataset import WriteImageDataset
+from beam_prep.write.shared import spill
 from pipelines import inspect_output
 
 PERCENT = 40

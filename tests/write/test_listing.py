@@ -317,10 +317,10 @@ def test_a_listing_spilled_in_many_small_buckets_reads_back_whole_and_in_key_ord
     with list_tree(str(tmp_path), validation_percent=30) as whole:
         expected = list(whole.entries())
         expected_skipped = whole.skipped
-    monkeypatch.setattr("beam_prep.write.plan.spill._CHUNK_ROWS", 3)
-    monkeypatch.setattr("beam_prep.write.plan.spill._BUFFERED_ROWS", 7)
-    monkeypatch.setattr("beam_prep.write.plan.spill._BUCKET_ROWS", 9)
-    monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 4)  # the skipped files: 8 sorted runs, merged
+    monkeypatch.setattr("beam_prep.write.shared.spill._CHUNK_ROWS", 3)
+    monkeypatch.setattr("beam_prep.write.shared.spill._BUFFERED_ROWS", 7)
+    monkeypatch.setattr("beam_prep.write.shared.spill._BUCKET_ROWS", 9)
+    monkeypatch.setattr("beam_prep.write.shared.spill._RUN_ROWS", 4)  # the skipped files: 8 sorted runs, merged
     with list_tree(str(tmp_path), validation_percent=30) as spilled:
         assert spilled._files._buckets.__len__() == 12  # 100 rows in buckets of 9
         entries = list(spilled.entries())
@@ -341,7 +341,7 @@ def test_skipped_files_come_back_sorted_by_path_in_bounded_runs(tmp_path, monkey
     names = [f"z_{i}.txt" for i in range(5)] + [f"{label}/n_{i}.txt" for label in "ba" for i in range(4)]
     for name in names:
         (tmp_path / name).write_text("x")
-    monkeypatch.setattr("beam_prep.write.plan.spill._RUN_ROWS", 3)
+    monkeypatch.setattr("beam_prep.write.shared.spill._RUN_ROWS", 3)
     with list_tree(str(tmp_path)) as listing:
         assert list(listing.skipped_rows()) == [(name, SKIP_NOT_IMAGE) for name in sorted(names)]
         assert len(listing._skips.rows._runs) == 5  # 13 rows in runs of 3

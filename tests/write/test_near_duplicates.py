@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from beam_prep.errors import DatasetError
-from beam_prep.write.finish import duplicates, hash_lines, near
+from beam_prep.write.finish import duplicates, near
+from beam_prep.write.shared import hash_lines
 
 
 def _brute(hashes: np.ndarray, distance: int) -> set[tuple[int, int]]:

@@ -7,9 +7,10 @@ import gzip
 import numpy as np
 import pytest
 
-from beam_prep.write.finish import hash_lines, near_earlier
+from beam_prep.write.finish import near_earlier
 from beam_prep.write.images.phash import distance as hamming
-from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.shared import hash_lines
+from beam_prep.write.shared.spill import SpillFolder
 
 
 def kept_file(path, rows) -> None:

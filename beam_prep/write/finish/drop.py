@@ -34,13 +34,12 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.io.tfrecord import Checksum
-from beam_prep.write.finish import hash_lines, split_order
-from beam_prep.write.finish.split_order import kept_split
 from beam_prep.write.images.phash import distance as hamming
 from beam_prep.write.plan import skipped
-from beam_prep.write.plan.spill import SortedRows, SpillFolder
-from beam_prep.write.shared import layout
+from beam_prep.write.shared import hash_lines, layout, split_order
 from beam_prep.write.shared.shard_formats import shard_format
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
+from beam_prep.write.shared.split_order import kept_split
 
 __all__ = ["Dropping", "Rewritten", "choose", "exact_reason", "kept_split", "near_reason", "rewrite"]
 

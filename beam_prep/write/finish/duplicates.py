@@ -26,10 +26,10 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep import wording
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, join, open_to_read, storage_error
-from beam_prep.write.finish import hash_lines, near, split_order
-from beam_prep.write.finish.hash_lines import hash_line
-from beam_prep.write.plan.spill import SortedSpill, SpillFolder
-from beam_prep.write.shared import layout
+from beam_prep.write.finish import near
+from beam_prep.write.shared import hash_lines, layout, split_order
+from beam_prep.write.shared.hash_lines import hash_line
+from beam_prep.write.shared.spill import SortedSpill, SpillFolder
 
 __all__ = ["EXAMPLES", "Duplicates", "copy_lines", "describe_conflicts", "find", "hash_line", "label_conflicts", "leakage",
            "leakage_error", "read_chunks", "split_pairs"]

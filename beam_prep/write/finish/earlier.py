@@ -19,9 +19,10 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.finish import drop, duplicates, hash_lines, kept_hashes, near_earlier
-from beam_prep.write.finish.kept_hashes import KeptFile
-from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.finish import drop, duplicates, near_earlier
+from beam_prep.write.shared import hash_lines, kept_hashes
+from beam_prep.write.shared.kept_hashes import KeptFile
+from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["Earlier", "find", "kept_file"]
 

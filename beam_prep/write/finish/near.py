@@ -27,10 +27,10 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
-from beam_prep.write.finish import hash_lines, split_order
 from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.phash import distance as hamming
-from beam_prep.write.plan.spill import SortedSpill, SpillFolder
+from beam_prep.write.shared import hash_lines, split_order
+from beam_prep.write.shared.spill import SortedSpill, SpillFolder
 
 __all__ = ["DEFAULT_DISTANCE", "NearFound", "band_keys", "band_plan", "components", "near_pairs", "report"]
 

@@ -19,8 +19,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam import coders
 
-from beam_prep.write.finish import hash_lines, near
+from beam_prep.write.finish import near
 from beam_prep.write.images.phash import distance as hamming
+from beam_prep.write.shared import hash_lines
 
 __all__ = ["NearPairs"]
 

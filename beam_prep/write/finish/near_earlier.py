@@ -16,9 +16,10 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from beam_prep.write.finish import hash_lines, kept_hashes, near
+from beam_prep.write.finish import near
 from beam_prep.write.images.phash import distance as hamming
-from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.shared import hash_lines, kept_hashes
+from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["matching"]
 

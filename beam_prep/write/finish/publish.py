@@ -25,7 +25,7 @@ from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error, write_bytes, write_lines
 from beam_prep.model import dataset_card, tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
-from beam_prep.write.finish import appended, drop, duplicates, earlier, kept_hashes, manifest, publication
+from beam_prep.write.finish import appended, drop, duplicates, earlier, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.grow.append import Additions
 from beam_prep.write.images import flat
@@ -35,7 +35,7 @@ from beam_prep.write.plan import skipped
 from beam_prep.write.plan.config import DROP, PrepareConfig
 from beam_prep.write.plan.listing import stamps
 from beam_prep.write.plan.run_plan import RunPlan
-from beam_prep.write.shared import layout
+from beam_prep.write.shared import kept_hashes, layout
 
 __all__ = ["ShardReports", "begun", "complete", "error_lines", "side_inputs", "write_tfds_metadata"]
 

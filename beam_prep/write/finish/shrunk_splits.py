@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from beam_prep import wording
-from beam_prep.write.finish import split_order
-from beam_prep.write.shared import layout
+from beam_prep.write.shared import layout, split_order
 
 __all__ = ["SHOWN", "messages"]
 

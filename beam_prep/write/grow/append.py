@@ -33,9 +33,9 @@ from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
 from beam_prep.write.plan.listing.listed import Choice
-from beam_prep.write.plan.spill import SpillFolder
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry, printable
+from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_new_names", "check_version",
            "describe", "held", "narrow", "read_dataset", "read_existing"]

@@ -27,14 +27,14 @@ from PIL import Image
 from beam_prep.errors import DatasetError, StorageError
 from beam_prep.io.storage import join, read_bytes
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.finish import hash_lines, kept_hashes
 from beam_prep.write.images.imaging import is_flat
 from beam_prep.write.images.phash import phash
 from beam_prep.write.plan.listing import stamps
-from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.shared import hash_lines, kept_hashes
 from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
+from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["Existing", "Record", "read_existing", "stored_phash", "write_unkept"]
 

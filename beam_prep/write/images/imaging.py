@@ -22,10 +22,10 @@ from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
 from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
+from beam_prep.pixel_limit import our_limit_only
 from beam_prep.write.images import resample, sources
 from beam_prep.write.images.jpeg_damage import libjpeg_warning
 from beam_prep.write.images.phash import THUMBNAIL, phash
-from beam_prep.write.images.pixel_limit import our_limit_only
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
 
 RESIZE_MODES = ("center_crop", "stretch", "pad", "shorter_side", "none")

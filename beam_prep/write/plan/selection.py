@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from beam_prep.errors import OptionsError
-from beam_prep.write.plan.spill import SortedSpill, SpillFolder
 from beam_prep.write.shared.entry import DEFAULT_SPLIT, VALIDATION_SPLIT
 from beam_prep.write.shared.hashing import hashed_split, split_and_cap_hashes, split_for
+from beam_prep.write.shared.spill import SortedSpill, SpillFolder
 
 __all__ = ["SKIP_OVER_CAP", "Chosen", "ListedRow", "Placed", "RankedRow", "Selection", "thresholds",
            "validation_count"]

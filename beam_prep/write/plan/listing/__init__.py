@@ -37,9 +37,9 @@ from beam_prep.write.plan.listing.names import (
     read_labels_file,
 )
 from beam_prep.write.plan.listing.split_tables import find_split_tables
-from beam_prep.write.plan.spill import SpillFolder
 from beam_prep.write.shared.entry import UNKNOWN_LABEL
 from beam_prep.write.shared.hashing import order_key, split_for, stable_hash
+from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = [
     "JUNK_NAMES",

@@ -22,10 +22,10 @@ from beam_prep.write.plan.listing.names import (
     is_junk,
 )
 from beam_prep.write.plan.selection import Selection
-from beam_prep.write.plan.spill import RowFile, SortedRows, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
 from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.hashing import order_key
+from beam_prep.write.shared.spill import RowFile, SortedRows, SpillFolder
 
 __all__ = ["list_folders"]
 

@@ -22,9 +22,9 @@ from beam_prep.write.plan.listing.names import (
 from beam_prep.write.plan.listing.split_tables import read_tables
 from beam_prep.write.plan.metadata import SPLIT_TABLE_NAMES, Table
 from beam_prep.write.plan.selection import Selection
-from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.plan.walk import walk_tree
 from beam_prep.write.shared.hashing import order_key
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["list_table"]
 

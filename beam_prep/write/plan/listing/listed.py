@@ -14,8 +14,8 @@ from beam_prep.model.features import NO_LABEL
 from beam_prep.write.plan.listing.names import split_rank
 from beam_prep.write.plan.metadata import Table
 from beam_prep.write.plan.selection import ListedRow, Selection
-from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared.entry import UNKNOWN_LABEL, FileEntry, printable
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["Choice", "Listing", "Skips", "make_listing"]
 

@@ -17,7 +17,7 @@ from beam_prep.write.plan.metadata import (
     combine_tables,
     read_table,
 )
-from beam_prep.write.plan.spill import SpillFolder
+from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["find_split_tables", "read_tables"]
 

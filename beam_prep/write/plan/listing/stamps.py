@@ -22,9 +22,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from beam_prep.io.storage import join, open_to_read, storage_error, write_gzip_lines
-from beam_prep.write.plan.spill import SortedRows, SpillFolder
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import FileEntry, printable
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["MANIFEST_KEY", "RUN_FILE", "Writer", "kept_name", "listed", "read", "stage"]
 

@@ -25,7 +25,7 @@ from beam_prep.write.plan.metadata.columns import (
 from beam_prep.write.plan.metadata.formats import check_path, delimited_records, json_records, opened
 from beam_prep.write.plan.metadata.kinds import ColumnKinds
 from beam_prep.write.plan.metadata.table import Table
-from beam_prep.write.plan.spill import SortedRows, SpillFolder
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["read_table"]
 

@@ -10,7 +10,7 @@ from typing import Any
 from beam_prep.errors import OptionsError
 from beam_prep.model.features import FeatureKind
 from beam_prep.write.plan.metadata.kinds import KIND_WORDS
-from beam_prep.write.plan.spill import SortedRows
+from beam_prep.write.shared.spill import SortedRows
 
 __all__ = ["MetadataRow", "Table", "combine_tables"]
 

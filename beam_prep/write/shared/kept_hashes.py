@@ -16,10 +16,9 @@ from typing import Any
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import open_to_read, storage_error, write_gzip_lines
-from beam_prep.write.finish import hash_lines
-from beam_prep.write.plan.spill import SortedRows, SpillFolder
-from beam_prep.write.shared import layout
+from beam_prep.write.shared import hash_lines, layout
 from beam_prep.write.shared.entry import printable
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["MANIFEST_KEY", "KeptFile", "full_path_line", "kept_name", "listed", "read_lines", "relative_to",
            "write_rows", "write_sorted"]
