@@ -76,19 +76,21 @@ class BatchedReads:
         return await self._loop.run_in_executor(executor, self._fallback, path)
 
     async def _plain_read(self, path: str) -> bytes:
-        endpoint, timeout = self._endpoint, self._endpoint.timeout
+        endpoint = self._endpoint
         reader, writer = await self._connection()
         kept = False
         try:
-            headers = self._client.read_headers()
-            request = [f"GET {endpoint.prefix}{self._client.request_path(path)} HTTP/1.1",
-                       f"Host: {endpoint.host_header}", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
-            writer.write("\r\n".join(request).encode("latin-1"))
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout.read)
-            status, answer = _parse_head(head)
-            if status != 200 or "content-length" not in answer or "transfer-encoding" in answer:
-                raise _NotPlain(f"HTTP {status}")
-            data = await asyncio.wait_for(reader.readexactly(int(answer["content-length"])), timeout.read)
+            headers = "".join(f"{k}: {v}\r\n" for k, v in self._client.read_headers().items())
+            writer.write(f"GET {endpoint.prefix}{self._client.request_path(path)} HTTP/1.1\r\n"
+                         f"Host: {endpoint.host_header}\r\n{headers}\r\n".encode("latin-1"))
+            # The whole answer within the read timeout (a slower one is read again on a thread, whose
+            # timeout is between bytes); ``asyncio.timeout`` starts no task, as ``wait_for`` does.
+            async with asyncio.timeout(endpoint.timeout.read):
+                head = await reader.readuntil(b"\r\n\r\n")
+                status, answer = _parse_head(head)
+                if status != 200 or "content-length" not in answer or "transfer-encoding" in answer:
+                    raise _NotPlain(f"HTTP {status}")
+                data = await reader.readexactly(int(answer["content-length"]))
             if not crc32c_matches(answer, data):
                 raise _NotPlain(f"CRC32C mismatch ({len(data)} bytes received)")
             kept = answer.get("connection", "").lower() != "close"
@@ -107,9 +109,9 @@ class BatchedReads:
                 return reader, writer
             writer.close()
         endpoint = self._endpoint
-        return await asyncio.wait_for(asyncio.open_connection(
-            endpoint.host, endpoint.port, ssl=endpoint.ssl_context,
-            server_hostname=endpoint.host if endpoint.ssl_context else None), endpoint.timeout.connect)
+        async with asyncio.timeout(endpoint.timeout.connect):
+            return await asyncio.open_connection(endpoint.host, endpoint.port, ssl=endpoint.ssl_context,
+                                                 server_hostname=endpoint.host if endpoint.ssl_context else None)
 
     async def _shutdown(self) -> None:
         for task in asyncio.all_tasks():

@@ -90,6 +90,9 @@ class FileReader:
             batched.close()
 
     def _batched_reads(self) -> BatchedReads:
+        batched = self._batched
+        if batched is not None:
+            return batched
         client = self._gcs_client()
         with self._lock:
             if self._batched is None:
