@@ -14,7 +14,8 @@ client:
       floor of (c);
   (e) a sketch of a batched client of our own: plain HTTP/1.1 on asyncio
       streams, a pool of kept-alive connections, one loop thread, as (c); it
-      checks the CRC32C as (a) does, but has no retries or token refresh;
+      checks the CRC32C as (a) does, but has no retries or token refresh (it
+      only opens a new connection once where a kept-alive one was closed);
   (f) (e) made whole, ``beam_prep.io.gcs_batch`` through ``FileReader.submit``:
       how the writer reads gs:// now.
 
@@ -106,13 +107,21 @@ async def connect():
     await reader.readuntil(b"\\r\\n\\r\\n")
     await writer.start_tls(ssl.create_default_context(cafile=os.environ["CURL_CA_BUNDLE"]), server_hostname=host)
     return reader, writer
-async def aread(url):
+async def aread(url, fresh=False):
     bucket, name = url[5:].split("/", 1)
     target = f"/download/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
-    if idle:
+    if idle and not fresh:
         reader, writer = idle.pop()
     else:
         reader, writer = await connect()
+    try:
+        return await exchange(reader, writer, target)
+    except (ConnectionError, asyncio.IncompleteReadError):  # a kept-alive connection the server closed
+        writer.close()
+        if fresh:
+            raise
+        return await aread(url, fresh=True)
+async def exchange(reader, writer, target):
     writer.write(f"GET {target} HTTP/1.1\\r\\nHost: {host}\\r\\n"
                  f"Authorization: Bearer {credentials.token}\\r\\n\\r\\n".encode())
     head = await reader.readuntil(b"\\r\\n\\r\\n")
