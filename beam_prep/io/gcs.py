@@ -23,7 +23,15 @@ import logging
 import urllib.parse
 from collections.abc import Iterator
 
-from beam_prep.io.gcs_transport import DEFAULT_TIMEOUT, GcsError, GcsPreconditionFailed, RetryPolicy, Timeout, Transport
+from beam_prep.io.gcs_transport import (
+    DEFAULT_TIMEOUT,
+    Endpoint,
+    GcsError,
+    GcsPreconditionFailed,
+    RetryPolicy,
+    Timeout,
+    Transport,
+)
 
 __all__ = ["GcsClient", "GcsError", "GcsPreconditionFailed", "ObjectInfo", "RetryPolicy", "split_gs_path"]
 
@@ -76,6 +84,14 @@ class GcsClient:
     def __init__(self, connections: int = LIST_THREADS, retry: RetryPolicy = RetryPolicy(),
                  endpoint: str | None = None, timeout: Timeout = DEFAULT_TIMEOUT) -> None:
         self._transport = Transport(connections, retry, endpoint, timeout)
+
+    def endpoint(self) -> Endpoint:
+        """Where the requests go (for ``gcs_batch``, which reads over connections of its own)."""
+        return self._transport.endpoint()
+
+    def read_headers(self) -> dict[str, str]:
+        """The headers that authorise a read, as ``read`` sends them."""
+        return self._transport.read_headers()
 
     @staticmethod
     def request_path(path: str, generation: int | None = None) -> str:

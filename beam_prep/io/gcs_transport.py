@@ -31,7 +31,8 @@ from collections.abc import Iterator, Mapping
 
 from beam_prep.errors import StorageError
 
-__all__ = ["DEFAULT_TIMEOUT", "GcsError", "GcsPreconditionFailed", "RetryPolicy", "Timeout", "Transport"]
+__all__ = ["DEFAULT_TIMEOUT", "Endpoint", "GcsError", "GcsPreconditionFailed", "RetryPolicy", "Timeout", "Transport",
+           "crc32c_matches"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -51,6 +52,18 @@ class Timeout:
 
 
 DEFAULT_TIMEOUT = Timeout(connect=20.0, read=120.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """Where a ``Transport``'s requests go: for a client that opens connections of its own."""
+
+    host: str
+    port: int
+    host_header: str  # the Host header's value
+    prefix: str  # the endpoint URL's path, before every request's
+    ssl_context: ssl.SSLContext | None  # None: plain HTTP
+    timeout: Timeout
 
 
 class GcsError(StorageError):
@@ -114,6 +127,14 @@ class Transport:
         self._read_auth = _Auth(_default_credentials(READ_SCOPE, "reading"))
         self._write_auth: _Auth | None = None  # made at the first write
         self._write_auth_lock = threading.Lock()
+
+    def endpoint(self) -> Endpoint:
+        """Where the requests go, and how long a connection and an answer may take."""
+        return self._connections.endpoint()
+
+    def read_headers(self) -> dict[str, str]:
+        """The headers that authorise a read (the token, refreshed when it has expired)."""
+        return self._read_auth.headers()
 
     def call(self, what: str, method: str, url: str, body: bytes | None = None,
              headers: dict[str, str] | None = None, checked: bool = False) -> bytes:
@@ -202,6 +223,13 @@ class _Connections:
         self._most = most
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
+
+    def endpoint(self) -> Endpoint:
+        port = self._port or (443 if self._https else 80)
+        host = f"[{self._host}]" if ":" in self._host else self._host  # an IPv6 address
+        default = self._port is None or self._port == (443 if self._https else 80)
+        return Endpoint(self._host, port, host if default else f"{host}:{port}", self._prefix,
+                        self._context, self._timeout)
 
     def request(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> _Response:
         """One request and its whole answer. Raises OSError or ``http.client.HTTPException``."""
@@ -315,18 +343,20 @@ def _reason(response: _Response) -> str:
 
 
 def _check_crc32c(headers, data: bytes) -> None:
-    """Compares the body with GCS's CRC32C of the stored object.
+    if not crc32c_matches(headers, data):
+        raise _Transient(f"CRC32C mismatch ({len(data)} bytes received)")
 
-    Skipped for objects stored gzip-encoded, which GCS may serve decompressed.
-    """
+
+def crc32c_matches(headers: Mapping[str, str], data: bytes) -> bool:
+    """Whether the body matches GCS's CRC32C of the stored object (``x-goog-hash``, headers by
+    lower-case name); True without one, and for objects stored gzip-encoded, which GCS may serve
+    decompressed."""
     if headers.get("x-goog-stored-content-encoding", "identity") != "identity":
-        return
+        return True
     for part in headers.get("x-goog-hash", "").split(","):
         algorithm, _, value = part.strip().partition("=")
         if algorithm == "crc32c":
             import google_crc32c
 
-            expected = int.from_bytes(base64.b64decode(value), "big")
-            if google_crc32c.value(data) != expected:
-                raise _Transient(f"CRC32C mismatch ({len(data)} bytes received)")
-            return
+            return google_crc32c.value(data) == int.from_bytes(base64.b64decode(value), "big")
+    return True

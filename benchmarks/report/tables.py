@@ -237,6 +237,24 @@ def gcs_read(results: Mapping) -> str:
     return "\n".join(lines)
 
 
+def gcs_clients(results: Mapping) -> str:
+    """Each gs:// client's CPU per object (and over the floor's: local files, the same work) and throughput,
+    with its ratios to the baseline's in the same rounds."""
+    lines = [f"{results['objects']:,} objects of {results['min_bytes'] // 1000}-{results['max_bytes'] // 1000} KB, "
+             f"{results['concurrency']} reads in flight{', over TLS' if results.get('tls') else ''}; the caller "
+             f"works on each object (an empty loop of {results['python_loops']:,} with the GIL, SHA-256 of "
+             f"{results['released_kb']:,} KB without). Medians of {results['rounds']} interleaved rounds; each "
+             f"ratio is taken within a round against {results['baseline']}, worst: the round least in the "
+             "row's favour.", "",
+             "| client | added latency | CPU µs per object | of it system | over the floor, µs | × baseline's over the floor (median, worst) "
+             "| objects/s | × baseline's rate (median, worst) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['client']} | {r['latency_ms']:g} ms | {r['cpu_us_per_object']:,.0f} | {r['system_us_per_object']:,.0f} | {r['over_floor_us']:,.0f} "
+              f"| {r['over_floor_vs_baseline_median']:.2f}, {r['over_floor_vs_baseline_worst']:.2f} "
+              f"| {r['objects_per_s']:,.0f} | {r['rate_vs_baseline_median']:.2f}, "
+              f"{r['rate_vs_baseline_worst']:.2f} |" for r in results["rows"]]
+    return "\n".join(lines)
+
+
 def listing(results: Mapping) -> str:
     """Each lister at each added latency, on one gs:// tree."""
     lines = [f"{results['objects']:,} objects in {results['labels']:,} label folders, a fresh process each, "
@@ -682,6 +700,7 @@ def append(results: Mapping) -> str:
 
 TABLES: dict[str, Callable[[Mapping], str]] = {
     "writer": writer, "writer-formats": writer_formats, "writer-gcs": writer_gcs, "gcs-read": gcs_read,
+    "gcs-clients": gcs_clients, "gcs-clients-tls": gcs_clients,
     "listing": listing, "resize": resize,
     "launcher": launcher, "launcher-append": launcher_append, "duplicates": duplicates, "near-duplicates": near_duplicates,
     "near-search": near_search, "reader": reader, "verify": verify, "startup": startup,

@@ -102,8 +102,8 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
     """Serves one client connection for ``GcsGateway``."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as GCS clients expect
-    # Headers and body go out in separate writes: with Nagle on, a keep-alive client
-    # waits for the delayed ACK (40 ms) before each response's body.
+    # Every answer goes out in one write (``_send``), and with Nagle off: a body written after
+    # its headers, Nagle on, would wait for a keep-alive client's delayed ACK (40 ms).
     disable_nagle_algorithm = True
     timeout = _CLIENT_IDLE_TIMEOUT_S
     server: _GatewayHTTPServer
@@ -184,7 +184,8 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
             self._record(path, HTTPStatus.OK, frozenset())
             self._reply(HTTPStatus.OK, json.dumps(token).encode())
             return
-        if self.tunnel_host == "storage.googleapis.com":
+        if self.tunnel_host == "storage.googleapis.com" or (
+                self.tunnel_host is None and _is_xml_read(self.command, path)):
             mapped = _xml_read_to_json_download(self.command, path)
             if mapped is None:
                 self._reply(HTTPStatus.NOT_IMPLEMENTED, _gcs_error(
@@ -204,14 +205,7 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
         status, reason, headers, data = self._answer(target, body, frozenset(buckets))
         self._record(target, status, frozenset(buckets))
         self._land()
-        self.send_response(status, reason)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-        self.wfile.flush()
+        self._send(status, reason, headers, data)
 
     def _answer(self, target: str, body: bytes,
                 buckets: frozenset[str]) -> tuple[int, str, list[tuple[str, str]], bytes]:
@@ -302,11 +296,19 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
 
     def _reply(self, status: HTTPStatus, body: bytes,
                content_type: str = "application/json; charset=UTF-8") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
+        self._send(status, None, [("Content-Type", content_type)], body)
+
+    def _send(self, status: int, reason: str | None, headers: Sequence[tuple[str, str]],
+              body: bytes) -> None:
+        """The answer, status line to body, in one write (one segment, where it fits one)."""
+        self.send_response(status, reason)
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._headers_buffer.append(b"\r\n")  # what end_headers adds, before it writes
+        head = b"".join(self._headers_buffer)
+        self._headers_buffer = []
+        self.wfile.write(head if self.command == "HEAD" else head + body)
         self.wfile.flush()
 
 
@@ -384,6 +386,18 @@ def _generation_precondition(method: str, target: str) -> int | None:
     return int(query["ifGenerationMatch"][0])
 
 
+# The first segments of the JSON API's paths; any other plain-HTTP GET or HEAD is an XML API
+# object read, GET /BUCKET/OBJECT (obstore's, with its base URL at the gateway).
+_JSON_API_ROOTS = frozenset({"storage", "download", "upload", "batch", "b"})
+
+
+def _is_xml_read(method: str, path: str) -> bool:
+    """A plain-HTTP XML API object read: ``GET /BUCKET/OBJECT``, the bucket not a JSON API root."""
+    root, sep, obj = path.lstrip("/").partition("/")
+    return (method in ("GET", "HEAD") and bool(sep and obj)
+            and urllib.parse.unquote(root) not in _JSON_API_ROOTS)
+
+
 def _xml_read_to_json_download(method: str, path: str) -> str | None:
     """Maps TF's object read, ``GET storage.googleapis.com/BUCKET/OBJECT``
     with a Range header, to the emulator's JSON API media download.
@@ -396,7 +410,7 @@ def _xml_read_to_json_download(method: str, path: str) -> str | None:
     if method not in ("GET", "HEAD") or not sep or not obj:
         return None
     quoted = urllib.parse.quote(urllib.parse.unquote(obj), safe="")
-    return f"/download/storage/v1/b/{bucket}/o/{quoted}"
+    return f"/download/storage/v1/b/{urllib.parse.unquote(bucket)}/o/{quoted}"
 
 
 class GcsGateway:
@@ -407,9 +421,13 @@ class GcsGateway:
     speaks TLS itself. Per request it:
 
     * answers token requests (``POST /token``, ``/oauth2/v3|v4/token``);
-    * maps ``storage.googleapis.com/BUCKET/OBJECT`` reads to the emulator's
-      ``/download/storage/v1/b/BUCKET/o/OBJECT?alt=media``; the JSON API on
-      www.googleapis.com (metadata, listing, uploads, rewrite) passes as is;
+    * maps XML API reads, ``GET storage.googleapis.com/BUCKET/OBJECT`` in a
+      tunnel (TensorFlow) or ``GET /BUCKET/OBJECT`` over plain HTTP (obstore),
+      to the emulator's ``/download/storage/v1/b/BUCKET/o/OBJECT?alt=media``
+      (which carries the object's ``ETag``, ``Last-Modified`` and generation,
+      see ``emulator_main.py``); the JSON API on www.googleapis.com (metadata,
+      listing, uploads, rewrite) passes as is;
+    * answers every request in one write, with ``TCP_NODELAY``;
     * answers 401 without the test bearer token, 403 for forbidden buckets;
     * decodes chunked request bodies and forwards them with Content-Length;
     * rewrites ``Location`` to https for tunnelled clients;

@@ -12,9 +12,13 @@ child runs every TF step, so TF is imported once for the whole module.
 """
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
+import os
 import pathlib
+import socket
+import struct
 import sys
 from typing import TYPE_CHECKING
 
@@ -23,6 +27,8 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from gcs_harness.children.write_tfrecords import RECORDS
+from gcs_harness.emulator import LOOPBACK
+from gcs_harness.gateway import ACCESS_TOKEN
 
 if TYPE_CHECKING:  # imported by pytest as a plugin; importing it first would
     from gcs_harness.server import GcsBucket, GcsServer  # stop pytest rewriting it
@@ -244,6 +250,95 @@ def test_tf_fetches_its_token_through_the_proxy_and_uses_it(
     assert tf_seen and {r.authorization for r in tf_seen} == {
         f"Bearer {gcs_server.access_token}"}
 
+
+
+# --- How the servers answer --------------------------------------------------
+
+
+def _data_segments_in(sock: socket.socket) -> int:
+    """``tcpi_data_segs_in`` of Linux's ``TCP_INFO``: the segments with data this socket received."""
+    return struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232), 152)[0]
+
+
+def _segments_per_answer(port: int, target: str, times: int,
+                         token: bool = True) -> list[tuple[int, int, bytes]]:
+    """``target`` asked ``times`` over one connection (with the test token, or without):
+    (status, data segments, body) of each answer."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=10)
+    answers = []
+    try:
+        conn.connect()
+        for _ in range(times):
+            before = _data_segments_in(conn.sock)
+            conn.request("GET", target, headers={"Authorization": f"Bearer {ACCESS_TOKEN}"} if token else {})
+            response = conn.getresponse()
+            body = response.read()
+            answers.append((response.status, _data_segments_in(conn.sock) - before, body))
+    finally:
+        conn.close()
+    return answers
+
+
+def test_gateway_answers_in_one_segment_with_nodelay(gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    """Headers and body in one write, Nagle off: a body written after its headers, Nagle on, waits for
+    the client's delayed ACK (40 ms) and inflates every client's figures."""
+    data = os.urandom(3000)  # one segment, however it is written
+    gcs_bucket.write_bytes("a/x.jpg", data)
+    for target, token, status in [
+            (f"/download/storage/v1/b/{gcs_bucket.name}/o/a%2Fx.jpg?alt=media", True, 200),  # a read
+            (f"/{gcs_bucket.name}/a%2Fx.jpg", True, 200),  # an XML API read
+            (f"/storage/v1/b/{gcs_bucket.name}/o/missing", True, 404),  # the emulator's error
+            (f"/storage/v1/b/{gcs_bucket.name}/o", False, 401)]:  # the gateway's own
+        answers = _segments_per_answer(gcs_server.gateway.port, target, 3, token)
+        assert [(status, segments) for status, segments, _ in answers] == [(status, 1)] * 3, target
+    assert {body for _, _, body in _segments_per_answer(
+        gcs_server.gateway.port, f"/{gcs_bucket.name}/a%2Fx.jpg", 1)} == {data}
+    with socket.create_connection((LOOPBACK, gcs_server.gateway.port), timeout=10) as client:
+        client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        client.recv(65536)
+        port = client.getsockname()[1]
+        # The gateway's end of this connection.
+        served = [s for s in list(gcs_server.gateway._open) if s.getpeername()[1] == port]
+        assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in served] == [1]
+
+
+def test_emulator_answers_in_one_segment(gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    """The emulator behind the gateway too (a fresh connection each request, so only the first answer
+    of a keep-alive would wait for an ACK, but every answer gets one segment all the same)."""
+    data = os.urandom(3000)
+    gcs_bucket.write_bytes("a/x.jpg", data)
+    request = f"GET /download/storage/v1/b/{gcs_bucket.name}/o/a%2Fx.jpg?alt=media HTTP/1.0\r\n\r\n"
+    for _ in range(3):
+        with socket.create_connection((LOOPBACK, gcs_server.emulator.port), timeout=10) as client:
+            client.sendall(request.encode())
+            answer = b""
+            while chunk := client.recv(65536):  # it closes the connection after the answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.0 200 ") and answer.endswith(b"\r\n\r\n" + data)
+            assert _data_segments_in(client) == 1
+
+
+def test_gateway_serves_xml_api_reads_as_gcs_does(gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
+    """``GET /BUCKET/OBJECT`` over plain HTTP, names percent-encoded to the last character (as obstore
+    sends them), with the object headers GCS's XML API sends and that obstore requires."""
+    data = os.urandom(5000)
+    gcs_bucket.write_bytes("a b/ü+x.jpg", data)
+    quoted = "".join(f"%{b:02X}" for b in f"{gcs_bucket.name}/a b/ü+x.jpg".encode())
+    conn = http.client.HTTPConnection(LOOPBACK, gcs_server.gateway.port, timeout=10)
+    try:
+        conn.request("GET", "/" + quoted.replace("%2F", "/", 1),
+                     headers={"Authorization": f"Bearer {ACCESS_TOKEN}"})
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (200, data)
+        assert response.getheader("ETag") == f'"{hashlib.md5(data).hexdigest()}"'
+        assert response.getheader("Last-Modified").endswith(" GMT")
+        assert int(response.getheader("x-goog-generation")) > 0
+        conn.request("GET", f"/{gcs_bucket.name}/missing.jpg", headers={"Authorization": f"Bearer {ACCESS_TOKEN}"})
+        missing = conn.getresponse()
+        missing.read()
+        assert missing.status == 404
+    finally:
+        conn.close()
 
 
 # --- Starting beside other processes --------------------------------------------

@@ -106,6 +106,21 @@ def test_a_failed_read_is_handed_back_in_its_place(pool):
     assert failed[0].error.stage == "read"
 
 
+def test_a_reader_that_starts_its_own_reads_is_given_them_with_the_pool(pool):
+    """``FileReader.submit``: gs:// reads on its own loop thread, the pool for the rest."""
+    read = RecordingRead(seconds=0)
+    submitted = []
+
+    def submit(path, executor):
+        submitted.append((path, executor))
+        return executor.submit(read, path)
+
+    read.submit = submit
+    fetched = list(ReadAhead(read, ReadAheadConfig(concurrency=4), pool).stream(paths(6), lambda p: p, lambda p: 1))
+    assert [f.data for f in fetched] == [p.encode() for p in paths(6)]
+    assert submitted == [(p, pool) for p in paths(6)]
+
+
 def test_push_holds_items_until_the_window_is_full(pool):
     window = ReadAhead(RecordingRead(seconds=0), ReadAheadConfig(concurrency=3), pool)
     assert [window.push(p, p, 1) for p in paths(3)] == [[], [], []]

@@ -6,12 +6,14 @@ file goes through exactly this function, and every failure has the same shape.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import threading
 from typing import Any, NamedTuple
 
 from beam_prep.errors import ImageError, StorageError
 from beam_prep.io.gcs import GcsClient
+from beam_prep.io.gcs_batch import BatchedReads
 from beam_prep.io.storage import is_local, read_bytes
 from beam_prep.model.features import ImageRecord
 from beam_prep.write.images.imaging import Flat, ImageSpec, process_image
@@ -40,7 +42,9 @@ class FileReader:
     Local files are read with ``open()`` (Beam's filesystem dispatch costs more
     than the read); gs:// objects with one request each (``gcs.GcsClient``);
     any other scheme through Beam's ``FileSystems``. Every failure is an
-    ``ImageError`` at stage ``read``, naming the reason.
+    ``ImageError`` at stage ``read``, naming the reason. ``submit`` starts a
+    read ahead: gs:// objects on one event-loop thread (``gcs_batch``), other
+    files on the caller's pool.
 
     Args:
       connections: connections to keep open to GCS: as many as reads run at once.
@@ -49,6 +53,7 @@ class FileReader:
     def __init__(self, connections: int = 1) -> None:
         self._connections = connections
         self._gcs: GcsClient | None = None
+        self._batched: BatchedReads | None = None
         self._lock = threading.Lock()
 
     def __call__(self, path: str) -> bytes:
@@ -65,6 +70,34 @@ class FileReader:
             raise ImageError("read", str(e)) from e
         except Exception as e:  # local and remote filesystems raise different types.
             raise ImageError("read", f"cannot read file: {e}") from e
+
+    def submit(self, path: str, pool: concurrent.futures.Executor) -> concurrent.futures.Future[bytes]:
+        """Starts reading ``path``; the future's bytes or ``ImageError`` are the call's.
+
+        gs:// objects are read on one event-loop thread, without a thread of
+        ``pool`` each; ``pool`` runs the other reads, and a gs:// read the loop
+        hands back (an error, a retry: see ``gcs_batch``).
+        """
+        if path.startswith("gs://"):
+            return self._batched_reads().submit(path, pool)
+        return pool.submit(self, path)
+
+    def close(self) -> None:
+        """Ends the event-loop thread of ``submit``'s gs:// reads, if one was started."""
+        with self._lock:
+            batched, self._batched = self._batched, None
+        if batched is not None:
+            batched.close()
+
+    def _batched_reads(self) -> BatchedReads:
+        batched = self._batched
+        if batched is not None:
+            return batched
+        client = self._gcs_client()
+        with self._lock:
+            if self._batched is None:
+                self._batched = BatchedReads(client, self, self._connections)
+            return self._batched
 
     def _gcs_client(self) -> GcsClient:
         with self._lock:  # made on first use: a worker reading only local files never needs credentials

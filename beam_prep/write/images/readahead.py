@@ -60,6 +60,9 @@ class ReadAhead(Generic[T]):
 
     Args:
       read: path -> bytes; raises ImageError for a file that cannot be read.
+        If it has ``submit(path, pool)`` (``examples.FileReader``), reads are
+        started with it, for the reader to run them as it sees fit; else
+        ``pool.submit(read, path)``.
       config: the window's caps.
       pool: the threads that run the reads (at least ``config.concurrency`` of
         them); unused, and may be None, when ``config.concurrency`` is 0.
@@ -70,6 +73,7 @@ class ReadAhead(Generic[T]):
         if config.concurrency and pool is None:
             raise ValueError("a read-ahead with concurrency needs a thread pool")
         self._read = read
+        self._submit = getattr(read, "submit", None)
         self._config = config
         self._pool = pool
         self._window: collections.deque[tuple[T, int, concurrent.futures.Future[bytes]]] = collections.deque()
@@ -82,7 +86,8 @@ class ReadAhead(Generic[T]):
         while self._window and (len(self._window) >= self._config.concurrency
                                 or self._bytes + size > self._config.max_bytes):
             done.append(self._pop())
-        self._window.append((item, size, self._pool.submit(self._read, path)))
+        future = self._submit(path, self._pool) if self._submit else self._pool.submit(self._read, path)
+        self._window.append((item, size, future))
         self._bytes += size
         return done
 

@@ -86,6 +86,8 @@ class _Reading:
     def teardown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._reader is not None:
+            self._reader.close()
 
 
 class ImageToExampleFn(beam.DoFn):
