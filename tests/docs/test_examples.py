@@ -357,7 +357,7 @@ echo "3 files"
 ```
 
 ```text
-wrote 3 files in 0.4 s (99 images/s) to /tmp/x/out
+wrote 3 files in 0.4 s (99 images/s) to $TMPDIR/out
 3 files
 ```
 
