@@ -331,7 +331,7 @@ def _looked_up(entries: Iterator[FileEntry], existing: Existing) -> Iterator[lis
     """Each entry with the dataset's latest record of its path (None: none), ``_CHUNK`` entries at a time; the
     dataset names its records' paths as messages show them (``printable``: a name that is not UTF-8 escaped)."""
     while chunk := list(itertools.islice(entries, _CHUNK)):
-        yield [(entry, existing.record(printable(entry.path))) for entry in chunk]
+        yield list(zip(chunk, existing.latest([entry.path for entry in chunk])))
 
 
 def _must_read(entry: FileEntry, before: Record | None, existing: Existing, by_content: bool) -> bool:

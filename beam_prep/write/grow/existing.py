@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from PIL import Image
@@ -101,6 +101,19 @@ class Existing:
                                "ORDER BY r.rowid DESC LIMIT 1", (printable(path),)).fetchone()
         return None if row is None else Record(*row)
 
+    def latest(self, paths: Sequence[str]) -> list[Record | None]:
+        """``record`` of each of ``paths``, looked up together: a query for all, not one each."""
+        keys = [printable(p) for p in paths]
+        self._db.execute("BEGIN")
+        self._db.execute("DELETE FROM chunk")
+        self._db.executemany("INSERT OR IGNORE INTO chunk VALUES (?)", ((k,) for k in keys))
+        self._db.execute("COMMIT")
+        # Bare columns beside max(): SQLite takes them from the row with the largest rowid (the latest record).
+        found = {path: Record(sha256, split, size, stamp) for path, sha256, split, size, stamp, _ in self._db.execute(
+            "SELECT r.path, r.sha256, r.split, s.size, s.stamp, max(r.rowid) FROM chunk c JOIN records r "
+            "ON r.path = c.path LEFT JOIN stamps s ON s.version = r.version AND s.path = r.path GROUP BY r.path")}
+        return [found.get(k) for k in keys]
+
     def by_sha256(self, sha256: str) -> tuple[str, str] | None:
         """``(split, path)`` of the first record with the bytes ``sha256``, or None."""
         row = self._db.execute("SELECT split, path FROM records WHERE sha256 = ? ORDER BY rowid LIMIT 1",
@@ -109,7 +122,9 @@ class Existing:
 
     def note_listed(self, paths: Iterable[str]) -> None:
         """Records paths as listed by the append (``gone``: the others)."""
+        self._db.execute("BEGIN")  # one transaction, not one a row
         self._db.executemany("INSERT OR IGNORE INTO listed VALUES (?)", ((printable(p),) for p in paths))
+        self._db.execute("COMMIT")
 
     def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
         """``(path, sha256)`` of each record's source under ``prefix`` that no ``note_listed`` named, by path."""
@@ -139,6 +154,7 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
     db.execute("CREATE TABLE stamps (version INTEGER, path TEXT, size INTEGER, stamp TEXT, PRIMARY KEY (version, path)) "
                "WITHOUT ROWID")
     db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY)")
+    db.execute("CREATE TABLE chunk (path TEXT PRIMARY KEY)")  # the paths ``latest`` looks up at once
     stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
     count = 0
