@@ -308,14 +308,7 @@ def _failure_groups(errors_file: str) -> list[FailureGroup] | None:
         if lines is None:
             _LOG.warning("%s does not exist: failures are counted by stage only", errors_file)
             return None
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                failure = json.loads(line)
-                key = (str(failure["stage"]), str(failure.get("error_type", "unknown")))
-            except (ValueError, KeyError, TypeError) as e:
-                raise DatasetError(f"{errors_file} line {number} is not a failure report: {e}") from e
+        for key, failure in failures(lines, errors_file):
             if key in groups:
                 groups[key][0] += 1
             else:
@@ -323,6 +316,23 @@ def _failure_groups(errors_file: str) -> list[FailureGroup] | None:
     ordered = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
     return [FailureGroup(stage, reason, n, example_path, message)
             for (stage, reason), (n, example_path, message) in ordered]
+
+
+def failures(lines: Iterable[str], errors_file: str) -> Iterator[tuple[tuple[str, str], dict[str, Any]]]:
+    """Each failure of errors.jsonl's ``lines`` with its group, ``(stage, error type)``.
+
+    Raises:
+      DatasetError: a line is not a failure report (naming ``errors_file`` and the line).
+    """
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            failure = json.loads(line)
+            key = (str(failure["stage"]), str(failure.get("error_type", "unknown")))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{errors_file} line {number} is not a failure report: {e}") from e
+        yield key, failure
 
 
 def _skipped_examples(skipped_file: str, counts: Mapping[str, int],

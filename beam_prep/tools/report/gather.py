@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +23,7 @@ from beam_prep.tools import contact_sheet
 from beam_prep.tools.report.checks import check_manifest
 from beam_prep.tools.report.leaks import Leaks, read_leaks
 from beam_prep.tools.report.thumbs import Budget, Thumbnail, from_pixels, from_source
-from beam_prep.tools.summary import Summary, _lines, _skipped_examples, open_output, summarize
+from beam_prep.tools.summary import Summary, _lines, _skipped_examples, failures, open_output, summarize
 from beam_prep.write.shared.layout import DUPLICATES, ERRORS, SKIPPED
 
 __all__ = ["FailureFiles", "Gallery", "GalleryImage", "Limits", "ReportData", "gather"]
@@ -289,14 +288,7 @@ def _failures(errors_file: str, max_files: int) -> list[FailureFiles] | None:
     with _lines(errors_file) as lines:
         if lines is None:
             return None
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                failure = json.loads(line)
-                key = (str(failure["stage"]), str(failure.get("error_type", "unknown")))
-            except (ValueError, KeyError, TypeError) as e:
-                raise DatasetError(f"{errors_file} line {number} is not a failure report: {e}") from e
+        for key, failure in failures(lines, errors_file):
             group = groups.setdefault(key, [0, []])
             group[0] += 1
             if len(group[1]) < max_files:
