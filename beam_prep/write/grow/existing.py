@@ -89,20 +89,9 @@ class Existing:
     records: int
     _db: sqlite3.Connection
 
-    def by_path(self, path: str) -> tuple[str, str] | None:
-        """``(sha256, split)`` of the latest record made from ``path``, or None."""
-        found = self.record(path)
-        return None if found is None else (found.sha256, found.split)
-
-    def record(self, path: str) -> Record | None:
-        """The latest record made from ``path``, with its source's size and stamp where its version kept them."""
-        row = self._db.execute("SELECT r.sha256, r.split, s.size, s.stamp FROM records r LEFT JOIN stamps s "
-                               "ON s.version = r.version AND s.path = r.path WHERE r.path = ? "
-                               "ORDER BY r.rowid DESC LIMIT 1", (printable(path),)).fetchone()
-        return None if row is None else Record(*row)
-
     def latest(self, paths: Sequence[str]) -> list[Record | None]:
-        """``record`` of each of ``paths``, looked up together: a query for all, not one each."""
+        """The latest record made from each of ``paths`` (None: none), with its source's size and stamp where
+        its version kept them, looked up together: a query for all, not one each."""
         keys = [printable(p) for p in paths]
         self._db.execute("BEGIN")
         self._db.execute("DELETE FROM chunk")

@@ -157,7 +157,6 @@ def tally(key: str) -> None:
         counter[key] += 1
 
 
-
 def resize(img: Image.Image, size: tuple[int, int], box: tuple[float, float, float, float] | None) -> Image.Image:
     """``img.resize(size, Image.Resampling.BICUBIC, box=box)``, by the kernel where it runs.
 
