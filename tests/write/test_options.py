@@ -204,3 +204,18 @@ def test_a_bad_progress_interval_in_the_environment_is_refused_naming_it(capsys,
     err = fails(capsys, "--input", str(tree), "--output", str(out))
     assert err == f"error: BEAM_PREP_PROGRESS_INTERVAL must be more than 0 seconds, not {value}\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["input", "output"])
+def test_a_path_no_utf8_spells_is_refused_before_any_work(tmp_path, flag):
+    """Beam's options carry UTF-8 text alone: such a folder would fail the run deep in Beam, with a traceback."""
+    from beam_prep.errors import OptionsError
+
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/in\xff")
+    os.mkdir(odd)
+    make_tree(tmp_path / "tree", {"a": 1})
+    paths = {"input": str(tmp_path / "tree"), "output": str(tmp_path / "out"), flag: odd}
+    with pytest.raises(OptionsError, match=rf"^--{flag} .*in\\xff is a path no UTF-8 spells, which a Beam pipeline "
+                                           r"cannot carry: rename that folder"):
+        config_from_options(PipelineOptions(["--input", paths["input"], "--output", paths["output"]]))
+    assert not (tmp_path / "out").exists() and os.listdir(odd) == []

@@ -38,6 +38,7 @@ from beam_prep.write.images.readahead import DEFAULT_MAX_BYTES, ReadAheadConfig
 from beam_prep.write.plan.failure_budget import parse_max_failures
 from beam_prep.write.plan.metadata import check_path
 from beam_prep.write.plan.runners import LOCAL_WORKERS_FLAG, REMOTE_WORKER_FLAGS, check_runner, is_local_runner
+from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.shard_formats import check_installed
 
 SINKS = ("auto", "streaming", "shuffle")
@@ -377,6 +378,12 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
     spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels,
                       no_upscale=o.no_upscale, background=o.background)
 
+    for flag, path in (("input", o.input), ("output", o.output)):
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: Beam's options (protobuf) carry UTF-8 text alone
+            raise OptionsError(f"--{flag} {printable(path)} is a path no UTF-8 spells, which a Beam pipeline cannot "
+                               "carry: rename that folder (file names below it may be any bytes)") from None
     source, target = normalised_path(o.input), normalised_path(o.output)
     if is_local(source) and not os.path.isdir(source):
         raise OptionsError(f"--input {o.input} is not a directory")
