@@ -66,6 +66,9 @@ TEST = [
     "gcp-storage-emulator>=2024.8.3",
     "trustme>=1.1",
     "psutil>=5.9",
+    # tests/test_bench_append.py runs the append benchmark small: its corpus is drawn from
+    # scikit-image's sample photographs (benchmarks/corpus.py).
+    "scikit-image>=0.24",
     # The reference the perceptual hash is checked against (tests/write/test_phash.py).
     "imagehash>=4.3",
     # The TFDS metadata test reads our output with the real tfds.builder_from_directory and

@@ -137,6 +137,9 @@ def _build(final: pathlib.Path, images: int, processes: int) -> Corpus:
     for label in range(classes):
         (partial / IMAGES_DIR / _label_name(label)).mkdir(parents=True)
     log.info("building a corpus of %d images in %d classes with %d processes", images, classes, processes)
+    # Loaded here first: a worker whose initializer raises is restarted by the pool forever, so a
+    # missing scikit-image would hang the build instead of failing it.
+    load_photos()
     start = time.perf_counter()
     sizes = []
     tasks = ((i, classes, str(partial / IMAGES_DIR)) for i in range(images))
