@@ -36,7 +36,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.io.tfrecord import Checksum
-from beam_prep.write.finish.copies import Copy
+from beam_prep.write.finish.near_earlier import Copy
 from beam_prep.write.grow.append import COPY_REASON
 from beam_prep.write.images.phash import distance as hamming
 from beam_prep.write.plan import skipped
@@ -135,7 +135,7 @@ def choose(lines_file: str | None, root: str, distance: int | None, copies: Iter
     """The records to leave out: in each group of duplicates.jsonl (``lines_file``, local; None: no
     group) that lies in two splits or more, each file that is a copy, or within ``distance`` bits, of
     a file kept in a split before its own (the module's docstring says why split by split); and an
-    append's ``copies`` of the dataset's records (``copies.split_off``), each named with the record it
+    append's ``copies`` of the dataset's records (``near_earlier.split_off``), each named with the record it
     copies (``COPY_REASON``, ``duplicate_of``), or left out unnamed where it is that record, unchanged.
 
     Each is named with the kept file it copies (``duplicate_of``: a file with the same bytes

@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.model.dataset import DatasetInfo
-from beam_prep.write.finish import copies, drop, duplicates, near_earlier
+from beam_prep.write.finish import drop, duplicates, near_earlier
 from beam_prep.write.shared import hash_lines, kept_hashes
 from beam_prep.write.shared.kept_hashes import KeptFile
 from beam_prep.write.shared.spill import SpillFolder
@@ -35,12 +35,12 @@ class Earlier:
       entries: each version's manifest entry, oldest first.
       from_run: the names of those the append made (the run's folder holds them): published with it.
       copies: the run's records with the bytes of an earlier version's record, where ``find`` was asked
-        to set them apart (``copies.split_off``).
+        to set them apart (``near_earlier.split_off``).
     """
 
     entries: list[KeptFile]
     from_run: list[str]
-    copies: list[copies.Copy] = dataclasses.field(default_factory=list)
+    copies: list[near_earlier.Copy] = dataclasses.field(default_factory=list)
 
 
 def find(output: str, work: str, manifest: Mapping[str, Any], hash_files: Iterable[str], listed: int, distance: int | None,
@@ -66,7 +66,7 @@ def find(output: str, work: str, manifest: Mapping[str, Any], hash_files: Iterab
         kept = [(source, root, e["version"]) for e, (source, root) in zip(earlier.entries,
                                                                           _sources(output, work, manifest, earlier))]
         if set_apart:
-            run_files, earlier.copies = copies.split_off(kept, run_files, folder)
+            run_files, earlier.copies = near_earlier.split_off(kept, run_files, folder)
         chosen = near_earlier.matching(kept, duplicates.read_chunks(run_files), distance, folder)
         found = duplicates.find([*(path for path, _, _ in chosen), *run_files], listed + sum(n for *_, n in chosen),
                                 distance, None, {path: v for path, v, _ in chosen}, version)

@@ -27,8 +27,8 @@ from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, stora
 from beam_prep.model import dataset_card, tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import appended, drop, duplicates, earlier, manifest, publication
-from beam_prep.write.finish.copies import Copy
 from beam_prep.write.finish.near_beam import NearPairs
+from beam_prep.write.finish.near_earlier import Copy
 from beam_prep.write.grow.append import COPY_REASON, Additions
 from beam_prep.write.images import flat
 from beam_prep.write.images.flat import FlatImages
