@@ -365,6 +365,61 @@ def test_write_image_dataset_appends_as_the_command_does(first_and_batch, tmp_pa
     assert (manifest["options"]["height"], manifest["compression"]) == (16, "GZIP")
 
 
+@pytest.mark.parametrize("action", ["report", "drop"])
+def test_write_image_dataset_leaves_out_copies_of_the_datasets_records_as_the_command_does(first_and_batch, tmp_path,
+                                                                                          action):
+    """A batch holding a copy of a train record (filed to train) and one of a validation record (filed to
+    train too): the transform writes neither, as ``prepare --append`` of the same batch does not: each is
+    named in skipped.jsonl as a copy of the record, counted as the command counts it, and no duplicate or
+    leak is reported of it; an element at a record's own path is that record, unchanged. The dataset is
+    the command's, record for record, and version 1's shards stay as they were."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_prep.tools.verification import verify
+    from beam_prep.write.grow.append import COPY_REASON
+    from beam_prep.write.run.pipeline import local_runner
+
+    tree, batch, _ = first_and_batch
+    out, by_command = tmp_path / "out", tmp_path / "by_command"
+    prepare_here("--input", str(tree), "--output", str(out), *UNION_ARGS)
+    shutil.copytree(out, by_command)
+    copied = {}
+    for split, folder in (("train", "cat"), ("validation", "bee")):
+        record = tree / read_split(out, split)[0]["image/filename"].decode()
+        (batch / folder).mkdir(exist_ok=True)
+        copied[str(batch / folder / f"copy_of_{split}.jpg")] = str(record)
+        shutil.copyfile(record, batch / folder / f"copy_of_{split}.jpg")
+    before = {name: d for name, d in digests(out).items() if name.endswith(".tfrecord.gz")}
+    command = prepare_here("--input", str(batch), "--output", str(by_command), "--append",
+                           "--cross_split_duplicates", action)
+    own = tree / read_split(out, "train")[0]["image/filename"].decode()  # a record's own file
+    elements = [(str(p), p.parent.name, "train" if str(p) in copied else None) for p in sorted(batch.rglob("*.jpg"))]
+    options = PipelineOptions([], direct_running_mode="in_memory")
+    with beam.Pipeline(runner=local_runner(options), options=options) as p:
+        _ = (p | beam.Create([*elements, (str(own), own.parent.name)])
+             | beam_prep.WriteImageDataset(str(out), ["cat", "ant", "bee"], root=str(batch), append=True,
+                                           cross_split_duplicates=action))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {name: digests(out)[name] for name in before} == before
+    assert records(out) == records(by_command)
+    assert sum(records(out).values()) == 14
+    mine, theirs = manifest["versions"][-1], command["versions"][-1]
+    assert mine["appended"] == {**theirs["appended"], "unchanged": 1}
+    assert (mine["appended"]["copies"], mine["splits"]) == (2, theirs["splits"])
+    assert (manifest["counts"], manifest["skipped_by_reason"]) == (command["counts"], command["skipped_by_reason"])
+    assert manifest["duplicates"] == command["duplicates"]  # neither copy is a duplicate, nor a leak
+    skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert {s["path"]: (s["reason"], s["duplicate_of"]) for s in skipped} == {
+        path: (COPY_REASON, record) for path, record in copied.items()}
+    assert [json.loads(line)["path"] for line in (by_command / "skipped.jsonl").read_text().splitlines()] == \
+        sorted(copied)
+    changed = [json.loads(line) for line in (out / "changed.jsonl").read_text().splitlines()]
+    assert {(c["change"], c["path"], c["of"]) for c in changed} == {("copy", path, record)
+                                                                   for path, record in copied.items()}
+    assert verify(str(out)).ok
+
+
 def test_write_image_dataset_publishes_nothing_if_another_append_made_its_version_meanwhile(first_and_batch,
                                                                                              tmp_path):
     """The transform's claim is not held while the pipeline runs: an append published meanwhile (version 2)

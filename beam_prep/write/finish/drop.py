@@ -16,7 +16,9 @@ wrote (duplicates.jsonl), and ``rewrite`` writes again, under a staged name in t
 leave out, through the format's own reader and writer (``ShardFormat.read``, ``records``). A record is known by its split and source
 sha256, which both its hash line and the record itself carry: every record of a content in a
 split lies in the same groups (the same bytes, the same perceptual hash), so leaving out a
-(split, sha256) leaves out exactly the files named. See docs/design/duplicates.md.
+(split, sha256) leaves out exactly the files named. An append's ``WriteImageDataset`` leaves out its
+copies of the dataset's records the same way (``copies``: not counted as dropped). See
+docs/design/duplicates.md.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ from apache_beam.io.filesystems import FileSystems
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import join, open_to_read, storage_error
 from beam_prep.io.tfrecord import Checksum
+from beam_prep.write.finish.near_earlier import Copy
+from beam_prep.write.grow.append import COPY_REASON
 from beam_prep.write.images.phash import distance as hamming
 from beam_prep.write.plan import skipped
 from beam_prep.write.shared import hash_lines, layout, split_order
@@ -47,7 +51,9 @@ _LOG = logging.getLogger(__name__)
 _STAGED = ".without-dropped"  # a rewritten shard's name in the run's folder until it replaces the shard
 _DIGEST = "S32"
 _CELLS = 1 << 22  # distances computed at once when a group's files are compared with its kept ones
-_NEAR, _EXACT = 0, 1  # a row's kind: a file in a near and an exact group is named by the near one's row
+# A row's kind: a file in a near and an exact group is named by the near one's row; an append's copy of
+# a record of the dataset (``copies``) is in no group, and named by a row of its own, each copy once.
+_COPY, _NEAR, _EXACT = -1, 0, 1
 
 
 def exact_reason(split: str) -> str:
@@ -66,10 +72,14 @@ class Dropping:
 
     Attributes:
       keys: split -> the sorted source sha256 digests (32 bytes each) of the records left out.
-      by_reason: files left out per reason (``exact_reason``, ``near_reason``).
+      by_reason: files left out per reason (``exact_reason``, ``near_reason``), not counting ``copied``
+        nor ``unchanged``.
       by_split: split -> files left out of it.
       by_class: split -> label -> files left out (a multi-label file under each of its labels; a
         file of an older run's hash lines, whose label is unknown, under none).
+      copied: an append's records left out as copies of the dataset's (``COPY_REASON``; ``copies``):
+        skipped, as ``prepare --append`` counts them, not dropped.
+      unchanged: an append's records left out as the dataset's own, unchanged (no line).
     """
 
     keys: dict[str, np.ndarray]
@@ -78,10 +88,18 @@ class Dropping:
     _folder: SpillFolder
     by_split: dict[str, int] = dataclasses.field(default_factory=dict)
     by_class: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    copied: int = 0
+    unchanged: int = 0
 
     @property
     def count(self) -> int:
+        """The records dropped (the manifest's ``duplicates.dropped``)."""
         return sum(self.by_reason.values())
+
+    @property
+    def left_out(self) -> int:
+        """Every record left out of the shards: dropped, copied or unchanged."""
+        return self.count + self.copied + self.unchanged
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's ``duplicates.dropped``, ``duplicates.dropped_by_reason``,
@@ -93,10 +111,11 @@ class Dropping:
 
     def lines(self) -> Iterator[tuple[str, str]]:
         """``(path, skipped.jsonl line)`` of each file left out, sorted by path, each once (a file
-        in an exact and a near group as its near group decided: a copy of a file kept there)."""
+        in an exact and a near group as its near group decided: a copy of a file kept there), and
+        of each copy of the dataset's records (``copied``)."""
         last = None
-        for path, _, _, _, line, _ in self._rows:
-            if path != last:
+        for path, kind, _, _, line, _ in self._rows:
+            if path != last or kind == _COPY:
                 last = path
                 yield path, line
 
@@ -112,10 +131,12 @@ class Dropping:
         self._folder.close()
 
 
-def choose(lines_file: str, root: str, distance: int | None) -> Dropping:
-    """The records to leave out: in each group of duplicates.jsonl (``lines_file``, local) that
-    lies in two splits or more, each file that is a copy, or within ``distance`` bits, of a file
-    kept in a split before its own (the module's docstring says why split by split).
+def choose(lines_file: str | None, root: str, distance: int | None, copies: Iterable[Copy] = ()) -> Dropping:
+    """The records to leave out: in each group of duplicates.jsonl (``lines_file``, local; None: no
+    group) that lies in two splits or more, each file that is a copy, or within ``distance`` bits, of
+    a file kept in a split before its own (the module's docstring says why split by split); and an
+    append's ``copies`` of the dataset's records (``near_earlier.split_off``), each named with the record it
+    copies (``COPY_REASON``, ``duplicate_of``), or left out unnamed where it is that record, unchanged.
 
     Each is named with the kept file it copies (``duplicate_of``: a file with the same bytes
     first, else the closest, then the first by path) and, for a near copy, its ``distance`` in
@@ -131,18 +152,32 @@ def choose(lines_file: str, root: str, distance: int | None) -> Dropping:
     folder = SpillFolder(prefix="beam-prep-drop-")
     rows = SortedRows(folder, "dropped")
     try:
-        with open(lines_file, "rb") as f:
-            records = (json.loads(line) for line in f)
-            for _, members in itertools.groupby(records, key=lambda r: (r["kind"], r.get("group"), r["sha256"]
-                                                                        if r["kind"] == "exact" else None)):
-                _choose_in(list(members), root, distance, rows)
         digests: dict[str, bytearray] = collections.defaultdict(bytearray)
+        unchanged = 0
+        for copy in copies:
+            if copy.unchanged:
+                digests[copy.split] += bytes.fromhex(copy.sha256)
+                unchanged += 1
+            else:
+                rows.append((copy.path, _COPY, (copy.split, copy.sha256), COPY_REASON,
+                             skipped.line(root, _relpath(copy.path, root), COPY_REASON, duplicate_of=copy.of),
+                             copy.labels))
+        if lines_file is not None:
+            with open(lines_file, "rb") as f:
+                records = (json.loads(line) for line in f)
+                for _, members in itertools.groupby(records, key=lambda r: (r["kind"], r.get("group"), r["sha256"]
+                                                                            if r["kind"] == "exact" else None)):
+                    _choose_in(list(members), root, distance, rows)
         by_reason: collections.Counter[str] = collections.Counter()
         by_split: collections.Counter[str] = collections.Counter()
         by_class: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-        last = None
-        for path, _, (split, sha256), reason, _, labels in rows:
-            if path != last:
+        last, copied = None, 0
+        for path, kind, (split, sha256), reason, _, labels in rows:
+            if kind == _COPY:
+                digests[split] += bytes.fromhex(sha256)
+                copied += 1
+                last = path
+            elif path != last:
                 last = path
                 digests[split] += bytes.fromhex(sha256)
                 by_reason[reason] += 1
@@ -153,7 +188,7 @@ def choose(lines_file: str, root: str, distance: int | None) -> Dropping:
         folder.close()
         raise
     return Dropping(keys, dict(by_reason), rows, folder, dict(by_split),
-                    {split: dict(n) for split, n in by_class.items() if n})
+                    {split: dict(n) for split, n in by_class.items() if n}, copied, unchanged)
 
 
 def _choose_in(members: list[dict[str, Any]], root: str, distance: int | None, rows: SortedRows) -> None:
@@ -217,12 +252,18 @@ def _left_out(member: dict[str, Any], copy: dict[str, Any], gap: int | None, roo
         about = {"duplicate_of": copy["path"], "distance": gap}
         reason, kind = near_reason(copy["split"]), _NEAR
     path = member["path"]
-    base = root.rstrip("/")  # no root (WriteImageDataset's elements): each path as given
-    relpath = path[len(base) + 1:] if base and path.startswith(base + "/") else path
+    relpath = _relpath(path, root)
     label = member.get("label")  # None: a line of an older run, its label unknown
     labels = tuple(label) if isinstance(label, list) else (label,) if label is not None else ()
     rows.append((path, kind, (member["split"], member["sha256"]), reason, skipped.line(root, relpath, reason, **about),
                  labels))
+
+
+def _relpath(path: str, root: str) -> str:
+    """A file's path relative to the run's input (skipped.jsonl's ``relpath``); no root (WriteImageDataset's
+    elements): its path as given."""
+    base = root.rstrip("/")
+    return path[len(base) + 1:] if base and path.startswith(base + "/") else path
 
 
 class Rewritten:
@@ -309,10 +350,11 @@ def rewrite(work: str, file_format: str, compression: str, multi_label: bool,
         _remove_staged([*(source for source, _ in staged), *writing])
         raise
     result = Rewritten(rows, [*class_counts, *(((s, label), -n) for (s, label), n in removed.items())], staged)
-    if total != dropping.count:
+    if total != dropping.left_out:
         result.discard()
-        raise DatasetError(f"--cross_split_duplicates drop names {dropping.count} files to leave out but "
-                           f"{total} records of theirs were found in the shards: no manifest written")
+        raise DatasetError(f"{dropping.left_out} files are named to leave out of the dataset (copies, or "
+                           f"--cross_split_duplicates drop) but {total} records of theirs were found in the "
+                           "shards: no manifest written")
     return result
 
 

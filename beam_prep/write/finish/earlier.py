@@ -34,19 +34,25 @@ class Earlier:
     Attributes:
       entries: each version's manifest entry, oldest first.
       from_run: the names of those the append made (the run's folder holds them): published with it.
+      copies: the run's records with the bytes of an earlier version's record, where ``find`` was asked
+        to set them apart (``near_earlier.split_off``).
     """
 
     entries: list[KeptFile]
     from_run: list[str]
+    copies: list[near_earlier.Copy] = dataclasses.field(default_factory=list)
 
 
 def find(output: str, work: str, manifest: Mapping[str, Any], hash_files: Iterable[str], listed: int, distance: int | None,
-         pairs: list[tuple[int, int]] | None, version: int | None) -> tuple[duplicates.Duplicates, Earlier]:
+         pairs: list[tuple[int, int]] | None, version: int | None,
+         set_apart: bool = False) -> tuple[duplicates.Duplicates, Earlier]:
     """``duplicates.find`` over the run's ``hash_files`` (``listed``: the most lines they hold); for an
     append (``version``, ``manifest`` the dataset's), over the dataset's records too, the groups
     holding a new one reported: over the new records and those of the dataset's that copy, or are
     near, one of them (``near_earlier``), all a group holding a new record can hold. ``pairs``: the
-    pipeline's near pairs, of the run's records alone: an append searches here.
+    pipeline's near pairs, of the run's records alone: an append searches here. ``set_apart``: the
+    run's records with the bytes of an earlier version's record (``WriteImageDataset``'s: the command
+    writes none) are set apart first (``Earlier.copies``), and the search is over the others.
 
     Raises:
       DatasetError: an earlier version's kept file is in neither the dataset nor the run's folder,
@@ -59,6 +65,8 @@ def find(output: str, work: str, manifest: Mapping[str, Any], hash_files: Iterab
     try:
         kept = [(source, root, e["version"]) for e, (source, root) in zip(earlier.entries,
                                                                           _sources(output, work, manifest, earlier))]
+        if set_apart:
+            run_files, earlier.copies = near_earlier.split_off(kept, run_files, folder)
         chosen = near_earlier.matching(kept, duplicates.read_chunks(run_files), distance, folder)
         found = duplicates.find([*(path for path, _, _ in chosen), *run_files], listed + sum(n for *_, n in chosen),
                                 distance, None, {path: v for path, v, _ in chosen}, version)

@@ -49,6 +49,7 @@ def build(
     flat: Iterable[FlatImages] = (),
     resized: Iterable[tuple[str, int]] = (),
     dropped: int | None = None,
+    set_apart: int = 0,
 ) -> dict[str, Any]:
     """The manifest dict; checks that every listed file is written or failed.
 
@@ -63,6 +64,9 @@ def build(
     ``dropped``: with ``--cross_split_duplicates drop``, the records left out of the shards
     (``drop.rewrite``): ``listed = written + failed + dropped``; ``originals``, ``flat`` and
     ``resized`` count them still (every image converted). None: the action is another.
+    ``set_apart``: an append's records left out of the shards as the dataset's own or copies of them
+    (``copies``), which ``plan`` counts as ``prepare --append`` counts them, not listed;
+    ``originals``, ``flat`` and ``resized`` count them still.
 
     Raises:
       DatasetError: if the counts do not add up (a record was lost: never write a
@@ -107,7 +111,7 @@ def build(
         raise DatasetError(
             f"{plan.listed} files listed but {written} written{left_out} and {len(failures)} failed: "
             "records were lost; no manifest written")
-    kept_or_not = _originals(config, originals, written + (dropped or 0))
+    kept_or_not = _originals(config, originals, written + (dropped or 0) + set_apart)
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     info = DatasetInfo(root=config.output, labels=tuple(plan.labels), splits=splits,
                        image=config.spec.info, compression=COMPRESSIONS[config.compression].manifest_name,

@@ -8,6 +8,7 @@ add up is the dataset staged and published (``publication``), the manifest last.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,7 +28,8 @@ from beam_prep.model import dataset_card, tfds_metadata
 from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import appended, drop, duplicates, earlier, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
-from beam_prep.write.grow.append import Additions
+from beam_prep.write.finish.near_earlier import Copy
+from beam_prep.write.grow.append import COPY_REASON, Additions
 from beam_prep.write.images import flat
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
@@ -101,8 +103,10 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
              options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Completes the dataset from its shards' reports, and returns its manifest.
 
-    Finds the duplicates among the records; with ``--cross_split_duplicates drop``, writes again
-    the shards that hold a record to leave out (``drop``); checks the counts; stages errors.jsonl,
+    Finds the duplicates among the records (for ``WriteImageDataset``'s append, those that are not
+    copies of the dataset's records, set apart first: ``copies``); with ``--cross_split_duplicates
+    drop``, or copies set apart, writes again the shards that hold a record to leave out (``drop``);
+    checks the counts; stages errors.jsonl,
     skipped.jsonl (from the run's folder), duplicates.jsonl, labels.txt, TFDS's metadata where
     TFDS can read the shards, the dataset card (``dataset_card``, unless the folder holds a file of
     its name beam-prep did not write) and the manifest in the run's folder; records the publication and
@@ -136,20 +140,26 @@ def complete(config: PrepareConfig, plan: RunPlan, reports: ShardReports,
     dataset = manifest.read(config.output) if config.append else {}
     found, before = earlier.find(config.output, work, dataset, reports.hash_files, plan.listed,
                                  distance if distance >= 0 else None, reports.near_pairs,
-                                 config.version if config.append else None)
+                                 config.version if config.append else None, config.append and plan.copies_written)
     dropping = rewritten = None
     try:
         shards, class_counts, copies = reports.shards, reports.class_counts, found.to_json()
         if config.append:
             _refuse_leaks(config, found, work)
-        if config.cross_split_duplicates == DROP:
-            dropping = drop.choose(found.lines_file, config.input, distance if distance >= 0 else None)
+        drops = config.cross_split_duplicates == DROP
+        if drops or before.copies:
+            dropping = drop.choose(found.lines_file if drops else None, config.input,
+                                   distance if distance >= 0 else None, before.copies)
             rewritten = drop.rewrite(work, config.file_format, config.compression, plan.multi_label, shards,
                                      class_counts, reports.hash_files, dropping)
-            shards, class_counts, copies = rewritten.shards, rewritten.class_counts, {**copies, **dropping.to_json()}
+            shards, class_counts = rewritten.shards, rewritten.class_counts
+            if drops:
+                copies = {**copies, **dropping.to_json()}
+        plan, counted = _set_apart(plan, before.copies)
         try:
-            built = manifest.build(config, plan, shards, class_counts, reports.failures, reports.originals, copies,
-                                   reports.flat, reports.resized, dropping.count if dropping is not None else None)
+            built = manifest.build(config, counted, shards, class_counts, reports.failures, reports.originals, copies,
+                                   reports.flat, reports.resized, dropping.count if drops else None,
+                                   len(before.copies))
             if config.append:  # the dataset's manifest, this run's version added
                 built = appended.merge(dataset, built, config.version, config.input,
                                        Additions.from_json(plan.appended or {}).counts())
@@ -204,6 +214,25 @@ def _published(output: str, run_id: str, shards: Iterable[tuple], append: bool =
     published = manifest.read(output)
     listed = {name for split in published["splits"].values() for name in split["shards"]}
     return names <= listed if append else listed == names
+
+
+def _set_apart(plan: RunPlan, found: list[Copy]) -> tuple[RunPlan, RunPlan]:
+    """An append's plan with the records ``copies`` set apart (``found``) added to what it left out
+    (``appended``), and the plan the manifest counts with: ``found`` counted as ``prepare --append``
+    counts the files it leaves out, a copy skipped (``COPY_REASON``), a file of the dataset's, unchanged,
+    neither listed nor skipped. Both ``plan`` where none was set apart."""
+    if not found:
+        return plan, plan
+    additions = Additions.from_json(plan.appended or {})
+    copied = [copy.appended_row() for copy in found if not copy.unchanged]
+    additions.copies.extend(copied)
+    additions.unchanged += len(found) - len(copied)
+    plan = dataclasses.replace(plan, appended=additions.to_json())
+    reasons = dict(plan.skipped_by_reason)
+    if copied:
+        reasons[COPY_REASON] = reasons.get(COPY_REASON, 0) + len(copied)
+    return plan, dataclasses.replace(plan, listed=plan.listed - len(found), skipped=plan.skipped + len(copied),
+                                     skipped_by_reason=reasons)
 
 
 def _refuse_leaks(config: PrepareConfig, found: duplicates.Duplicates, work: str) -> None:

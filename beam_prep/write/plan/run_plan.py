@@ -23,3 +23,5 @@ class RunPlan:
     multi_label: bool = False  # records hold a list of label ids (--metadata's labels column)
     extra_features: dict[str, str] = dataclasses.field(default_factory=dict)  # --metadata's columns: key -> kind
     appended: dict[str, Any] | None = None  # an append's word on what it left out (append.Additions.to_json())
+    # An append whose copies of the dataset's records reach the shards, set apart once written (WriteImageDataset's).
+    copies_written: bool = False

@@ -294,7 +294,7 @@ class WriteImageDataset(beam.PTransform):
     image that cannot be read or decoded, an unknown label or split), never a
     failed job. The output is the command's: shards per split, labels.txt,
     errors.jsonl and, written last, manifest.json, whose ``counts.listed`` is
-    the number of elements. Applied, it returns a PCollection of that manifest
+    the number of elements (an append's: less those the dataset holds). Applied, it returns a PCollection of that manifest
     (one dict). Labels are given and splits declared because a pipeline's writes
     are built before any element exists. See docs/guides/beam-pipeline.md.
 
@@ -328,9 +328,13 @@ class WriteImageDataset(beam.PTransform):
       append: add the elements to the dataset in ``output`` as its next version, as ``prepare --append``
         does: the options not given are the dataset's, one given that contradicts them is refused; its
         label ids stay, and ``labels`` it lacks get the next ids in the order of their names; its splits
-        unless ``splits`` is given; new shards ``<split>-v<version>-...``. Every element is written
-        (the transform holds no listing to compare with the records already there: ``prepare``'s
-        append skips copies). A dataset made with ``--stratify`` or ``--max_per_class`` is refused.
+        unless ``splits`` is given; new shards ``<split>-v<version>-...``. An element whose bytes a
+        record of the dataset has is left out, as ``prepare --append`` leaves it out: a copy (another
+        path) is named in skipped.jsonl and changed.jsonl and counted as skipped, the record's own
+        file (its path) counted as unchanged; since its sha256 is known only once a worker has read
+        it, it is written, then its shard written again without it before anything is published.
+        ``counts.listed`` is then the elements less those. A dataset made with ``--stratify`` or
+        ``--max_per_class`` is refused.
       read_concurrency: files each worker reads ahead of its work at once; the default
         reads ahead since paths may be anywhere (0: each file in the worker's thread).
       read_ahead_mb: cap on the bytes a worker's read-ahead holds (``--read_ahead_mb``).
@@ -436,7 +440,8 @@ class WriteImageDataset(beam.PTransform):
             label_ids.warn_if_ids_move(config.output, naming.labels, config.label_offset)
         plan = RunPlan(labels=list(naming.order), num_shards={s: config.num_shards for s in naming.splits},
                        listed=0, skipped=0, sink=config.sink, run_id=run_id, multi_label=naming.multi_label,
-                       extra_features=dict(naming.extra_features), appended=appended)
+                       extra_features=dict(naming.extra_features), appended=appended,
+                       copies_written=config.append)
         entries = elements | "ToEntries" >> beam.ParDo(_ElementToEntryFn(naming)).with_outputs(
             _FAILED, main="entries")
         written = entries.entries | "WriteShards" >> WriteEntriesShuffle(
