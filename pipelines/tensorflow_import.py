@@ -1,14 +1,16 @@
-"""TensorFlow for the commands that read records (``verify``, ``bench``, ``inspect --grid``),
-imported without the Keras optimizers it loads eagerly.
+"""TensorFlow for the commands that read records (``verify``, ``bench``, ``inspect --grid``,
+``report``), imported without the modules it loads only in case a caller wants them.
 
 ``import tensorflow`` ends by importing ``keras.src.optimizers``, which pulls in most of
 Keras (about a quarter of the import's CPU), so that a SavedModel's optimizers are registered
-before one is loaded. These commands read records with ``tf.data`` and load no model, so
-their import leaves that step out: TensorFlow skips it when the module cannot be imported
-(its ``except ImportError``). Only where the installed TensorFlow's own source says so
-(``guards_eager_keras``): another version imports as it always does. Keras itself still
-imports later, if anything asks for ``tf.keras``. A library caller's process is untouched:
-only these commands call this.
+before one is loaded. On the way, TensorFlow Lite imports JAX where it is installed (Grain's
+users have it), for a converter of JAX functions, and Keras imports pandas, to take a DataFrame
+as training data. These commands read records with ``tf.data``: they load no model, convert no
+JAX function and train on no DataFrame, so their import leaves those out, each where the
+importing module catches the ImportError (``guards``: only where the installed package's own
+source says so; another version imports as it always does). Each is importable again
+afterwards: Keras itself still imports if anything asks for ``tf.keras``. A library caller's
+process is untouched: only these commands call this.
 """
 from __future__ import annotations
 
@@ -16,43 +18,59 @@ import importlib.util
 import pathlib
 import re
 import sys
+from collections.abc import Mapping
 
-__all__ = ["EAGER_KERAS", "guards_eager_keras", "import_tensorflow"]
+__all__ = ["EAGER_KERAS", "LEFT_OUT", "guards", "guards_eager_keras", "import_tensorflow"]
 
 EAGER_KERAS = "keras.src.optimizers"  # what TensorFlow's __init__ imports at its end
 
-# The eager import as TensorFlow's __init__ writes it (2.21), in a try whose except takes ImportError.
-_GUARDED = re.compile(r'try:\s*\n(?:[ \t]+[^\n]*\n){0,4}?[ \t]+importlib\.import_module\("keras\.src\.optimizers"\)'
-                      r'\s*\nexcept \([^)]*\bImportError\b')
+# Each module left out -> the source file (a package, then a path in it) that imports it, and that
+# import as the file writes it (TensorFlow 2.21, Keras 3), in a try whose except takes ImportError.
+LEFT_OUT: Mapping[str, tuple[str, str, re.Pattern[str]]] = {
+    EAGER_KERAS: ("tensorflow", "__init__.py", re.compile(
+        r'try:\s*\n(?:[ \t]+[^\n]*\n){0,4}?[ \t]+importlib\.import_module\("keras\.src\.optimizers"\)'
+        r'\s*\nexcept \([^)]*\bImportError\b')),
+    "jax": ("tensorflow", "lite/python/util.py", re.compile(
+        r"try:\s*\n[ \t]+from jax import [^\n]*\nexcept \(?[^)\n]*\bImportError\b")),
+    "pandas": ("keras", "src/trainers/data_adapters/array_slicing.py", re.compile(
+        r"try:\s*\n[ \t]+import pandas\s*\nexcept \(?[^)\n]*\bImportError\b")),
+}
+
+
+def guards(module: str, source: str) -> bool:
+    """Whether ``source`` (of ``LEFT_OUT[module]``'s file) imports ``module`` where an ImportError is caught."""
+    return LEFT_OUT[module][2].search(source) is not None
 
 
 def guards_eager_keras(source: str) -> bool:
     """Whether TensorFlow's ``__init__`` source imports ``EAGER_KERAS`` where an ImportError is caught."""
-    return _GUARDED.search(source) is not None
+    return guards(EAGER_KERAS, source)
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow, unless it is already, without ``EAGER_KERAS`` where its ``__init__``
-    catches that import's failure; that module is importable again afterwards."""
+    """Imports TensorFlow, unless it is already, without each module of ``LEFT_OUT`` not imported
+    yet whose importer catches that import's failure; those modules are importable again afterwards."""
     if "tensorflow" in sys.modules or EAGER_KERAS in sys.modules:
         return
-    refused = _installed_guards()
-    if refused:
-        # The import system's "refused", checked before any parent package is imported. A finder
-        # refusing it (as ``lean_imports``' refuses Beam's modules) is asked only once ``keras``'s
-        # __init__ has started: part of Keras would be imported, and left behind half-imported.
-        sys.modules[EAGER_KERAS] = None  # type: ignore[assignment]
+    # The import system's "refused", checked before any parent package is imported. A finder
+    # refusing it (as ``lean_imports``' refuses Beam's modules) is asked only once ``keras``'s
+    # __init__ has started: part of Keras would be imported, and left behind half-imported.
+    refused = [module for module in LEFT_OUT if module not in sys.modules and _installed_guards(module)]
+    for module in refused:
+        sys.modules[module] = None  # type: ignore[assignment]
     try:
         import tensorflow  # noqa: F401
     finally:
-        if refused and sys.modules.get(EAGER_KERAS, False) is None:
-            del sys.modules[EAGER_KERAS]
+        for module in refused:
+            if sys.modules.get(module, False) is None:
+                del sys.modules[module]
 
 
-def _installed_guards() -> bool:
+def _installed_guards(module: str) -> bool:
+    package, path, _ = LEFT_OUT[module]
     try:
-        spec = importlib.util.find_spec("tensorflow")
+        spec = importlib.util.find_spec(package)  # the top package's: nothing of it imported
         origin = spec.origin if spec is not None else None
-        return origin is not None and guards_eager_keras(pathlib.Path(origin).read_text(encoding="utf-8"))
+        return origin is not None and guards(module, (pathlib.Path(origin).parent / path).read_text(encoding="utf-8"))
     except (OSError, ValueError, ImportError):
         return False

@@ -430,11 +430,14 @@ def test_inspecting_a_local_output_imports_no_tensorflow(output):
 
 def test_tensorflow_is_imported_without_kerass_optimizers_and_keras_still_imports_after():
     """``tensorflow_import``: TensorFlow's eager import of Keras's optimizers is left out, and asked
-    for later (``tf.keras``), Keras imports in the same process."""
+    for later (``tf.keras``), Keras imports in the same process; so are JAX and pandas (installed here:
+    Grain's extra, Hugging Face's), imported by TensorFlow Lite and Keras in case a caller wants them."""
     code = ("import sys; from pipelines.tensorflow_import import import_tensorflow; import_tensorflow(); "
-            "assert 'tensorflow' in sys.modules and 'keras.src.optimizers' not in sys.modules, 'keras imported'; "
+            "left = [m for m in ('keras.src.optimizers', 'jax', 'pandas') if m in sys.modules]; "
+            "assert 'tensorflow' in sys.modules and not left, left; "
             "import tensorflow as tf; assert tf.data.Dataset.range(3).reduce(tf.constant(0, tf.int64), lambda a, b: a + b) == 3; "
-            "tf.keras.optimizers.SGD(); assert 'keras.src.optimizers' in sys.modules")
+            "tf.keras.optimizers.SGD(); assert 'keras.src.optimizers' in sys.modules; "
+            "import jax.numpy, pandas; assert int(jax.numpy.arange(3).sum()) == 3 and len(pandas.DataFrame({'a': [1]})) == 1")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -451,6 +454,21 @@ def test_keras_is_left_out_only_where_tensorflows_own_import_of_it_may_fail():
     assert not guards_eager_keras(source.replace("except (ImportError, AttributeError):", "except AttributeError:"))
     assert not guards_eager_keras(source.replace("except (ImportError, AttributeError):", "finally:"))
     assert not guards_eager_keras(source.replace('importlib.import_module("keras.src.optimizers")', "pass"))
+
+
+@pytest.mark.parametrize("module", ["jax", "pandas"])
+def test_jax_and_pandas_are_left_out_only_where_their_importers_catch_the_failure(module):
+    """As Keras's optimizers: the installed file that imports the module catches its ImportError (the
+    test above imports TensorFlow without it), and a file that would not is imported as it is."""
+    import importlib.util
+
+    from pipelines.tensorflow_import import LEFT_OUT, guards
+
+    package, path, _ = LEFT_OUT[module]
+    source = (pathlib.Path(importlib.util.find_spec(package).origin).parent / path).read_text(encoding="utf-8")
+    assert guards(module, source)
+    assert not guards(module, source.replace("except ImportError:", "except AttributeError:"))
+    assert not guards(module, source.replace("except ImportError:", "finally:"))
 
 
 @pytest.mark.parametrize("command", ["verify", "inspect --grid", "bench", "inspect"])
