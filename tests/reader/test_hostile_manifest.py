@@ -200,17 +200,36 @@ def test_the_shard_cache_and_every_reader_refuse_a_gs_manifest_naming_a_shard_be
     assert _nothing_ran(tmp_path)
 
 
-@pytest.mark.parametrize("kind", ["parent", "absolute", "semicolon", "manifest_case"])
-def test_inspect_and_verify_exit_2_on_a_gs_manifest_naming_a_shard_beam_prep_never_writes(gcs_server, gcs_bucket,
-                                                                                         tmp_path, kind):
-    victim, name, why = _hostile(kind, tmp_path)
-    url = _serve(gcs_bucket, "tfrecord", name)
-    victim.parent.mkdir()
-    for module in ("pipelines.inspect_output", "pipelines.verify_output"):
-        done = gcs_server.run([sys.executable, "-m", module, url], cwd=REPO, check=False)
-        assert done.returncode == 2, done.stderr[-3000:]
-        assert done.stderr.strip().splitlines()[-1] == "error: " + _refusal(f"{url}/manifest.json", name, why)
-    assert list(victim.parent.iterdir()) == [] and not list(REPO.glob("PWNED*"))
+# Runs ``beam-prep inspect`` and ``beam-prep verify`` (their ``main``) on each URL in one process, as the
+# commands would each in theirs: one import of TensorFlow for them all. Prints [exit code, stderr] per run.
+_COMMANDS_ON_EACH = """
+import contextlib, io, json, sys
+from pipelines import inspect_output, verify_output
+for url in sys.argv[1:]:
+    for command in (inspect_output, verify_output):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = command.main([url])
+        print(json.dumps([code, err.getvalue()]), flush=True)
+"""
+
+
+def test_inspect_and_verify_exit_2_on_a_gs_manifest_naming_a_shard_beam_prep_never_writes(gcs_server, tmp_path):
+    kinds = ["parent", "absolute", "semicolon", "manifest_case"]
+    hostile = {kind: _hostile(kind, tmp_path / kind) for kind in kinds}
+    urls = {kind: _serve(gcs_server.new_bucket(), "tfrecord", hostile[kind][1]) for kind in kinds}
+    for victim, _, _ in hostile.values():
+        victim.parent.mkdir(parents=True)
+    done = gcs_server.run([sys.executable, "-c", _COMMANDS_ON_EACH, *urls.values()], cwd=REPO)
+    runs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(runs) == 2 * len(kinds), done.stdout
+    for (kind, url), (inspected, verified) in zip(urls.items(), zip(runs[::2], runs[1::2]), strict=True):
+        _, name, why = hostile[kind]
+        for code, stderr in (inspected, verified):
+            assert code == 2, stderr[-3000:]
+            assert stderr.strip().splitlines()[-1] == "error: " + _refusal(f"{url}/manifest.json", name, why)
+    assert all(list(victim.parent.iterdir()) == [] for victim, _, _ in hostile.values())
+    assert not list(REPO.glob("PWNED*"))
 
 
 def test_a_manifest_of_plain_names_reads(tmp_path):
