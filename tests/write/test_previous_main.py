@@ -20,6 +20,7 @@ from helpers import REPO, make_tree, prepare_here, read_split
 import beam_prep
 from beam_prep.errors import DatasetError
 from beam_prep.tools.verification import verify
+from beam_prep.write.grow.append import COPY_REASON
 
 pytestmark = pytest.mark.slow  # TensorFlow reads it, and the append runs a pipeline
 
@@ -94,8 +95,8 @@ def test_it_appends_a_new_class_and_new_images_keeping_its_ids_and_shards(previo
 
 def test_write_image_dataset_appends_to_it_and_keeps_its_hash_lines(previous, tmp_path):
     """``WriteImageDataset(append=True)`` on a dataset that keeps no hash lines: it reads them from the
-    shards once (no listing does it for the transform), finds a copy of an old record among its elements,
-    and publishes version 1's kept file with version 2's."""
+    shards once (no listing does it for the transform), finds a copy of an old record among its elements
+    and leaves it out, as ``prepare --append`` does, and publishes version 1's kept file with version 2's."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -105,7 +106,8 @@ def test_write_image_dataset_appends_to_it_and_keeps_its_hash_lines(previous, tm
     make_tree(tree, COUNTS, size=SIZE)  # the tree it was made from, byte for byte
     make_tree(batch, {"aardvark": 2, "circles": 2}, size=(20, 24))
     old = min((tree / "stars").iterdir())
-    shutil.copyfile(old, batch / "circles" / "copy_of_a_star.jpg")
+    copy = batch / "circles" / "copy_of_a_star.jpg"
+    shutil.copyfile(old, copy)
     before = sha256s(previous)
     elements = [(str(p), p.parent.name) for p in sorted(batch.rglob("*.jpg"))]
     options = PipelineOptions([], direct_running_mode="in_memory")
@@ -114,11 +116,12 @@ def test_write_image_dataset_appends_to_it_and_keeps_its_hash_lines(previous, tm
                                                                     root=str(batch), append=True)
     manifest = json.loads((previous / "manifest.json").read_text())
     assert [(v["version"], v["file"], v["records"]) for v in manifest["hash_files"]] == [
-        (1, "hashes-v1.tsv.gz", 12), (2, "hashes-v2.tsv.gz", 5)]
+        (1, "hashes-v1.tsv.gz", 12), (2, "hashes-v2.tsv.gz", 4)]
     assert {name: sha256s(previous)[name] for name in before if name.endswith(".tfrecord.gz")} == \
         {name: d for name, d in before.items() if name.endswith(".tfrecord.gz")}
-    copies = {(row["path"], row["version"]) for line in (previous / "duplicates.jsonl").read_text().splitlines()
-              if (row := json.loads(line))["sha256"] == hashlib.sha256(old.read_bytes()).hexdigest()}
-    assert copies == {(f"/previous-main/tree/stars/{old.name}", 1), (str(batch / "circles" / "copy_of_a_star.jpg"), 2)}
+    skipped = [json.loads(line) for line in (previous / "skipped.jsonl").read_text().splitlines()]
+    assert [(row["reason"], row["duplicate_of"]) for row in skipped if row["path"] == str(copy)] == [
+        (COPY_REASON, f"/previous-main/tree/stars/{old.name}")]
+    assert manifest["versions"][-1]["appended"]["copies"] == 1
     report = verify(str(previous))
     assert report.ok, report.problems
