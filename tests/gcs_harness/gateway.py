@@ -164,6 +164,7 @@ class _GatewayHandler(http.server.BaseHTTPRequestHandler):
         self.others_in_flight = gateway._take_off()
         self._flying = True
         try:
+            gateway._arrive(self.command, self.path)
             time.sleep(gateway.latency_s)  # concurrent requests wait side by side
             self._serve_request(body)
         finally:
@@ -469,6 +470,13 @@ class GcsGateway:
         self.max_in_flight = 0
         #: Seconds added to every request before it is answered; see ``set_latency``.
         self.latency_s = 0.0
+        # hold_reads: the bucket whose reads are held, the most a read waits, the requests for it so far.
+        self._hold = threading.Condition()
+        self._held_bucket: str | None = None
+        self._hold_timeout_s = 0.0
+        self._arrivals = 0
+        #: Reads ``hold_reads`` let go because no request came after them in time.
+        self.held_out = 0
 
     @property
     def port(self) -> int:
@@ -500,6 +508,35 @@ class GcsGateway:
         on a real network, and the one-at-a-time emulator is not held meanwhile.
         """
         self.latency_s = seconds
+
+    def hold_reads(self, bucket: str | None, timeout_s: float = 0.0) -> None:
+        """From now on (None: no longer), holds each object read of ``bucket`` until the gateway
+        receives a later request for the bucket, or ``timeout_s`` has passed (counted in ``held_out``).
+
+        A reader that reads ahead sends its next read while one is held, and each read is let go at
+        once; one that waits for an answer before its next read meets the timeout: which it does
+        shows in a count, not in how long anything took.
+        """
+        with self._hold:
+            if bucket is not None:
+                self.held_out = 0  # a new hold's count: None ends the hold and keeps it
+            self._held_bucket, self._hold_timeout_s = bucket, timeout_s
+            self._hold.notify_all()
+
+    def _arrive(self, method: str, path: str) -> None:
+        """Counts a request for the held bucket, letting earlier reads go; holds it, if it is a read."""
+        with self._hold:
+            bucket = self._held_bucket
+            if bucket is None or f"/b/{bucket}/" not in path:
+                return
+            self._arrivals += 1
+            mine = self._arrivals
+            self._hold.notify_all()
+            if method != "GET" or "alt=media" not in path:
+                return
+            if not self._hold.wait_for(lambda: self._arrivals > mine or self._held_bucket != bucket,
+                                       self._hold_timeout_s):
+                self.held_out += 1
 
     def fail(self, bucket: str, name: str, status: int, times: int | None = None) -> None:
         """Answers the next ``times`` requests for object ``name`` with ``status`` (every one if None)."""
