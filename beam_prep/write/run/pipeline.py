@@ -93,10 +93,11 @@ class NothingToAdd(Exception):
 
 
 class _Prepared(NamedTuple):
-    """A built job: its run id, the pipeline, and what its progress is counted against."""
+    """A built job: its run id, the pipeline (None where every shard is kept: nothing to run), and what
+    its progress is counted against."""
 
     run_id: str
-    pipeline: beam.Pipeline
+    pipeline: beam.Pipeline | None
     plan: RunPlan
     resumable: bool  # the run's folder records what it finishes (streaming sink, local runner)
     kept: tuple[resume.ShardRecord, ...] = ()  # shards a resumed run keeps from the run it continues
@@ -614,9 +615,12 @@ def _prepare(config: PrepareConfig, options: PipelineOptions, run_id: str,
     _fit_workers(options, (sum(run_plan.split_counts.values()) or run_plan.listed) - resume.images_in(kept))
     if pool is not None:
         pool.fit(local_workers(options))
+    job = _Prepared(run_plan.run_id, None, run_plan, resumable, tuple(kept), recorded)
+    if job.all_kept:  # a resumed run whose shards are all written only publishes: no pipeline is built
+        return job
     p = beam.Pipeline(runner=local_runner(options, pool), options=options)
     build(p, config, run_plan, progress_folder, finalize=not resumable, options=recorded)
-    return _Prepared(run_plan.run_id, p, run_plan, resumable, tuple(kept), recorded)
+    return job._replace(pipeline=p)
 
 
 def _write_run_folder(config: PrepareConfig, listing: Listing, run_plan: RunPlan,
