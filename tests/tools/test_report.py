@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -107,20 +108,47 @@ def test_beam_prep_lists_report():
     assert "report" in cli.COMMANDS and "report" in cli.usage()
 
 
+# ``beam-prep report`` (its ``main``) run once per line of arguments read from stdin, in one process: one
+# import of TensorFlow for every run. Answers each line with a line: [exit code, stdout, stderr].
+_REPORT_SESSION = """
+import contextlib, io, json, sys
+from pipelines import report_output
+for line in sys.stdin:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = report_output.main(json.loads(line))
+    print("\x1e" + json.dumps([code, out.getvalue(), err.getvalue()]), flush=True)
+"""
+
+
 def test_report_reads_a_gs_output_and_writes_beside_it(gcs_server, output, tmp_path):
     bucket = gcs_server.new_bucket()
     bucket.upload_tree(output, "records")
     url = bucket.url("records")
-    result = gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url], cwd=REPO)
-    assert f"report: {url}/report.html" in result.stdout
-    assert bucket.read_bytes("records/report.html").startswith(b"<!DOCTYPE html>")
-    gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url], cwd=REPO)  # its own page: written again
-    bucket.write_bytes("records/report.html", b"<p>notes of our own</p>")
-    refused = gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url], cwd=REPO, check=False)
-    assert refused.returncode == 2 and f"error: {url}/report.html is not a report beam-prep wrote" in refused.stderr
-    assert bucket.read_bytes("records/report.html") == b"<p>notes of our own</p>"
-    local = tmp_path / "local.html"
-    gcs_server.run([sys.executable, "-m", "pipelines.cli", "report", url, "--to", str(local)], cwd=REPO)
+    session = subprocess.Popen([sys.executable, "-c", _REPORT_SESSION], cwd=REPO, env=gcs_server.subprocess_env(),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def report(*args: str) -> tuple[int, str, str]:
+        session.stdin.write(json.dumps([*args]) + "\n")
+        session.stdin.flush()
+        while not (line := session.stdout.readline()).startswith("\x1e"):
+            assert line, "the report session ended"
+        return tuple(json.loads(line[1:]))
+
+    try:
+        code, stdout, stderr = report(url)
+        assert code == 0 and f"report: {url}/report.html" in stdout, stderr
+        assert bucket.read_bytes("records/report.html").startswith(b"<!DOCTYPE html>")
+        assert report(url)[0] == 0  # its own page: written again
+        bucket.write_bytes("records/report.html", b"<p>notes of our own</p>")
+        code, _, stderr = report(url)
+        assert code == 2 and f"error: {url}/report.html is not a report beam-prep wrote" in stderr
+        assert bucket.read_bytes("records/report.html") == b"<p>notes of our own</p>"
+        local = tmp_path / "local.html"
+        assert report(url, "--to", str(local))[0] == 0
+    finally:
+        session.stdin.close()
+        session.wait(timeout=120)
     text = page(local)
     assert text.count("<figure data-gallery") == 12 * 2  # 2 images each, read from the bucket's shards
 
