@@ -27,7 +27,8 @@ SAVED/kill-N (local folders only).
 With ``--started_with_overwrite`` (last), the reference run and the base run are given ``--overwrite``,
 and the runs from the base are not: they resume it, as the guide says to.
 
-TREE maps each file under OUTPUT (``.beam-prep`` included) to its sha256; the manifest's
+TREE maps each file under OUTPUT (``.beam-prep`` included) to its sha256 (on gs://, the MD5, CRC32C and
+size the server keeps: one listing, not a download of each object); the manifest's
 ``created`` lines (its own and its versions'), the lines two runs of a command differ in, are left
 out of its hash.
 """
@@ -58,12 +59,34 @@ def files(folder: str) -> list[str]:
 
 
 def tree(folder: str) -> dict[str, str]:
+    if "://" in folder:
+        return _gcs_tree(folder)
     digests = {}
     for name in files(folder):
         with FileSystems.open(f"{folder.rstrip('/')}/{name}", compression_type="uncompressed") as f:
             data = f.read()
-        digests[name] = hashlib.sha256(_CREATED.sub(b"", data) if name == "manifest.json" else data).hexdigest()
+        digests[name] = _digest(name, data)
     return digests
+
+
+def _digest(name: str, data: bytes) -> str:
+    return hashlib.sha256(_CREATED.sub(b"", data) if name == "manifest.json" else data).hexdigest()
+
+
+def _gcs_tree(folder: str) -> dict[str, str]:
+    """A gs:// folder's TREE from one listing: each object's MD5 and CRC32C as the server keeps them
+    (the manifest alone read, for its ``created`` lines), rather than a download of every object."""
+    from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
+
+    bucket, prefix = parse_gcs_path(folder.rstrip("/") + "/", object_optional=True)
+    client = GcsIO().client
+    digests = {}
+    for blob in client.list_blobs(client.bucket(bucket), prefix=prefix):
+        name = blob.name[len(prefix):]
+        digests[name] = (_digest(name, blob.download_as_bytes()) if name == "manifest.json"
+                         else f"md5:{blob.md5_hash} crc32c:{blob.crc32c} size:{blob.size}")
+        assert blob.md5_hash and blob.crc32c, f"the server keeps no checksum of {blob.name}"
+    return dict(sorted(digests.items()))
 
 
 def copy(source: str, target: str) -> None:
