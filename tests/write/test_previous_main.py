@@ -1,10 +1,12 @@
-"""A dataset written by an earlier beam-prep (``tests/data/previous-main``) still reads, verifies and appends.
+"""Datasets written by earlier beam-preps (``tests/data/previous-main*``) still read, verify and append.
 
-The folder was written by the beam-prep before shard names became an allow-list, manifests gained
-versions and publications a record (commit 04f8dea): ``make_tree(TREE, COUNTS, size=SIZE)``, then
-``prepare --input /previous-main/tree --output /previous-main/dataset --image_size 16
---validation_percent 30``. Its tree is made again here, byte for byte (``make_tree``'s images
-depend only on their position), so an append can run from it.
+Each folder was written by an earlier main from the same tree and command: ``make_tree(TREE, COUNTS,
+size=SIZE)``, then ``prepare --input /previous-main/tree --output /previous-main/dataset --image_size 16
+--validation_percent 30``. ``previous-main``: commit 04f8dea, before shard names became an allow-list,
+manifests gained versions and publications a record (one shard a split). ``previous-main-fcc3790``:
+commit fcc3790, with versions but before kept hash files, kept stamps and the dataset card (two shards
+a split). The tree is made again here, byte for byte (``make_tree``'s images depend only on their
+position), so an append can run from it.
 """
 from __future__ import annotations
 
@@ -24,14 +26,16 @@ from beam_prep.write.grow.append import COPY_REASON
 
 pytestmark = pytest.mark.slow  # TensorFlow reads it, and the append runs a pipeline
 
-PREVIOUS = REPO / "tests" / "data" / "previous-main"
+# Each earlier main's dataset, by its commit.
+PREVIOUS = {"04f8dea": REPO / "tests" / "data" / "previous-main",
+            "fcc3790": REPO / "tests" / "data" / "previous-main-fcc3790"}
 COUNTS, SIZE = {"circles": 5, "squares": 4, "stars": 3}, (24, 20)
 
 
-@pytest.fixture
-def previous(tmp_path) -> pathlib.Path:
-    """A copy of the earlier beam-prep's dataset, writable."""
-    return pathlib.Path(shutil.copytree(PREVIOUS, tmp_path / "dataset"))
+@pytest.fixture(params=sorted(PREVIOUS))
+def previous(request, tmp_path) -> pathlib.Path:
+    """A copy of an earlier beam-prep's dataset, writable."""
+    return pathlib.Path(shutil.copytree(PREVIOUS[request.param], tmp_path / "dataset"))
 
 
 def sha256s(folder: pathlib.Path) -> dict[str, str]:
@@ -48,7 +52,8 @@ def by_split(out: pathlib.Path) -> dict[str, collections.Counter]:
 
 def test_it_reads_and_verifies_as_version_1(previous):
     manifest = json.loads((previous / "manifest.json").read_text())
-    assert "versions" not in manifest  # made before them
+    assert "hash_files" not in manifest and "stamp_files" not in manifest  # made before them
+    assert [v["version"] for v in manifest.get("versions", [{"version": 1}])] == [1]  # 04f8dea: none, so 1
     info = beam_prep.load_info(str(previous))
     assert info.labels == ("circles", "squares", "stars")
     assert {name: s.num_examples for name, s in info.splits.items()} == {"train": 9, "validation": 3}
