@@ -470,11 +470,14 @@ class GcsGateway:
         self.max_in_flight = 0
         #: Seconds added to every request before it is answered; see ``set_latency``.
         self.latency_s = 0.0
-        # hold_reads: the bucket whose reads are held, the most a read waits, the requests for it so far.
+        # hold_reads: the bucket whose reads are held, in groups of how many, for how long at most; the
+        # reads held now, and how many groups went.
         self._hold = threading.Condition()
         self._held_bucket: str | None = None
+        self._hold_group = 1
         self._hold_timeout_s = 0.0
-        self._arrivals = 0
+        self._held_now = 0
+        self._released = 0
         #: Reads ``hold_reads`` let go because no request came after them in time.
         self.held_out = 0
 
@@ -509,33 +512,38 @@ class GcsGateway:
         """
         self.latency_s = seconds
 
-    def hold_reads(self, bucket: str | None, timeout_s: float = 0.0) -> None:
-        """From now on (None: no longer), holds each object read of ``bucket`` until the gateway
-        receives a later request for the bucket, or ``timeout_s`` has passed (counted in ``held_out``).
+    def hold_reads(self, bucket: str | None, group: int = 1, timeout_s: float = 0.0) -> None:
+        """From now on (None: no longer), holds each object read of ``bucket`` until ``group`` reads are
+        held at once, then lets them all go; a read held ``timeout_s`` goes alone (counted in ``held_out``).
 
-        A reader that reads ahead sends its next read while one is held, and each read is let go at
-        once; one that waits for an answer before its next read meets the timeout: which it does
-        shows in a count, not in how long anything took.
+        A reader that keeps ``group`` reads in flight sends its next one while the others are held, so
+        its reads go in groups and none waits; one that waits for an answer before sending its next
+        read, with fewer out, meets the timeout: which it does shows in a count, not in how long
+        anything took, and not in the order concurrent requests happen to reach the server.
         """
         with self._hold:
             if bucket is not None:
                 self.held_out = 0  # a new hold's count: None ends the hold and keeps it
-            self._held_bucket, self._hold_timeout_s = bucket, timeout_s
+            self._held_bucket, self._hold_group, self._hold_timeout_s = bucket, group, timeout_s
+            self._held_now = 0
             self._hold.notify_all()
 
     def _arrive(self, method: str, path: str) -> None:
-        """Counts a request for the held bucket, letting earlier reads go; holds it, if it is a read."""
+        """Holds a read of the held bucket until its group is complete (``hold_reads``)."""
         with self._hold:
             bucket = self._held_bucket
-            if bucket is None or f"/b/{bucket}/" not in path:
+            if bucket is None or method != "GET" or "alt=media" not in path or f"/b/{bucket}/o/" not in path:
                 return
-            self._arrivals += 1
-            mine = self._arrivals
-            self._hold.notify_all()
-            if method != "GET" or "alt=media" not in path:
+            self._held_now += 1
+            if self._held_now >= self._hold_group:  # the group is complete: all of it goes
+                self._held_now = 0
+                self._released += 1
+                self._hold.notify_all()
                 return
-            if not self._hold.wait_for(lambda: self._arrivals > mine or self._held_bucket != bucket,
+            released = self._released
+            if not self._hold.wait_for(lambda: self._released != released or self._held_bucket != bucket,
                                        self._hold_timeout_s):
+                self._held_now -= 1
                 self.held_out += 1
 
     def fail(self, bucket: str, name: str, status: int, times: int | None = None) -> None:

@@ -172,12 +172,12 @@ def shard_bucket(gcs_server, tmp_path_factory):
 def _prepare(gcs_server, bucket, out, sink: str, concurrency: int, latency_s: float,
              hold_s: float | None = None) -> list:
     """One worker writes ``SHARDS`` shards from gs://; returns the image reads the gateway saw. With
-    ``hold_s``, the gateway holds each read until the next request comes (``GcsGateway.hold_reads``)."""
+    ``hold_s``, the gateway holds the reads until ``concurrency`` are held at once (``GcsGateway.hold_reads``)."""
     gateway = gcs_server.gateway
     since = len(gateway.seen())
     gateway.set_latency(latency_s)
     if hold_s is not None:
-        gateway.hold_reads(bucket.name, hold_s)
+        gateway.hold_reads(bucket.name, concurrency, hold_s)
     try:
         gcs_server.run(prepare_images.command(
             "--input", bucket.url("images"), "--output", str(out), "--image_size", "16", "--sink", sink,
@@ -199,18 +199,18 @@ def _shard_heads(out: pathlib.Path, n: int) -> list[list[str]]:
 
 
 def test_the_next_shards_reads_start_before_a_shard_is_done(gcs_server, shard_bucket, tmp_path):
-    """One worker writes 4 shards of 6 images, 4 reads ahead, each read held by the server until the
-    next request comes. A window drained at each shard's end sends the next shard's first read only
-    once the shard's last read is answered, so each shard's last read waits out the hold; carried
-    over, the next shard's first reads go out while a shard's last read is held, and only the run's
-    very last read waits it out. A count, not a time: however slow the machine, the worker sends its
-    next read within the hold (20 s) unless it waits for the held one."""
+    """One worker writes 4 shards of 6 images, 4 reads ahead, and the server holds the reads until 4 are
+    held at once (then lets them all go). Carried over shard ends, the window keeps 4 reads out: each
+    read consumed sends the next, so the reads go in groups of 4, the 24 in 6, and none waits. A window
+    drained at each shard's end has only the shard's last reads out there (6 is no multiple of 4), and
+    those wait out the hold. A count, not a time: however slow the machine, no read waits unless the
+    reader stops sending while fewer than 4 are out."""
     window = 4
     reads = _prepare(gcs_server, shard_bucket, tmp_path / "ahead", "streaming", concurrency=window, latency_s=0.0,
-                     hold_s=20.0)
+                     hold_s=10.0)
     assert len(reads) == IMAGES and all(r.status == 200 for r in reads)
     assert len(_shard_heads(tmp_path / "ahead", window)) == SHARDS
-    assert gcs_server.gateway.held_out == 1  # the run's last read: nothing comes after it
+    assert gcs_server.gateway.held_out == 0
     assert max(r.others_in_flight for r in reads) <= window - 1  # the window's cap holds across shards
     # One request an image, over the worker's kept-alive connections: none opened per read.
     assert len({r.connection for r in reads}) <= window
