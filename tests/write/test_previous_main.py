@@ -3,10 +3,10 @@
 Each folder was written by an earlier main from the same tree and command: ``make_tree(TREE, COUNTS,
 size=SIZE)``, then ``prepare --input /previous-main/tree --output /previous-main/dataset --image_size 16
 --validation_percent 30``. ``previous-main``: commit 04f8dea, before shard names became an allow-list,
-manifests gained versions and publications a record (one shard a split). ``previous-main-fcc3790``:
-commit fcc3790, with versions but before kept hash files, kept stamps and the dataset card (two shards
-a split). The tree is made again here, byte for byte (``make_tree``'s images depend only on their
-position), so an append can run from it.
+manifests gained versions and publications a record (one shard a split). ``previous-main-234e638``:
+commit 234e638, the main these appends were built on: versions and the sources' tallies, but no kept
+hash files, kept stamps or dataset card (two shards a split). The tree is made again here, byte for
+byte (``make_tree``'s images depend only on their position), so an append can run from it.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # TensorFlow reads it, and the append runs a pipe
 
 # Each earlier main's dataset, by its commit.
 PREVIOUS = {"04f8dea": REPO / "tests" / "data" / "previous-main",
-            "fcc3790": REPO / "tests" / "data" / "previous-main-fcc3790"}
+            "234e638": REPO / "tests" / "data" / "previous-main-234e638"}
 COUNTS, SIZE = {"circles": 5, "squares": 4, "stars": 3}, (24, 20)
 
 
