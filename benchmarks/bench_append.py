@@ -62,12 +62,12 @@ print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.pr
                   "count": existing.records}))
 """
 _HASHING = """
-import json, sys, time
-from beam_prep.write.grow.append import _hashed
+import concurrent.futures, json, sys, time
+from beam_prep.write.grow.append import _THREADS, _sha256s
 from beam_prep.write.plan.listing import list_tree
-with list_tree(sys.argv[1]) as listing:
+with list_tree(sys.argv[1]) as listing, concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
     start, cpu = time.perf_counter(), time.process_time()
-    files = sum(len(chunk) for chunk in _hashed(entry.path for entry in listing.entries()))
+    files = len(_sha256s(pool, [entry.path for entry in listing.entries()]))
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, "count": files}))
 """
 RUNS = {

@@ -9,6 +9,7 @@ multi-process run follows.
 """
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 
@@ -57,6 +58,12 @@ def start_workers_early(argv: Sequence[str], fork: bool = False) -> None:
 
 def import_beam_then_start_workers(argv: Sequence[str]) -> None:
     """A ``prepare`` command's first step: Beam imported, as lean as ``argv`` allows
-    (``local_only``), then its workers forked from this process (``start_workers_early``)."""
+    (``local_only``), then its workers forked from this process (``start_workers_early``).
+
+    What the imports made is moved out of the garbage collector's sight (``gc.freeze``) before the
+    fork: it lives as long as the process, so no collection need walk it again, in the launcher
+    (whose listing and append make objects by the million) or in a forked worker (whose collections
+    then leave those objects, shared with the launcher since the fork, untouched)."""
     import_beam(local=local_only(argv))
+    gc.freeze()
     start_workers_early(argv, fork=True)

@@ -179,3 +179,23 @@ def test_the_run_file_lists_each_file_with_a_stamp_sorted_by_path(tmp_path):
     writer.close(str(tmp_path))
     assert gzip.decompress((tmp_path / stamps.RUN_FILE).read_bytes()).decode().splitlines() == [
         '3\tg17\t"a/\\u00e9.jpg"', '3\t9\t"b/2.jpg"']
+
+
+@pytest.mark.parametrize("name", ["a/b.jpg", 'quote"d', "back\\slash", "caf\u00e9", "\udcff.jpg", "tab\there",
+                                  "new\nline", "", "~!#[]{}$(x);", "\u6f22\u5b57/\U0001f600.png"])
+def test_a_kept_path_reads_back_as_json_reads_it(name):
+    """The kept files' quoted paths are read by a shortcut for plain ASCII: every name reads as json.loads reads it."""
+    from beam_prep.write.shared.entry import _quoted, unquoted
+
+    quoted = _quoted(name).encode()
+    assert unquoted(quoted) == json.loads(quoted) == name
+
+
+@pytest.mark.parametrize("line", [b'"open', b'close"', b'"a"b"', b'"ctl\x01"', b'"\xff"', b""])
+def test_a_damaged_kept_path_is_refused_as_json_refuses_it(line):
+    from beam_prep.write.shared.entry import unquoted
+
+    with pytest.raises(ValueError):
+        json.loads(line)
+    with pytest.raises(ValueError):
+        unquoted(line)

@@ -281,27 +281,28 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     keep = set()
     new_labels: set[str] = set()
     by_content = config.append_check == "content"
-    for chunk in _looked_up(listing.entries(), existing):
-        existing.note_listed(printable(entry.path) for entry, _ in chunk)
-        sums = _sha256s([entry.path for entry, before in chunk if _must_read(entry, before, existing, by_content)])
-        for entry, before in chunk:
-            if printable(entry.path) in existing.failed:  # errors.jsonl names files as messages show them
-                additions.failed_before += 1
-            elif before is not None:
-                sha256 = sums.get(entry.path)
-                if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
-                    additions.unchanged += 1
+    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
+        for chunk in _looked_up(listing.entries(), existing):
+            sums = _sha256s(pool, [entry.path for entry, shown, before in chunk
+                                   if _must_read(entry, shown, before, existing, by_content)])
+            for entry, shown, before in chunk:
+                if shown in existing.failed:  # errors.jsonl names files as messages show them
+                    additions.failed_before += 1
+                elif before is not None:
+                    sha256 = sums.get(entry.path)
+                    if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
+                        additions.unchanged += 1
+                    else:
+                        additions.changed.append({"path": shown, "sha256": before.sha256, "now": sha256})
+                elif shown in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
+                    additions.skipped_before += 1
+                elif (copy := existing.by_sha256(sha256 := sums[entry.path])) is not None:
+                    additions.copies.append({"path": shown, "sha256": sha256, "split": entry.split, "of": copy[1],
+                                             "of_split": copy[0]})
+                    listing.add_skip(entry.relpath, COPY_REASON)
                 else:
-                    additions.changed.append({"path": printable(entry.path), "sha256": before.sha256, "now": sha256})
-            elif printable(entry.path) in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
-                additions.skipped_before += 1
-            elif (copy := existing.by_sha256(sha256 := sums[entry.path])) is not None:
-                additions.copies.append({"path": printable(entry.path), "sha256": sha256, "split": entry.split, "of": copy[1],
-                                         "of_split": copy[0]})
-                listing.add_skip(entry.relpath, COPY_REASON)
-            else:
-                keep.add(entry.relpath)
-                new_labels.update(label for label in entry.counted_labels if label not in info.labels)
+                    keep.add(entry.relpath)
+                    new_labels.update(label for label in entry.counted_labels if label not in info.labels)
     additions.gone = [{"path": path, "sha256": sha256} for path, sha256 in existing.gone(config.input.rstrip("/") + "/")]
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
@@ -327,44 +328,41 @@ def held(info: DatasetInfo) -> dict[str, int]:
     return dict(counts)
 
 
-def _looked_up(entries: Iterator[FileEntry], existing: Existing) -> Iterator[list[tuple[FileEntry, Record | None]]]:
-    """Each entry with the dataset's latest record of its path (None: none), ``_CHUNK`` entries at a time; the
-    dataset names its records' paths as messages show them (``printable``: a name that is not UTF-8 escaped)."""
+def _looked_up(entries: Iterator[FileEntry],
+               existing: Existing) -> Iterator[list[tuple[FileEntry, str, Record | None]]]:
+    """Each entry with its path as the dataset names its records' (``printable``: a name that is not UTF-8
+    escaped) and the dataset's latest record of it (None: none), ``_CHUNK`` entries at a time."""
     while chunk := list(itertools.islice(entries, _CHUNK)):
-        yield list(zip(chunk, existing.latest([entry.path for entry in chunk])))
+        shown = [printable(entry.path) for entry in chunk]
+        yield list(zip(chunk, shown, existing.latest(shown)))
 
 
-def _must_read(entry: FileEntry, before: Record | None, existing: Existing, by_content: bool) -> bool:
-    """Whether ``narrow`` needs the file's sha256: not for a file that failed or was skipped before (its
-    bytes decide nothing), nor, but ``by_content``, for one whose size and stamp are its record's."""
-    if printable(entry.path) in existing.failed:
+def _must_read(entry: FileEntry, shown: str, before: Record | None, existing: Existing, by_content: bool) -> bool:
+    """Whether ``narrow`` needs the sha256 of ``entry``'s file (``shown``: ``printable``): not for a file that
+    failed or was skipped before (its bytes decide nothing), nor, but ``by_content``, for one whose size
+    and stamp are its record's."""
+    if shown in existing.failed:
         return False
     if before is not None:
         return by_content or not before.same_source(entry.size, entry.stamp)
-    return printable(entry.path) not in existing.skipped
+    return shown not in existing.skipped
 
 
-def _sha256s(paths: list[str]) -> dict[str, str]:
-    """Each file's sha256 (hex) (``_hashed``)."""
-    return {path: sha256 for chunk in _hashed(iter(paths)) for path, sha256 in chunk}
-
-
-def _hashed(paths: Iterator[str]) -> Iterator[list[tuple[str, str]]]:
-    """Each path with its file's sha256 (hex), read ``_THREADS`` at once, ``_CHUNK`` paths at a time.
+def _sha256s(pool: concurrent.futures.Executor, paths: list[str]) -> dict[str, str]:
+    """Each file's sha256 (hex), read on ``pool``'s threads.
 
     Raises:
       StorageError: a file cannot be read, naming it.
     """
-    def digest(path: str) -> str:
-        h = hashlib.sha256()
-        try:
-            with open_to_read(path) as f:
-                for block in iter(lambda: f.read(_READ), b""):
-                    h.update(block)
-        except Exception as e:  # each filesystem raises its own types.
-            raise storage_error("read", path, e) from e
-        return h.hexdigest()
+    return dict(zip(paths, pool.map(_digest, paths)))
 
-    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
-        while chunk := list(itertools.islice(paths, _CHUNK)):
-            yield list(zip(chunk, pool.map(digest, chunk)))
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    try:
+        with open_to_read(path) as f:
+            for block in iter(lambda: f.read(_READ), b""):
+                h.update(block)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
+    return h.hexdigest()

@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from PIL import Image
@@ -31,7 +31,7 @@ from beam_prep.write.images.imaging import is_flat
 from beam_prep.write.images.phash import phash
 from beam_prep.write.plan.listing import stamps
 from beam_prep.write.shared import hash_lines, kept_hashes
-from beam_prep.write.shared.entry import printable
+from beam_prep.write.shared.entry import printable, unquoted
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
 from beam_prep.write.shared.spill import SpillFolder
@@ -89,18 +89,17 @@ class Existing:
     records: int
     _db: sqlite3.Connection
 
-    def latest(self, paths: Sequence[str]) -> list[Record | None]:
-        """The latest record made from each of ``paths`` (None: none), with its source's size and stamp where
-        its version kept them, looked up together: a query for all, not one each."""
-        keys = [printable(p) for p in paths]
-        self._db.execute("BEGIN")
-        self._db.execute("DELETE FROM chunk")
-        self._db.executemany("INSERT OR IGNORE INTO chunk VALUES (?)", ((k,) for k in keys))
+    def latest(self, keys: Sequence[str]) -> list[Record | None]:
+        """The latest record made from each of ``keys`` (full paths as messages show them: ``printable``;
+        None: none), with its source's size and stamp where its version kept them, looked up together: a
+        query for all, not one each. The paths count as listed by the append (``gone``: the others)."""
+        before = self._db.execute("SELECT max(rowid) FROM listed").fetchone()[0] or 0
+        self._db.execute("BEGIN")  # one transaction, not one a row
+        self._db.executemany("INSERT OR IGNORE INTO listed VALUES (?)", ((k,) for k in keys))
         self._db.execute("COMMIT")
-        # Bare columns beside max(): SQLite takes them from the row with the largest rowid (the latest record).
-        found = {path: Record(sha256, split, size, stamp) for path, sha256, split, size, stamp, _ in self._db.execute(
-            "SELECT r.path, r.sha256, r.split, s.size, s.stamp, max(r.rowid) FROM chunk c JOIN records r "
-            "ON r.path = c.path LEFT JOIN stamps s ON s.version = r.version AND s.path = r.path GROUP BY r.path")}
+        found = {path: Record(sha256, split, size, stamp) for path, sha256, split, size, stamp in self._db.execute(
+            "SELECT c.path, l.sha256, l.split, l.size, l.stamp FROM listed c JOIN latest l ON l.path = c.path "
+            "WHERE c.rowid > ?", (before,))}
         return [found.get(k) for k in keys]
 
     def by_sha256(self, sha256: str) -> tuple[str, str] | None:
@@ -109,20 +108,12 @@ class Existing:
                                (sha256,)).fetchone()
         return None if row is None else (row[0], row[1])
 
-    def note_listed(self, paths: Iterable[str]) -> None:
-        """Records paths as listed by the append (``gone``: the others)."""
-        self._db.execute("BEGIN")  # one transaction, not one a row
-        self._db.executemany("INSERT OR IGNORE INTO listed VALUES (?)", ((printable(p),) for p in paths))
-        self._db.execute("COMMIT")
-
     def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """``(path, sha256)`` of each record's source under ``prefix`` that no ``note_listed`` named, by path."""
-        # A bare column beside max(): SQLite takes it from the row with the largest rowid (the latest record).
+        """``(path, sha256)`` of each record's source under ``prefix`` that no ``latest`` looked up, by path."""
         prefix = printable(prefix)
-        for path, sha256, _ in self._db.execute(
-                "SELECT path, sha256, max(rowid) FROM records WHERE substr(path, 1, ?) = ? "
-                "AND path NOT IN (SELECT path FROM listed) GROUP BY path ORDER BY path", (len(prefix), prefix)):
-            yield path, sha256
+        yield from self._db.execute(
+            "SELECT path, sha256 FROM latest WHERE substr(path, 1, ?) = ? AND path NOT IN (SELECT path FROM listed) "
+            "ORDER BY path", (len(prefix), prefix))
 
     def close(self) -> None:
         self._db.close()
@@ -142,8 +133,9 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
     db.execute("CREATE TABLE records (path TEXT, sha256 TEXT, split TEXT, version INTEGER)")
     db.execute("CREATE TABLE stamps (version INTEGER, path TEXT, size INTEGER, stamp TEXT, PRIMARY KEY (version, path)) "
                "WITHOUT ROWID")
-    db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY)")
-    db.execute("CREATE TABLE chunk (path TEXT PRIMARY KEY)")  # the paths ``latest`` looks up at once
+    db.execute("CREATE TABLE latest (path TEXT PRIMARY KEY, sha256 TEXT, split TEXT, size INTEGER, stamp TEXT) "
+               "WITHOUT ROWID")  # each path's latest record (``Existing.latest``)
+    db.execute("CREATE TABLE listed (path TEXT UNIQUE)")  # the paths ``latest`` looked up, in its order
     stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
     count = 0
@@ -164,8 +156,11 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
                 count += len(batch)
             if version.version in stamped:
                 _add_stamps(db, output, stamped[version.version], version.input)
+        # Each path's latest record (the largest rowid: the rows go in oldest version first), with its version's stamp.
+        db.execute("INSERT INTO latest SELECT r.path, r.sha256, r.split, s.size, s.stamp FROM records r "
+                   "JOIN (SELECT max(rowid) AS last FROM records GROUP BY path) ON r.rowid = last "
+                   "LEFT JOIN stamps s ON s.version = r.version AND s.path = r.path")
         db.execute("COMMIT")
-        db.execute("CREATE INDEX records_paths ON records (path)")
         db.execute("CREATE INDEX records_sha256 ON records (sha256)")
     except BaseException:
         db.close()
@@ -217,7 +212,7 @@ def _add_stamps(db: sqlite3.Connection, output: str, entry: dict[str, Any], root
 def _row(file: str, line: bytes, root: str) -> tuple[str, str, str]:
     """A kept line as ``(full path, sha256, split)``."""
     parsed = hash_lines.parse(file, line)
-    name = json.loads(parsed.path)
+    name = unquoted(parsed.path)
     return (f"{printable(root)}/{name}" if root else name), parsed.sha256.decode(), parsed.split.decode()
 
 

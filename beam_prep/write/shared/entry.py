@@ -6,15 +6,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
-__all__ = ["DEFAULT_SPLIT", "UNKNOWN_LABEL", "VALIDATION_SPLIT", "FileEntry", "printable", "raw_name"]
+__all__ = ["DEFAULT_SPLIT", "UNKNOWN_LABEL", "VALIDATION_SPLIT", "FileEntry", "printable", "raw_name", "unquoted"]
 
 DEFAULT_SPLIT = "train"
 VALIDATION_SPLIT = "validation"
 UNKNOWN_LABEL = -1
 
 _quoted = json.encoder.encode_basestring_ascii  # how json.dumps writes a str
+_PLAIN = re.compile(rb'"[ !#-\[\]-~]*"')  # a JSON string of printable ASCII without an escape
+
+
+def unquoted(quoted: bytes) -> Any:
+    """A JSON value as the kept files and listings write a path (``_quoted``), read as ``json.loads`` reads
+    it: a string without an escape is sliced out, several times as fast, for the lines an append reads by
+    the million.
+
+    Raises:
+      ValueError: not JSON.
+    """
+    if _PLAIN.fullmatch(quoted):
+        return quoted[1:-1].decode("ascii")
+    return json.loads(quoted)
 
 
 def raw_name(text: str) -> bytes:

@@ -23,7 +23,7 @@ from typing import Any
 
 from beam_prep.io.storage import join, open_to_read, storage_error, write_gzip_lines
 from beam_prep.write.shared import layout
-from beam_prep.write.shared.entry import FileEntry, printable
+from beam_prep.write.shared.entry import FileEntry, printable, unquoted
 from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["MANIFEST_KEY", "RUN_FILE", "Writer", "kept_name", "listed", "read", "stage"]
@@ -113,7 +113,7 @@ def read(output: str, entry: Mapping[str, Any], root: str | None) -> Iterator[tu
     digest = hashlib.sha256()
     for line in _lines(path, digest):
         size, stamp, quoted = line.split(b"\t", 2)
-        name = json.loads(quoted)
+        name = unquoted(quoted)
         if not isinstance(name, str) or not stamp:
             raise ValueError(f"not a stamp line: {line[:200]!r}")
         yield (f"{root}/{name}" if root else name), int(size), stamp.decode("ascii")
