@@ -33,8 +33,9 @@ from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
 from beam_prep.write.plan.listing.listed import Choice
+from beam_prep.write.plan.selection import ListedRow
 from beam_prep.write.shared import layout
-from beam_prep.write.shared.entry import FileEntry, printable
+from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_new_names", "check_version",
@@ -278,31 +279,33 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
         raise OptionsError(f"--input {config.input} lists records of another kind than the dataset in "
                            f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
     additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
-    keep = set()
+    keep: list[ListedRow] = []
     new_labels: set[str] = set()
     by_content = config.append_check == "content"
     with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
-        for chunk in _looked_up(listing.entries(), existing):
-            sums = _sha256s(pool, [entry.path for entry, shown, before in chunk
-                                   if _must_read(entry, shown, before, existing, by_content)])
-            for entry, shown, before in chunk:
+        for chunk in _looked_up(listing, existing):
+            sums = _sha256s(pool, [path for row, path, shown, before in chunk
+                                   if _must_read(row, shown, before, existing, by_content)])
+            for row, path, shown, before in chunk:
                 if shown in existing.failed:  # errors.jsonl names files as messages show them
                     additions.failed_before += 1
                 elif before is not None:
-                    sha256 = sums.get(entry.path)
+                    sha256 = sums.get(path)
                     if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
                         additions.unchanged += 1
                     else:
                         additions.changed.append({"path": shown, "sha256": before.sha256, "now": sha256})
                 elif shown in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
                     additions.skipped_before += 1
-                elif (copy := existing.by_sha256(sha256 := sums[entry.path])) is not None:
-                    additions.copies.append({"path": shown, "sha256": sha256, "split": entry.split, "of": copy[1],
+                elif (copy := existing.by_sha256(sha256 := sums[path])) is not None:
+                    additions.copies.append({"path": shown, "sha256": sha256, "split": row[2], "of": copy[1],
                                              "of_split": copy[0]})
-                    listing.add_skip(entry.relpath, COPY_REASON)
+                    listing.add_skip(row[1], COPY_REASON)
                 else:
-                    keep.add(entry.relpath)
-                    new_labels.update(label for label in entry.counted_labels if label not in info.labels)
+                    keep.append(row)
+                    _, _, _, label, _, labels, _, _ = row
+                    new_labels.update(name for name in (labels if labels is not None else (label,))
+                                      if name not in info.labels)
     additions.gone = [{"path": path, "sha256": sha256} for path, sha256 in existing.gone(config.input.rstrip("/") + "/")]
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
@@ -328,23 +331,26 @@ def held(info: DatasetInfo) -> dict[str, int]:
     return dict(counts)
 
 
-def _looked_up(entries: Iterator[FileEntry],
-               existing: Existing) -> Iterator[list[tuple[FileEntry, str, Record | None]]]:
-    """Each entry with its path as the dataset names its records' (``printable``: a name that is not UTF-8
-    escaped) and the dataset's latest record of it (None: none), ``_CHUNK`` entries at a time."""
-    while chunk := list(itertools.islice(entries, _CHUNK)):
-        shown = [printable(entry.path) for entry in chunk]
-        yield list(zip(chunk, shown, existing.latest(shown)))
+def _looked_up(listing: Listing,
+               existing: Existing) -> Iterator[list[tuple[ListedRow, str, str, Record | None]]]:
+    """Each of ``listing``'s rows (``Listing.rows``: no ``FileEntry`` made for the files the dataset holds)
+    with its full path, that path as the dataset names its records' (``printable``: a name that is not
+    UTF-8 escaped), and the dataset's latest record of it (None: none), ``_CHUNK`` rows at a time."""
+    rows = listing.rows()
+    while chunk := list(itertools.islice(rows, _CHUNK)):
+        paths = [f"{listing.root}/{row[1]}" for row in chunk]
+        shown = [printable(path) for path in paths]
+        yield list(zip(chunk, paths, shown, existing.latest(shown)))
 
 
-def _must_read(entry: FileEntry, shown: str, before: Record | None, existing: Existing, by_content: bool) -> bool:
-    """Whether ``narrow`` needs the sha256 of ``entry``'s file (``shown``: ``printable``): not for a file that
+def _must_read(row: ListedRow, shown: str, before: Record | None, existing: Existing, by_content: bool) -> bool:
+    """Whether ``narrow`` needs the sha256 of ``row``'s file (``shown``: ``printable``): not for a file that
     failed or was skipped before (its bytes decide nothing), nor, but ``by_content``, for one whose size
     and stamp are its record's."""
     if shown in existing.failed:
         return False
     if before is not None:
-        return by_content or not before.same_source(entry.size, entry.stamp)
+        return by_content or not before.same_source(row[4], row[7])
     return shown not in existing.skipped
 
 

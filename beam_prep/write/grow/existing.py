@@ -93,13 +93,13 @@ class Existing:
         """The latest record made from each of ``keys`` (full paths as messages show them: ``printable``;
         None: none), with its source's size and stamp where its version kept them, looked up together: a
         query for all, not one each. The paths count as listed by the append (``gone``: the others)."""
-        before = self._db.execute("SELECT max(rowid) FROM listed").fetchone()[0] or 0
         self._db.execute("BEGIN")  # one transaction, not one a row
-        self._db.executemany("INSERT OR IGNORE INTO listed VALUES (?)", ((k,) for k in keys))
+        self._db.execute("DELETE FROM chunk")
+        self._db.executemany("INSERT OR IGNORE INTO chunk VALUES (?)", ((k,) for k in keys))
+        self._db.execute("INSERT OR IGNORE INTO listed SELECT path FROM chunk")
         self._db.execute("COMMIT")
         found = {path: Record(sha256, split, size, stamp) for path, sha256, split, size, stamp in self._db.execute(
-            "SELECT c.path, l.sha256, l.split, l.size, l.stamp FROM listed c JOIN latest l ON l.path = c.path "
-            "WHERE c.rowid > ?", (before,))}
+            "SELECT c.path, l.sha256, l.split, l.size, l.stamp FROM chunk c JOIN latest l ON l.path = c.path")}
         return [found.get(k) for k in keys]
 
     def by_sha256(self, sha256: str) -> tuple[str, str] | None:
@@ -135,7 +135,8 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
                "WITHOUT ROWID")
     db.execute("CREATE TABLE latest (path TEXT PRIMARY KEY, sha256 TEXT, split TEXT, size INTEGER, stamp TEXT) "
                "WITHOUT ROWID")  # each path's latest record (``Existing.latest``)
-    db.execute("CREATE TABLE listed (path TEXT UNIQUE)")  # the paths ``latest`` looked up, in its order
+    db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY) WITHOUT ROWID")  # every path ``latest`` looked up
+    db.execute("CREATE TABLE chunk (path TEXT PRIMARY KEY) WITHOUT ROWID")  # the paths it looks up at once
     stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
     count = 0

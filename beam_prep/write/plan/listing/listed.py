@@ -99,6 +99,12 @@ class Listing:
             yield FileEntry(f"{root}/{relpath}", relpath, split, label, label_id, size, labels, label_ids,
                             table.features(extra), stamp)
 
+    def rows(self) -> Iterator[ListedRow]:
+        """Every listed image as the listing holds it (``ListedRow``: its full path is ``root`` and its
+        relative path), in order-key order: a pass over millions that needs no ``FileEntry`` of most
+        (an append's, whose files the dataset mostly holds already)."""
+        return iter(self._files)
+
     def add_skip(self, relpath: str, reason: str) -> None:
         """Passes over a listed file after all (an append's copy of a record already in the dataset):
         named in the skipped files with ``reason``. Call it before ``narrowed`` leaves the file out."""
@@ -119,8 +125,9 @@ class Listing:
         self._skips = kept
         return left_out
 
-    def narrowed(self, keep: set[str], labels: list[str], label_offset: int, choice: Choice | None = None) -> Listing:
-        """The listing of the files whose relative paths are in ``keep`` alone, with ``labels`` for its
+    def narrowed(self, keep: Iterable[ListedRow], labels: list[str], label_offset: int,
+                 choice: Choice | None = None) -> Listing:
+        """The listing of the files of ``keep`` alone (rows of this listing, ``rows``), with ``labels`` for its
         label order (every label of this listing among them), its skipped files those of this one.
         Held in memory (an append's new files); this listing's folder stays this one's to close.
 
@@ -128,7 +135,7 @@ class Listing:
         (``selection``): each label's validation share is of its files here, and its cap counts the
         records it holds already (``Choice.held``); the files past it are skipped.
         """
-        rows = [row for row in self._files if row[1] in keep]
+        rows = list(keep)
         ids = {name: i for i, name in enumerate(labels)}
         if choice is not None and (choice.stratify or choice.max_per_class is not None):
             rows = self._chosen(rows, ids, choice)
