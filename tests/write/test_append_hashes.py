@@ -229,3 +229,23 @@ def test_names_with_tabs_quotes_and_newlines_are_found_again_by_the_next_append(
     with pytest.warns(Warning, match=r"nothing to add .*7 files already in it"):
         beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")
     assert sha256s(out) == before
+
+
+def test_an_append_indexes_by_path_the_records_below_its_input_alone_and_finds_copies_of_any(tmp_path):
+    """A batch in another folder names no record's path: none is indexed (for a dataset of millions, an index
+    for nothing), and a file copying a record is still found, the record named."""
+    from beam_prep.write.grow.append import read_existing
+    from beam_prep.write.shared.spill import SpillFolder
+
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    make_tree(tree, {"circles": 4, "squares": 3})
+    manifest = prepare_here("--input", str(tree), "--output", str(out), *ARGS)
+    source = tree / "circles" / "img_002.jpg"
+    split = next(s for s in manifest["splits"] for r in read_split(out, s) if r["image/filename"] == b"circles/img_002.jpg")
+    sha256 = hashlib.sha256(source.read_bytes()).hexdigest()
+    elsewhere, below, every = (read_existing(str(out), SpillFolder(), under)
+                               for under in (str(tmp_path / "batch"), str(tree / "circles"), None))
+    assert (elsewhere.records, below.records, every.records) == (0, 4, 7)
+    for existing in (elsewhere, below, every):
+        assert existing.first_with({sha256, "0" * 64}) == {sha256: (split, str(source))}
+    assert [r and r.sha256 for r in below.latest([str(source), str(tree / "squares" / "img_000.jpg")])] == [sha256, None]

@@ -170,16 +170,17 @@ def _shown(values: tuple[Any, ...]) -> str:
     return " ".join("none" if v is None else str(v) for v in values)
 
 
-def read_existing(output: str, folder: SpillFolder) -> Existing:
+def read_existing(output: str, folder: SpillFolder, under: str | None = None) -> Existing:
     """The records of the dataset in ``output``, indexed on disk in ``folder`` (``existing``): read from
-    its kept hash files, or once from its shards where it keeps none. Close it when done.
+    its kept hash files, or once from its shards where it keeps none; ``under``: the append's input, below
+    which alone its records are indexed by path (None: all). Close it when done.
 
     Raises:
       OptionsError, DatasetError: as ``read_dataset``; DatasetError, StorageError: a kept file or a
         shard cannot be read.
     """
     info, manifest = read_dataset(output)
-    return _index(output, folder, info, manifest)
+    return _index(output, folder, info, manifest, under)
 
 
 # --- what a listing adds -----------------------------------------------------
@@ -279,6 +280,7 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
         raise OptionsError(f"--input {config.input} lists records of another kind than the dataset in "
                            f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
     additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
+    new: list[tuple[ListedRow, str, str]] = []  # each file at a path the dataset lacks: its row, path shown, sha256
     keep: list[ListedRow] = []
     new_labels: set[str] = set()
     by_content = config.append_check == "content"
@@ -297,15 +299,18 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                         additions.changed.append({"path": shown, "sha256": before.sha256, "now": sha256})
                 elif shown in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
                     additions.skipped_before += 1
-                elif (copy := existing.by_sha256(sha256 := sums[path])) is not None:
-                    additions.copies.append({"path": shown, "sha256": sha256, "split": row[2], "of": copy[1],
-                                             "of_split": copy[0]})
-                    listing.add_skip(row[1], COPY_REASON)
                 else:
-                    keep.append(row)
-                    _, _, _, label, _, labels, _, _ = row
-                    new_labels.update(name for name in (labels if labels is not None else (label,))
-                                      if name not in info.labels)
+                    new.append((row, shown, sums[path]))
+    records = existing.first_with({sha256 for _, _, sha256 in new})  # one pass over the dataset's kept lines
+    for row, shown, sha256 in new:
+        if (copy := records.get(sha256)) is not None:
+            additions.copies.append({"path": shown, "sha256": sha256, "split": row[2], "of": copy[1],
+                                     "of_split": copy[0]})
+            listing.add_skip(row[1], COPY_REASON)
+        else:
+            keep.append(row)
+            _, _, _, label, _, labels, _, _ = row
+            new_labels.update(name for name in (labels if labels is not None else (label,)) if name not in info.labels)
     additions.gone = [{"path": path, "sha256": sha256} for path, sha256 in existing.gone(config.input.rstrip("/") + "/")]
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]

@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from PIL import Image
@@ -43,6 +43,7 @@ _LOG = logging.getLogger(__name__)
 _THREADS = 16  # shards read at once, where the dataset keeps no hash lines
 _BATCH = 4096  # rows inserted, or looked up, at a time
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+_SHA256_HEX = 64  # a kept line starts with its source's sha256, in hex
 
 
 class Record(NamedTuple):
@@ -78,7 +79,7 @@ class Existing:
       skipped: the files passed over (skipped.jsonl), which it does not report again.
       generated: kept hash file name -> local file, for each version whose records were read from its
         shards (a dataset made before it kept them): the run's folder gets them, and the append publishes them.
-      records: how many records the dataset holds.
+      records: the records indexed by path (``read_existing``'s ``under``).
     """
 
     info: DatasetInfo
@@ -88,6 +89,7 @@ class Existing:
     generated: dict[str, str]
     records: int
     _db: sqlite3.Connection
+    _kept: list[tuple[str, str]]  # each version's kept hash file and its input ("": none), oldest first
 
     def latest(self, keys: Sequence[str]) -> list[Record | None]:
         """The latest record made from each of ``keys`` (full paths as messages show them: ``printable``;
@@ -102,11 +104,21 @@ class Existing:
             "SELECT c.path, l.sha256, l.split, l.size, l.stamp FROM chunk c JOIN latest l ON l.path = c.path")}
         return [found.get(k) for k in keys]
 
-    def by_sha256(self, sha256: str) -> tuple[str, str] | None:
-        """``(split, path)`` of the first record with the bytes ``sha256``, or None."""
-        row = self._db.execute("SELECT split, path FROM records WHERE sha256 = ? ORDER BY rowid LIMIT 1",
-                               (sha256,)).fetchone()
-        return None if row is None else (row[0], row[1])
+    def first_with(self, sha256s: Collection[str]) -> dict[str, tuple[str, str]]:
+        """``sha256 -> (split, path)`` of the first record (oldest version first, then by path) with the bytes
+        of each of ``sha256s`` the dataset holds: one pass over its kept hash lines, none parsed but those."""
+        wanted = {sha256.encode() for sha256 in sha256s}
+        found: dict[str, tuple[str, str]] = {}
+        for file, root in self._kept:
+            for lines in kept_hashes.read_lines(file):
+                for line in lines:
+                    if line[:_SHA256_HEX] in wanted:
+                        wanted.discard(line[:_SHA256_HEX])
+                        path, sha256, split = _row(file, line, root)
+                        found[sha256] = (split, path)
+                if not wanted:
+                    return found
+        return found
 
     def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
         """``(path, sha256)`` of each record's source under ``prefix`` that no ``latest`` looked up, by path."""
@@ -119,26 +131,31 @@ class Existing:
         self._db.close()
 
 
-def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest: dict[str, Any]) -> Existing:
+def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest: dict[str, Any],
+                  under: str | None = None) -> Existing:
     """Indexes the records of the dataset in ``output`` (``info``, ``manifest``) in ``folder``: from its
     kept hash files, or, for the versions that have none, from their shards (``generated``).
+
+    Args:
+      under: the append's input: only the records whose source lies below it are indexed by path (no
+        other is ever looked up by one, nor gone); None: every record.
 
     Raises:
       DatasetError: a kept file or a shard is damaged; StorageError: one cannot be read.
     """
     kept = kept_hashes.listed(manifest)
+    prefix = None if under is None else printable(under.rstrip("/")) + "/"
     db = sqlite3.connect(folder.file("existing.sqlite"), isolation_level=None, check_same_thread=False)
     for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -8192", "temp_store = FILE"):
         db.execute(f"PRAGMA {pragma}")
-    db.execute("CREATE TABLE records (path TEXT, sha256 TEXT, split TEXT, version INTEGER)")
-    db.execute("CREATE TABLE stamps (version INTEGER, path TEXT, size INTEGER, stamp TEXT, PRIMARY KEY (version, path)) "
-               "WITHOUT ROWID")
-    db.execute("CREATE TABLE latest (path TEXT PRIMARY KEY, sha256 TEXT, split TEXT, size INTEGER, stamp TEXT) "
-               "WITHOUT ROWID")  # each path's latest record (``Existing.latest``)
+    # Each path's latest record: a version's rows replace an older version's at the same path.
+    db.execute("CREATE TABLE latest (path TEXT PRIMARY KEY, sha256 TEXT, split TEXT, version INTEGER, size INTEGER, "
+               "stamp TEXT) WITHOUT ROWID")
     db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY) WITHOUT ROWID")  # every path ``latest`` looked up
     db.execute("CREATE TABLE chunk (path TEXT PRIMARY KEY) WITHOUT ROWID")  # the paths it looks up at once
     stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
+    files: list[tuple[str, str]] = []
     count = 0
     try:
         db.execute("BEGIN")
@@ -150,23 +167,28 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
             else:
                 path = generated[name] = folder.file(name)
                 _write_from_shards(output, info, version, path)
+            files.append((path, root))
+            if prefix is not None and root and not _overlap(printable(root.rstrip("/")) + "/", prefix):
+                continue  # no source of this version lies below the input
             lines = (line for chunk in kept_hashes.read_lines(path) for line in chunk)
             while batch := list(itertools.islice(lines, _BATCH)):
-                db.executemany("INSERT INTO records VALUES (?, ?, ?, ?)",
-                               [(*_row(path, line, root), version.version) for line in batch])
-                count += len(batch)
+                rows = [(*_row(path, line, root), version.version) for line in batch]
+                if prefix is not None:
+                    rows = [row for row in rows if row[0].startswith(prefix)]
+                db.executemany("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?, NULL, NULL)", rows)
+                count += len(rows)
             if version.version in stamped:
                 _add_stamps(db, output, stamped[version.version], version.input)
-        # Each path's latest record (the largest rowid: the rows go in oldest version first), with its version's stamp.
-        db.execute("INSERT INTO latest SELECT r.path, r.sha256, r.split, s.size, s.stamp FROM records r "
-                   "JOIN (SELECT max(rowid) AS last FROM records GROUP BY path) ON r.rowid = last "
-                   "LEFT JOIN stamps s ON s.version = r.version AND s.path = r.path")
         db.execute("COMMIT")
-        db.execute("CREATE INDEX records_sha256 ON records (sha256)")
     except BaseException:
         db.close()
         raise
-    return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, count, db)
+    return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, count, db, files)
+
+
+def _overlap(one: str, other: str) -> bool:
+    """Whether two folders (``/``-ended) hold files in common: one is the other, or below it."""
+    return one.startswith(other) or other.startswith(one)
 
 
 def write_unkept(output: str, info: DatasetInfo, manifest: dict[str, Any], folder: str) -> list[str]:
@@ -196,16 +218,17 @@ def _write_from_shards(output: str, info: DatasetInfo, version: Any, target: str
 
 
 def _add_stamps(db: sqlite3.Connection, output: str, entry: dict[str, Any], root: str | None) -> None:
-    """A version's kept stamp file into ``stamps``; where it cannot be read, or is not what the manifest
-    lists, none of it (that version's files are hashed), with a warning."""
+    """A version's kept stamp file onto its records in ``latest`` (those a later version's replaced keep
+    none); where it cannot be read, or is not what the manifest lists, none of it (that version's files are
+    hashed), with a warning."""
     version = entry["version"]
     lines = stamps.read(output, entry, root)
     try:
         while batch := list(itertools.islice(lines, _BATCH)):
-            db.executemany("INSERT OR REPLACE INTO stamps VALUES (?, ?, ?, ?)",
-                           [(version, path, size, stamp) for path, size, stamp in batch])
+            db.executemany("UPDATE latest SET size = ?, stamp = ? WHERE path = ? AND version = ?",
+                           [(size, stamp, path, version) for path, size, stamp in batch])
     except (ValueError, StorageError) as e:
-        db.execute("DELETE FROM stamps WHERE version = ?", (version,))
+        db.execute("UPDATE latest SET size = NULL, stamp = NULL WHERE version = ?", (version,))
         _LOG.warning("%s left out (%s): the files of version %d are read again to tell them unchanged",
                      join(output, entry["file"]), e, version)
 

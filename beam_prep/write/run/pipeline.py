@@ -202,7 +202,7 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     appended = None
     if config.append:
         try:
-            existing = append.read_existing(config.output, listing.folder)
+            existing = append.read_existing(config.output, listing.folder, config.input)
             try:
                 whole = listing
                 listing, additions = append.narrow(config, whole, existing)
