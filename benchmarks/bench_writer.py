@@ -66,7 +66,7 @@ from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, PEERS_INSTALL, REPO_
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, run_measured
-from benchmarks.report.tables import WRITER_PEERS
+from benchmarks.report.tables import RECORD_LIMIT, WRITER_PEERS
 from benchmarks.results import Recording
 from benchmarks.writer_runs import DEFAULT_FLAGS, RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
 
@@ -202,6 +202,10 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
     ):
         lines.append(f"| {label} | {limit.sample:,} | {fmt(seconds)} | {fmt(rate)} | {_ratio(largest, rate)} "
                      f"| {limit.serial_cpu_seconds / limit.sample * 1e3:.2f} (kernel alone) | — | — | — | — |")
+    lines.append(f"| {RECORD_LIMIT.format(per_core=limit.record_per_core, cores=limit.cores)} | {limit.sample:,} "
+                 f"| {fmt(limit.record_seconds)} | {fmt(limit.record_images_per_s)} "
+                 f"| {_ratio(largest, limit.record_images_per_s)} "
+                 f"| {limit.record_cpu_seconds / limit.sample * 1e3:.2f} (one process) | — | — | — | — |")
     lines += [_run_row("(c) beam-prep `pipelines.prepare_images`", ours, None) for _, ours in _by_size(runs)]
     return "\n".join(lines)
 

@@ -27,6 +27,9 @@ WRITER_PEERS = {
 OPTIONAL_PEERS = {"img2dataset": "img2dataset", "mds": "mosaicml-streaming", "litdata": "litdata", "ray": "ray"}
 SEED = "(a) seed notebook writer (tf.data, GZIP)"
 OURS = "(c) beam-prep `pipelines.prepare_images`"
+# The work no writer of these records can skip, one process's rate × cores (``benchmarks.limit``).
+RECORD_LIMIT = ("(b″) limit with the record: read, `process_image`, SHA-256, Example, GZIP framing: "
+                "{per_core:,.0f}/s × {cores} cores")
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -88,6 +91,12 @@ def writer(results: Mapping) -> str:
         lines.append(f"| {label} | {limit['sample']:,} | {fmt(seconds)} | {fmt(rate)} "
                      f"| {times(ours_rate / rate) if ours_rate else '—'} | {kernel_ms:.2f} (kernel alone) "
                      "| — | — | — | — |")
+    if "record_seconds" in limit:  # results from before the row have none
+        rate = limit["record_images_per_s"]
+        lines.append(f"| {RECORD_LIMIT.format(per_core=limit['record_per_core'], cores=limit['cores'])} "
+                     f"| {limit['sample']:,} | {fmt(limit['record_seconds'])} | {fmt(rate)} "
+                     f"| {times(ours_rate / rate) if ours_rate else '—'} "
+                     f"| {limit['record_cpu_seconds'] / limit['sample'] * 1e3:.2f} (one process) | — | — | — | — |")
     lines += [_writer_row(OURS, size["ours"], None) for size in runs]
     out = ["\n".join(lines)]
     out.append(_peer_note(results))

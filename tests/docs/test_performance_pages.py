@@ -170,3 +170,15 @@ def test_the_pytorch_reader_table_gives_medians_and_the_ratio_to_imagefolder():
     assert "| (p) data_source | 1,000 | 2.00 | 4.00× |" in table
     assert "| (i) ImageFolder | 250 | 4.00 | — |" in table
     assert table.startswith("2,000 images, 224×224 JPEG q90 in 8 shards; 2 worker processes a loader")
+
+
+def test_the_writer_table_holds_the_command_to_the_records_limit_where_results_have_it():
+    from benchmarks.report import tables
+
+    assert "(b″)" not in tables.writer(WRITER["results"])  # results from before the row
+    results = copy.deepcopy(WRITER["results"])
+    results["limit"].update(record_seconds=2.0, record_cpu_seconds=2.0, record_per_core=750.0,
+                            record_images_per_s=1500.0)
+    # (c): 20,000 images in 16 s, 1,250/s: 0.83× the record's limit of 1,500/s.
+    assert ("| (b″) limit with the record: read, `process_image`, SHA-256, Example, GZIP framing: 750/s × 2 cores "
+            "| 1,500 | 2.0 | 1,500.0 | 0.83× | 1.33 (one process) |") in tables.writer(results)
