@@ -22,7 +22,7 @@ from helpers import REPO, child, encode, make_tree, prepare_here, read_split
 from PIL import Image
 
 import beam_prep
-from beam_prep.errors import DatasetError
+from beam_prep.errors import DatasetError, StorageError
 from beam_prep.tools.verification import verify
 from beam_prep.write.shared.hashing import split_for
 
@@ -249,3 +249,27 @@ def test_an_append_indexes_by_path_the_records_below_its_input_alone_and_finds_c
     for existing in (elsewhere, below, every):
         assert existing.first_with({sha256, "0" * 64}) == {sha256: (split, str(source))}
     assert [r and r.sha256 for r in below.latest([str(source), str(tree / "squares" / "img_000.jpg")])] == [sha256, None]
+
+
+@pytest.mark.parametrize("damage", ["gone", "cut short"])
+def test_an_append_refuses_a_dataset_whose_kept_file_of_another_folder_cannot_be_read(tmp_path, damage):
+    """A kept hash file of a version made from another folder (none of its records indexed by path), gone or
+    cut short: the append fails naming it, as when it read every record, whether it finds nothing new (no
+    copy to look for) or a copy of a record an older version's file names first; not "nothing to add"."""
+    tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
+    make_tree(tree, {"circles": 3, "squares": 3})
+    make_tree(batch, {"stars": 2}, size=(50, 40))
+    prepare_here("--input", str(tree), "--output", str(out), *ARGS)
+    prepare_here("--input", str(batch), "--output", str(out), "--append")
+    kept = out / "hashes-v2.tsv.gz"
+    if damage == "gone":
+        kept.unlink()
+    else:
+        kept.write_bytes(kept.read_bytes()[:-8])
+    before = sha256s(out)
+    with pytest.raises(StorageError, match=f"cannot read {kept}"):
+        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")  # nothing new
+    shutil.copyfile(tree / "squares" / "img_000.jpg", tree / "circles" / "copy.jpg")
+    with pytest.raises(StorageError, match=f"cannot read {kept}"):
+        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")  # a copy of version 1's
+    assert sha256s(out) == before

@@ -106,18 +106,27 @@ class Existing:
 
     def first_with(self, sha256s: Collection[str]) -> dict[str, tuple[str, str]]:
         """``sha256 -> (split, path)`` of the first record (oldest version first, then by path) with the bytes
-        of each of ``sha256s`` the dataset holds: one pass over its kept hash lines, none parsed but those."""
+        of each of ``sha256s`` the dataset holds: one pass over its kept hash lines, none parsed but those.
+
+        Every kept file is read to its end, whatever is found first: one gone or cut short (a version's
+        whose records ``read_existing`` did not index, its input elsewhere) is refused, as when every
+        record was indexed, rather than an append finding nothing to add.
+
+        Raises:
+          StorageError: a kept file cannot be read, or is not gzip (cut short included); DatasetError: a
+            line it names a record by is not a hash line.
+        """
         wanted = {sha256.encode() for sha256 in sha256s}
         found: dict[str, tuple[str, str]] = {}
         for file, root in self._kept:
             for lines in kept_hashes.read_lines(file):
+                if not wanted:
+                    continue
                 for line in lines:
                     if line[:_SHA256_HEX] in wanted:
                         wanted.discard(line[:_SHA256_HEX])
                         path, sha256, split = _row(file, line, root)
                         found[sha256] = (split, path)
-                if not wanted:
-                    return found
         return found
 
     def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
