@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -275,13 +276,11 @@ def test_an_append_refuses_a_dataset_whose_kept_file_of_another_folder_cannot_be
     assert sha256s(out) == before
 
 
-@pytest.mark.xfail(strict=True, reason="open finding: since an append indexes only the records below its input, "
-                   "a kept file of another folder's version is read to its end but its lines are parsed only where "
-                   "a new file's sha256 starts one; a damaged line there is found by the publication's duplicate "
-                   "search when something is new, and not at all when nothing is (a15a42c refused it)")
-def test_an_append_with_nothing_new_refuses_a_damaged_line_in_a_kept_file_of_another_folder(tmp_path):
-    """A kept hash file of a version made from another folder whose first line is no hash line (the file
-    still gzip): the append refuses the dataset naming the file, as when it parsed every record."""
+@pytest.mark.parametrize("damage", ["no hash line", "another split"])
+def test_an_append_with_nothing_new_refuses_a_kept_file_of_another_folder_not_the_manifests(tmp_path, damage):
+    """A kept hash file of a version made from another folder whose first line is no hash line, or names
+    another split (the file still gzip): the append refuses the dataset naming the file, as it refused a
+    line that was no hash line when it parsed every record; its bytes are checked against the manifest's."""
     tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
     make_tree(tree, {"circles": 3, "squares": 3})
     make_tree(batch, {"stars": 2}, size=(50, 40))
@@ -289,6 +288,9 @@ def test_an_append_with_nothing_new_refuses_a_damaged_line_in_a_kept_file_of_ano
     prepare_here("--input", str(batch), "--output", str(out), "--append")
     kept = out / "hashes-v2.tsv.gz"
     lines = gzip.decompress(kept.read_bytes()).split(b"\n")
-    kept.write_bytes(gzip.compress(b"\n".join([b"not a hash line", *lines[1:]]), mtime=0))
-    with pytest.raises(DatasetError, match=f"{kept} holds a line that is not a record's hash"):
+    sha256, split, *rest = lines[0].split(b"\t")
+    first = b"not a hash line" if damage == "no hash line" else b"\t".join([sha256, b"test", *rest])
+    assert split != b"test"
+    kept.write_bytes(gzip.compress(b"\n".join([first, *lines[1:]]), mtime=0))
+    with pytest.raises(DatasetError, match=f"{re.escape(str(kept))} is not the kept hash file the manifest lists"):
         beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
@@ -89,7 +90,9 @@ class Existing:
     generated: dict[str, str]
     records: int
     _db: sqlite3.Connection
-    _kept: list[tuple[str, str]]  # each version's kept hash file and its input ("": none), oldest first
+    # Each version's kept hash file, its input ("": none) and the sha256 the manifest lists (None: one made
+    # from its shards for this append), oldest first.
+    _kept: list[tuple[str, str, str | None]]
 
     def latest(self, keys: Sequence[str]) -> list[Record | None]:
         """The latest record made from each of ``keys`` (full paths as messages show them: ``printable``;
@@ -108,18 +111,20 @@ class Existing:
         """``sha256 -> (split, path)`` of the first record (oldest version first, then by path) with the bytes
         of each of ``sha256s`` the dataset holds: one pass over its kept hash lines, none parsed but those.
 
-        Every kept file is read to its end, whatever is found first: one gone or cut short (a version's
-        whose records ``read_existing`` did not index, its input elsewhere) is refused, as when every
-        record was indexed, rather than an append finding nothing to add.
+        Every kept file is read to its end and its bytes checked against the manifest's sha256, whatever is
+        found first: one gone, cut short or altered (a version's whose records ``read_existing`` did not
+        index, its input elsewhere, as much as one's it did) is refused, rather than an append finding
+        nothing to add.
 
         Raises:
-          StorageError: a kept file cannot be read, or is not gzip (cut short included); DatasetError: a
-            line it names a record by is not a hash line.
+          StorageError: a kept file cannot be read, or is not gzip (cut short included); DatasetError: its
+            bytes are not those the manifest lists, or a line it names a record by is not a hash line.
         """
         wanted = {sha256.encode() for sha256 in sha256s}
         found: dict[str, tuple[str, str]] = {}
-        for file, root in self._kept:
-            for lines in kept_hashes.read_lines(file):
+        for file, root, expected in self._kept:
+            digest = hashlib.sha256()
+            for lines in kept_hashes.read_lines(file, digest):
                 if not wanted:
                     continue
                 for line in lines:
@@ -127,6 +132,9 @@ class Existing:
                         wanted.discard(line[:_SHA256_HEX])
                         path, sha256, split = _row(file, line, root)
                         found[sha256] = (split, path)
+            if expected is not None and digest.hexdigest() != expected:
+                raise DatasetError(f"{file} is not the kept hash file the manifest lists (its sha256 is "
+                                   f"{digest.hexdigest()}, not {expected}): run verify on the dataset")
         return found
 
     def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
@@ -164,7 +172,7 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
     db.execute("CREATE TABLE chunk (path TEXT PRIMARY KEY) WITHOUT ROWID")  # the paths it looks up at once
     stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
-    files: list[tuple[str, str]] = []
+    files: list[tuple[str, str, str | None]] = []
     count = 0
     try:
         db.execute("BEGIN")
@@ -172,11 +180,12 @@ def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest:
             root = version.input or ""
             name = kept_hashes.kept_name(version.version)
             if version.version in kept:
-                path = join(output, name)
+                path, expected = join(output, name), kept[version.version]["sha256"]
             else:
                 path = generated[name] = folder.file(name)
+                expected = None
                 _write_from_shards(output, info, version, path)
-            files.append((path, root))
+            files.append((path, root, expected))
             if prefix is not None and root and not _overlap(printable(root.rstrip("/")) + "/", prefix):
                 continue  # no source of this version lies below the input
             lines = (line for chunk in kept_hashes.read_lines(path) for line in chunk)

@@ -102,14 +102,16 @@ def write_rows(rows: Iterable[tuple[bytes, bytes]], target: str) -> tuple[int, s
         folder.close()
 
 
-def read_lines(path: str) -> Iterator[list[bytes]]:
-    """A kept hash file's lines (paths relative to its version's input), a few MB at a time.
+def read_lines(path: str, digest: Any = None) -> Iterator[list[bytes]]:
+    """A kept hash file's lines (paths relative to its version's input), a few MB at a time; ``digest``
+    (a ``hashlib`` object), if given, gets the file's raw bytes as they are read.
 
     Raises:
       StorageError: it cannot be read, or is not gzip.
     """
     try:
-        with open_to_read(path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        with open_to_read(path) as raw, gzip.GzipFile(fileobj=raw if digest is None else _Hashing(raw, digest),
+                                                      mode="rb") as f:
             rest = b""
             while block := f.read(_READ):
                 lines = (rest + block).split(b"\n")
@@ -119,6 +121,18 @@ def read_lines(path: str) -> Iterator[list[bytes]]:
                 yield [rest]
     except Exception as e:  # each filesystem raises its own types; a damaged file OSError or EOFError.
         raise storage_error("read", path, e) from e
+
+
+class _Hashing:
+    """A file read through, its bytes into ``digest``: what ``GzipFile`` reads a kept file from."""
+
+    def __init__(self, raw: Any, digest: Any) -> None:
+        self._raw, self._digest = raw, digest
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self._digest.update(data)
+        return data
 
 
 def full_path_line(line: bytes, root: str | None) -> bytes:
