@@ -31,8 +31,12 @@ With ``--append``, an append's launcher instead, against (b) as its baseline:
   (h) ``beam-prep prepare --append`` of ``APPENDED`` new images to a dataset of as many records as the
       tree has files: a real dataset of a few images whose kept hash file (``hashes-v1.tsv.gz``) is
       made to hold a line for each of the others (synthetic sha256, split, perceptual hash and
-      path; made once, cached), so the launcher indexes them all on disk, checks each new file
-      against them, and searches the new records' near duplicates among them all.
+      path; made once, cached), from a batch folder outside the dataset's input: the launcher checks
+      each new file against them all in a pass over the kept lines and searches the new records'
+      near duplicates among them all, indexing none by path;
+  (h′) the same append from the dataset's own input, which holds the first tree's few images and the
+      batch's, and none of the others: every record is indexed on disk and looked up, and every
+      other record's source is reported gone (changed.jsonl).
 
 Both are sampled in the launcher's process alone (its workers are other processes), every 50 ms:
 peak RSS, PSS and USS (``psutil``'s ``memory_full_info``); the table gives (h) ÷ (b) for each.
@@ -221,6 +225,7 @@ def measure(files: int) -> list[dict[str, object]]:
 
 APPENDED = 100  # new images an append (h) adds
 _APPEND = f"(h) --append of {APPENDED} images to a dataset of as many records"
+_OWN_INPUT = "(h′) (h) from the dataset's own input, every other record's source gone"
 _SAMPLE_SECONDS = 0.05
 
 
@@ -317,9 +322,32 @@ def measure_append(files: int) -> list[dict[str, object]]:
         if added != APPENDED or manifest["hash_files"][0]["records"] != files:
             raise RuntimeError(f"the append added {added} of {APPENDED} records to {files}")
         rows.append({"run": _APPEND, "files": files, **appended})
+        rows.append({"run": _OWN_INPUT, "files": files, **_own_input(dataset, batch, scratch, files)})
     for row in rows:
         log.info("%s", row)
     return rows
+
+
+def _own_input(dataset: pathlib.Path, batch: pathlib.Path, scratch: str, files: int) -> dict[str, float]:
+    """(h′): ``dataset`` copied, its input moved to a folder holding the first tree's images and the
+    batch's, appended from that folder (``_sampled``'s figures)."""
+    own, target = pathlib.Path(scratch, "own-input"), os.path.join(scratch, "dataset-own")
+    shutil.copytree(CACHE / "append-first-tree", own)
+    shutil.copytree(batch, own, dirs_exist_ok=True)
+    shutil.copytree(dataset, target)
+    manifest_path = pathlib.Path(target, "manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["versions"][0]["input"] = str(own)
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    measured = _sampled([sys.executable, "-m", "pipelines.prepare_images", "--input", str(own), "--output", target,
+                         "--append"])
+    latest = json.loads(manifest_path.read_text())["versions"][-1]
+    added = sum(s["num_examples"] for s in latest["splits"].values())
+    first = sum(1 for _ in (CACHE / "append-first-tree").rglob("*.jpg"))
+    if (added, latest["appended"]["gone"]) != (APPENDED, files - first):
+        raise RuntimeError(f"the append from the dataset's own input added {added} records and found "
+                           f"{latest['appended']['gone']} gone, not {APPENDED} and {files - first}")
+    return measured
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -18,6 +18,8 @@ from typing import Any, BinaryIO
 
 from beam_prep.errors import StorageError
 
+_LINES_A_BLOCK = 8192  # lines ``write_lines`` writes at a time
+
 
 def is_local(path: str) -> bool:
     """A path on this machine's disk, as opposed to a ``scheme://`` URL (gs://)."""
@@ -30,12 +32,27 @@ def join(root: str, *parts: str) -> str:
 
 
 def write_lines(path: str, lines: Iterable[str]) -> None:
-    """Writes ``lines`` to ``path``, one a line, in UTF-8, at once.
+    """Writes ``lines`` to ``path``, one a line, in UTF-8, streamed a block at a time (a report of
+    millions of lines is never held whole).
 
     Raises:
-      StorageError: naming ``path``, if it cannot be written.
+      StorageError: naming ``path``, if it cannot be written; or the one ``lines`` raised.
     """
-    write_bytes(path, "".join(f"{line}\n" for line in lines).encode("utf-8"))
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.create(path, mime_type="text/plain") as f:
+            block: list[str] = []
+            for line in lines:
+                block.append(f"{line}\n")
+                if len(block) == _LINES_A_BLOCK:
+                    f.write("".join(block).encode("utf-8"))
+                    block = []
+            f.write("".join(block).encode("utf-8"))
+    except StorageError:
+        raise
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("write", path, e) from e
 
 
 def write_bytes(path: str, data: bytes, mime_type: str = "text/plain") -> None:

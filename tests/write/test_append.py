@@ -803,3 +803,19 @@ def test_an_append_after_one_killed_while_listing_starts_afresh(ants, tmp_path, 
     assert [v["version"] for v in manifest["versions"]] == [1, 2]
     assert not folder.exists()
     assert "removing the files of unfinished run 20260101T000000Z-0123abcd" in caplog.text
+
+
+def test_a_plan_an_earlier_beam_prep_made_keeps_its_gone_rows_and_a_new_one_reads_them_from_its_run_folder():
+    """A run planned by an earlier beam-prep held its sources gone in its plan: resumed, they are its
+    changed.jsonl's last lines, counted; a plan made now counts them and takes the lines from the run's folder."""
+    from beam_prep.write.grow.append import Additions
+
+    rows = [{"path": "/in/b.jpg", "sha256": "2" * 64}, {"path": "/in/a.jpg", "sha256": "1" * 64}]
+    earlier = Additions.from_json({"unchanged": 3, "changed": [{"path": "/in/c.jpg", "sha256": "3" * 64,
+                                                                "now": "4" * 64}], "gone": rows})
+    assert earlier.counts()["gone"] == 2
+    lines = [json.loads(line) for line in earlier.changed_lines(["not read"])]
+    assert [(r["change"], r["path"]) for r in lines] == [("changed", "/in/c.jpg"), ("gone", "/in/a.jpg"),
+                                                        ("gone", "/in/b.jpg")]
+    now = Additions.from_json(Additions(unchanged=3, gone=2).to_json())
+    assert now.counts()["gone"] == 2 and list(now.changed_lines(["from the run folder"])) == ["from the run folder"]

@@ -29,7 +29,7 @@ from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import appended, drop, duplicates, earlier, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.finish.near_earlier import Copy
-from beam_prep.write.grow.append import COPY_REASON, Additions
+from beam_prep.write.grow.append import COPY_REASON, Additions, gone_lines
 from beam_prep.write.images import flat
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
@@ -283,7 +283,8 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
     if config.append:
         for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.FLAT):
             _after_the_datasets(config.output, folder, name)
-        write_lines(join(folder, layout.CHANGED), Additions.from_json(plan.appended or {}).changed_lines())
+        write_lines(join(folder, layout.CHANGED), Additions.from_json(plan.appended or {}).changed_lines(
+            gone_lines(work)))
         names.append(layout.CHANGED)
         steps.done()
     info = DatasetInfo.from_json(built, config.output, MANIFEST)

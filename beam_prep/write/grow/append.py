@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import hashlib
+import io
 import itertools
 import json
 import re
@@ -39,7 +40,7 @@ from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_new_names", "check_version",
-           "describe", "held", "narrow", "read_dataset", "read_existing"]
+           "describe", "gone_lines", "held", "narrow", "read_dataset", "read_existing"]
 
 COPY_REASON = "copy of a record already in the dataset"  # skipped.jsonl's (changed.jsonl names the record)
 _THREADS = 16  # files hashed, or shards read, at once
@@ -201,8 +202,11 @@ class Additions:
         would have gone to): not written; skipped.jsonl and changed.jsonl.
       changed: ``{"path", "sha256", "now"}`` for each file at a path the dataset holds whose bytes
         changed: not written (an append never rewrites a record); changed.jsonl.
-      gone: ``{"path", "sha256"}`` for each source of a record made from the run's input that the
-        listing lacks: its record stays; changed.jsonl.
+      gone: how many sources of records made from the run's input the listing lacks: their records
+        stay. Their rows (``{"path", "sha256"}``, by path) are changed.jsonl's last lines, kept in the
+        run's folder (``layout.GONE``, ``gone_lines``), not here: a dataset whose input lost its files
+        would hold millions.
+      gone_rows: those rows, in a plan an earlier beam-prep made (it held them here): resumed as it was.
     """
 
     new_labels: list[str] = dataclasses.field(default_factory=list)
@@ -211,13 +215,16 @@ class Additions:
     skipped_before: int = 0
     copies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     changed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    gone: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    gone: int = 0
+    gone_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Additions:
+        if isinstance(body.get("gone"), list):  # an earlier beam-prep's plan, its gone rows in it
+            body = {**body, "gone": len(body["gone"]), "gone_rows": body["gone"]}
         return cls(**body)
 
     def counts(self) -> dict[str, Any]:
@@ -225,14 +232,37 @@ class Additions:
         return {"new_labels": list(self.new_labels), "unchanged": self.unchanged,
                 "failed_before": self.failed_before, "skipped_before": self.skipped_before,
                 "copies": len(self.copies),
-                "changed": len(self.changed), "gone": len(self.gone)}
+                "changed": len(self.changed), "gone": self.gone}
 
-    def changed_lines(self) -> list[str]:
-        """changed.jsonl: a line a changed file, then one a copy, then one a source gone, each sorted by path."""
-        rows = [{**row, "change": change} for change, group in (("changed", self.changed), ("copy", self.copies),
-                                                                ("gone", self.gone))
-                for row in sorted(group, key=lambda r: r["path"])]
-        return [json.dumps(row, ensure_ascii=False, sort_keys=True) for row in rows]
+    def changed_lines(self, gone: Iterable[str] = ()) -> Iterator[str]:
+        """changed.jsonl: a line a changed file, then one a copy, then one a source gone (``gone``: the run
+        folder's ``gone_lines``, or this plan's ``gone_rows``), each sorted by path."""
+        for change, group in (("changed", self.changed), ("copy", self.copies), ("gone", self.gone_rows)):
+            for row in sorted(group, key=lambda r: r["path"]):
+                yield _changed_line(row, change)
+        if not self.gone_rows:
+            yield from gone
+
+
+def _changed_line(row: Mapping[str, Any], change: str) -> str:
+    return json.dumps({**row, "change": change}, ensure_ascii=False, sort_keys=True)
+
+
+def gone_lines(work: str) -> Iterator[str]:
+    """The changed.jsonl lines of an append's sources gone, from its run's folder ``work`` (none where a
+    run of an earlier beam-prep left no such file: its plan holds them).
+
+    Raises:
+      StorageError: the file is there but cannot be read.
+    """
+    from apache_beam.io.filesystems import FileSystems  # here: the launcher imports this module before Beam
+
+    path = join(work, layout.GONE)
+    if not FileSystems.exists(path):
+        return
+    with open_to_read(path) as f:
+        for line in io.TextIOWrapper(f, encoding="utf-8"):
+            yield line.rstrip("\n")
 
 
 def describe(written: int, counts: Mapping[str, Any], reports: bool = True) -> str:
@@ -311,13 +341,18 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
             keep.append(row)
             _, _, _, label, _, labels, _, _ = row
             new_labels.update(name for name in (labels if labels is not None else (label,)) if name not in info.labels)
-    additions.gone = [{"path": path, "sha256": sha256} for path, sha256 in existing.gone(config.input.rstrip("/") + "/")]
+    gone = listing.folder.file(layout.GONE)  # streamed to disk, as many as the dataset's records
+    with open(gone, "w", encoding="utf-8") as f:
+        for path, sha256 in existing.gone(config.input.rstrip("/") + "/"):
+            f.write(_changed_line({"path": path, "sha256": sha256}, "gone") + "\n")
+            additions.gone += 1
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
     choice = Choice(config.validation_percent, config.stratify, config.max_per_class,
                     held(info) if config.max_per_class is not None else {})
     narrowed = listing.narrowed(keep, labels, config.label_offset, choice)
     narrowed.carried.update(existing.generated)
+    narrowed.carried[layout.GONE] = gone
     return narrowed, additions
 
 
