@@ -252,45 +252,42 @@ def test_an_append_indexes_by_path_the_records_below_its_input_alone_and_finds_c
     assert [r and r.sha256 for r in below.latest([str(source), str(tree / "squares" / "img_000.jpg")])] == [sha256, None]
 
 
-@pytest.mark.parametrize("damage", ["gone", "cut short"])
-def test_an_append_refuses_a_dataset_whose_kept_file_of_another_folder_cannot_be_read(tmp_path, damage):
-    """A kept hash file of a version made from another folder (none of its records indexed by path), gone or
-    cut short: the append fails naming it, as when it read every record, whether it finds nothing new (no
-    copy to look for) or a copy of a record an older version's file names first; not "nothing to add"."""
-    tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
-    make_tree(tree, {"circles": 3, "squares": 3})
-    make_tree(batch, {"stars": 2}, size=(50, 40))
-    prepare_here("--input", str(tree), "--output", str(out), *ARGS)
-    prepare_here("--input", str(batch), "--output", str(out), "--append")
-    kept = out / "hashes-v2.tsv.gz"
+def _damage(kept: pathlib.Path, damage: str) -> None:
+    """``kept`` (a kept hash file) gone, cut short, its first line no hash line, or naming another split."""
     if damage == "gone":
         kept.unlink()
-    else:
+    elif damage == "cut short":
         kept.write_bytes(kept.read_bytes()[:-8])
-    before = sha256s(out)
-    with pytest.raises(StorageError, match=f"cannot read {kept}"):
-        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")  # nothing new
-    shutil.copyfile(tree / "squares" / "img_000.jpg", tree / "circles" / "copy.jpg")
-    with pytest.raises(StorageError, match=f"cannot read {kept}"):
-        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")  # a copy of version 1's
-    assert sha256s(out) == before
+    else:
+        lines = gzip.decompress(kept.read_bytes()).split(b"\n")
+        sha256, split, *rest = lines[0].split(b"\t")
+        assert split != b"test"
+        first = b"not a hash line" if damage == "no hash line" else b"\t".join([sha256, b"test", *rest])
+        kept.write_bytes(gzip.compress(b"\n".join([first, *lines[1:]]), mtime=0))  # still gzip
 
 
-@pytest.mark.parametrize("damage", ["no hash line", "another split"])
-def test_an_append_with_nothing_new_refuses_a_kept_file_of_another_folder_not_the_manifests(tmp_path, damage):
-    """A kept hash file of a version made from another folder whose first line is no hash line, or names
-    another split (the file still gzip): the append refuses the dataset naming the file, as it refused a
-    line that was no hash line when it parsed every record; its bytes are checked against the manifest's."""
+@pytest.mark.parametrize("damage, error, message", [
+    ("gone", StorageError, "cannot read {kept}"),
+    ("cut short", StorageError, "cannot read {kept}"),
+    ("no hash line", DatasetError, "{kept} is not the kept hash file the manifest lists"),
+    ("another split", DatasetError, "{kept} is not the kept hash file the manifest lists"),
+])
+def test_an_append_refuses_a_kept_file_of_another_folder_that_is_not_the_manifests(tmp_path, damage, error, message):
+    """A kept hash file of a version made from another folder (none of its records indexed by path), gone,
+    cut short or altered: the append fails naming it, as when it read every record, whether it finds
+    nothing new (no copy to look for) or a copy of a record an older version's file names first; not
+    "nothing to add"; its bytes are checked against the manifest's."""
     tree, batch, out = tmp_path / "tree", tmp_path / "batch", tmp_path / "out"
     make_tree(tree, {"circles": 3, "squares": 3})
     make_tree(batch, {"stars": 2}, size=(50, 40))
     prepare_here("--input", str(tree), "--output", str(out), *ARGS)
     prepare_here("--input", str(batch), "--output", str(out), "--append")
     kept = out / "hashes-v2.tsv.gz"
-    lines = gzip.decompress(kept.read_bytes()).split(b"\n")
-    sha256, split, *rest = lines[0].split(b"\t")
-    first = b"not a hash line" if damage == "no hash line" else b"\t".join([sha256, b"test", *rest])
-    assert split != b"test"
-    kept.write_bytes(gzip.compress(b"\n".join([first, *lines[1:]]), mtime=0))
-    with pytest.raises(DatasetError, match=f"{re.escape(str(kept))} is not the kept hash file the manifest lists"):
-        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")
+    _damage(kept, damage)
+    before, match = sha256s(out), re.escape(message.format(kept=kept))
+    with pytest.raises(error, match=match):
+        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")  # nothing new
+    shutil.copyfile(tree / "squares" / "img_000.jpg", tree / "circles" / "copy.jpg")
+    with pytest.raises(error, match=match):
+        beam_prep.prepare(str(tree), str(out), append=True, direct_running_mode="in_memory")  # a copy of version 1's
+    assert sha256s(out) == before
