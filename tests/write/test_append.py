@@ -805,17 +805,28 @@ def test_an_append_after_one_killed_while_listing_starts_afresh(ants, tmp_path, 
     assert "removing the files of unfinished run 20260101T000000Z-0123abcd" in caplog.text
 
 
-def test_a_plan_an_earlier_beam_prep_made_keeps_its_gone_rows_and_a_new_one_reads_them_from_its_run_folder():
-    """A run planned by an earlier beam-prep held its sources gone in its plan: resumed, they are its
-    changed.jsonl's last lines, counted; a plan made now counts them and takes the lines from the run's folder."""
+def test_a_plan_an_earlier_beam_prep_made_keeps_its_rows_and_a_new_one_merges_its_own_with_its_run_folders():
+    """A run planned by an earlier beam-prep held changed.jsonl's rows in its plan: resumed, they are its lines,
+    counted. A plan made now counts the rows ``narrow`` found and takes their lines from the run's folder, each
+    kind in its place, merged by path with any the plan holds (copies set apart at publication)."""
     from beam_prep.write.grow.append import Additions
 
-    rows = [{"path": "/in/b.jpg", "sha256": "2" * 64}, {"path": "/in/a.jpg", "sha256": "1" * 64}]
-    earlier = Additions.from_json({"unchanged": 3, "changed": [{"path": "/in/c.jpg", "sha256": "3" * 64,
-                                                                "now": "4" * 64}], "gone": rows})
-    assert earlier.counts()["gone"] == 2
-    lines = [json.loads(line) for line in earlier.changed_lines(["not read"])]
-    assert [(r["change"], r["path"]) for r in lines] == [("changed", "/in/c.jpg"), ("gone", "/in/a.jpg"),
-                                                        ("gone", "/in/b.jpg")]
-    now = Additions.from_json(Additions(unchanged=3, gone=2).to_json())
-    assert now.counts()["gone"] == 2 and list(now.changed_lines(["from the run folder"])) == ["from the run folder"]
+    digest = {name: name * 64 for name in "1234"}
+    earlier = Additions.from_json({"unchanged": 3, "changed": [{"path": "/in/c.jpg", "sha256": digest["3"],
+                                                                "now": digest["4"]}],
+                                   "copies": [], "gone": [{"path": "/in/b.jpg", "sha256": digest["2"]},
+                                                          {"path": "/in/a.jpg", "sha256": digest["1"]}]})
+    assert {key: earlier.counts()[key] for key in ("changed", "copies", "gone")} == {"changed": 1, "copies": 0,
+                                                                                    "gone": 2}
+    assert [(r["change"], r["path"]) for r in map(json.loads, earlier.changed_lines())] == [
+        ("changed", "/in/c.jpg"), ("gone", "/in/a.jpg"), ("gone", "/in/b.jpg")]
+    found = [json.dumps({"change": change, "path": path, "sha256": digest["1"]}, sort_keys=True)
+             for change, path in (("changed", "/in/x.jpg"), ("copy", "/in/a.jpg"), ("copy", "/in/c.jpg"),
+                                  ("gone", "/in/z.jpg"))]
+    now = Additions.from_json(Additions(unchanged=3, changed=1, copies=2, gone=1).to_json())
+    now.add_copies([{"path": "/in/b.jpg", "sha256": digest["2"], "split": "train", "of": "/in/o.jpg",
+                     "of_split": "train"}])
+    assert now.counts()["copies"] == 3
+    assert [(r["change"], r["path"]) for r in map(json.loads, now.changed_lines(found))] == [
+        ("changed", "/in/x.jpg"), ("copy", "/in/a.jpg"), ("copy", "/in/b.jpg"), ("copy", "/in/c.jpg"),
+        ("gone", "/in/z.jpg")]

@@ -29,7 +29,7 @@ from beam_prep.model.dataset import MANIFEST, DatasetInfo, labels_lines
 from beam_prep.write.finish import appended, drop, duplicates, earlier, manifest, publication
 from beam_prep.write.finish.near_beam import NearPairs
 from beam_prep.write.finish.near_earlier import Copy
-from beam_prep.write.grow.append import COPY_REASON, Additions, gone_lines
+from beam_prep.write.grow.append import COPY_REASON, Additions, found_lines
 from beam_prep.write.images import flat
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.journal import resume
@@ -225,7 +225,7 @@ def _set_apart(plan: RunPlan, found: list[Copy]) -> tuple[RunPlan, RunPlan]:
         return plan, plan
     additions = Additions.from_json(plan.appended or {})
     copied = [copy.appended_row() for copy in found if not copy.unchanged]
-    additions.copies.extend(copied)
+    additions.add_copies(copied)
     additions.unchanged += len(found) - len(copied)
     plan = dataclasses.replace(plan, appended=additions.to_json())
     reasons = dict(plan.skipped_by_reason)
@@ -284,7 +284,7 @@ def _stage(config: PrepareConfig, plan: RunPlan, built: dict[str, Any], reports:
         for name in (layout.ERRORS, layout.SKIPPED, layout.DUPLICATES, layout.FLAT):
             _after_the_datasets(config.output, folder, name)
         write_lines(join(folder, layout.CHANGED), Additions.from_json(plan.appended or {}).changed_lines(
-            gone_lines(work)))
+            found_lines(work)))
         names.append(layout.CHANGED)
         steps.done()
     info = DatasetInfo.from_json(built, config.output, MANIFEST)

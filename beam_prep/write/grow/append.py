@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import hashlib
+import heapq
 import io
 import itertools
 import json
@@ -37,10 +38,10 @@ from beam_prep.write.plan.listing.listed import Choice
 from beam_prep.write.plan.selection import ListedRow
 from beam_prep.write.shared import layout
 from beam_prep.write.shared.entry import printable
-from beam_prep.write.shared.spill import SpillFolder
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_new_names", "check_version",
-           "describe", "gone_lines", "held", "narrow", "read_dataset", "read_existing"]
+           "describe", "found_lines", "held", "narrow", "read_dataset", "read_existing"]
 
 COPY_REASON = "copy of a record already in the dataset"  # skipped.jsonl's (changed.jsonl names the record)
 _THREADS = 16  # files hashed, or shards read, at once
@@ -197,59 +198,91 @@ class Additions:
       failed_before: files that became no record in an earlier version (errors.jsonl): not tried again.
       skipped_before: files passed over in an earlier version (skipped.jsonl: not an image, a copy...): not
         named there again.
-      copies: ``{"path", "sha256", "split", "of", "of_split"}`` for each file at a new path whose bytes
-        the dataset holds (``of``: the record's source, in ``of_split``; ``split``: the one the file
-        would have gone to): not written; skipped.jsonl and changed.jsonl.
-      changed: ``{"path", "sha256", "now"}`` for each file at a path the dataset holds whose bytes
-        changed: not written (an append never rewrites a record); changed.jsonl.
-      gone: how many sources of records made from the run's input the listing lacks: their records
-        stay. Their rows (``{"path", "sha256"}``, by path) are changed.jsonl's last lines, kept in the
-        run's folder (``layout.GONE``, ``gone_lines``), not here: a dataset whose input lost its files
-        would hold millions.
-      gone_rows: those rows, in a plan an earlier beam-prep made (it held them here): resumed as it was.
+      copies: files at a new path whose bytes the dataset holds: not written; skipped.jsonl and changed.jsonl
+        (``{"path", "sha256", "split", "of", "of_split"}``: ``of`` the record's source, in ``of_split``;
+        ``split`` the one the file would have gone to).
+      changed: files at a path the dataset holds whose bytes changed: not written (an append never rewrites
+        a record); changed.jsonl (``{"path", "sha256", "now"}``).
+      gone: sources of records made from the run's input that the listing lacks: their records stay;
+        changed.jsonl (``{"path", "sha256"}``).
+      rows: the changed.jsonl rows this plan holds itself, each with its ``change`` (``changed``, ``copy``
+        or ``gone``): the copies ``WriteImageDataset``'s publication sets apart, and every row of a plan an
+        earlier beam-prep made. Those ``narrow`` finds are in the run's folder instead (``layout.CHANGES``,
+        ``found_lines``), sorted on disk: an input of millions lost, rewritten or copied would put
+        millions here.
     """
 
     new_labels: list[str] = dataclasses.field(default_factory=list)
     unchanged: int = 0
     failed_before: int = 0
     skipped_before: int = 0
-    copies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    changed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    copies: int = 0
+    changed: int = 0
     gone: int = 0
-    gone_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Additions:
-        if isinstance(body.get("gone"), list):  # an earlier beam-prep's plan, its gone rows in it
-            body = {**body, "gone": len(body["gone"]), "gone_rows": body["gone"]}
-        return cls(**body)
+        body = dict(body)
+        rows = list(body.pop("rows", ()))
+        for key, change in (("changed", "changed"), ("copies", "copy"), ("gone", "gone")):
+            if isinstance(body.get(key), list):  # an earlier beam-prep's plan, its rows in it
+                rows += [{**row, "change": change} for row in body[key]]
+                body[key] = len(body[key])
+        return cls(**body, rows=rows)
+
+    def add_copies(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Counts ``rows`` (``copies``'s) as copies, held in this plan."""
+        added = [{**row, "change": "copy"} for row in rows]
+        self.rows += added
+        self.copies += len(added)
 
     def counts(self) -> dict[str, Any]:
         """The manifest's word on it (``versions[].appended``)."""
         return {"new_labels": list(self.new_labels), "unchanged": self.unchanged,
                 "failed_before": self.failed_before, "skipped_before": self.skipped_before,
-                "copies": len(self.copies),
-                "changed": len(self.changed), "gone": self.gone}
+                "copies": self.copies, "changed": self.changed, "gone": self.gone}
 
-    def changed_lines(self, gone: Iterable[str] = ()) -> Iterator[str]:
-        """changed.jsonl: a line a changed file, then one a copy, then one a source gone (``gone``: the run
-        folder's ``gone_lines``, or this plan's ``gone_rows``), each sorted by path."""
-        for change, group in (("changed", self.changed), ("copy", self.copies), ("gone", self.gone_rows)):
-            for row in sorted(group, key=lambda r: r["path"]):
-                yield _changed_line(row, change)
-        if not self.gone_rows:
-            yield from gone
+    def changed_lines(self, found: Iterable[str] = ()) -> Iterator[str]:
+        """changed.jsonl: a line a changed file, then one a copy, then one a source gone, each sorted by path:
+        this plan's ``rows`` and ``found`` (the run folder's ``found_lines``, in that order already)."""
+        found = iter(found)
+        line = next(found, None)
+
+        def of_kind(prefix: str) -> Iterator[str]:
+            nonlocal line
+            while line is not None and line.startswith(prefix):
+                yield line
+                line = next(found, None)
+
+        for change in _CHANGES:
+            mine = sorted((row for row in self.rows if row["change"] == change), key=lambda row: row["path"])
+            theirs = of_kind(_change_prefix(change))
+            if mine:
+                yield from heapq.merge((_line(row) for row in mine), theirs, key=lambda text: json.loads(text)["path"])
+            else:
+                yield from theirs
+        if line is not None:
+            raise DatasetError(f"an append's run folder holds a line that is no change: {line[:200]!r}")
 
 
-def _changed_line(row: Mapping[str, Any], change: str) -> str:
-    return json.dumps({**row, "change": change}, ensure_ascii=False, sort_keys=True)
+_CHANGES = ("changed", "copy", "gone")  # changed.jsonl's kinds of line, in its order
 
 
-def gone_lines(work: str) -> Iterator[str]:
-    """The changed.jsonl lines of an append's sources gone, from its run's folder ``work`` (none where a
+def _line(row: Mapping[str, Any]) -> str:
+    """A changed.jsonl line: the row's keys sorted, ``change`` first of them."""
+    return json.dumps(row, ensure_ascii=False, sort_keys=True)
+
+
+def _change_prefix(change: str) -> str:
+    return f'{{"change": {json.dumps(change)},'
+
+
+def found_lines(work: str) -> Iterator[str]:
+    """The changed.jsonl lines an append's ``narrow`` found, from its run's folder ``work`` (none where a
     run of an earlier beam-prep left no such file: its plan holds them).
 
     Raises:
@@ -257,7 +290,7 @@ def gone_lines(work: str) -> Iterator[str]:
     """
     from apache_beam.io.filesystems import FileSystems  # here: the launcher imports this module before Beam
 
-    path = join(work, layout.GONE)
+    path = join(work, layout.CHANGES)
     if not FileSystems.exists(path):
         return
     with open_to_read(path) as f:
@@ -311,6 +344,8 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                            f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
     additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
     new: list[tuple[ListedRow, str, str]] = []  # each file at a path the dataset lacks: its row, path shown, sha256
+    changed = SortedRows(listing.folder, "changed")  # (path, changed.jsonl line), sorted on disk
+    copies = SortedRows(listing.folder, "copies")
     keep: list[ListedRow] = []
     new_labels: set[str] = set()
     by_content = config.append_check == "content"
@@ -326,7 +361,9 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                     if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
                         additions.unchanged += 1
                     else:
-                        additions.changed.append({"path": shown, "sha256": before.sha256, "now": sha256})
+                        additions.changed += 1
+                        changed.append((shown, _line({"change": "changed", "path": shown, "sha256": before.sha256,
+                                                      "now": sha256})))
                 elif shown in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
                     additions.skipped_before += 1
                 else:
@@ -334,17 +371,21 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     records = existing.first_with({sha256 for _, _, sha256 in new})  # one pass over the dataset's kept lines
     for row, shown, sha256 in new:
         if (copy := records.get(sha256)) is not None:
-            additions.copies.append({"path": shown, "sha256": sha256, "split": row[2], "of": copy[1],
-                                     "of_split": copy[0]})
+            additions.copies += 1
+            copies.append((shown, _line({"change": "copy", "path": shown, "sha256": sha256, "split": row[2],
+                                         "of": copy[1], "of_split": copy[0]})))
             listing.add_skip(row[1], COPY_REASON)
         else:
             keep.append(row)
             _, _, _, label, _, labels, _, _ = row
             new_labels.update(name for name in (labels if labels is not None else (label,)) if name not in info.labels)
-    gone = listing.folder.file(layout.GONE)  # streamed to disk, as many as the dataset's records
-    with open(gone, "w", encoding="utf-8") as f:
+    found = listing.folder.file(layout.CHANGES)  # changed.jsonl's lines, on disk: as many as the dataset's records
+    with open(found, "w", encoding="utf-8") as f:
+        for rows in (changed, copies):
+            for _, line in rows:
+                f.write(line + "\n")
         for path, sha256 in existing.gone(config.input.rstrip("/") + "/"):
-            f.write(_changed_line({"path": path, "sha256": sha256}, "gone") + "\n")
+            f.write(_line({"change": "gone", "path": path, "sha256": sha256}) + "\n")
             additions.gone += 1
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
@@ -352,7 +393,7 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                     held(info) if config.max_per_class is not None else {})
     narrowed = listing.narrowed(keep, labels, config.label_offset, choice)
     narrowed.carried.update(existing.generated)
-    narrowed.carried[layout.GONE] = gone
+    narrowed.carried[layout.CHANGES] = found
     return narrowed, additions
 
 

@@ -52,7 +52,7 @@ REPORT_HEAD = 512
 WORK_DIR = ".beam-prep"
 LISTING = "listing.jsonl"
 UNKNOWN_LABELS = "unknown-labels.jsonl"
-GONE = "gone.jsonl"  # an append's sources gone, changed.jsonl's last lines: in the run's folder, not its plan
+CHANGES = "changes.jsonl"  # the changed.jsonl lines an append found while listing: in its run's folder, not its plan
 def _fill_template(index: Callable[[int], str], count: Callable[[int], str]) -> str:
     """SHARD_TEMPLATE with each run of S replaced by ``index(its length)``, each run of N by ``count(...)``."""
     return re.sub("S+|N+", lambda m: (index if m[0][0] == "S" else count)(len(m[0])), SHARD_TEMPLATE)
