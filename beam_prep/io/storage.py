@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
-from beam_prep.errors import StorageError
+from beam_prep.errors import BeamPrepError, StorageError
 
 _LINES_A_BLOCK = 8192  # lines ``write_lines`` writes at a time
 
@@ -36,7 +36,7 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
     millions of lines is never held whole).
 
     Raises:
-      StorageError: naming ``path``, if it cannot be written; or the one ``lines`` raised.
+      StorageError: naming ``path``, if it cannot be written; or any error of beam-prep's ``lines`` raised.
     """
     from apache_beam.io.filesystems import FileSystems
 
@@ -49,7 +49,7 @@ def write_lines(path: str, lines: Iterable[str]) -> None:
                     f.write("".join(block).encode("utf-8"))
                     block = []
             f.write("".join(block).encode("utf-8"))
-    except StorageError:
+    except BeamPrepError:  # ``lines``'s own, said already
         raise
     except Exception as e:  # each filesystem raises its own types.
         raise storage_error("write", path, e) from e

@@ -830,3 +830,5 @@ def test_a_plan_an_earlier_beam_prep_made_keeps_its_rows_and_a_new_one_merges_it
     assert [(r["change"], r["path"]) for r in map(json.loads, now.changed_lines(found))] == [
         ("changed", "/in/x.jpg"), ("copy", "/in/a.jpg"), ("copy", "/in/b.jpg"), ("copy", "/in/c.jpg"),
         ("gone", "/in/z.jpg")]
+    with pytest.raises(DatasetError, match="holds a line that is no change"):
+        list(now.changed_lines([*found[:1], "not a change", *found[1:]]))
