@@ -4,6 +4,7 @@ The same file stages the project onto Dataflow workers (``--setup_file``), so
 the pins here are the pins every worker runs with.
 """
 import os
+import sys
 
 from setuptools import Extension, find_packages, setup
 
@@ -113,9 +114,15 @@ DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdoc
 # install where a C compiler is found. Optional: without one the install still succeeds, and
 # Pillow's own loops resize (the same pixels, slower; the run says so once). -ffp-contract=off:
 # no fused multiply-add in the weights, whose roundings must be Pillow's.
+# The same extension holds the JPEG fast path (_jpeg_path.h, on Unix): compiled against libjpeg's
+# interface headers kept here (write/images/libjpeg), it links no JPEG library but calls the one
+# Pillow loaded, found at run time (dlsym; libdl on glibc before 2.34).
 RESIZE_KERNEL = Extension(
     "beam_prep.write.images._resample", ["beam_prep/write/images/_resample.c"], optional=True,
-    depends=["beam_prep/write/images/_resample_simd.h", "beam_prep/write/images/_phash.h"],
+    depends=["beam_prep/write/images/_resample_simd.h", "beam_prep/write/images/_phash.h",
+             "beam_prep/write/images/_jpeg_path.h", "beam_prep/write/images/libjpeg/jpeglib.h",
+             "beam_prep/write/images/libjpeg/jconfig.h", "beam_prep/write/images/libjpeg/jmorecfg.h"],
+    libraries=["dl"] if sys.platform.startswith("linux") else [],
     extra_compile_args=["/O2", "/fp:precise"] if os.name == "nt" else ["-O3", "-ffp-contract=off"])
 
 setup(

@@ -1,4 +1,5 @@
-"""The resize kernel under AddressSanitizer and UBSan: a differential fuzz against Pillow.
+"""The resize kernel and the JPEG fast path under AddressSanitizer and UBSan: differential fuzzes
+against Pillow.
 
 The extension is built again with ``-fsanitize=address,undefined`` (every finding fatal) and
 ``BEAM_PREP_EXACT_SCRATCH``, which gives every call scratch arrays of exact size, so that a read
@@ -8,7 +9,8 @@ it) and resizes random images, odd sizes, boxes and arguments, and Pillow's padd
 included, a fixed number of cases (the same ones on any machine): every outcome must be
 Pillow's, and the C entry points must refuse hostile calls with ValueError. A planted
 overrun, read under the same runtime and options, first shows that the sanitizer would stop
-the fuzz at one.
+the fuzz at one. ``tests/children/jpeg_fuzz.py`` gives the same build's JPEG fast path damaged
+JPEGs of every kind, each outcome held to Pillow's path's.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.slow
 SOURCE = REPO / "beam_prep" / "write" / "images" / "_resample.c"
 FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g", "-O1"]
 CASES = 2000
+JPEG_CASES = 1500
 
 
 def _compiler() -> str:
@@ -69,7 +72,11 @@ def _env(runtime: str) -> dict[str, str]:
     return env
 
 
-def test_the_sanitized_kernel_resizes_like_pillow_case_after_case(tmp_path):
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory) -> tuple[pathlib.Path, dict[str, str]]:
+    """The extension built with the sanitizers, and the environment that runs it; first, a planted
+    overrun under the same runtime and options shows that the sanitizer stops a child at one."""
+    tmp_path = tmp_path_factory.mktemp("sanitized")
     cc = _compiler()
     runtime = _runtime(cc, tmp_path)
     env = _env(runtime)
@@ -81,11 +88,29 @@ def test_the_sanitized_kernel_resizes_like_pillow_case_after_case(tmp_path):
     include = sysconfig.get_paths()["include"]
     subprocess.run([cc, "-shared", "-fPIC", *FLAGS, "-ffp-contract=off", "-DBEAM_PREP_EXACT_SCRATCH",
                     f"-I{include}", str(SOURCE), "-o", str(extension)], check=True, capture_output=True)
-    done = subprocess.run(child("resample_fuzz", "--extension", str(extension), "--cases", str(CASES)), cwd=REPO,
+    return extension, env
+
+
+def _run_child(name: str, extension: pathlib.Path, env: dict[str, str], cases: int) -> str:
+    done = subprocess.run(child(name, "--extension", str(extension), "--cases", str(cases)), cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
     assert "ERROR: AddressSanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr[-6000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("fuzz:")]
+    return done.stdout
+
+
+def test_the_sanitized_kernel_resizes_like_pillow_case_after_case(sanitized):
+    out = _run_child("resample_fuzz", *sanitized, CASES)
+    (line,) = [line for line in out.splitlines() if line.startswith("fuzz:")]
     cases, by_kernel = int(line.split()[1]), int(line.split("resized by the kernel ")[1].split(",")[0])
     hashed = int(line.split("hashed by the kernel ")[1])  # the perceptual hash's thumbnail against Pillow's
     assert cases == CASES and by_kernel >= cases // 3 and hashed >= by_kernel, line
+
+
+def test_the_sanitized_jpeg_path_answers_damaged_jpegs_as_pillow(sanitized):
+    """Damaged JPEGs through the fast path under the sanitizers: no finding, and each outcome Pillow's
+    path's (``tests/children/jpeg_fuzz.py``); some still decode cleanly and take the fast path."""
+    out = _run_child("jpeg_fuzz", *sanitized, JPEG_CASES)
+    (line,) = [line for line in out.splitlines() if line.startswith("jpeg fuzz:")]
+    cases, native = int(line.split()[2]), int(line.split("made by the fast path ")[1])
+    assert cases == JPEG_CASES and native >= JPEG_CASES // 20, line

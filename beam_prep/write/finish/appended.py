@@ -18,7 +18,8 @@ __all__ = ["merge"]
 # Per-shard lists of a split, in the order of its shards: an append's go after the dataset's.
 _SHARD_LISTS = ("shards", "shard_num_examples", "shard_bytes", "shard_sha256", "dali_index")
 # The run's records that add up over the versions (the others are the latest run's, or the dataset's).
-_SUMMED = ("counts", "failed_by_stage", "skipped_by_reason", "originals", "flat_images", "duplicates", "sources")
+_SUMMED = ("counts", "failed_by_stage", "skipped_by_reason", "originals", "flat_images", "duplicates", "sources",
+           "jpeg_path")
 
 
 def merge(old: Mapping[str, Any], new: Mapping[str, Any], version: int, source: str | None,

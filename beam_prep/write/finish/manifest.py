@@ -25,7 +25,7 @@ from beam_prep.model.dataset import (
 )
 from beam_prep.model.features import LABEL_KEYS, SCHEMA
 from beam_prep.write.finish import duplicates
-from beam_prep.write.images import imaging, resample, sources
+from beam_prep.write.images import imaging, jpeg_path, resample, sources
 from beam_prep.write.images.flat import FlatImages
 from beam_prep.write.images.imaging import KEPT, ORIGINAL, REENCODE_REASONS
 from beam_prep.write.plan.config import PrepareConfig
@@ -136,6 +136,7 @@ def build(
         **kept_or_not,
         "flat_images": FlatImages().merge(*flat).manifest(),
         **sources.summary(resized),
+        **jpeg_path.summary(resized),
         "duplicates": dict(copies) if copies is not None else duplicates.Duplicates().to_json(),
         "sink": plan.sink,
         "options": _options(config),

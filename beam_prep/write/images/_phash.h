@@ -313,6 +313,65 @@ dct_bits(const uint8_t *thumb, const double *dct) {
     return bits;
 }
 
+/* The hash of one image size: its thumbnail's coefficients and scratch, planned with the GIL held,
+ * run without it. */
+typedef struct {
+    Py_ssize_t width, height;
+    int32_t h_bounds[PHASH_SIDE * 2], v_bounds[PHASH_SIDE * 2];
+    int h_taps, v_taps;
+    int32_t *h_kk, *v_kk;
+    uint8_t *grey, *rows;
+} phash_plan;
+
+static void
+release_phash(phash_plan *p) {
+    PyMem_RawFree(p->rows);
+    PyMem_RawFree(p->grey);
+    PyMem_RawFree(p->v_kk);
+    PyMem_RawFree(p->h_kk);
+    p->rows = p->grey = NULL, p->v_kk = p->h_kk = NULL;
+}
+
+/* Plans the hash of a width x height image (each side 1 to INT_MAX / 4); -1 with an exception, nothing
+ * left to release. Called with the GIL held. */
+static int
+plan_phash(phash_plan *p, Py_ssize_t width, Py_ssize_t height) {
+    memset(p, 0, sizeof(*p));
+    p->width = width, p->height = height, p->h_taps = p->v_taps = 1;
+    if (!(p->h_kk = box_coefficients(width, &p->h_taps, p->h_bounds)) ||
+        !(p->v_kk = box_coefficients(height, &p->v_taps, p->v_bounds))) {
+        release_phash(p);
+        return -1;
+    }
+    Py_ssize_t kept_rows = height == PHASH_SIDE ? PHASH_SIDE : p->v_bounds[(PHASH_SIDE - 1) * 2] +
+                                                                   p->v_bounds[(PHASH_SIDE - 1) * 2 + 1] - p->v_bounds[0];
+    for (int i = 0; i < PHASH_SIDE; i++) { /* fill_coefficients keeps every tap inside its axis */
+        if (p->h_bounds[i * 2] < 0 || p->h_bounds[i * 2] > width - p->h_bounds[i * 2 + 1] || p->v_bounds[i * 2] < 0 ||
+            p->v_bounds[i * 2] > height - p->v_bounds[i * 2 + 1]) {
+            PyErr_SetString(PyExc_ValueError, "a thumbnail pixel's taps reach outside the image");
+            release_phash(p);
+            return -1;
+        }
+    }
+    p->grey = PyMem_RawCalloc(width, PHASH_BLOCK); /* a last block's missing rows: zeros, never stored */
+    p->rows = PyMem_RawMalloc(kept_rows * PHASH_SIDE);
+    if (!p->grey || !p->rows) {
+        release_phash(p);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* The hash of the planned image's pixels (pixelsize 1 or 4, contiguous rows); its thumbnail into thumb
+ * (32 x 32 bytes). No GIL needed. */
+static uint64_t
+run_phash(const phash_plan *p, const uint8_t *pixels, int pixelsize, const double *dct, uint8_t *thumb) {
+    box_thumbnail(pixels, p->width, pixelsize, p->h_bounds, p->h_kk, p->h_taps, (int32_t *)p->v_bounds, p->v_kk,
+                  p->v_taps, p->height, p->grey, p->rows, thumb);
+    return dct_bits(thumb, dct);
+}
+
 PyDoc_STRVAR(phash_doc,
 "phash(pixels, width, height, pixelsize, dct, thumbnail=None)\n\n"
 "The 64-bit DCT hash (phash.phash) of an image of height rows of width pixels (uint8, C order;\n"
@@ -347,39 +406,20 @@ phash(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    int32_t h_bounds[PHASH_SIDE * 2], v_bounds[PHASH_SIDE * 2];
-    int h_taps = 1, v_taps = 1;
-    int32_t *h_kk = NULL, *v_kk = NULL;
-    uint8_t *grey = NULL, *rows = NULL;
+    phash_plan plan;
     if ((uintptr_t)dct.buf % sizeof(double)) {
         PyErr_SetString(PyExc_ValueError, "dct must be aligned to 8 bytes");
         goto release;
     }
-    if (!(h_kk = box_coefficients(width, &h_taps, h_bounds)) || !(v_kk = box_coefficients(height, &v_taps, v_bounds))) {
-        goto release;
-    }
-    Py_ssize_t kept_rows = height == PHASH_SIDE ? PHASH_SIDE : v_bounds[(PHASH_SIDE - 1) * 2] +
-                                                                   v_bounds[(PHASH_SIDE - 1) * 2 + 1] - v_bounds[0];
-    for (int i = 0; i < PHASH_SIDE; i++) { /* fill_coefficients keeps every tap inside its axis */
-        if (h_bounds[i * 2] < 0 || h_bounds[i * 2] > width - h_bounds[i * 2 + 1] || v_bounds[i * 2] < 0 ||
-            v_bounds[i * 2] > height - v_bounds[i * 2 + 1]) {
-            PyErr_SetString(PyExc_ValueError, "a thumbnail pixel's taps reach outside the image");
-            goto release;
-        }
-    }
-    grey = PyMem_RawCalloc(width, PHASH_BLOCK); /* a last block's missing rows: zeros, never stored */
-    rows = PyMem_RawMalloc(kept_rows * PHASH_SIDE);
-    if (!grey || !rows) {
-        PyErr_NoMemory();
+    if (plan_phash(&plan, width, height) < 0) {
         goto release;
     }
     uint8_t thumb[PHASH_SIDE * PHASH_SIDE];
     uint64_t bits;
     Py_BEGIN_ALLOW_THREADS
-    box_thumbnail(pixels.buf, width, pixelsize, h_bounds, h_kk, h_taps, v_bounds, v_kk, v_taps, height, grey, rows,
-                  thumb);
-    bits = dct_bits(thumb, dct.buf);
+    bits = run_phash(&plan, pixels.buf, pixelsize, dct.buf, thumb);
     Py_END_ALLOW_THREADS
+    release_phash(&plan);
     result = PyLong_FromUnsignedLongLong(bits);
     if (thumbnail_obj != Py_None) {
         Py_buffer given;
@@ -391,10 +431,6 @@ phash(PyObject *self, PyObject *args) {
         PyBuffer_Release(&given);
     }
 release:
-    PyMem_RawFree(rows);
-    PyMem_RawFree(grey);
-    PyMem_RawFree(v_kk);
-    PyMem_RawFree(h_kk);
     PyBuffer_Release(&dct);
     PyBuffer_Release(&pixels);
     return result;

@@ -1073,6 +1073,98 @@ horizontal_pass(const uint8_t *src, Py_ssize_t in_w, Py_ssize_t rows, int channe
     }
 }
 
+/* A resize of contiguous rows into contiguous rows: planned with the GIL held (the axes, kept or new;
+ * the scratch, each of its exact size, so that the sanitizer build sees past any), run without it. */
+typedef struct {
+    int channels, in_w, out_w, out_h, need_h, need_v, v_first, by_pixels;
+    resize_axis *h, *v;
+    Py_ssize_t first, rows; /* horizontal first: the source rows the vertical pass reads */
+    uint8_t *mid, *columns, *across;
+    int32_t *acc;
+} resize_plan;
+
+static void
+release_resize(resize_plan *p) {
+    PyMem_RawFree(p->acc);
+    PyMem_RawFree(p->across);
+    PyMem_RawFree(p->columns);
+    PyMem_RawFree(p->mid);
+    axis_release(p->v);
+    axis_release(p->h);
+    memset(p, 0, sizeof(*p));
+}
+
+/* Plans Pillow's resample of the box (x0, y0, x1, y1) of in_w x in_h pixels of `channels` bytes (1 or 4)
+ * to out_w x out_h, the passes as given (resample_image's arguments, checked by its caller); -1 with
+ * an exception, nothing left to release. Called with the GIL held. */
+static int
+plan_resize(resize_plan *p, int channels, int in_w, int in_h, int out_w, int out_h, float x0, float y0, float x1,
+            float y1, int need_h, int need_v, int v_first) {
+    memset(p, 0, sizeof(*p));
+    p->channels = channels, p->in_w = in_w, p->out_w = out_w, p->out_h = out_h;
+    p->need_h = need_h, p->need_v = need_v, p->v_first = v_first;
+    p->by_pixels = channels == 4 && isa != ISA_SCALAR;
+    if ((need_h && !(p->h = axis_get(in_w, x0, x1, out_w, p->by_pixels))) ||
+        (need_v && !(p->v = axis_get(in_h, y0, y1, out_h, 0)))) {
+        release_resize(p);
+        return -1;
+    }
+    const Py_ssize_t in_row = (Py_ssize_t)in_w * channels, out_row = (Py_ssize_t)out_w * channels;
+    Py_ssize_t mid_size = 0, columns_size = 0, across_size = 0, acc_size = out_row > in_row ? out_row : in_row;
+    if (need_h) {
+        if (v_first) {
+            p->rows = out_h;
+        } else {
+            p->first = need_v ? p->v->first : 0, p->rows = need_v ? p->v->end - p->v->first : in_h;
+        }
+        if (need_v) {
+            mid_size = v_first ? size_of(out_h, in_row, 1, "mid") : size_of(p->rows, out_row, 1, "mid");
+        }
+        if (!p->by_pixels) {
+            columns_size = size_of(p->h->end - p->h->first, p->rows, channels, "columns");
+            across_size = size_of(out_w, p->rows, channels, "across");
+            acc_size = p->rows * channels > acc_size ? p->rows * channels : acc_size;
+        }
+    }
+    if (mid_size < 0 || columns_size < 0 || across_size < 0 || acc_size > PY_SSIZE_T_MAX / 4) {
+        if (acc_size > PY_SSIZE_T_MAX / 4) {
+            PyErr_SetString(PyExc_ValueError, "the sums' size overflows");
+        }
+        release_resize(p);
+        return -1;
+    }
+    p->mid = PyMem_RawMalloc(mid_size), p->columns = PyMem_RawMalloc(columns_size);
+    p->across = PyMem_RawMalloc(across_size), p->acc = PyMem_RawMalloc(acc_size * 4);
+    if (!p->mid || !p->columns || !p->across || !p->acc) {
+        release_resize(p);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs a planned resize from src (contiguous rows) into final (out_h contiguous rows); no GIL needed. */
+static void
+run_resize(const resize_plan *p, const uint8_t *src, uint8_t *final) {
+    const Py_ssize_t in_row = (Py_ssize_t)p->in_w * p->channels, out_row = (Py_ssize_t)p->out_w * p->channels;
+    if (p->v_first) {
+        vertical(src, in_row, p->v->bounds, p->v->kk, p->v->taps, 0, p->need_h ? p->mid : final, p->out_h, p->acc);
+        if (p->need_h) {
+            horizontal_pass(p->mid, p->in_w, p->rows, p->channels, p->h, p->by_pixels, final, p->columns, p->across,
+                            p->acc);
+        }
+        return;
+    }
+    if (p->need_h) {
+        horizontal_pass(src + p->first * in_row, p->in_w, p->rows, p->channels, p->h, p->by_pixels,
+                        p->need_v ? p->mid : final, p->columns, p->across, p->acc);
+    }
+    if (p->need_v) {
+        vertical(p->need_h ? p->mid : src, out_row, p->v->bounds, p->v->kk, p->v->taps, p->need_h ? p->first : 0,
+                 final, p->out_h, p->acc);
+    }
+}
+
 /* The rows a resample_image call reads and writes where the image's lines are one buffer: a
  * read-only buffer that keeps the image core (its owner) alive. */
 typedef struct {
@@ -1163,63 +1255,23 @@ resample_image(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "4-byte pixels must be aligned");
         return NULL;
     }
-    const int by_pixels = channels == 4 && isa != ISA_SCALAR;
-    resize_axis *h = NULL, *v = NULL;
-    if ((need_h && !(h = axis_get(in_w, x0, x1, out_w, by_pixels))) || (need_v && !(v = axis_get(in_h, y0, y1, out_h, 0)))) {
-        axis_release(h);
+    resize_plan plan;
+    if (plan_resize(&plan, channels, in_w, in_h, out_w, out_h, x0, y0, x1, y1, need_h, need_v, v_first) < 0) {
         return NULL;
-    }
-    /* The rows between the passes (mid), the transposed copies, the sums, and the output where dst's
-     * lines are not one buffer: each of its exact size (the sanitizer build sees past any). */
-    Py_ssize_t first = 0, rows = 0; /* horizontal first: the source rows the vertical pass reads */
-    Py_ssize_t mid_size = 0, columns_size = 0, across_size = 0, acc_size = out_row > in_row ? out_row : in_row;
-    if (need_h) {
-        if (v_first) {
-            rows = out_h;
-        } else {
-            first = need_v ? v->first : 0, rows = need_v ? v->end - v->first : in_h;
-        }
-        if (need_v) {
-            mid_size = v_first ? size_of(out_h, in_row, 1, "mid") : size_of(rows, out_row, 1, "mid");
-        }
-        if (!by_pixels) {
-            columns_size = size_of(h->end - h->first, rows, channels, "columns");
-            across_size = size_of(out_w, rows, channels, "across");
-            acc_size = rows * channels > acc_size ? rows * channels : acc_size;
-        }
     }
     Py_ssize_t final_size = dst_whole ? 0 : size_of(out_h, out_row, 1, "out");
     PyObject *result = NULL;
-    uint8_t *mid = NULL, *columns = NULL, *across = NULL, *final = NULL;
-    int32_t *acc = NULL;
-    if (mid_size < 0 || columns_size < 0 || across_size < 0 || final_size < 0 || acc_size > PY_SSIZE_T_MAX / 4) {
-        if (acc_size > PY_SSIZE_T_MAX / 4) {
-            PyErr_SetString(PyExc_ValueError, "the sums' size overflows");
-        }
+    uint8_t *final = NULL;
+    if (final_size < 0) {
         goto release;
     }
-    mid = PyMem_RawMalloc(mid_size), columns = PyMem_RawMalloc(columns_size), across = PyMem_RawMalloc(across_size);
     final = dst_whole ? dst_lines[0] : PyMem_RawMalloc(final_size);
-    acc = PyMem_RawMalloc(acc_size * 4);
-    if (!mid || !columns || !across || !final || !acc) {
+    if (!final) {
         PyErr_NoMemory();
         goto release;
     }
     Py_BEGIN_ALLOW_THREADS
-    if (v_first) {
-        vertical(src, in_row, v->bounds, v->kk, v->taps, 0, need_h ? mid : final, out_h, acc);
-        if (need_h) {
-            horizontal_pass(mid, in_w, rows, channels, h, by_pixels, final, columns, across, acc);
-        }
-    } else {
-        if (need_h) {
-            horizontal_pass(src + first * in_row, in_w, rows, channels, h, by_pixels, need_v ? mid : final, columns,
-                            across, acc);
-        }
-        if (need_v) {
-            vertical(need_h ? mid : src, out_row, v->bounds, v->kk, v->taps, need_h ? first : 0, final, out_h, acc);
-        }
-    }
+    run_resize(&plan, src, final);
     if (!dst_whole) {
         for (Py_ssize_t y = 0; y < out_h; y++) {
             memcpy(dst_lines[y], final + y * out_row, out_row);
@@ -1235,17 +1287,14 @@ resample_image(PyObject *self, PyObject *args) {
         made->owner = dst_core, made->buf = dst_lines[0], made->len = out_h * out_row;
     }
 release:
-    PyMem_RawFree(acc);
     if (!dst_whole) {
         PyMem_RawFree(final);
     }
-    PyMem_RawFree(across);
-    PyMem_RawFree(columns);
-    PyMem_RawFree(mid);
-    axis_release(v);
-    axis_release(h);
+    release_resize(&plan);
     return result;
 }
+
+#include "_jpeg_path.h"
 
 static PyMethodDef methods[] = {
     {"coefficients", coefficients, METH_VARARGS, coefficients_doc},
@@ -1258,6 +1307,10 @@ static PyMethodDef methods[] = {
     {"preferred_isa", preferred_isa, METH_NOARGS, preferred_isa_doc},
     {"phash", phash, METH_VARARGS, phash_doc},
     {"resample_image", resample_image, METH_VARARGS, resample_image_doc},
+#ifdef JPEG_PATH
+    {"find_jpeg_library", find_jpeg_library, METH_O, find_jpeg_library_doc},
+    {"jpeg_image", jpeg_image, METH_VARARGS, jpeg_image_doc},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,7 +23,7 @@ from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
 from beam_prep.model.features import IMAGE_FORMATS
 from beam_prep.pixel_limit import our_limit_only
-from beam_prep.write.images import resample, sources
+from beam_prep.write.images import jpeg_path, resample, sources
 from beam_prep.write.images.jpeg_damage import libjpeg_warning
 from beam_prep.write.images.phash import THUMBNAIL, phash
 from beam_prep.write.images.resample import pillow_build as library  # noqa: F401 - its public name here
@@ -204,11 +204,26 @@ def process_image(data: bytes, spec: ImageSpec) -> EncodedImage:
     checked and returned as it is (``original`` says ``KEPT``), and any other
     image is made a JPEG (``original`` says why).
 
+    A plain JPEG stored as JPEG is made by the fast path (``jpeg_path``), the same bytes in one
+    native call; every other file, and a JPEG it declines, by Pillow's steps here.
+
     Raises:
       ImageError: with the stage that failed; never anything else for bad input.
     """
+    if spec.image_format == "jpeg":
+        made = jpeg_path.make(data, spec, DRAFT_GAP)
+        if made is not None:
+            return _from_fast_path(made, spec)
     with our_limit_only():
         return _process(data, spec)
+
+
+def _from_fast_path(made: jpeg_path.Made, spec: ImageSpec) -> EncodedImage:
+    """The fast path's image as ``_process`` returns it, its source counted as ``_process`` counts it."""
+    upright = made.upright
+    sources.record(*upright, _done(*upright, made.source_mode, _sized_for(upright, spec)))
+    flat = Flat(made.flat, False) if made.flat is not None else None
+    return EncodedImage(made.encoded, made.height, made.width, spec.channels, None, flat, made.phash)
 
 
 def _process(data: bytes, spec: ImageSpec) -> EncodedImage:

@@ -27,7 +27,7 @@ from PIL import Image
 
 from beam_prep.write.images import resample
 
-__all__ = ["BITS", "DEFAULT_DISTANCE", "THUMBNAIL", "distance", "phash"]
+__all__ = ["BITS", "DEFAULT_DISTANCE", "THUMBNAIL", "dct_rows", "distance", "phash"]
 
 BITS = 64
 DEFAULT_DISTANCE = 6  # the near-duplicate threshold in bits, chosen on docs/performance/near-duplicates.md
@@ -35,6 +35,11 @@ THUMBNAIL = 32  # the greyscale thumbnail's side (a reduced decode no smaller ha
 _KEPT = 8  # the DCT coefficients kept per axis
 # Rows k < 8 of scipy's DCT-II for 32 points: y[k] = 2 * sum_n x[n] cos(pi k (2n + 1) / 64).
 _DCT = 2.0 * np.cos(np.pi * np.arange(_KEPT)[:, None] * (2 * np.arange(THUMBNAIL)[None, :] + 1) / (2 * THUMBNAIL))
+
+
+def dct_rows() -> np.ndarray:
+    """The DCT's rows the hash keeps (float64, 8 x 32): the kernel's argument (the JPEG fast path's too)."""
+    return _DCT
 
 
 def phash(image: Image.Image, just_resized: bool = False) -> int:

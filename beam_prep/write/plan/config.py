@@ -24,7 +24,7 @@ from apache_beam.options.pipeline_options import (
 from beam_prep.errors import BeamPrepWarning, OptionsError
 from beam_prep.io.storage import is_local
 from beam_prep.model.dataset import COMPRESSIONS, FILE_FORMATS, TFRECORD, shard_suffix
-from beam_prep.write.images import resample
+from beam_prep.write.images import jpeg_path, resample
 from beam_prep.write.images.imaging import (
     DEFAULT_BACKGROUND,
     ORIGINAL,
@@ -375,6 +375,7 @@ def config_from_flags(o: Any, options: PipelineOptions) -> PrepareConfig:
     max_failures = parse_max_failures(o.max_failures) if o.max_failures is not None else None
     progress_interval(o.progress_interval)
     resample.check_choice()  # BEAM_PREP_RESIZE_KERNEL: a value it takes, and one this environment can honour
+    jpeg_path.check_choice()  # BEAM_PREP_JPEG_PATH: a value it takes
     spec = image_spec(o.image_size, o.resize_mode, o.channels, o.image_format, o.jpeg_quality, o.max_pixels,
                       no_upscale=o.no_upscale, background=o.background)
 
