@@ -46,6 +46,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("image: perceptual hash", "phash", "phash.py"),
     ("image: encode JPEG", "_encode", "imaging.py"),
     ("image: flat-colour check", "_flat", "imaging.py"),
+    ("image: the JPEG fast path (one native call)", "make", "jpeg_path.py"),
     ("image: open, header, EXIF, convert", "process_image", "imaging.py"),
     ("record: the Example", "payload", "shard_formats.py"),
     ("record: framing and GZIP", "write_record", "tfrecord.py"),

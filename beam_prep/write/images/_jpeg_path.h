@@ -29,6 +29,8 @@ static struct {
     __typeof__(jpeg_read_header) *read_header;
     __typeof__(jpeg_start_decompress) *start_decompress;
     __typeof__(jpeg_read_scanlines) *read_scanlines;
+    __typeof__(jpeg_skip_scanlines) *skip_scanlines;
+    __typeof__(jpeg_crop_scanline) *crop_scanline;
     __typeof__(jpeg_finish_decompress) *finish_decompress;
     __typeof__(jpeg_destroy_decompress) *destroy_decompress;
     __typeof__(jpeg_CreateCompress) *create_compress;
@@ -79,6 +81,8 @@ find_libjpeg(const char *imaging) {
     FIND(read_header, "jpeg_read_header")
     FIND(start_decompress, "jpeg_start_decompress")
     FIND(read_scanlines, "jpeg_read_scanlines")
+    FIND(skip_scanlines, "jpeg_skip_scanlines")
+    FIND(crop_scanline, "jpeg_crop_scanline")
     FIND(finish_decompress, "jpeg_finish_decompress")
     FIND(destroy_decompress, "jpeg_destroy_decompress")
     FIND(create_compress, "jpeg_CreateCompress")
@@ -491,6 +495,7 @@ typedef struct {
     int scale;              /* the draft's 1/scale */
     int gray_decode;        /* libjpeg decodes to grayscale (draft to L, or a 1-layer file) */
     int dec_w, dec_h;       /* the decoded grid */
+    int win[4];             /* the part of it the resize reads (x0, y0, x1, y1): the rest is not decoded */
     int px;                 /* bytes a pixel from the decode on: 1 (L) or 4 (RGB as RGBX) */
     int to_rgb, to_grey;    /* L to RGB (a grey file, 3 channels), RGB to L (undrafted, 1 channel) */
     int turned_w, turned_h; /* after the EXIF turn */
@@ -538,18 +543,36 @@ decode(const jpeg_job *job, uint8_t *out) {
     const int size = job->gray_decode ? 1 : 4;
     if ((int)cinfo.output_width != job->dec_w || (int)cinfo.output_height != job->dec_h ||
         cinfo.output_components != size) {
-        jl.finish_decompress(&cinfo); /* unreachable for the sizes read_header found; never left half done */
+        goto done; /* unreachable for the sizes read_header found */
+    }
+    /* Only the window, widened by a whole iMCU each way (libjpeg aligns a crop to iMCUs, and its
+     * upsampling reads a neighbour past each side): every pixel inside is the whole decode's. */
+    const int across = cinfo.max_h_samp_factor * cinfo.min_DCT_scaled_size;
+    const int down = cinfo.max_v_samp_factor * cinfo.min_DCT_scaled_size;
+    const int x0 = job->win[0] - across > 0 ? job->win[0] - across : 0;
+    const int x1 = job->win[2] + across < job->dec_w ? job->win[2] + across : job->dec_w;
+    const int y0 = job->win[1] - 2 * down > 0 ? job->win[1] - 2 * down : 0;
+    const int y1 = job->win[3] + 2 * down < job->dec_h ? job->win[3] + 2 * down : job->dec_h;
+    JDIMENSION xoffset = 0, width = (JDIMENSION)job->dec_w;
+    if (x0 > 0 || x1 < job->dec_w) {
+        xoffset = (JDIMENSION)x0, width = (JDIMENSION)(x1 - x0);
+        jl.crop_scanline(&cinfo, &xoffset, &width);
+    }
+    if (y0 > 0 && jl.skip_scanlines(&cinfo, (JDIMENSION)y0) != (JDIMENSION)y0) {
         goto done;
     }
-    while (cinfo.output_scanline < cinfo.output_height) {
+    while ((int)cinfo.output_scanline < y1) {
         JSAMPROW rows[4];
         int n = 0;
-        for (; n < 4 && cinfo.output_scanline + n < cinfo.output_height; n++) {
-            rows[n] = out + (size_t)(cinfo.output_scanline + n) * job->dec_w * size;
+        for (; n < 4 && (int)cinfo.output_scanline + n < y1; n++) {
+            rows[n] = out + ((size_t)(cinfo.output_scanline + n) * job->dec_w + xoffset) * size;
         }
         if (jl.read_scanlines(&cinfo, rows, (JDIMENSION)n) == 0) {
             goto done;
         }
+    }
+    if (y1 < job->dec_h && jl.skip_scanlines(&cinfo, (JDIMENSION)(job->dec_h - y1)) != (JDIMENSION)(job->dec_h - y1)) {
+        goto done;
     }
     jl.finish_decompress(&cinfo);
     ok = errors.pub.num_warnings ? -1 : 0;
@@ -753,6 +776,22 @@ plan_job(jpeg_job *job, int mode, int out_w, int out_h, int channels, long long 
         }
     }
     job->keeps_comment = job->step != STEP_KERNEL && job->out_w == job->sized_w && job->out_h == job->sized_h;
+    /* The window the resize reads, where the decoded grid is what it reads (upright, no conversion). */
+    job->win[0] = job->win[1] = 0, job->win[2] = job->dec_w, job->win[3] = job->dec_h;
+    if (h->orientation == 1 && !job->to_rgb && !job->to_grey) {
+        if (job->step == STEP_KERNEL) {
+            const resize_plan *p = &job->resize;
+            if (p->need_h) {
+                job->win[0] = (int)p->h->first, job->win[2] = (int)p->h->end;
+            }
+            if (p->need_v) {
+                job->win[1] = (int)p->v->first, job->win[3] = (int)p->v->end;
+            }
+        } else if (job->step == STEP_CROP) {
+            job->win[0] = job->crop_x, job->win[1] = job->crop_y;
+            job->win[2] = job->crop_x + job->sized_w, job->win[3] = job->crop_y + job->sized_h;
+        }
+    }
     if (job->hash) {
         if (job->out_h > (double)job->out_w * 100) {
             return DECLINE_GEOMETRY; /* phash.phash hashes these with Pillow's own steps */
