@@ -272,3 +272,30 @@ def test_a_wrong_choice_is_refused(monkeypatch):
     monkeypatch.setenv(jpeg_path.VARIABLE, "native")
     with pytest.raises(OptionsError, match="BEAM_PREP_JPEG_PATH must be pillow"):
         jpeg_path.check_choice()
+
+
+@pytest.mark.slow
+def test_no_memory_kept_call_after_call(made_files, monkeypatch):
+    """The fast path frees what it takes, for files it makes and files it declines (damaged ones):
+    the process's memory after many rounds is what it was after the first (a leak of one encoded
+    image a call would be tens of MB here)."""
+    import psutil
+
+    monkeypatch.delenv(jpeg_path.VARIABLE, raising=False)
+    files = [*made_files.values(), *(d for n in ("baseline_420", "progressive", "grey")
+                                     for d in _damaged(made_files[n], seed=3).values())]
+
+    def one_round() -> None:
+        with resample.counting():
+            for data in files * 4:
+                for spec in (SPECS["default"], SPECS["none"]):
+                    try:
+                        imaging.process_image(data, spec)
+                    except ImageError:
+                        pass
+
+    one_round()
+    before = psutil.Process().memory_info().rss
+    for _ in range(4):
+        one_round()
+    assert psutil.Process().memory_info().rss - before < 8 * 2**20
