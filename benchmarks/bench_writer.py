@@ -26,7 +26,9 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       ``--peers_python`` names another);
   (c′) with ``--accelerated DIR``: (c) with the pillow-simd that
       ``bash .ci/build-pillow-simd DIR`` built first on the path (the opt-in
-      accelerator, README *Faster resizing*), checked in its manifest.
+      accelerator, README *Faster resizing*), checked in its manifest;
+  (c″) (c) with every JPEG down Pillow's path (``BEAM_PREP_JPEG_PATH=pillow``):
+      what the JPEG fast path saves, checked in both runs' manifests.
 
 Every run reports images/s, CPU ms per image (user + system of its whole
 process tree) and the PSNR of a sample of its records against the reference
@@ -66,7 +68,7 @@ from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, PEERS_INSTALL, REPO_
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, run_measured
-from benchmarks.report.tables import RECORD_LIMIT, WRITER_PEERS
+from benchmarks.report.tables import OURS_VARIANTS, RECORD_LIMIT, WRITER_PEERS
 from benchmarks.results import Recording
 from benchmarks.writer_runs import DEFAULT_FLAGS, RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
 
@@ -245,7 +247,7 @@ def accelerated_line(runs: tuple[RunResult, RunResult], peer_runs: dict[str, Run
         return None
     seed, ours = runs
     against = [("(c)", ours), ("(a) the seed writer", seed),
-               *((WRITER_PEERS[name], result) for name, result in peer_runs.items() if name != "accelerated")]
+               *((WRITER_PEERS[name], result) for name, result in peer_runs.items() if name not in OURS_VARIANTS)]
     ratios = ", ".join(f"{fast.images_per_cpu_s / other.images_per_cpu_s:.2f}× {name}"
                        for name, other in against if other.images_per_cpu_s)
     return f"(c′) with pillow-simd, images per CPU-second: {ratios}"
@@ -372,7 +374,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                if peers.importable(recipe.python(args.peers_python), recipe.package)}
     peer_attempts: dict[str, list[RunResult]] = {"handwritten": [], **({"img2dataset": []} if img2dataset else {}),
                                                  **{key: [] for key in recipes},
-                                                 **({"accelerated": []} if args.accelerated else {})}
+                                                 **({"accelerated": []} if args.accelerated else {}),
+                                                 "pillow_path": []}
     originals: dict[str, dict[int, list[RunResult]]] = {name: {size: [] for size in corpora}
                                                          for name in ORIGINALS_RUNS}
     load: list[float] = []
@@ -391,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     if args.accelerated:
                         peer_attempts["accelerated"].append(
                             run_ours(corpus, workdir, accelerated=args.accelerated))
+                    peer_attempts["pillow_path"].append(run_ours(corpus, workdir, pillow_path=True))
                     peer_attempts["handwritten"].append(run_handwritten(corpus, workdir))
                     if img2dataset:
                         peer_attempts["img2dataset"].append(run_img2dataset(img2dataset, corpus, workdir))

@@ -13,6 +13,7 @@ import shutil
 import statistics
 from collections.abc import Sequence
 
+from beam_prep.write.images.jpeg_path import VARIABLE as JPEG_PATH_VARIABLE
 from benchmarks import IMAGE_SIZE, JPEG_QUALITY, REPO_ROOT, peers
 from benchmarks.corpus import Corpus
 from benchmarks.measure import Measured, check_manifest, directory_bytes, run_measured
@@ -52,15 +53,19 @@ class RunResult:
 
 
 def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAULT_FLAGS,
-             accelerated: pathlib.Path | None = None) -> RunResult:
+             accelerated: pathlib.Path | None = None, pillow_path: bool = False) -> RunResult:
     """(c), or (d) to (f) with their ``flags``: beam-prep's pipeline, exactly the command a user types;
-    (c′) with pillow-simd from ``accelerated`` first on the path of the command and its workers."""
+    (c′) with pillow-simd from ``accelerated`` first on the path of the command and its workers; (c″)
+    with every JPEG down Pillow's path (``pillow_path``: ``BEAM_PREP_JPEG_PATH=pillow``). The manifest
+    must say the JPEG fast path made the JPEGs in (c), and none in (c″)."""
     out = workdir / "ours"
     shutil.rmtree(out, ignore_errors=True)
-    env = None
+    env = dict(os.environ)
+    env.pop(JPEG_PATH_VARIABLE, None)
     if accelerated is not None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(accelerated.resolve()), os.environ.get("PYTHONPATH")]))}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(accelerated.resolve()), os.environ.get("PYTHONPATH")]))
+    if pillow_path:
+        env[JPEG_PATH_VARIABLE] = "pillow"
     measured = run_measured(
         prepare_images.command("--input", str(corpus.root), "--output", str(out), *flags, "--overwrite"),
         cwd=REPO_ROOT, env=env,
@@ -74,6 +79,10 @@ def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAU
         result.details["imaging_library"] = library
         if (accelerated is not None) != (str(library).startswith("pillow-simd")):
             result.error = f"the run's imaging library was {library}"
+        native = (manifest.get("jpeg_path") or {}).get("native", 0)
+        result.details["jpeg_path"] = manifest.get("jpeg_path")
+        if accelerated is None and tuple(flags) == tuple(DEFAULT_FLAGS) and (native > 0) == pillow_path:
+            result.error = f"the run's JPEG fast path made {native} records (the manifest's jpeg_path)"
         originals = manifest.get("originals")
         if originals is not None:
             result.details["originals"] = originals

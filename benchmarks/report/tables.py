@@ -21,7 +21,10 @@ WRITER_PEERS = {
     "litdata": "(k) LitData `optimize` (chunks, zstd asked)",
     "ray": "(l) Ray Data: `read_binary_files`, `map`, `write_tfrecords`",
     "accelerated": "(c′) beam-prep with the opt-in pillow-simd",
+    "pillow_path": "(c″) beam-prep with every JPEG down Pillow's path (`BEAM_PREP_JPEG_PATH=pillow`)",
 }
+# Rows that are beam-prep's own command run another way, not peers it is compared with.
+OURS_VARIANTS = ("accelerated", "pillow_path")
 # The peers a run has only where their tools are installed, by the distribution whose version it records;
 # results from before (j) to (l) existed have none of them, nor ``peer_versions``.
 OPTIONAL_PEERS = {"img2dataset": "img2dataset", "mds": "mosaicml-streaming", "litdata": "litdata", "ray": "ray"}
@@ -104,7 +107,7 @@ def writer(results: Mapping) -> str:
     if fast and not fast.get("error") and cpu_ms_per_image(fast):
         against = [("(c)", largest), ("(a) the seed writer", runs[-1]["seed"]),
                    *((WRITER_PEERS[name], run) for name, run in results["peers"].items()
-                     if name in WRITER_PEERS and name != "accelerated")]
+                     if name in WRITER_PEERS and name not in OURS_VARIANTS)]
         ratios = ", ".join(f"{times(cpu_ms_per_image(run) / cpu_ms_per_image(fast))} {name}"
                            for name, run in against if cpu_ms_per_image(run))
         library = fast.get("details", {}).get("imaging_library")

@@ -33,6 +33,7 @@ NAMED_BY_DATA = {
     "features": "<key>",
     "extra_features": "<key>",
     "failed_by_stage": "<stage>",
+    "jpeg_path.reasons": "<reason>",
     "skipped_by_reason": "<reason>",
     "originals.reencoded_by_reason": "<reason>",
     "duplicates.dropped_by_reason": "<reason>",
