@@ -132,7 +132,7 @@ def make(data: bytes, spec: Any, draft_gap: float) -> Made | None:
     out = kernel.kernel.jpeg_image(
         data, dct_rows(), _MODES[spec.resize_mode], spec.width or 0, spec.height or 0, spec.channels,
         spec.jpeg_quality, spec.max_pixels, spec.no_upscale, draft_gap, spec.perceptual_hash,
-        rules.tall_first, rules.horizontal_always)
+        rules.tall_first, rules.horizontal_always, Image.core.get_block_size())
     if isinstance(out, str):
         if out != "not_jpeg":
             resample.tally(f"{_PREFIX}{PILLOW}: {out}")
