@@ -314,3 +314,11 @@ def test_a_turn_beside_mistyped_exif(monkeypatch):
     monkeypatch.setenv(jpeg_path.VARIABLE, jpeg_path.PILLOW)
     made = imaging.process_image(data, SPECS["none"])
     assert (made.width, made.height) == (90, 120)
+
+
+def test_an_output_too_large_for_a_jpeg_is_declined_before_the_work(monkeypatch):
+    """An output over JPEG's 65,500 pixels a side: Pillow's save fails (its error, as before); the fast
+    path declines it for its geometry before decoding, never calling the file damaged."""
+    data = _saved(_photo("RGB").resize((200, 2)))
+    spec = ImageSpec(resize_mode="stretch", width=65501, height=2)
+    assert assert_same(data, spec, monkeypatch, "too wide") == {"jpeg pillow: geometry": 1}

@@ -789,6 +789,9 @@ plan_job(jpeg_job *job, int mode, int out_w, int out_h, int channels, long long 
             job->pad_x = (out_w - job->sized_w) / 2, job->pad_y = (out_h - job->sized_h) / 2;
         }
     }
+    if (job->out_w > JPEG_MAX_DIMENSION || job->out_h > JPEG_MAX_DIMENSION) {
+        return DECLINE_GEOMETRY; /* too large a JPEG: Pillow's save fails, after all the work */
+    }
     job->keeps_comment = mode != RESIZE_PAD && (job->step != STEP_KERNEL || job->pillow_loops);
     /* The window the resize reads, where the decoded grid is what it reads (upright, no conversion). */
     job->win[0] = job->win[1] = 0, job->win[2] = job->dec_w, job->win[3] = job->dec_h;

@@ -43,7 +43,8 @@ REASONS = {
             "refuses, EXIF in several segments)",
     "damaged": "data libjpeg warns about or fails on: Pillow's path reports it as before",
     "too_large": "over --max_pixels: Pillow's path reports it",
-    "geometry": "a resize Pillow makes another way (an image over 100 times taller than wide)",
+    "geometry": "a resize Pillow makes another way (an image over 100 times taller than wide), or an image "
+                "too large for a JPEG (over 65,500 pixels a side: Pillow's path reports it)",
     "memory": "memory for the image ran short",
     "unavailable": "the fast path cannot run in this process (the run says why once)",
 }
