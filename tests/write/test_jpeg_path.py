@@ -322,3 +322,10 @@ def test_an_output_too_large_for_a_jpeg_is_declined_before_the_work(monkeypatch)
     data = _saved(_photo("RGB").resize((200, 2)))
     spec = ImageSpec(resize_mode="stretch", width=65501, height=2)
     assert assert_same(data, spec, monkeypatch, "too wide") == {"jpeg pillow: geometry": 1}
+
+
+def test_a_max_pixels_past_64_bits(made_files, monkeypatch):
+    """``--max_pixels`` takes any integer: one past 64 bits limits nothing, as in Pillow's path (the
+    fast path raised OverflowError for every JPEG)."""
+    spec = ImageSpec(max_pixels=10**20)
+    assert assert_same(made_files["baseline_420"], spec, monkeypatch, "max_pixels") == {"jpeg native": 1}
