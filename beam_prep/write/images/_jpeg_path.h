@@ -931,8 +931,9 @@ PyDoc_STRVAR(jpeg_image_doc,
 "           draft_gap, perceptual_hash, tall_first, horizontal_always, block_size)\n\n"
 "imaging.process_image's JPEG output for the JPEG file `data`, as the Pillow path makes it: a tuple\n"
 "(encoded, width, height, phash or None, flat colour or None, upright width, upright height, the\n"
-"file's channels 1 or 3, resized: 0 none, 1 the kernel, 2 Pillow's crop, copy or loops), or a str, the reason it is\n"
-"declined (jpeg_path.REASONS). resize_mode: 0 center_crop, 1 stretch, 2 pad, 3 shorter_side, 4 none.\n"
+"file's channels 1 or 3, resized: 0 none, 1 the kernel, 2 Pillow's crop, copy or loops), or a str,\n"
+"the reason it is declined (jpeg_path.REASONS). resize_mode: 0 center_crop, 1 stretch, 2 pad,\n"
+"3 shorter_side, 4 none.\n"
 "block_size: the bytes of a block of Pillow's images (Image.core.get_block_size()).\n"
 "find_jpeg_library must have found libjpeg. The GIL is released while it decodes, resizes and encodes.");
 
