@@ -270,6 +270,16 @@ def test_reading_a_png_orientation_does_not_swallow_a_damaged_stream():
     assert e.value.stage == "decode"
 
 
+def test_a_png_turned_beside_a_mistyped_exif_entry_is_written():
+    # EXIF turning the image beside an entry of another type than its tag's (a ResolutionUnit written
+    # as text): exif_transpose's rewrite of the EXIF raised struct.error out of process_image.
+    exif = (b"II*\x00\x08\x00\x00\x00\x02\x00" + b"\x12\x01\x03\x00\x01\x00\x00\x00\x06\x00\x00\x00"
+            + b"\x28\x01\x02\x00\x04\x00\x00\x00cm\x00\x00" + b"\x00" * 4)
+    data = encode(photo(4, 120, 80), "PNG", exif=exif)
+    upright = process_image(data, ImageSpec(height=None, width=None, resize_mode="none", image_format="png"))
+    assert (upright.height, upright.width) == (120, 80)
+
+
 # How a stored image is turned for each orientation so that its upright form is the picture.
 STORED_AS = {5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_90, 7: Image.Transpose.TRANSVERSE,
              8: Image.Transpose.ROTATE_270}

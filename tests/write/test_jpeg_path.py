@@ -299,3 +299,60 @@ def test_no_memory_kept_call_after_call(made_files, monkeypatch):
     for _ in range(4):
         one_round()
     assert psutil.Process().memory_info().rss - before < 8 * 2**20
+
+
+@pytest.mark.parametrize("size", [(128, 64), (64, 32)])
+def test_pad_writes_no_comment(size, monkeypatch):
+    """Pad puts every image on a new canvas, which carries no comment, even an image that fills it
+    unresized (``size`` 128x64) or cropped (64x32): the source's comment is never written."""
+    data = _saved(_photo("RGB").resize((128, 64)), comment=b"a comment")
+    spec = ImageSpec(resize_mode="pad", width=size[0], height=size[1])
+    assert assert_same(data, spec, monkeypatch, f"pad {size}") == {"jpeg native": 1}
+    assert b"a comment" not in imaging.process_image(data, spec).data
+
+
+@pytest.fixture
+def small_blocks():
+    """Pillow's images in blocks of 64 KiB: a 320x240 image lies in several, as a large one does in
+    the 16 MiB default."""
+    before = Image.core.get_block_size()
+    Image.core.set_block_size(1 << 16)
+    yield
+    Image.core.set_block_size(before)
+
+
+@pytest.mark.parametrize("spec_name", ["default", "grey", "stretch", "pad", "none"])
+def test_a_source_in_several_blocks(made_files, small_blocks, spec_name, monkeypatch):
+    """A source Pillow keeps in several blocks is resized by Pillow's loops in the Pillow path (counted
+    so; its image keeps the source's comment): the fast path counts and writes the same."""
+    for name in ("comment", "exif_6", "grey"):
+        assert assert_same(made_files[name], SPECS[spec_name], monkeypatch, name) == {"jpeg native": 1}
+
+
+def test_a_turn_beside_mistyped_exif(monkeypatch):
+    """EXIF that turns the image beside an entry of another type than its tag's (a ResolutionUnit
+    written as text): Pillow's exif_transpose raised rewriting it (struct.error, out of process_image);
+    both paths turn the image and write it."""
+    base = _saved(_photo("RGB").resize((120, 90)))
+    data = _with_app1(base, b"Exif\x00\x00" + _exif_block([(0x112, 3, 1, struct.pack("<H", 6)),
+                                                           (0x128, 2, 4, b"cm\x00\x00")]))
+    for spec in (SPECS["default"], SPECS["none"]):
+        assert assert_same(data, spec, monkeypatch, "mistyped") == {"jpeg native": 1}
+    monkeypatch.setenv(jpeg_path.VARIABLE, jpeg_path.PILLOW)
+    made = imaging.process_image(data, SPECS["none"])
+    assert (made.width, made.height) == (90, 120)
+
+
+def test_an_output_too_large_for_a_jpeg_is_declined_before_the_work(monkeypatch):
+    """An output over JPEG's 65,500 pixels a side: Pillow's save fails (its error, as before); the fast
+    path declines it for its geometry before decoding, never calling the file damaged."""
+    data = _saved(_photo("RGB").resize((200, 2)))
+    spec = ImageSpec(resize_mode="stretch", width=65501, height=2)
+    assert assert_same(data, spec, monkeypatch, "too wide") == {"jpeg pillow: geometry": 1}
+
+
+def test_a_max_pixels_past_64_bits(made_files, monkeypatch):
+    """``--max_pixels`` takes any integer: one past 64 bits limits nothing, as in Pillow's path (the
+    fast path raised OverflowError for every JPEG)."""
+    spec = ImageSpec(max_pixels=10**20)
+    assert assert_same(made_files["baseline_420"], spec, monkeypatch, "max_pixels") == {"jpeg native": 1}

@@ -485,6 +485,15 @@ resize_step(int in_w, int in_h, int out_w, int out_h, const float *b, int tall_f
     return *need_h || *need_v ? STEP_KERNEL : STEP_COPY;
 }
 
+/* Whether Pillow's image of w x h pixels of `size` bytes lies in several blocks of its arena's
+ * `block_size` (Storage.c's ImagingAllocateArray, lines unpadded): its pixels cannot be handed over
+ * whole, so resample.resize has Pillow's loops resize it. */
+static int
+several_blocks(int w, int h, int size, long long block_size) {
+    const long long line = (long long)w * size, lines = block_size / line;
+    return h > (lines > 1 ? lines : 1);
+}
+
 /* ---- The call ---- */
 
 /* Everything one image needs, planned with the GIL held. */
@@ -506,9 +515,10 @@ typedef struct {
     int pad_x, pad_y;       /* pad: where the resized image lies on it */
     int quality, hash;
     int resized;            /* what resample.resize tallies: 0 nothing, 1 the kernel, 2 Pillow */
-    int keeps_comment;      /* the image saved is the decoded one's or Pillow's copy of it, whose info
-                               holds the source's comment (Image._new copies it; the kernel's image and
-                               pad's canvas are new) */
+    int pillow_loops;       /* STEP_KERNEL where resample.resize has Pillow's loops resize (same pixels) */
+    int keeps_comment;      /* the image saved is the decoded one's or Pillow's copy or resize of it, whose
+                               info holds the source's comment (Image._new copies it; the kernel's image
+                               and pad's canvas, made for every image pad resizes, are new) */
     resize_plan resize;
     phash_plan ph;
 } jpeg_job;
@@ -663,7 +673,7 @@ flat_colour(const uint8_t *p, int w, int h, int size, char *colour) {
  * memory. */
 static const char *
 plan_job(jpeg_job *job, int mode, int out_w, int out_h, int channels, long long max_pixels, int no_upscale,
-         double draft_gap, int tall_first, int horizontal_always, int *error) {
+         double draft_gap, int tall_first, int horizontal_always, long long block_size, int *error) {
     jpeg_header *h = &job->head;
     const char *why = read_header(job->data, job->size, h);
     if (why) {
@@ -758,7 +768,11 @@ plan_job(jpeg_job *job, int mode, int out_w, int out_h, int channels, long long 
             if (job->step < 0) {
                 return DECLINE_GEOMETRY;
             }
-            job->resized = job->step == STEP_KERNEL ? 1 : 2;
+            /* resample.resize leaves a source Pillow keeps in several blocks to Pillow's loops (the same
+             * pixels, in an image that keeps the source's info) */
+            job->pillow_loops = job->step == STEP_KERNEL &&
+                                several_blocks(job->turned_w, job->turned_h, job->px, block_size);
+            job->resized = job->step == STEP_KERNEL && !job->pillow_loops ? 1 : 2;
             if (job->step == STEP_CROP) {
                 job->crop_x = (int)box[0], job->crop_y = (int)box[1];
             } else if (job->step == STEP_KERNEL) {
@@ -775,7 +789,10 @@ plan_job(jpeg_job *job, int mode, int out_w, int out_h, int channels, long long 
             job->pad_x = (out_w - job->sized_w) / 2, job->pad_y = (out_h - job->sized_h) / 2;
         }
     }
-    job->keeps_comment = job->step != STEP_KERNEL && job->out_w == job->sized_w && job->out_h == job->sized_h;
+    if (job->out_w > JPEG_MAX_DIMENSION || job->out_h > JPEG_MAX_DIMENSION) {
+        return DECLINE_GEOMETRY; /* too large a JPEG: Pillow's save fails, after all the work */
+    }
+    job->keeps_comment = mode != RESIZE_PAD && (job->step != STEP_KERNEL || job->pillow_loops);
     /* The window the resize reads, where the decoded grid is what it reads (upright, no conversion). */
     job->win[0] = job->win[1] = 0, job->win[2] = job->dec_w, job->win[3] = job->dec_h;
     if (h->orientation == 1 && !job->to_rgb && !job->to_grey) {
@@ -911,21 +928,24 @@ find_jpeg_library(PyObject *self, PyObject *arg) {
 
 PyDoc_STRVAR(jpeg_image_doc,
 "jpeg_image(data, dct, resize_mode, width, height, channels, quality, max_pixels, no_upscale,\n"
-"           draft_gap, perceptual_hash, tall_first, horizontal_always)\n\n"
+"           draft_gap, perceptual_hash, tall_first, horizontal_always, block_size)\n\n"
 "imaging.process_image's JPEG output for the JPEG file `data`, as the Pillow path makes it: a tuple\n"
 "(encoded, width, height, phash or None, flat colour or None, upright width, upright height, the\n"
-"file's channels 1 or 3, resized: 0 none, 1 the kernel, 2 Pillow's copy), or a str, the reason it is\n"
-"declined (jpeg_path.REASONS). resize_mode: 0 center_crop, 1 stretch, 2 pad, 3 shorter_side, 4 none.\n"
+"file's channels 1 or 3, resized: 0 none, 1 the kernel, 2 Pillow's crop, copy or loops), or a str,\n"
+"the reason it is declined (jpeg_path.REASONS). resize_mode: 0 center_crop, 1 stretch, 2 pad,\n"
+"3 shorter_side, 4 none.\n"
+"block_size: the bytes of a block of Pillow's images (Image.core.get_block_size()).\n"
 "find_jpeg_library must have found libjpeg. The GIL is released while it decodes, resizes and encodes.");
 
 static PyObject *
 jpeg_image(PyObject *self, PyObject *args) {
     Py_buffer data, dct;
     int mode, out_w, out_h, channels, quality, no_upscale, hash, tall_first, horizontal_always;
-    long long max_pixels;
+    long long max_pixels, block_size;
     double draft_gap;
-    if (!PyArg_ParseTuple(args, "y*y*iiiiiLpdppp", &data, &dct, &mode, &out_w, &out_h, &channels, &quality,
-                          &max_pixels, &no_upscale, &draft_gap, &hash, &tall_first, &horizontal_always)) {
+    if (!PyArg_ParseTuple(args, "y*y*iiiiiLpdpppL", &data, &dct, &mode, &out_w, &out_h, &channels, &quality,
+                          &max_pixels, &no_upscale, &draft_gap, &hash, &tall_first, &horizontal_always,
+                          &block_size)) {
         return NULL;
     }
     PyObject *result = NULL;
@@ -937,7 +957,8 @@ jpeg_image(PyObject *self, PyObject *args) {
     }
     if (mode < RESIZE_CENTER_CROP || mode > RESIZE_NONE || (channels != 1 && channels != 3) || quality < 1 ||
         quality > 100 || (mode != RESIZE_NONE && (out_w < 1 || out_h < 1)) ||
-        dct.len < (Py_ssize_t)(PHASH_KEPT * PHASH_SIDE * sizeof(double)) || (uintptr_t)dct.buf % sizeof(double)) {
+        dct.len < (Py_ssize_t)(PHASH_KEPT * PHASH_SIDE * sizeof(double)) || (uintptr_t)dct.buf % sizeof(double) ||
+        block_size < 1) {
         PyErr_SetString(PyExc_ValueError, "arguments out of range");
         goto release;
     }
@@ -948,7 +969,7 @@ jpeg_image(PyObject *self, PyObject *args) {
     job.data = data.buf, job.size = (size_t)data.len, job.quality = quality, job.hash = hash;
     int error = 0;
     const char *why = plan_job(&job, mode, out_w, out_h, channels, max_pixels, no_upscale, draft_gap, tall_first,
-                               horizontal_always, &error);
+                               horizontal_always, block_size, &error);
     if (error) {
         goto release;
     }

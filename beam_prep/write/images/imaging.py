@@ -17,7 +17,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from PIL import ExifTags, Image, ImageColor, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageColor, UnidentifiedImageError
 
 from beam_prep.errors import ImageError
 from beam_prep.model.dataset import ImageInfo
@@ -75,6 +75,11 @@ _SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 # How exif_transpose() turns each orientation upright: flip x, flip y, then swap the axes if 5-8.
 _FLIPPING_X = frozenset({2, 3, 7, 8})
 _FLIPPING_Y = frozenset({3, 4, 6, 7})
+# exif_transpose()'s turn for each orientation, made without its rewrite of the image's EXIF: no output
+# reads that, and it raises (struct.error, TypeError) on an entry of another type than its tag's.
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
 
 Box = tuple[float, float, float, float]
 
@@ -255,7 +260,7 @@ def _process(data: bytes, spec: ImageSpec) -> EncodedImage:
         region = region or (0, 0, *img.size)
         if orientation != 1:
             region = _oriented(region, img.size, orientation)
-            img = ImageOps.exif_transpose(img)
+            img = img.transpose(_TRANSPOSE[orientation])
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise ImageError("decode", f"cannot decode image: {e}") from e
     if not jpeg:
@@ -421,7 +426,7 @@ def _draft(img: Image.Image, spec: ImageSpec, swapped: bool) -> Box | None:
 
 
 def _oriented(box: Box, size: tuple[int, int], orientation: int) -> Box:
-    """``box`` on an image of ``size`` once exif_transpose() has turned the image upright."""
+    """``box`` on an image of ``size`` once turned upright as exif_transpose() turns it."""
     left, top, right, bottom = box
     width, height = size
     if orientation in _FLIPPING_X:

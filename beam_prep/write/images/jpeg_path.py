@@ -43,12 +43,16 @@ REASONS = {
             "refuses, EXIF in several segments)",
     "damaged": "data libjpeg warns about or fails on: Pillow's path reports it as before",
     "too_large": "over --max_pixels: Pillow's path reports it",
-    "geometry": "a resize Pillow makes another way (an image over 100 times taller than wide)",
+    "geometry": "a resize Pillow makes another way (an image over 100 times taller than wide), or an image "
+                "too large for a JPEG (over 65,500 pixels a side: Pillow's path reports it)",
     "memory": "memory for the image ran short",
     "unavailable": "the fast path cannot run in this process (the run says why once)",
 }
 _MODES = {"center_crop": 0, "stretch": 1, "pad": 2, "shorter_side": 3, "none": 4}
 _JPEG = b"\xff\xd8\xff"
+# More pixels than a JPEG can have (65,535 a side): a larger --max_pixels limits nothing more, and is
+# passed as this (the kernel takes a 64-bit count).
+_ANY_JPEG = 1 << 32
 
 
 class Made(NamedTuple):
@@ -131,8 +135,8 @@ def make(data: bytes, spec: Any, draft_gap: float) -> Made | None:
     rules = kernel.rules
     out = kernel.kernel.jpeg_image(
         data, dct_rows(), _MODES[spec.resize_mode], spec.width or 0, spec.height or 0, spec.channels,
-        spec.jpeg_quality, spec.max_pixels, spec.no_upscale, draft_gap, spec.perceptual_hash,
-        rules.tall_first, rules.horizontal_always)
+        spec.jpeg_quality, min(spec.max_pixels, _ANY_JPEG), spec.no_upscale, draft_gap, spec.perceptual_hash,
+        rules.tall_first, rules.horizontal_always, Image.core.get_block_size())
     if isinstance(out, str):
         if out != "not_jpeg":
             resample.tally(f"{_PREFIX}{PILLOW}: {out}")
