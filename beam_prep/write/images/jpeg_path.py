@@ -133,10 +133,13 @@ def make(data: bytes, spec: Any, draft_gap: float) -> Made | None:
         return None
     kernel = resample_loader.load()
     rules = kernel.rules
-    out = kernel.kernel.jpeg_image(
-        data, dct_rows(), _MODES[spec.resize_mode], spec.width or 0, spec.height or 0, spec.channels,
-        spec.jpeg_quality, min(spec.max_pixels, _ANY_JPEG), spec.no_upscale, draft_gap, spec.perceptual_hash,
-        rules.tall_first, rules.horizontal_always, Image.core.get_block_size())
+    try:
+        out = kernel.kernel.jpeg_image(
+            data, dct_rows(), _MODES[spec.resize_mode], spec.width or 0, spec.height or 0, spec.channels,
+            spec.jpeg_quality, min(spec.max_pixels, _ANY_JPEG), spec.no_upscale, draft_gap, spec.perceptual_hash,
+            rules.tall_first, rules.horizontal_always, Image.core.get_block_size())
+    except MemoryError:  # planning the image's memory: Pillow's path tries with its own (or reports it)
+        out = "memory"
     if isinstance(out, str):
         if out != "not_jpeg":
             resample.tally(f"{_PREFIX}{PILLOW}: {out}")
