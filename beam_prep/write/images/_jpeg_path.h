@@ -60,6 +60,16 @@ jpeg_quiet(j_common_ptr cinfo) {
     (void)cinfo;
 }
 
+/* libjpeg's standard error manager in `errors`, but that errors jump to errors->jump (set by the caller's
+ * setjmp) and nothing is printed. */
+static struct jpeg_error_mgr *
+quiet_errors(jpeg_errors *errors) {
+    struct jpeg_error_mgr *err = jl.std_error(&errors->pub);
+    err->error_exit = jpeg_error_exit;
+    err->output_message = jpeg_quiet;
+    return err;
+}
+
 /* Finds libjpeg's entry points through the module at `imaging` (PIL._imaging's file, loaded): 0, or -1
  * with jl.why set. Called with the GIL held. */
 static int
@@ -100,9 +110,7 @@ find_libjpeg(const char *imaging) {
     struct jpeg_decompress_struct cinfo;
     jpeg_errors errors;
     memset(&cinfo, 0, sizeof(cinfo));
-    cinfo.err = jl.std_error(&errors.pub);
-    errors.pub.error_exit = jpeg_error_exit;
-    errors.pub.output_message = jpeg_quiet;
+    cinfo.err = quiet_errors(&errors);
     if (setjmp(errors.jump)) {
         jl.destroy_decompress(&cinfo);
         snprintf(jl.why, sizeof(jl.why), "Pillow's libjpeg has another interface than libjpeg 6.2's");
@@ -531,9 +539,7 @@ decode(const jpeg_job *job, uint8_t *out) {
     jpeg_errors errors;
     int ok = -1;
     memset(&cinfo, 0, sizeof(cinfo)); /* an error inside create leaves nothing for destroy to free */
-    cinfo.err = jl.std_error(&errors.pub);
-    errors.pub.error_exit = jpeg_error_exit;
-    errors.pub.output_message = jpeg_quiet;
+    cinfo.err = quiet_errors(&errors);
     if (setjmp(errors.jump)) {
         jl.destroy_decompress(&cinfo);
         return -1;
@@ -601,9 +607,7 @@ encode(const uint8_t *pixels, int w, int h, int size, int quality, const uint8_t
     jpeg_errors errors;
     memset(&cinfo, 0, sizeof(cinfo));
     *buffer = NULL, *n = 0; /* the caller's: what libjpeg allocated is freed there, error or not */
-    cinfo.err = jl.std_error(&errors.pub);
-    errors.pub.error_exit = jpeg_error_exit;
-    errors.pub.output_message = jpeg_quiet;
+    cinfo.err = quiet_errors(&errors);
     if (setjmp(errors.jump)) {
         jl.destroy_compress(&cinfo);
         return -1;
