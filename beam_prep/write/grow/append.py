@@ -20,7 +20,7 @@ import io
 import itertools
 import json
 import re
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from beam_prep import wording
@@ -343,18 +343,32 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
         raise OptionsError(f"--input {config.input} lists records of another kind than the dataset in "
                            f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
     additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
-    new: list[tuple[ListedRow, str, str]] = []  # each file at a path the dataset lacks: its row, path shown, sha256
+    new: list[tuple[int, ListedRow, str, str]] = []  # each file at a path the dataset lacks: its place, row, path shown, sha256
     changed = SortedRows(listing.folder, "changed")  # (path, changed.jsonl line), sorted on disk
     copies = SortedRows(listing.folder, "copies")
+    gone = SortedRows(listing.folder, "gone")
     keep: list[ListedRow] = []
     new_labels: set[str] = set()
     by_content = config.append_check == "content"
+    failed, skipped = existing.failed, existing.skipped
+    root = listing.root
+
+    def lost(path: str, record: Record) -> None:
+        gone.append((path, _line({"change": "gone", "path": path, "sha256": record.sha256})))
+
     with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
-        for chunk in _looked_up(listing, existing):
-            sums = _sha256s(pool, [path for row, path, shown, before in chunk
+        for chunk in _looked_up(listing, existing, lost):
+            looked: list[tuple[int, ListedRow, str, str, Record | None]] = []
+            for place, row, before in chunk:
+                if before is not None and not failed and not by_content and before.same_source(row[4], row[7]):
+                    additions.unchanged += 1  # its size and stamp are its record's: not read
+                    continue
+                path = f"{root}/{row[1]}"
+                looked.append((place, row, path, printable(path), before))
+            sums = _sha256s(pool, [path for _, row, path, shown, before in looked
                                    if _must_read(row, shown, before, existing, by_content)])
-            for row, path, shown, before in chunk:
-                if shown in existing.failed:  # errors.jsonl names files as messages show them
+            for place, row, path, shown, before in looked:
+                if shown in failed:  # errors.jsonl names files as messages show them
                     additions.failed_before += 1
                 elif before is not None:
                     sha256 = sums.get(path)
@@ -364,12 +378,13 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                         additions.changed += 1
                         changed.append((shown, _line({"change": "changed", "path": shown, "sha256": before.sha256,
                                                       "now": sha256})))
-                elif shown in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
+                elif shown in skipped:  # a copy, or a record --cross_split_duplicates dropped
                     additions.skipped_before += 1
                 else:
-                    new.append((row, shown, sums[path]))
-    records = existing.first_with({sha256 for _, _, sha256 in new})  # one pass over the dataset's kept lines
-    for row, shown, sha256 in new:
+                    new.append((place, row, shown, sums[path]))
+    new.sort(key=lambda found: found[0])  # the listing's order: the shards' deal
+    records = existing.first_with({sha256 for _, _, _, sha256 in new})  # one pass over the dataset's kept lines
+    for _, row, shown, sha256 in new:
         if (copy := records.get(sha256)) is not None:
             additions.copies += 1
             copies.append((shown, _line({"change": "copy", "path": shown, "sha256": sha256, "split": row[2],
@@ -381,12 +396,10 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
             new_labels.update(name for name in (labels if labels is not None else (label,)) if name not in info.labels)
     found = listing.folder.file(layout.CHANGES)  # changed.jsonl's lines, on disk: as many as the dataset's records
     with open(found, "w", encoding="utf-8") as f:
-        for rows in (changed, copies):
+        for rows in (changed, copies, gone):
             for _, line in rows:
                 f.write(line + "\n")
-        for path, sha256 in existing.gone(config.input.rstrip("/") + "/"):
-            f.write(_line({"change": "gone", "path": path, "sha256": sha256}) + "\n")
-            additions.gone += 1
+    additions.gone = gone.count
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
     choice = Choice(config.validation_percent, config.stratify, config.max_per_class,
@@ -412,16 +425,19 @@ def held(info: DatasetInfo) -> dict[str, int]:
     return dict(counts)
 
 
-def _looked_up(listing: Listing,
-               existing: Existing) -> Iterator[list[tuple[ListedRow, str, str, Record | None]]]:
+def _looked_up(listing: Listing, existing: Existing, gone: Callable[[str, Record], None]
+               ) -> Iterator[list[tuple[int, ListedRow, Record | None]]]:
     """Each of ``listing``'s rows (``Listing.rows``: no ``FileEntry`` made for the files the dataset holds)
-    with its full path, that path as the dataset names its records' (``printable``: a name that is not
-    UTF-8 escaped), and the dataset's latest record of it (None: none), ``_CHUNK`` rows at a time."""
-    rows = listing.rows()
-    while chunk := list(itertools.islice(rows, _CHUNK)):
-        paths = [f"{listing.root}/{row[1]}" for row in chunk]
-        shown = [printable(path) for path in paths]
-        yield list(zip(chunk, paths, shown, existing.latest(shown)))
+    with its place in the listing and the dataset's latest record made from its path (None: none; each
+    record the listing lacks to ``gone``: ``Existing.join``), ``_CHUNK`` rows at a time."""
+    rows: Iterator[tuple[tuple[int, ListedRow], Record | None]]
+    if existing.indexes_paths:
+        rows = existing.join(((Existing.key(row[1]), (place, row)) for place, row in enumerate(listing.rows())),
+                             gone, listing.folder)
+    else:
+        rows = (((place, row), None) for place, row in enumerate(listing.rows()))
+    while chunk := [(place, row, before) for (place, row), before in itertools.islice(rows, _CHUNK)]:
+        yield chunk
 
 
 def _must_read(row: ListedRow, shown: str, before: Record | None, existing: Existing, by_content: bool) -> bool:

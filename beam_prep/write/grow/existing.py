@@ -1,9 +1,10 @@
-"""The records a dataset holds, as an append looks them up: an index on disk, not dicts in memory.
+"""The records a dataset holds, as an append compares a listing with them: streamed, not held in memory.
 
 An append compares each listed file with every record of the dataset (by path and by sha256), and
-a dataset may hold millions: the records go into an SQLite table in the listing's temporary folder,
-so the launcher holds a page cache, not a Python object a record. They are read from the dataset's
-kept hash files (``kept_hashes``): no shard is read, no image decoded. A dataset made before it kept
+a dataset may hold millions: its kept hash files (``kept_hashes``) and stamp files are sorted by path,
+so the records below the append's input are read as one stream in path order and merged with the
+listing sorted alike (``Existing.join``): the launcher holds a line of each file, not a Python object
+a record, and no index is built. No shard is read, no image decoded. A dataset made before it kept
 them is read from its shards once, each record's stored image decoded for its perceptual hash, and
 the files that reading makes (``generated``) go to the run's folder, to be published with the
 append: the next append reads them. Each record's source size and stamp, where its version kept
@@ -11,17 +12,19 @@ them (``plan.listing.stamps``), come with it (``Record``): what tells an append 
 """
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import heapq
 import io
 import itertools
 import json
 import logging
-import sqlite3
-from collections.abc import Collection, Iterator, Sequence
-from typing import Any, NamedTuple
+import operator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from PIL import Image
 
@@ -35,16 +38,16 @@ from beam_prep.write.shared import hash_lines, kept_hashes
 from beam_prep.write.shared.entry import printable, unquoted
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
-from beam_prep.write.shared.spill import SpillFolder
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["Existing", "Record", "read_existing", "stored_phash", "write_unkept"]
 
 _LOG = logging.getLogger(__name__)
 
 _THREADS = 16  # shards read at once, where the dataset keeps no hash lines
-_BATCH = 4096  # rows inserted, or looked up, at a time
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _SHA256_HEX = 64  # a kept line starts with its source's sha256, in hex
+_quoted = json.encoder.encode_basestring_ascii  # as json.dumps quotes a path: how the kept files sort
 
 
 class Record(NamedTuple):
@@ -70,8 +73,8 @@ class Record(NamedTuple):
 
 @dataclasses.dataclass
 class Existing:
-    """The records a dataset holds (``read_existing``), by full source path (under its version's input),
-    as messages and the kept files show it (``printable``: a name that is not UTF-8 escaped).
+    """The records a dataset holds (``read_existing``), each by its full source path (under its version's
+    input) as messages and the kept files show it (``printable``: a name that is not UTF-8 escaped).
 
     Attributes:
       info: the dataset.
@@ -80,7 +83,6 @@ class Existing:
       skipped: the files passed over (skipped.jsonl), which it does not report again.
       generated: kept hash file name -> local file, for each version whose records were read from its
         shards (a dataset made before it kept them): the run's folder gets them, and the append publishes them.
-      records: the records indexed by path (``read_existing``'s ``under``).
     """
 
     info: DatasetInfo
@@ -88,33 +90,113 @@ class Existing:
     failed: frozenset[str]
     skipped: frozenset[str]
     generated: dict[str, str]
-    records: int
-    _db: sqlite3.Connection
+    # The paths ``join`` and ``latest`` name the records by start so (``read_existing``'s ``under``, printable,
+    # ``/``-ended; "": every record).
+    _prefix: str
     # Each version's kept hash file, its input ("": none) and the sha256 the manifest lists (None: one made
     # from its shards for this append), oldest first.
     _kept: list[tuple[str, str, str | None]]
+    # The versions whose records may lie below ``_prefix``, oldest first.
+    _sources: list[_Source]
 
-    def latest(self, keys: Sequence[str]) -> list[Record | None]:
-        """The latest record made from each of ``keys`` (full paths as messages show them: ``printable``;
-        None: none), with its source's size and stamp where its version kept them, looked up together: a
-        query for all, not one each. The paths count as listed by the append (``gone``: the others)."""
-        self._db.execute("BEGIN")  # one transaction, not one a row
-        self._db.execute("DELETE FROM chunk")
-        self._db.executemany("INSERT OR IGNORE INTO chunk VALUES (?)", ((k,) for k in keys))
-        self._db.execute("INSERT OR IGNORE INTO listed SELECT path FROM chunk")
-        self._db.execute("COMMIT")
-        found = {path: Record(sha256, split, size, stamp) for path, sha256, split, size, stamp in self._db.execute(
-            "SELECT c.path, l.sha256, l.split, l.size, l.stamp FROM chunk c JOIN latest l ON l.path = c.path")}
-        return [found.get(k) for k in keys]
+    @property
+    def indexes_paths(self) -> bool:
+        """Whether a record of the dataset may lie below the input (a version made from it, or from a
+        folder above or below it): else ``join`` names none, and a listing needs no order."""
+        return bool(self._sources)
+
+    @property
+    def records(self) -> int:
+        """How many records lie below the input: their lines read anew."""
+        return sum(len(keys) for keys, _ in self._latest())
+
+    @staticmethod
+    def key(relpath: str) -> bytes:
+        """The key ``join`` orders a path under the input by: as the kept files quote and sort it (``relpath``
+        as a listing holds it: ``printable`` here)."""
+        return _quoted(printable(relpath)).encode("ascii")
+
+    def join(self, rows: Iterable[tuple[bytes, _T]], gone: Callable[[str, Record], None],
+             folder: SpillFolder | None = None) -> Iterator[tuple[_T, Record | None]]:
+        """Each of ``rows`` (``(key, item)``: ``key``) with the latest record made from its path (None: none),
+        with its source's size and stamp where its version kept them; each record below the input that no
+        row names goes to ``gone`` (its full path, and it). No index: the kept files' lines are read in path
+        order a chunk at a time, each chunk's records looked up in memory. Where they all fit one chunk, the
+        rows are joined in their order; else sorted by key first (on disk in ``folder``, a temporary one where
+        None), and merged with them.
+
+        Raises:
+          DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path (its bytes
+            not the manifest's, or it was not written by beam-prep); StorageError: one cannot be read.
+        """
+        chunks = self._latest()
+        first = next(chunks, _NO_CHUNK)
+        second = next(chunks, None)
+        if second is None:  # one chunk: looked up in the rows' order
+            at = dict(zip(first[0], range(len(first[0]))))
+            named = bytearray(len(first[0]))
+            for key, item in rows:
+                found = at.get(key)
+                if found is None:
+                    yield item, None
+                else:
+                    named[found] = 1
+                    yield item, first[1][found]
+            self._lost(*first, named, gone)
+            return
+        spill = SpillFolder(prefix="beam-prep-join-") if folder is None else folder
+        try:
+            by_key = SortedRows(spill, "join")  # in memory but for millions
+            for n, (key, item) in enumerate(rows):
+                by_key.append((key, n, item))
+            yield from self._merged(((key, item) for key, _, item in by_key),
+                                    itertools.chain((first, second), chunks), gone)
+        finally:
+            if folder is None:
+                spill.close()
+
+    def _merged(self, rows: Iterator[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], list[Record]]],
+                gone: Callable[[str, Record], None]) -> Iterator[tuple[_T, Record | None]]:
+        """``join`` of ``rows`` sorted by key with the chunks of records, in key order."""
+        keys: list[bytes] = []
+        records: list[Record] = []
+        at: dict[bytes, int] = {}
+        named = bytearray()
+        top = b""  # the chunk's last key
+        for row_key, item in rows:
+            while row_key > top:  # the chunk's records end before it: the next chunk
+                self._lost(keys, records, named, gone)
+                keys, records = next(chunks, _NO_CHUNK)
+                at = dict(zip(keys, range(len(keys))))
+                named = bytearray(len(keys))
+                top = keys[-1] if keys else _AFTER_ALL
+            found = at.get(row_key)
+            if found is None:
+                yield item, None
+            else:
+                named[found] = 1
+                yield item, records[found]
+        self._lost(keys, records, named, gone)
+        for keys, records in chunks:
+            self._lost(keys, records, bytearray(len(keys)), gone)
+
+    def latest(self, paths: Sequence[str]) -> list[Record | None]:
+        """The latest record made from each of ``paths`` (full, as messages show them: ``printable``; None:
+        none), with its source's size and stamp where its version kept them."""
+        cut = len(self._prefix)
+        keyed = [(_quoted(path[cut:]).encode("ascii"), i) for i, path in enumerate(paths) if path.startswith(self._prefix)]
+        found: list[Record | None] = [None] * len(paths)
+        for i, record in self.join(keyed, lambda path, record: None):
+            found[i] = record
+        return found
 
     def first_with(self, sha256s: Collection[str]) -> dict[str, tuple[str, str]]:
         """``sha256 -> (split, path)`` of the first record (oldest version first, then by path) with the bytes
         of each of ``sha256s`` the dataset holds: one pass over its kept hash lines, none parsed but those.
 
         Every kept file is read to its end and its bytes checked against the manifest's sha256, whatever is
-        found first: one gone, cut short or altered (a version's whose records ``read_existing`` did not
-        index, its input elsewhere, as much as one's it did) is refused, rather than an append finding
-        nothing to add.
+        found first: one gone, cut short or altered (a version's whose records lie below no input ``join``
+        compares, as much as one's that do) is refused, rather than an append finding nothing to add.
 
         Raises:
           StorageError: a kept file cannot be read, or is not gzip (cut short included); DatasetError: its
@@ -133,80 +215,270 @@ class Existing:
                         path, sha256, split = _row(file, line, root)
                         found[sha256] = (split, path)
             if expected is not None and digest.hexdigest() != expected:
-                raise DatasetError(f"{file} is not the kept hash file the manifest lists (its sha256 is "
-                                   f"{digest.hexdigest()}, not {expected}): run verify on the dataset")
+                raise _not_listed(file, digest.hexdigest(), expected)
         return found
 
-    def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """``(path, sha256)`` of each record's source under ``prefix`` that no ``latest`` looked up, by path."""
-        prefix = printable(prefix)
-        yield from self._db.execute(
-            "SELECT path, sha256 FROM latest WHERE substr(path, 1, ?) = ? AND path NOT IN (SELECT path FROM listed) "
-            "ORDER BY path", (len(prefix), prefix))
+    def _lost(self, keys: list[bytes], records: list[Record], named: bytearray,
+              gone: Callable[[str, Record], None]) -> None:
+        """Each of a chunk's records no row named, to ``gone`` with its full path.
 
-    def close(self) -> None:
-        self._db.close()
+        Raises:
+          DatasetError: a key is not a JSON string.
+        """
+        for key, record in itertools.compress(zip(keys, records), named.translate(_UNNAMED)):
+            try:
+                name = unquoted(key)
+            except ValueError:
+                name = None
+            if not isinstance(name, str):
+                raise DatasetError(f"a kept hash file of {self.info.root} names a record by a path that is not "
+                                   f"JSON: {key[:200]!r}; run verify on the dataset")
+            gone(self._prefix + name, record)
+
+    def _latest(self) -> Iterator[tuple[list[bytes], list[Record]]]:
+        """The latest record made from each path below the input, in key order (``key``), a chunk at a time:
+        the keys, and the records; a later version's over an earlier's."""
+        streams = [_records(source) for source in self._sources]
+        if len(streams) == 1:
+            yield from streams[0]
+            return
+        merged = heapq.merge(*(_flat(stream, order) for order, stream in enumerate(streams)))  # (key, order): once
+        keys: list[bytes] = []
+        records: list[Record] = []
+        for key, _, record in merged:
+            if keys and keys[-1] == key:
+                records[-1] = record
+                continue
+            if len(keys) >= _CHUNK:
+                yield keys, records
+                keys, records = [], []
+            keys.append(key)
+            records.append(record)
+        if keys:
+            yield keys, records
+
+
+def _flat(stream: Iterator[tuple[list[bytes], list[Record]]], order: int) -> Iterator[tuple[bytes, int, Record]]:
+    """A version's chunks of records as ``(key, order, record)``, ``order`` its place among the versions."""
+    for keys, records in stream:
+        for key, record in zip(keys, records):
+            yield key, order, record
+
+
+_T = TypeVar("_T")
+_AFTER_ALL = b"\xff"  # after every key (a key is ASCII JSON)
+_NO_CHUNK: tuple[list[bytes], list[Record]] = ([], [])
+_UNNAMED = bytes([1, 0]) + bytes(254)  # a chunk's ``named`` flags turned to those of the records unnamed
+_CHUNK = 1 << 14  # records merged from several versions before they are joined
+
+
+class _Source(NamedTuple):
+    """A version's kept lines whose records may lie below an append's input, as ``Existing.join`` reads them.
+
+    Attributes:
+      version: the version.
+      file: its kept hash file (local, or beside the manifest).
+      expected: the sha256 the manifest lists of it (None: made from its shards for this append).
+      strip: the quoted start of its paths that lie below the input (its own input above the append's:
+        ``'"sub/'``), cut off them; its other paths left out. Empty: none.
+      add: the quoted start put before its paths to make them the input's (its input below the append's).
+      stamps: its kept stamp file's manifest entry (``stamps.listed``), checked; None: none used.
+      output: the dataset.
+    """
+
+    version: int
+    file: str
+    expected: str | None
+    strip: bytes
+    add: bytes
+    stamps: dict[str, Any] | None
+    output: str
+
+    def keys(self, quoted: list[bytes]) -> list[bytes]:
+        """Paths as this version's files quote them, as keys (``Existing.key``); those not below the input
+        left out (``strip``)."""
+        if self.strip:
+            cut = len(self.strip)
+            return [b'"' + path[cut:] for path in quoted if path.startswith(self.strip)]
+        if self.add:
+            return [self.add + path[1:] for path in quoted]
+        return quoted
+
+
+def _records(source: _Source) -> Iterator[tuple[list[bytes], list[Record]]]:
+    """``source``'s records below the input in key order, a chunk (of the file's lines) at a time: their keys,
+    and the records; of a path that two lines name, the last line's (as the dataset's files are read, the
+    later replaces the earlier).
+
+    Raises:
+      DatasetError: a line is not a hash line, or the lines are not in path order. StorageError: the
+        file cannot be read.
+    """
+    stamped = _Stamps(source)
+    pending: tuple[list[bytes], list[list[bytes]]] | None = None  # a chunk held until the next's first key
+    last = b""
+    for lines in kept_hashes.read_lines(source.file):
+        fields = [line.split(b"\t", 4) for line in lines]
+        if not all(len(five) >= 4 and len(five[0]) == _SHA256_HEX and five[1] for five in fields):
+            for line in lines:
+                hash_lines.parse(source.file, line)  # raises, naming the line
+        if source.strip:
+            fields = [five for five in fields if five[3].startswith(source.strip)]
+        keys = source.keys([five[3] for five in fields])
+        if not keys:
+            continue
+        if keys[0] < last or keys != sorted(keys):
+            _refuse(source, "its lines are not in path order")
+        last = keys[-1]
+        if len(set(keys)) < len(keys):  # a path named twice: its last line's
+            places = sorted(dict(zip(keys, range(len(keys)))).values())
+            keys, fields = [keys[i] for i in places], [fields[i] for i in places]
+        if pending is not None:
+            if pending[0][-1] == keys[0]:
+                del pending[0][-1], pending[1][-1]
+            if pending[0]:
+                yield stamped.records(*pending)
+        pending = keys, fields
+    if pending is not None and pending[0]:
+        yield stamped.records(*pending)
+
+
+class _Stamps:
+    """A version's kept stamps, read along its records (both in key order) to give each its size and stamp.
+
+    Raises:
+      DatasetError: the file (its bytes the manifest's: ``stamps.check``) holds a line that is not a stamp line.
+    """
+
+    def __init__(self, source: _Source) -> None:
+        self._source = source
+        self._blocks = stamps.blocks(source.output, source.stamps) if source.stamps is not None else iter(())
+        self._held: list[list[bytes]] = []  # read, after the last record's key
+
+    def records(self, keys: list[bytes], fields: list[list[bytes]]) -> tuple[list[bytes], list[Record]]:
+        """The records of the hash lines ``fields`` (``keys``: theirs), each with its stamp where one is kept."""
+        try:
+            found = self._upto(keys[-1])
+        except ValueError as e:
+            raise DatasetError(f"{join(self._source.output, self._source.stamps['file'])} holds a line that is not a "
+                               f"stamp line ({e}), though its bytes are the manifest's: run verify on the dataset"
+                               ) from e
+        return keys, [Record(five[0].decode("ascii", "replace"), five[1].decode("utf-8", "replace"),
+                             *found.get(key, _NO_STAMP)) for key, five in zip(keys, fields)]
+
+    def _upto(self, top: bytes) -> dict[bytes, tuple[int, str]]:
+        """The stamps read up to key ``top`` (included), by key (of a key named twice, the last)."""
+        found: dict[bytes, tuple[int, str]] = {}
+        while True:
+            if not self._held:
+                block = next(self._blocks, None)
+                if block is None:
+                    return found
+                self._held = self._read(block)
+                if not self._held:
+                    continue
+            if self._held[-1][0] <= top:
+                found.update(self._held)
+                self._held = []
+                continue
+            cut = bisect.bisect_right(self._held, top, key=operator.itemgetter(0))
+            found.update(self._held[:cut])
+            self._held = self._held[cut:]
+            return found
+
+    def _read(self, block: list[list[bytes]]) -> list[tuple[bytes, tuple[int, str]]]:
+        """A block of stamp lines as ``(key, (size, stamp))``, those not below the input left out.
+
+        Raises:
+          ValueError: a size or a stamp is not one.
+        """
+        source = self._source
+        keys = source.keys([three[2] for three in block])
+        if source.strip:
+            block = [three for three in block if three[2].startswith(source.strip)]
+        return [(key, (int(size), stamp.decode("ascii"))) for key, (size, stamp, _) in zip(keys, block)]
+
+
+_NO_STAMP: tuple[None, None] = (None, None)
+
+
+def _refuse(source: _Source, why: str) -> None:
+    """Refuses ``source``'s kept file: as not the manifest's where its bytes are not (``first_with``'s word),
+    else for ``why``.
+
+    Raises:
+      DatasetError: always. StorageError: the file cannot be read.
+    """
+    if source.expected is not None:
+        digest = hashlib.sha256()
+        for _ in kept_hashes.read_lines(source.file, digest):
+            pass
+        if digest.hexdigest() != source.expected:
+            raise _not_listed(source.file, digest.hexdigest(), source.expected)
+    raise DatasetError(f"{source.file} is not a kept hash file beam-prep writes: {why}; run verify on the dataset")
+
+
+def _not_listed(file: str, actual: str, expected: str) -> DatasetError:
+    return DatasetError(f"{file} is not the kept hash file the manifest lists (its sha256 is {actual}, not "
+                        f"{expected}): run verify on the dataset")
 
 
 def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest: dict[str, Any],
                   under: str | None = None) -> Existing:
-    """Indexes the records of the dataset in ``output`` (``info``, ``manifest``) in ``folder``: from its
-    kept hash files, or, for the versions that have none, from their shards (``generated``).
+    """The records of the dataset in ``output`` (``info``, ``manifest``), as ``Existing.join`` reads them:
+    from its kept hash files, each version's that has none made in ``folder`` from its shards first
+    (``generated``).
 
     Args:
-      under: the append's input: only the records whose source lies below it are indexed by path (no
+      under: the append's input: only the records whose source lies below it are joined by path (no
         other is ever looked up by one, nor gone); None: every record.
 
     Raises:
-      DatasetError: a kept file or a shard is damaged; StorageError: one cannot be read.
+      DatasetError: a shard is damaged; StorageError: one cannot be read.
     """
     kept = kept_hashes.listed(manifest)
-    prefix = None if under is None else printable(under.rstrip("/")) + "/"
-    db = sqlite3.connect(folder.file("existing.sqlite"), isolation_level=None, check_same_thread=False)
-    for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -8192", "temp_store = FILE"):
-        db.execute(f"PRAGMA {pragma}")
-    # Each path's latest record: a version's rows replace an older version's at the same path.
-    db.execute("CREATE TABLE latest (path TEXT PRIMARY KEY, sha256 TEXT, split TEXT, version INTEGER, size INTEGER, "
-               "stamp TEXT) WITHOUT ROWID")
-    db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY) WITHOUT ROWID")  # every path ``latest`` looked up
-    db.execute("CREATE TABLE chunk (path TEXT PRIMARY KEY) WITHOUT ROWID")  # the paths it looks up at once
+    prefix = "" if under is None else printable(under.rstrip("/")) + "/"
     stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
     files: list[tuple[str, str, str | None]] = []
-    count = 0
+    sources: list[_Source] = []
+    for version in info.history:
+        root = version.input or ""
+        name = kept_hashes.kept_name(version.version)
+        if version.version in kept:
+            path, expected = join(output, name), kept[version.version]["sha256"]
+        else:
+            path = generated[name] = folder.file(name)
+            expected = None
+            _write_from_shards(output, info, version, path)
+        files.append((path, root, expected))
+        own = printable(root) + "/" if root else ""  # as ``_row`` names the version's records
+        if own.startswith(prefix):
+            strip, add = b"", _quoted(own[len(prefix):]).encode("ascii")[:-1] if own != prefix else b""
+        elif prefix.startswith(own):
+            strip, add = _quoted(prefix[len(own):]).encode("ascii")[:-1], b""
+        else:
+            continue  # no source of this version lies below the input
+        entry = stamped.get(version.version)
+        if entry is not None and root and printable(root) != root:
+            entry = None  # its stamps name the sources otherwise than its records: none applies
+        sources.append(_Source(version.version, path, expected, strip, add, _checked(output, entry), output))
+    return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, prefix, files,
+                    sources)
+
+
+def _checked(output: str, entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A version's kept stamp file's entry where its bytes are the manifest's; else None (that version's
+    files are hashed), with a warning."""
+    if entry is None:
+        return None
     try:
-        db.execute("BEGIN")
-        for version in info.history:
-            root = version.input or ""
-            name = kept_hashes.kept_name(version.version)
-            if version.version in kept:
-                path, expected = join(output, name), kept[version.version]["sha256"]
-            else:
-                path = generated[name] = folder.file(name)
-                expected = None
-                _write_from_shards(output, info, version, path)
-            files.append((path, root, expected))
-            if prefix is not None and root and not _overlap(printable(root.rstrip("/")) + "/", prefix):
-                continue  # no source of this version lies below the input
-            lines = (line for chunk in kept_hashes.read_lines(path) for line in chunk)
-            while batch := list(itertools.islice(lines, _BATCH)):
-                rows = [(*_row(path, line, root), version.version) for line in batch]
-                if prefix is not None:
-                    rows = [row for row in rows if row[0].startswith(prefix)]
-                db.executemany("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?, NULL, NULL)", rows)
-                count += len(rows)
-            if version.version in stamped:
-                _add_stamps(db, output, stamped[version.version], version.input)
-        db.execute("COMMIT")
-    except BaseException:
-        db.close()
-        raise
-    return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, count, db, files)
-
-
-def _overlap(one: str, other: str) -> bool:
-    """Whether two folders (``/``-ended) hold files in common: one is the other, or below it."""
-    return one.startswith(other) or other.startswith(one)
+        stamps.check(output, entry)
+    except (ValueError, StorageError) as e:
+        _LOG.warning("%s left out (%s): the files of version %d are read again to tell them unchanged",
+                     join(output, entry["file"]), e, entry["version"])
+        return None
+    return entry
 
 
 def write_unkept(output: str, info: DatasetInfo, manifest: dict[str, Any], folder: str) -> list[str]:
@@ -233,22 +505,6 @@ def write_unkept(output: str, info: DatasetInfo, manifest: dict[str, Any], folde
 def _write_from_shards(output: str, info: DatasetInfo, version: Any, target: str) -> None:
     """``version``'s kept hash file at ``target``, read from its shards."""
     kept_hashes.write_sorted(_from_shards(output, info, version.added), target, version.version)
-
-
-def _add_stamps(db: sqlite3.Connection, output: str, entry: dict[str, Any], root: str | None) -> None:
-    """A version's kept stamp file onto its records in ``latest`` (those a later version's replaced keep
-    none); where it cannot be read, or is not what the manifest lists, none of it (that version's files are
-    hashed), with a warning."""
-    version = entry["version"]
-    lines = stamps.read(output, entry, root)
-    try:
-        while batch := list(itertools.islice(lines, _BATCH)):
-            db.executemany("UPDATE latest SET size = ?, stamp = ? WHERE path = ? AND version = ?",
-                           [(size, stamp, path, version) for path, size, stamp in batch])
-    except (ValueError, StorageError) as e:
-        db.execute("UPDATE latest SET size = NULL, stamp = NULL WHERE version = ?", (version,))
-        _LOG.warning("%s left out (%s): the files of version %d are read again to tell them unchanged",
-                     join(output, entry["file"]), e, version)
 
 
 def _row(file: str, line: bytes, root: str) -> tuple[str, str, str]:

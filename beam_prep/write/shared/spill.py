@@ -147,6 +147,7 @@ class SortedRows:
     For rows without a uniform key to bucket by (``SortedSpill``): every
     ``_RUN_ROWS`` rows are sorted in memory and written as a run, and reading
     merges the runs, holding a chunk of each (``_RUN_CHUNK_ROWS``): a million rows take 16 runs.
+    Fewer rows than a run are sorted in memory and never written.
     """
 
     def __init__(self, folder: SpillFolder, name: str) -> None:
@@ -173,5 +174,8 @@ class SortedRows:
         self._rows = []
 
     def __iter__(self) -> Iterator[Any]:
+        if not self._runs:  # fewer than a run: sorted where they are
+            self._rows.sort()
+            return iter(list(self._rows))
         self._flush()
         return heapq.merge(*self._runs)
