@@ -359,7 +359,7 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
         for chunk in _looked_up(listing, existing, lost):
             looked: list[tuple[int, ListedRow, str, str, Record | None]] = []
-            for place, row, before in chunk:
+            for (place, row), before in chunk:
                 if before is not None and not failed and not by_content and before.same_source(row[4], row[7]):
                     additions.unchanged += 1  # its size and stamp are its record's: not read
                     continue
@@ -426,17 +426,15 @@ def held(info: DatasetInfo) -> dict[str, int]:
 
 
 def _looked_up(listing: Listing, existing: Existing, gone: Callable[[str, Record], None]
-               ) -> Iterator[list[tuple[int, ListedRow, Record | None]]]:
+               ) -> Iterator[list[tuple[tuple[int, ListedRow], Record | None]]]:
     """Each of ``listing``'s rows (``Listing.rows``: no ``FileEntry`` made for the files the dataset holds)
-    with its place in the listing and the dataset's latest record made from its path (None: none; each
-    record the listing lacks to ``gone``: ``Existing.join``), ``_CHUNK`` rows at a time."""
-    rows: Iterator[tuple[tuple[int, ListedRow], Record | None]]
+    with its place in the listing, and the dataset's latest record made from its path (None: none; each
+    record the listing lacks to ``gone``: ``Existing.join``), a chunk at a time."""
+    rows = enumerate(listing.rows())
     if existing.indexes_paths:
-        rows = existing.join(((Existing.key(row[1]), (place, row)) for place, row in enumerate(listing.rows())),
-                             gone, listing.folder)
-    else:
-        rows = (((place, row), None) for place, row in enumerate(listing.rows()))
-    while chunk := [(place, row, before) for (place, row), before in itertools.islice(rows, _CHUNK)]:
+        yield from existing.join(((Existing.key(row[1]), (place, row)) for place, row in rows), gone, listing.folder)
+        return
+    while chunk := [(placed, None) for placed in itertools.islice(rows, _CHUNK)]:
         yield chunk
 
 

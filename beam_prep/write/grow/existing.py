@@ -26,6 +26,7 @@ import operator
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
 from PIL import Image
 
 from beam_prep.errors import DatasetError, StorageError
@@ -98,6 +99,8 @@ class Existing:
     _kept: list[tuple[str, str, str | None]]
     # The versions whose records may lie below ``_prefix``, oldest first.
     _sources: list[_Source]
+    # The kept files a join read whole, their bytes checked: each line's sha256 prefix (``_records``).
+    _read: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def indexes_paths(self) -> bool:
@@ -114,71 +117,68 @@ class Existing:
     def key(relpath: str) -> bytes:
         """The key ``join`` orders a path under the input by: as the kept files quote and sort it (``relpath``
         as a listing holds it: ``printable`` here)."""
-        return _quoted(printable(relpath)).encode("ascii")
+        return _quoted(relpath if relpath.isascii() else printable(relpath)).encode("ascii")
 
     def join(self, rows: Iterable[tuple[bytes, _T]], gone: Callable[[str, Record], None],
-             folder: SpillFolder | None = None) -> Iterator[tuple[_T, Record | None]]:
+             folder: SpillFolder | None = None) -> Iterator[list[tuple[_T, Record | None]]]:
         """Each of ``rows`` (``(key, item)``: ``key``) with the latest record made from its path (None: none),
-        with its source's size and stamp where its version kept them; each record below the input that no
-        row names goes to ``gone`` (its full path, and it). No index: the kept files' lines are read in path
-        order a chunk at a time, each chunk's records looked up in memory. Where they all fit one chunk, the
-        rows are joined in their order; else sorted by key first (on disk in ``folder``, a temporary one where
-        None), and merged with them.
+        with its source's size and stamp where its version kept them, ``_JOINED`` rows at a time; each record
+        below the input that no row names goes to ``gone`` (its full path, and it). No index: the kept files'
+        lines are read in path order a chunk at a time, each chunk's records looked up in memory. Where they all
+        fit one chunk, the rows are joined in their order; else sorted by key first (on disk in ``folder``, a
+        temporary one where None), and merged with them.
 
         Raises:
-          DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path (its bytes
-            not the manifest's, or it was not written by beam-prep); StorageError: one cannot be read.
+          DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path, or its
+            bytes are not the manifest's; StorageError: one cannot be read.
         """
         chunks = self._latest()
         first = next(chunks, _NO_CHUNK)
         second = next(chunks, None)
+        rows = iter(rows)
         if second is None:  # one chunk: looked up in the rows' order
-            at = dict(zip(first[0], range(len(first[0]))))
-            named = bytearray(len(first[0]))
-            for key, item in rows:
-                found = at.get(key)
-                if found is None:
-                    yield item, None
-                else:
-                    named[found] = 1
-                    yield item, first[1][found]
-            self._lost(*first, named, gone)
+            keys, records = first
+            at = dict(zip(keys, range(len(keys))))
+            named: set[int | None] = set()
+            while block := list(itertools.islice(rows, _JOINED)):
+                found = [at.get(key) for key, _ in block]
+                named.update(found)
+                yield [(item, None if i is None else records[i]) for (_, item), i in zip(block, found)]
+            self._lost(keys, records, named, gone)
             return
         spill = SpillFolder(prefix="beam-prep-join-") if folder is None else folder
         try:
             by_key = SortedRows(spill, "join")  # in memory but for millions
             for n, (key, item) in enumerate(rows):
                 by_key.append((key, n, item))
-            yield from self._merged(((key, item) for key, _, item in by_key),
-                                    itertools.chain((first, second), chunks), gone)
+            joined = self._merged(((key, item) for key, _, item in by_key), itertools.chain((first, second), chunks),
+                                  gone)
+            while block := list(itertools.islice(joined, _JOINED)):
+                yield block
         finally:
             if folder is None:
                 spill.close()
 
     def _merged(self, rows: Iterator[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], list[Record]]],
                 gone: Callable[[str, Record], None]) -> Iterator[tuple[_T, Record | None]]:
-        """``join`` of ``rows`` sorted by key with the chunks of records, in key order."""
+        """``join`` of ``rows`` sorted by key with the chunks of records, in key order, a row at a time."""
         keys: list[bytes] = []
         records: list[Record] = []
         at: dict[bytes, int] = {}
-        named = bytearray()
+        named: set[int | None] = set()
         top = b""  # the chunk's last key
         for row_key, item in rows:
             while row_key > top:  # the chunk's records end before it: the next chunk
                 self._lost(keys, records, named, gone)
                 keys, records = next(chunks, _NO_CHUNK)
-                at = dict(zip(keys, range(len(keys))))
-                named = bytearray(len(keys))
+                at, named = dict(zip(keys, range(len(keys)))), set()
                 top = keys[-1] if keys else _AFTER_ALL
             found = at.get(row_key)
-            if found is None:
-                yield item, None
-            else:
-                named[found] = 1
-                yield item, records[found]
+            named.add(found)
+            yield item, None if found is None else records[found]
         self._lost(keys, records, named, gone)
         for keys, records in chunks:
-            self._lost(keys, records, bytearray(len(keys)), gone)
+            self._lost(keys, records, set(), gone)
 
     def latest(self, paths: Sequence[str]) -> list[Record | None]:
         """The latest record made from each of ``paths`` (full, as messages show them: ``printable``; None:
@@ -186,8 +186,9 @@ class Existing:
         cut = len(self._prefix)
         keyed = [(_quoted(path[cut:]).encode("ascii"), i) for i, path in enumerate(paths) if path.startswith(self._prefix)]
         found: list[Record | None] = [None] * len(paths)
-        for i, record in self.join(keyed, lambda path, record: None):
-            found[i] = record
+        for block in self.join(keyed, lambda path, record: None):
+            for i, record in block:
+                found[i] = record
         return found
 
     def first_with(self, sha256s: Collection[str]) -> dict[str, tuple[str, str]]:
@@ -196,7 +197,9 @@ class Existing:
 
         Every kept file is read to its end and its bytes checked against the manifest's sha256, whatever is
         found first: one gone, cut short or altered (a version's whose records lie below no input ``join``
-        compares, as much as one's that do) is refused, rather than an append finding nothing to add.
+        compares, as much as one's that do) is refused, rather than an append finding nothing to add. One a
+        ``join`` read whole was checked then, and is read again only where a record's sha256 begins as one of
+        ``sha256s`` does.
 
         Raises:
           StorageError: a kept file cannot be read, or is not gzip (cut short included); DatasetError: its
@@ -205,6 +208,9 @@ class Existing:
         wanted = {sha256.encode() for sha256 in sha256s}
         found: dict[str, tuple[str, str]] = {}
         for file, root, expected in self._kept:
+            known = self._read.get(file)
+            if known is not None and not np.isin(_prefix_column(wanted), known).any():
+                continue  # read whole by a join, its bytes checked: none of its records is wanted
             digest = hashlib.sha256()
             for lines in kept_hashes.read_lines(file, digest):
                 if not wanted:
@@ -218,14 +224,16 @@ class Existing:
                 raise _not_listed(file, digest.hexdigest(), expected)
         return found
 
-    def _lost(self, keys: list[bytes], records: list[Record], named: bytearray,
+    def _lost(self, keys: list[bytes], records: list[Record], named: set[int | None],
               gone: Callable[[str, Record], None]) -> None:
-        """Each of a chunk's records no row named, to ``gone`` with its full path.
+        """Each of a chunk's records no row named (``named``: the places of those named), to ``gone`` with its
+        full path.
 
         Raises:
           DatasetError: a key is not a JSON string.
         """
-        for key, record in itertools.compress(zip(keys, records), named.translate(_UNNAMED)):
+        for key, record in (zip(keys, records) if not named else
+                            ((keys[i], records[i]) for i in sorted(set(range(len(keys))) - named))):
             try:
                 name = unquoted(key)
             except ValueError:
@@ -238,7 +246,7 @@ class Existing:
     def _latest(self) -> Iterator[tuple[list[bytes], list[Record]]]:
         """The latest record made from each path below the input, in key order (``key``), a chunk at a time:
         the keys, and the records; a later version's over an earlier's."""
-        streams = [_records(source) for source in self._sources]
+        streams = [_records(source, self._read) for source in self._sources]
         if len(streams) == 1:
             yield from streams[0]
             return
@@ -258,6 +266,11 @@ class Existing:
             yield keys, records
 
 
+def _prefix_column(sha256s: Collection[bytes]) -> np.ndarray:
+    """Each sha256 (hex)'s first 8 bytes, as ``hash_lines.columns`` gives them."""
+    return np.array([int(sha256[:16], 16) for sha256 in sha256s], dtype=np.uint64)
+
+
 def _flat(stream: Iterator[tuple[list[bytes], list[Record]]], order: int) -> Iterator[tuple[bytes, int, Record]]:
     """A version's chunks of records as ``(key, order, record)``, ``order`` its place among the versions."""
     for keys, records in stream:
@@ -268,7 +281,7 @@ def _flat(stream: Iterator[tuple[list[bytes], list[Record]]], order: int) -> Ite
 _T = TypeVar("_T")
 _AFTER_ALL = b"\xff"  # after every key (a key is ASCII JSON)
 _NO_CHUNK: tuple[list[bytes], list[Record]] = ([], [])
-_UNNAMED = bytes([1, 0]) + bytes(254)  # a chunk's ``named`` flags turned to those of the records unnamed
+_JOINED = 4096  # rows ``join`` gives at a time
 _CHUNK = 1 << 14  # records merged from several versions before they are joined
 
 
@@ -305,23 +318,27 @@ class _Source(NamedTuple):
         return quoted
 
 
-def _records(source: _Source) -> Iterator[tuple[list[bytes], list[Record]]]:
+def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[list[bytes], list[Record]]]:
     """``source``'s records below the input in key order, a chunk (of the file's lines) at a time: their keys,
     and the records; of a path that two lines name, the last line's (as the dataset's files are read, the
-    later replaces the earlier).
+    later replaces the earlier). The file read whole, its bytes checked, ``read`` gets each of its lines'
+    sha256 prefix (``Existing.first_with``), before the last chunk.
 
     Raises:
-      DatasetError: a line is not a hash line, or the lines are not in path order. StorageError: the
-        file cannot be read.
+      DatasetError: a line is not a hash line, or the lines are not in path order, or the file's bytes are
+        not the manifest's. StorageError: the file cannot be read.
     """
     stamped = _Stamps(source)
     pending: tuple[list[bytes], list[list[bytes]]] | None = None  # a chunk held until the next's first key
     last = b""
-    for lines in kept_hashes.read_lines(source.file):
+    digest = hashlib.sha256()
+    prefixes = []
+    for lines in kept_hashes.read_lines(source.file, digest):
         fields = [line.split(b"\t", 4) for line in lines]
         if not all(len(five) >= 4 and len(five[0]) == _SHA256_HEX and five[1] for five in fields):
             for line in lines:
                 hash_lines.parse(source.file, line)  # raises, naming the line
+        prefixes.append(_prefixes(source.file, lines, fields))
         if source.strip:
             fields = [five for five in fields if five[3].startswith(source.strip)]
         keys = source.keys([five[3] for five in fields])
@@ -339,8 +356,26 @@ def _records(source: _Source) -> Iterator[tuple[list[bytes], list[Record]]]:
             if pending[0]:
                 yield stamped.records(*pending)
         pending = keys, fields
+    if source.expected is not None and digest.hexdigest() != source.expected:
+        raise _not_listed(source.file, digest.hexdigest(), source.expected)
+    read[source.file] = np.concatenate(prefixes) if prefixes else np.zeros(0, dtype=np.uint64)
     if pending is not None and pending[0]:
         yield stamped.records(*pending)
+
+
+def _prefixes(file: str, lines: list[bytes], fields: list[list[bytes]]) -> np.ndarray:
+    """Each of ``lines``'s sha256 prefix (``hash_lines.columns``'s first column), its ``fields`` split already.
+
+    Raises:
+      DatasetError: a line is not a hash line.
+    """
+    try:
+        raw = bytes.fromhex(b"".join([five[0] for five in fields]).decode("ascii"))
+        if len(raw) == len(fields) * _SHA256_HEX // 2:
+            return np.frombuffer(raw, dtype=">u8")[::_SHA256_HEX // 16].astype(np.uint64)
+    except ValueError:  # not hex: ``columns`` names the line
+        pass
+    return hash_lines.columns(file, lines)[0]
 
 
 class _Stamps:
