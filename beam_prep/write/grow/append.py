@@ -30,7 +30,7 @@ from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
 from beam_prep.write.grow.existing import Existing, Record
-from beam_prep.write.grow.existing import read_existing as _index
+from beam_prep.write.grow.existing import read_existing as _read
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
@@ -173,16 +173,16 @@ def _shown(values: tuple[Any, ...]) -> str:
 
 
 def read_existing(output: str, folder: SpillFolder, under: str | None = None) -> Existing:
-    """The records of the dataset in ``output``, indexed on disk in ``folder`` (``existing``): read from
-    its kept hash files, or once from its shards where it keeps none; ``under``: the append's input, below
-    which alone its records are indexed by path (None: all). Close it when done.
+    """The records of the dataset in ``output``, as an append compares a listing with them (``existing``):
+    read from its kept hash files, each version's that keeps none made in ``folder`` from its shards first;
+    ``under``: the append's input, below which alone its records are compared by path (None: all).
 
     Raises:
       OptionsError, DatasetError: as ``read_dataset``; DatasetError, StorageError: a kept file or a
         shard cannot be read.
     """
     info, manifest = read_dataset(output)
-    return _index(output, folder, info, manifest, under)
+    return _read(output, folder, info, manifest, under)
 
 
 # --- what a listing adds -----------------------------------------------------
@@ -431,7 +431,7 @@ def _looked_up(listing: Listing, existing: Existing, gone: Callable[[str, Record
     with its place in the listing, and the dataset's latest record made from its path (None: none; each
     record the listing lacks to ``gone``: ``Existing.join``), a chunk at a time."""
     rows = enumerate(listing.rows())
-    if existing.indexes_paths:
+    if existing.compares_paths:
         yield from existing.join(((Existing.key(row[1]), (place, row)) for place, row in rows), gone, listing.folder)
         return
     while chunk := [(placed, None) for placed in itertools.islice(rows, _CHUNK)]:

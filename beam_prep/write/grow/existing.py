@@ -2,9 +2,9 @@
 
 An append compares each listed file with every record of the dataset (by path and by sha256), and
 a dataset may hold millions: its kept hash files (``kept_hashes``) and stamp files are sorted by path,
-so the records below the append's input are read as one stream in path order and merged with the
-listing sorted alike (``Existing.join``): the launcher holds a line of each file, not a Python object
-a record, and no index is built. No shard is read, no image decoded. A dataset made before it kept
+so the records below the append's input are read in path order a chunk at a time, each chunk's
+looked up in memory, and merged with the listing sorted alike where they are many (``Existing.join``):
+the launcher holds a chunk of records, not a Python object each, and no index is built. No shard is read, no image decoded. A dataset made before it kept
 them is read from its shards once, each record's stored image decoded for its perceptual hash, and
 the files that reading makes (``generated``) go to the run's folder, to be published with the
 append: the next append reads them. Each record's source size and stamp, where its version kept
@@ -103,7 +103,7 @@ class Existing:
     _read: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
-    def indexes_paths(self) -> bool:
+    def compares_paths(self) -> bool:
         """Whether a record of the dataset may lie below the input (a version made from it, or from a
         folder above or below it): else ``join`` names none, and a listing needs no order."""
         return bool(self._sources)
@@ -124,35 +124,39 @@ class Existing:
         """Each of ``rows`` (``(key, item)``: ``key``) with the latest record made from its path (None: none),
         with its source's size and stamp where its version kept them, ``_JOINED`` rows at a time; each record
         below the input that no row names goes to ``gone`` (its full path, and it). No index: the kept files'
-        lines are read in path order a chunk at a time, each chunk's records looked up in memory. Where they all
-        fit one chunk, the rows are joined in their order; else sorted by key first (on disk in ``folder``, a
-        temporary one where None), and merged with them.
+        lines are read in path order a chunk at a time, each chunk's records looked up in memory. Where they are
+        few (``_ONE_CHUNK``), in one chunk, the rows are joined in their order; else sorted by key first (on disk
+        in ``folder``, a temporary one where None, but for a few), and merged with them.
 
         Raises:
           DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path, or its
             bytes are not the manifest's; StorageError: one cannot be read.
         """
         chunks = self._latest()
-        first = next(chunks, _NO_CHUNK)
-        second = next(chunks, None)
-        rows = iter(rows)
-        if second is None:  # one chunk: looked up in the rows' order
-            keys, records = first
+        head: list[tuple[list[bytes], list[Record]]] = []
+        for chunk in chunks:
+            head.append(chunk)
+            if sum(len(keys) for keys, _ in head) > _ONE_CHUNK:
+                break
+        else:  # few enough for one chunk: looked up in the rows' order
+            keys = [key for keys, _ in head for key in keys]
+            records = [record for _, records in head for record in records]
             at = dict(zip(keys, range(len(keys))))
             named: set[int | None] = set()
+            rows = iter(rows)
             while block := list(itertools.islice(rows, _JOINED)):
                 found = [at.get(key) for key, _ in block]
                 named.update(found)
                 yield [(item, None if i is None else records[i]) for (_, item), i in zip(block, found)]
             self._lost(keys, records, named, gone)
             return
+        rows = iter(rows)
         spill = SpillFolder(prefix="beam-prep-join-") if folder is None else folder
         try:
             by_key = SortedRows(spill, "join")  # in memory but for millions
             for n, (key, item) in enumerate(rows):
                 by_key.append((key, n, item))
-            joined = self._merged(((key, item) for key, _, item in by_key), itertools.chain((first, second), chunks),
-                                  gone)
+            joined = self._merged(((key, item) for key, _, item in by_key), itertools.chain(head, chunks), gone)
             while block := list(itertools.islice(joined, _JOINED)):
                 yield block
         finally:
@@ -282,7 +286,8 @@ _T = TypeVar("_T")
 _AFTER_ALL = b"\xff"  # after every key (a key is ASCII JSON)
 _NO_CHUNK: tuple[list[bytes], list[Record]] = ([], [])
 _JOINED = 4096  # rows ``join`` gives at a time
-_CHUNK = 1 << 14  # records merged from several versions before they are joined
+_CHUNK = 1 << 13  # records read, or merged from several versions, at a time
+_ONE_CHUNK = 1 << 16  # records below the input looked up in memory at once, where no more: no listing sorted
 
 
 class _Source(NamedTuple):
@@ -350,15 +355,17 @@ def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[lis
         if len(set(keys)) < len(keys):  # a path named twice: its last line's
             places = sorted(dict(zip(keys, range(len(keys)))).values())
             keys, fields = [keys[i] for i in places], [fields[i] for i in places]
-        if pending is not None:
-            if pending[0][-1] == keys[0]:
-                del pending[0][-1], pending[1][-1]
-            if pending[0]:
-                yield stamped.records(*pending)
-        pending = keys, fields
+        for start in range(0, len(keys), _CHUNK):
+            if pending is not None:
+                if pending[0][-1] == keys[start]:
+                    del pending[0][-1], pending[1][-1]
+                if pending[0]:
+                    yield stamped.records(*pending)
+            pending = keys[start:start + _CHUNK], fields[start:start + _CHUNK]
     if source.expected is not None and digest.hexdigest() != source.expected:
         raise _not_listed(source.file, digest.hexdigest(), source.expected)
-    read[source.file] = np.concatenate(prefixes) if prefixes else np.zeros(0, dtype=np.uint64)
+    if sum(map(len, prefixes)) <= _ONE_CHUNK:  # else read again for copies: memory for millions
+        read[source.file] = np.concatenate(prefixes) if prefixes else np.zeros(0, dtype=np.uint64)
     if pending is not None and pending[0]:
         yield stamped.records(*pending)
 
