@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import gc
 import hashlib
 import heapq
 import io
@@ -356,7 +358,7 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     def lost(path: str, record: Record) -> None:
         gone.append((path, _line({"change": "gone", "path": path, "sha256": record.sha256})))
 
-    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
+    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool, _collection_paused():
         for chunk in _looked_up(listing, existing, lost):
             looked: list[tuple[int, ListedRow, str, str, Record | None]] = []
             for (place, row), before in chunk:
@@ -423,6 +425,20 @@ def held(info: DatasetInfo) -> dict[str, int]:
                                "label, which --max_per_class counts: the manifest was edited, or is damaged")
         counts.update(split.class_counts)
     return dict(counts)
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """The garbage collector off while the listing is compared with the dataset: the comparison makes a few
+    objects a record and frees them as it goes (no cycles), but the collections their number sets off would
+    each walk every object alive, the listing's chunk and the kept files' included, many times over."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _looked_up(listing: Listing, existing: Existing, gone: Callable[[str, Record], None]
