@@ -88,7 +88,7 @@ def test_the_join_gives_each_path_the_record_an_index_of_every_version_gives_it(
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("out of order", "{kept} is not a kept hash file beam-prep writes: its lines are not in path order"),
+    ("out of order", "{kept} is not a kept hash file beam-prep writes (its lines are not in path order)"),
     ("another split", "{kept} is not the kept hash file the manifest lists"),
 ])
 def test_a_kept_file_the_join_reads_is_refused_out_of_order_or_not_the_manifests(versions, tmp_path, damage, message):

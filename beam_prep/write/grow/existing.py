@@ -337,13 +337,16 @@ def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[lis
     pending: tuple[list[bytes], list[list[bytes]]] | None = None  # a chunk held until the next's first key
     last = b""
     digest = hashlib.sha256()
-    prefixes = []
+    prefixes: list[np.ndarray] | None = []  # None: more lines than ``read`` is given for
     for lines in kept_hashes.read_lines(source.file, digest):
         fields = [line.split(b"\t", 4) for line in lines]
         if not all(len(five) >= 4 and len(five[0]) == _SHA256_HEX and five[1] for five in fields):
             for line in lines:
                 hash_lines.parse(source.file, line)  # raises, naming the line
-        prefixes.append(_prefixes(source.file, lines, fields))
+        if prefixes is not None:
+            prefixes.append(_prefixes(source.file, lines, fields))
+            if sum(map(len, prefixes)) > _ONE_CHUNK:  # read again for copies: memory for millions
+                prefixes = None
         if source.strip:
             fields = [five for five in fields if five[3].startswith(source.strip)]
         keys = source.keys([five[3] for five in fields])
@@ -364,7 +367,7 @@ def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[lis
             pending = keys[start:start + _CHUNK], fields[start:start + _CHUNK]
     if source.expected is not None and digest.hexdigest() != source.expected:
         raise _not_listed(source.file, digest.hexdigest(), source.expected)
-    if sum(map(len, prefixes)) <= _ONE_CHUNK:  # else read again for copies: memory for millions
+    if prefixes is not None:
         read[source.file] = np.concatenate(prefixes) if prefixes else np.zeros(0, dtype=np.uint64)
     if pending is not None and pending[0]:
         yield stamped.records(*pending)
@@ -457,7 +460,8 @@ def _refuse(source: _Source, why: str) -> None:
             pass
         if digest.hexdigest() != source.expected:
             raise _not_listed(source.file, digest.hexdigest(), source.expected)
-    raise DatasetError(f"{source.file} is not a kept hash file beam-prep writes: {why}; run verify on the dataset")
+    raise DatasetError(f"{source.file} is not a kept hash file beam-prep writes ({why}): an append reads a kept file's "
+                       "lines in path order, as beam-prep sorts them; this one was made otherwise")
 
 
 def _not_listed(file: str, actual: str, expected: str) -> DatasetError:
