@@ -170,7 +170,7 @@ class SortedRows:
             self._last = row
         self._rows.append(row)
         self.count += 1
-        if len(self._rows) >= (_CHUNK_ROWS if self._last is not None else _RUN_ROWS):
+        if len(self._rows) >= (min(_CHUNK_ROWS, _RUN_ROWS) if self._last is not None else _RUN_ROWS):
             self._flush()
 
     def _flush(self) -> None:
