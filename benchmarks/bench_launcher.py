@@ -31,12 +31,13 @@ With ``--append``, an append's launcher instead, against (b) as its baseline:
   (h) ``beam-prep prepare --append`` of ``APPENDED`` new images to a dataset of as many records as the
       tree has files: a real dataset of a few images whose kept hash file (``hashes-v1.tsv.gz``) is
       made to hold a line for each of the others (synthetic sha256, split, perceptual hash and
-      path; made once, cached), from a batch folder outside the dataset's input: the launcher checks
-      each new file against them all in a pass over the kept lines and searches the new records'
-      near duplicates among them all, indexing none by path;
+      path, sorted by path as beam-prep writes a kept file; made once, cached), from a batch folder
+      outside the dataset's input: the launcher checks each new file against them all in a pass over
+      the kept lines and searches the new records' near duplicates among them all, comparing none by
+      path;
   (h′) the same append from the dataset's own input, which holds the first tree's few images and the
-      batch's, and none of the others: every record is indexed on disk and looked up, and every
-      other record's source is reported gone (changed.jsonl).
+      batch's, and none of the others: every record is read in path order and merged with the
+      listing, and every other record's source is reported gone (changed.jsonl).
 
 Both are sampled in the launcher's process alone (its workers are other processes), every 50 ms:
 peak RSS, PSS and USS (``psutil``'s ``memory_full_info``); the table gives (h) ÷ (b) for each.
