@@ -358,7 +358,27 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
     def lost(path: str, record: Record) -> None:
         gone.append((path, _line({"change": "gone", "path": path, "sha256": record.sha256})))
 
+    def settle(looked: list[tuple[int, ListedRow, str, str, Record | None]], read: Callable[[], dict[str, str]]
+               ) -> None:
+        sums = read()
+        for place, row, path, shown, before in looked:
+            if shown in failed:  # errors.jsonl names files as messages show them
+                additions.failed_before += 1
+            elif before is not None:
+                sha256 = sums.get(path)
+                if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
+                    additions.unchanged += 1
+                else:
+                    additions.changed += 1
+                    changed.append((shown, _line({"change": "changed", "path": shown, "sha256": before.sha256,
+                                                  "now": sha256})))
+            elif shown in skipped:  # a copy, or a record --cross_split_duplicates dropped
+                additions.skipped_before += 1
+            else:
+                new.append((place, row, shown, sums[path]))
+
     with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool, _collection_paused():
+        reading = None  # the last chunk's rows, its files read on the pool while the next chunk is looked up
         for chunk in _looked_up(listing, existing, lost):
             looked: list[tuple[int, ListedRow, str, str, Record | None]] = []
             for (place, row), before in chunk:
@@ -367,23 +387,13 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
                     continue
                 path = f"{root}/{row[1]}"
                 looked.append((place, row, path, printable(path), before))
-            sums = _sha256s(pool, [path for _, row, path, shown, before in looked
+            read = _reading(pool, [path for _, row, path, shown, before in looked
                                    if _must_read(row, shown, before, existing, by_content)])
-            for place, row, path, shown, before in looked:
-                if shown in failed:  # errors.jsonl names files as messages show them
-                    additions.failed_before += 1
-                elif before is not None:
-                    sha256 = sums.get(path)
-                    if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
-                        additions.unchanged += 1
-                    else:
-                        additions.changed += 1
-                        changed.append((shown, _line({"change": "changed", "path": shown, "sha256": before.sha256,
-                                                      "now": sha256})))
-                elif shown in skipped:  # a copy, or a record --cross_split_duplicates dropped
-                    additions.skipped_before += 1
-                else:
-                    new.append((place, row, shown, sums[path]))
+            if reading is not None:
+                settle(*reading)
+            reading = looked, read
+        if reading is not None:
+            settle(*reading)
     new.sort(key=lambda found: found[0])  # the listing's order: the shards' deal
     records = existing.first_with({sha256 for _, _, _, sha256 in new})  # one pass over the dataset's kept lines
     for _, row, shown, sha256 in new:
@@ -471,7 +481,14 @@ def _sha256s(pool: concurrent.futures.Executor, paths: list[str]) -> dict[str, s
     Raises:
       StorageError: a file cannot be read, naming it.
     """
-    return dict(zip(paths, pool.map(_digest, paths)))
+    return _reading(pool, paths)()
+
+
+def _reading(pool: concurrent.futures.Executor, paths: list[str]) -> Callable[[], dict[str, str]]:
+    """Each file's sha256 (hex), read on ``pool``'s threads from now: the call returned gives them once read,
+    or raises ``StorageError`` naming a file that cannot be read."""
+    digests = pool.map(_digest, paths)
+    return lambda: dict(zip(paths, digests))
 
 
 def _digest(path: str) -> str:
