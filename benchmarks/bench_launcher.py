@@ -31,12 +31,13 @@ With ``--append``, an append's launcher instead, against (b) as its baseline:
   (h) ``beam-prep prepare --append`` of ``APPENDED`` new images to a dataset of as many records as the
       tree has files: a real dataset of a few images whose kept hash file (``hashes-v1.tsv.gz``) is
       made to hold a line for each of the others (synthetic sha256, split, perceptual hash and
-      path; made once, cached), from a batch folder outside the dataset's input: the launcher checks
-      each new file against them all in a pass over the kept lines and searches the new records'
-      near duplicates among them all, indexing none by path;
+      path, sorted by path as beam-prep writes a kept file; made once, cached), from a batch folder
+      outside the dataset's input: the launcher checks each new file against them all in a pass over
+      the kept lines and searches the new records' near duplicates among them all, comparing none by
+      path;
   (h′) the same append from the dataset's own input, which holds the first tree's few images and the
-      batch's, and none of the others: every record is indexed on disk and looked up, and every
-      other record's source is reported gone (changed.jsonl).
+      batch's, and none of the others: every record is read in path order and merged with the
+      listing, and every other record's source is reported gone (changed.jsonl).
 
 Both are sampled in the launcher's process alone (its workers are other processes), every 50 ms:
 peak RSS, PSS and USS (``psutil``'s ``memory_full_info``); the table gives (h) ÷ (b) for each.
@@ -231,13 +232,14 @@ _SAMPLE_SECONDS = 0.05
 
 def ensure_dataset(records: int) -> pathlib.Path:
     """A dataset of ``records`` records as an append sees it (its kept hash lines), made once and cached:
-    a real dataset of a few images, its kept hash file given a synthetic line for each of the others."""
+    a real dataset of a few images, its kept hash file given a synthetic line for each of the others, after
+    the real ones and sorted by path as beam-prep writes a kept file (``label_*`` before ``n*``)."""
     import gzip
 
     import numpy as np
 
-    root = CACHE / f"append-dataset-{records}"
-    done = CACHE / f"append-dataset-{records}.complete"
+    root = CACHE / f"append-dataset-sorted-{records}"  # an earlier one's synthetic lines were not in path order
+    done = CACHE / f"append-dataset-sorted-{records}.complete"
     if done.exists():
         return root
     shutil.rmtree(root, ignore_errors=True)
@@ -248,15 +250,16 @@ def ensure_dataset(records: int) -> pathlib.Path:
     kept = root / "hashes-v1.tsv.gz"
     real = gzip.decompress(kept.read_bytes())
     rng = np.random.default_rng(0)
+    synthetic = records - real.count(b"\n")
     with gzip.GzipFile(kept, "wb", mtime=0, compresslevel=1) as out:
         out.write(real)
-        for start in range(0, records - real.count(b"\n"), 100_000):
-            count = min(100_000, records - real.count(b"\n") - start)
+        for start in range(0, synthetic, 100_000):
+            count = min(100_000, synthetic - start)
             digests = rng.integers(0, 2**63, size=(count, 4), dtype=np.int64)
             pictures = rng.integers(0, 2**63, size=count, dtype=np.int64)
             out.write("".join(
                 f"{d[0]:016x}{d[1]:016x}{d[2]:016x}{d[3]:016x}\t{'validation' if (start + i) % 10 == 0 else 'train'}"
-                f"\t{p:016x}\t\"n{(start + i) % LABELS:08d}/synthetic_{start + i:09d}.JPEG\"\n"
+                f"\t{p:016x}\t\"n{(start + i) * LABELS // synthetic:08d}/synthetic_{start + i:09d}.JPEG\"\n"
                 for i, (d, p) in enumerate(zip(digests.tolist(), pictures.tolist()))).encode())
     data = kept.read_bytes()
     manifest = json.loads((root / "manifest.json").read_text())

@@ -23,6 +23,7 @@ from beam_prep.write.plan.listing import (
 )
 from beam_prep.write.plan.walk import SKIP_SEEN_FOLDER, SKIP_SPECIAL
 from beam_prep.write.shared.entry import FileEntry, printable
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 
 def test_labels_are_the_sorted_folder_names(tmp_path):
@@ -345,3 +346,26 @@ def test_skipped_files_come_back_sorted_by_path_in_bounded_runs(tmp_path, monkey
     with list_tree(str(tmp_path)) as listing:
         assert list(listing.skipped_rows()) == [(name, SKIP_NOT_IMAGE) for name in sorted(names)]
         assert len(listing._skips.rows._runs) == 5  # 13 rows in runs of 3
+
+
+def test_rows_in_order_go_to_disk_a_chunk_at_a_time_and_all_come_back_sorted(monkeypatch):
+    """Sorted rows that come in order (an append's sources gone, by the million) are written as they come,
+    a chunk at a time; after one out of order, the rest go to sorted runs; read back, all are sorted."""
+    monkeypatch.setattr("beam_prep.write.shared.spill._CHUNK_ROWS", 4)
+    monkeypatch.setattr("beam_prep.write.shared.spill._RUN_ROWS", 6)
+    folder = SpillFolder()
+    rows = SortedRows(folder, "rows")
+    given = [(f"{i:03d}", i) for i in range(21)] + [("005x", 0), ("000", 1), ("zzz", 2)] + [
+        (f"{i:03d}b", i) for i in range(10, 0, -1)]
+    held = 0
+    for row in given:
+        rows.append(row)
+        held = max(held, len(rows._rows))
+    assert (list(rows), list(rows), rows.count) == (sorted(given), sorted(given), len(given))
+    assert held < 6  # a run's rows at most
+    in_order = SortedRows(folder, "in-order")
+    for row in given[:21]:
+        in_order.append(row)
+        assert len(in_order._rows) < 4
+    assert list(in_order) == given[:21]
+    folder.close()

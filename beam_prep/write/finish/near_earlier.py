@@ -90,12 +90,11 @@ def _by_bytes(kept: list[tuple[str, str | None, int]], prefixes: np.ndarray,
     found, count = [], 0
     with open(folder.file("pictures"), "wb") as pictures, open(folder.file("valid"), "wb") as valid:
         for _, path, lines in _lines(kept):
-            parsed = [hash_lines.parse(path, line) for line in lines]
-            mine = np.array([int(p.sha256[:16], 16) for p in parsed], dtype=np.uint64)
+            mine, phashes, has = hash_lines.columns(path, lines)
             found.append(count + np.flatnonzero(np.isin(mine, prefixes)))
-            np.array([p.phash or 0 for p in parsed], dtype=np.uint64).tofile(pictures)
-            np.array([p.phash is not None for p in parsed], dtype=np.bool_).tofile(valid)
-            count += len(parsed)
+            phashes.tofile(pictures)
+            has.tofile(valid)
+            count += len(lines)
     return found, count
 
 
@@ -159,8 +158,9 @@ def _write(kept: list[tuple[str, str | None, int]], chosen: np.ndarray, folder: 
         for i, _, lines in _lines(kept):
             picked = chosen[(chosen >= position) & (chosen < position + len(lines))] - position
             root = kept[i][1]
-            for at in picked.tolist():
-                files[i].write(kept_hashes.full_path_line(lines[at], root) + b"\n")
+            if len(picked):
+                files[i].write(b"".join(line + b"\n" for line in kept_hashes.full_path_lines(
+                    (lines[at] for at in picked.tolist()), root)))
             counts[i] += len(picked)
             position += len(lines)
     finally:

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import gc
 import hashlib
 import heapq
 import io
 import itertools
 import json
 import re
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from beam_prep import wording
@@ -30,7 +32,7 @@ from beam_prep.io.dali_index import index_name
 from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
 from beam_prep.write.grow.existing import Existing, Record
-from beam_prep.write.grow.existing import read_existing as _index
+from beam_prep.write.grow.existing import read_existing as _read
 from beam_prep.write.images.imaging import ImageSpec
 from beam_prep.write.plan.config import PrepareConfig, check_values
 from beam_prep.write.plan.listing import Listing
@@ -173,16 +175,16 @@ def _shown(values: tuple[Any, ...]) -> str:
 
 
 def read_existing(output: str, folder: SpillFolder, under: str | None = None) -> Existing:
-    """The records of the dataset in ``output``, indexed on disk in ``folder`` (``existing``): read from
-    its kept hash files, or once from its shards where it keeps none; ``under``: the append's input, below
-    which alone its records are indexed by path (None: all). Close it when done.
+    """The records of the dataset in ``output``, as an append compares a listing with them (``existing``):
+    read from its kept hash files, each version's that keeps none made in ``folder`` from its shards first;
+    ``under``: the append's input, below which alone its records are compared by path (None: all).
 
     Raises:
       OptionsError, DatasetError: as ``read_dataset``; DatasetError, StorageError: a kept file or a
         shard cannot be read.
     """
     info, manifest = read_dataset(output)
-    return _index(output, folder, info, manifest, under)
+    return _read(output, folder, info, manifest, under)
 
 
 # --- what a listing adds -----------------------------------------------------
@@ -343,33 +345,58 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
         raise OptionsError(f"--input {config.input} lists records of another kind than the dataset in "
                            f"{config.output} (multi-label, or --metadata columns): an append adds records alike")
     additions = Additions(skipped_before=listing.leave_out_skips(existing.skipped))
-    new: list[tuple[ListedRow, str, str]] = []  # each file at a path the dataset lacks: its row, path shown, sha256
+    new: list[tuple[int, ListedRow, str, str]] = []  # each file at a path the dataset lacks: its place, row, path shown, sha256
     changed = SortedRows(listing.folder, "changed")  # (path, changed.jsonl line), sorted on disk
     copies = SortedRows(listing.folder, "copies")
+    gone = SortedRows(listing.folder, "gone")
     keep: list[ListedRow] = []
     new_labels: set[str] = set()
     by_content = config.append_check == "content"
-    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool:
-        for chunk in _looked_up(listing, existing):
-            sums = _sha256s(pool, [path for row, path, shown, before in chunk
-                                   if _must_read(row, shown, before, existing, by_content)])
-            for row, path, shown, before in chunk:
-                if shown in existing.failed:  # errors.jsonl names files as messages show them
-                    additions.failed_before += 1
-                elif before is not None:
-                    sha256 = sums.get(path)
-                    if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
-                        additions.unchanged += 1
-                    else:
-                        additions.changed += 1
-                        changed.append((shown, _line({"change": "changed", "path": shown, "sha256": before.sha256,
-                                                      "now": sha256})))
-                elif shown in existing.skipped:  # a copy, or a record --cross_split_duplicates dropped
-                    additions.skipped_before += 1
+    failed, skipped = existing.failed, existing.skipped
+    root = listing.root
+
+    def lost(path: str, record: Record) -> None:
+        gone.append((path, _line({"change": "gone", "path": path, "sha256": record.sha256})))
+
+    def settle(looked: list[tuple[int, ListedRow, str, str, Record | None]], read: Callable[[], dict[str, str]]
+               ) -> None:
+        sums = read()
+        for place, row, path, shown, before in looked:
+            if shown in failed:  # errors.jsonl names files as messages show them
+                additions.failed_before += 1
+            elif before is not None:
+                sha256 = sums.get(path)
+                if sha256 is None or before.sha256 == sha256:  # not read: its size and stamp are its record's
+                    additions.unchanged += 1
                 else:
-                    new.append((row, shown, sums[path]))
-    records = existing.first_with({sha256 for _, _, sha256 in new})  # one pass over the dataset's kept lines
-    for row, shown, sha256 in new:
+                    additions.changed += 1
+                    changed.append((shown, _line({"change": "changed", "path": shown, "sha256": before.sha256,
+                                                  "now": sha256})))
+            elif shown in skipped:  # a copy, or a record --cross_split_duplicates dropped
+                additions.skipped_before += 1
+            else:
+                new.append((place, row, shown, sums[path]))
+
+    with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool, _collection_paused():
+        reading = None  # the last chunk's rows, its files read on the pool while the next chunk is looked up
+        for chunk in _looked_up(listing, existing, lost):
+            looked: list[tuple[int, ListedRow, str, str, Record | None]] = []
+            for (place, row), before in chunk:
+                if before is not None and not failed and not by_content and before.same_source(row[4], row[7]):
+                    additions.unchanged += 1  # its size and stamp are its record's: not read
+                    continue
+                path = f"{root}/{row[1]}"
+                looked.append((place, row, path, printable(path), before))
+            read = _reading(pool, [path for _, row, path, shown, before in looked
+                                   if _must_read(row, shown, before, existing, by_content)])
+            if reading is not None:
+                settle(*reading)
+            reading = looked, read
+        if reading is not None:
+            settle(*reading)
+    new.sort(key=lambda found: found[0])  # the listing's order: the shards' deal
+    records = existing.first_with({sha256 for _, _, _, sha256 in new})  # one pass over the dataset's kept lines
+    for _, row, shown, sha256 in new:
         if (copy := records.get(sha256)) is not None:
             additions.copies += 1
             copies.append((shown, _line({"change": "copy", "path": shown, "sha256": sha256, "split": row[2],
@@ -381,12 +408,10 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
             new_labels.update(name for name in (labels if labels is not None else (label,)) if name not in info.labels)
     found = listing.folder.file(layout.CHANGES)  # changed.jsonl's lines, on disk: as many as the dataset's records
     with open(found, "w", encoding="utf-8") as f:
-        for rows in (changed, copies):
+        for rows in (changed, copies, gone):
             for _, line in rows:
                 f.write(line + "\n")
-        for path, sha256 in existing.gone(config.input.rstrip("/") + "/"):
-            f.write(_line({"change": "gone", "path": path, "sha256": sha256}) + "\n")
-            additions.gone += 1
+    additions.gone = gone.count
     additions.new_labels = sorted(new_labels & set(listing.labels))  # a table's row without a label: none
     labels = [*info.labels, *additions.new_labels]
     choice = Choice(config.validation_percent, config.stratify, config.max_per_class,
@@ -412,16 +437,31 @@ def held(info: DatasetInfo) -> dict[str, int]:
     return dict(counts)
 
 
-def _looked_up(listing: Listing,
-               existing: Existing) -> Iterator[list[tuple[ListedRow, str, str, Record | None]]]:
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """The garbage collector off while the listing is compared with the dataset: the comparison makes a few
+    objects a record and frees them as it goes (no cycles), but the collections their number sets off would
+    each walk every object alive, the listing's chunk and the kept files' included, many times over."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _looked_up(listing: Listing, existing: Existing, gone: Callable[[str, Record], None]
+               ) -> Iterator[list[tuple[tuple[int, ListedRow], Record | None]]]:
     """Each of ``listing``'s rows (``Listing.rows``: no ``FileEntry`` made for the files the dataset holds)
-    with its full path, that path as the dataset names its records' (``printable``: a name that is not
-    UTF-8 escaped), and the dataset's latest record of it (None: none), ``_CHUNK`` rows at a time."""
-    rows = listing.rows()
-    while chunk := list(itertools.islice(rows, _CHUNK)):
-        paths = [f"{listing.root}/{row[1]}" for row in chunk]
-        shown = [printable(path) for path in paths]
-        yield list(zip(chunk, paths, shown, existing.latest(shown)))
+    with its place in the listing, and the dataset's latest record made from its path (None: none; each
+    record the listing lacks to ``gone``: ``Existing.join``), a chunk at a time."""
+    rows = enumerate(listing.rows())
+    if existing.compares_paths:
+        yield from existing.join(((Existing.key(row[1]), (place, row)) for place, row in rows), gone, listing.folder)
+        return
+    while chunk := [(placed, None) for placed in itertools.islice(rows, _CHUNK)]:
+        yield chunk
 
 
 def _must_read(row: ListedRow, shown: str, before: Record | None, existing: Existing, by_content: bool) -> bool:
@@ -441,7 +481,14 @@ def _sha256s(pool: concurrent.futures.Executor, paths: list[str]) -> dict[str, s
     Raises:
       StorageError: a file cannot be read, naming it.
     """
-    return dict(zip(paths, pool.map(_digest, paths)))
+    return _reading(pool, paths)()
+
+
+def _reading(pool: concurrent.futures.Executor, paths: list[str]) -> Callable[[], dict[str, str]]:
+    """Each file's sha256 (hex), read on ``pool``'s threads from now: the call returned gives them once read,
+    or raises ``StorageError`` naming a file that cannot be read."""
+    digests = pool.map(_digest, paths)
+    return lambda: dict(zip(paths, digests))
 
 
 def _digest(path: str) -> str:

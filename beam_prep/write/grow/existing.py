@@ -1,9 +1,10 @@
-"""The records a dataset holds, as an append looks them up: an index on disk, not dicts in memory.
+"""The records a dataset holds, as an append compares a listing with them: streamed, not held in memory.
 
 An append compares each listed file with every record of the dataset (by path and by sha256), and
-a dataset may hold millions: the records go into an SQLite table in the listing's temporary folder,
-so the launcher holds a page cache, not a Python object a record. They are read from the dataset's
-kept hash files (``kept_hashes``): no shard is read, no image decoded. A dataset made before it kept
+a dataset may hold millions: its kept hash files (``kept_hashes``) and stamp files are sorted by path,
+so the records below the append's input are read in path order a chunk at a time, each chunk's
+looked up in memory, and merged with the listing sorted alike where they are many (``Existing.join``):
+the launcher holds a chunk of records, not a Python object each, and no index is built. No shard is read, no image decoded. A dataset made before it kept
 them is read from its shards once, each record's stored image decoded for its perceptual hash, and
 the files that reading makes (``generated``) go to the run's folder, to be published with the
 append: the next append reads them. Each record's source size and stamp, where its version kept
@@ -11,18 +12,21 @@ them (``plan.listing.stamps``), come with it (``Record``): what tells an append 
 """
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import heapq
 import io
 import itertools
 import json
 import logging
-import sqlite3
-from collections.abc import Collection, Iterator, Sequence
-from typing import Any, NamedTuple
+import operator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
 from PIL import Image
 
 from beam_prep.errors import DatasetError, StorageError
@@ -35,16 +39,16 @@ from beam_prep.write.shared import hash_lines, kept_hashes
 from beam_prep.write.shared.entry import printable, unquoted
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
-from beam_prep.write.shared.spill import SpillFolder
+from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
 __all__ = ["Existing", "Record", "read_existing", "stored_phash", "write_unkept"]
 
 _LOG = logging.getLogger(__name__)
 
 _THREADS = 16  # shards read at once, where the dataset keeps no hash lines
-_BATCH = 4096  # rows inserted, or looked up, at a time
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _SHA256_HEX = 64  # a kept line starts with its source's sha256, in hex
+_quoted = json.encoder.encode_basestring_ascii  # as json.dumps quotes a path: how the kept files sort
 
 
 class Record(NamedTuple):
@@ -70,8 +74,8 @@ class Record(NamedTuple):
 
 @dataclasses.dataclass
 class Existing:
-    """The records a dataset holds (``read_existing``), by full source path (under its version's input),
-    as messages and the kept files show it (``printable``: a name that is not UTF-8 escaped).
+    """The records a dataset holds (``read_existing``), each by its full source path (under its version's
+    input) as messages and the kept files show it (``printable``: a name that is not UTF-8 escaped).
 
     Attributes:
       info: the dataset.
@@ -80,7 +84,6 @@ class Existing:
       skipped: the files passed over (skipped.jsonl), which it does not report again.
       generated: kept hash file name -> local file, for each version whose records were read from its
         shards (a dataset made before it kept them): the run's folder gets them, and the append publishes them.
-      records: the records indexed by path (``read_existing``'s ``under``).
     """
 
     info: DatasetInfo
@@ -88,33 +91,119 @@ class Existing:
     failed: frozenset[str]
     skipped: frozenset[str]
     generated: dict[str, str]
-    records: int
-    _db: sqlite3.Connection
+    # The paths ``join`` and ``latest`` name the records by start so (``read_existing``'s ``under``, printable,
+    # ``/``-ended; "": every record).
+    _prefix: str
     # Each version's kept hash file, its input ("": none) and the sha256 the manifest lists (None: one made
     # from its shards for this append), oldest first.
     _kept: list[tuple[str, str, str | None]]
+    # The versions whose records may lie below ``_prefix``, oldest first.
+    _sources: list[_Source]
+    # The kept files a join read whole, their bytes checked: each line's sha256 prefix (``_records``).
+    _read: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
-    def latest(self, keys: Sequence[str]) -> list[Record | None]:
-        """The latest record made from each of ``keys`` (full paths as messages show them: ``printable``;
-        None: none), with its source's size and stamp where its version kept them, looked up together: a
-        query for all, not one each. The paths count as listed by the append (``gone``: the others)."""
-        self._db.execute("BEGIN")  # one transaction, not one a row
-        self._db.execute("DELETE FROM chunk")
-        self._db.executemany("INSERT OR IGNORE INTO chunk VALUES (?)", ((k,) for k in keys))
-        self._db.execute("INSERT OR IGNORE INTO listed SELECT path FROM chunk")
-        self._db.execute("COMMIT")
-        found = {path: Record(sha256, split, size, stamp) for path, sha256, split, size, stamp in self._db.execute(
-            "SELECT c.path, l.sha256, l.split, l.size, l.stamp FROM chunk c JOIN latest l ON l.path = c.path")}
-        return [found.get(k) for k in keys]
+    @property
+    def compares_paths(self) -> bool:
+        """Whether a record of the dataset may lie below the input (a version made from it, or from a
+        folder above or below it): else ``join`` names none, and a listing needs no order."""
+        return bool(self._sources)
+
+    @property
+    def records(self) -> int:
+        """How many records lie below the input: their lines read anew."""
+        return sum(len(keys) for keys, _ in self._latest())
+
+    @staticmethod
+    def key(relpath: str) -> bytes:
+        """The key ``join`` orders a path under the input by: as the kept files quote and sort it (``relpath``
+        as a listing holds it: ``printable`` here)."""
+        return _quoted(relpath if relpath.isascii() else printable(relpath)).encode("ascii")
+
+    def join(self, rows: Iterable[tuple[bytes, _T]], gone: Callable[[str, Record], None],
+             folder: SpillFolder | None = None) -> Iterator[list[tuple[_T, Record | None]]]:
+        """Each of ``rows`` (``(key, item)``: ``key``) with the latest record made from its path (None: none),
+        with its source's size and stamp where its version kept them, ``_JOINED`` rows at a time; each record
+        below the input that no row names goes to ``gone`` (its full path, and it). No index: the kept files'
+        lines are read in path order a chunk at a time, each chunk's records looked up in memory. Where they are
+        few (``_ONE_CHUNK``), in one chunk, the rows are joined in their order; else sorted by key first (on disk
+        in ``folder``, a temporary one where None, but for a few), and merged with them.
+
+        Raises:
+          DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path, or its
+            bytes are not the manifest's; StorageError: one cannot be read.
+        """
+        chunks = self._latest()
+        head: list[tuple[list[bytes], list[Record]]] = []
+        for chunk in chunks:
+            head.append(chunk)
+            if sum(len(keys) for keys, _ in head) > _ONE_CHUNK:
+                break
+        else:  # few enough for one chunk: looked up in the rows' order
+            keys = [key for keys, _ in head for key in keys]
+            records = [record for _, records in head for record in records]
+            at = dict(zip(keys, range(len(keys))))
+            named: set[int | None] = set()
+            rows = iter(rows)
+            while block := list(itertools.islice(rows, _JOINED)):
+                found = [at.get(key) for key, _ in block]
+                named.update(found)
+                yield [(item, None if i is None else records[i]) for (_, item), i in zip(block, found)]
+            self._lost(keys, records, named, gone)
+            return
+        rows = iter(rows)
+        spill = SpillFolder(prefix="beam-prep-join-") if folder is None else folder
+        try:
+            by_key = SortedRows(spill, "join")  # in memory but for millions
+            for n, (key, item) in enumerate(rows):
+                by_key.append((key, n, item))
+            joined = self._merged(((key, item) for key, _, item in by_key), itertools.chain(head, chunks), gone)
+            while block := list(itertools.islice(joined, _JOINED)):
+                yield block
+        finally:
+            if folder is None:
+                spill.close()
+
+    def _merged(self, rows: Iterator[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], list[Record]]],
+                gone: Callable[[str, Record], None]) -> Iterator[tuple[_T, Record | None]]:
+        """``join`` of ``rows`` sorted by key with the chunks of records, in key order, a row at a time."""
+        keys: list[bytes] = []
+        records: list[Record] = []
+        at: dict[bytes, int] = {}
+        named: set[int | None] = set()
+        top = b""  # the chunk's last key
+        for row_key, item in rows:
+            while row_key > top:  # the chunk's records end before it: the next chunk
+                self._lost(keys, records, named, gone)
+                keys, records = next(chunks, _NO_CHUNK)
+                at, named = dict(zip(keys, range(len(keys)))), set()
+                top = keys[-1] if keys else _AFTER_ALL
+            found = at.get(row_key)
+            named.add(found)
+            yield item, None if found is None else records[found]
+        self._lost(keys, records, named, gone)
+        for keys, records in chunks:
+            self._lost(keys, records, set(), gone)
+
+    def latest(self, paths: Sequence[str]) -> list[Record | None]:
+        """The latest record made from each of ``paths`` (full, as messages show them: ``printable``; None:
+        none), with its source's size and stamp where its version kept them."""
+        cut = len(self._prefix)
+        keyed = [(_quoted(path[cut:]).encode("ascii"), i) for i, path in enumerate(paths) if path.startswith(self._prefix)]
+        found: list[Record | None] = [None] * len(paths)
+        for block in self.join(keyed, lambda path, record: None):
+            for i, record in block:
+                found[i] = record
+        return found
 
     def first_with(self, sha256s: Collection[str]) -> dict[str, tuple[str, str]]:
         """``sha256 -> (split, path)`` of the first record (oldest version first, then by path) with the bytes
         of each of ``sha256s`` the dataset holds: one pass over its kept hash lines, none parsed but those.
 
         Every kept file is read to its end and its bytes checked against the manifest's sha256, whatever is
-        found first: one gone, cut short or altered (a version's whose records ``read_existing`` did not
-        index, its input elsewhere, as much as one's it did) is refused, rather than an append finding
-        nothing to add.
+        found first: one gone, cut short or altered (a version's whose records lie below no input ``join``
+        compares, as much as one's that do) is refused, rather than an append finding nothing to add. One a
+        ``join`` read whole was checked then, and is read again only where a record's sha256 begins as one of
+        ``sha256s`` does.
 
         Raises:
           StorageError: a kept file cannot be read, or is not gzip (cut short included); DatasetError: its
@@ -123,6 +212,9 @@ class Existing:
         wanted = {sha256.encode() for sha256 in sha256s}
         found: dict[str, tuple[str, str]] = {}
         for file, root, expected in self._kept:
+            known = self._read.get(file)
+            if known is not None and not np.isin(_prefix_column(wanted), known).any():
+                continue  # read whole by a join, its bytes checked: none of its records is wanted
             digest = hashlib.sha256()
             for lines in kept_hashes.read_lines(file, digest):
                 if not wanted:
@@ -133,80 +225,306 @@ class Existing:
                         path, sha256, split = _row(file, line, root)
                         found[sha256] = (split, path)
             if expected is not None and digest.hexdigest() != expected:
-                raise DatasetError(f"{file} is not the kept hash file the manifest lists (its sha256 is "
-                                   f"{digest.hexdigest()}, not {expected}): run verify on the dataset")
+                raise _not_listed(file, digest.hexdigest(), expected)
         return found
 
-    def gone(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """``(path, sha256)`` of each record's source under ``prefix`` that no ``latest`` looked up, by path."""
-        prefix = printable(prefix)
-        yield from self._db.execute(
-            "SELECT path, sha256 FROM latest WHERE substr(path, 1, ?) = ? AND path NOT IN (SELECT path FROM listed) "
-            "ORDER BY path", (len(prefix), prefix))
+    def _lost(self, keys: list[bytes], records: list[Record], named: set[int | None],
+              gone: Callable[[str, Record], None]) -> None:
+        """Each of a chunk's records no row named (``named``: the places of those named), to ``gone`` with its
+        full path.
 
-    def close(self) -> None:
-        self._db.close()
+        Raises:
+          DatasetError: a key is not a JSON string.
+        """
+        for key, record in (zip(keys, records) if not named else
+                            ((keys[i], records[i]) for i in sorted(set(range(len(keys))) - named))):
+            try:
+                name = unquoted(key)
+            except ValueError:
+                name = None
+            if not isinstance(name, str):
+                raise DatasetError(f"a kept hash file of {self.info.root} names a record by a path that is not "
+                                   f"JSON: {key[:200]!r}; run verify on the dataset")
+            gone(self._prefix + name, record)
+
+    def _latest(self) -> Iterator[tuple[list[bytes], list[Record]]]:
+        """The latest record made from each path below the input, in key order (``key``), a chunk at a time:
+        the keys, and the records; a later version's over an earlier's."""
+        streams = [_records(source, self._read) for source in self._sources]
+        if len(streams) == 1:
+            yield from streams[0]
+            return
+        merged = heapq.merge(*(_flat(stream, order) for order, stream in enumerate(streams)))  # (key, order): once
+        keys: list[bytes] = []
+        records: list[Record] = []
+        for key, _, record in merged:
+            if keys and keys[-1] == key:
+                records[-1] = record
+                continue
+            if len(keys) >= _CHUNK:
+                yield keys, records
+                keys, records = [], []
+            keys.append(key)
+            records.append(record)
+        if keys:
+            yield keys, records
+
+
+def _prefix_column(sha256s: Collection[bytes]) -> np.ndarray:
+    """Each sha256 (hex)'s first 8 bytes, as ``hash_lines.columns`` gives them."""
+    return np.array([int(sha256[:16], 16) for sha256 in sha256s], dtype=np.uint64)
+
+
+def _flat(stream: Iterator[tuple[list[bytes], list[Record]]], order: int) -> Iterator[tuple[bytes, int, Record]]:
+    """A version's chunks of records as ``(key, order, record)``, ``order`` its place among the versions."""
+    for keys, records in stream:
+        for key, record in zip(keys, records):
+            yield key, order, record
+
+
+_T = TypeVar("_T")
+_AFTER_ALL = b"\xff"  # after every key (a key is ASCII JSON)
+_NO_CHUNK: tuple[list[bytes], list[Record]] = ([], [])
+_JOINED = 4096  # rows ``join`` gives at a time
+_CHUNK = 1 << 13  # records read, or merged from several versions, at a time
+_ONE_CHUNK = 1 << 16  # records below the input looked up in memory at once, where no more: no listing sorted
+
+
+class _Source(NamedTuple):
+    """A version's kept lines whose records may lie below an append's input, as ``Existing.join`` reads them.
+
+    Attributes:
+      version: the version.
+      file: its kept hash file (local, or beside the manifest).
+      expected: the sha256 the manifest lists of it (None: made from its shards for this append).
+      strip: the quoted start of its paths that lie below the input (its own input above the append's:
+        ``'"sub/'``), cut off them; its other paths left out. Empty: none.
+      add: the quoted start put before its paths to make them the input's (its input below the append's).
+      stamps: its kept stamp file's manifest entry (``stamps.listed``), checked; None: none used.
+      output: the dataset.
+    """
+
+    version: int
+    file: str
+    expected: str | None
+    strip: bytes
+    add: bytes
+    stamps: dict[str, Any] | None
+    output: str
+
+    def keys(self, quoted: list[bytes]) -> list[bytes]:
+        """Paths as this version's files quote them, as keys (``Existing.key``); those not below the input
+        left out (``strip``)."""
+        if self.strip:
+            cut = len(self.strip)
+            return [b'"' + path[cut:] for path in quoted if path.startswith(self.strip)]
+        if self.add:
+            return [self.add + path[1:] for path in quoted]
+        return quoted
+
+
+def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[list[bytes], list[Record]]]:
+    """``source``'s records below the input in key order, a chunk (of the file's lines) at a time: their keys,
+    and the records; of a path that two lines name, the last line's (as the dataset's files are read, the
+    later replaces the earlier). The file read whole, its bytes checked, ``read`` gets each of its lines'
+    sha256 prefix (``Existing.first_with``), before the last chunk.
+
+    Raises:
+      DatasetError: a line is not a hash line, or the lines are not in path order, or the file's bytes are
+        not the manifest's. StorageError: the file cannot be read.
+    """
+    stamped = _Stamps(source)
+    pending: tuple[list[bytes], list[list[bytes]]] | None = None  # a chunk held until the next's first key
+    last = b""
+    digest = hashlib.sha256()
+    prefixes: list[np.ndarray] | None = []  # None: more lines than ``read`` is given for
+    for lines in kept_hashes.read_lines(source.file, digest):
+        fields = [line.split(b"\t", 4) for line in lines]
+        if not all(len(five) >= 4 and len(five[0]) == _SHA256_HEX and five[1] for five in fields):
+            for line in lines:
+                hash_lines.parse(source.file, line)  # raises, naming the line
+        if prefixes is not None:
+            prefixes.append(_prefixes(source.file, lines, fields))
+            if sum(map(len, prefixes)) > _ONE_CHUNK:  # read again for copies: memory for millions
+                prefixes = None
+        if source.strip:
+            fields = [five for five in fields if five[3].startswith(source.strip)]
+        keys = source.keys([five[3] for five in fields])
+        if not keys:
+            continue
+        if keys[0] < last or keys != sorted(keys):
+            _refuse(source, "its lines are not in path order")
+        last = keys[-1]
+        if len(set(keys)) < len(keys):  # a path named twice: its last line's
+            places = sorted(dict(zip(keys, range(len(keys)))).values())
+            keys, fields = [keys[i] for i in places], [fields[i] for i in places]
+        for start in range(0, len(keys), _CHUNK):
+            if pending is not None:
+                if pending[0][-1] == keys[start]:
+                    del pending[0][-1], pending[1][-1]
+                if pending[0]:
+                    yield stamped.records(*pending)
+            pending = keys[start:start + _CHUNK], fields[start:start + _CHUNK]
+    if source.expected is not None and digest.hexdigest() != source.expected:
+        raise _not_listed(source.file, digest.hexdigest(), source.expected)
+    if prefixes is not None:
+        read[source.file] = np.concatenate(prefixes) if prefixes else np.zeros(0, dtype=np.uint64)
+    if pending is not None and pending[0]:
+        yield stamped.records(*pending)
+
+
+def _prefixes(file: str, lines: list[bytes], fields: list[list[bytes]]) -> np.ndarray:
+    """Each of ``lines``'s sha256 prefix (``hash_lines.columns``'s first column), its ``fields`` split already.
+
+    Raises:
+      DatasetError: a line is not a hash line.
+    """
+    try:
+        raw = bytes.fromhex(b"".join([five[0] for five in fields]).decode("ascii"))
+        if len(raw) == len(fields) * _SHA256_HEX // 2:
+            return np.frombuffer(raw, dtype=">u8")[::_SHA256_HEX // 16].astype(np.uint64)
+    except ValueError:  # not hex: ``columns`` names the line
+        pass
+    return hash_lines.columns(file, lines)[0]
+
+
+class _Stamps:
+    """A version's kept stamps, read along its records (both in key order) to give each its size and stamp.
+
+    Raises:
+      DatasetError: the file (its bytes the manifest's: ``stamps.check``) holds a line that is not a stamp line.
+    """
+
+    def __init__(self, source: _Source) -> None:
+        self._source = source
+        self._blocks = stamps.blocks(source.output, source.stamps) if source.stamps is not None else iter(())
+        self._held: list[list[bytes]] = []  # read, after the last record's key
+
+    def records(self, keys: list[bytes], fields: list[list[bytes]]) -> tuple[list[bytes], list[Record]]:
+        """The records of the hash lines ``fields`` (``keys``: theirs), each with its stamp where one is kept."""
+        try:
+            found = self._upto(keys[-1])
+        except ValueError as e:
+            raise DatasetError(f"{join(self._source.output, self._source.stamps['file'])} holds a line that is not a "
+                               f"stamp line ({e}), though its bytes are the manifest's: run verify on the dataset"
+                               ) from e
+        return keys, [Record(five[0].decode("ascii", "replace"), five[1].decode("utf-8", "replace"),
+                             *found.get(key, _NO_STAMP)) for key, five in zip(keys, fields)]
+
+    def _upto(self, top: bytes) -> dict[bytes, tuple[int, str]]:
+        """The stamps read up to key ``top`` (included), by key (of a key named twice, the last)."""
+        found: dict[bytes, tuple[int, str]] = {}
+        while True:
+            if not self._held:
+                block = next(self._blocks, None)
+                if block is None:
+                    return found
+                self._held = self._read(block)
+                if not self._held:
+                    continue
+            if self._held[-1][0] <= top:
+                found.update(self._held)
+                self._held = []
+                continue
+            cut = bisect.bisect_right(self._held, top, key=operator.itemgetter(0))
+            found.update(self._held[:cut])
+            self._held = self._held[cut:]
+            return found
+
+    def _read(self, block: list[list[bytes]]) -> list[tuple[bytes, tuple[int, str]]]:
+        """A block of stamp lines as ``(key, (size, stamp))``, those not below the input left out.
+
+        Raises:
+          ValueError: a size or a stamp is not one.
+        """
+        source = self._source
+        keys = source.keys([three[2] for three in block])
+        if source.strip:
+            block = [three for three in block if three[2].startswith(source.strip)]
+        return [(key, (int(size), stamp.decode("ascii"))) for key, (size, stamp, _) in zip(keys, block)]
+
+
+_NO_STAMP: tuple[None, None] = (None, None)
+
+
+def _refuse(source: _Source, why: str) -> None:
+    """Refuses ``source``'s kept file: as not the manifest's where its bytes are not (``first_with``'s word),
+    else for ``why``.
+
+    Raises:
+      DatasetError: always. StorageError: the file cannot be read.
+    """
+    if source.expected is not None:
+        digest = hashlib.sha256()
+        for _ in kept_hashes.read_lines(source.file, digest):
+            pass
+        if digest.hexdigest() != source.expected:
+            raise _not_listed(source.file, digest.hexdigest(), source.expected)
+    raise DatasetError(f"{source.file} is not a kept hash file beam-prep writes ({why}): an append reads a kept file's "
+                       "lines in path order, as beam-prep sorts them; this one was made otherwise")
+
+
+def _not_listed(file: str, actual: str, expected: str) -> DatasetError:
+    return DatasetError(f"{file} is not the kept hash file the manifest lists (its sha256 is {actual}, not "
+                        f"{expected}): run verify on the dataset")
 
 
 def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest: dict[str, Any],
                   under: str | None = None) -> Existing:
-    """Indexes the records of the dataset in ``output`` (``info``, ``manifest``) in ``folder``: from its
-    kept hash files, or, for the versions that have none, from their shards (``generated``).
+    """The records of the dataset in ``output`` (``info``, ``manifest``), as ``Existing.join`` reads them:
+    from its kept hash files, each version's that has none made in ``folder`` from its shards first
+    (``generated``).
 
     Args:
-      under: the append's input: only the records whose source lies below it are indexed by path (no
+      under: the append's input: only the records whose source lies below it are joined by path (no
         other is ever looked up by one, nor gone); None: every record.
 
     Raises:
-      DatasetError: a kept file or a shard is damaged; StorageError: one cannot be read.
+      DatasetError: a shard is damaged; StorageError: one cannot be read.
     """
     kept = kept_hashes.listed(manifest)
-    prefix = None if under is None else printable(under.rstrip("/")) + "/"
-    db = sqlite3.connect(folder.file("existing.sqlite"), isolation_level=None, check_same_thread=False)
-    for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -8192", "temp_store = FILE"):
-        db.execute(f"PRAGMA {pragma}")
-    # Each path's latest record: a version's rows replace an older version's at the same path.
-    db.execute("CREATE TABLE latest (path TEXT PRIMARY KEY, sha256 TEXT, split TEXT, version INTEGER, size INTEGER, "
-               "stamp TEXT) WITHOUT ROWID")
-    db.execute("CREATE TABLE listed (path TEXT PRIMARY KEY) WITHOUT ROWID")  # every path ``latest`` looked up
-    db.execute("CREATE TABLE chunk (path TEXT PRIMARY KEY) WITHOUT ROWID")  # the paths it looks up at once
+    prefix = "" if under is None else printable(under.rstrip("/")) + "/"
     stamped = stamps.listed(manifest)
     generated: dict[str, str] = {}
     files: list[tuple[str, str, str | None]] = []
-    count = 0
+    sources: list[_Source] = []
+    for version in info.history:
+        root = version.input or ""
+        name = kept_hashes.kept_name(version.version)
+        if version.version in kept:
+            path, expected = join(output, name), kept[version.version]["sha256"]
+        else:
+            path = generated[name] = folder.file(name)
+            expected = None
+            _write_from_shards(output, info, version, path)
+        files.append((path, root, expected))
+        own = printable(root) + "/" if root else ""  # as ``_row`` names the version's records
+        if own.startswith(prefix):
+            strip, add = b"", _quoted(own[len(prefix):]).encode("ascii")[:-1] if own != prefix else b""
+        elif prefix.startswith(own):
+            strip, add = _quoted(prefix[len(own):]).encode("ascii")[:-1], b""
+        else:
+            continue  # no source of this version lies below the input
+        entry = stamped.get(version.version)
+        if entry is not None and root and printable(root) != root:
+            entry = None  # its stamps name the sources otherwise than its records: none applies
+        sources.append(_Source(version.version, path, expected, strip, add, _checked(output, entry), output))
+    return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, prefix, files,
+                    sources)
+
+
+def _checked(output: str, entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A version's kept stamp file's entry where its bytes are the manifest's; else None (that version's
+    files are hashed), with a warning."""
+    if entry is None:
+        return None
     try:
-        db.execute("BEGIN")
-        for version in info.history:
-            root = version.input or ""
-            name = kept_hashes.kept_name(version.version)
-            if version.version in kept:
-                path, expected = join(output, name), kept[version.version]["sha256"]
-            else:
-                path = generated[name] = folder.file(name)
-                expected = None
-                _write_from_shards(output, info, version, path)
-            files.append((path, root, expected))
-            if prefix is not None and root and not _overlap(printable(root.rstrip("/")) + "/", prefix):
-                continue  # no source of this version lies below the input
-            lines = (line for chunk in kept_hashes.read_lines(path) for line in chunk)
-            while batch := list(itertools.islice(lines, _BATCH)):
-                rows = [(*_row(path, line, root), version.version) for line in batch]
-                if prefix is not None:
-                    rows = [row for row in rows if row[0].startswith(prefix)]
-                db.executemany("INSERT OR REPLACE INTO latest VALUES (?, ?, ?, ?, NULL, NULL)", rows)
-                count += len(rows)
-            if version.version in stamped:
-                _add_stamps(db, output, stamped[version.version], version.input)
-        db.execute("COMMIT")
-    except BaseException:
-        db.close()
-        raise
-    return Existing(info, manifest, _named(output, ERRORS), _named(output, SKIPPED), generated, count, db, files)
-
-
-def _overlap(one: str, other: str) -> bool:
-    """Whether two folders (``/``-ended) hold files in common: one is the other, or below it."""
-    return one.startswith(other) or other.startswith(one)
+        stamps.check(output, entry)
+    except (ValueError, StorageError) as e:
+        _LOG.warning("%s left out (%s): the files of version %d are read again to tell them unchanged",
+                     join(output, entry["file"]), e, entry["version"])
+        return None
+    return entry
 
 
 def write_unkept(output: str, info: DatasetInfo, manifest: dict[str, Any], folder: str) -> list[str]:
@@ -233,22 +551,6 @@ def write_unkept(output: str, info: DatasetInfo, manifest: dict[str, Any], folde
 def _write_from_shards(output: str, info: DatasetInfo, version: Any, target: str) -> None:
     """``version``'s kept hash file at ``target``, read from its shards."""
     kept_hashes.write_sorted(_from_shards(output, info, version.added), target, version.version)
-
-
-def _add_stamps(db: sqlite3.Connection, output: str, entry: dict[str, Any], root: str | None) -> None:
-    """A version's kept stamp file onto its records in ``latest`` (those a later version's replaced keep
-    none); where it cannot be read, or is not what the manifest lists, none of it (that version's files are
-    hashed), with a warning."""
-    version = entry["version"]
-    lines = stamps.read(output, entry, root)
-    try:
-        while batch := list(itertools.islice(lines, _BATCH)):
-            db.executemany("UPDATE latest SET size = ?, stamp = ? WHERE path = ? AND version = ?",
-                           [(size, stamp, path, version) for path, size, stamp in batch])
-    except (ValueError, StorageError) as e:
-        db.execute("UPDATE latest SET size = NULL, stamp = NULL WHERE version = ?", (version,))
-        _LOG.warning("%s left out (%s): the files of version %d are read again to tell them unchanged",
-                     join(output, entry["file"]), e, version)
 
 
 def _row(file: str, line: bytes, root: str) -> tuple[str, str, str]:

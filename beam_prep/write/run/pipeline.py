@@ -203,11 +203,8 @@ def plan_run(config: PrepareConfig, options: PipelineOptions, run_id: str = "",
     if config.append:
         try:
             existing = append.read_existing(config.output, listing.folder, config.input)
-            try:
-                whole = listing
-                listing, additions = append.narrow(config, whole, existing)
-            finally:
-                existing.close()
+            whole = listing
+            listing, additions = append.narrow(config, whole, existing)
         except BaseException:
             listing.close()
             raise

@@ -20,7 +20,7 @@ from beam_prep.write.shared import hash_lines, layout
 from beam_prep.write.shared.entry import printable
 from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
-__all__ = ["MANIFEST_KEY", "KeptFile", "full_path_line", "kept_name", "listed", "read_lines", "relative_to",
+__all__ = ["MANIFEST_KEY", "KeptFile", "full_path_lines", "kept_name", "listed", "read_lines", "relative_to",
            "write_rows", "write_sorted"]
 
 MANIFEST_KEY = "hash_files"
@@ -135,9 +135,12 @@ class _Hashing:
         return data
 
 
-def full_path_line(line: bytes, root: str | None) -> bytes:
-    """A kept line (a path under ``root``, its version's input) as a workers' hash line (``hash_lines``:
-    the full path), for the duplicate search."""
-    sha256, split, picture, quoted, label = hash_lines.fields(line)
+def full_path_lines(lines: Iterable[bytes], root: str | None) -> list[bytes]:
+    """Kept lines (paths under ``root``, their version's input) as workers' hash lines (``hash_lines``: the
+    full path), for the duplicate search."""
     prefix = _quoted_prefix(root)
-    return b"\t".join((sha256, split, picture, prefix + quoted[1:] if prefix else quoted, label))
+    found = []
+    for line in lines:
+        sha256, split, picture, quoted, label = hash_lines.fields(line)
+        found.append(b"\t".join((sha256, split, picture, prefix + quoted[1:] if prefix else quoted, label)))
+    return found

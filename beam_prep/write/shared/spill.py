@@ -147,6 +147,9 @@ class SortedRows:
     For rows without a uniform key to bucket by (``SortedSpill``): every
     ``_RUN_ROWS`` rows are sorted in memory and written as a run, and reading
     merges the runs, holding a chunk of each (``_RUN_CHUNK_ROWS``): a million rows take 16 runs.
+    Fewer rows than a run are sorted in memory and never written. Rows that come in order from the
+    first go to one run as they come, ``_CHUNK_ROWS`` at a time (millions of rows in order hold no
+    more); those after the first out of order, to runs sorted as above.
     """
 
     def __init__(self, folder: SpillFolder, name: str) -> None:
@@ -154,16 +157,33 @@ class SortedRows:
         self._name = name
         self._runs: list[RowFile] = []
         self._rows: list[Any] = []
+        self._ordered: RowFile | None = None  # the run of the rows in order from the first, where written
+        self._last: Any = None  # the last row, while every row came in order; None: one did not, or none yet
         self.count = 0
 
     def append(self, row: tuple) -> None:
+        if self.count and self._last is not None and not row < self._last:
+            self._last = row
+        elif self.count:
+            self._last = None
+        else:
+            self._last = row
         self._rows.append(row)
         self.count += 1
-        if len(self._rows) >= _RUN_ROWS:
+        if len(self._rows) >= (min(_CHUNK_ROWS, _RUN_ROWS) if self._last is not None else _RUN_ROWS):
             self._flush()
 
     def _flush(self) -> None:
         if not self._rows:
+            return
+        if self._last is not None:  # in order since the first: onto the run of those
+            if self._ordered is None:
+                self._ordered = RowFile(self._folder.file(f"{self._name}-ordered"), _RUN_CHUNK_ROWS)
+                self._runs.append(self._ordered)
+            for row in self._rows:
+                self._ordered.append(row)
+            self._ordered.flush()
+            self._rows = []
             return
         run = RowFile(self._folder.file(f"{self._name}-{len(self._runs):05d}"), _RUN_CHUNK_ROWS)
         for row in sorted(self._rows):
@@ -173,5 +193,8 @@ class SortedRows:
         self._rows = []
 
     def __iter__(self) -> Iterator[Any]:
+        if not self._runs:  # fewer than a run: sorted where they are
+            self._rows.sort()
+            return iter(list(self._rows))
         self._flush()
         return heapq.merge(*self._runs)

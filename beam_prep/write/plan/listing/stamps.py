@@ -23,10 +23,10 @@ from typing import Any
 
 from beam_prep.io.storage import join, open_to_read, storage_error, write_gzip_lines
 from beam_prep.write.shared import layout
-from beam_prep.write.shared.entry import FileEntry, printable, unquoted
+from beam_prep.write.shared.entry import FileEntry, printable
 from beam_prep.write.shared.spill import SortedRows, SpillFolder
 
-__all__ = ["MANIFEST_KEY", "RUN_FILE", "Writer", "kept_name", "listed", "read", "stage"]
+__all__ = ["MANIFEST_KEY", "RUN_FILE", "Writer", "blocks", "check", "kept_name", "listed", "stage"]
 
 _LOG = logging.getLogger(__name__)
 MANIFEST_KEY = "stamp_files"
@@ -100,25 +100,38 @@ def listed(manifest: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
     return found
 
 
-def read(output: str, entry: Mapping[str, Any], root: str | None) -> Iterator[tuple[str, int, str]]:
-    """A kept stamp file's lines as ``(full path, size, stamp)``, the path under ``root`` (its version's
-    input) as the kept hash files name records (``printable``).
+def check(output: str, entry: Mapping[str, Any]) -> None:
+    """That a kept stamp file's bytes are those the manifest lists (``listed``'s ``entry``): read, not inflated.
 
     Raises:
-      ValueError: a line is not a stamp line, or the file's bytes are not those the manifest lists
-        (raised at the end): its lines so far are not to be used.
-      StorageError: the file cannot be read.
+      ValueError: they are not; StorageError: the file cannot be read.
     """
     path = join(output, entry["file"])
     digest = hashlib.sha256()
-    for line in _lines(path, digest):
-        size, stamp, quoted = line.split(b"\t", 2)
-        name = unquoted(quoted)
-        if not isinstance(name, str) or not stamp:
-            raise ValueError(f"not a stamp line: {line[:200]!r}")
-        yield (f"{root}/{name}" if root else name), int(size), stamp.decode("ascii")
+    try:
+        with open_to_read(path) as f:
+            while block := f.read(_READ):
+                digest.update(block)
+    except Exception as e:  # each filesystem raises its own types.
+        raise storage_error("read", path, e) from e
     if digest.hexdigest() != entry["sha256"]:
         raise ValueError(f"its sha256 is {digest.hexdigest()}, not the manifest's {entry['sha256']}")
+
+
+def blocks(output: str, entry: Mapping[str, Any]) -> Iterator[list[list[bytes]]]:
+    """A kept stamp file's lines, a block at a time, each as its fields ``[size, stamp, path as JSON]`` as the
+    file holds them (the path relative to its version's input), in the file's order (by path).
+
+    Raises:
+      ValueError: a line is not a stamp line (its fields are checked as they are used). StorageError: the
+        file cannot be read, or is not gzip.
+    """
+    for lines in _blocks(join(output, entry["file"])):
+        fields = [line.split(b"\t", 2) for line in lines]
+        if not all(len(three) == 3 for three in fields):
+            bad = next(line for line, three in zip(lines, fields) if len(three) != 3)
+            raise ValueError(f"not a stamp line: {bad[:200]!r}")
+        yield fields
 
 
 def _lines(path: str, digest: Any = None) -> Iterator[bytes]:
@@ -127,6 +140,12 @@ def _lines(path: str, digest: Any = None) -> Iterator[bytes]:
     Raises:
       StorageError: it cannot be read, or is not gzip (cut short included).
     """
+    for lines in _blocks(path, digest):
+        yield from lines
+
+
+def _blocks(path: str, digest: Any = None) -> Iterator[list[bytes]]:
+    """``_lines``, a block at a time."""
     inflate, rest = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
     try:
         with open_to_read(path) as f:
@@ -135,7 +154,8 @@ def _lines(path: str, digest: Any = None) -> Iterator[bytes]:
                     digest.update(block)
                 lines = (rest + inflate.decompress(block)).split(b"\n")
                 rest = lines.pop()
-                yield from lines
+                if lines:
+                    yield lines
         if not inflate.eof or rest:
             raise EOFError("cut short")
     except Exception as e:  # each filesystem raises its own types; a damaged file zlib.error or EOFError.
