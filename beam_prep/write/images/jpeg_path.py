@@ -46,7 +46,8 @@ REASONS = {
     "geometry": "a resize Pillow makes another way (an image over 100 times taller than wide), or an image "
                 "too large for a JPEG (over 65,500 pixels a side: Pillow's path reports it)",
     "memory": "memory for the image ran short",
-    "unavailable": "the fast path cannot run in this process (the run says why once)",
+    "unavailable": "the fast path does not run in this process: BEAM_PREP_JPEG_PATH=pillow, the resize kernel "
+                   "not running, or a Pillow or system it was not checked with (jpeg_path.available() says which)",
 }
 _MODES = {"center_crop": 0, "stretch": 1, "pad": 2, "shorter_side": 3, "none": 4}
 _JPEG = b"\xff\xd8\xff"
