@@ -10,6 +10,9 @@ batch is linked into it too (the grown tree: the first run's input, grown); then
   (l1) the listing of the batch alone, and (l2) of the grown tree (``list_tree``, after imports);
   (c) ``prepare --append`` of the batch folder, into a fresh copy of the dataset;
   (d) ``prepare --append`` of the grown tree (the first run's input again: only the batch is new);
+  (a′) (a) again: each round's baseline is the mean of (a) and (a′), which bracket the appends, so a
+      host whose speed drifts within a round (a virtual machine's does, by tens of percent a minute)
+      moves the baseline with the appends rather than against them;
   (e) the dataset's records read as an append reads them (``append.read_existing``: its kept files);
   (f) every file of the grown tree hashed as ``--append_check content`` reads it (``append.narrow``'s
       SHA-256s; by default (d) reads only the files whose size or stamp changed, the batch).
@@ -76,6 +79,7 @@ RUNS = {
     "l2": "(l2) the grown tree listed",
     "c": "(c) `prepare --append` of the batch folder",
     "d": "(d) `prepare --append` of the grown tree (the first run's input)",
+    "a2": "(a′) the batch prepared alone again, after the appends",
     "e": "(e) the dataset's records read as an append reads them (every shard)",
     "f": "(f) the grown tree's files hashed as an append hashes them (--append_check content)",
 }
@@ -144,7 +148,7 @@ def _child(code: str, path: pathlib.Path, expected: int) -> dict[str, object]:
 
 def one_round(trees: dict[str, pathlib.Path], dataset: pathlib.Path, images: int, new: int,
               workdir: pathlib.Path) -> dict[str, dict[str, object]]:
-    """Each run once, in the order of ``RUNS``; each append into its own fresh copy of ``dataset``."""
+    """Each run once, in the order of ``RUNS`` ((a′) after (d)); each append into its own fresh copy of ``dataset``."""
     row: dict[str, dict[str, object]] = {}
     alone = workdir / "alone"
     shutil.rmtree(alone, ignore_errors=True)
@@ -158,6 +162,8 @@ def one_round(trees: dict[str, pathlib.Path], dataset: pathlib.Path, images: int
         row[key] = _timed(_prepare("--input", str(source), "--output", str(copy), "--append"), copy, new, 2,
                           unchanged)
         shutil.rmtree(copy, ignore_errors=True)
+    shutil.rmtree(alone, ignore_errors=True)
+    row["a2"] = _timed(_prepare("--input", str(trees["batch"]), "--output", str(alone), *DEFAULT_FLAGS), alone, new, 1)
     row["e"] = _child(_EXISTING, dataset, images)
     row["f"] = _child(_HASHING, trees["tree"], images + new)
     for key, result in row.items():

@@ -31,6 +31,19 @@ def test_the_table_sets_each_append_against_its_listing_plus_the_bound_times_the
     assert "| (d) run d | failed | | | |" in tables.append(record)
 
 
+def test_a_round_with_the_batch_alone_run_again_takes_the_mean_of_both_as_its_baseline():
+    """(a) and (a′) bracket the appends: the bound uses their mean."""
+    row = {"a": _run(12.0, 5.0), "l1": _run(0.0, 0.0), "l2": _run(2.0, 1.0), "c": _run(11.0, 4.8),
+           "d": _run(15.0, 7.0), "a2": _run(8.0, 3.0), "e": _run(1.0, 0.5), "f": _run(3.0, 2.0)}
+    record = {"settings": {"images": 20000, "new": 200, "percent": 1.0, "rounds": 1, "flags": ["--image_size", "224"],
+                           "bound": 1.2},
+              "labels": {key: f"({key}) run {key}" for key in row}, "dataset": _run(100.0, 200.0), "rounds": [row]}
+    # The baseline is (12 + 8) / 2 = 10 s and (5 + 3) / 2 = 4 CPU s: the figures of the test above.
+    assert "| (d) run d | (l2) + 1.2 × (a) | 1.07× | 1.21× | 0.15× |" in tables.append(record)
+    row["a2"] = {"error": "exit status 1"}
+    assert "| (d) run d | (l2) + 1.2 × (a) | — |" in tables.append(record)
+
+
 @pytest.mark.slow  # runs the benchmark: pipelines in processes of their own
 def test_the_benchmark_runs_small_and_records_each_run(tmp_path: pathlib.Path):
     out = tmp_path / "append.json"

@@ -672,10 +672,16 @@ def _append_median(rounds: Sequence[Mapping], key: str, field: str) -> float | N
 
 
 def _append_bound(rounds: Sequence[Mapping], append: str, listing: str, bound: float, field: str) -> float | None:
-    """The median over rounds of ``append ÷ (listing + bound × (a))``, each round's runs minutes apart."""
-    ratios = [row[append][field] / (row[listing][field] + bound * row["a"][field]) for row in rounds
-              if not any(row[k].get("error") for k in (append, listing, "a"))]
+    """The median over rounds of ``append ÷ (listing + bound × (a))``, each round's (a) the mean of (a) and
+    (a′) where the round has both (they bracket its appends)."""
+    ratios = [row[append][field] / (row[listing][field] + bound * _baseline(row, field)) for row in rounds
+              if not any(row[k].get("error") for k in (append, listing, "a", "a2") if k in row)]
     return statistics.median(ratios) if ratios else None
+
+
+def _baseline(row: Mapping, field: str) -> float:
+    """A round's (a): the mean of (a) and (a′), run before and after its appends; (a) alone in a round without (a′)."""
+    return (row["a"][field] + row["a2"][field]) / 2 if "a2" in row else row["a"][field]
 
 
 def append(results: Mapping) -> str:

@@ -27,7 +27,7 @@ from beam_prep import wording
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import is_local, join, open_to_read, storage_error
 from beam_prep.write.finish import near
-from beam_prep.write.shared import hash_lines, layout, split_order
+from beam_prep.write.shared import hash_lines, layout, sorted_sets, split_order
 from beam_prep.write.shared.hash_lines import hash_line
 from beam_prep.write.shared.spill import SortedSpill, SpillFolder
 
@@ -153,7 +153,7 @@ def _candidates(files: list[str], capacity: int, origin: _Origin) -> tuple[np.nd
         prefixes[n:n + len(keys)] = keys
         ours[n:n + len(keys)] = not origin.is_earlier(path)
         n += len(keys)
-    fresh = np.unique(prefixes[:n][ours[:n]]) if origin.earlier else None
+    fresh = sorted_sets.unique(prefixes[:n][ours[:n]]) if origin.earlier else None
     del ours
     prefixes = prefixes[:n]
     prefixes.sort()
@@ -161,7 +161,7 @@ def _candidates(files: list[str], capacity: int, origin: _Origin) -> tuple[np.nd
     del prefixes
     candidates, repeats = np.unique(repeated, return_counts=True)
     if fresh is not None:
-        mine = np.isin(candidates, fresh)
+        mine = sorted_sets.isin(candidates, fresh, among_sorted=True)
         candidates, repeats = candidates[mine], repeats[mine]
     return candidates, (repeats + 1).astype(np.uint32)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from beam_prep.write.images.phash import DEFAULT_DISTANCE
 from beam_prep.write.images.phash import distance as hamming
-from beam_prep.write.shared import hash_lines, split_order
+from beam_prep.write.shared import hash_lines, sorted_sets, split_order
 from beam_prep.write.shared.spill import SortedSpill, SpillFolder
 
 __all__ = ["DEFAULT_DISTANCE", "NearFound", "band_keys", "band_plan", "components", "near_pairs", "report"]
@@ -256,11 +256,11 @@ def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int
     if not len(near_ids):
         return NearFound(0, 0, 0, 0, 0, {}, distance, [], with_earlier)
     if versions is not None:  # an append's: the groups holding a new record, and of those, an old one too
-        near_ids = near_ids[np.isin(near_ids, group[(versions == version) & (group >= 0)])]
-        with_earlier = int(np.count_nonzero(np.isin(near_ids, group[(versions != version) & (group >= 0)])))
+        near_ids = near_ids[sorted_sets.isin(near_ids, group[(versions == version) & (group >= 0)])]
+        with_earlier = int(np.count_nonzero(sorted_sets.isin(near_ids, group[(versions != version) & (group >= 0)])))
         if not len(near_ids):
             return NearFound(0, 0, 0, 0, 0, {}, distance, [], with_earlier)
-    in_near = np.isin(group, near_ids)
+    in_near = sorted_sets.isin(group, near_ids, among_sorted=True)
     rows = np.flatnonzero(in_near)
     order = rows[np.lexsort((rows, np.searchsorted(near_ids, group[rows])))]
     number = np.searchsorted(near_ids, group[order])  # 0-based, in the order of near_ids

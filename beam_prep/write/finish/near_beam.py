@@ -21,7 +21,7 @@ from apache_beam import coders
 
 from beam_prep.write.finish import near
 from beam_prep.write.images.phash import distance as hamming
-from beam_prep.write.shared import hash_lines
+from beam_prep.write.shared import hash_lines, sorted_sets
 
 __all__ = ["NearPairs"]
 
@@ -74,7 +74,7 @@ def _pairs_within(group: tuple[tuple[int, int], Iterable[int]], keys: list[tuple
                   distance: int) -> Iterator[tuple[int, int]]:
     """The group's pairs within ``distance`` whose first agreeing key is this one."""
     key, pictures = group
-    hashes = np.unique(np.fromiter(pictures, dtype=np.uint64))
+    hashes = sorted_sets.unique(np.fromiter(pictures, dtype=np.uint64))
     if len(hashes) < 2:
         return
     bands = keys[key[0]]

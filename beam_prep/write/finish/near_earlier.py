@@ -28,7 +28,7 @@ import numpy as np
 
 from beam_prep.write.finish import duplicates, near
 from beam_prep.write.images.phash import distance as hamming
-from beam_prep.write.shared import hash_lines, kept_hashes
+from beam_prep.write.shared import hash_lines, kept_hashes, sorted_sets
 from beam_prep.write.shared.spill import SpillFolder
 
 __all__ = ["Copy", "matching", "split_off"]
@@ -60,7 +60,7 @@ def matching(kept: Iterable[tuple[str, str | None, int]], new_lines: Iterator[tu
     found, count = _by_bytes(kept, prefixes, folder)
     if distance is not None and len(pictures) and count:
         found.append(_by_picture(folder.file("pictures"), folder.file("valid"), count, pictures, distance))
-    chosen = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+    chosen = sorted_sets.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
     return _write(kept, chosen, folder)
 
 
@@ -73,7 +73,7 @@ def _new(chunks: Iterator[tuple[str, list[bytes]]]) -> tuple[np.ndarray, np.ndar
             prefixes.append(int(parsed.sha256[:16], 16))
             if parsed.phash is not None:
                 pictures.append(parsed.phash)
-    return np.unique(np.array(pictures, dtype=np.uint64)), np.unique(np.array(prefixes, dtype=np.uint64))
+    return sorted_sets.unique(np.array(pictures, dtype=np.uint64)), sorted_sets.unique(np.array(prefixes, dtype=np.uint64))
 
 
 def _lines(kept: list[tuple[str, str | None, int]]) -> Iterator[tuple[int, str, list[bytes]]]:
@@ -91,7 +91,7 @@ def _by_bytes(kept: list[tuple[str, str | None, int]], prefixes: np.ndarray,
     with open(folder.file("pictures"), "wb") as pictures, open(folder.file("valid"), "wb") as valid:
         for _, path, lines in _lines(kept):
             mine, phashes, has = hash_lines.columns(path, lines)
-            found.append(count + np.flatnonzero(np.isin(mine, prefixes)))
+            found.append(count + np.flatnonzero(sorted_sets.isin(mine, prefixes, among_sorted=True)))
             phashes.tofile(pictures)
             has.tofile(valid)
             count += len(lines)
@@ -142,7 +142,7 @@ def _by_picture(pictures: str, valid: str, count: int, new: np.ndarray, distance
             at = np.repeat(candidates, spans)  # each candidate once for each new hash with its key
             first = np.repeat(low[candidates] - np.cumsum(spans) + spans, spans) + np.arange(len(at))
             close = hamming(old[at], by_key[first]) <= distance
-            found.append(start + np.unique(at[close]))
+            found.append(start + sorted_sets.unique(at[close]))
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 

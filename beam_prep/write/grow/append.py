@@ -29,7 +29,7 @@ from beam_prep import wording
 from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.io.dali_index import SUFFIX as DALI_SUFFIX
 from beam_prep.io.dali_index import index_name
-from beam_prep.io.storage import join, open_to_read, read_bytes, storage_error
+from beam_prep.io.storage import is_local, join, open_to_read, read_bytes, storage_error
 from beam_prep.model.dataset import COMPRESSIONS, MANIFEST, DatasetInfo, parse_manifest
 from beam_prep.write.grow.existing import Existing, Record
 from beam_prep.write.grow.existing import read_existing as _read
@@ -494,7 +494,9 @@ def _reading(pool: concurrent.futures.Executor, paths: list[str]) -> Callable[[]
 def _digest(path: str) -> str:
     h = hashlib.sha256()
     try:
-        with open_to_read(path) as f:
+        # A local file with plain ``open``: Beam's dispatch holds the GIL far longer than the read, and these
+        # threads run beside the comparison, which holds it between their turns.
+        with (open(path, "rb", buffering=0) if is_local(path) else open_to_read(path)) as f:
             for block in iter(lambda: f.read(_READ), b""):
                 h.update(block)
     except Exception as e:  # each filesystem raises its own types.

@@ -35,7 +35,7 @@ from beam_prep.model.dataset import DatasetInfo
 from beam_prep.write.images.imaging import is_flat
 from beam_prep.write.images.phash import phash
 from beam_prep.write.plan.listing import stamps
-from beam_prep.write.shared import hash_lines, kept_hashes
+from beam_prep.write.shared import hash_lines, kept_hashes, sorted_sets
 from beam_prep.write.shared.entry import printable, unquoted
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
 from beam_prep.write.shared.shard_formats import ShardFormat, StoredImage, shard_format
@@ -99,7 +99,7 @@ class Existing:
     _kept: list[tuple[str, str, str | None]]
     # The versions whose records may lie below ``_prefix``, oldest first.
     _sources: list[_Source]
-    # The kept files a join read whole, their bytes checked: each line's sha256 prefix (``_records``).
+    # The kept files a join read whole, their bytes checked: their lines' sha256 prefixes, sorted (``_records``).
     _read: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
@@ -213,7 +213,7 @@ class Existing:
         found: dict[str, tuple[str, str]] = {}
         for file, root, expected in self._kept:
             known = self._read.get(file)
-            if known is not None and not np.isin(_prefix_column(wanted), known).any():
+            if known is not None and not sorted_sets.isin(_prefix_column(wanted), known, among_sorted=True).any():
                 continue  # read whole by a join, its bytes checked: none of its records is wanted
             digest = hashlib.sha256()
             for lines in kept_hashes.read_lines(file, digest):
@@ -327,7 +327,7 @@ def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[lis
     """``source``'s records below the input in key order, a chunk (of the file's lines) at a time: their keys,
     and the records; of a path that two lines name, the last line's (as the dataset's files are read, the
     later replaces the earlier). The file read whole, its bytes checked, ``read`` gets each of its lines'
-    sha256 prefix (``Existing.first_with``), before the last chunk.
+    sha256 prefix, sorted (``Existing.first_with``), before the last chunk.
 
     Raises:
       DatasetError: a line is not a hash line, or the lines are not in path order, or the file's bytes are
@@ -368,7 +368,7 @@ def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[lis
     if source.expected is not None and digest.hexdigest() != source.expected:
         raise _not_listed(source.file, digest.hexdigest(), source.expected)
     if prefixes is not None:
-        read[source.file] = np.concatenate(prefixes) if prefixes else np.zeros(0, dtype=np.uint64)
+        read[source.file] = np.sort(np.concatenate(prefixes)) if prefixes else np.zeros(0, dtype=np.uint64)
     if pending is not None and pending[0]:
         yield stamped.records(*pending)
 

@@ -9,10 +9,11 @@ lists them (``hash_files``: version, file, records, sha256). See docs/design/dup
 """
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+from isal import igzip
 
 from beam_prep.errors import DatasetError
 from beam_prep.io.storage import open_to_read, storage_error, write_gzip_lines
@@ -110,8 +111,8 @@ def read_lines(path: str, digest: Any = None) -> Iterator[list[bytes]]:
       StorageError: it cannot be read, or is not gzip.
     """
     try:
-        with open_to_read(path) as raw, gzip.GzipFile(fileobj=raw if digest is None else _Hashing(raw, digest),
-                                                      mode="rb") as f:
+        with open_to_read(path) as raw, igzip.IGzipFile(fileobj=raw if digest is None else _Hashing(raw, digest),
+                                                        mode="rb") as f:
             rest = b""
             while block := f.read(_READ):
                 lines = (rest + block).split(b"\n")
@@ -124,7 +125,7 @@ def read_lines(path: str, digest: Any = None) -> Iterator[list[bytes]]:
 
 
 class _Hashing:
-    """A file read through, its bytes into ``digest``: what ``GzipFile`` reads a kept file from."""
+    """A file read through, its bytes into ``digest``: what ``IGzipFile`` reads a kept file from."""
 
     def __init__(self, raw: Any, digest: Any) -> None:
         self._raw, self._digest = raw, digest
@@ -133,6 +134,11 @@ class _Hashing:
         data = self._raw.read(size)
         self._digest.update(data)
         return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
 
 
 def full_path_lines(lines: Iterable[bytes], root: str | None) -> list[bytes]:

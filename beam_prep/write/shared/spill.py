@@ -93,9 +93,10 @@ class RowFile:
             self._rows = []
 
     def __iter__(self) -> Iterator[Any]:
-        self.flush()
-        if not os.path.exists(self.path):
+        if not os.path.exists(self.path):  # never flushed: all in memory (a few rows), not written to be read back
+            yield from list(self._rows)
             return
+        self.flush()
         with open(self.path, "rb") as f:
             while True:
                 try:
@@ -134,8 +135,7 @@ class SortedSpill:
         self._buffered = 0
 
     def __iter__(self) -> Iterator[tuple]:
-        self._flush()
-        for bucket in self._buckets:
+        for bucket in self._buckets:  # each read back from its file, or from memory where it was never flushed
             rows = list(bucket)
             rows.sort(key=self._key)
             yield from rows

@@ -17,9 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from isal import isal_zlib
 
 from beam_prep.io.storage import join, open_to_read, storage_error, write_gzip_lines
 from beam_prep.write.shared import layout
@@ -146,7 +147,7 @@ def _lines(path: str, digest: Any = None) -> Iterator[bytes]:
 
 def _blocks(path: str, digest: Any = None) -> Iterator[list[bytes]]:
     """``_lines``, a block at a time."""
-    inflate, rest = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
+    inflate, rest = isal_zlib.decompressobj(16 + isal_zlib.MAX_WBITS), b""
     try:
         with open_to_read(path) as f:
             while block := f.read(_READ):
@@ -158,5 +159,5 @@ def _blocks(path: str, digest: Any = None) -> Iterator[list[bytes]]:
                     yield lines
         if not inflate.eof or rest:
             raise EOFError("cut short")
-    except Exception as e:  # each filesystem raises its own types; a damaged file zlib.error or EOFError.
+    except Exception as e:  # each filesystem raises its own types; a damaged file isal_zlib.error or EOFError.
         raise storage_error("read", path, e) from e
