@@ -8,14 +8,17 @@ On one cached corpus and the same settings (224x224 center output, JPEG q90):
       and (b') the rate measured with one process per core at once: no
       pipeline on this machine can beat them by more than noise;
   (c) beam-prep as a user runs it (``python -m pipelines.prepare_images``),
-      timed start to exit, with the peak memory of its whole process tree;
+      timed start to exit, with the peak memory of its whole process tree; at
+      the peers' size, run at each end of a round, the peers between, and the
+      round's (c) the mean of the two (``writer_runs.bracketed``: a host whose
+      speed drifts within a round moves (c) with the peers);
   (d) the same command keeping the originals (``--resize_mode none
       --image_format original``), and (e) the originals recipe capped at 512
       on the shorter side (``--resize_mode shorter_side --image_size 512
       --no_upscale --image_format original``), and (f) (d) with GZIP (originals
       are uncompressed by default), and (i) (c) without the perceptual hash
-      (``--near_duplicate_distance -1``: its cost), each run right after (c), so
-      their ratios to it are taken on the same machine minutes;
+      (``--near_duplicate_distance -1``: its cost), each run right after (c)'s
+      last run, so their ratios to it are taken on the same machine minutes;
   (g) the hand-written writer a user might write instead
       (``benchmarks/handwritten_writer.py``: Pool + Pillow + TFRecordWriter);
   (h) img2dataset, (j) MosaicML Streaming's MDS (``benchmarks/peer_mds.py``),
@@ -70,7 +73,16 @@ from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, run_measured
 from benchmarks.report.tables import OURS_VARIANTS, RECORD_LIMIT, WRITER_PEERS
 from benchmarks.results import Recording
-from benchmarks.writer_runs import DEFAULT_FLAGS, RunResult, fmt, measured_result, median_run, paired_ratio, run_ours
+from benchmarks.writer_runs import (
+    DEFAULT_FLAGS,
+    RunResult,
+    bracketed,
+    fmt,
+    measured_result,
+    median_run,
+    paired_ratio,
+    run_ours,
+)
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             workdir = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=CACHE_DIR))
             try:
                 attempts[size][0].append(run_seed(corpus, workdir))
-                attempts[size][1].append(run_ours(corpus, workdir))
+                ours = run_ours(corpus, workdir)
                 if size == max(corpora):
                     if args.accelerated:
                         peer_attempts["accelerated"].append(
@@ -400,6 +412,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         peer_attempts["img2dataset"].append(run_img2dataset(img2dataset, corpus, workdir))
                     for key, recipe in recipes.items():
                         peer_attempts[key].append(run_recipe(recipe, args.peers_python, corpus, workdir))
+                    # (c) again at the round's end: the two bracket the peers (``bracketed``).
+                    ours = bracketed(ours, run_ours(corpus, workdir))
+                attempts[size][1].append(ours)
                 load.append(os.getloadavg()[0])
                 for name, flags in ORIGINALS_RUNS.items():
                     originals[name][size].append(run_ours(corpus, workdir, flags))

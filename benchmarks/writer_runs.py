@@ -95,6 +95,21 @@ def run_ours(corpus: Corpus, workdir: pathlib.Path, flags: Sequence[str] = DEFAU
     return result
 
 
+def bracketed(first: RunResult, last: RunResult) -> RunResult:
+    """A round's (c) from two runs of it, at the round's start and end: their mean seconds and CPU seconds,
+    the larger peak RSS, and ``first``'s other figures. This host's speed drifts by tens of percent
+    from one minute to the next, and a round runs for minutes: a run at each end moves with the peers
+    between them, where one run at the start would stand for the round's first minutes alone. An
+    error in either is the result's."""
+    if first.error or last.error:
+        return first if first.error else last
+    return dataclasses.replace(
+        first, seconds=(first.seconds + last.seconds) / 2, cpu_seconds=(first.cpu_seconds + last.cpu_seconds) / 2,
+        peak_rss_bytes=max(first.peak_rss_bytes, last.peak_rss_bytes),
+        details={**first.details, "bracket_seconds": [round(first.seconds, 2), round(last.seconds, 2)],
+                 "bracket_cpu_seconds": [round(first.cpu_seconds, 2), round(last.cpu_seconds, 2)]})
+
+
 def measured_result(corpus: Corpus, measured: Measured, out: pathlib.Path) -> RunResult:
     error = None
     if measured.returncode != 0:

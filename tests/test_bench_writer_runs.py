@@ -1,0 +1,20 @@
+"""The writer benchmark's (c) at each end of a round: ``bracketed`` takes their mean."""
+from __future__ import annotations
+
+from benchmarks.writer_runs import RunResult, bracketed
+
+
+def test_a_bracketed_run_is_the_mean_of_both_and_the_larger_memory():
+    first = RunResult(20000, 20.0, 300, 5, details={"jpeg_path": {"native": 20000}}, cpu_seconds=30.0, psnr=36.5)
+    last = RunResult(20000, 30.0, 400, 5, cpu_seconds=40.0, psnr=36.5)
+    both = bracketed(first, last)
+    assert (both.seconds, both.cpu_seconds, both.peak_rss_bytes) == (25.0, 35.0, 400)
+    assert both.images_per_s == 800 and both.details["jpeg_path"] == {"native": 20000}
+    assert both.details["bracket_seconds"] == [20.0, 30.0] and both.details["bracket_cpu_seconds"] == [30.0, 40.0]
+    assert (first.seconds, first.cpu_seconds) == (20.0, 30.0)  # neither run is changed
+
+
+def test_a_failed_run_fails_the_round():
+    ok = RunResult(20000, 20.0, 300, 5, cpu_seconds=30.0)
+    failed = RunResult(20000, 1.0, 1, 0, error="exit status 1")
+    assert bracketed(ok, failed).error == "exit status 1" and bracketed(failed, ok).error == "exit status 1"
