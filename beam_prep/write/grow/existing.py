@@ -408,8 +408,12 @@ class _Stamps:
             raise DatasetError(f"{join(self._source.output, self._source.stamps['file'])} holds a line that is not a "
                                f"stamp line ({e}), though its bytes are the manifest's: run verify on the dataset"
                                ) from e
-        return keys, [Record(five[0].decode("ascii", "replace"), five[1].decode("utf-8", "replace"),
-                             *found.get(key, _NO_STAMP)) for key, five in zip(keys, fields)]
+        # Each column decoded at once (no field holds a newline), the stamps looked up by ``map``: a chunk's
+        # records in a few calls, not a few calls each.
+        sha256s = _column(fields, 0, "ascii")
+        splits = _column(fields, 1, "utf-8")
+        stamps_of = list(map(found.get, keys, itertools.repeat(_NO_STAMP)))
+        return keys, list(map(Record, sha256s, splits, map(_FIRST, stamps_of), map(_SECOND, stamps_of)))
 
     def _upto(self, top: bytes) -> dict[bytes, tuple[int, str]]:
         """The stamps read up to key ``top`` (included), by key (of a key named twice, the last)."""
@@ -441,10 +445,21 @@ class _Stamps:
         keys = source.keys([three[2] for three in block])
         if source.strip:
             block = [three for three in block if three[2].startswith(source.strip)]
-        return [(key, (int(size), stamp.decode("ascii"))) for key, (size, stamp, _) in zip(keys, block)]
+        sizes = list(map(int, map(_FIRST, block)))
+        return list(zip(keys, zip(sizes, _column(block, 1, "ascii", "strict"))))
 
 
 _NO_STAMP: tuple[None, None] = (None, None)
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _column(rows: list[list[bytes]], at: int, encoding: str, errors: str = "replace") -> list[str]:
+    """Field ``at`` of each row, decoded: joined by newlines (which no field holds) and decoded at once, as each
+    decoded alone would be (an undecodable end of one field is replaced before the newline, as at its end)."""
+    if not rows:
+        return []
+    return b"\n".join([row[at] for row in rows]).decode(encoding, errors).split("\n")
+
 
 
 def _refuse(source: _Source, why: str) -> None:
