@@ -10,6 +10,7 @@ read (``--append_check content``, or a stamp that moved). A tree's files are dat
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import pathlib
@@ -22,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import make_tree, prepare_here
 
 from beam_prep.cli.options import config_from_options
-from beam_prep.errors import OptionsError
+from beam_prep.errors import DatasetError, OptionsError
 from beam_prep.write.plan.listing import stamps
 from beam_prep.write.plan.walk import walk_tree
 
@@ -119,6 +120,27 @@ def test_a_stamp_file_not_the_manifests_is_not_used(dataset, caplog):
     manifest = prepare_here("--input", str(tree), "--output", str(out), "--append")
     assert (appended(manifest)["unchanged"], appended(manifest)["changed"]) == (11, 1)
     assert "stamps-v1.tsv.gz left out (its sha256 is" in caplog.text
+
+
+@pytest.mark.slow  # runs a pipeline
+@pytest.mark.parametrize("field, damaged", [(0, b"12a"), (1, "é".encode())], ids=["a size", "a stamp"])
+def test_a_stamp_line_damaged_in_a_file_the_manifest_lists_refuses_the_append(dataset, field, damaged):
+    """Bytes the manifest's sha256 vouches for, a line in them not a stamp line: refused, naming the file, and
+    nothing written (the damage is the dataset's, which verify reports)."""
+    tree, out = dataset["tree"], dataset["out"]
+    kept = out / "stamps-v1.tsv.gz"
+    lines = gzip.decompress(kept.read_bytes()).split(b"\n")
+    fields = lines[3].split(b"\t")
+    fields[field] = damaged
+    lines[3] = b"\t".join(fields)
+    kept.write_bytes(gzip.compress(b"\n".join(lines), mtime=0))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["stamp_files"][0]["sha256"] = hashlib.sha256(kept.read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    with pytest.raises(DatasetError, match=r"stamps-v1\.tsv\.gz holds a line that is not a stamp line"):
+        prepare_here("--input", str(tree), "--output", str(out), "--append")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
 
 
 def test_the_walk_stamps_each_file_with_its_mtime(tmp_path):
