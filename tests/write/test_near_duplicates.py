@@ -135,3 +135,13 @@ def test_the_beam_transforms_find_each_pair_the_launcher_finds_once(tmp_path, di
         pairs = p | beam.Create(files) | NearPairs(distance, count=len(unique))
         assert_that(pairs, equal_to(expected))  # each once: a repeated pair would fail equal_to
     assert len(expected) > 20
+
+
+def test_distinct_pairs_are_numpys_unique_columns():
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 50, 5000):
+        for high in (3, 2**62):
+            groups, contents = rng.integers(0, n // 5 + 1, n), rng.integers(0, high, n)
+            contents[: n // 2] = contents[n // 2: n // 2 * 2]  # repeats
+            np.testing.assert_array_equal(near._distinct_pairs(groups, contents),
+                                          np.unique(np.stack([groups, contents]), axis=1)[0])

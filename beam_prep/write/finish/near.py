@@ -135,6 +135,16 @@ def _pairs_of_key(hashes: np.ndarray, distance: int, bands: tuple[tuple[int, int
     return np.concatenate(found_i), np.concatenate(found_j)
 
 
+def _distinct_pairs(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``first`` of each distinct ``(first, second)`` pair, in pair order: ``np.unique(np.stack([first,
+    second]), axis=1)[0]``, by one sort of both (numpy's ``axis=1`` path is several times slower)."""
+    order = np.lexsort((second, first))
+    first, second = first[order], second[order]
+    distinct = np.ones(len(first), dtype=bool)
+    distinct[1:] = (first[1:] != first[:-1]) | (second[1:] != second[:-1])
+    return first[distinct]
+
+
 def components(count: int, pairs: Iterator[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """The connected component of each of ``count`` nodes given edges in batches: its smallest node.
 
@@ -249,7 +259,7 @@ def report(lines: Callable[[], Iterator[tuple[str, list[bytes]]]], distance: int
     members = np.flatnonzero(group >= 0)
     if not len(members):
         return NearFound(0, 0, 0, 0, 0, {}, distance, [], with_earlier)
-    by_content = np.unique(np.stack([group[members], contents[members].view(np.int64)]), axis=1)[0]
+    by_content = _distinct_pairs(group[members], contents[members].view(np.int64))
     ids, counts = np.unique(by_content, return_counts=True)
     near_ids = ids[counts >= 2]
     del by_content, ids, counts
