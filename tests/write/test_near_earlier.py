@@ -18,9 +18,12 @@ def kept_file(path, rows) -> None:
         hash_lines.hash_line(sha, split, name, phash).encode() + b"\n" for sha, split, phash, name in rows)))
 
 
+@pytest.mark.parametrize("held", [1 << 16, 3000], ids=["lines held for the second pass", "read again"])
 @pytest.mark.parametrize("distance", [0, 3, 6, 10])
-def test_it_finds_every_old_record_within_the_distance_of_a_new_one_and_no_other(tmp_path, monkeypatch, distance):
+def test_it_finds_every_old_record_within_the_distance_of_a_new_one_and_no_other(tmp_path, monkeypatch, distance,
+                                                                                  held):
     monkeypatch.setattr(near_earlier, "_CHUNK", 1000)  # several chunks
+    monkeypatch.setattr(near_earlier, "_HELD", held)  # every line held between the passes, or only the first file's
     rng = np.random.default_rng(distance)
     old = rng.integers(0, 2**63, size=5000, dtype=np.int64).astype(np.uint64)
     new = rng.integers(0, 2**63, size=40, dtype=np.int64).astype(np.uint64)

@@ -34,6 +34,7 @@ from beam_prep.write.shared.spill import SpillFolder
 __all__ = ["Copy", "matching", "split_off"]
 
 _CHUNK = 1 << 18  # the dataset's hashes read back at a time
+_HELD = 1 << 16  # the most lines of the dataset's kept files the first pass holds for the second, rather than read again
 _BITS = 64
 _KEY_NS, _PAIR_NS = 15.0, 3.0  # a hash keyed and looked up; a candidate pair checked
 
@@ -57,11 +58,12 @@ def matching(kept: Iterable[tuple[str, str | None, int]], new_lines: Iterator[tu
     """
     kept = list(kept)
     pictures, prefixes = _new(new_lines)
-    found, count = _by_bytes(kept, prefixes, folder)
+    held: list[tuple[int, str, list[bytes]]] | None = []  # the lines of a dataset of few, for the second pass
+    found, count = _by_bytes(kept, prefixes, folder, held)
     if distance is not None and len(pictures) and count:
         found.append(_by_picture(folder.file("pictures"), folder.file("valid"), count, pictures, distance))
     chosen = sorted_sets.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
-    return _write(kept, chosen, folder)
+    return _write(kept, chosen, folder, held if count <= _HELD else None)
 
 
 def _new(chunks: Iterator[tuple[str, list[bytes]]]) -> tuple[np.ndarray, np.ndarray]:
@@ -83,13 +85,19 @@ def _lines(kept: list[tuple[str, str | None, int]]) -> Iterator[tuple[int, str, 
             yield i, path, lines
 
 
-def _by_bytes(kept: list[tuple[str, str | None, int]], prefixes: np.ndarray,
-              folder: SpillFolder) -> tuple[list[np.ndarray], int]:
+def _by_bytes(kept: list[tuple[str, str | None, int]], prefixes: np.ndarray, folder: SpillFolder,
+              held: list[tuple[int, str, list[bytes]]]) -> tuple[list[np.ndarray], int]:
     """One pass over the dataset's lines: those whose sha256 prefix a new record's has (their
-    positions, in the order read), and each line's perceptual hash and whether it has one, to files."""
+    positions, in the order read), and each line's perceptual hash and whether it has one, to files;
+    the chunks read to ``held`` while they number ``_HELD`` lines at most (cleared past it)."""
     found, count = [], 0
     with open(folder.file("pictures"), "wb") as pictures, open(folder.file("valid"), "wb") as valid:
-        for _, path, lines in _lines(kept):
+        for chunk in _lines(kept):
+            _, path, lines = chunk
+            if count + len(lines) <= _HELD:
+                held.append(chunk)
+            else:
+                held.clear()
             mine, phashes, has = hash_lines.columns(path, lines)
             found.append(count + np.flatnonzero(sorted_sets.isin(mine, prefixes, among_sorted=True)))
             phashes.tofile(pictures)
@@ -146,16 +154,17 @@ def _by_picture(pictures: str, valid: str, count: int, new: np.ndarray, distance
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def _write(kept: list[tuple[str, str | None, int]], chosen: np.ndarray, folder: SpillFolder
-           ) -> list[tuple[str, int, int]]:
-    """A second pass: the chosen lines, as hash lines with full paths, a file a version."""
+def _write(kept: list[tuple[str, str | None, int]], chosen: np.ndarray, folder: SpillFolder,
+           held: list[tuple[int, str, list[bytes]]] | None) -> list[tuple[str, int, int]]:
+    """A second pass: the chosen lines, as hash lines with full paths, a file a version; over ``held`` (the
+    first pass's chunks, every line of the dataset) where given, else over the kept files read again."""
     written: list[tuple[str, int, int]] = []
     targets = [folder.file(f"earlier-v{version}.txt") for _, _, version in kept]
     counts = [0] * len(kept)
     files = [open(target, "wb") for target in targets]  # closed below: one a version
     try:
         position = 0
-        for i, _, lines in _lines(kept):
+        for i, _, lines in held if held is not None else _lines(kept):
             picked = chosen[(chosen >= position) & (chosen < position + len(lines))] - position
             root = kept[i][1]
             if len(picked):
