@@ -228,12 +228,13 @@ def test_a_manifest_that_finds_no_room_ends_in_one_line_naming_it(tmp_path, tmpd
 
 @pytest.mark.slow  # the command, in a subprocess
 def test_a_full_temp_folder_ends_in_one_line_naming_the_spill_and_tmpdir(tmp_path):
-    """The listing spills its rows to the temp folder (TMPDIR): one there too small for them (a 64 KB
-    tmpfs, which still takes the job's log) ends the run in one line naming the spill's file, and
-    saying to free the temp folder or point TMPDIR elsewhere, not the dataset's disk."""
+    """The listing spills its rows to the temp folder (TMPDIR) past a few thousand (fewer stay in memory):
+    one there too small for them (a 64 KB tmpfs, which still takes the job's log) ends the run in one
+    line naming the spill's file, and saying to free the temp folder or point TMPDIR elsewhere, not the
+    dataset's disk."""
     for label in ("a", "b"):
         (tmp_path / "in" / label).mkdir(parents=True)
-        for i in range(1500):  # listed by their names: rows of ~100 bytes each
+        for i in range(4500):  # listed by their names: rows of ~100 bytes each, more than a spill holds in memory
             (tmp_path / "in" / label / f"img_{i:04d}.jpg").write_bytes(b"")
     with small_disk(tmp_path / "tmp", size="64k") as tmp:
         result = run_prepare("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
