@@ -225,9 +225,11 @@ def table(limit: LimitResult, runs: dict[int, tuple[RunResult, RunResult]],
 
 
 
-def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[int, list[RunResult]]]) -> str:
+def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[int, list[RunResult]]],
+                    followed: dict[int, list[RunResult]] | None = None) -> str:
     """(c) and the originals runs: images/s and CPU, each as a median of rounds and as the median
-    of each round's ratio to (c)."""
+    of each round's ratio to (c): to the (c) run the originals follow in that round (``followed``; its
+    last, where (c) brackets the peers), not the bracket's mean, half of which ran minutes before them."""
     lines = [
         "| run | images | wall s | images/s | ÷ (c) | images per CPU-s | ÷ (c) per CPU-s | peak RSS GiB "
         "| output MB | kept, re-encoded |",
@@ -236,6 +238,7 @@ def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[
     for size in sorted(ours):
         rows = [("(c) beam-prep default: 224×224 centre crops, JPEG q90", ours[size])]
         rows += [(name, by_size[size]) for name, by_size in originals.items()]
+        paired = (followed or ours)[size]
         for name, results in rows:
             chosen = median_run(results)
             is_c = results is ours[size]
@@ -244,9 +247,9 @@ def originals_table(ours: dict[int, list[RunResult]], originals: dict[str, dict[
             lines.append(
                 f"| {name} | {chosen.images:,} | {fmt(chosen.seconds)} "
                 f"| {'failed' if chosen.error else fmt(chosen.images_per_s)} "
-                f"| {'—' if is_c else _times(paired_ratio(ours[size], results))} "
+                f"| {'—' if is_c else _times(paired_ratio(paired, results))} "
                 f"| {fmt(chosen.images_per_cpu_s)} "
-                f"| {'—' if is_c else _times(paired_ratio(ours[size], results, per_cpu=True))} "
+                f"| {'—' if is_c else _times(paired_ratio(paired, results, per_cpu=True))} "
                 f"| {fmt(chosen.peak_rss_bytes / GIB, 2)} | {fmt(chosen.output_bytes / 1e6)} | {kept} |")
     return "\n".join(lines)
 
@@ -390,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                  "pillow_path": []}
     originals: dict[str, dict[int, list[RunResult]]] = {name: {size: [] for size in corpora}
                                                          for name in ORIGINALS_RUNS}
+    followed: dict[int, list[RunResult]] = {size: [] for size in corpora}
     load: list[float] = []
     # Host noise on shared machines moves every row by 10-20% from one minute to the
     # next: with --repeat, (b), (a) and (c) take turns and each row is the median.
@@ -401,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             workdir = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=CACHE_DIR))
             try:
                 attempts[size][0].append(run_seed(corpus, workdir))
-                ours = run_ours(corpus, workdir)
+                ours = last = run_ours(corpus, workdir)
                 if size == max(corpora):
                     if args.accelerated:
                         peer_attempts["accelerated"].append(
@@ -413,8 +417,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                     for key, recipe in recipes.items():
                         peer_attempts[key].append(run_recipe(recipe, args.peers_python, corpus, workdir))
                     # (c) again at the round's end: the two bracket the peers (``bracketed``).
-                    ours = bracketed(ours, run_ours(corpus, workdir))
+                    last = run_ours(corpus, workdir)
+                    ours = bracketed(ours, last)
                 attempts[size][1].append(ours)
+                followed[size].append(last)  # the (c) run the originals below follow
                 load.append(os.getloadavg()[0])
                 for name, flags in ORIGINALS_RUNS.items():
                     originals[name][size].append(run_ours(corpus, workdir, flags))
@@ -453,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("Originals beside (c), run after it in each round; ÷ (c) is the median of the rounds' ratios; "
           "CPU is the whole process tree's:")
     print()
-    print(originals_table(ours_rounds, originals))
+    print(originals_table(ours_rounds, originals, followed))
     print()
     print(f"Machine: {machine.describe(info)}")
     print(f"Load average (1 min) after each (c) to (f) run: min {min(load):.1f}, median "

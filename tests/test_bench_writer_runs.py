@@ -18,3 +18,15 @@ def test_a_failed_run_fails_the_round():
     ok = RunResult(20000, 20.0, 300, 5, cpu_seconds=30.0)
     failed = RunResult(20000, 1.0, 1, 0, error="exit status 1")
     assert bracketed(ok, failed).error == "exit status 1" and bracketed(failed, ok).error == "exit status 1"
+
+
+def test_the_originals_are_set_against_the_c_run_they_follow_not_the_brackets_mean():
+    """The originals run right after (c)'s last run: each round's ratio is to that run (100 images/s),
+    not to the mean of both (c) runs (66.7 images/s), the first minutes before them."""
+    from benchmarks.bench_writer import originals_table
+
+    first, last = RunResult(1000, 20.0, 300, 5, cpu_seconds=20.0), RunResult(1000, 10.0, 300, 5, cpu_seconds=10.0)
+    originals = {"(d) originals": {1000: [RunResult(1000, 5.0, 300, 5, cpu_seconds=5.0)]}}
+    table = originals_table({1000: [bracketed(first, last)]}, originals, {1000: [last]})
+    (row,) = [line for line in table.splitlines() if line.startswith("| (d) originals")]
+    assert row.split(" | ")[4] == "2.00×" and row.split(" | ")[6] == "2.00×"

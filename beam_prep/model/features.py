@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -162,15 +163,19 @@ def encode_example(record: ImageRecord) -> bytes:
     """Serialises a record as a ``tf.train.Example``: the bytes of protobuf's deterministic
     serialisation (features by key), written out directly (a few times faster than filling the message,
     per image; tests/model/test_example_encoding.py holds it to protobuf's own). A float feature goes
-    through protobuf, whose conversion to 32 bits (out of range included) this does not repeat.
+    through protobuf, whose conversion to 32 bits (out of range included) this does not repeat, and so do
+    extra keys one of which begins another (protobuf's order of those is not the order of their bytes).
 
     Raises:
       ValueError: an int feature beyond 64 bits (as protobuf refuses one).
     """
     values = record.values()
+    keys = sorted(values)
+    if record.extra and _one_begins_another(keys):
+        return _encode_with_protobuf(values)
     pieces: list[bytes] = []  # joined once: the image's bytes are copied once, not at each level
     total = 0
-    for key in sorted(values):
+    for key in keys:
         value = values[key]
         kind = SCHEMA.get(key) or kind_of(value)
         items = value if isinstance(value, list) else [value]
@@ -198,6 +203,13 @@ def encode_example(record: ImageRecord) -> bytes:
         pieces += (b"\n", head, name, b"\x12", length, tag, body, *inner)
         total += 1 + len(head) + entry
     return b"".join([b"\n", _varint(total), *pieces])
+
+
+def _one_begins_another(keys: list[str]) -> bool:
+    """Whether one of ``keys`` (sorted) begins another: protobuf (upb) puts such a key after the longer ones
+    it begins ("tags" before "tag"), not in the order of their bytes, so such a record goes through protobuf.
+    Of sorted keys, one begins a later one only if it begins the next."""
+    return any(later.startswith(key) for key, later in itertools.pairwise(keys))
 
 
 def _varint(n: int) -> bytes:

@@ -46,6 +46,11 @@ CASES = {
                                     "é key": "v", "B": "", "n": 0}),
     "extra floats": record(extra={"score": 0.1, "neg": -1e30, "big": 1e300, "nan": float("nan"), "n": 5}),
     "an extra key sorting before the schema's": record(extra={"a": "first", "image/a": 1, "image/zz": "last"}),
+    # protobuf (upb) puts a key after every longer key it begins: "tags" before "tag", "image/class/label"
+    # before "image/class"
+    "extra keys that begin others": record(extra={"tag": "a", "tags": "b", "tag_2": 3, "image/class": 1,
+                                                  "imag": 7}),
+    "an extra key that begins another, ints alone": record(extra={"id": 1, "id2": 2}),
 }
 
 
