@@ -161,8 +161,8 @@ Example = _example_message_class()
 
 def encode_example(record: ImageRecord) -> bytes:
     """Serialises a record as a ``tf.train.Example``: the bytes of protobuf's deterministic
-    serialisation (features by key), written out directly (a few times faster than filling the message,
-    per image; tests/model/test_example_encoding.py holds it to protobuf's own). A float feature goes
+    serialisation (features by key), written out directly (faster than filling the message, and the
+    image's bytes copied once; tests/model/test_example_encoding.py holds it to protobuf's own). A float feature goes
     through protobuf, whose conversion to 32 bits (out of range included) this does not repeat, and so do
     extra keys one of which begins another (protobuf's order of those is not the order of their bytes).
 
