@@ -71,6 +71,7 @@ from benchmarks import CACHE_DIR, IMAGE_SIZE, JPEG_QUALITY, PEERS_INSTALL, REPO_
 from benchmarks.corpus import Corpus, ensure_corpus
 from benchmarks.limit import LimitResult, measure_limit
 from benchmarks.measure import Measured, run_measured
+from benchmarks.report import tables
 from benchmarks.report.tables import OURS_VARIANTS, RECORD_LIMIT, WRITER_PEERS
 from benchmarks.results import Recording
 from benchmarks.writer_runs import (
@@ -268,6 +269,18 @@ def accelerated_line(runs: tuple[RunResult, RunResult], peer_runs: dict[str, Run
     return f"(c′) with pillow-simd, images per CPU-second: {ratios}"
 
 
+def per_round(ours: list[RunResult], seeds: list[RunResult], peer_attempts: dict[str, list[RunResult]]
+              ) -> dict[str, list[dict[str, float | None]]]:
+    """Each round's seconds and CPU seconds of (c) (its bracketed mean), (a) and each peer at the peers'
+    size, in round order (None where a run failed): what "(c) ÷ the peer in the worse round" is taken from."""
+    def row(result: RunResult) -> dict[str, float | None]:
+        failed = result.error is not None
+        return {"seconds": None if failed else result.seconds, "cpu_seconds": None if failed else result.cpu_seconds}
+
+    return {"ours": [row(r) for r in ours], "seed": [row(r) for r in seeds],
+            **{name: [row(r) for r in results] for name, results in peer_attempts.items()}}
+
+
 def _times(ratio: float | None) -> str:
     return "—" if ratio is None else f"{ratio:.2f}×"
 
@@ -455,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     line = accelerated_line(runs[max(runs)], peer_runs)
     if line:
         print(f"\n{line}")
+    rounds = per_round(ours_rounds[max(corpora)], attempts[max(corpora)][0], peer_attempts)
+    print(f"\n{tables.writer_rounds(rounds)}")
     print()
     print("Originals beside (c), run after it in each round; ÷ (c) is the median of the rounds' ratios; "
           "CPU is the whole process tree's:")
@@ -511,6 +526,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for size, (seed, ours) in sorted(runs.items())
             ],
             "peers": {name: result.to_json() for name, result in peer_runs.items()},
+            "rounds": rounds,
             "memory_growth": growth,
             "originals": [
                 {"name": name, "images": size, "runs": [r.to_json() for r in results],

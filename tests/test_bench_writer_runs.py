@@ -30,3 +30,16 @@ def test_the_originals_are_set_against_the_c_run_they_follow_not_the_brackets_me
     table = originals_table({1000: [bracketed(first, last)]}, originals, {1000: [last]})
     (row,) = [line for line in table.splitlines() if line.startswith("| (d) originals")]
     assert row.split(" | ")[4] == "2.00×" and row.split(" | ")[6] == "2.00×"
+
+
+def test_the_rounds_line_sets_c_against_each_peer_round_by_round_the_worse_first():
+    from benchmarks.report import tables
+
+    def runs(*cpu):
+        return [{"seconds": 1.0, "cpu_seconds": c} for c in cpu]
+
+    rounds = {"ours": runs(10.0, 20.0), "seed": runs(30.0, 50.0), "mds": runs(19.0, 44.0),
+              "pillow_path": runs(12.0, 24.0), "litdata": runs(None, 40.0)}
+    line = tables.writer_rounds(rounds)
+    assert "(a) 2.50×, 3.00×" in line and "(j) 1.90×, 2.20×" in line
+    assert "(k) 2.00×." in line and "pillow" not in line  # a failed round left out; (c)'s variants are not peers

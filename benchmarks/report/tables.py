@@ -112,6 +112,8 @@ def writer(results: Mapping) -> str:
                            for name, run in against if cpu_ms_per_image(run))
         library = fast.get("details", {}).get("imaging_library")
         out.append(f"(c′) with {library or 'pillow-simd'}, images per CPU-second: {ratios}.")
+    if results.get("rounds"):
+        out.append(writer_rounds(results["rounds"]))
     if results.get("originals"):
         out.append("Originals beside (c), each run right after it in a round; ÷ (c) is the median of the "
                    "rounds' ratios, CPU the whole process tree's:")
@@ -120,6 +122,22 @@ def writer(results: Mapping) -> str:
     if loads:
         out.append(f"Load average (1 min) after each run from (c) on: {min(loads):.1f} to {max(loads):.1f}.")
     return "\n\n".join(out)
+
+
+def writer_rounds(rounds: Mapping[str, Sequence[Mapping]]) -> str:
+    """(c) per CPU-second over (a) and each peer, round by round, the worse first: the issue's targets are
+    the worse round's."""
+    ours = rounds["ours"]
+    parts = []
+    for name, runs in rounds.items():
+        if name == "ours" or name in OURS_VARIANTS:
+            continue
+        ratios = sorted(run["cpu_seconds"] / mine["cpu_seconds"] for mine, run in zip(ours, runs)
+                        if run["cpu_seconds"] and mine["cpu_seconds"])
+        label = SEED if name == "seed" else WRITER_PEERS.get(name, name)
+        parts.append(f"{label.split(' ', 1)[0]} {', '.join(times(r) for r in ratios) or 'failed'}")
+    return ("(c) ÷ each row per CPU-second, each round's (the worse first; (c) the mean of its round's two runs): "
+            + "; ".join(parts) + ".")
 
 
 def _peer_note(results: Mapping) -> str:
