@@ -461,7 +461,6 @@ def _column(rows: list[list[bytes]], at: int, encoding: str, errors: str = "repl
     return b"\n".join([row[at] for row in rows]).decode(encoding, errors).split("\n")
 
 
-
 def _refuse(source: _Source, why: str) -> None:
     """Refuses ``source``'s kept file: as not the manifest's where its bytes are not (``first_with``'s word),
     else for ``why``.
