@@ -242,7 +242,8 @@ _KEYS = {key: _key(key) for key in SCHEMA}
 
 
 def _encode_with_protobuf(values: Mapping[str, Any]) -> bytes:
-    """``encode_example`` by filling protobuf's message: for a record with a float feature."""
+    """``encode_example`` by filling protobuf's message: for a record with a float feature, or with extra
+    keys one of which begins another."""
     example = Example()
     features = example.features.feature
     for key, value in values.items():

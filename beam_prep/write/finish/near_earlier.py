@@ -58,7 +58,7 @@ def matching(kept: Iterable[tuple[str, str | None, int]], new_lines: Iterator[tu
     """
     kept = list(kept)
     pictures, prefixes = _new(new_lines)
-    held: list[tuple[int, str, list[bytes]]] | None = []  # the lines of a dataset of few, for the second pass
+    held: list[tuple[int, str, list[bytes]]] = []  # the lines of a dataset of few, for the second pass
     found, count = _by_bytes(kept, prefixes, folder, held)
     if distance is not None and len(pictures) and count:
         found.append(_by_picture(folder.file("pictures"), folder.file("valid"), count, pictures, distance))
