@@ -87,6 +87,54 @@ def test_the_join_gives_each_path_the_record_an_index_of_every_version_gives_it(
     assert existing.first_with({copied.sha256, "0" * 64}) == {copied.sha256: (copied.split, paths[-1])}
 
 
+@pytest.mark.parametrize("by_stamp", [True, False], ids=["by stamp", "every row"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "a chunk of a few lines"])
+@pytest.mark.parametrize("under", ["tree", "batch", "", None])
+def test_compare_counts_the_rows_whose_size_and_stamp_are_their_records_and_gives_the_others(
+        versions, monkeypatch, chunked, under, by_stamp):
+    if chunked:
+        monkeypatch.setattr(existing_module, "_CHUNK", 2)
+        monkeypatch.setattr(existing_module, "_ONE_CHUNK", 3)
+        monkeypatch.setattr(existing_module, "_JOINED", 4)
+        monkeypatch.setattr(spill, "_RUN_ROWS", 3)
+    given = None if under is None else str(versions["root"] / under) if under else str(versions["root"])
+    prefix = "" if given is None else given + "/"
+    expected = indexed(versions["out"], prefix)
+    paths = sorted(expected)
+    assert any(record.stamp is not None for record in expected.values())
+    # Each path listed as a row: its record's size and stamp (the same source); another stamp; another size; no
+    # stamp; and new paths (one with a stamp a record has), in an order no key sorts.
+    rows, same = [], 0
+    for i, path in enumerate(paths[1:]):
+        record = expected[path]
+        size, stamp = (record.size or 7, record.stamp or "1") if i % 4 != 3 else (record.size, None)
+        size, stamp = {1: (size, f"{stamp}0"), 2: (size + 1, stamp)}.get(i % 4, (size, stamp))
+        same += by_stamp and record.stamp is not None and i % 4 == 0
+        rows.append((i, path[len(prefix):], "train", "circles", size, None, None, stamp))
+    stamped = next(record for record in expected.values() if record.stamp is not None)
+    rows[2:2] = [(90, "aa/é\"q\n.jpg", "train", "circles", 1, None, None, None),
+                 (91, "circles/new.jpg", "train", "circles", stamped.size, None, None, stamped.stamp)]
+    existing = read_existing(str(versions["out"]), SpillFolder(), given)
+    gone: list[tuple[str, Record]] = []
+    counted, others = 0, []
+    for n, block in existing.compare(rows, lambda *lost: gone.append(lost), by_stamp=by_stamp):
+        counted += n
+        others.extend(block)
+    assert counted == same
+    others.sort(key=lambda other: other[0])  # in the rows' order where one chunk; else in the merge's, by key
+    assert [(place, row) for place, row, _ in others] == [
+        (place, row) for place, row in enumerate(rows) if not (
+            by_stamp and prefix + row[1] in expected and expected[prefix + row[1]].stamp is not None
+            and (expected[prefix + row[1]].size, expected[prefix + row[1]].stamp) == (row[4], row[7]))]
+    assert all(record == expected.get(prefix + row[1]) for _, row, record in others)
+    assert gone == [(paths[0], expected[paths[0]])]
+
+
+def test_keys_are_existing_key_of_each_path():
+    for paths in [["a.jpg", "b/c.jpg"], ["a.jpg", "é/\"q\".jpg", "x\ny\\"], ["\udcff.jpg", "a"], []]:
+        assert existing_module._keys(paths) == [Existing.key(path) for path in paths]
+
+
 @pytest.mark.parametrize("damage, message", [
     ("out of order", "{kept} is not a kept hash file beam-prep writes (its lines are not in path order)"),
     ("another split", "{kept} is not the kept hash file the manifest lists"),

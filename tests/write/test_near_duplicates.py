@@ -145,3 +145,28 @@ def test_distinct_pairs_are_numpys_unique_columns():
             contents[: n // 2] = contents[n // 2: n // 2 * 2]  # repeats
             np.testing.assert_array_equal(near._distinct_pairs(groups, contents),
                                           np.unique(np.stack([groups, contents]), axis=1)[0])
+
+
+@pytest.mark.parametrize("damage", [
+    [],  # every line good
+    [b"ab" * 32 + b"\ttrain\ta\t\"/x\"\t\"c\"", b"ab" * 32 + b"\ttrain\t-0123456789abcde\t\"/y\"\t\"c\""],  # lengths that add up
+    [b"ab" * 32 + b"\ttrain\t0123456789abcd-e\t\"/x\"\t\"c\""],
+    [b"ab" * 32 + b"\ttrain\t-\t\"/x\"\t"],  # an empty label
+    [b"ab" * 32 + b"\t\t-\t\"/x\"\t\"c\""],  # no split
+    [b"ab" * 31 + b"\ttrain\t-\t\"/x\"\t\"c\""],
+    [b"ab" * 32 + b"\ttrain\t-"],
+])
+def test_columns_reads_the_lines_parse_reads_and_refuses_the_others(damage):
+    rng = np.random.default_rng(len(damage))
+    good = [duplicates.hash_line(rng.bytes(32).hex(), "train", f"/t/{i}.jpg",
+                                 None if i % 3 == 0 else int(rng.integers(0, 2 ** 63)), "c").encode() for i in range(50)]
+    lines = good[:20] + damage + good[20:]
+    if damage:
+        with pytest.raises(DatasetError, match="f holds a line that is not a record's hash"):
+            hash_lines.columns("f", lines)
+        return
+    prefixes, phashes, has = hash_lines.columns("f", lines)
+    parsed = [hash_lines.parse("f", line) for line in lines]
+    assert prefixes.tolist() == [int(p.sha256[:16], 16) for p in parsed]
+    assert phashes.tolist() == [p.phash or 0 for p in parsed]
+    assert has.tolist() == [p.phash is not None for p in parsed]

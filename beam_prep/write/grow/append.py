@@ -19,7 +19,6 @@ import gc
 import hashlib
 import heapq
 import io
-import itertools
 import json
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -379,12 +378,12 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
 
     with concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="hash") as pool, _collection_paused():
         reading = None  # the last chunk's rows, its files read on the pool while the next chunk is looked up
-        for chunk in _looked_up(listing, existing, lost):
+        # A file whose size and stamp are its record's is counted unchanged, not read (but where a file failed
+        # before: errors.jsonl is looked up first).
+        for unchanged, chunk in existing.compare(listing.rows(), lost, listing.folder, not failed and not by_content):
+            additions.unchanged += unchanged
             looked: list[tuple[int, ListedRow, str, str, Record | None]] = []
-            for (place, row), before in chunk:
-                if before is not None and not failed and not by_content and before.same_source(row[4], row[7]):
-                    additions.unchanged += 1  # its size and stamp are its record's: not read
-                    continue
+            for place, row, before in chunk:
                 path = f"{root}/{row[1]}"
                 looked.append((place, row, path, printable(path), before))
             read = _reading(pool, [path for _, row, path, shown, before in looked
@@ -449,19 +448,6 @@ def _collection_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _looked_up(listing: Listing, existing: Existing, gone: Callable[[str, Record], None]
-               ) -> Iterator[list[tuple[tuple[int, ListedRow], Record | None]]]:
-    """Each of ``listing``'s rows (``Listing.rows``: no ``FileEntry`` made for the files the dataset holds)
-    with its place in the listing, and the dataset's latest record made from its path (None: none; each
-    record the listing lacks to ``gone``: ``Existing.join``), a chunk at a time."""
-    rows = enumerate(listing.rows())
-    if existing.compares_paths:
-        yield from existing.join(((Existing.key(row[1]), (place, row)) for place, row in rows), gone, listing.folder)
-        return
-    while chunk := [(placed, None) for placed in itertools.islice(rows, _CHUNK)]:
-        yield chunk
 
 
 def _must_read(row: ListedRow, shown: str, before: Record | None, existing: Existing, by_content: bool) -> bool:

@@ -35,6 +35,7 @@ from beam_prep.model.dataset import DatasetInfo
 from beam_prep.write.images.imaging import is_flat
 from beam_prep.write.images.phash import phash
 from beam_prep.write.plan.listing import stamps
+from beam_prep.write.plan.selection import ListedRow
 from beam_prep.write.shared import hash_lines, kept_hashes, sorted_sets
 from beam_prep.write.shared.entry import printable, unquoted
 from beam_prep.write.shared.layout import ERRORS, SKIPPED
@@ -117,7 +118,7 @@ class Existing:
     def key(relpath: str) -> bytes:
         """The key ``join`` orders a path under the input by: as the kept files quote and sort it (``relpath``
         as a listing holds it: ``printable`` here)."""
-        return _quoted(relpath if relpath.isascii() else printable(relpath)).encode("ascii")
+        return _key(relpath)
 
     def join(self, rows: Iterable[tuple[bytes, _T]], gone: Callable[[str, Record], None],
              folder: SpillFolder | None = None) -> Iterator[list[tuple[_T, Record | None]]]:
@@ -132,15 +133,9 @@ class Existing:
           DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path, or its
             bytes are not the manifest's; StorageError: one cannot be read.
         """
-        chunks = self._latest()
-        head: list[tuple[list[bytes], list[Record]]] = []
-        for chunk in chunks:
-            head.append(chunk)
-            if sum(len(keys) for keys, _ in head) > _ONE_CHUNK:
-                break
-        else:  # few enough for one chunk: looked up in the rows' order
-            keys = [key for keys, _ in head for key in keys]
-            records = [record for _, records in head for record in records]
+        head, chunks = _head(self._latest())
+        if head is not None:  # few enough for one chunk: looked up in the rows' order
+            keys, records = head
             at = dict(zip(keys, range(len(keys))))
             named: set[int | None] = set()
             rows = iter(rows)
@@ -150,18 +145,69 @@ class Existing:
                 yield [(item, None if i is None else records[i]) for (_, item), i in zip(block, found)]
             self._lost(keys, records, named, gone)
             return
+        yield from self._sorted_join(rows, chunks, gone, folder)
+
+    def _sorted_join(self, rows: Iterable[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], list[Record]]],
+                     gone: Callable[[str, Record], None], folder: SpillFolder | None
+                     ) -> Iterator[list[tuple[_T, Record | None]]]:
+        """``join`` of many records (``chunks``): the rows sorted by key, and merged with them."""
         rows = iter(rows)
         spill = SpillFolder(prefix="beam-prep-join-") if folder is None else folder
         try:
             by_key = SortedRows(spill, "join")  # in memory but for millions
             for n, (key, item) in enumerate(rows):
                 by_key.append((key, n, item))
-            joined = self._merged(((key, item) for key, _, item in by_key), itertools.chain(head, chunks), gone)
+            joined = self._merged(((key, item) for key, _, item in by_key), chunks, gone)
             while block := list(itertools.islice(joined, _JOINED)):
                 yield block
         finally:
             if folder is None:
                 spill.close()
+
+    def compare(self, rows: Iterable[ListedRow], gone: Callable[[str, Record], None], folder: SpillFolder | None = None,
+                by_stamp: bool = True) -> Iterator[tuple[int, list[tuple[int, ListedRow, Record | None]]]]:
+        """``join`` for a listing's rows (``ListedRow``s, their paths under the input), a block at a time as
+        ``(counted, others)``: how many rows' files are the records made from their paths by size and stamp
+        (``Record.same_source``), left out; and each other row with its place among ``rows`` and the latest
+        record made from its path (None: none). ``by_stamp`` False: none counted, every row given. Where
+        the records below the input are few (one chunk), a block of rows is compared a column at a time, in
+        a few calls: an append of the dataset's own input compares as many rows as the dataset holds.
+
+        Raises:
+          as ``join``.
+        """
+        rows = iter(rows)
+        if not self._sources:  # no record below the input: nothing to look up
+            place = 0
+            while block := list(itertools.islice(rows, _JOINED)):
+                yield 0, list(zip(range(place, place + len(block)), block, itertools.repeat(None)))
+                place += len(block)
+            return
+        head, chunks = _head(self._latest())
+        if head is None:  # many: by ``join``'s merge, a row at a time
+            keyed = ((_key(row[1]), (place, row)) for place, row in enumerate(rows))
+            for joined in self._sorted_join(keyed, chunks, gone, folder):
+                others = [(place, row, before) for (place, row), before in joined
+                          if not (by_stamp and before is not None and before.same_source(row[4], row[7]))]
+                yield len(joined) - len(others), others
+            return
+        keys, records = head
+        at = dict(zip(keys, range(len(keys))))
+        # Each record's kept (size, stamp) ((None, None): none kept, which no row's equals): a row's file is its
+        # record's where its own are equal.
+        stamped = dict(zip(keys, map(_SIZE_AND_STAMP, records))) if by_stamp else {}
+        named: set[int | None] = set()
+        place = 0
+        while block := list(itertools.islice(rows, _JOINED)):
+            block_keys = _keys([row[1] for row in block])
+            found = list(map(at.get, block_keys))
+            named.update(found)
+            same = list(map(operator.eq, map(stamped.get, block_keys), zip(map(_SIZE, block), map(_STAMP, block))))
+            others = [(place + i, block[i], None if found[i] is None else records[found[i]])
+                      for i in itertools.compress(range(len(block)), map(operator.not_, same))]
+            yield len(block) - len(others), others
+            place += len(block)
+        self._lost(keys, records, named, gone)
 
     def _merged(self, rows: Iterator[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], list[Record]]],
                 gone: Callable[[str, Record], None]) -> Iterator[tuple[_T, Record | None]]:
@@ -270,6 +316,31 @@ class Existing:
             yield keys, records
 
 
+def _head(chunks: Iterator[tuple[list[bytes], list[Record]]]
+          ) -> tuple[tuple[list[bytes], list[Record]] | None, Iterator[tuple[list[bytes], list[Record]]]]:
+    """The records of ``chunks`` as one chunk where they number ``_ONE_CHUNK`` at most (and no chunks left);
+    else None, and the chunks (those read to tell put back at their head)."""
+    head: list[tuple[list[bytes], list[Record]]] = []
+    for chunk in chunks:
+        head.append(chunk)
+        if sum(len(keys) for keys, _ in head) > _ONE_CHUNK:
+            return None, itertools.chain(head, chunks)
+    return ([key for keys, _ in head for key in keys], [record for _, records in head for record in records]), iter(())
+
+
+def _key(relpath: str) -> bytes:
+    """``Existing.key``."""
+    return _quoted(relpath if relpath.isascii() else printable(relpath)).encode("ascii")
+
+
+def _keys(relpaths: list[str]) -> list[bytes]:
+    """``Existing.key`` of each of ``relpaths``: where all are ASCII, quoted and encoded in a few calls (a
+    quoted path holds no newline: JSON escapes it)."""
+    if relpaths and all(map(str.isascii, relpaths)):
+        return "\n".join(map(_quoted, relpaths)).encode("ascii").split(b"\n")
+    return list(map(_key, relpaths))
+
+
 def _prefix_column(sha256s: Collection[bytes]) -> np.ndarray:
     """Each sha256 (hex)'s first 8 bytes, as ``hash_lines.columns`` gives them."""
     return np.array([int(sha256[:16], 16) for sha256 in sha256s], dtype=np.uint64)
@@ -340,7 +411,9 @@ def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[lis
     prefixes: list[np.ndarray] | None = []  # None: more lines than ``read`` is given for
     for lines in kept_hashes.read_lines(source.file, digest):
         fields = [line.split(b"\t", 4) for line in lines]
-        if not all(len(five) >= 4 and len(five[0]) == _SHA256_HEX and five[1] for five in fields):
+        # Each line's fields counted, its sha256's length and its split checked, a column at a time.
+        if fields and (min(map(len, fields)) < 4 or set(map(len, map(_FIRST, fields))) != {_SHA256_HEX}
+                       or not all(map(_SECOND, fields))):
             for line in lines:
                 hash_lines.parse(source.file, line)  # raises, naming the line
         if prefixes is not None:
@@ -451,6 +524,8 @@ class _Stamps:
 
 _NO_STAMP: tuple[None, None] = (None, None)
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_SIZE, _STAMP = operator.itemgetter(4), operator.itemgetter(7)  # a ``ListedRow``'s size and stamp
+_SIZE_AND_STAMP = operator.itemgetter(2, 3)  # a ``Record``'s
 
 
 def _column(rows: list[list[bytes]], at: int, encoding: str, errors: str = "replace") -> list[str]:
