@@ -9,6 +9,7 @@ read (``--append_check content``, or a stamp that moved). A tree's files are dat
 """
 from __future__ import annotations
 
+import concurrent.futures
 import gzip
 import hashlib
 import json
@@ -23,7 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from helpers import make_tree, prepare_here
 
 from beam_prep.cli.options import config_from_options
-from beam_prep.errors import DatasetError, OptionsError
+from beam_prep.errors import DatasetError, OptionsError, StorageError
+from beam_prep.write.grow import append
 from beam_prep.write.plan.listing import stamps
 from beam_prep.write.plan.walk import walk_tree
 
@@ -221,3 +223,19 @@ def test_a_damaged_kept_path_is_refused_as_json_refuses_it(line):
         json.loads(line)
     with pytest.raises(ValueError):
         unquoted(line)
+
+
+@pytest.mark.parametrize("inline", [(64, 16 << 20), (0, 0)], ids=["read inline", "read on threads"])
+def test_the_files_an_append_reads_give_their_sha256_or_name_the_one_it_cannot_read(tmp_path, monkeypatch, inline):
+    monkeypatch.setattr(append, "_INLINE", inline)
+    files = []
+    for i in range(5):
+        path = tmp_path / f"f{i}.jpg"
+        path.write_bytes(bytes([i]) * (i * 70_000))
+        files.append((str(path), path.stat().st_size))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert append._reading(pool, files)() == {
+            path: hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest() for path, _ in files}
+        gone = str(tmp_path / "gone.jpg")
+        with pytest.raises(StorageError, match=f"cannot read {gone}"):
+            append._reading(pool, [*files, (gone, 10)])()

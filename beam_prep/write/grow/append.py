@@ -47,7 +47,7 @@ __all__ = ["COPY_REASON", "Additions", "Existing", "appending_config", "check_ne
 COPY_REASON = "copy of a record already in the dataset"  # skipped.jsonl's (changed.jsonl names the record)
 _THREADS = 16  # files hashed, or shards read, at once
 _READ = 1 << 20
-_CHUNK = 4096  # listed files hashed before the next are read from the listing
+_INLINE = (64, 16 << 20)  # local files (at most, and bytes at most) a chunk reads without threads
 
 # Each flag an append takes from the dataset, and the manifest's options that record it.
 _TAKEN: Mapping[str, tuple[str, ...]] = {
@@ -386,7 +386,7 @@ def narrow(config: PrepareConfig, listing: Listing, existing: Existing) -> tuple
             for place, row, before in chunk:
                 path = f"{root}/{row[1]}"
                 looked.append((place, row, path, printable(path), before))
-            read = _reading(pool, [path for _, row, path, shown, before in looked
+            read = _reading(pool, [(path, row[4]) for _, row, path, shown, before in looked
                                    if _must_read(row, shown, before, existing, by_content)])
             if reading is not None:
                 settle(*reading)
@@ -467,12 +467,17 @@ def _sha256s(pool: concurrent.futures.Executor, paths: list[str]) -> dict[str, s
     Raises:
       StorageError: a file cannot be read, naming it.
     """
-    return _reading(pool, paths)()
+    return dict(zip(paths, pool.map(_digest, paths)))
 
 
-def _reading(pool: concurrent.futures.Executor, paths: list[str]) -> Callable[[], dict[str, str]]:
-    """Each file's sha256 (hex), read on ``pool``'s threads from now: the call returned gives them once read,
-    or raises ``StorageError`` naming a file that cannot be read."""
+def _reading(pool: concurrent.futures.Executor, files: list[tuple[str, int]]) -> Callable[[], dict[str, str]]:
+    """Each file's sha256 (hex) (``files``: path and listed size): the call returned gives them once read, or
+    raises ``StorageError`` naming a file that cannot be read. Read on ``pool``'s threads from now; but a few
+    small local files (``_INLINE``), read by that call: handing a file to a thread and back costs more than
+    reading a cached one, and the threads would wait on the comparison that holds the interpreter meanwhile."""
+    paths = [path for path, _ in files]
+    if len(files) <= _INLINE[0] and sum(size for _, size in files) <= _INLINE[1] and all(map(is_local, paths)):
+        return lambda: {path: _digest(path) for path in paths}
     digests = pool.map(_digest, paths)
     return lambda: dict(zip(paths, digests))
 
