@@ -73,6 +73,41 @@ class Record(NamedTuple):
         return stamp is not None and self.stamp == stamp and self.size == size
 
 
+class _Records(Sequence[Record]):
+    """A chunk's records, each made when asked for (``records[i]``): a chunk of an append's comparison is
+    mostly of files unchanged by their size and stamp, whose records it never asks for.
+
+    Attributes:
+      stamps: each record's source's ``(size, stamp)``; ``(None, None)``: none kept.
+    """
+
+    __slots__ = ("_fields", "stamps")
+
+    def __init__(self, fields: list[list[bytes]], stamps: list[tuple[int, str] | tuple[None, None]]) -> None:
+        self._fields = fields  # each record's hash line, split: sha256, split, ...
+        self.stamps = stamps
+
+    @staticmethod
+    def joined(chunks: Iterable[_Records]) -> _Records:
+        """The records of ``chunks``, in turn, as one chunk."""
+        chunks = list(chunks)
+        return _Records([f for chunk in chunks for f in chunk._fields], [s for chunk in chunks for s in chunk.stamps])
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __getitem__(self, i: int) -> Record:  # type: ignore[override]  # no slices
+        five = self._fields[i]
+        return Record(five[0].decode("ascii", "replace"), five[1].decode("utf-8", "replace"), *self.stamps[i])
+
+    def __iter__(self) -> Iterator[Record]:
+        return map(self.__getitem__, range(len(self._fields)))
+
+    def line(self, i: int) -> tuple[list[bytes], tuple[int, str] | tuple[None, None]]:
+        """Record ``i``'s split hash line and stamp, as ``_Records`` takes them."""
+        return self._fields[i], self.stamps[i]
+
+
 @dataclasses.dataclass
 class Existing:
     """The records a dataset holds (``read_existing``), each by its full source path (under its version's
@@ -147,7 +182,7 @@ class Existing:
             return
         yield from self._sorted_join(rows, chunks, gone, folder)
 
-    def _sorted_join(self, rows: Iterable[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], list[Record]]],
+    def _sorted_join(self, rows: Iterable[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], _Records]],
                      gone: Callable[[str, Record], None], folder: SpillFolder | None
                      ) -> Iterator[list[tuple[_T, Record | None]]]:
         """``join`` of many records (``chunks``): the rows sorted by key, and merged with them."""
@@ -195,7 +230,7 @@ class Existing:
         at = dict(zip(keys, range(len(keys))))
         # Each record's kept (size, stamp) ((None, None): none kept, which no row's equals): a row's file is its
         # record's where its own are equal.
-        stamped = dict(zip(keys, map(_SIZE_AND_STAMP, records))) if by_stamp else {}
+        stamped = dict(zip(keys, records.stamps)) if by_stamp else {}
         named: set[int | None] = set()
         place = 0
         while block := list(itertools.islice(rows, _JOINED)):
@@ -209,11 +244,11 @@ class Existing:
             place += len(block)
         self._lost(keys, records, named, gone)
 
-    def _merged(self, rows: Iterator[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], list[Record]]],
+    def _merged(self, rows: Iterator[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], _Records]],
                 gone: Callable[[str, Record], None]) -> Iterator[tuple[_T, Record | None]]:
         """``join`` of ``rows`` sorted by key with the chunks of records, in key order, a row at a time."""
         keys: list[bytes] = []
-        records: list[Record] = []
+        records: _Records = _NO_CHUNK[1]
         at: dict[bytes, int] = {}
         named: set[int | None] = set()
         top = b""  # the chunk's last key
@@ -274,7 +309,7 @@ class Existing:
                 raise _not_listed(file, digest.hexdigest(), expected)
         return found
 
-    def _lost(self, keys: list[bytes], records: list[Record], named: set[int | None],
+    def _lost(self, keys: list[bytes], records: _Records, named: set[int | None],
               gone: Callable[[str, Record], None]) -> None:
         """Each of a chunk's records no row named (``named``: the places of those named), to ``gone`` with its
         full path.
@@ -293,7 +328,7 @@ class Existing:
                                    f"JSON: {key[:200]!r}; run verify on the dataset")
             gone(self._prefix + name, record)
 
-    def _latest(self) -> Iterator[tuple[list[bytes], list[Record]]]:
+    def _latest(self) -> Iterator[tuple[list[bytes], _Records]]:
         """The latest record made from each path below the input, in key order (``key``), a chunk at a time:
         the keys, and the records; a later version's over an earlier's."""
         streams = [_records(source, self._read) for source in self._sources]
@@ -302,30 +337,30 @@ class Existing:
             return
         merged = heapq.merge(*(_flat(stream, order) for order, stream in enumerate(streams)))  # (key, order): once
         keys: list[bytes] = []
-        records: list[Record] = []
-        for key, _, record in merged:
+        lines: list[tuple[list[bytes], Any]] = []
+        for key, _, line in merged:
             if keys and keys[-1] == key:
-                records[-1] = record
+                lines[-1] = line
                 continue
             if len(keys) >= _CHUNK:
-                yield keys, records
-                keys, records = [], []
+                yield keys, _Records([five for five, _ in lines], [stamp for _, stamp in lines])
+                keys, lines = [], []
             keys.append(key)
-            records.append(record)
+            lines.append(line)
         if keys:
-            yield keys, records
+            yield keys, _Records([five for five, _ in lines], [stamp for _, stamp in lines])
 
 
-def _head(chunks: Iterator[tuple[list[bytes], list[Record]]]
-          ) -> tuple[tuple[list[bytes], list[Record]] | None, Iterator[tuple[list[bytes], list[Record]]]]:
+def _head(chunks: Iterator[tuple[list[bytes], _Records]]
+          ) -> tuple[tuple[list[bytes], _Records] | None, Iterator[tuple[list[bytes], _Records]]]:
     """The records of ``chunks`` as one chunk where they number ``_ONE_CHUNK`` at most (and no chunks left);
     else None, and the chunks (those read to tell put back at their head)."""
-    head: list[tuple[list[bytes], list[Record]]] = []
+    head: list[tuple[list[bytes], _Records]] = []
     for chunk in chunks:
         head.append(chunk)
         if sum(len(keys) for keys, _ in head) > _ONE_CHUNK:
             return None, itertools.chain(head, chunks)
-    return ([key for keys, _ in head for key in keys], [record for _, records in head for record in records]), iter(())
+    return ([key for keys, _ in head for key in keys], _Records.joined(records for _, records in head)), iter(())
 
 
 def _key(relpath: str) -> bytes:
@@ -346,16 +381,18 @@ def _prefix_column(sha256s: Collection[bytes]) -> np.ndarray:
     return np.array([int(sha256[:16], 16) for sha256 in sha256s], dtype=np.uint64)
 
 
-def _flat(stream: Iterator[tuple[list[bytes], list[Record]]], order: int) -> Iterator[tuple[bytes, int, Record]]:
-    """A version's chunks of records as ``(key, order, record)``, ``order`` its place among the versions."""
+def _flat(stream: Iterator[tuple[list[bytes], _Records]], order: int
+          ) -> Iterator[tuple[bytes, int, tuple[list[bytes], Any]]]:
+    """A version's chunks of records as ``(key, order, line)`` (``_Records.line``), ``order`` its place among the
+    versions."""
     for keys, records in stream:
-        for key, record in zip(keys, records):
-            yield key, order, record
+        for i, key in enumerate(keys):
+            yield key, order, records.line(i)
 
 
 _T = TypeVar("_T")
 _AFTER_ALL = b"\xff"  # after every key (a key is ASCII JSON)
-_NO_CHUNK: tuple[list[bytes], list[Record]] = ([], [])
+_NO_CHUNK: tuple[list[bytes], _Records] = ([], _Records([], []))
 _JOINED = 4096  # rows ``join`` gives at a time
 _CHUNK = 1 << 13  # records read, or merged from several versions, at a time
 _ONE_CHUNK = 1 << 16  # records below the input looked up in memory at once, where no more: no listing sorted
@@ -394,7 +431,7 @@ class _Source(NamedTuple):
         return quoted
 
 
-def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[list[bytes], list[Record]]]:
+def _records(source: _Source, read: dict[str, np.ndarray]) -> Iterator[tuple[list[bytes], _Records]]:
     """``source``'s records below the input in key order, a chunk (of the file's lines) at a time: their keys,
     and the records; of a path that two lines name, the last line's (as the dataset's files are read, the
     later replaces the earlier). The file read whole, its bytes checked, ``read`` gets each of its lines'
@@ -473,7 +510,7 @@ class _Stamps:
         self._blocks = stamps.blocks(source.output, source.stamps) if source.stamps is not None else iter(())
         self._held: list[list[bytes]] = []  # read, after the last record's key
 
-    def records(self, keys: list[bytes], fields: list[list[bytes]]) -> tuple[list[bytes], list[Record]]:
+    def records(self, keys: list[bytes], fields: list[list[bytes]]) -> tuple[list[bytes], _Records]:
         """The records of the hash lines ``fields`` (``keys``: theirs), each with its stamp where one is kept."""
         try:
             found = self._upto(keys[-1])
@@ -481,12 +518,8 @@ class _Stamps:
             raise DatasetError(f"{join(self._source.output, self._source.stamps['file'])} holds a line that is not a "
                                f"stamp line ({e}), though its bytes are the manifest's: run verify on the dataset"
                                ) from e
-        # Each column decoded at once (no field holds a newline), the stamps looked up by ``map``: a chunk's
-        # records in a few calls, not a few calls each.
-        sha256s = _column(fields, 0, "ascii")
-        splits = _column(fields, 1, "utf-8")
-        stamps_of = list(map(found.get, keys, itertools.repeat(_NO_STAMP)))
-        return keys, list(map(Record, sha256s, splits, map(_FIRST, stamps_of), map(_SECOND, stamps_of)))
+        # The stamps looked up by ``map``: a chunk's in one call, its records made only where asked for.
+        return keys, _Records(fields, list(map(found.get, keys, itertools.repeat(_NO_STAMP))))
 
     def _upto(self, top: bytes) -> dict[bytes, tuple[int, str]]:
         """The stamps read up to key ``top`` (included), by key (of a key named twice, the last)."""
@@ -525,7 +558,6 @@ class _Stamps:
 _NO_STAMP: tuple[None, None] = (None, None)
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _SIZE, _STAMP = operator.itemgetter(4), operator.itemgetter(7)  # a ``ListedRow``'s size and stamp
-_SIZE_AND_STAMP = operator.itemgetter(2, 3)  # a ``Record``'s
 
 
 def _column(rows: list[list[bytes]], at: int, encoding: str, errors: str = "replace") -> list[str]:
