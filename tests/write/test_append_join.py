@@ -59,17 +59,28 @@ def indexed(out: pathlib.Path, prefix: str) -> dict[str, Record]:
     return latest
 
 
+def chunk_small(monkeypatch) -> None:
+    """A few lines a block read, a chunk merged, a run sorted: every path of the merge taken."""
+    monkeypatch.setattr(kept_hashes, "_READ", 300)
+    monkeypatch.setattr(existing_module, "_CHUNK", 2)
+    monkeypatch.setattr(existing_module, "_ONE_CHUNK", 3)
+    monkeypatch.setattr(existing_module, "_JOINED", 4)
+    monkeypatch.setattr(spill, "_RUN_ROWS", 3)
+
+
+def input_under(versions: dict[str, pathlib.Path], under: str | None) -> tuple[str | None, str]:
+    """The input an append names (``under`` the versions' root; None: none) and its paths' prefix."""
+    given = None if under is None else str(versions["root"] / under) if under else str(versions["root"])
+    return given, "" if given is None else given + "/"
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "a chunk of a few lines"])
 @pytest.mark.parametrize("under", ["tree", "tree/circles", "batch", "", None])
 def test_the_join_gives_each_path_the_record_an_index_of_every_version_gives_it(versions, monkeypatch, chunked,
                                                                                  under):
-    if chunked:  # a few lines a block read, a chunk merged, a run sorted: every path of the merge
-        monkeypatch.setattr(kept_hashes, "_READ", 300)
-        monkeypatch.setattr(existing_module, "_CHUNK", 2)
-        monkeypatch.setattr(existing_module, "_ONE_CHUNK", 3)
-        monkeypatch.setattr(spill, "_RUN_ROWS", 3)
-    given = None if under is None else str(versions["root"] / under) if under else str(versions["root"])
-    prefix = "" if given is None else given + "/"
+    if chunked:
+        chunk_small(monkeypatch)
+    given, prefix = input_under(versions, under)
     expected = indexed(versions["out"], prefix)
     assert len(expected) == {"tree": 14, "tree/circles": 8, "batch": 5, "": 19, None: 19}[under]
     paths = sorted(expected)
@@ -93,12 +104,8 @@ def test_the_join_gives_each_path_the_record_an_index_of_every_version_gives_it(
 def test_compare_counts_the_rows_whose_size_and_stamp_are_their_records_and_gives_the_others(
         versions, monkeypatch, chunked, under, by_stamp):
     if chunked:
-        monkeypatch.setattr(existing_module, "_CHUNK", 2)
-        monkeypatch.setattr(existing_module, "_ONE_CHUNK", 3)
-        monkeypatch.setattr(existing_module, "_JOINED", 4)
-        monkeypatch.setattr(spill, "_RUN_ROWS", 3)
-    given = None if under is None else str(versions["root"] / under) if under else str(versions["root"])
-    prefix = "" if given is None else given + "/"
+        chunk_small(monkeypatch)
+    given, prefix = input_under(versions, under)
     expected = indexed(versions["out"], prefix)
     paths = sorted(expected)
     assert any(record.stamp is not None for record in expected.values())
