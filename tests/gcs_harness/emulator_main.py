@@ -14,6 +14,10 @@ and two manners of GCS's put in.
 * A media download carries the headers GCS's XML API sends with an object
   (``ETag``, ``Last-Modified``, ``x-goog-generation``...), which the gateway's
   XML read route passes on: clients such as obstore require them.
+* An object's ``mediaLink`` and ``selfLink`` quote its name, as GCS's do: the
+  emulator put the name in them as it is, so google-cloud-storage (Beam's gs://
+  filesystem reads through ``mediaLink``) asked for another object, or none,
+  where a name holds ``?``, ``#``, ``%`` or ``;``.
 
 Run by path (``python emulator_main.py start ...``, the emulator's own
 arguments): ``EmulatorProcess`` starts it in a scratch folder, from tests and
@@ -24,6 +28,7 @@ import bisect
 import datetime
 import email.utils
 import sys
+import urllib.parse
 from http import HTTPStatus
 
 from gcp_storage_emulator import server, storage
@@ -83,7 +88,17 @@ def download_with_object_headers(request, response, storage, *args, **kwargs):
     response["x-goog-stored-content-encoding"] = obj.get("contentEncoding") or "identity"
 
 
+def object_resource_quoted(base_url, bucket_name, object_name, *args, **kwargs):
+    """``objects._make_object_resource``, its links naming the object quoted, as GCS's do."""
+    obj = original_object_resource(base_url, bucket_name, object_name, *args, **kwargs)
+    quoted = urllib.parse.quote(object_name, safe="")
+    obj["selfLink"] = f"/storage/v1/b/{bucket_name}/o/{quoted}"
+    obj["mediaLink"] = f"{base_url}/download/storage/v1/b/{bucket_name}/o/{quoted}?generation={obj['generation']}&alt=media"
+    return obj
+
+
 original_download = objects.download
+original_object_resource = objects._make_object_resource
 
 
 if __name__ == "__main__":
@@ -91,6 +106,7 @@ if __name__ == "__main__":
     storage.Storage._list_live_candidates = live_candidates
     server.RequestHandler.disable_nagle_algorithm = True
     server.Response.close = close_in_one_write
+    objects._make_object_resource = object_resource_quoted
     for _, handlers in server.HANDLERS:
         for method, handler in list(handlers.items()):
             if handler is original_download:

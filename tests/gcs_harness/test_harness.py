@@ -92,6 +92,14 @@ def test_beam_open_reads_object_contents(gcs_bucket: GcsBucket) -> None:
         assert f.read() == bytes(range(256)) * 100
 
 
+@pytest.mark.parametrize("name", ["a;$(touch x).jpg", "pct%41.jpg", "q?x.jpg", "hash#x.jpg", "sp ace é.jpg"])
+def test_beam_open_reads_an_object_whose_name_a_url_must_quote(gcs_bucket: GcsBucket, name: str) -> None:
+    # google-cloud-storage reads through the object's mediaLink, which GCS quotes (the emulator did not).
+    gcs_bucket.write_bytes(f"in/{name}", name.encode())
+    gcs_bucket.write_bytes("in/pctA.jpg", b"another object")
+    with FileSystems.open(gcs_bucket.url(f"in/{name}")) as f:
+        assert f.read() == name.encode()
+
 def test_beam_create_writes_object_with_resumable_upload(
         gcs_server: GcsServer, gcs_bucket: GcsBucket) -> None:
     data = b"z" * (3 * 1024 * 1024 + 17)

@@ -10,6 +10,7 @@ read (``--append_check content``, or a stamp that moved). A tree's files are dat
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import gzip
 import hashlib
 import json
@@ -18,6 +19,7 @@ import pathlib
 import shutil
 import time
 import urllib.parse
+import warnings
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -161,18 +163,20 @@ def test_the_walk_stamps_each_file_with_its_mtime(tmp_path):
 @pytest.mark.slow  # runs a pipeline
 def test_a_gs_object_written_again_is_read_and_the_others_are_not(gcs_server, gcs_bucket, tmp_path):
     """On gs:// an object's generation is its stamp: every write gives a new one. The append opens no
-    object of the tree but the new one and those written again (the same bytes: unchanged; others: changed)."""
+    object of the tree but the new one and those written again (the same bytes: unchanged; others: changed),
+    names a URL must quote among them."""
     make_tree(tmp_path / "tree", {"ant": 3, "bee": 2}, size=(24, 20))
+    (tmp_path / "tree/ant/img_001.jpg").rename(tmp_path / "tree/ant/re;$(x) ?%41#.jpg")
     gcs_bucket.upload_tree(tmp_path / "tree", "tree")
     out = gcs_bucket.url("out")
     prepare_here("--input", gcs_bucket.url("tree"), "--output", out, "--image_size", "16", "--num_shards", "1")
     assert [e["lines"] for e in json.loads(gcs_bucket.read_bytes("out/manifest.json"))["stamp_files"]] == [5]
-    rewritten = "tree/ant/img_001.jpg"
+    rewritten = "tree/ant/re;$(x) ?%41#.jpg"
     gcs_bucket.write_bytes(rewritten, gcs_bucket.read_bytes(rewritten))  # the same bytes, a new generation
     edited = "tree/bee/img_000.jpg"
     gcs_bucket.write_bytes(edited, bytes(255 - b for b in gcs_bucket.read_bytes(edited)))
     make_tree(tmp_path / "more", {"bee": 1}, size=(20, 24))
-    gcs_bucket.write_bytes("tree/bee/new.jpg", (tmp_path / "more" / "bee" / "img_000.jpg").read_bytes())
+    gcs_bucket.write_bytes("tree/bee/new é;%2F?.jpg", (tmp_path / "more" / "bee" / "img_000.jpg").read_bytes())
     seen = len(gcs_server.gateway.seen())
     manifest = prepare_here("--input", gcs_bucket.url("tree"), "--output", out, "--append")
     assert (appended(manifest)["unchanged"], appended(manifest)["changed"]) == (4, 1)
@@ -180,7 +184,7 @@ def test_a_gs_object_written_again_is_read_and_the_others_are_not(gcs_server, gc
     opened = {urllib.parse.unquote(r.path.split("/o/", 1)[1].split("?")[0]) for r in gcs_server.gateway.seen()[seen:]
               if r.method == "GET" and "/o/" in r.path}
     read = {name for name in opened if name.startswith("tree/") and name.endswith(".jpg")}
-    assert read == {rewritten, edited, "tree/bee/new.jpg"}
+    assert read == {rewritten, edited, "tree/bee/new é;%2F?.jpg"}
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -239,3 +243,17 @@ def test_the_files_an_append_reads_give_their_sha256_or_name_the_one_it_cannot_r
         gone = str(tmp_path / "gone.jpg")
         with pytest.raises(StorageError, match=f"cannot read {gone}"):
             append._reading(pool, [*files, (gone, 10)])()
+
+
+def test_the_changes_an_append_found_are_read_back_and_their_file_closed(tmp_path):
+    from beam_prep.write.shared import layout
+
+    lines = ['{"change": "changed", "file": "a/\u00e9.jpg"}', '{"change": "gone", "file": "b.jpg"}']
+    (tmp_path / layout.CHANGES).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    gc.collect()  # what earlier tests left, warned of before
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(append.found_lines(str(tmp_path))) == lines
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning) and layout.CHANGES in str(w.message)] == []
+    assert list(append.found_lines(str(tmp_path / "none"))) == []

@@ -294,8 +294,8 @@ def found_lines(work: str) -> Iterator[str]:
     path = join(work, layout.CHANGES)
     if not FileSystems.exists(path):
         return
-    with open_to_read(path) as f:
-        for line in io.TextIOWrapper(f, encoding="utf-8"):
+    with open_to_read(path) as f, io.TextIOWrapper(f, encoding="utf-8") as text:
+        for line in text:
             yield line.rstrip("\n")
 
 
