@@ -249,7 +249,9 @@ def test_an_append_indexes_by_path_the_records_below_its_input_alone_and_finds_c
     assert (elsewhere.records, below.records, every.records) == (0, 4, 7)
     for existing in (elsewhere, below, every):
         assert existing.first_with({sha256, "0" * 64}) == {sha256: (split, str(source))}
-    assert [r and r.sha256 for r in below.latest([str(source), str(tree / "squares" / "img_000.jpg")])] == [sha256, None]
+    rows = [(0, source.name, "train", "circles", 1, None, None, None), (1, "none.jpg", "train", "circles", 1, None, None, None)]
+    assert [record and record.sha256 for _, block in below.compare(rows, lambda *lost: None, by_stamp=False)
+            for _, _, record in block] == [sha256, None]
 
 
 def _damage(kept: pathlib.Path, damage: str) -> None:

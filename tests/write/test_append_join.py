@@ -1,4 +1,4 @@
-"""An append compares its listing with the dataset's records by a merge, not an index (``Existing.join``): the
+"""An append compares its listing with the dataset's records by a merge, not an index (``Existing.compare``): the
 kept hash and stamp files are read in path order, a chunk at a time. Whatever the chunks and whichever folder
 the input is (a version's own, one below it, one above, another, none), each path gets the record an index of
 every version's lines gives it (a later version's over an earlier's, with that version's stamp), and the
@@ -18,7 +18,7 @@ from helpers import make_tree, prepare_here
 from beam_prep.errors import DatasetError
 from beam_prep.write.grow import existing as existing_module
 from beam_prep.write.grow.append import read_existing
-from beam_prep.write.grow.existing import Existing, Record
+from beam_prep.write.grow.existing import Record
 from beam_prep.write.shared import hash_lines, kept_hashes, spill
 from beam_prep.write.shared.spill import SpillFolder
 
@@ -76,7 +76,7 @@ def input_under(versions: dict[str, pathlib.Path], under: str | None) -> tuple[s
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "a chunk of a few lines"])
 @pytest.mark.parametrize("under", ["tree", "tree/circles", "batch", "", None])
-def test_the_join_gives_each_path_the_record_an_index_of_every_version_gives_it(versions, monkeypatch, chunked,
+def test_compare_gives_each_path_the_record_an_index_of_every_version_gives_it(versions, monkeypatch, chunked,
                                                                                  under):
     if chunked:
         chunk_small(monkeypatch)
@@ -87,13 +87,16 @@ def test_the_join_gives_each_path_the_record_an_index_of_every_version_gives_it(
     listed = [*paths[1::3], *paths[2::3], f"{prefix}circles/none.jpg", f"{prefix}aa/none.jpg", f"{prefix}zz.jpg"]
     existing = read_existing(str(versions["out"]), SpillFolder(), given)
     gone: list[tuple[str, Record]] = []
-    joined = {path: record for block in existing.join(
-        ((Existing.key(path[len(prefix):]), path) for path in listed), lambda *lost: gone.append(lost))
-        for path, record in block}
+    rows = [(i, path[len(prefix):], "train", "circles", 1, None, None, None) for i, path in enumerate(listed)]
+    joined = {}
+    for counted, block in existing.compare(rows, lambda *lost: gone.append(lost), by_stamp=False):
+        assert counted == 0
+        for place, row, record in block:
+            assert row == rows[place]
+            joined[listed[place]] = record
     assert joined == {path: expected.get(path) for path in listed}
     assert sorted(gone) == sorted((path, expected[path]) for path in paths[::3])
     assert existing.records == len(expected)
-    assert existing.latest(listed[:3]) == [expected[path] for path in listed[:3]]
     copied = expected[paths[-1]]  # a file at a new path with a record's bytes: that record named, read or not
     assert existing.first_with({copied.sha256, "0" * 64}) == {copied.sha256: (copied.split, paths[-1])}
 
@@ -137,16 +140,16 @@ def test_compare_counts_the_rows_whose_size_and_stamp_are_their_records_and_give
     assert gone == [(paths[0], expected[paths[0]])]
 
 
-def test_keys_are_existing_key_of_each_path():
+def test_keys_are_the_key_of_each_path():
     for paths in [["a.jpg", "b/c.jpg"], ["a.jpg", "é/\"q\".jpg", "x\ny\\"], ["\udcff.jpg", "a"], []]:
-        assert existing_module._keys(paths) == [Existing.key(path) for path in paths]
+        assert existing_module._keys(paths) == [existing_module._key(path) for path in paths]
 
 
 @pytest.mark.parametrize("damage, message", [
     ("out of order", "{kept} is not a kept hash file beam-prep writes (its lines are not in path order)"),
     ("another split", "{kept} is not the kept hash file the manifest lists"),
 ])
-def test_a_kept_file_the_join_reads_is_refused_out_of_order_or_not_the_manifests(versions, tmp_path, damage, message):
+def test_a_kept_file_the_comparison_reads_is_refused_out_of_order_or_not_the_manifests(versions, tmp_path, damage, message):
     """The merge needs the kept lines in path order, as beam-prep writes them: a file that lists them otherwise
     (its sha256 the manifest's too) is refused, naming it, rather than read as lines missing; one whose bytes
     are not the manifest's is refused as ``first_with`` refuses it, its lines in order."""
@@ -168,4 +171,4 @@ def test_a_kept_file_the_join_reads_is_refused_out_of_order_or_not_the_manifests
         (out / "manifest.json").write_text(json.dumps(manifest))
     existing = read_existing(str(out), SpillFolder(), str(versions["tree"]))
     with pytest.raises(DatasetError, match=re.escape(message.format(kept=kept))):
-        list(existing.join([], lambda *lost: None))
+        list(existing.compare([], lambda *lost: None))

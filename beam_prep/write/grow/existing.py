@@ -3,7 +3,7 @@
 An append compares each listed file with every record of the dataset (by path and by sha256), and
 a dataset may hold millions: its kept hash files (``kept_hashes``) and stamp files are sorted by path,
 so the records below the append's input are read in path order a chunk at a time, each chunk's
-looked up in memory, and merged with the listing sorted alike where they are many (``Existing.join``):
+looked up in memory, and merged with the listing sorted alike where they are many (``Existing.compare``):
 the launcher holds a chunk of records, not a Python object each, and no index is built. No shard is read, no image decoded. A dataset made before it kept
 them is read from its shards once, each record's stored image decoded for its perceptual hash, and
 the files that reading makes (``generated``) go to the run's folder, to be published with the
@@ -127,7 +127,7 @@ class Existing:
     failed: frozenset[str]
     skipped: frozenset[str]
     generated: dict[str, str]
-    # The paths ``join`` and ``latest`` name the records by start so (``read_existing``'s ``under``, printable,
+    # The paths ``compare`` names the records by start so (``read_existing``'s ``under``, printable,
     # ``/``-ended; "": every record).
     _prefix: str
     # Each version's kept hash file, its input ("": none) and the sha256 the manifest lists (None: one made
@@ -135,57 +135,21 @@ class Existing:
     _kept: list[tuple[str, str, str | None]]
     # The versions whose records may lie below ``_prefix``, oldest first.
     _sources: list[_Source]
-    # The kept files a join read whole, their bytes checked: their lines' sha256 prefixes, sorted (``_records``).
+    # The kept files a comparison read whole, their bytes checked: their lines' sha256 prefixes, sorted (``_records``).
     _read: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-
-    @property
-    def compares_paths(self) -> bool:
-        """Whether a record of the dataset may lie below the input (a version made from it, or from a
-        folder above or below it): else ``join`` names none, and a listing needs no order."""
-        return bool(self._sources)
 
     @property
     def records(self) -> int:
         """How many records lie below the input: their lines read anew."""
         return sum(len(keys) for keys, _ in self._latest())
 
-    @staticmethod
-    def key(relpath: str) -> bytes:
-        """The key ``join`` orders a path under the input by: as the kept files quote and sort it (``relpath``
-        as a listing holds it: ``printable`` here)."""
-        return _key(relpath)
-
-    def join(self, rows: Iterable[tuple[bytes, _T]], gone: Callable[[str, Record], None],
-             folder: SpillFolder | None = None) -> Iterator[list[tuple[_T, Record | None]]]:
-        """Each of ``rows`` (``(key, item)``: ``key``) with the latest record made from its path (None: none),
-        with its source's size and stamp where its version kept them, ``_JOINED`` rows at a time; each record
-        below the input that no row names goes to ``gone`` (its full path, and it). No index: the kept files'
-        lines are read in path order a chunk at a time, each chunk's records looked up in memory. Where they are
-        few (``_ONE_CHUNK``), in one chunk, the rows are joined in their order; else sorted by key first (on disk
-        in ``folder``, a temporary one where None, but for a few), and merged with them.
-
-        Raises:
-          DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path, or its
-            bytes are not the manifest's; StorageError: one cannot be read.
-        """
-        head, chunks = _head(self._latest())
-        if head is not None:  # few enough for one chunk: looked up in the rows' order
-            keys, records = head
-            at = dict(zip(keys, range(len(keys))))
-            named: set[int | None] = set()
-            rows = iter(rows)
-            while block := list(itertools.islice(rows, _JOINED)):
-                found = [at.get(key) for key, _ in block]
-                named.update(found)
-                yield [(item, None if i is None else records[i]) for (_, item), i in zip(block, found)]
-            self._lost(keys, records, named, gone)
-            return
-        yield from self._sorted_join(rows, chunks, gone, folder)
-
     def _sorted_join(self, rows: Iterable[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], _Records]],
                      gone: Callable[[str, Record], None], folder: SpillFolder | None
                      ) -> Iterator[list[tuple[_T, Record | None]]]:
-        """``join`` of many records (``chunks``): the rows sorted by key, and merged with them."""
+        """Each of ``rows`` (``(key, item)``: ``_key``) with the latest record made from its path (None: none),
+        ``_JOINED`` rows at a time, where the records below the input are many (``chunks``): the rows sorted by
+        key (on disk in ``folder``, a temporary one where None, but for a few), and merged with them; each
+        record no row names to ``gone`` (its full path, and it)."""
         rows = iter(rows)
         spill = SpillFolder(prefix="beam-prep-join-") if folder is None else folder
         try:
@@ -201,15 +165,21 @@ class Existing:
 
     def compare(self, rows: Iterable[ListedRow], gone: Callable[[str, Record], None], folder: SpillFolder | None = None,
                 by_stamp: bool = True) -> Iterator[tuple[int, list[tuple[int, ListedRow, Record | None]]]]:
-        """``join`` for a listing's rows (``ListedRow``s, their paths under the input), a block at a time as
-        ``(counted, others)``: how many rows' files are the records made from their paths by size and stamp
-        (``Record.same_source``), left out; and each other row with its place among ``rows`` and the latest
-        record made from its path (None: none). ``by_stamp`` False: none counted, every row given. Where
-        the records below the input are few (one chunk), a block of rows is compared a column at a time, in
-        a few calls: an append of the dataset's own input compares as many rows as the dataset holds.
+        """A listing's rows (``ListedRow``s, their paths under the input) against the records below the input, a
+        block at a time as ``(counted, others)``: how many rows' files are the records made from their paths by
+        size and stamp (``Record.same_source``), left out; and each other row with its place among ``rows`` and
+        the latest record made from its path (None: none), with its source's size and stamp where its version
+        kept them. ``by_stamp`` False: none counted, every row given. Each record no row names goes to ``gone``
+        (its full path, and it).
+
+        No index: the kept files' lines are read in path order a chunk at a time. Where the records are few
+        (``_ONE_CHUNK``), in one chunk, a block of rows is compared a column at a time, in a few calls, in the
+        rows' order (an append of the dataset's own input compares as many rows as the dataset holds); else
+        the rows are sorted by key and merged with the chunks (``_sorted_join``).
 
         Raises:
-          as ``join``.
+          DatasetError: a kept file's line is not a hash line, or its lines are not sorted by path, or its
+            bytes are not the manifest's; StorageError: one cannot be read.
         """
         rows = iter(rows)
         if not self._sources:  # no record below the input: nothing to look up
@@ -219,7 +189,7 @@ class Existing:
                 place += len(block)
             return
         head, chunks = _head(self._latest())
-        if head is None:  # many: by ``join``'s merge, a row at a time
+        if head is None:  # many: by the merge, a row at a time
             keyed = ((_key(row[1]), (place, row)) for place, row in enumerate(rows))
             for joined in self._sorted_join(keyed, chunks, gone, folder):
                 others = [(place, row, before) for (place, row), before in joined
@@ -246,7 +216,7 @@ class Existing:
 
     def _merged(self, rows: Iterator[tuple[bytes, _T]], chunks: Iterator[tuple[list[bytes], _Records]],
                 gone: Callable[[str, Record], None]) -> Iterator[tuple[_T, Record | None]]:
-        """``join`` of ``rows`` sorted by key with the chunks of records, in key order, a row at a time."""
+        """``_sorted_join`` of ``rows`` sorted by key with the chunks of records, in key order, a row at a time."""
         keys: list[bytes] = []
         records: _Records = _NO_CHUNK[1]
         at: dict[bytes, int] = {}
@@ -265,25 +235,14 @@ class Existing:
         for keys, records in chunks:
             self._lost(keys, records, set(), gone)
 
-    def latest(self, paths: Sequence[str]) -> list[Record | None]:
-        """The latest record made from each of ``paths`` (full, as messages show them: ``printable``; None:
-        none), with its source's size and stamp where its version kept them."""
-        cut = len(self._prefix)
-        keyed = [(_quoted(path[cut:]).encode("ascii"), i) for i, path in enumerate(paths) if path.startswith(self._prefix)]
-        found: list[Record | None] = [None] * len(paths)
-        for block in self.join(keyed, lambda path, record: None):
-            for i, record in block:
-                found[i] = record
-        return found
-
     def first_with(self, sha256s: Collection[str]) -> dict[str, tuple[str, str]]:
         """``sha256 -> (split, path)`` of the first record (oldest version first, then by path) with the bytes
         of each of ``sha256s`` the dataset holds: one pass over its kept hash lines, none parsed but those.
 
         Every kept file is read to its end and its bytes checked against the manifest's sha256, whatever is
-        found first: one gone, cut short or altered (a version's whose records lie below no input ``join``
-        compares, as much as one's that do) is refused, rather than an append finding nothing to add. One a
-        ``join`` read whole was checked then, and is read again only where a record's sha256 begins as one of
+        found first: one gone, cut short or altered (a version's whose records lie below no input ``compare``
+        reads, as much as one's that do) is refused, rather than an append finding nothing to add. One a
+        ``compare`` read whole was checked then, and is read again only where a record's sha256 begins as one of
         ``sha256s`` does.
 
         Raises:
@@ -295,7 +254,7 @@ class Existing:
         for file, root, expected in self._kept:
             known = self._read.get(file)
             if known is not None and not sorted_sets.isin(_prefix_column(wanted), known, among_sorted=True).any():
-                continue  # read whole by a join, its bytes checked: none of its records is wanted
+                continue  # read whole by a comparison, its bytes checked: none of its records is wanted
             digest = hashlib.sha256()
             for lines in kept_hashes.read_lines(file, digest):
                 if not wanted:
@@ -329,7 +288,7 @@ class Existing:
             gone(self._prefix + name, record)
 
     def _latest(self) -> Iterator[tuple[list[bytes], _Records]]:
-        """The latest record made from each path below the input, in key order (``key``), a chunk at a time:
+        """The latest record made from each path below the input, in key order (``_key``), a chunk at a time:
         the keys, and the records; a later version's over an earlier's."""
         streams = [_records(source, self._read) for source in self._sources]
         if len(streams) == 1:
@@ -364,12 +323,13 @@ def _head(chunks: Iterator[tuple[list[bytes], _Records]]
 
 
 def _key(relpath: str) -> bytes:
-    """``Existing.key``."""
+    """The key ``compare`` orders a path under the input by: as the kept files quote and sort it (``relpath`` as
+    a listing holds it: ``printable`` here)."""
     return _quoted(relpath if relpath.isascii() else printable(relpath)).encode("ascii")
 
 
 def _keys(relpaths: list[str]) -> list[bytes]:
-    """``Existing.key`` of each of ``relpaths``: where all are ASCII, quoted and encoded in a few calls (a
+    """``_key`` of each of ``relpaths``: where all are ASCII, quoted and encoded in a few calls (a
     quoted path holds no newline: JSON escapes it)."""
     if relpaths and all(map(str.isascii, relpaths)):
         return "\n".join(map(_quoted, relpaths)).encode("ascii").split(b"\n")
@@ -399,7 +359,7 @@ _ONE_CHUNK = 1 << 16  # records below the input looked up in memory at once, whe
 
 
 class _Source(NamedTuple):
-    """A version's kept lines whose records may lie below an append's input, as ``Existing.join`` reads them.
+    """A version's kept lines whose records may lie below an append's input, as ``Existing.compare`` reads them.
 
     Attributes:
       version: the version.
@@ -421,7 +381,7 @@ class _Source(NamedTuple):
     output: str
 
     def keys(self, quoted: list[bytes]) -> list[bytes]:
-        """Paths as this version's files quote them, as keys (``Existing.key``); those not below the input
+        """Paths as this version's files quote them, as keys (``_key``); those not below the input
         left out (``strip``)."""
         if self.strip:
             cut = len(self.strip)
@@ -592,7 +552,7 @@ def _not_listed(file: str, actual: str, expected: str) -> DatasetError:
 
 def read_existing(output: str, folder: SpillFolder, info: DatasetInfo, manifest: dict[str, Any],
                   under: str | None = None) -> Existing:
-    """The records of the dataset in ``output`` (``info``, ``manifest``), as ``Existing.join`` reads them:
+    """The records of the dataset in ``output`` (``info``, ``manifest``), as ``Existing.compare`` reads them:
     from its kept hash files, each version's that has none made in ``folder`` from its shards first
     (``generated``).
 
